@@ -1,0 +1,31 @@
+# `make demo` and `make test` work on a fresh machine: they create .venv and install into it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export PYTHONPATH := $(CURDIR)
+
+.PHONY: demo test bench docs clean
+
+$(VENV)/.runtime: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.dev: requirements-dev.txt requirements.txt $(VENV)/.runtime
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+demo: $(VENV)/.runtime
+	bash scripts/demo.sh
+
+test: $(VENV)/.dev
+	$(PY) -m pytest -q tests
+
+bench: $(VENV)/.dev
+	$(PY) bench/run_all.py
+
+docs: $(VENV)/.runtime
+	$(PY) -m training.config --doc > docs/config.md
+
+clean:
+	rm -rf output .pytest_cache

@@ -8,6 +8,7 @@ field's `doc`. `load_config(path, overrides)` returns a validated `Config`; any 
 from __future__ import annotations
 
 import argparse
+import re
 import dataclasses
 import difflib
 import sys
@@ -20,6 +21,24 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HARDWARE_DIR = REPO_ROOT / "configs" / "hardware"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads `3e-4` as a float (YAML 1.2), not as a string (PyYAML's YAML 1.1)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                |\.[0-9_]+(?:[eE][-+][0-9]+)?
+                |[-+]?\.(?:inf|Inf|INF)
+                |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def parse_yaml(text: str):
+    return yaml.load(text, Loader=_Loader)
 
 
 class ConfigError(ValueError):
@@ -215,7 +234,7 @@ def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; pass an existing YAML file")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = parse_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -251,7 +270,7 @@ def apply_override(tree: dict, assignment: str) -> None:
     if not sep or not key.strip():
         raise ConfigError(f"--set {assignment!r}: expected dotted.key=value, e.g. --set train.steps=10")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = parse_yaml(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
     parts = key.strip().split(".")

@@ -1,0 +1,174 @@
+"""Config system: inheritance, overrides, typing, every validation rule, round trip, CLI exit codes."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from training.config import (REPO_ROOT, Config, ConfigError, config_from_tree, load_config, parse_yaml,
+                             recompute_layer_counts, stage_layer_counts)
+
+TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_tiny_config_resolves_with_hardware_profile():
+    cfg = load_config(TINY)
+    assert cfg.model.arch == "llama" and cfg.hardware.name == "cpu"
+    assert cfg.hardware.device_target == "CPU" and cfg.hardware.peak_tflops is None
+    assert cfg.devices == cfg.parallel.data_parallel
+    assert cfg.global_batch_size == cfg.train.micro_batch_size * cfg.parallel.data_parallel
+
+
+def test_base_inheritance_deep_merges_lists_replace(tmp_path):
+    write(tmp_path / "root.yaml", """
+        model: {arch: llama, hidden_size: 64, num_heads: 4, num_layers: 2, ffn_hidden_size: 128,
+                vocab_size: 256, seq_length: 32}
+        train: {steps: 5, lr: 0.01}
+        context: {jit_config: {jit_level: O0}, flags: [a, b]}
+    """)
+    write(tmp_path / "mid.yaml", """
+        base: root.yaml
+        train: {steps: 7}
+        context: {flags: [c]}
+    """)
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "sub" / "leaf.yaml", """
+        base: [../mid.yaml]
+        model: {num_layers: 3}
+    """)
+    cfg = load_config(tmp_path / "sub" / "leaf.yaml")
+    assert cfg.model.num_layers == 3 and cfg.model.hidden_size == 64  # nested merge keeps siblings
+    assert cfg.train.steps == 7 and cfg.train.lr == 0.01
+    assert cfg.context == {"jit_config": {"jit_level": "O0"}, "flags": ["c"]}  # lists are replaced
+
+
+def test_multiple_bases_later_wins(tmp_path):
+    write(tmp_path / "a.yaml", "train: {steps: 1, lr: 0.1}\n")
+    write(tmp_path / "b.yaml", "train: {steps: 2}\n")
+    write(tmp_path / "c.yaml", "base: [a.yaml, b.yaml]\nmodel: {hidden_size: 64, num_heads: 4}\n")
+    cfg = load_config(tmp_path / "c.yaml")
+    assert (cfg.train.steps, cfg.train.lr) == (2, 0.1)
+
+
+def test_base_cycle_is_detected(tmp_path):
+    write(tmp_path / "a.yaml", "base: b.yaml\n")
+    write(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle a.yaml -> b.yaml -> a.yaml"):
+        load_config(tmp_path / "a.yaml")
+
+
+def test_overrides_are_yaml_typed_and_nested():
+    cfg = load_config(TINY, ["train.lr=1e-3", "parallel.stage_offset=0", "model.tie_embeddings=true",
+                             "recompute.mode=selective", "recompute.layers=[1]", "context.jit_config.jit_level=O1",
+                             "checkpoint.load_path=null"])
+    assert cfg.train.lr == 1e-3 and cfg.model.tie_embeddings is True
+    assert cfg.recompute.layers == [1] and cfg.context["jit_config"]["jit_level"] == "O1"
+    assert cfg.checkpoint.load_path is None
+
+
+def test_override_of_hardware_profile_and_its_fields():
+    cfg = load_config(TINY, ["hardware=ascend910b", "hardware.peak_tflops=280"])
+    assert cfg.hardware.name == "ascend910b" and cfg.hardware.peak_tflops == 280.0
+    assert cfg.hardware.memory_gib == 64.0
+
+
+def test_round_trip_through_yaml():
+    cfg = load_config(TINY, ["recompute.mode=full", "parallel.stage_offset=0"])
+    again = config_from_tree(parse_yaml(cfg.to_yaml()))
+    assert again == cfg
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.stesp=3"], "unknown key train.stesp; did you mean 'steps'?"),
+    (["modle.arch=gpt"], "unknown key modle; did you mean 'model'?"),
+    (["model.arch=bert"], "model.arch: 'bert' is not one of ['gpt', 'llama']"),
+    (["train.steps=ten"], "train.steps: expected an integer, got 'ten'"),
+    (["train.lr=fast"], "train.lr: expected a number"),
+    (["model.tie_embeddings=3"], "model.tie_embeddings: expected true/false"),
+    (["train.steps=0"], "train.steps=0: must be >= 1"),
+    (["train.lr=-1"], "train.lr=-1.0: must be >= 0"),
+    (["train.min_lr=1"], "train.min_lr=1.0 > train.lr="),
+    (["train.adam_beta2=1.0"], "train.adam_beta2=1.0: must be in [0, 1)"),
+    (["train.loss_scale=huge"], "train.loss_scale='huge'"),
+    (["hardware=tpu"], "hardware: 'tpu' is not a profile"),
+    (["model.hidden_size=130"], "model.hidden_size=130 is not divisible by model.num_heads=4"),
+    (["model.num_kv_heads=3"], "model.num_heads=4 is not divisible by model.num_kv_heads=3"),
+    (["parallel.model_parallel=3", "model.num_heads=6", "model.hidden_size=192", "model.num_kv_heads=6"],
+     "model.ffn_hidden_size=352 is not divisible by parallel.model_parallel=3"),
+    (["parallel.model_parallel=4", "model.num_kv_heads=2"],
+     "model.num_kv_heads=2 is not divisible by parallel.model_parallel=4"),
+    (["parallel.model_parallel=2", "parallel.vocab_emb_dp=false", "model.vocab_size=2049"],
+     "model.vocab_size=2049 is not divisible by parallel.model_parallel=2"),
+    (["parallel.sequence_parallel=true"], "parallel.sequence_parallel=true needs parallel.model_parallel > 1"),
+    (["parallel.micro_batch_num=4"], "parallel.micro_batch_num=4 needs parallel.pipeline_stage > 1"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=1"],
+     "parallel.micro_batch_num=1 < parallel.pipeline_stage=2"),
+    (["parallel.pipeline_stage=3", "parallel.micro_batch_num=3"], "parallel.pipeline_stage=3 > model.num_layers=2"),
+    (["model.num_layers=5", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2"],
+     "offsets must add 1 layers"),
+    (["model.num_layers=5", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+      "parallel.stage_offset=[1, 1]"], "gives layers per stage [3, 3]"),
+    (["parallel.stage_offset=[0, 0]"], "parallel.stage_offset=[0, 0]: needs 1 integers"),
+    (["recompute.mode=full", "recompute.layers=[1, 1]"], "recompute.layers=[1, 1]: a list needs 1"),
+    (["recompute.mode=full", "recompute.layers=[3]"], "stage 0 recomputes 3 layers but holds 2"),
+    (["train.global_batch_size=7"], "train.global_batch_size=7 != train.micro_batch_size=4 x parallel.data_parallel=2"),
+    (["model.attention=flash"], "model.attention=flash but hardware 'cpu' has no FlashAttentionScore"),
+    (["model.compute_dtype=bfloat16"], "bfloat16 is not supported by MindSpore's CPU MatMul"),
+    (["profile.enable=true", "profile.start_step=5", "profile.stop_step=5"], "need 0 <= start_step < stop_step"),
+    (["train.steps"], "expected dotted.key=value"),
+])
+def test_validation_rule_messages(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(TINY, overrides)
+    text = str(info.value)
+    assert message in text
+    assert "\n" not in text
+
+
+def test_stage_and_recompute_layer_counts():
+    assert stage_layer_counts(80, 8, 0) == [10] * 8
+    assert stage_layer_counts(30, 4, [1, 1, 0, 0]) == [8, 8, 7, 7]
+    cfg = load_config(TINY, ["model.num_layers=8", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+                             "parallel.data_parallel=1", "recompute.mode=selective", "recompute.layers=[3, 1]"])
+    assert recompute_layer_counts(cfg) == [3, 1]
+    assert recompute_layer_counts(load_config(TINY, ["recompute.mode=full", "recompute.layers=1"])) == [1]
+    assert recompute_layer_counts(load_config(TINY)) == [0]
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    write(tmp_path / "bad.yaml", "model: {arch: [llama\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "training.config", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_exit_codes_and_one_line_errors():
+    ok = run_cli("--config", str(TINY), "--set", "train.steps=3")
+    assert ok.returncode == 0 and "steps: 3" in ok.stdout
+    bad = run_cli("--config", str(TINY), "--set", "parallel.model_parallel=3", "--set", "model.num_heads=32",
+                  "--set", "model.hidden_size=256")
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1
+    assert "model.num_heads=32" in bad.stderr and "parallel.model_parallel=3" in bad.stderr
+    unknown = run_cli("--config", str(TINY), "--set", "train.lr_shedule=cosine")
+    assert unknown.returncode == 2 and "did you mean 'lr_schedule'?" in unknown.stderr
+
+
+def test_reference_doc_lists_every_key():
+    from training.config import reference_markdown
+    text = reference_markdown()
+    for section in ("run", "model", "parallel", "recompute", "train", "data", "checkpoint", "profile"):
+        for key in getattr(Config(), section).__dataclass_fields__:
+            assert f"`{section}.{key}`" in text

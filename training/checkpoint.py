@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fault_point(name: str, step: int) -> None:
+    """Fault injection for the crash-safety tests: MINDSCALE_FAULT=checkpoint_write:STEP makes this
+    process SIGKILL itself halfway through writing that step's checkpoint (weights written, no marker)."""
+    if os.environ.get("MINDSCALE_FAULT") == f"{name}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _contiguous(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: np.ascontiguousarray(value) for name, value in tensors.items()}
 
@@ -78,6 +86,7 @@ def save_checkpoint(root: str | Path, step: int, weights: dict[str, np.ndarray],
         shutil.rmtree(tmp)
     tmp.mkdir()
     save_file(_contiguous(weights), str(tmp / WEIGHTS))
+    _fault_point("checkpoint_write", step)
     if optimizer:
         save_file(_contiguous(optimizer), str(tmp / OPTIMIZER))
     (tmp / STATE).write_text(json.dumps({"step": step, **(state or {})}, indent=1))

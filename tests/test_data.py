@@ -1,0 +1,449 @@
+"""Data pipeline: tokenizer training, preprocessing of every input format, packing arithmetic, the loader's
+order (determinism, rank sharding invariance, accumulation, resume, epochs), SFT masks and packing, and every
+bad-input case of the CLIs (exit 2, one line)."""
+import importlib.util
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece
+
+from training.config import config_from_tree
+from training.data import DataError, build_dataset, read_manifest
+from training.templates import TEMPLATES, encode_examples, encode_prompt
+
+ROOT = Path(__file__).resolve().parent.parent
+SEQ = 16
+VOCAB = 512
+TEMPLATE_TEXT = ("Below is an instruction that describes a task. Write a response that appropriately completes the "
+                 "request. ### Instruction: ### Input: ### Response: [INST] [/INST] <<SYS>> <</SYS>> "
+                 "<|start_header_id|>user<|end_header_id|> assistant system")
+
+
+def load_tool(name):
+    spec = importlib.util.spec_from_file_location(f"mindscale_tool_{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PREPROCESS = load_tool("preprocess_data")
+TRAIN_TOKENIZER = load_tool("train_tokenizer")
+
+
+def run_cli(tool, *args):
+    """A tool as a subprocess (the way users run it): (exit code, stdout, stderr)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / f"{tool}.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def assert_bad_input(tool, *args, match):
+    code, _, err = run_cli(tool, *args)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], err
+
+
+def make_documents(seed=0, count=60):
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7))) for _ in range(300)]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 40))) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return make_documents()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(work, docs):
+    corpus = work / "corpus.txt"
+    corpus.write_text("\n".join(docs + make_documents(seed=1, count=400) + [TEMPLATE_TEXT] * 50) + "\n")
+    TRAIN_TOKENIZER.main(["--input", str(corpus), "--vocab-size", str(VOCAB), "--output", str(work / "tok")])
+    return work / "tok.model"
+
+
+@pytest.fixture(scope="module")
+def sp(tokenizer):
+    return sentencepiece.SentencePieceProcessor(model_file=str(tokenizer))
+
+
+def preprocess(*args):
+    PREPROCESS.main([str(a) for a in args])
+
+
+def stored(folder):
+    """Every stored sample (dict of fields) in stream order, read back with MindSpore's MindRecord reader."""
+    from mindspore.mindrecord import FileReader
+
+    manifest = read_manifest(folder)
+    rows = []
+    for shard in manifest["shards"]:
+        reader = FileReader(str(Path(folder) / shard["file"]))
+        rows += [{k: np.asarray(v) for k, v in row.items()} for row in reader.get_next()]
+        reader.close()
+    return rows
+
+
+def make_cfg(path, vocab=VOCAB, seq=SEQ, dp=1, micro=2, accumulation=1, seed=7, shuffle=True, tokenizer=None,
+             **data):
+    return config_from_tree({
+        "run": {"seed": seed},
+        "model": {"vocab_size": vocab, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "ffn_hidden_size": 64,
+                  "seq_length": seq},
+        "parallel": {"data_parallel": dp, "gradient_accumulation_steps": accumulation},
+        "train": {"micro_batch_size": micro},
+        "data": {"path": str(path), "shuffle": shuffle, "tokenizer": str(tokenizer) if tokenizer else None, **data},
+    })
+
+
+def steps(cfg, rank=0, world=1, start_step=0, count=5):
+    """`count` optimizer steps of one rank: per step the accumulation micro batches stacked along rows."""
+    source = iter(build_dataset(cfg, rank, world, start_step))
+    g = cfg.parallel.gradient_accumulation_steps
+    out = []
+    for _ in range(count):
+        micro = [next(source) for _ in range(g)]
+        out.append({k: np.concatenate([m[k] for m in micro]) for k in micro[0]})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# tokenizer and pretraining preprocessing
+
+
+def test_tokenizer_ids_agree_with_config_defaults_and_any_text_encodes(sp):
+    assert (sp.pad_id(), sp.unk_id(), sp.eos_id(), sp.bos_id()) == (0, 1, 2, 3)
+    assert sp.vocab_size() == VOCAB
+    cfg = make_cfg("synthetic")
+    assert (cfg.data.pad_id, cfg.data.eos_id) == (sp.pad_id(), sp.eos_id())
+    text = "unseen ✓ 日本語 text\twith  tabs"
+    ids = sp.encode(text)
+    assert sp.unk_id() not in ids and sp.decode(ids) == text  # byte fallback, whitespace kept
+
+
+@pytest.fixture(scope="module")
+def pretrain_folder(work, docs, tokenizer):
+    (work / "docs.jsonl").write_text("".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs)))
+    preprocess("--input", work / "docs.jsonl", "--tokenizer", tokenizer, "--seq-length", SEQ,
+               "--output", work / "pre_jsonl", "--shard-size", 10)
+    return work / "pre_jsonl"
+
+
+def test_packing_joins_documents_with_eos_and_loses_only_the_tail(pretrain_folder, docs, sp):
+    stream = np.array([t for d in docs for t in sp.encode(d) + [sp.eos_id()]], np.int32)
+    manifest = read_manifest(pretrain_folder)
+    n = manifest["num_samples"]
+    assert manifest["num_tokens"] == len(stream) and manifest["documents"] == len(docs)
+    assert n == (len(stream) - 1) // SEQ and manifest["tail_tokens_dropped"] == len(stream) - n * SEQ - 1 < SEQ
+    samples = np.stack([row["input_ids"] for row in stored(pretrain_folder)])
+    assert samples.shape == (n, SEQ + 1)
+    for k in range(n):  # consecutive samples share one token: every token but the first is a target once
+        np.testing.assert_array_equal(samples[k], stream[k * SEQ: k * SEQ + SEQ + 1])
+
+
+def test_manifest_records_tokenizer_ids_and_shards(pretrain_folder, tokenizer, sp):
+    manifest = read_manifest(pretrain_folder)
+    from training.data import sha256_file
+
+    assert manifest["tokenizer"]["sha256"] == sha256_file(tokenizer)
+    assert (manifest["vocab_size"], manifest["eos_id"], manifest["pad_id"], manifest["bos_id"]) == (VOCAB, 2, 0, 3)
+    assert manifest["seq_length"] == SEQ and manifest["mode"] == "pretrain" and manifest["fields"] == ["input_ids"]
+    sizes = [s["samples"] for s in manifest["shards"]]
+    assert sum(sizes) == manifest["num_samples"] and max(sizes) == 10 and len(sizes) > 2
+
+
+def test_every_input_format_gives_the_same_samples(work, docs, tokenizer, pretrain_folder):
+    import datasets
+    import pandas as pd
+
+    (work / "docs.txt").write_text("\n".join(docs) + "\n")
+    pd.DataFrame({"text": docs}).to_parquet(work / "docs.parquet")
+    pd.DataFrame({"other": range(len(docs)), "text": docs}).to_csv(work / "docs.csv", index=False)
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(work / "docs_disk"))
+    expected = [row["input_ids"] for row in stored(pretrain_folder)]
+    for name, extra in [("docs.txt", ["--text-unit", "line"]), ("docs.parquet", []), ("docs.csv", []),
+                        ("docs_disk", [])]:
+        out = work / f"pre_{name.replace('.', '_')}"
+        preprocess("--input", work / name, "--tokenizer", tokenizer, "--seq-length", SEQ, "--output", out, *extra)
+        got = [row["input_ids"] for row in stored(out)]
+        assert len(got) == len(expected), name
+        np.testing.assert_array_equal(np.stack(got), np.stack(expected), err_msg=name)
+
+
+# ----------------------------------------------------------------------------------------------
+# the loader
+
+
+def sample_ids(folder):
+    return {row["input_ids"].tobytes(): i for i, row in enumerate(stored(folder))}
+
+
+def which(batch, index):
+    """Stored sample index of each row of a batch (input_ids + the last label = the stored S+1 tokens)."""
+    tokens = np.concatenate([batch["input_ids"], batch["labels"][:, -1:]], axis=1).astype(np.int32)
+    return [index[row.tobytes()] for row in tokens]
+
+
+def test_batches_have_shifted_labels_and_full_mask(pretrain_folder):
+    batch = steps(make_cfg(pretrain_folder, micro=3), count=1)[0]
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["loss_mask"].shape == (3, SEQ)
+    assert batch["input_ids"].dtype == batch["labels"].dtype == np.int32 and batch["loss_mask"].dtype == np.float32
+    np.testing.assert_array_equal(batch["labels"][:, :-1], batch["input_ids"][:, 1:])
+    assert (batch["loss_mask"] == 1).all()
+
+
+def test_order_is_deterministic_and_seeded(pretrain_folder):
+    index = sample_ids(pretrain_folder)
+    first = [which(b, index) for b in steps(make_cfg(pretrain_folder), count=6)]
+    again = [which(b, index) for b in steps(make_cfg(pretrain_folder), count=6)]
+    other = [which(b, index) for b in steps(make_cfg(pretrain_folder, seed=8), count=6)]
+    assert first == again and first != other
+    plain = [which(b, index) for b in steps(make_cfg(pretrain_folder, shuffle=False), count=3)]
+    assert plain == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_rank_sharding_and_accumulation_keep_the_global_order(pretrain_folder):
+    index = sample_ids(pretrain_folder)
+    one = [which(b, index) for b in steps(make_cfg(pretrain_folder, micro=4), count=7)]
+    ranks = [[which(b, index) for b in steps(make_cfg(pretrain_folder, dp=2, micro=2), r, 2, count=7)]
+             for r in range(2)]
+    assert [a + b for a, b in zip(*ranks)] == one
+    accumulated = [which(b, index) for b in steps(make_cfg(pretrain_folder, micro=2, accumulation=2), count=7)]
+    assert accumulated == one
+    # two ranks with accumulation: micro step m of rank r takes rows [m*W*B + r*B, ...+B) of the step
+    both = [[which(b, index) for b in steps(make_cfg(pretrain_folder, dp=2, micro=1, accumulation=2), r, 2, count=7)]
+            for r in range(2)]
+    assert [[a[0], b[0], a[1], b[1]] for a, b in zip(*both)] == one
+
+
+def test_resume_skips_exactly_the_consumed_steps(pretrain_folder):
+    index = sample_ids(pretrain_folder)
+    cfg = make_cfg(pretrain_folder, dp=2, micro=2)
+    for rank in range(2):
+        full = [which(b, index) for b in steps(cfg, rank, 2, count=20)]
+        resumed = [which(b, index) for b in steps(cfg, rank, 2, start_step=13, count=7)]
+        assert resumed == full[13:]
+
+
+def test_epochs_cycle_through_every_sample_in_a_new_order(pretrain_folder):
+    index = sample_ids(pretrain_folder)
+    n = len(index)
+    cfg = make_cfg(pretrain_folder, micro=3)
+    order = [i for b in steps(cfg, count=(2 * n) // 3 + 1) for i in which(b, index)]
+    first, second = order[:n], order[n:2 * n]
+    assert sorted(first) == sorted(second) == list(range(n))
+    assert first != second
+
+
+def test_synthetic_data_is_seeded_in_vocab_and_rank_invariant():
+    cfg = make_cfg("synthetic", vocab=97, micro=4)
+    one = steps(cfg, count=3)
+    assert all(b["input_ids"].min() >= 0 and b["input_ids"].max() < 97 for b in one)
+    np.testing.assert_array_equal(steps(cfg, count=3)[2]["input_ids"], one[2]["input_ids"])
+    assert not np.array_equal(steps(make_cfg("synthetic", vocab=97, micro=4, seed=8), count=1)[0]["input_ids"],
+                              one[0]["input_ids"])
+    ranks = [steps(make_cfg("synthetic", vocab=97, dp=2, micro=2), r, 2, count=3) for r in range(2)]
+    for step, (a, b) in enumerate(zip(*ranks)):
+        np.testing.assert_array_equal(np.concatenate([a["labels"], b["labels"]]), one[step]["labels"])
+    np.testing.assert_array_equal(steps(cfg, start_step=2, count=1)[0]["input_ids"], one[2]["input_ids"])
+
+
+def test_loader_validation_errors_name_the_problem(work, pretrain_folder, tokenizer):
+    cases = [
+        (make_cfg(work / "nope"), "does not exist"),
+        (make_cfg(pretrain_folder, seq=32), "seq_length 16 but model.seq_length=32"),
+        (make_cfg(pretrain_folder, vocab=256), "set model.vocab_size >= 512"),
+        (make_cfg(pretrain_folder, eos_id=5), "set data.eos_id=2"),
+        (make_cfg(pretrain_folder, tokenizer=work / "missing.model"), "does not exist"),
+        (make_cfg("synthetic", vocab=256, tokenizer=tokenizer), "model.vocab_size=256"),
+    ]
+    empty = work / "empty_dir"
+    empty.mkdir()
+    cases.append((make_cfg(empty), "is empty"))
+    no_manifest = work / "no_manifest"
+    no_manifest.mkdir()
+    (no_manifest / "data_00000.mindrecord").write_bytes(b"x")
+    cases.append((make_cfg(no_manifest), "manifest.json is missing"))
+    lost_shard = work / "lost_shard"
+    shutil.copytree(pretrain_folder, lost_shard)
+    (lost_shard / "data_00001.mindrecord").unlink()
+    cases.append((make_cfg(lost_shard), "data_00001.mindrecord (or its .db index) listed in"))
+    changed = work / "changed"
+    shutil.copytree(pretrain_folder, changed)
+    manifest = json.loads((changed / "manifest.json").read_text())
+    manifest["num_samples"] += 1
+    (changed / "manifest.json").write_text(json.dumps(manifest))
+    cases.append((make_cfg(changed), "the folder was changed after preprocessing"))
+    for cfg, message in cases:
+        with pytest.raises(DataError, match=None) as info:
+            build_dataset(cfg)
+        assert message in str(info.value) and "\n" not in str(info.value), (message, str(info.value))
+    TRAIN_TOKENIZER.main(["--input", str(work / "corpus.txt"), "--vocab-size", "480", "--output",
+                          str(work / "other")])
+    with pytest.raises(DataError, match="is not the tokenizer"):
+        build_dataset(make_cfg(pretrain_folder, tokenizer=work / "other.model"))
+    with pytest.raises(DataError, match="does not split over 3 workers"):
+        build_dataset(make_cfg(pretrain_folder, dp=2), 0, 3)
+
+
+# ----------------------------------------------------------------------------------------------
+# SFT
+
+
+ALPACA = [{"instruction": "describe a cat", "input": "", "output": "a small animal"},
+          {"instruction": "add", "input": "one and two", "output": "three"}]
+CHAT = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"},
+                      {"role": "assistant", "content": "greetings friend"}, {"role": "user", "content": "bye"},
+                      {"role": "assistant", "content": "see you"}]}]
+
+
+def answers(record):
+    if "messages" in record:
+        return [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+    return [record["output"]]
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_sft_mask_covers_exactly_the_answers(template, sp):
+    for record, (ids, mask) in zip(ALPACA + CHAT, encode_examples(ALPACA + CHAT, TEMPLATES[template], sp)):
+        trained = [t for t, m in zip(ids, mask) if m]
+        assert trained == [t for a in answers(record) for t in sp.encode(a) + [sp.eos_id()]]
+        prompt = sp.decode([t for t, m in zip(ids, mask) if not m])
+        user = record["messages"][1]["content"] if "messages" in record else record["instruction"]
+        assert user in prompt and not any(a in prompt for a in answers(record))
+    first = ALPACA[0]
+    ids, mask = encode_examples([first], TEMPLATES[template], sp)[0]
+    messages = [{"role": "user", "content": first["instruction"]}]
+    assert encode_prompt(messages, TEMPLATES[template], sp) == ids[:mask.index(1)]
+
+
+def test_special_tokens_come_from_the_template_not_from_user_text(sp):
+    ids, mask = encode_examples([{"instruction": "<eos> <bos> <s>", "output": "</s>"}], TEMPLATES["alpaca"], sp)[0]
+    assert ids.count(sp.eos_id()) == 1 and ids[-1] == sp.eos_id() and ids.count(sp.bos_id()) == 1
+
+
+@pytest.fixture(scope="module")
+def sft_file(work):
+    long_answer = " ".join(["word"] * 200)
+    records = ALPACA + CHAT + ALPACA + [{"instruction": "say a lot", "output": long_answer}]
+    path = work / "sft.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path, records
+
+
+def test_sft_samples_pad_truncate_and_align_the_mask_with_labels(work, sft_file, tokenizer, sp):
+    path, records = sft_file
+    out = work / "sft_plain"
+    preprocess("--mode", "sft", "--template", "llama2", "--input", path, "--tokenizer", tokenizer,
+               "--seq-length", 63, "--output", out)
+    manifest = read_manifest(out)
+    encoded = encode_examples(records, TEMPLATES["llama2"], sp)
+    assert manifest["examples"] == manifest["num_samples"] == len(records)
+    assert manifest["truncated_examples"] == sum(len(ids) > 64 for ids, _ in encoded) >= 1
+    assert manifest["fields"] == ["input_ids", "loss_mask"] and manifest["dropped_examples"] == 0
+    for row, (ids, mask) in zip(stored(out), encoded):
+        n = min(len(ids), 64)
+        np.testing.assert_array_equal(row["input_ids"], ids[:n] + [sp.pad_id()] * (64 - n))
+        np.testing.assert_array_equal(row["loss_mask"], mask[:n] + [0] * (64 - n))
+    batch = steps(make_cfg(out, seq=63, micro=len(records), shuffle=False), count=1)[0]
+    for row, (ids, mask) in enumerate(encoded):
+        n = min(len(ids), 64)
+        trained_labels = batch["labels"][row][batch["loss_mask"][row] == 1].tolist()
+        assert trained_labels == [t for t, m in zip(ids[1:n], mask[1:n]) if m]
+
+
+def test_sft_packing_keeps_examples_whole_with_segment_ids(work, sft_file, tokenizer, sp):
+    path, records = sft_file
+    out = work / "sft_packed"
+    preprocess("--mode", "sft", "--template", "alpaca", "--input", path, "--tokenizer", tokenizer,
+               "--seq-length", 255, "--output", out, "--pack")
+    manifest = read_manifest(out)
+    assert manifest["fields"] == ["input_ids", "loss_mask", "segment_ids"] and manifest["pack"] is True
+    encoded = [(ids[:256], mask[:256]) for ids, mask in encode_examples(records, TEMPLATES["alpaca"], sp)]
+    rows = stored(out)
+    assert len(rows) < len(records)
+    unpacked = []
+    for row in rows:
+        seg = row["segment_ids"]
+        used = int((seg > 0).sum())
+        assert (seg[:used] > 0).all() and (seg[used:] == 0).all() and (np.diff(seg[:used]) >= 0).all()
+        assert (row["input_ids"][used:] == sp.pad_id()).all() and (row["loss_mask"][used:] == 0).all()
+        for k in range(1, int(seg.max()) + 1):
+            unpacked.append((row["input_ids"][seg == k].tolist(), row["loss_mask"][seg == k].tolist()))
+    assert unpacked == encoded
+    batch = steps(make_cfg(out, seq=255, micro=1, shuffle=False), count=1)[0]
+    np.testing.assert_array_equal(batch["segment_ids"][0], rows[0]["segment_ids"][:-1])
+
+
+def test_sft_drops_examples_without_answer_tokens(work, tokenizer):
+    path = work / "long_prompt.jsonl"
+    path.write_text(json.dumps({"instruction": " ".join(["prompt"] * 100), "output": "ok"}) + "\n"
+                    + json.dumps(ALPACA[1]) + "\n")
+    out = work / "sft_dropped"
+    preprocess("--mode", "sft", "--input", path, "--tokenizer", tokenizer, "--seq-length", 127, "--output", out)
+    manifest = read_manifest(out)
+    assert (manifest["examples"], manifest["dropped_examples"], manifest["num_samples"]) == (2, 1, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# bad input: one line on stderr, exit 2, nothing overwritten
+
+
+def test_preprocess_bad_inputs_exit_2_with_one_line(work, tokenizer, pretrain_folder):
+    base = ["--tokenizer", tokenizer, "--seq-length", SEQ]
+    (work / "empty.jsonl").write_text("")
+    (work / "broken.jsonl").write_text('{"text": "fine"}\n{"text": "no end\n')
+    (work / "not_sft.jsonl").write_text('{"text": "fine"}\n')
+    (work / "fake.model").write_text("not a model")
+    out = work / "out_bad"
+    assert_bad_input("preprocess_data", "--input", work / "missing.jsonl", *base, "--output", out,
+                     match="does not exist")
+    assert_bad_input("preprocess_data", "--input", work / "empty.jsonl", *base, "--output", out, match="is empty")
+    assert_bad_input("preprocess_data", "--input", work / "broken.jsonl", *base, "--output", out,
+                     match="cannot read")
+    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", *base, "--output", out, "--text-key", "body",
+                     match="no column 'body'")
+    assert_bad_input("preprocess_data", "--mode", "sft", "--input", work / "not_sft.jsonl", *base, "--output", out,
+                     match="record 0 (0-based)")
+    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", *base, "--output", out, "--vocab-size", 300,
+                     match="more than the model's vocabulary of 300")
+    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", "--tokenizer", work / "fake.model",
+                     "--seq-length", SEQ, "--output", out, match="is not a SentencePiece model")
+    assert not out.exists() and not list(work.glob(".out_bad.partial-*"))
+    before = sorted(p.name for p in pretrain_folder.iterdir())
+    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", *base, "--output", pretrain_folder,
+                     match="exists and is not empty")
+    assert sorted(p.name for p in pretrain_folder.iterdir()) == before
+
+
+def test_overwrite_replaces_the_folder_whole(work, tokenizer, pretrain_folder):
+    out = work / "replace_me"
+    preprocess("--input", work / "docs.jsonl", "--tokenizer", tokenizer, "--seq-length", SEQ, "--output", out)
+    first = read_manifest(out)["num_samples"]
+    preprocess("--input", work / "docs.jsonl", "--tokenizer", tokenizer, "--seq-length", 2 * SEQ, "--output", out,
+               "--overwrite")
+    manifest = read_manifest(out)
+    assert manifest["seq_length"] == 2 * SEQ and manifest["num_samples"] < first
+    assert len(stored(out)) == manifest["num_samples"]
+    assert not [p for p in work.iterdir() if p.name.startswith(".replace_me")]
+
+
+def test_train_tokenizer_bad_inputs_exit_2_with_one_line(work, tokenizer):
+    assert_bad_input("train_tokenizer", "--input", work / "missing.txt", "--vocab-size", 400, "--output",
+                     work / "t", match="does not exist")
+    assert_bad_input("train_tokenizer", "--input", work / "corpus.txt", "--vocab-size", 100, "--output", work / "t",
+                     match="--vocab-size 100 is too small")
+    assert_bad_input("train_tokenizer", "--input", work / "corpus.txt", "--vocab-size", 512, "--output",
+                     work / "tok", match="exists; pass --overwrite")

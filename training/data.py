@@ -1,0 +1,370 @@
+"""Training data: the MindRecord sample format, its manifest, and the batches the trainer consumes.
+
+A data folder written by tools/preprocess_data.py holds MindRecord shards of fixed-length samples
+(`input_ids` int32 [seq_length + 1]; SFT adds `loss_mask` and, when packed, `segment_ids`) and a
+`manifest.json`. `build_dataset(cfg, rank, world, start_step)` yields this worker's batches:
+`input_ids`, `labels` (the tokens shifted by one), `loss_mask` (float32) and, for packed SFT data,
+`segment_ids`, each [rows, seq_length].
+
+Sample order (see docs/data.md): every sample has a position in one global stream. Epoch e of the
+stream is a permutation of all stored samples drawn from numpy's PCG64 seeded by (run.seed, e)
+(identity when data.shuffle is false). Optimizer step s takes stream positions
+[s*G, (s+1)*G) with G = the global batch size; micro step m of that step takes the next
+world*rows of them and rank r takes rows [r*rows, (r+1)*rows) of those. Hence the order depends
+only on the seed, the data and G: one worker with a big batch, several workers with small ones,
+or gradient accumulation see the same samples in the same steps, and resuming at step k is the
+same as running through k steps. Sharding is done here rather than by MindDataset's
+num_shards/shard_id, whose shard split would not have this property; MindSpore's dataset API
+reads the chosen records (MindDataset with a SubsetSampler), in the given order whatever its
+number of parallel workers.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from itertools import count
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+
+from training.config import Config
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+SYNTHETIC = "synthetic"
+MANIFEST_KEYS = ("format_version", "mode", "seq_length", "num_samples", "vocab_size", "eos_id", "pad_id",
+                 "tokenizer", "fields", "shards")
+PREPROCESS_HINT = "tools/preprocess_data.py --input ... --tokenizer ... --output DIR"
+
+
+class DataError(ValueError):
+    """Training data that cannot be used; the message is one line naming the problem and the fix."""
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(path: str | Path) -> dict:
+    """The manifest of a data folder (or of the manifest file itself), checked for its keys."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"data.path={path} does not exist; create it with {PREPROCESS_HINT} "
+                        "or set data.path=synthetic")
+    manifest_path = path / MANIFEST_NAME if path.is_dir() else path
+    if path.is_dir() and not any(path.iterdir()):
+        raise DataError(f"data.path={path} is empty; create it with {PREPROCESS_HINT}")
+    if not manifest_path.is_file():
+        raise DataError(f"{manifest_path} is missing; {path} was not written by tools/preprocess_data.py "
+                        "(re-run it into an empty folder)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{manifest_path} is not readable JSON ({exc}); re-run tools/preprocess_data.py")
+    missing = [key for key in MANIFEST_KEYS if key not in manifest] if isinstance(manifest, dict) else MANIFEST_KEYS
+    if missing:
+        raise DataError(f"{manifest_path} lacks {list(missing)}; re-run tools/preprocess_data.py")
+    if manifest["format_version"] != FORMAT_VERSION:
+        raise DataError(f"{manifest_path} has format_version {manifest['format_version']}, this MindScale reads "
+                        f"{FORMAT_VERSION}; re-run tools/preprocess_data.py")
+    return manifest
+
+
+def check_tokenizer(cfg: Config) -> Optional[str]:
+    """sha256 of data.tokenizer after checking its vocabulary fits the model (None when unset)."""
+    if not cfg.data.tokenizer:
+        return None
+    path = Path(cfg.data.tokenizer)
+    if not path.is_file():
+        raise DataError(f"data.tokenizer={path} does not exist; train one with tools/train_tokenizer.py "
+                        "or unset data.tokenizer")
+    import sentencepiece
+
+    try:
+        vocab = sentencepiece.SentencePieceProcessor(model_file=str(path)).vocab_size()
+    except (OSError, RuntimeError) as exc:
+        raise DataError(f"data.tokenizer={path} is not a SentencePiece model ({str(exc).splitlines()[0]}); "
+                        "point it at the .model file from tools/train_tokenizer.py")
+    if vocab > cfg.model.vocab_size:
+        raise DataError(f"data.tokenizer={path} has {vocab} tokens but model.vocab_size={cfg.model.vocab_size}; "
+                        f"set model.vocab_size >= {vocab} or use a smaller tokenizer")
+    return sha256_file(path)
+
+
+def check_special_ids(cfg: Config, eos_id: int, pad_id: int, mode: str, where: str) -> None:
+    """The data's EOS (and, for padded SFT data, pad) id must be the config's: generation stops on data.eos_id."""
+    if eos_id != cfg.data.eos_id:
+        raise DataError(f"{where} uses eos_id {eos_id} but data.eos_id={cfg.data.eos_id}; set data.eos_id={eos_id}")
+    if mode == "sft" and pad_id != cfg.data.pad_id:
+        raise DataError(f"{where} pads with id {pad_id} but data.pad_id={cfg.data.pad_id}; set data.pad_id={pad_id}")
+
+
+def check_manifest(cfg: Config, manifest: dict, folder: Path) -> list[str]:
+    """Match a manifest against the config; returns the shard files in stream order."""
+    where = folder / MANIFEST_NAME
+    if manifest["seq_length"] != cfg.model.seq_length:
+        raise DataError(f"{where} has seq_length {manifest['seq_length']} but model.seq_length="
+                        f"{cfg.model.seq_length}; re-run tools/preprocess_data.py --seq-length "
+                        f"{cfg.model.seq_length} or set model.seq_length={manifest['seq_length']}")
+    if manifest["vocab_size"] > cfg.model.vocab_size:
+        raise DataError(f"{where} was tokenized with a {manifest['vocab_size']}-token vocabulary but "
+                        f"model.vocab_size={cfg.model.vocab_size}; set model.vocab_size >= {manifest['vocab_size']}")
+    tokenizer_hash = check_tokenizer(cfg)
+    if tokenizer_hash is not None and tokenizer_hash != manifest["tokenizer"].get("sha256"):
+        raise DataError(f"data.tokenizer={cfg.data.tokenizer} is not the tokenizer {where} was made with "
+                        f"({manifest['tokenizer'].get('path')}); point data.tokenizer at that one or re-run "
+                        "tools/preprocess_data.py with this tokenizer")
+    check_special_ids(cfg, manifest["eos_id"], manifest["pad_id"], manifest["mode"], str(where))
+    if manifest["num_samples"] < 1:
+        raise DataError(f"{where} lists no samples; re-run tools/preprocess_data.py with more text")
+    files = []
+    for shard in manifest["shards"]:
+        path = folder / shard["file"]
+        if not path.is_file() or not Path(f"{path}.db").is_file():
+            raise DataError(f"shard {path} (or its .db index) listed in {where} is missing; "
+                            "re-run tools/preprocess_data.py")
+        files.append(str(path))
+    return files
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Which positions of the global sample stream this rank reads, `rows` at a time."""
+    global_batch: int  # samples per optimizer step, all ranks and micro steps
+    rows: int  # samples per batch yielded on one rank
+    world: int
+    rank: int
+
+    def mine(self, positions: np.ndarray) -> np.ndarray:
+        """The positions (ascending) that belong to this rank."""
+        in_micro_step = (positions % self.global_batch) % (self.world * self.rows)
+        return positions[in_micro_step // self.rows == self.rank]
+
+
+def batch_plan(cfg: Config, rank: int, world: int) -> BatchPlan:
+    """Rows per batch = global_batch_size / (world x gradient_accumulation_steps).
+
+    With data parallelism only (world = data_parallel) that is micro_batch_size x micro_batch_num.
+    Under semi-auto parallel with full_batch=False MindSpore splits dataset inputs over all `world`
+    devices along the batch, so each device feeds its 1/world slice of a micro step's batch.
+    """
+    accumulation = cfg.parallel.gradient_accumulation_steps
+    if not 0 <= rank < world:
+        raise DataError(f"rank {rank} is outside a world of {world} workers")
+    if cfg.global_batch_size % (world * accumulation):
+        raise DataError(f"global batch {cfg.global_batch_size} does not split over {world} workers x "
+                        f"parallel.gradient_accumulation_steps={accumulation}; change train.micro_batch_size")
+    return BatchPlan(cfg.global_batch_size, cfg.global_batch_size // (world * accumulation), world, rank)
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """Stored sample index at each position of epoch `epoch`."""
+    if not shuffle:
+        return np.arange(num_samples)
+    return np.random.default_rng([seed, epoch]).permutation(num_samples)
+
+
+class DataStream:
+    """Iterable of batches for one rank, starting at optimizer step `start_step`; endless (epochs cycle)."""
+
+    def __init__(self, plan: BatchPlan, rows: Iterator[dict], manifest: Optional[dict]):
+        self.plan = plan
+        self.manifest = manifest  # None for synthetic data
+        self._rows = rows
+
+    def __iter__(self) -> Iterator[dict]:
+        while True:
+            yield make_batch([next(self._rows) for _ in range(self.plan.rows)])
+
+
+def make_batch(rows: list[dict]) -> dict:
+    """Stored [S+1] rows -> model inputs [rows, S] with labels shifted by one and float loss mask."""
+    tokens = np.stack([row["input_ids"] for row in rows]).astype(np.int32)
+    batch = {"input_ids": np.ascontiguousarray(tokens[:, :-1]), "labels": np.ascontiguousarray(tokens[:, 1:])}
+    if "loss_mask" in rows[0]:
+        # the stored mask marks answer tokens; position t is trained when the token it predicts (t+1) is one
+        mask = np.stack([row["loss_mask"] for row in rows])[:, 1:]
+        batch["loss_mask"] = np.ascontiguousarray(mask, dtype=np.float32)
+    else:  # pretraining samples are packed without padding: every position is trained
+        batch["loss_mask"] = np.ones(batch["labels"].shape, np.float32)
+    if "segment_ids" in rows[0]:
+        batch["segment_ids"] = np.ascontiguousarray(np.stack([row["segment_ids"] for row in rows])[:, :-1],
+                                                    dtype=np.int32)
+    return batch
+
+
+def _synthetic_rows(cfg: Config, plan: BatchPlan, start: int) -> Iterator[dict]:
+    """Megatron-style mock data: sample at stream position p is random ids in [0, vocab) seeded by (seed, p)."""
+    length, vocab = cfg.model.seq_length + 1, cfg.model.vocab_size
+    chunk = plan.global_batch * 16
+    for low in count(start, chunk):
+        for position in plan.mine(np.arange(low, low + chunk)):
+            rng = np.random.default_rng([cfg.run.seed, int(position)])
+            yield {"input_ids": rng.integers(0, vocab, length, dtype=np.int32)}
+
+
+def _open_mindrecord(files: list[str], fields: list[str], indices: Optional[np.ndarray] = None):
+    import mindspore.dataset as ds
+
+    sampler = ds.SubsetSampler(indices.tolist()) if indices is not None else None
+    return ds.MindDataset(files, columns_list=fields, sampler=sampler, shuffle=False if sampler is None else None,
+                          num_parallel_workers=1)
+
+
+def _mindrecord_rows(files: list[str], fields: list[str], num_samples: int, plan: BatchPlan, start: int,
+                     seed: int, shuffle: bool) -> Iterator[dict]:
+    for epoch in count(start // num_samples):
+        low = max(start, epoch * num_samples)
+        positions = plan.mine(np.arange(low, (epoch + 1) * num_samples))
+        if not len(positions):
+            continue
+        indices = epoch_order(num_samples, seed, epoch, shuffle)[positions - epoch * num_samples]
+        yield from _open_mindrecord(files, fields, indices).create_dict_iterator(output_numpy=True, num_epochs=1)
+
+
+def _verified_shards(cfg: Config, folder: Path, manifest: dict) -> list[str]:
+    files = check_manifest(cfg, manifest, folder)
+    try:
+        stored = _open_mindrecord(files, list(manifest["fields"])).get_dataset_size()
+    except RuntimeError as exc:
+        raise DataError(f"cannot read the MindRecord shards in {folder} ({str(exc).strip().splitlines()[0]}); "
+                        "re-run tools/preprocess_data.py")
+    if stored != manifest["num_samples"]:
+        raise DataError(f"{folder} holds {stored} samples but its manifest lists {manifest['num_samples']}; "
+                        "the folder was changed after preprocessing, re-run tools/preprocess_data.py")
+    return files
+
+
+def build_dataset(cfg: Config, rank: int = 0, world: int = 1, start_step: int = 0) -> DataStream:
+    """This rank's batches from optimizer step `start_step` on; checks the data against the config first."""
+    plan = batch_plan(cfg, rank, world)
+    start = start_step * plan.global_batch
+    if cfg.data.path == SYNTHETIC:
+        check_tokenizer(cfg)
+        return DataStream(plan, _synthetic_rows(cfg, plan, start), None)
+    folder = Path(cfg.data.path)
+    manifest = read_manifest(folder)
+    folder = folder if folder.is_dir() else folder.parent
+    files = _verified_shards(cfg, folder, manifest)
+    rows = _mindrecord_rows(files, list(manifest["fields"]), manifest["num_samples"], plan, start,
+                            cfg.run.seed, cfg.data.shuffle)
+    return DataStream(plan, rows, manifest)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources: the raw text tools/train_tokenizer.py and tools/preprocess_data.py read, through `datasets`
+
+SOURCE_FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".py": "text", ".json": "json",
+                  ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+GLOB_CHARS = set("*?[")
+
+
+@dataclass(frozen=True)
+class Source:
+    path: str
+    format: str  # text | json | parquet | csv | disk (a `datasets` save_to_disk folder)
+
+
+def _source_format(path: Path) -> str:
+    if path.is_dir():
+        if any((path / name).is_file() for name in ("state.json", "dataset_dict.json")):
+            return "disk"
+        raise DataError(f"input {path} is a folder but not a `datasets` save_to_disk folder; pass files or a "
+                        f"glob such as '{path}/*.jsonl'")
+    suffixes = [s for s in path.suffixes if s not in COMPRESSION_SUFFIXES]
+    fmt = SOURCE_FORMATS.get(suffixes[-1].lower() if suffixes else "")
+    if fmt is None:
+        raise DataError(f"input {path}: unknown format; use {'/'.join(sorted(SOURCE_FORMATS))} files "
+                        "(optionally compressed) or a save_to_disk folder")
+    return fmt
+
+
+def resolve_sources(patterns: list[str]) -> list[Source]:
+    """Files, globs (sorted) and save_to_disk folders, in the order given; missing or empty ones are errors."""
+    import glob
+
+    sources = []
+    for pattern in patterns:
+        paths = sorted(glob.glob(pattern, recursive=True)) if GLOB_CHARS & set(pattern) else [pattern]
+        if not paths:
+            raise DataError(f"input {pattern!r} matches no file; check the pattern (quote it for the shell)")
+        for name in paths:
+            path = Path(name)
+            if not path.exists():
+                raise DataError(f"input {path} does not exist; pass existing files, globs or save_to_disk folders")
+            if path.is_file() and path.stat().st_size == 0:
+                raise DataError(f"input {path} is empty; remove it from --input")
+            if path.is_dir() and GLOB_CHARS & set(pattern):
+                continue  # a glob like data/** also yields folders; their files are matched themselves
+            sources.append(Source(str(path.resolve()), _source_format(path)))
+    if not sources:
+        raise DataError(f"inputs {patterns} hold no files; pass text, json/jsonl, parquet or csv files")
+    return sources
+
+
+def _quiet_datasets():
+    """`datasets` configured for local files only, with no progress bars or log lines on stderr."""
+    import logging
+    import os
+
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(logging.CRITICAL)
+    return datasets
+
+
+def _open_source(source: Source, text_unit: str):
+    datasets = _quiet_datasets()
+    if source.format != "disk":
+        options = {"sample_by": text_unit} if source.format == "text" else {}
+        return datasets.load_dataset(source.format, data_files=[source.path], split="train", streaming=True,
+                                     **options)
+    loaded = datasets.load_from_disk(source.path)
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" not in loaded:
+            raise DataError(f"input {source.path} holds splits {sorted(loaded)} but no 'train' split; "
+                            "save the split to use with Dataset.save_to_disk")
+        loaded = loaded["train"]
+    return loaded
+
+
+def read_batches(source: Source, text_unit: str = "document", batch_size: int = 1024) -> Iterator[dict]:
+    """Columns of `batch_size` records at a time; unreadable files raise DataError naming the file.
+
+    text_unit (text files): 'document' = a whole file is one document, 'paragraph' = blank-line
+    separated blocks, 'line' = every line.
+    """
+    try:
+        iterator = iter(_open_source(source, text_unit).iter(batch_size=batch_size))
+    except DataError:
+        raise
+    except Exception as exc:  # whatever pyarrow, pandas or datasets raise on a corrupt file
+        raise _read_error(source, exc) from None
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise _read_error(source, exc) from None
+        yield batch
+
+
+def _read_error(source: Source, exc: Exception) -> DataError:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return DataError(f"cannot read {source.path} as {source.format} ({text[:200]}); fix or remove the file")
+
+
+def column(batch: dict, key: str, source: Source) -> list:
+    if key not in batch:
+        raise DataError(f"{source.path} has no column {key!r} (columns: {sorted(batch)}); pass --text-key")
+    return batch[key]

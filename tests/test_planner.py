@@ -1,0 +1,216 @@
+"""training/planner.py and tools/plan.py: the Korthikanti et al. 2022 activation model, the MindSpore
+adjustments, per-stage memory, the prediction arithmetic, re-planning, search and the CLI."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tools import plan as plan_cli
+from training import flops, planner
+from training.config import REPO_ROOT, load_config
+
+LLAMA2_70B = REPO_ROOT / "configs" / "llama2" / "llama2_70b.yaml"
+TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
+GIB = 2 ** 30
+
+
+# ---------------------------------------------------------------------------------------------
+# Activation memory: Korthikanti et al. 2022, §4 (Table 2), GPT-3 175B dims
+
+S, B, H, A, T = 2048, 1, 12288, 96, 8
+
+
+def paper(**kw):
+    return planner.layer_activation_bytes(S, B, H, A, A, 4 * H, **kw)
+
+
+def test_no_parallelism_is_sbh_34_plus_5as_over_h():
+    assert paper() == S * B * H * (34 + 5 * A * S / H)
+
+
+def test_tensor_parallel_is_sbh_10_plus_24_over_t_plus_5as_over_ht():
+    assert paper(t=T) == S * B * H * (10 + 24 / T + 5 * A * S / (H * T))
+
+
+def test_tensor_and_sequence_parallel_divide_everything_by_t():
+    assert paper(t=T, sp=True) == S * B * H / T * (34 + 5 * A * S / H)
+
+
+def test_selective_recompute_keeps_34sbh_over_t():
+    assert paper(t=T, sp=True, recompute="selective") == 34 * S * B * H / T
+
+
+def test_full_recompute_keeps_the_layer_input_2sbh():
+    assert paper(recompute="full") == 2 * S * B * H
+
+
+def test_flash_attention_drops_the_score_matrix():
+    """FlashAttentionScore keeps no s x s scores: memory grows linearly in s, composite quadratically."""
+    flash = [planner.layer_activation_bytes(s, 1, 4096, 32, 8, 11008, mlp="swiglu", flash=True,
+                                            dtypes=planner.mindspore_dtypes("bfloat16")) for s in (2048, 4096)]
+    composite = [planner.layer_activation_bytes(s, 1, 4096, 32, 8, 11008, mlp="swiglu",
+                                                dtypes=planner.mindspore_dtypes("bfloat16")) for s in (2048, 4096)]
+    assert flash[1] == pytest.approx(2 * flash[0])
+    assert composite[1] > 3 * composite[0]
+
+
+def test_fp32_softmax_costs_6_bytes_per_score_in_bf16_where_the_paper_has_5():
+    ms = planner.mindspore_dtypes("bfloat16")
+    for dtypes, per_score in ((ms, 6), (planner.PAPER, 5)):
+        full = planner.layer_activation_bytes(S, B, H, A, A, 4 * H, t=T, dtypes=dtypes)
+        selective = planner.layer_activation_bytes(S, B, H, A, A, 4 * H, t=T, recompute="selective", dtypes=dtypes)
+        assert full - selective == A * S * S * B * per_score / T
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-stage memory and the plan
+
+
+@pytest.fixture(scope="module")
+def cfg70():
+    return load_config(LLAMA2_70B)
+
+
+def test_plan_has_the_design_keys(cfg70):
+    result = planner.plan(cfg70)
+    for key in ("params", "flops_per_token", "hflops_per_token", "memory_gib", "device_memory_gib", "fits",
+                "comm_bytes_per_step", "predicted"):
+        assert key in result
+    assert set(result["memory_gib"]) == {"weights", "grads", "optimizer", "activations", "reserve", "total"}
+    assert result["params"] == 68_976_648_192
+    assert result["memory_gib"]["total"] == pytest.approx(sum(v for k, v in result["memory_gib"].items() if k != "total"))
+
+
+def test_first_stage_holds_pipeline_stage_micro_batches_in_flight(cfg70):
+    """1F1B: stage k keeps p - k micro batches (4 stages here; stage 3 also has the logits)."""
+    acts = [planner.stage_memory(cfg70, k)["activations"] for k in range(3)]
+    assert acts[0] / acts[1] == pytest.approx(4 / 3)
+    assert acts[1] / acts[2] == pytest.approx(3 / 2)
+
+
+def test_optimizer_sharding_divides_optimizer_state_by_data_parallel(cfg70):
+    off = planner.with_overrides(cfg70, ["parallel.optimizer_shard=false"])
+    on, off_mem = planner.stage_memory(cfg70, 1), planner.stage_memory(off, 1)
+    assert off_mem["optimizer"] == pytest.approx(on["optimizer"] * cfg70.parallel.data_parallel)
+    params = planner.stage_params(cfg70)[1]
+    assert off_mem["optimizer"] == pytest.approx(2 * 4 * params)            # two fp32 moments
+    assert off_mem["weights"] == pytest.approx((4 + 2) * params)            # fp32 master + bf16 copy
+
+
+def test_per_stage_recompute_list_lowers_only_those_stages(cfg70):
+    partial = planner.with_overrides(cfg70, ["recompute.mode=full", "recompute.layers=[10,0,0,0]"])
+    base = [planner.stage_memory(cfg70, k)["activations"] for k in range(4)]
+    lowered = [planner.stage_memory(partial, k)["activations"] for k in range(4)]
+    assert lowered[0] < base[0]
+    assert lowered[1:] == pytest.approx(base[1:])
+
+
+def test_fits_compares_against_the_margin_of_memory_after_the_reserve(cfg70):
+    hw = cfg70.hardware
+    assert planner.memory_budget_gib(cfg70) == pytest.approx(hw.memory_reserve_gib + (hw.memory_gib - hw.memory_reserve_gib) * hw.memory_margin)
+    tight = planner.with_overrides(cfg70, ["hardware.memory_gib=32"])
+    assert planner.plan(cfg70)["fits"] and not planner.plan(tight)["fits"]
+
+
+def test_prediction_without_parallelism_is_flops_over_efficient_peak():
+    cfg = load_config(TINY, ["hardware=ascend910b", "parallel.data_parallel=1"])
+    pred = planner.plan(cfg, efficiency=0.5)["predicted"]
+    tokens = cfg.global_batch_size * cfg.model.seq_length
+    assert pred["step_time_s"] == pytest.approx(tokens * flops.hardware_flops_per_token(cfg.model) / (313e12 * 0.5))
+    assert pred["mfu"] == pytest.approx(0.5)   # no recompute, no communication: MFU = efficiency
+
+
+def test_pipeline_bubble_adds_p_minus_1_slots(cfg70):
+    m32 = planner.with_overrides(cfg70, ["parallel.micro_batch_num=32", "train.global_batch_size=256"])
+    pred = planner.plan(m32)["predicted"]
+    assert pred["bubble_fraction"] == pytest.approx(3 / 32)
+    assert pred["compute_s"] * 35 / 32 == pytest.approx(pred["step_time_s"] - pred["comm_exposed_s"])
+
+
+def test_data_parallel_gradient_bytes_are_a_ring_all_reduce(cfg70):
+    comm = planner.communication(cfg70, 1)
+    d = cfg70.parallel.data_parallel
+    assert comm["dp_grad_reduce"] == pytest.approx(2 * (d - 1) / d * planner.stage_params(cfg70)[1] * 4)
+    x = 4096 * 1 * 8192 * 2
+    assert comm["tp_per_layer"] == pytest.approx(4 * 2 * 3 / 4 * x)
+
+
+def test_replan_devices_changes_data_parallel_and_keeps_global_batch(cfg70):
+    cfg = planner.replan_devices(cfg70, 64)
+    assert (cfg.parallel.data_parallel, cfg.parallel.model_parallel, cfg.parallel.pipeline_stage) == (4, 4, 4)
+    assert cfg.global_batch_size == cfg70.global_batch_size
+    with pytest.raises(planner.PlanError, match="not a multiple"):
+        planner.replan_devices(cfg70, 100)
+
+
+@pytest.mark.parametrize("devices", [64, 128])
+def test_search_llama2_70b_gives_fitting_ready_to_use_layouts(cfg70, devices):
+    found = planner.search(cfg70, devices)
+    assert len(found) == 5
+    speeds = [e["plan"]["predicted"]["tokens_per_s"] for e in found]
+    assert speeds == sorted(speeds, reverse=True)
+    for entry in found:
+        applied = load_config(LLAMA2_70B, entry["overrides"])      # the --set lines work as printed
+        again = planner.plan(applied)
+        assert again["fits"] and applied.devices == devices
+        assert applied.global_batch_size == cfg70.global_batch_size
+        assert again["predicted"]["tokens_per_s"] == pytest.approx(entry["plan"]["predicted"]["tokens_per_s"])
+
+
+def test_balanced_offset_gives_remainder_layers_to_middle_stages():
+    assert planner.balanced_offset(126, 16) == [0] + [1] * 14 + [0]
+    assert planner.balanced_offset(80, 8) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def run_cli(capsys, *argv):
+    code = plan_cli.main(list(argv))
+    return code, capsys.readouterr()
+
+
+def test_cli_json_and_devices(capsys):
+    code, out = run_cli(capsys, "--config", str(LLAMA2_70B), "--devices", "64", "--json")
+    result = json.loads(out.out)
+    assert code == 0 and result["devices"] == 64 and result["layout"]["data_parallel"] == 4
+
+
+def test_cli_search_prints_set_lines(capsys):
+    code, out = run_cli(capsys, "--config", str(LLAMA2_70B), "--search", "--devices", "128")
+    assert code == 0
+    assert out.out.count("--set parallel.data_parallel=") == 5
+
+
+def test_cli_table_is_readable(capsys):
+    code, out = run_cli(capsys, "--config", str(LLAMA2_70B))
+    assert code == 0 and "FITS" in out.out and "assumptions:" in out.out and "68,976,648,192" in out.out
+
+
+def test_cli_cpu_config_with_explicit_peak(capsys):
+    code, out = run_cli(capsys, "--config", str(TINY), "--peak-tflops", "0.05", "--json")
+    result = json.loads(out.out)
+    assert code == 0 and result["predicted"]["peak_tflops"] == 0.05 and result["fits"]
+
+
+def test_readme_table_lists_every_shipped_config(capsys):
+    code, out = run_cli(capsys, "--readme-table")
+    assert code == 0
+    for path in plan_cli.shipped_configs():
+        assert f"`{path.relative_to(REPO_ROOT)}`" in out.out
+    assert len(plan_cli.shipped_configs()) == 11
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--config", "configs/nope.yaml"], "does not exist"),
+    (["--config", str(LLAMA2_70B), "--devices", "100"], "not a multiple"),
+    (["--config", str(LLAMA2_70B), "--search", "--devices", "8"], "no layout"),
+    (["--config", str(LLAMA2_70B), "--set", "parallel.model_parallel=3"], "model_parallel"),
+])
+def test_cli_bad_input_is_one_line_exit_2(argv, needle):
+    proc = subprocess.run([sys.executable, "tools/plan.py", *argv], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr

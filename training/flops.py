@@ -1,0 +1,200 @@
+"""Parameter counts, FLOPs per token and MFU/HFU (DESIGN.md §4). Pure Python: no MindSpore.
+
+The trainer's logged MFU/HFU (training/metrics.py), tools/mfu.py and the planner all call the
+functions here, so a number printed by one can be reproduced by the others and by hand.
+
+Definitions
+-----------
+Model FLOPs per token (PaLM, Chowdhery et al. 2022, App. B)::
+
+    6·N + 12·L·H·Q·T
+
+N = weights of all matmuls (attention q/k/v/o, MLP, and the output projection; not the input
+embedding lookup, not learned positions), L layers, H query heads, Q head dim, T sequence length.
+Full attention is counted (no causal halving), as in PaLM and Megatron's 2021-2022 papers.
+
+Hardware FLOPs per token add what recompute runs again. The Megatron papers give them per
+iteration for a GPT with multi-head attention and a 4h MLP (h = hidden, s = sequence, V = vocab,
+B = global batch):
+
+* no recompute (= model FLOPs):  72·B·L·s·h²·(1 + s/(6h)  + V/(12·h·L))
+* selective recompute:           72·B·L·s·h²·(1 + s/(3h)  + V/(12·h·L))   Korthikanti et al. 2022, §6
+* full recompute:                96·B·L·s·h²·(1 + s/(6h)  + V/(16·h·L))   Narayanan et al. 2021, eq. 3
+
+Per token these are: layers' matmuls 6·N_layers (8·N_layers with full recompute: one more
+forward), attention core 12·L·h·s (24 with selective — the term Korthikanti et al. use;
+16 with full), output projection 6·V·h (never recomputed). With N_layers and the attention width
+H·Q read from the model, the same decomposition covers GQA (smaller k/v matrices) and SwiGLU
+(three MLP matrices), and with MHA + 4h MLP it is exactly the papers' formulas (tests pin that).
+When only some layers recompute, the extra FLOPs scale with the number of recomputed layers.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+# ----------------------------------------------------------------------------------------------
+# Parameter counts (exact, analytic)
+
+
+def attention_width(m) -> int:
+    """H·Q: the width of the query (and attention output) projection."""
+    return m.num_heads * m.head_dim
+
+
+def layer_matmul_params(m) -> int:
+    """Matmul weights of one transformer layer (no biases, no norms)."""
+    h, kv_width = m.hidden_size, m.kv_heads * m.head_dim
+    attention = 2 * h * attention_width(m) + 2 * h * kv_width          # q, o; k, v
+    mlp_matrices = 3 if m.arch == "llama" else 2                         # SwiGLU gate/up/down; GELU up/down
+    return attention + mlp_matrices * h * m.ffn_hidden_size
+
+
+def output_params(m) -> int:
+    """The output projection h x V (shared with the embedding when tied, counted once)."""
+    return m.hidden_size * m.vocab_size
+
+
+def matmul_param_count(m) -> int:
+    """N of PaLM's 6N: all layers' matmul weights plus the output projection."""
+    return m.num_layers * layer_matmul_params(m) + output_params(m)
+
+
+def layer_other_params(m) -> int:
+    """Per-layer weights that are not matmuls: norms (and GPT biases)."""
+    h = m.hidden_size
+    if m.arch == "llama":
+        return 2 * h                                                    # two RMSNorm scales
+    qkv_bias = attention_width(m) + 2 * m.kv_heads * m.head_dim
+    return qkv_bias + h + m.ffn_hidden_size + h + 2 * 2 * h             # biases; 2 LayerNorms (w, b)
+
+
+def param_count(m) -> int:
+    """Every trainable weight. LLaMA: untied embedding + output, RMSNorms, no biases, GQA, SwiGLU.
+    GPT: biases, LayerNorms with bias, learned positions (seq_length x h), GELU MLP."""
+    h = m.hidden_size
+    embedding = m.vocab_size * h
+    output = 0 if m.tie_embeddings else output_params(m)
+    final_norm = h if m.arch == "llama" else 2 * h
+    positions = m.seq_length * h if m.arch == "gpt" else 0
+    layers = m.num_layers * (layer_matmul_params(m) + layer_other_params(m))
+    return embedding + positions + layers + final_norm + output
+
+
+# ----------------------------------------------------------------------------------------------
+# FLOPs per token
+
+
+def palm_flops_per_token(n_matmul: int, layers: int, heads: int, head_dim: int, seq: int) -> float:
+    """PaLM App. B: 6N + 12·L·H·Q·T."""
+    return 6 * n_matmul + 12 * layers * heads * head_dim * seq
+
+
+def attention_core_flops_per_token(m) -> float:
+    """12·L·H·Q·T: QK^T and scores x V, forward and backward, for one token."""
+    return 12 * m.num_layers * attention_width(m) * m.seq_length
+
+
+def model_flops_per_token(m) -> float:
+    """Model FLOPs per token, 6N + 12·L·H·Q·T (PaLM App. B)."""
+    return palm_flops_per_token(matmul_param_count(m), m.num_layers, m.num_heads, m.head_dim, m.seq_length)
+
+
+def _mode_and_layers(m, recompute) -> tuple[str, int]:
+    """(mode, recomputed layers) from a mode string or a RecomputeConfig.
+
+    `recompute.layers`: None = all layers, a list = per pipeline stage (summed), an int = the first
+    n of each stage. Without the pipeline layout an int is read as n layers in all; callers with
+    pipeline_stage > 1 and an int should pass `recomputed_layers=sum(recompute_layer_counts(cfg))`.
+    """
+    if recompute is None:
+        return "none", 0
+    if isinstance(recompute, str):
+        mode, layers = recompute, None
+    else:
+        mode, layers = recompute.mode, recompute.layers
+    if mode not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute mode {mode!r} is not one of {RECOMPUTE_MODES}")
+    if mode == "none":
+        return mode, 0
+    if layers is None:
+        return mode, m.num_layers
+    if isinstance(layers, int):
+        return mode, min(layers, m.num_layers)
+    return mode, min(sum(layers), m.num_layers)
+
+
+def recompute_flops_per_token(m, recompute, recomputed_layers: Optional[int] = None) -> float:
+    """FLOPs per token that recompute adds on top of the model FLOPs.
+
+    selective: the attention core once more, 12·H·Q·T per recomputed layer (Korthikanti et al. 2022:
+    s/(3h) instead of s/(6h) in their per-iteration formula).
+    full: one more forward of the layer, 2·N_layer + 4·H·Q·T per recomputed layer (Narayanan et al.
+    2021, eq. 3: 96 = 72 + 24 and 16·L·h·s = 12 + 4 for the attention; the output layer is not
+    recomputed: V/(16hL) x 96 = V/(12hL) x 72).
+    """
+    mode, layers = _mode_and_layers(m, recompute)
+    if recomputed_layers is not None:
+        layers = recomputed_layers if mode != "none" else 0
+    per_layer_core = 12 * attention_width(m) * m.seq_length
+    if mode == "selective":
+        return layers * per_layer_core
+    if mode == "full":
+        return layers * (2 * layer_matmul_params(m) + per_layer_core / 3)
+    return 0.0
+
+
+def hardware_flops_per_token(m, recompute=None, recomputed_layers: Optional[int] = None) -> float:
+    """Hardware FLOPs per token: model FLOPs plus recompute (see the module docstring).
+
+    `recompute` is a mode string ('none'|'selective'|'full') or a config.RecomputeConfig."""
+    return model_flops_per_token(m) + recompute_flops_per_token(m, recompute, recomputed_layers)
+
+
+# ----------------------------------------------------------------------------------------------
+# The Megatron papers' per-iteration forms (GPT, MHA, 4h MLP), kept to check the generalisation
+
+
+def megatron_model_flops_per_iteration(batch: int, layers: int, seq: int, hidden: int, vocab: int) -> float:
+    """72·B·L·s·h²·(1 + s/(6h) + V/(12·h·L)): model FLOPs (Korthikanti et al. 2022, §6)."""
+    return 72 * batch * layers * seq * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (12 * hidden * layers))
+
+
+def korthikanti_selective_flops_per_iteration(batch: int, layers: int, seq: int, hidden: int, vocab: int) -> float:
+    """72·B·L·s·h²·(1 + s/(3h) + V/(12·h·L)): hardware FLOPs with selective recompute."""
+    return 72 * batch * layers * seq * hidden ** 2 * (1 + seq / (3 * hidden) + vocab / (12 * hidden * layers))
+
+
+def narayanan_full_flops_per_iteration(batch: int, layers: int, seq: int, hidden: int, vocab: int) -> float:
+    """96·B·L·s·h²·(1 + s/(6h) + V/(16·h·L)): hardware FLOPs with full recompute (Narayanan et al. 2021, eq. 3)."""
+    return 96 * batch * layers * seq * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (16 * hidden * layers))
+
+
+# ----------------------------------------------------------------------------------------------
+# Utilisation
+
+
+def utilization(tokens_per_s: float, flops_per_token: float, devices: int, peak_tflops: float) -> float:
+    """tokens/s x FLOPs per token / (devices x peak): a fraction."""
+    if devices < 1 or peak_tflops <= 0:
+        raise ValueError(f"devices={devices}, peak_tflops={peak_tflops}: need devices >= 1 and a peak > 0")
+    return tokens_per_s * flops_per_token / (devices * peak_tflops * 1e12)
+
+
+def mfu(tokens_per_s: float, devices: int, peak_tflops: float, m) -> float:
+    """Model FLOPs utilisation (DESIGN.md §4)."""
+    return utilization(tokens_per_s, model_flops_per_token(m), devices, peak_tflops)
+
+
+def hfu(tokens_per_s: float, devices: int, peak_tflops: float, m,
+        recompute: Union[str, object, None] = None, recomputed_layers: Optional[int] = None) -> float:
+    """Hardware FLOPs utilisation: recompute counted (DESIGN.md §4)."""
+    return utilization(tokens_per_s, hardware_flops_per_token(m, recompute, recomputed_layers), devices, peak_tflops)
+
+
+def formula_text() -> str:
+    """One line stating the definitions, printed beside every MFU."""
+    return ("MFU = tokens/s x (6N + 12·L·H·Q·T) / (devices x peak) [PaLM App. B, full attention, no causal "
+            "halving]; HFU adds recompute [Korthikanti et al. 2022 selective, Narayanan et al. 2021 full]")

@@ -1,0 +1,316 @@
+"""The launch scripts, run for real: msrun with CPU workers running tests/fixtures/allreduce_probe.py.
+
+Fast tests check the decisions (worker counts, data_parallel, node ranks, quoting, bad input) via
+--dry-run. Slow tests start msrun: two workers AllReduce; a worker that exits 1 or is SIGKILLed
+stops the job within seconds and is named; two "nodes" in two network namespaces form one job.
+"""
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from training.launch import assign_cores
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = "tests/fixtures/allreduce_probe.py"
+LAUNCH_TIMEOUT = 120
+
+
+def write_config(tmp_path, name="probe", **parallel):
+    lines = [f"base: {ROOT / 'configs/tiny/llama_tiny.yaml'}",
+             f"run: {{name: {name}, output_dir: {tmp_path / 'out'}, device_target: CPU}}"]
+    if parallel:
+        lines.append("parallel: {" + ", ".join(f"{k}: {v}" for k, v in parallel.items()) + "}")
+    path = tmp_path / f"{name}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("MINDSCALE_")}
+    env["MINDSCALE_ENTRY"] = PROBE
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_script(script, *args, cwd, env=None, timeout=60):
+    return subprocess.run(["bash", str(ROOT / "scripts" / script), *map(str, args)], cwd=cwd,
+                          env=env or clean_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def msrun_call(dry_run_line):
+    """Split a dry-run line `env K=V ... msrun --flag v ... python -m training.launch worker ENTRY ARGS`
+    into (env, msrun flags, entry args)."""
+    argv = shlex.split(dry_run_line)
+    at = argv.index("msrun")
+    env = dict(a.split("=", 1) for a in argv[1:at])
+    worker = argv.index("worker")
+    flags = dict(zip(argv[at + 1:worker - 3:2], argv[at + 2:worker - 3:2]))
+    return env, flags, argv[worker + 1:]
+
+
+def probe_lines(text):
+    return {d["rank"]: d for d in (json.loads(line.split("PROBE ", 1)[1])
+                                   for line in text.splitlines() if line.startswith("PROBE "))}
+
+
+def probe_results(log_dir):
+    return probe_lines("\n".join(p.read_text() for p in sorted(Path(log_dir).glob("worker_*.log"))))
+
+
+def leftover_processes(marker):
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(marker in part for part in (p.info["cmdline"] or [])):
+            found.append(p.pid)
+    return found
+
+
+# ----------------------------------------------------------------------------------------------
+# Decisions, without starting anything
+
+
+def test_one_core_per_cpu_worker():
+    assert assign_cores([0, 1], 2) == [0, 1]
+    assert assign_cores([4, 5, 6, 7], 2) == [4, 5]
+    assert assign_cores([0, 1], 3) == [0, 1, 0]
+
+
+def test_dry_run_defaults_to_two_cpu_workers_and_fits_data_parallel(tmp_path):
+    cfg = write_config(tmp_path, data_parallel=1)
+    default = run_script("run_distribute.sh", cfg, "--dry-run", cwd=tmp_path)
+    assert default.returncode == 0, default.stderr
+    env, flags, entry = msrun_call(default.stdout)
+    assert (flags["--worker_num"], flags["--local_worker_num"], flags["--node_rank"]) == ("2", "2", "0")
+    assert flags["--log_dir"] == str(tmp_path / "out/probe/logs") and flags["--join"] == "True"
+    assert "--bind_core" not in flags and env["MINDSCALE_WORKER_CORES"].count(",") == 1
+    assert entry == [str(ROOT / PROBE), "--config", str(cfg)]  # not given NUM_DEVICES: config untouched
+
+    given = run_script("run_distribute.sh", cfg, 4, "--set", "train.steps=3", "--dry-run", cwd=tmp_path)
+    assert given.returncode == 0, given.stderr
+    _, flags, entry = msrun_call(given.stdout)
+    assert flags["--worker_num"] == "4"
+    assert entry[-4:] == ["--set", "train.steps=3", "--set", "parallel.data_parallel=4"]
+    assert "parallel.data_parallel=4" in given.stderr  # said out loud
+
+
+def test_dry_run_multi_node_world_and_ranks(tmp_path):
+    cfg = write_config(tmp_path)
+    out = run_script("run_distribute.sh", cfg, 2, "--dry-run", cwd=tmp_path,
+                     env=clean_env(NNODES=3, NODE_RANK=2, MASTER_ADDR="10.0.0.1", MASTER_PORT=29500))
+    assert out.returncode == 0, out.stderr
+    _, flags, entry = msrun_call(out.stdout)
+    assert flags == {**flags, "--worker_num": "6", "--local_worker_num": "2", "--node_rank": "2",
+                     "--master_addr": "10.0.0.1", "--master_port": "29500", "--tail_worker_log": "4"}
+    assert entry[-2:] == ["--set", "parallel.data_parallel=6"]
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["missing.yaml"], {}, "missing.yaml does not exist"),
+    (["CFG", "0"], {}, "NUM_DEVICES='0': must be a positive integer"),
+    (["CFG", "two"], {}, "NUM_DEVICES='two': must be a positive integer"),
+    (["CFG", "3"], {}, "3 device(s) cannot hold parallel.model_parallel=2"),
+    (["CFG", "2", "extra"], {}, "unrecognized arguments: extra"),
+    (["CFG"], {"NNODES": "2"}, "NNODES=2 needs MASTER_ADDR"),
+    (["CFG"], {"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "h"},
+     "NODE_RANK='2': must be an integer in [0, NNODES=2)"),
+    (["CFG"], {"MINDSCALE_ENTRY": "nope.py"}, "MINDSCALE_ENTRY=nope.py: no such file"),
+    (["CFG", "--set", "train.stepz=3"], {}, "unknown key train.stepz"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, env, message):
+    cfg = write_config(tmp_path, data_parallel=1, model_parallel=2)
+    out = run_script("run_distribute.sh", *[str(cfg) if a == "CFG" else a for a in args], "--dry-run",
+                     cwd=tmp_path, env=clean_env(**env))
+    assert out.returncode == 2 and out.stdout == ""
+    assert len(out.stderr.splitlines()) == 1 and message in out.stderr, out.stderr
+
+
+def test_hostfile_dry_run_commands_run_as_written(tmp_path):
+    cfg = write_config(tmp_path, data_parallel=1)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# the first host is node 0\nnode-a   # master\n\n  node-b\n")
+    out = run_script("run_hostfile.sh", hostfile, cfg, 1, "--set", "train.lr=1e-3", "--set", "run.seed=7",
+                     "--dry-run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2
+    for rank, line in enumerate(lines):
+        ssh = shlex.split(line)
+        assert ssh[:5] == ["ssh", "-n", "-o", "BatchMode=yes", ["node-a", "node-b"][rank]]
+        # What ssh would run on that host, run here (with --dry-run) to check rank, master and quoting.
+        remote = subprocess.run(["bash", "-c", ssh[5] + " --dry-run"], cwd="/", env=clean_env(),
+                                capture_output=True, text=True, timeout=60)
+        assert remote.returncode == 0, remote.stderr
+        _, flags, entry = msrun_call(remote.stdout)
+        assert (flags["--node_rank"], flags["--master_addr"], flags["--master_port"]) == (str(rank), "node-a", "8118")
+        assert flags["--worker_num"] == "2" and flags["--local_worker_num"] == "1"
+        assert entry[-6:] == ["--set", "train.lr=1e-3", "--set", "run.seed=7", "--set", "parallel.data_parallel=2"]
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "does not exist"),
+    ("# nobody\n\n", "lists no hosts"),
+    ("node-a slots=8\n", "has more than a host name"),
+])
+def test_hostfile_bad_input(tmp_path, content, message):
+    hostfile = tmp_path / "hosts"
+    if content is not None:
+        hostfile.write_text(content)
+    out = run_script("run_hostfile.sh", hostfile, write_config(tmp_path), "--dry-run", cwd=tmp_path)
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and message in out.stderr, out.stderr
+
+
+def test_slurm_script_gives_each_node_its_rank(tmp_path):
+    """Slurm cannot run here: stand-in `scontrol` and `srun` (one task per node, in turn) check the
+    script's own logic -- master from the node list, NODE_RANK read inside each task."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/bash\n[[ "$1 $2" == "show hostnames" ]] && tr , "\\n" <<< "$3"\n')
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n'
+                                  'for ((i = 0; i < SLURM_NNODES; i++)); do SLURM_NODEID=$i "$@" || exit; done\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="gpu-07,gpu-08",
+                    SLURM_NNODES=2, SLURM_JOB_ID=1234, SLURM_SUBMIT_DIR=ROOT)
+    out = subprocess.run(["bash", str(ROOT / "scripts/slurm_train.sbatch"), str(write_config(tmp_path)), "1",
+                          "--dry-run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    calls = [msrun_call(line)[1] for line in out.stdout.splitlines()]
+    assert [c["--node_rank"] for c in calls] == ["0", "1"]
+    assert {(c["--master_addr"], c["--master_port"], c["--worker_num"]) for c in calls} == {("gpu-07", "21234", "2")}
+
+
+# ----------------------------------------------------------------------------------------------
+# Real launches
+
+
+def test_standalone_runs_one_pinned_device(tmp_path):
+    out = run_script("run_standalone.sh", write_config(tmp_path, data_parallel=2), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    (result,) = probe_lines(out.stdout).values()
+    assert (result["world"], result["data_parallel"], result["omp_num_threads"]) == (1, 1, "1")
+    assert len(result["cores"]) == 1
+
+
+def test_two_workers_allreduce_on_their_own_cores(tmp_path):
+    cfg = write_config(tmp_path, data_parallel=1)
+    log_dir = tmp_path / "out/probe/logs"
+    log_dir.mkdir(parents=True)
+    (log_dir / "worker_1.exit").write_text("1\n")  # left by an earlier, failed launch
+    out = run_script("run_distribute.sh", cfg, 2, cwd=tmp_path, timeout=LAUNCH_TIMEOUT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"logs in {log_dir}" in out.stdout
+    results = probe_results(log_dir)
+    assert sorted(results) == [0, 1]
+    for r in results.values():
+        assert (r["world"], r["allreduce_sum"], r["data_parallel"], r["omp_num_threads"]) == (2, 3.0, 2, "1")
+        assert len(r["cores"]) == 1
+    if len(os.sched_getaffinity(0)) > 1:
+        assert results[0]["cores"] != results[1]["cores"]
+    assert 0 in probe_lines(out.stdout)  # rank 0's log is followed on the console
+
+
+@pytest.mark.parametrize("how, said", [("exit", "exited with code 1"), ("kill", "was killed by SIGKILL")])
+def test_a_dead_worker_stops_the_job_and_is_named(tmp_path, how, said):
+    cfg = write_config(tmp_path, name=f"fail_{how}")
+    out = run_script("run_distribute.sh", cfg, 2, cwd=tmp_path, env=clean_env(PROBE_FAIL=f"1:{how}"),
+                     timeout=LAUNCH_TIMEOUT)
+    returned = time.time()
+    log_dir = tmp_path / f"out/fail_{how}/logs"
+    assert out.returncode == 1
+    assert out.stderr.splitlines()[-1] == f"error: rank 1 {said}; see {log_dir / 'worker_1.log'}"
+    died = (log_dir / "worker_1.exit").stat().st_mtime
+    assert returned - died < 5, f"the launcher took {returned - died:.1f} s to notice"
+    assert leftover_processes(str(cfg)) == []  # rank 0 (blocked in AllReduce) and the scheduler are gone
+
+
+# ----------------------------------------------------------------------------------------------
+# Two nodes on one machine: a network namespace per node
+
+
+@pytest.fixture
+def two_namespaces():
+    """Two network namespaces joined by a veth pair: node 0 at 10.213.0.1, node 1 at 10.213.0.2.
+    Each sees only its own address, so msrun on node 1 finds MASTER_ADDR remote, as on a cluster."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("network namespaces need root and iproute2's `ip`")
+    tag = str(os.getpid() % 100000)
+    names, links = [f"mstest{tag}a", f"mstest{tag}b"], [f"msv{tag}a", f"msv{tag}b"]
+    if subprocess.run(["ip", "netns", "add", names[0]], capture_output=True).returncode:
+        pytest.skip("cannot create network namespaces here (ip netns add failed)")
+    try:
+        commands = [["ip", "netns", "add", names[1]],
+                    ["ip", "link", "add", links[0], "type", "veth", "peer", "name", links[1]]]
+        for i, (ns, link) in enumerate(zip(names, links)):
+            commands += [["ip", "link", "set", link, "netns", ns],
+                         ["ip", "-n", ns, "addr", "add", f"10.213.0.{i + 1}/24", "dev", link],
+                         ["ip", "-n", ns, "link", "set", link, "up"],
+                         ["ip", "-n", ns, "link", "set", "lo", "up"]]
+        for cmd in commands:
+            subprocess.run(cmd, check=True, capture_output=True)
+        yield names
+    finally:
+        for ns in names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def launch_two_nodes(tmp_path, namespaces, cfg, **extra_env):
+    """Start run_distribute.sh with NUM_DEVICES=1 in each namespace as node 0 and node 1.
+    Returns [(exit status, output, time it returned)] per node."""
+    common = dict(NNODES=2, MASTER_ADDR="10.213.0.1", MASTER_PORT=29517, **extra_env)
+    nodes, logs, returned = [], [], {}
+    for rank, ns in enumerate(namespaces):
+        logs.append(tmp_path / f"node{rank}.txt")
+        with open(logs[-1], "w") as out:
+            nodes.append(subprocess.Popen(
+                ["ip", "netns", "exec", ns, "bash", str(ROOT / "scripts/run_distribute.sh"), str(cfg), "1"],
+                cwd=tmp_path, env=clean_env(NODE_RANK=rank, **common), stdout=out, stderr=subprocess.STDOUT))
+    deadline = time.time() + LAUNCH_TIMEOUT
+    try:
+        while len(returned) < len(nodes) and time.time() < deadline:
+            for i, node in enumerate(nodes):
+                if i not in returned and node.poll() is not None:
+                    returned[i] = time.time()
+            time.sleep(0.1)
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.send_signal(signal.SIGTERM)  # the launcher stops its workers on SIGTERM
+                node.wait(10)
+    assert len(returned) == len(nodes), "a node's launcher did not return in time"
+    return [(node.returncode, log.read_text(), returned[i]) for i, (node, log) in enumerate(zip(nodes, logs))]
+
+
+def test_two_nodes_in_network_namespaces_form_one_job(tmp_path, two_namespaces):
+    cfg = write_config(tmp_path, name="two_nodes", data_parallel=1)
+    log_dir = tmp_path / "out/two_nodes/logs"
+    log_dir.mkdir(parents=True)
+    (log_dir / "worker_1.exit").write_text("-9\n")  # stale: node 0 must not take it for node 1's failure
+    nodes = launch_two_nodes(tmp_path, two_namespaces, cfg)
+    assert [code for code, _, _ in nodes] == [0, 0], [text[-2000:] for _, text, _ in nodes]
+    assert ["Start scheduler" in text for _, text, _ in nodes] == [True, False]  # one scheduler, on node 0
+    results = probe_results(log_dir)
+    assert sorted(results) == [0, 1]
+    assert {(r["world"], r["allreduce_sum"], r["data_parallel"]) for r in results.values()} == {(2, 3.0, 2)}
+
+
+def test_a_dead_worker_on_one_node_stops_the_other_node(tmp_path, two_namespaces):
+    cfg = write_config(tmp_path, name="two_nodes_fail")
+    nodes = launch_two_nodes(tmp_path, two_namespaces, cfg, PROBE_FAIL="1:kill")
+    log_dir = tmp_path / "out/two_nodes_fail/logs"
+    named = f"error: rank 1 was killed by SIGKILL; see {log_dir / 'worker_1.log'}"
+    died = (log_dir / "worker_1.exit").stat().st_mtime
+    for code, text, returned in nodes:
+        assert code == 1 and text.splitlines()[-1] == named, text[-2000:]
+        # Node 0 sees node 1's exit file in the shared run folder; without it, rank 0 would wait
+        # in the AllReduce for MindSpore's collective timeout (about 30 s here).
+        assert returned - died < 5
+    assert leftover_processes(str(cfg)) == []

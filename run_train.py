@@ -1,0 +1,35 @@
+"""MindScale training entry point.
+
+    python run_train.py --config configs/tiny/llama_tiny.yaml [--set train.steps=10 ...]
+
+Under msrun (scripts/run_distribute.sh) every worker runs this file. Exit status: 0 success,
+2 bad input (config, data, checkpoint, worker count) with one line on stderr, 1 anything else.
+"""
+import argparse
+import sys
+
+from training.config import ConfigError, add_config_arguments, config_from_args, fail
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_config_arguments(parser)
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args)
+
+    from models import WeightsMismatch
+    from models.hf_convert import HFConversionError
+    from training.checkpoint import CheckpointError
+    from training.data import DataError
+    from training.runtime import setup
+    from training.trainer import Trainer
+    try:
+        runtime = setup(cfg)
+        Trainer(cfg, runtime).train()
+    except (ConfigError, DataError, CheckpointError, WeightsMismatch, HFConversionError) as exc:
+        fail(str(exc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Per-interval training metrics: one JSON line in metrics.jsonl and one human line (or a progress bar).
+
+Throughput and MFU/HFU follow DESIGN.md §4 through training/flops.py, the same functions
+tools/mfu.py uses, so a logged MFU can be reproduced from the logged step time by hand.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from training import flops
+from training.config import Config, recompute_layer_counts
+
+
+def peak_tflops(cfg: Config) -> float:
+    """The hardware profile's peak, or on CPU (null peak) the measured and cached GEMM peak."""
+    if cfg.hardware.peak_tflops is not None:
+        return cfg.hardware.peak_tflops
+    from training.gemm_peak import cpu_peak_tflops
+    return cpu_peak_tflops()
+
+
+def memory_gib(device_target: str) -> float:
+    """Peak device memory on Ascend/GPU; resident host memory of this worker on CPU."""
+    if device_target != "CPU":
+        import mindspore as ms
+        return ms.runtime.max_memory_allocated() / 2 ** 30
+    return psutil.Process().memory_info().rss / 2 ** 30
+
+
+class MetricsLogger:
+    """Collects per-step values and writes one record every `train.log_interval` steps (rank 0)."""
+
+    def __init__(self, cfg: Config, run_dir: Path, device_target: str, write: bool, first_step: int):
+        self.cfg = cfg
+        self.device_target = device_target
+        self.write = write
+        self.path = run_dir / "metrics.jsonl"
+        self.tokens_per_step = cfg.global_batch_size * cfg.model.seq_length
+        self.flops_per_token = flops.model_flops_per_token(cfg.model)
+        self.hflops_per_token = flops.hardware_flops_per_token(cfg.model, cfg.recompute,
+                                                               sum(recompute_layer_counts(cfg)))
+        self.peak = peak_tflops(cfg)
+        self.window: list[tuple[float, float, float]] = []  # (loss, grad_norm, step_time)
+        self.skipped = 0
+        self.started = time.time()
+        self.first_step = first_step
+        self.bar = None
+        if write:
+            self._drop_records_after(first_step)
+        if write and sys.stdout.isatty():
+            from tqdm import tqdm
+            self.bar = tqdm(total=cfg.train.steps, initial=first_step, unit="step", dynamic_ncols=True)
+
+    def _drop_records_after(self, step: int) -> None:
+        """A resumed run re-logs the steps after its checkpoint; a fresh run (step 0) starts empty."""
+        if not self.path.is_file():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line + "\n")
+            except (json.JSONDecodeError, KeyError):
+                break  # a line cut by a kill: it and anything after it are dropped
+        self.path.write_text("".join(kept))
+
+    def step(self, step: int, loss: float, grad_norm: float, step_time: float, overflow: bool,
+             lr: float, loss_scale: float) -> dict | None:
+        """Record optimizer step `step` (1-based); returns the record when one is written."""
+        self.skipped += int(overflow)
+        self.window.append((loss, grad_norm, step_time))
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+        last = step == self.cfg.train.steps
+        if step % self.cfg.train.log_interval and not last and step != self.first_step + 1:
+            return None
+        record = self._record(step, lr, loss_scale)
+        self.window.clear()
+        if self.write:
+            with open(self.path, "a") as handle:
+                handle.write(json.dumps(record) + "\n")
+            line = (f"step {step}/{self.cfg.train.steps} loss {record['loss']:.4f} lr {lr:.3e} "
+                    f"grad_norm {record['grad_norm']:.3f} step {record['step_time_s'] * 1e3:.0f} ms "
+                    f"{record['tokens_per_s']:.0f} tok/s MFU {record['mfu'] * 100:.2f}% "
+                    f"(peak {self.peak:.3g} TFLOP/s/device) mem {record['memory_gib']:.2f} GiB")
+            if self.bar is not None:
+                self.bar.write(line)
+            else:
+                print(line, flush=True)
+        return record
+
+    def _record(self, step: int, lr: float, loss_scale: float) -> dict:
+        n = len(self.window)
+        loss = sum(w[0] for w in self.window) / n
+        grad_norm = sum(w[1] for w in self.window) / n
+        step_time = sum(w[2] for w in self.window) / n
+        devices = self.cfg.devices
+        tokens_per_s = self.tokens_per_step / step_time
+        tflops = tokens_per_s * self.flops_per_token / devices / 1e12
+        return {
+            "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time,
+            "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / devices,
+            "samples_per_s_per_device": self.cfg.global_batch_size / step_time / devices,
+            "tflops_per_device": tflops,
+            "mfu": flops.utilization(tokens_per_s, self.flops_per_token, devices, self.peak),
+            "hfu": flops.utilization(tokens_per_s, self.hflops_per_token, devices, self.peak),
+            "peak_tflops": self.peak, "memory_gib": memory_gib(self.device_target), "devices": devices,
+            "steps_in_window": n, "skipped_steps": self.skipped, "loss_scale": loss_scale,
+            "elapsed_s": time.time() - self.started,
+        }
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

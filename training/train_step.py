@@ -1,0 +1,72 @@
+"""One optimizer step as one graph: accumulate, reduce, unscale, check overflow, clip, update.
+
+The batch arrives as [accumulation, micro_batch, seq]; the accumulation loop is unrolled in the
+graph so gradients are summed before the single data-parallel reduction. With a dynamic loss
+scale (fp16), a step whose gradients overflow is skipped and the scale halves; the caller counts
+skipped steps from the returned flag.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.context import ParallelMode
+from mindspore.parallel._utils import _get_parallel_mode
+
+from training.config import Config
+
+DYNAMIC_SCALE_START = 2.0 ** 16
+DYNAMIC_SCALE_WINDOW = 1000
+
+
+def _loss_scale(cfg: Config) -> tuple[float, bool]:
+    """(initial scale, dynamic?) from train.loss_scale; 'auto' = dynamic only for fp16."""
+    value = cfg.train.loss_scale
+    if value == "auto":
+        value = "dynamic" if cfg.model.compute_dtype == "float16" else None
+    if value == "dynamic":
+        return DYNAMIC_SCALE_START, True
+    return (1.0 if value is None else float(value)), False
+
+
+class TrainStep(nn.Cell):
+    """network(input_ids, labels, loss_mask) -> loss, trained by `optimizer` one step per call."""
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, cfg: Config):
+        super().__init__(auto_prefix=False)
+        self.network = network
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.accumulation = cfg.parallel.gradient_accumulation_steps
+        self.grad_clip = cfg.train.grad_clip
+        self.grad_fn = ops.GradOperation(get_by_list=True, sens_param=True)
+        scale, dynamic = _loss_scale(cfg)
+        self.loss_scale = Parameter(Tensor(scale, ms.float32), name="loss_scale", requires_grad=False)
+        self.scale_update = nn.DynamicLossScaleUpdateCell(scale, 2.0, DYNAMIC_SCALE_WINDOW) if dynamic else None
+        self.reducer = nn.Identity()
+        if _get_parallel_mode() == ParallelMode.DATA_PARALLEL:
+            self.reducer = nn.DistributedGradReducer(self.weights, mean=True)
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, input_ids, labels, loss_mask):
+        scale = self.loss_scale.value()
+        sens = ops.cast(scale, ms.float32)
+        loss = ops.zeros((), ms.float32)
+        grads = None
+        for i in range(self.accumulation):
+            micro_loss = self.network(input_ids[i], labels[i], loss_mask[i])
+            micro_grads = self.grad_fn(self.network, self.weights)(input_ids[i], labels[i], loss_mask[i], sens)
+            loss = loss + micro_loss
+            grads = micro_grads if grads is None else self.hyper_map(ops.add, grads, micro_grads)
+        inverse = 1.0 / (sens * self.accumulation)
+        grads = self.hyper_map(ops.partial(ops.mul, inverse), grads)
+        grads = self.reducer(grads)
+        grad_norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(ops.cast(g, ms.float32))) for g in grads]))
+        overflow = ops.logical_not(ops.isfinite(grad_norm))
+        if self.scale_update is not None:
+            overflow = self.scale_update(self.loss_scale, overflow)
+        if self.grad_clip > 0:
+            factor = self.grad_clip / ops.maximum(grad_norm, self.grad_clip)
+            grads = self.hyper_map(ops.partial(ops.mul, factor), grads)
+        if not overflow:
+            loss = ops.depend(loss, self.optimizer(grads))
+        return loss / self.accumulation, grad_norm, overflow, scale

@@ -1,0 +1,142 @@
+"""The pretraining / fine-tuning loop behind run_train.py.
+
+Start order: the latest complete checkpoint in the run folder (full resume: weights, optimizer,
+loss scale, data position) -> `checkpoint.load_path` (weights only, for fine-tuning) -> fresh init.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor
+
+import models
+from training import checkpoint as ckpt
+from training.config import Config
+from training.data import build_dataset
+from training.metrics import MetricsLogger
+from training.optim import build_optimizer, lr_at
+from training.profiling import ProfileWindow
+from training.runtime import Runtime
+from training.train_step import TrainStep
+
+
+def run_dir_of(cfg: Config) -> Path:
+    return Path(cfg.run.output_dir) / cfg.run.name
+
+
+def parameters_as_numpy(params) -> dict[str, np.ndarray]:
+    return {p.name: p.asnumpy() for p in params}
+
+
+def assign(params, values: dict[str, np.ndarray], what: str) -> None:
+    """Copy `values` into `params` by name; every parameter must be present with its shape."""
+    by_name = {p.name: p for p in params}
+    missing = sorted(set(by_name) - set(values))
+    if missing:
+        raise ckpt.CheckpointError(f"{what} lacks {len(missing)} tensors (first: {missing[:3]}); "
+                                   "it was written by a different model or optimizer")
+    for name, param in by_name.items():
+        value = values[name]
+        if tuple(value.shape) != tuple(param.shape):
+            raise ckpt.CheckpointError(f"{what}: {name} has shape {tuple(value.shape)}, the model needs "
+                                       f"{tuple(param.shape)}; check the model config")
+        param.set_data(Tensor(value, dtype=param.dtype))
+
+
+class Trainer:
+    def __init__(self, cfg: Config, rt: Runtime):
+        self.cfg = cfg
+        self.rt = rt
+        self.run_dir = run_dir_of(cfg)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.model = models.build_model(cfg)
+        self.network = models.build_train_network(cfg, self.model)
+        models.apply_sharding_plan(self.model, cfg)
+        models.apply_recompute(self.model, cfg)
+        self.optimizer = build_optimizer(self.network.trainable_params(), cfg.train)
+        self.step_cell = TrainStep(self.network, self.optimizer, cfg)
+        model_names = {p.name for p in self.model.get_parameters()}
+        self.optimizer_params = [p for p in self.step_cell.get_parameters() if p.name not in model_names]
+        self.start_step = self._restore()
+
+    # -- start-up ---------------------------------------------------------------------------------
+    def _restore(self) -> int:
+        latest = ckpt.latest_checkpoint(self.ckpt_dir) if self.cfg.checkpoint.resume else None
+        if latest is not None:
+            weights, optimizer_state, state = ckpt.load_checkpoint(latest)
+            assign(self.model.get_parameters(), weights, str(latest))
+            assign(self.optimizer_params, optimizer_state, f"{latest} optimizer state")
+            self._say(f"resumed from {latest} at step {state['step']}")
+            return int(state["step"])
+        if self.cfg.checkpoint.load_path:
+            weights = models.load_pretrained(self.cfg.checkpoint.load_path, self.cfg)
+            models.load_weights_into(self.model, weights)
+            self._say(f"loaded weights from {self.cfg.checkpoint.load_path} (optimizer state and step start fresh)")
+        return 0
+
+    def _say(self, text: str) -> None:
+        if self.rt.is_main:
+            print(text, flush=True)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _batches(self):
+        """[accumulation, micro_batch, seq] tensors for each optimizer step."""
+        g = self.cfg.parallel.gradient_accumulation_steps
+        source = iter(build_dataset(self.cfg, self.rt.rank, self.rt.world, self.start_step))
+        while True:
+            micro = [next(source) for _ in range(g)]
+            yield tuple(Tensor(np.stack([m[key] for m in micro])) for key in ("input_ids", "labels", "loss_mask"))
+
+    def save(self, step: int, loss_scale: float) -> Path | None:
+        if not self.rt.is_main:
+            return None
+        state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
+                 "samples_consumed": step * self.cfg.global_batch_size}
+        return ckpt.save_checkpoint(self.ckpt_dir, step, parameters_as_numpy(self.model.get_parameters()),
+                                    parameters_as_numpy(self.optimizer_params), state, self.cfg.to_yaml(),
+                                    keep_last=self.cfg.checkpoint.keep_last)
+
+    def train(self) -> list[dict]:
+        cfg = self.cfg
+        if self.rt.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+        logger = MetricsLogger(cfg, self.run_dir, self.rt.device_target, self.rt.is_main, self.start_step)
+        profile = ProfileWindow(cfg.profile, self.run_dir / "profile")
+        records, batches, scale = [], self._batches(), 0.0
+        for step in range(self.start_step, cfg.train.steps):
+            input_ids, labels, loss_mask = next(batches)
+            profile.before(step)
+            began = time.perf_counter()
+            loss, grad_norm, overflow, scale = self.step_cell(input_ids, labels, loss_mask)
+            loss = float(loss.asnumpy())
+            elapsed = time.perf_counter() - began
+            profile.after(step)
+            scale = float(scale.asnumpy())
+            record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, bool(overflow.asnumpy()),
+                                 lr_at(step, cfg.train), scale)
+            if record:
+                records.append(record)
+            interval = cfg.checkpoint.save_interval
+            if interval and (step + 1) % interval == 0 and step + 1 < cfg.train.steps:
+                self.save(step + 1, scale)
+        profile.close()
+        logger.close()
+        if cfg.checkpoint.save_at_end and self.start_step < cfg.train.steps:
+            saved = self.save(cfg.train.steps, scale)
+            if saved:
+                self._say(f"checkpoint: {saved}")
+        print(f"rank {self.rt.rank}: weights sha256 {self.weights_digest()}", flush=True)
+        return records
+
+    def weights_digest(self) -> str:
+        """A digest of every weight, printed by each rank: data-parallel ranks must agree."""
+        digest = hashlib.sha256()
+        for name, value in sorted(parameters_as_numpy(self.model.get_parameters()).items()):
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(value).tobytes())
+        return digest.hexdigest()[:16]

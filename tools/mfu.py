@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from training import flops  # noqa: E402
 from training.config import ConfigError, add_config_arguments, fail, load_config, recompute_layer_counts  # noqa: E402
-from training.metrics_io import RunDataError, load_run, spread, steady_records, warn_if_truncated  # noqa: E402
+from training.metrics_io import (RunDataError, load_run, profile_window, spread, steady_records,  # noqa: E402
+                                 warn_if_truncated)
 
 
 def peak_and_source(cfg, override: float | None, logged: float | None) -> tuple[float, str]:
@@ -64,7 +65,7 @@ def from_metrics(run_dir: str, cfg, overrides: list[str], skip: int, devices: in
     warn_if_truncated(run)
     if cfg is None:
         cfg = load_config(run.path / "config.yaml", overrides) if overrides else run.config
-    kept, steady = steady_records(run.metrics.records, skip)
+    kept, steady = steady_records(run.metrics.records, skip, profile_window(run.config))
     if not steady:
         raise RunDataError(f"{run.path / 'metrics.jsonl'} has {len(run.metrics.records)} record(s), all within the "
                            f"first --skip {skip} of their process (compile steps); lower --skip or log more steps")

@@ -1,0 +1,102 @@
+"""tools/report.py: the self-contained HTML report and its PNGs."""
+import base64
+import json
+import re
+import shutil
+import statistics
+
+import pytest
+
+from tests.run_folder import ROOT, write_run
+from tools import report
+from training import flops
+from training.config import load_config
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A run resumed once (steps 4-6 re-run after a restart), with an Ascend profile in profile/."""
+    run = write_run(tmp_path_factory.mktemp("report"), "tiny_report", [6.0, 1.0, 1.1, 1.2, 1.0, 1.3],
+                    ["recompute.mode=selective"])
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    resumed = []
+    for i, line in enumerate(lines[3:], 1):
+        record = json.loads(line)
+        record["elapsed_s"] = float(i)
+        resumed.append(json.dumps(record))
+    (run / "metrics.jsonl").write_text("\n".join(lines + resumed) + "\n")
+    shutil.copytree(ROOT / "tests" / "fixtures" / "ascend_profile", run / "profile")
+    return run
+
+
+@pytest.fixture(scope="module")
+def built(run_dir, tmp_path_factory):
+    output = tmp_path_factory.mktemp("out") / "tiny.html"
+    assert report.main([str(run_dir), "--output", str(output)]) == 0
+    return output, output.read_text()
+
+
+def test_html_embeds_every_plot_and_writes_pngs(built):
+    output, page = built
+    embedded = re.findall(r'<img alt="(\w+)" src="data:image/png;base64,([^"]+)"', page)
+    assert [name for name, _ in embedded] == ["loss_lr", "throughput", "mfu_hfu", "memory"]
+    for name, data in embedded:
+        png = output.with_name(f"tiny_{name}.png")
+        assert png.read_bytes() == base64.b64decode(data) and png.read_bytes()[:8] == PNG
+    assert "<script" not in page and "http" not in page.split("<h2>Resolved config</h2>")[0].lower()
+
+
+def test_medians_skip_warmup_of_every_segment(built, run_dir):
+    _, page = built
+    # segments: steps 1-3 (6.0, 1.0, 1.1) and the resume 4-6 (1.2, 1.0, 1.3); first of each dropped
+    kept = [1.0, 1.1, 1.0, 1.3]
+    assert f"<td>step time</td><td>s</td><td>{statistics.median(kept):.4f}</td>" in page
+    assert "6 records, 4 after warm-up" in page
+
+
+def test_formula_and_by_hand_mfu(built, run_dir):
+    _, page = built
+    cfg = load_config(run_dir / "config.yaml")
+    fpt = flops.model_flops_per_token(cfg.model)
+    assert f"model FLOPs per token = {fpt:.4g}" in page
+    assert f"hardware FLOPs per token = {flops.hardware_flops_per_token(cfg.model, cfg.recompute):.4g}" in page
+    tokens = statistics.median(cfg.global_batch_size * cfg.model.seq_length / t for t in [1.0, 1.1, 1.0, 1.3])
+    by_hand = tokens * fpt / (cfg.devices * 0.05e12)
+    assert f"= {by_hand:.3%} (median logged MFU {by_hand:.3%})" in page
+
+
+def test_config_and_profile_sections(built, run_dir):
+    _, page = built
+    assert "recompute:\n  mode: selective" in page and "hidden_size: 128" in page
+    assert "likely communication-bound" in page and "ascend layout" in page
+
+
+def test_default_output_in_run_folder(run_dir, capsys):
+    assert report.main([str(run_dir)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed[0] == str(run_dir / "report.html") and len(printed) == 5
+
+
+def test_bad_input(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        report.main([str(tmp_path / "missing")])
+    assert exc.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+    cut = write_run(tmp_path, "cut", [6.0, 1.0, 1.0], truncate=True)
+    assert report.main([str(cut)]) == 0
+    assert "truncated line" in capsys.readouterr().err
+    assert "ends in a truncated line" in (cut / "report.html").read_text()
+
+
+def test_planner_prediction_next_to_measurement(built, run_dir):
+    from training import planner
+    _, page = built
+    cfg = load_config(run_dir / "config.yaml")
+    plan = planner.plan(cfg, peak_tflops=0.05)
+    step = statistics.median([1.0, 1.1, 1.0, 1.3])
+    predicted = plan["predicted"]["step_time_s"]
+    assert (f"<td>step time</td><td>s</td><td>{step:.4f}</td><td>{predicted:.4f}</td>"
+            f"<td>{step / predicted:.2f}</td>") in page
+    assert f"<td>MFU</td><td></td><td>" in page and f"{plan['predicted']['mfu']:.2%}" in page
+    assert f"{plan['memory_gib']['total']:.2f}" in page and plan["predicted"]["assumptions"][0] in page

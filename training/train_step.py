@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.communication import get_group_size
 from mindspore.context import ParallelMode
 from mindspore.parallel._utils import _get_parallel_mode
 
@@ -43,8 +44,11 @@ class TrainStep(nn.Cell):
         self.loss_scale = Parameter(Tensor(scale, ms.float32), name="loss_scale", requires_grad=False)
         self.scale_update = nn.DynamicLossScaleUpdateCell(scale, 2.0, DYNAMIC_SCALE_WINDOW) if dynamic else None
         self.reducer = nn.Identity()
-        if _get_parallel_mode() == ParallelMode.DATA_PARALLEL:
+        self.data_parallel = _get_parallel_mode() == ParallelMode.DATA_PARALLEL
+        if self.data_parallel:
             self.reducer = nn.DistributedGradReducer(self.weights, mean=True)
+            self.loss_sum = ops.AllReduce()
+            self.world = get_group_size()
         self.hyper_map = ops.HyperMap()
 
     def construct(self, input_ids, labels, loss_mask):
@@ -69,4 +73,7 @@ class TrainStep(nn.Cell):
             grads = self.hyper_map(ops.partial(ops.mul, factor), grads)
         if not overflow:
             loss = ops.depend(loss, self.optimizer(grads))
-        return loss / self.accumulation, grad_norm, overflow, scale
+        loss = loss / self.accumulation
+        if self.data_parallel:  # report the global batch's loss, not this rank's share
+            loss = self.loss_sum(loss) / self.world
+        return loss, grad_norm, overflow, scale

@@ -41,6 +41,8 @@ def assign(params, values: dict[str, np.ndarray], what: str) -> None:
                                    "it was written by a different model or optimizer")
     for name, param in by_name.items():
         value = values[name]
+        if value.size == 1 and param.size == 1:  # safetensors stores 0-d scalars as shape (1,)
+            value = value.reshape(param.shape)
         if tuple(value.shape) != tuple(param.shape):
             raise ckpt.CheckpointError(f"{what}: {name} has shape {tuple(value.shape)}, the model needs "
                                        f"{tuple(param.shape)}; check the model config")

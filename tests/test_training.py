@@ -1,0 +1,169 @@
+"""End-to-end training on CPU through the real entry points (run_train.py, scripts/run_distribute.sh).
+
+Each run is a separate process, as a user would start it: MindSpore's global context makes
+in-process runs leak into each other.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from training import checkpoint as ckpt
+from training.config import REPO_ROOT
+
+TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
+SMALL = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",
+         "model.ffn_hidden_size=128", "model.vocab_size=256", "model.seq_length=32", "train.log_interval=1",
+         "train.warmup_steps=2", "checkpoint.save_interval=0"]
+
+
+def sets(*overrides):
+    return [arg for o in (*SMALL, *overrides) for arg in ("--set", o)]
+
+
+def one_core():
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def train(tmp_path, name, *overrides, env=None, check=True):
+    """run_train.py as one device: pinned to one core, as scripts/run_standalone.sh does."""
+    args = [sys.executable, "run_train.py", "--config", TINY,
+            *sets(f"run.output_dir={tmp_path}", f"run.name={name}", "parallel.data_parallel=1", *overrides)]
+    proc = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})}, preexec_fn=one_core)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(run_dir):
+    return {r["step"]: r["loss"] for r in metrics(run_dir)}
+
+
+def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path):
+    launch = subprocess.run(
+        ["bash", "scripts/run_distribute.sh", TINY, "2",
+         *sets(f"run.output_dir={tmp_path}", "run.name=dp2", "train.micro_batch_size=2", "train.steps=6")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-2000:]
+    single = train(tmp_path, "dp1", "train.micro_batch_size=4", "train.steps=6")
+
+    logs = tmp_path / "dp2" / "logs"
+    digests = {re.search(r"weights sha256 (\w+)", (logs / f"worker_{r}.log").read_text()).group(1) for r in (0, 1)}
+    assert len(digests) == 1, "data-parallel ranks ended with different weights"
+
+    two, one = losses(tmp_path / "dp2"), losses(tmp_path / "dp1")
+    assert sorted(two) == sorted(one) == list(range(1, 7))
+    np.testing.assert_allclose([two[s] for s in two], [one[s] for s in two], rtol=2e-4)
+    record = metrics(tmp_path / "dp2")[-1]
+    for key in ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "tokens_per_s_per_device",
+                "samples_per_s_per_device", "tflops_per_device", "mfu", "hfu", "memory_gib", "devices"):
+        assert key in record
+    assert record["devices"] == 2
+    assert record["tokens_per_s_per_device"] == pytest.approx(record["tokens_per_s"] / 2)
+    assert single.stdout.count("weights sha256") == 1
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A small real corpus: text -> SentencePiece (400 pieces) -> MindRecord of 33-token samples."""
+    root = tmp_path_factory.mktemp("corpus")
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jokes".split()
+    rng = np.random.default_rng(0)
+    text = "\n".join(" ".join(rng.choice(words, 12)) + "." for _ in range(300))
+    (root / "text.txt").write_text(text)
+    tools = [sys.executable, "tools/train_tokenizer.py", "--input", str(root / "text.txt"), "--vocab-size", "400",
+             "--output", str(root / "tok")]
+    subprocess.run(tools, cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", str(root / "text.txt"),
+                    "--tokenizer", str(root / "tok.model"), "--seq-length", "32", "--output", str(root / "mr")],
+                   cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
+    return root
+
+
+def test_loss_falls_on_a_real_corpus(tmp_path, corpus):
+    train(tmp_path, "fall", "model.vocab_size=512", f"data.path={corpus / 'mr'}",
+          f"data.tokenizer={corpus / 'tok.model'}", "train.steps=30", "train.lr=0.01", "train.min_lr=0.001")
+    values = losses(tmp_path / "fall")
+    assert values[30] < values[1] - 1.5, values
+
+
+def test_tokenizer_larger_than_the_model_vocab_is_refused(tmp_path, corpus):
+    proc = train(tmp_path, "small_vocab", "model.vocab_size=256", f"data.path={corpus / 'mr'}",
+                 f"data.tokenizer={corpus / 'tok.model'}", "train.steps=1", check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert "vocab" in proc.stderr
+
+
+def test_gradient_accumulation_equals_a_bigger_batch(tmp_path):
+    train(tmp_path, "big", "train.micro_batch_size=4", "train.steps=4")
+    train(tmp_path, "acc", "train.micro_batch_size=2", "parallel.gradient_accumulation_steps=2", "train.steps=4")
+    big, acc = losses(tmp_path / "big"), losses(tmp_path / "acc")
+    np.testing.assert_allclose([acc[s] for s in big], list(big.values()), rtol=1e-5)
+
+
+def test_kill_during_checkpoint_write_then_resume_matches_uninterrupted_run(tmp_path):
+    common = ("train.steps=8", "checkpoint.save_interval=3", "checkpoint.keep_last=2")
+    train(tmp_path, "straight", *common)
+    killed = train(tmp_path, "resumed", *common, env={"MINDSCALE_FAULT": "checkpoint_write:6"}, check=False)
+    assert killed.returncode == -9
+    run = tmp_path / "resumed"
+    assert ckpt.latest_checkpoint(run / "checkpoints").name == "step_00000003"
+    resumed = train(tmp_path, "resumed", *common)
+    assert "resumed from" in resumed.stdout and "step_00000003" in resumed.stdout
+    straight, again = losses(tmp_path / "straight"), losses(run)
+    assert sorted(again) == list(range(1, 9))
+    # On one core MindSpore's CPU kernels are deterministic: the resumed run is bit-identical.
+    assert [again[s] for s in range(1, 9)] == [straight[s] for s in range(1, 9)]
+    w_straight = ckpt.load_weights(tmp_path / "straight" / "checkpoints" / "step_00000008")
+    w_again = ckpt.load_weights(run / "checkpoints" / "step_00000008")
+    assert all(np.array_equal(w_straight[k], w_again[k]) for k in w_straight)
+
+
+def test_fp16_overflowing_steps_are_skipped_and_counted(tmp_path):
+    train(tmp_path, "overflow", "model.compute_dtype=float16", "train.loss_scale=1.0e+30", "train.steps=3")
+    last = metrics(tmp_path / "overflow")[-1]
+    assert last["skipped_steps"] == 3
+    start = ckpt.load_weights(tmp_path / "overflow" / "checkpoints" / "step_00000003")
+    train(tmp_path, "fresh", "model.compute_dtype=float16", "train.loss_scale=1.0e+30", "train.steps=1",
+          "checkpoint.save_at_end=true")
+    first = ckpt.load_weights(tmp_path / "fresh" / "checkpoints" / "step_00000001")
+    assert all(np.array_equal(start[k], first[k]) for k in start), "a skipped step changed the weights"
+    train(tmp_path, "dynamic", "model.compute_dtype=float16", "train.loss_scale=dynamic", "train.steps=3")
+    assert all(np.isfinite(r["loss"]) for r in metrics(tmp_path / "dynamic"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.path=/nonexistent/data"], "/nonexistent/data"),
+    (["parallel.data_parallel=2"], "needs 2 devices"),
+    (["parallel.model_parallel=2"], "need Ascend or GPU"),
+    (["hardware=ascend910b"], "add --set hardware=cpu"),
+    (["checkpoint.load_path=/nonexistent/ckpt"], "does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, message):
+    proc = subprocess.run([sys.executable, "run_train.py", "--config", TINY,
+                           *sets(f"run.output_dir={tmp_path}", "train.steps=1", "parallel.data_parallel=1",
+                                 *overrides)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_truncated_checkpoint_as_load_path_is_refused(tmp_path):
+    train(tmp_path, "src", "train.steps=1")
+    step = tmp_path / "src" / "checkpoints" / "step_00000001"
+    weights = step / ckpt.WEIGHTS
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    proc = train(tmp_path, "dst", "train.steps=1", f"checkpoint.load_path={step}", check=False)
+    assert proc.returncode == 2 and "truncated" in proc.stderr
+    assert not (tmp_path / "dst" / "checkpoints").exists()

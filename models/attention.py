@@ -1,0 +1,133 @@
+"""Causal self-attention with grouped-query heads, and its two interchangeable cores.
+
+`Attention` projects x [tokens, hidden] to q [B, S, heads, d] and k, v [B, S, kv_heads, d] with
+separate wq/wk/wv matmuls (no slicing of a fused output), applies rotary embeddings when the model
+uses them, and hands q, k, v to a core that returns [tokens, heads * d]:
+
+* `CompositeAttention`: BatchMatMul + fp32 softmax + additive causal mask. Runs everywhere.
+* `FlashAttention`: the FlashAttentionScore kernel (Atlas A2 only, never executed on CPU here).
+
+GQA without copying k/v: the heads that share a kv head are laid side by side along the query
+axis ([B, kv_heads, group * S, d]), so one BatchMatMul per kv head serves the whole group.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+from mindspore.ops.operations.nn_ops import FlashAttentionScore
+
+from models.layers import Linear, RotaryEmbedding, RowSumSoftmax
+
+MASKED = -1.0e9  # additive mask value; finite so an fp32 softmax row never computes inf - inf
+FLASH_MASK_SIZE = 2048  # sparse_mode 2 takes a compressed 2048 x 2048 causal mask
+
+
+@lru_cache(maxsize=4)
+def flash_causal_mask() -> Tensor:
+    """The compressed uint8 mask of sparse_mode 2 (1 = masked out)."""
+    return Tensor(np.triu(np.ones((FLASH_MASK_SIZE, FLASH_MASK_SIZE), np.uint8), 1))
+
+
+class CompositeAttention(nn.Cell):
+    """softmax(q k^T / sqrt(d) + causal) v with the scores and softmax in fp32."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, seq_length: int, compute_dtype,
+                 row_sum_softmax: bool = False):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.group = num_heads // num_kv_heads
+        self.seq_length = seq_length
+        self.compute_dtype = compute_dtype
+        self.cast_scores = compute_dtype != ms.float32
+        self.scale = Tensor(1.0 / math.sqrt(head_dim), compute_dtype)
+        # The [S, S] mask is built in the graph from two index vectors (as fast as a constant, and a
+        # model configured for a long context does not hold an S x S table per construction).
+        self.rows = Tensor(np.arange(seq_length, dtype=np.int32).reshape(seq_length, 1))
+        self.cols = Tensor(np.arange(seq_length, dtype=np.int32).reshape(1, seq_length))
+        self.future = ops.Greater()
+        self.mask_cast = ops.Cast()
+        self.mask_scale = ops.Mul()
+        self.scale_q = ops.Mul()
+        self.transpose_q = ops.Transpose()
+        self.transpose_k = ops.Transpose()
+        self.transpose_v = ops.Transpose()
+        self.bmm_qk = ops.BatchMatMul(transpose_b=True)
+        self.scores_fp32 = ops.Cast()
+        self.mask_add = ops.Add()
+        self.softmax = RowSumSoftmax(seq_length) if row_sum_softmax else ops.Softmax(axis=-1)
+        self.probs_cast = ops.Cast()
+        self.bmm_pv = ops.BatchMatMul()
+        self.transpose_out = ops.Transpose()
+
+    def construct(self, q, k, v):
+        b, s, n, d = q.shape
+        kv, g = self.num_kv_heads, self.group
+        q = self.transpose_q(self.scale_q(q, self.scale), (0, 2, 1, 3)).reshape(b, kv, g * s, d)
+        k = self.transpose_k(k, (0, 2, 1, 3))
+        v = self.transpose_v(v, (0, 2, 1, 3))
+        scores = self.bmm_qk(q, k)
+        if self.cast_scores:
+            scores = self.scores_fp32(scores, ms.float32)
+        rows, cols = (self.rows, self.cols) if s == self.seq_length else (self.rows[:s], self.cols[:, :s])
+        mask = self.mask_scale(self.mask_cast(self.future(cols, rows), ms.float32), MASKED)
+        probs = self.softmax(self.mask_add(scores.reshape(b, kv, g, s, s), mask))
+        if self.cast_scores:
+            probs = self.probs_cast(probs, self.compute_dtype)
+        out = self.bmm_pv(probs.reshape(b, kv, g * s, s), v).reshape(b, n, s, d)
+        return self.transpose_out(out, (0, 2, 1, 3)).reshape(b * s, n * d)
+
+
+class FlashAttention(nn.Cell):
+    """FlashAttentionScore in the BSH layout with the compressed causal mask (sparse_mode 2).
+
+    Kept as the primitive (not ops.flash_attention_score) so the sharding plan can `.shard()` it.
+    Atlas A2 only: built and inspected by the CPU tests, executed only on Ascend 910B.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.causal_mask = flash_causal_mask()
+        self.flash = FlashAttentionScore(head_num=num_heads, scale_value=1.0 / math.sqrt(head_dim),
+                                         input_layout="BSH", sparse_mode=2)
+
+    def construct(self, q, k, v):
+        b, s, n, d = q.shape
+        q = q.reshape(b, s, n * d)
+        k = k.reshape(b, s, self.num_kv_heads * d)
+        v = v.reshape(b, s, self.num_kv_heads * d)
+        _, _, _, out = self.flash(q, k, v, None, None, None, self.causal_mask, None)
+        return out.reshape(b * s, n * d)
+
+
+class Attention(nn.Cell):
+    """Multi-head (GQA when kv_heads < heads) causal self-attention on [tokens, hidden]."""
+
+    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, seq_length: int, *, bias: bool,
+                 rope_theta: float | None, flash: bool, row_sum_softmax: bool, std: float, out_std: float,
+                 param_dtype, compute_dtype):
+        super().__init__()
+        head_dim = hidden // num_heads
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.wq = Linear(hidden, num_heads * head_dim, bias, std, param_dtype, compute_dtype)
+        self.wk = Linear(hidden, num_kv_heads * head_dim, bias, std, param_dtype, compute_dtype)
+        self.wv = Linear(hidden, num_kv_heads * head_dim, bias, std, param_dtype, compute_dtype)
+        self.wo = Linear(num_heads * head_dim, hidden, bias, out_std, param_dtype, compute_dtype)
+        self.rotary = None if rope_theta is None else RotaryEmbedding(seq_length, head_dim, rope_theta,
+                                                                      compute_dtype)
+        self.core = (FlashAttention(num_heads, num_kv_heads, head_dim) if flash else
+                     CompositeAttention(num_heads, num_kv_heads, head_dim, seq_length, compute_dtype,
+                                        row_sum_softmax))
+
+    def construct(self, x, batch: int, seq: int):
+        q = self.wq(x).reshape(batch, seq, self.num_heads, self.head_dim)
+        k = self.wk(x).reshape(batch, seq, self.num_kv_heads, self.head_dim)
+        v = self.wv(x).reshape(batch, seq, self.num_kv_heads, self.head_dim)
+        if self.rotary is not None:
+            q = self.rotary(q)
+            k = self.rotary(k)
+        return self.wo(self.core(q, k, v))

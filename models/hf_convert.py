@@ -1,0 +1,291 @@
+"""Hugging Face <-> MindScale weights: one name/shape table per architecture.
+
+LLaMA  <-> transformers `LlamaForCausalLM`: same [out, in] matrices, renamed. HF's q/k weights are
+           already in the rotate-half layout our RotaryEmbedding uses, so nothing is permuted.
+GPT    <-> transformers `GPT2LMHeadModel`: GPT-2's Conv1D stores weights [in, out] (transposed), and
+           c_attn is the fused [q; k; v] projection, split here into wq/wk/wv (and joined back).
+
+Every conversion is a pure re-arrangement (rename, transpose, split, concatenate) so a round trip
+reproduces the original tensors bit for bit.
+"""
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from training.checkpoint import CheckpointError
+
+
+class HFConversionError(CheckpointError):
+    """The Hugging Face checkpoint cannot be converted. One line; the CLIs exit 2."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """MindScale tensor `ours` is (part `part[0]` of `part[1]` equal row blocks of) HF tensor `theirs`,
+    transposed first when HF stores it [in, out]."""
+    ours: str
+    theirs: str
+    transpose: bool = False
+    part: tuple[int, int] | None = None
+
+
+LLAMA_TABLE = [
+    Rule("tok_embeddings.weight", "model.embed_tokens.weight"),
+    Rule("layers.{i}.attention_norm.weight", "model.layers.{i}.input_layernorm.weight"),
+    Rule("layers.{i}.attention.wq.weight", "model.layers.{i}.self_attn.q_proj.weight"),
+    Rule("layers.{i}.attention.wk.weight", "model.layers.{i}.self_attn.k_proj.weight"),
+    Rule("layers.{i}.attention.wv.weight", "model.layers.{i}.self_attn.v_proj.weight"),
+    Rule("layers.{i}.attention.wo.weight", "model.layers.{i}.self_attn.o_proj.weight"),
+    Rule("layers.{i}.ffn_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
+    Rule("layers.{i}.feed_forward.w1.weight", "model.layers.{i}.mlp.gate_proj.weight"),
+    Rule("layers.{i}.feed_forward.w3.weight", "model.layers.{i}.mlp.up_proj.weight"),
+    Rule("layers.{i}.feed_forward.w2.weight", "model.layers.{i}.mlp.down_proj.weight"),
+    Rule("norm.weight", "model.norm.weight"),
+    Rule("output.weight", "lm_head.weight"),
+]
+
+GPT_TABLE = [
+    Rule("tok_embeddings.weight", "transformer.wte.weight"),
+    Rule("pos_embeddings.weight", "transformer.wpe.weight"),
+    Rule("layers.{i}.attention_norm.weight", "transformer.h.{i}.ln_1.weight"),
+    Rule("layers.{i}.attention_norm.bias", "transformer.h.{i}.ln_1.bias"),
+    *[Rule(f"layers.{{i}}.attention.{w}.weight", "transformer.h.{i}.attn.c_attn.weight", True, (n, 3))
+      for n, w in enumerate(("wq", "wk", "wv"))],
+    *[Rule(f"layers.{{i}}.attention.{w}.bias", "transformer.h.{i}.attn.c_attn.bias", False, (n, 3))
+      for n, w in enumerate(("wq", "wk", "wv"))],
+    Rule("layers.{i}.attention.wo.weight", "transformer.h.{i}.attn.c_proj.weight", True),
+    Rule("layers.{i}.attention.wo.bias", "transformer.h.{i}.attn.c_proj.bias"),
+    Rule("layers.{i}.ffn_norm.weight", "transformer.h.{i}.ln_2.weight"),
+    Rule("layers.{i}.ffn_norm.bias", "transformer.h.{i}.ln_2.bias"),
+    Rule("layers.{i}.feed_forward.w1.weight", "transformer.h.{i}.mlp.c_fc.weight", True),
+    Rule("layers.{i}.feed_forward.w1.bias", "transformer.h.{i}.mlp.c_fc.bias"),
+    Rule("layers.{i}.feed_forward.w2.weight", "transformer.h.{i}.mlp.c_proj.weight", True),
+    Rule("layers.{i}.feed_forward.w2.bias", "transformer.h.{i}.mlp.c_proj.bias"),
+    Rule("norm.weight", "transformer.ln_f.weight"),
+    Rule("norm.bias", "transformer.ln_f.bias"),
+    Rule("output.weight", "lm_head.weight"),
+]
+
+TABLES = {"llama": LLAMA_TABLE, "gpt": GPT_TABLE}
+
+# HF tensors that are buffers, not weights (older checkpoints store them).
+IGNORED_HF = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.attn\.masked_bias)$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs
+
+
+def _model_from_llama(c: dict) -> dict:
+    if c.get("rope_scaling"):
+        raise HFConversionError(f"rope_scaling={c['rope_scaling']} is not supported (plain RoPE only); "
+                                "use a checkpoint without RoPE scaling")
+    if c.get("attention_bias") or c.get("mlp_bias"):
+        raise HFConversionError("LLaMA checkpoints with attention_bias/mlp_bias are not supported")
+    heads = c["num_attention_heads"]
+    if c.get("head_dim") not in (None, c["hidden_size"] // heads):
+        raise HFConversionError(f"head_dim={c['head_dim']} != hidden_size/num_attention_heads; not supported")
+    return {"arch": "llama", "vocab_size": c["vocab_size"], "hidden_size": c["hidden_size"],
+            "num_layers": c["num_hidden_layers"], "num_heads": heads,
+            "num_kv_heads": c.get("num_key_value_heads") or heads,
+            "ffn_hidden_size": c["intermediate_size"], "seq_length": c.get("max_position_embeddings", 4096),
+            "rope_theta": float(c.get("rope_theta", 10000.0)), "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
+            "tie_embeddings": bool(c.get("tie_word_embeddings", False))}
+
+
+def _model_from_gpt2(c: dict) -> dict:
+    act = c.get("activation_function", "gelu_new")
+    if act not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise HFConversionError(f"activation_function={act!r}: MindScale's GPT uses the tanh GELU "
+                                "(gelu_new); convert a checkpoint trained with it")
+    if c.get("scale_attn_by_inverse_layer_idx") or c.get("scale_attn_weights") is False:
+        raise HFConversionError("GPT-2 attention-scaling variants are not supported (need 1/sqrt(d) scaling)")
+    hidden = c["n_embd"]
+    return {"arch": "gpt", "vocab_size": c["vocab_size"], "hidden_size": hidden, "num_layers": c["n_layer"],
+            "num_heads": c["n_head"], "num_kv_heads": c["n_head"], "ffn_hidden_size": c.get("n_inner") or 4 * hidden,
+            "seq_length": c["n_positions"], "norm_eps": float(c.get("layer_norm_epsilon", 1e-5)),
+            "tie_embeddings": bool(c.get("tie_word_embeddings", True))}
+
+
+def model_config_from_hf(hf_config: dict) -> dict:
+    """MindScale `model:` keys from a Hugging Face config.json."""
+    kind = hf_config.get("model_type")
+    try:
+        if kind == "llama":
+            return _model_from_llama(hf_config)
+        if kind == "gpt2":
+            return _model_from_gpt2(hf_config)
+    except KeyError as exc:
+        raise HFConversionError(f"config.json lacks {exc.args[0]!r}; it is not a complete {kind} config")
+    raise HFConversionError(f"model_type={kind!r} is not supported; convert a llama or gpt2 checkpoint")
+
+
+def model_config_differences(hf_model: dict, m) -> list[str]:
+    """Keys where the HF model (model_config_from_hf) and ModelConfig `m` disagree, as `key=theirs (ours)`.
+    LLaMA's max_position_embeddings is a limit, not the training length, so seq_length is not compared."""
+    ours = {key: getattr(m, key) for key in hf_model}
+    ours["num_kv_heads"] = m.kv_heads
+    skip = {"seq_length"} if hf_model["arch"] == "llama" else set()
+    return [f"model.{key}={hf_model[key]!r} (config has {ours[key]!r})"
+            for key in hf_model if key not in skip and hf_model[key] != ours[key]]
+
+
+def hf_config_from_model(m) -> dict:
+    """A transformers config.json for MindScale model config `m` (training.config.ModelConfig)."""
+    if m.arch == "llama":
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": m.vocab_size,
+                "hidden_size": m.hidden_size, "num_hidden_layers": m.num_layers,
+                "num_attention_heads": m.num_heads, "num_key_value_heads": m.kv_heads,
+                "intermediate_size": m.ffn_hidden_size, "max_position_embeddings": m.seq_length,
+                "rope_theta": m.rope_theta, "rms_norm_eps": m.norm_eps, "hidden_act": "silu",
+                "tie_word_embeddings": m.tie_embeddings, "attention_bias": False, "mlp_bias": False,
+                "torch_dtype": "float32"}
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": m.vocab_size,
+            "n_embd": m.hidden_size, "n_layer": m.num_layers, "n_head": m.num_heads,
+            "n_inner": m.ffn_hidden_size, "n_positions": m.seq_length, "n_ctx": m.seq_length,
+            "layer_norm_epsilon": m.norm_eps, "activation_function": "gelu_new",
+            "tie_word_embeddings": m.tie_embeddings, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0, "torch_dtype": "float32"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+
+
+def _expand(table: list[Rule], num_layers: int, tied: bool) -> list[Rule]:
+    rules = []
+    for rule in table:
+        if tied and rule.ours == "output.weight":
+            continue
+        layers = range(num_layers) if "{i}" in rule.ours else [None]
+        rules += [Rule(rule.ours.format(i=i), rule.theirs.format(i=i), rule.transpose, rule.part) for i in layers]
+    return rules
+
+
+def _strip_prefix(hf_state: dict, arch: str) -> dict:
+    """GPT-2 checkpoints exist with and without the `transformer.` prefix; use the prefixed names."""
+    if arch != "gpt" or any(k.startswith("transformer.") for k in hf_state):
+        return hf_state
+    return {(k if k.startswith("lm_head.") else f"transformer.{k}"): v for k, v in hf_state.items()}
+
+
+def hf_to_mindscale(hf_state: dict[str, np.ndarray], hf_config: dict) -> tuple[dict, dict[str, np.ndarray]]:
+    """(MindScale model-config dict, MindScale weights) from HF tensors and config.json contents."""
+    model = model_config_from_hf(hf_config)
+    arch = model["arch"]
+    state = {k: v for k, v in _strip_prefix(hf_state, arch).items() if not IGNORED_HF.search(k)}
+    rules = _expand(TABLES[arch], model["num_layers"], model["tie_embeddings"])
+    needed = {r.theirs for r in rules}
+    missing = sorted(needed - set(state))
+    unused = sorted(set(state) - needed - ({"lm_head.weight"} if model["tie_embeddings"] else set()))
+    if missing or unused:
+        parts = ([f"missing {len(missing)}: {', '.join(missing[:3])}"] if missing else []) + \
+                ([f"unexpected {len(unused)}: {', '.join(unused[:3])}"] if unused else [])
+        raise HFConversionError(f"Hugging Face tensors do not match config.json ({'; '.join(parts)})")
+    weights = {}
+    for r in rules:
+        value = np.asarray(state[r.theirs])
+        if r.transpose:
+            value = value.T
+        if r.part is not None:
+            index, count = r.part
+            value = np.split(value, count, axis=0)[index]
+        weights[r.ours] = np.ascontiguousarray(value)
+    return model, weights
+
+
+def mindscale_to_hf(weights: dict[str, np.ndarray], m) -> tuple[dict[str, np.ndarray], dict]:
+    """(HF tensors, config.json contents) from MindScale weights and model config `m`."""
+    rules = _expand(TABLES[m.arch], m.num_layers, m.tie_embeddings)
+    missing = [r.ours for r in rules if r.ours not in weights]
+    if missing:
+        raise HFConversionError(f"MindScale weights lack {len(missing)} tensors (first: {', '.join(missing[:3])}); "
+                                "the checkpoint does not match the config")
+    grouped: dict[str, list[Rule]] = {}
+    for r in rules:
+        grouped.setdefault(r.theirs, []).append(r)
+    state = {}
+    for theirs, group in grouped.items():
+        group = sorted(group, key=lambda r: r.part[0] if r.part else 0)
+        value = np.concatenate([weights[r.ours] for r in group], axis=0) if len(group) > 1 else weights[group[0].ours]
+        state[theirs] = np.ascontiguousarray(value.T if group[0].transpose else value)
+    return state, hf_config_from_model(m)
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    path = Path(path)
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """All tensors of a .safetensors file as numpy; BF16 (numpy has no bfloat16) widens to fp32."""
+    dtypes = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
+              "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+    data = path.read_bytes()
+    if len(data) < 8:
+        raise HFConversionError(f"{path} is not a safetensors file (too short)")
+    (size,) = struct.unpack("<Q", data[:8])
+    try:
+        header = json.loads(data[8:8 + size])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise HFConversionError(f"{path} has a corrupt safetensors header")
+    body = memoryview(data)[8 + size:]
+    tensors = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        if meta["dtype"] not in dtypes:
+            raise HFConversionError(f"{path}: tensor {name} has unsupported dtype {meta['dtype']}")
+        start, end = meta["data_offsets"]
+        array = np.frombuffer(body[start:end], dtype=dtypes[meta["dtype"]]).reshape(meta["shape"])
+        if meta["dtype"] == "BF16":
+            array = (array.astype(np.uint32) << 16).view(np.float32)
+        tensors[name] = array.copy()
+    return tensors
+
+
+def read_hf_folder(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
+    """(tensors, config) of a Hugging Face model folder: config.json + model.safetensors, or the
+    shards listed in model.safetensors.index.json."""
+    path = Path(path)
+    if not is_hf_folder(path):
+        raise HFConversionError(f"{path} is not a Hugging Face model folder (no config.json)")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise HFConversionError(f"{path / 'config.json'} is not valid JSON ({exc.msg})")
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise HFConversionError(f"{path} has no model.safetensors or model.safetensors.index.json "
+                                "(PyTorch .bin checkpoints are not read; re-save with safetensors)")
+    tensors = {}
+    for name in files:
+        if not (path / name).is_file():
+            raise HFConversionError(f"{path / name} listed in the index is missing")
+        tensors.update(read_safetensors(path / name))
+    return tensors, config
+
+
+def write_hf_folder(path: str | Path, hf_state: dict[str, np.ndarray], hf_config: dict) -> Path:
+    """config.json + model.safetensors that transformers' from_pretrained loads."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in hf_state.items()}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    return path

@@ -1,0 +1,260 @@
+"""Building blocks shared by GPT and LLaMA, written on MindSpore primitives.
+
+Every operation that matters for sharding or recompute is a Primitive held as an attribute, so
+`models/sharding.py` can call `.shard()` on it and `models/recompute.py` can call `.recompute()` on it
+by name; the layers themselves know nothing about parallelism.
+
+Tensors flow as 2-D [tokens, features] (tokens = batch x sequence) between layers: MatMul is 2-D
+and a flat layout needs no reshapes around every projection. Only attention views them per head.
+Dtypes: parameters are stored in `param_dtype`; matmuls run in `compute_dtype`; norms, softmax and
+the residual stream stay fp32 (the residual in fp32 is Megatron's `fp32_residual_connection`).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, One, Zero, initializer
+from mindspore.ops.auto_generate import SiLU
+
+DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+
+def param(shape: tuple, dtype, init) -> Parameter:
+    """A lazily initialised parameter: under `no_init_parameters` no memory is allocated."""
+    return Parameter(initializer(init, shape, dtype), name="weight")
+
+
+class Linear(nn.Cell):
+    """y = x W^T (+ b), W stored [out, in] as in PyTorch/Hugging Face checkpoints."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, std: float,
+                 param_dtype=ms.float32, compute_dtype=ms.float32):
+        super().__init__()
+        self.weight = param((out_features, in_features), param_dtype, Normal(std))
+        self.bias = Parameter(initializer(Zero(), (out_features,), param_dtype), name="bias") if bias else None
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.bias_add = ops.Add()
+        self.cast = ops.Cast()
+        self.compute_dtype = compute_dtype
+        self.cast_weight = param_dtype != compute_dtype
+
+    def construct(self, x):
+        weight = self.cast(self.weight, self.compute_dtype) if self.cast_weight else self.weight
+        y = self.matmul(x, weight)
+        if self.bias is not None:
+            y = self.bias_add(y, self.cast(self.bias, self.compute_dtype) if self.cast_weight else self.bias)
+        return y
+
+
+class Embedding(nn.Cell):
+    """Token (or position) lookup table [num, dim]; the lookup result is returned in fp32."""
+
+    def __init__(self, num: int, dim: int, std: float, param_dtype=ms.float32):
+        super().__init__()
+        self.weight = param((num, dim), param_dtype, Normal(std))
+        self.gather = ops.Gather()
+        self.cast = ops.Cast()
+        self.to_fp32 = param_dtype != ms.float32
+
+    def construct(self, ids):
+        out = self.gather(self.weight, ids, 0)
+        return self.cast(out, ms.float32) if self.to_fp32 else out
+
+
+class OutputHead(nn.Cell):
+    """Logits = h E^T with its own weight `output.weight`, or with the token embedding when tied.
+
+    A tied head owns no parameter (MindSpore names a shared Parameter after its last owner, which
+    would rename `tok_embeddings.weight`); the caller passes the embedding weight in.
+    """
+
+    def __init__(self, hidden: int, vocab: int, tied: bool, std: float, param_dtype=ms.float32,
+                 compute_dtype=ms.float32):
+        super().__init__()
+        self.weight = None if tied else param((vocab, hidden), param_dtype, Normal(std))
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.cast = ops.Cast()
+        self.compute_dtype = compute_dtype
+        self.cast_weight = param_dtype != compute_dtype
+
+    def construct(self, h, tied_weight):
+        weight = tied_weight if self.weight is None else self.weight
+        if self.cast_weight:
+            weight = self.cast(weight, self.compute_dtype)
+        return self.matmul(h, weight)
+
+
+class RMSNorm(nn.Cell):
+    """x / sqrt(mean(x^2) + eps) * g in fp32 (LLaMA); output in the compute dtype."""
+
+    def __init__(self, dim: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32):
+        super().__init__()
+        self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
+        self.eps = eps
+        self.square = ops.Square()
+        self.mean = ops.ReduceMean(keep_dims=True)
+        self.add = ops.Add()
+        self.rsqrt = ops.Rsqrt()
+        self.mul = ops.Mul()
+        self.mul_weight = ops.Mul()
+        self.cast = ops.Cast()
+        self.compute_dtype = compute_dtype
+        self.cast_out = compute_dtype != ms.float32
+        self.cast_weight = param_dtype != ms.float32
+
+    def construct(self, x):
+        weight = self.cast(self.weight, ms.float32) if self.cast_weight else self.weight
+        y = self.mul_weight(self.mul(x, self.rsqrt(self.add(self.mean(self.square(x), -1), self.eps))), weight)
+        return self.cast(y, self.compute_dtype) if self.cast_out else y
+
+
+class FusedRMSNorm(nn.Cell):
+    """The same RMSNorm as one RmsNorm kernel (Atlas A2 only; never executed on CPU here)."""
+
+    def __init__(self, dim: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32):
+        super().__init__()
+        self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
+        self.norm = ops.RmsNorm(epsilon=eps)
+        self.cast = ops.Cast()
+        self.compute_dtype = compute_dtype
+        self.cast_weight = param_dtype != ms.float32
+
+    def construct(self, x):
+        weight = self.cast(self.weight, ms.float32) if self.cast_weight else self.weight
+        y, _ = self.norm(x, weight)
+        return self.cast(y, self.compute_dtype)
+
+
+class LayerNorm(nn.Cell):
+    """LayerNorm with weight and bias in fp32 (GPT); output in the compute dtype."""
+
+    def __init__(self, dim: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32):
+        super().__init__()
+        self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
+        self.bias = Parameter(initializer(Zero(), (dim,), param_dtype), name="bias")
+        self.norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)
+        self.cast = ops.Cast()
+        self.compute_dtype = compute_dtype
+        self.cast_out = compute_dtype != ms.float32
+        self.cast_weight = param_dtype != ms.float32
+
+    def construct(self, x):
+        weight, bias = self.weight, self.bias
+        if self.cast_weight:
+            weight, bias = self.cast(weight, ms.float32), self.cast(bias, ms.float32)
+        y, _, _ = self.norm(x, weight, bias)
+        return self.cast(y, self.compute_dtype) if self.cast_out else y
+
+
+@lru_cache(maxsize=4)
+def rotary_tables(seq_length: int, head_dim: int, theta: float, dtype=ms.float32) -> tuple[Tensor, Tensor]:
+    """cos and sign-folded sin tables [seq, 1, head_dim] for the rotate-half convention, built once
+    and shared by every layer (graph constants).
+
+    rotate_half(x) = cat(-x2, x1); with the minus sign folded into the first half of the sin table,
+    x*cos + rotate_half(x)*sin == x*cos + cat(x2, x1)*sin_signed, which saves a Neg per call.
+    """
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.outer(np.arange(seq_length, dtype=np.float64), inv_freq)
+    angles = np.concatenate([angles, angles], axis=-1)
+    sin = np.sin(angles)
+    sin[:, : head_dim // 2] *= -1.0
+    return Tensor(np.cos(angles)[:, None, :], dtype), Tensor(sin[:, None, :], dtype)
+
+
+class RotaryEmbedding(nn.Cell):
+    """Rotary position embedding (Su et al. 2021) in the Hugging Face "rotate half" layout.
+
+    Applied to [batch, seq, heads, head_dim]; the tables are constants computed once. Swapping the
+    halves takes two slices and a concat: on CPU this measured as fast as a permutation matmul
+    and, unlike a matmul over a flattened view, it shards per head.
+    """
+
+    def __init__(self, seq_length: int, head_dim: int, theta: float, compute_dtype=ms.float32):
+        super().__init__()
+        self.cos, self.sin = rotary_tables(seq_length, head_dim, theta, compute_dtype)
+        self.seq_length = seq_length
+        self.half = head_dim // 2
+        self.slice_low = ops.StridedSlice()
+        self.slice_high = ops.StridedSlice()
+        self.concat = ops.Concat(axis=-1)
+        self.mul_cos = ops.Mul()
+        self.mul_sin = ops.Mul()
+        self.add = ops.Add()
+
+    def construct(self, x):
+        b, s, n, d = x.shape
+        cos, sin = self.cos, self.sin
+        if s != self.seq_length:
+            cos, sin = cos[:s], sin[:s]
+        low = self.slice_low(x, (0, 0, 0, 0), (b, s, n, self.half), (1, 1, 1, 1))
+        high = self.slice_high(x, (0, 0, 0, self.half), (b, s, n, d), (1, 1, 1, 1))
+        return self.add(self.mul_cos(x, cos), self.mul_sin(self.concat((high, low)), sin))
+
+
+class RowSumSoftmax(nn.Cell):
+    """Softmax over the last axis whose backward sums rows with a MatMul against a ones column.
+
+    MindSpore's CPU backend expands SoftmaxGrad into ReduceSum/Sub/Mul passes and its ReduceSum
+    over the last axis is slow; this bprop, dx = y*dy - y*rowsum(y*dy), measured about 2x faster
+    fwd+bwd at [4, 8, 512, 512]. CPU only: Ascend/GPU have a fused SoftmaxGrad, and the sharded
+    (semi-auto) path keeps the plain primitive so it can carry a strategy.
+    """
+
+    def __init__(self, length: int):
+        super().__init__()
+        self.softmax = ops.Softmax(axis=-1)
+        self.ones = Tensor(np.ones((length, 1), np.float32))
+        self.row_sum = ops.MatMul()
+        self.length = length
+
+    @property
+    def attrs(self) -> dict:
+        """The softmax primitive's attributes, so this cell inspects like the primitive it replaces."""
+        return self.softmax.attrs
+
+    def recompute(self, **kwargs):
+        """Selective recompute of this op is recompute of its primitive (Cell.recompute would exclude
+        a one-primitive cell's output, i.e. everything)."""
+        self.softmax.recompute()
+
+    def construct(self, x):
+        return self.softmax(x)
+
+    def bprop(self, x, out, dout):
+        n = x.shape[-1]
+        ones = self.ones if n == self.length else self.ones[:n]
+        weighted = dout * out
+        row_sums = self.row_sum(weighted.reshape(-1, n), ones).reshape(x.shape[:-1] + (1,))
+        return (weighted - out * row_sums,)
+
+
+class SwiGLU(nn.Cell):
+    """LLaMA feed-forward: w2(silu(w1 x) * w3 x), separate w1/w3 so nothing is sliced."""
+
+    def __init__(self, hidden: int, ffn: int, std: float, out_std: float, param_dtype, compute_dtype):
+        super().__init__()
+        self.w1 = Linear(hidden, ffn, False, std, param_dtype, compute_dtype)
+        self.w3 = Linear(hidden, ffn, False, std, param_dtype, compute_dtype)
+        self.w2 = Linear(ffn, hidden, False, out_std, param_dtype, compute_dtype)
+        self.act = SiLU()
+        self.gate_mul = ops.Mul()
+
+    def construct(self, x):
+        return self.w2(self.gate_mul(self.act(self.w1(x)), self.w3(x)))
+
+
+class GeluMLP(nn.Cell):
+    """GPT feed-forward: w2(gelu(w1 x + b1)) + b2; GELU in the tanh form of GPT-2/GPT-3."""
+
+    def __init__(self, hidden: int, ffn: int, std: float, out_std: float, param_dtype, compute_dtype):
+        super().__init__()
+        self.w1 = Linear(hidden, ffn, True, std, param_dtype, compute_dtype)
+        self.w2 = Linear(ffn, hidden, True, out_std, param_dtype, compute_dtype)
+        self.act = ops.GeLU()
+
+    def construct(self, x):
+        return self.w2(self.act(self.w1(x)))

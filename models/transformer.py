@@ -1,0 +1,233 @@
+"""GPT and LLaMA: one pre-norm decoder, two architecture specs.
+
+    GPT   (Radford et al. 2019; Brown et al. 2020): LayerNorm, learned positions, GELU MLP of 4h,
+          biases everywhere, tied input/output embeddings optional.
+    LLaMA (Touvron et al. 2023, LLaMA-2 and LLaMA-3): RMSNorm, rotary embeddings, SwiGLU, GQA,
+          no biases, untied output.
+
+Parameter names (stable; checkpoints and the Hugging Face table in models/hf_convert.py use them):
+
+    tok_embeddings.weight                 [V, h]
+    pos_embeddings.weight                 [S, h]       GPT only
+    layers.{i}.attention_norm.weight/.bias             (.bias: GPT)
+    layers.{i}.attention.w{q,k,v,o}.weight/.bias       (.bias: GPT)
+    layers.{i}.ffn_norm.weight/.bias
+    layers.{i}.feed_forward.w1/.w2(/.w3).weight/.bias  (w3: LLaMA gate, .bias: GPT)
+    norm.weight/.bias
+    output.weight                         [V, h]       absent when tied
+
+Init: normal(0, init_std) for every matrix; the projections that write into the residual stream
+(attention.wo, feed_forward.w2) use init_std / sqrt(2 L) as in GPT-2; norms start at 1, biases at 0.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+from mindspore.context import ParallelMode
+from mindspore.parallel._utils import _get_parallel_mode
+
+from models.attention import Attention
+from models.layers import DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, OutputHead, RMSNorm, SwiGLU
+from training.config import Config
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    norm: type
+    mlp: type
+    bias: bool
+    rotary: bool
+    learned_positions: bool
+
+
+ARCHS = {
+    "gpt": ArchSpec(norm=LayerNorm, mlp=GeluMLP, bias=True, rotary=False, learned_positions=True),
+    "llama": ArchSpec(norm=RMSNorm, mlp=SwiGLU, bias=False, rotary=True, learned_positions=False),
+}
+
+
+def uses_ascend_a2_kernels(cfg: Config) -> bool:
+    """FlashAttentionScore and fused RmsNorm: the hardware profile has them and we run on Ascend,
+    or the config asks for flash explicitly (how the CPU construction tests build that path)."""
+    on_ascend = ms.get_context("device_target") == "Ascend"
+    return cfg.hardware.flash_attention and (on_ascend or cfg.model.attention == "flash")
+
+
+def uses_flash_attention(cfg: Config) -> bool:
+    return cfg.model.attention == "flash" or (cfg.model.attention == "auto" and uses_ascend_a2_kernels(cfg))
+
+
+def sharding_strategies_active() -> bool:
+    """SEMI_AUTO/AUTO_PARALLEL read `.shard()` strategies; stand-alone and data-parallel do not."""
+    return _get_parallel_mode() in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL)
+
+
+def uses_vocab_parallel_loss(cfg: Config) -> bool:
+    """The output head is split over the vocabulary (the plan's `vocab` style), so the loss must not
+    gather full logits. A config rule, not a context one, so describe_plan shows what a run uses."""
+    return cfg.parallel.model_parallel > 1 and not cfg.parallel.vocab_emb_dp
+
+
+def uses_row_sum_softmax() -> bool:
+    """The CPU-friendly softmax backward (layers.RowSumSoftmax) where nothing needs its strategy."""
+    return ms.get_context("device_target") == "CPU" and not sharding_strategies_active()
+
+
+class TransformerBlock(nn.Cell):
+    """x + attention(norm(x)), then + feed_forward(norm(.)); residual stream in fp32."""
+
+    def __init__(self, cfg: Config, spec: ArchSpec, flash: bool, fused_norm: bool):
+        super().__init__()
+        m = cfg.model
+        pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
+        out_std = m.init_std / math.sqrt(2 * m.num_layers)
+        norm = FusedRMSNorm if fused_norm and spec.norm is RMSNorm else spec.norm
+        self.attention_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
+        self.attention = Attention(m.hidden_size, m.num_heads, m.kv_heads, m.seq_length, bias=spec.bias,
+                                   rope_theta=m.rope_theta if spec.rotary else None, flash=flash,
+                                   row_sum_softmax=uses_row_sum_softmax(),
+                                   std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
+        self.ffn_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
+        self.feed_forward = spec.mlp(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt)
+        self.attention_residual = ops.Add()
+        self.ffn_residual = ops.Add()
+        self.cast = ops.Cast()
+        self.cast_out = cdt != ms.float32
+
+    def construct(self, x, batch: int, seq: int):
+        a = self.attention(self.attention_norm(x), batch, seq)
+        h = self.attention_residual(x, self.cast(a, ms.float32) if self.cast_out else a)
+        f = self.feed_forward(self.ffn_norm(h))
+        return self.ffn_residual(h, self.cast(f, ms.float32) if self.cast_out else f)
+
+
+class CausalLM(nn.Cell):
+    """construct(input_ids [B, S] int32) -> logits [B, S, V] fp32."""
+
+    def __init__(self, cfg: Config):
+        super().__init__()
+        m = cfg.model
+        spec = ARCHS[m.arch]
+        pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
+        fused_norm = uses_ascend_a2_kernels(cfg)
+        flash = uses_flash_attention(cfg)
+        self.arch = m.arch
+        self.tok_embeddings = Embedding(m.vocab_size, m.hidden_size, m.init_std, pdt)
+        self.pos_embeddings = None
+        if spec.learned_positions:
+            self.pos_embeddings = Embedding(m.seq_length, m.hidden_size, m.init_std, pdt)
+            self.positions = Tensor(np.arange(m.seq_length, dtype=np.int32))
+            self.pos_add = ops.Add()
+        self.layers = nn.CellList([TransformerBlock(cfg, spec, flash, fused_norm) for _ in range(m.num_layers)])
+        final_norm = FusedRMSNorm if fused_norm and spec.norm is RMSNorm else spec.norm
+        self.norm = final_norm(m.hidden_size, m.norm_eps, pdt, cdt)
+        self.output = OutputHead(m.hidden_size, m.vocab_size, m.tie_embeddings, m.init_std, pdt, cdt)
+        # used by CausalLMLoss; lives here to be sharded with the model
+        self.loss = (VocabParallelCrossEntropy if uses_vocab_parallel_loss(cfg) else MaskedCrossEntropy)(m.vocab_size)
+        self.vocab_size = m.vocab_size
+        self.seq_length = m.seq_length
+        self.cast = ops.Cast()
+
+    def hidden_states(self, input_ids):
+        """Final-norm output [B*S, h] in the compute dtype."""
+        batch, seq = input_ids.shape
+        x = self.tok_embeddings(input_ids)
+        if self.pos_embeddings is not None:
+            positions = self.positions if seq == self.seq_length else self.positions[:seq]
+            x = self.pos_add(x, self.pos_embeddings(positions))
+        x = x.reshape(batch * seq, -1)
+        for layer in self.layers:
+            x = layer(x, batch, seq)
+        return self.norm(x)
+
+    def logits(self, hidden):
+        """[N, h] -> [N, V] fp32."""
+        return self.cast(self.output(hidden, self.tok_embeddings.weight), ms.float32)
+
+    def construct(self, input_ids):
+        batch, seq = input_ids.shape
+        return self.logits(self.hidden_states(input_ids)).reshape(batch, seq, self.vocab_size)
+
+
+class MaskedCrossEntropy(nn.Cell):
+    """sum(ce * mask) / max(sum(mask), 1) from the final hidden states, without a one-hot [N, V].
+
+    Uses the fused SparseSoftmaxCrossEntropyWithLogits (4-5x faster on CPU than ops.cross_entropy or
+    log_softmax + gather, fwd+bwd at [2048, 8192]). That kernel returns only the mean over all
+    tokens, so masking happens before the output projection: a masked token's hidden state is
+    zeroed, its logits are exactly 0, its cross entropy is exactly log(V) and no gradient flows
+    through it; the sum over kept tokens is N * mean - (N - sum(mask)) * log(V). loss_mask must
+    therefore hold 0/1 (which the data pipeline gives).
+    """
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.mask_rows = ops.Mul()
+        self.cross_entropy = ops.SparseSoftmaxCrossEntropyWithLogits()
+        self.log_vocab = float(np.log(vocab_size))
+        self.cast = ops.Cast()
+
+    def mask_hidden(self, hidden, loss_mask):
+        """Zero the hidden state [N, h] of every masked token."""
+        return self.mask_rows(hidden, self.cast(loss_mask.reshape(-1, 1), hidden.dtype))
+
+    def construct(self, logits, labels, loss_mask):
+        """logits [N, V] fp32 computed from mask_hidden's output."""
+        mean_ce = self.cross_entropy(logits, labels.reshape(-1))
+        tokens = logits.shape[0]
+        kept = loss_mask.sum()
+        return (mean_ce * tokens - (tokens - kept) * self.log_vocab) / ops.maximum(kept, 1.0)
+
+
+class VocabParallelCrossEntropy(nn.Cell):
+    """Per-token cross entropy from logits split over the vocabulary (Megatron's vocab-parallel CE).
+
+    Used when the output head is vocab-sharded (model_parallel > 1 and not vocab_emb_dp, which only
+    runs under semi-auto parallel): the max, the exp-sum and the label's logit are reductions over the
+    vocabulary, which semi-auto parallel turns into all-reduces of [N, 1] tensors; the fused kernel
+    of MaskedCrossEntropy would first all-gather the [N, V] logits. Same interface and numbers
+    (tested on CPU); slower there because of the one-hot product, hence not the default.
+    """
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.row_max = ops.ReduceMax(keep_dims=True)
+        self.shift = ops.Sub()
+        self.exp = ops.Exp()
+        self.sum_exp = ops.ReduceSum(keep_dims=True)
+        self.log = ops.Log()
+        self.one_hot = ops.OneHot()
+        self.pick = ops.Mul()
+        self.sum_picked = ops.ReduceSum(keep_dims=True)
+        self.token_ce = ops.Sub()
+        self.apply_mask = ops.Mul()
+        self.on, self.off = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
+
+    def mask_hidden(self, hidden, loss_mask):
+        return hidden
+
+    def construct(self, logits, labels, loss_mask):
+        shifted = self.shift(logits, ops.stop_gradient(self.row_max(logits, -1)))
+        log_z = self.log(self.sum_exp(self.exp(shifted), -1))
+        picked = self.sum_picked(self.pick(shifted, self.one_hot(labels.reshape(-1), self.vocab_size, self.on,
+                                                                  self.off)), -1)
+        mask = loss_mask.reshape(-1, 1)
+        return self.apply_mask(self.token_ce(log_z, picked), mask).sum() / ops.maximum(mask.sum(), 1.0)
+
+
+class CausalLMLoss(nn.Cell):
+    """construct(input_ids, labels, loss_mask) -> the model's masked mean cross entropy."""
+
+    def __init__(self, model: CausalLM):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names unprefixed
+        self.model = model
+
+    def construct(self, input_ids, labels, loss_mask):
+        model = self.model
+        hidden = model.loss.mask_hidden(model.hidden_states(input_ids), loss_mask)
+        return model.loss(model.logits(hidden), labels, loss_mask)

@@ -1,0 +1,149 @@
+"""Hugging Face interop: tiny random HF LLaMA / GPT-2 models (torch, CPU) against ours.
+
+Converted weights must give the same fp32 logits (1e-4) and loss, and converting back must
+reproduce the HF tensors bit for bit, through the library and through tools/convert_checkpoint.py.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+import pytest
+import torch
+from mindspore import Tensor
+from safetensors.torch import save_file as torch_save_file
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+import models
+from models.hf_convert import (HFConversionError, hf_to_mindscale, mindscale_to_hf, read_hf_folder,
+                               read_safetensors, write_hf_folder)
+from tools import convert_checkpoint
+from training.config import config_from_tree
+
+ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
+
+VOCAB, SEQ, BATCH = 128, 16, 2
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def hf_model(arch: str):
+    """A tiny HF model whose every tensor (norms and biases too) is random, so nothing hides."""
+    torch.manual_seed(0)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=96, max_position_embeddings=64, rope_theta=50000.0, rms_norm_eps=1e-5,
+            tie_word_embeddings=False))
+    else:
+        model = GPT2LMHeadModel(GPT2Config(
+            vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=SEQ, resid_pdrop=0.0,
+            embd_pdrop=0.0, attn_pdrop=0.0))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt"])
+def converted(request, tmp_path_factory):
+    arch = request.param
+    hf = hf_model(arch)
+    folder = tmp_path_factory.mktemp(f"hf_{arch}")
+    hf.save_pretrained(folder, safe_serialization=True)
+    hf_state, hf_config = read_hf_folder(folder)
+    model_keys, weights = hf_to_mindscale(hf_state, hf_config)
+    cfg = config_from_tree({"model": {**model_keys, "seq_length": SEQ}})
+    model = models.build_model(cfg)
+    models.load_weights_into(model, weights)
+    return arch, hf, folder, hf_state, cfg, model, weights
+
+
+def test_logits_and_loss_match_hugging_face(converted):
+    _, hf, _, _, cfg, model, _ = converted
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, VOCAB, (BATCH, SEQ))
+    ignored = rng.random((BATCH, SEQ)) < 0.25
+    hf_labels = np.where(ignored, -100, ids)
+    with torch.no_grad():
+        out = hf(torch.tensor(ids), labels=torch.tensor(hf_labels))
+    np.testing.assert_allclose(model(Tensor(ids.astype(np.int32))).asnumpy(), out.logits.numpy(), atol=1e-4)
+    # HF shifts labels inside; ours are given shifted, with the mask carrying HF's -100.
+    labels = np.roll(ids, -1, axis=1).astype(np.int32)
+    mask = np.ones((BATCH, SEQ), np.float32)
+    mask[:, -1] = 0
+    mask[:, :-1] *= ~ignored[:, 1:]
+    loss = models.build_train_network(cfg, model)(Tensor(ids.astype(np.int32)), Tensor(labels), Tensor(mask))
+    assert float(loss.asnumpy()) == pytest.approx(float(out.loss), abs=1e-5)
+
+
+def test_mindscale_to_hf_reproduces_the_tensors_and_transformers_loads_them(converted, tmp_path):
+    arch, hf, _, hf_state, cfg, _, weights = converted
+    back, back_config = mindscale_to_hf(weights, cfg.model)
+    assert set(back) == set(hf_state)
+    for name, value in hf_state.items():
+        np.testing.assert_array_equal(back[name], value, err_msg=name)
+    write_hf_folder(tmp_path, back, back_config)
+    reloaded = (LlamaForCausalLM if arch == "llama" else GPT2LMHeadModel).from_pretrained(tmp_path).eval()
+    ids = torch.tensor(np.arange(SEQ).reshape(1, SEQ) % VOCAB)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, hf(ids).logits, rtol=0, atol=0)
+
+
+def test_cli_round_trip_and_bad_input_exit_2(converted, tmp_path, capsys):
+    arch, _, folder, hf_state, cfg, _, _ = converted
+    assert convert_checkpoint.main(["--direction", "hf2ms", "--input", str(folder), "--output",
+                                    str(tmp_path / "ckpt"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["arch"] == arch and result["parameters"] == models.count_parameters(cfg)
+    step_dir = tmp_path / "ckpt" / "step_00000000"
+    assert result["output"] == str(step_dir) and (step_dir / "COMPLETE").is_file()
+    assert models.load_pretrained(step_dir, cfg).keys() == models.load_pretrained(folder, cfg).keys()
+    assert convert_checkpoint.main(["--direction", "ms2hf", "--input", str(step_dir), "--output",
+                                    str(tmp_path / "hf")]) == 0
+    again, _ = read_hf_folder(tmp_path / "hf")
+    assert set(again) == set(hf_state)
+    assert all(np.array_equal(again[k], hf_state[k]) for k in hf_state)
+    if arch != "llama":
+        return
+    # A config whose dims differ from the checkpoint: one line, exit 2, nothing written.
+    run = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "--direction", "hf2ms", "--input",
+                          str(folder), "--output", str(tmp_path / "bad"), "--config", "configs/tiny/llama_tiny.yaml"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 2
+    error = run.stderr.strip().splitlines()
+    assert len(error) == 1 and "model.vocab_size=128 (config has 2048)" in error[0]
+    assert not (tmp_path / "bad").exists()
+
+
+def test_load_pretrained_refuses_an_hf_model_that_differs_from_the_config(converted):
+    _, _, folder, _, cfg, _, _ = converted
+    other = config_from_tree({"model": {**vars(cfg.model), "hidden_size": 32}})
+    with pytest.raises(models.WeightsMismatch, match="model.hidden_size=64 \\(config has 32\\)"):
+        models.load_pretrained(folder, other)
+
+
+def test_sharded_index_and_bf16_tensors_are_read(tmp_path):
+    hf = hf_model("llama")
+    hf.save_pretrained(tmp_path / "sharded", safe_serialization=True, max_shard_size="40KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    tensors, _ = read_hf_folder(tmp_path / "sharded")
+    expected = {k: v.numpy() for k, v in hf.state_dict().items()}
+    assert set(tensors) == set(expected) and all(np.array_equal(tensors[k], expected[k]) for k in expected)
+    values = torch.randn(3, 5)
+    torch_save_file({"w": values.to(torch.bfloat16)}, str(tmp_path / "bf16.safetensors"))
+    np.testing.assert_array_equal(read_safetensors(tmp_path / "bf16.safetensors")["w"],
+                                  values.to(torch.bfloat16).float().numpy())
+
+
+def test_unsupported_and_incomplete_checkpoints_are_refused():
+    config = hf_model("llama").config.to_dict()
+    state = {k: v.numpy() for k, v in hf_model("llama").state_dict().items()}
+    with pytest.raises(HFConversionError, match="rope_scaling"):
+        hf_to_mindscale(state, {**config, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    del state["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(HFConversionError, match="missing 1: model.layers.1.mlp.up_proj.weight"):
+        hf_to_mindscale(state, config)
+    with pytest.raises(HFConversionError, match="model_type='bert'"):
+        hf_to_mindscale({}, {"model_type": "bert"})

@@ -1,0 +1,181 @@
+"""Sharding plans, pipeline stages, comm fusion and the flash/fused-norm path, checked on CPU.
+
+SEMI_AUTO_PARALLEL cannot compile on CPU, but a model can be constructed under it and every
+`.shard()` call is recorded on its primitive (`attrs["in_strategy"]`); that is what is tested here.
+The flash-attention path is built and inspected, never executed (Atlas A2 only).
+"""
+import math
+import re
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, ops
+from mindspore.ops.operations.nn_ops import FlashAttentionScore
+
+import models
+from models.attention import CompositeAttention, FlashAttention
+from models.layers import FusedRMSNorm
+from models.sharding import PLANS, planned_strategies
+from models.transformer import MaskedCrossEntropy, VocabParallelCrossEntropy
+from training.config import load_config
+
+ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
+
+
+def config(arch: str, *overrides: str):
+    """8 heads / 4 kv heads so model_parallel 2 and 4 both divide them; 4 layers for pipelines."""
+    return load_config(f"configs/tiny/{arch}_tiny.yaml",
+                       ["model.hidden_size=64", "model.num_layers=4", "model.num_heads=8", "model.ffn_hidden_size=128",
+                        "model.vocab_size=128", "model.seq_length=32", "parallel.data_parallel=1",
+                        *([] if arch == "gpt" else ["model.num_kv_heads=4"]), *overrides])
+
+
+@pytest.fixture
+def semi_auto():
+    def enter(devices: int):
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=devices)
+    yield enter
+    ms.reset_auto_parallel_context()
+
+
+def strategy(primitive):
+    return primitive.attrs.get("in_strategy")
+
+
+@pytest.mark.parametrize("dp,mp,sp", [(2, 4, False), (2, 4, True), (4, 2, False), (4, 2, True)])
+def test_llama_strategies_follow_the_plan(semi_auto, dp, mp, sp):
+    semi_auto(dp * mp)
+    cfg = config("llama", f"parallel.data_parallel={dp}", f"parallel.model_parallel={mp}",
+                 f"parallel.sequence_parallel={sp}", "parallel.vocab_emb_dp=false")
+    model = models.build_model(cfg)
+    rows = models.apply_sharding_plan(model, cfg)
+    layer = model.layers[2]
+    tokens = dp * mp if sp else dp
+    # colwise: weights split by output rows; rowwise: by input columns, reduce-scattered under SP
+    for w in ("wq", "wk", "wv"):
+        assert strategy(getattr(layer.attention, w).matmul) == ((dp, 1), (mp, 1))
+    assert strategy(layer.feed_forward.w1.matmul) == strategy(layer.feed_forward.w3.matmul) == ((dp, 1), (mp, 1))
+    for rowwise in (layer.attention.wo.matmul, layer.feed_forward.w2.matmul):
+        assert strategy(rowwise) == ((dp, mp), (1, mp))
+        assert rowwise.attrs.get("out_strategy") == (((dp * mp, 1),) if sp else None)
+    # heads split over model_parallel in rotary and the attention core
+    assert strategy(layer.attention.rotary.mul_cos) == ((dp, 1, mp, 1), (1, 1, 1))
+    assert strategy(layer.attention.core.bmm_qk) == ((dp, mp, 1, 1), (dp, mp, 1, 1))
+    assert strategy(layer.attention.core.softmax) == ((dp, mp, 1, 1, 1),)
+    assert strategy(layer.feed_forward.gate_mul) == ((dp, mp), (dp, mp))
+    # sequence style: norms and residual adds split tokens over dp x mp only with sequence parallel
+    assert strategy(layer.attention_norm.square) == ((tokens, 1),)
+    assert strategy(layer.ffn_norm.mul_weight) == ((tokens, 1), (1,))
+    assert strategy(layer.attention_residual) == ((tokens, 1), (tokens, 1))
+    # vocab: embedding and output head split over the vocabulary
+    assert strategy(model.tok_embeddings.gather) == ((mp, 1), (dp, 1))
+    assert strategy(model.output.matmul) == ((dp, 1), (mp, 1))
+    # the loss reduces over the split vocabulary instead of gathering [tokens, V] logits
+    assert isinstance(model.loss, VocabParallelCrossEntropy)
+    assert strategy(model.loss.row_max) == strategy(model.loss.sum_exp) == ((dp, mp),)
+    assert strategy(model.loss.one_hot) == ((dp, mp), (), ())
+    assert strategy(model.loss.log) == ((dp, 1),)
+    # every planned row is what the primitive recorded, and no matmul/softmax/gather was left out
+    cells = dict(model.cells_and_names())
+    for path, _style, attr, in_strategy, _out in rows:
+        assert strategy(getattr(cells[path], attr)) == in_strategy, (path, attr)
+    for path, cell in cells.items():
+        for attr, value in vars(cell).items():
+            if isinstance(value, (ops.MatMul, ops.BatchMatMul, ops.Softmax, ops.Gather)):
+                assert strategy(value) is not None, f"{path}.{attr} has no strategy"
+
+
+def test_vocab_emb_dp_keeps_embedding_and_head_data_parallel(semi_auto):
+    semi_auto(8)
+    cfg = config("gpt", "parallel.data_parallel=2", "parallel.model_parallel=4", "parallel.vocab_emb_dp=true")
+    model = models.build_model(cfg)
+    models.apply_sharding_plan(model, cfg)
+    assert strategy(model.tok_embeddings.gather) == ((1, 1), (2, 1))
+    assert strategy(model.output.matmul) == ((2, 1), (1, 1))
+    assert strategy(model.pos_embeddings.gather) == ((1, 1), (1,))
+    assert strategy(model.layers[0].attention.wq.bias_add) == ((2, 4), (4,))
+    assert strategy(model.layers[0].feed_forward.act) == ((2, 4),)
+    assert strategy(model.layers[0].attention_norm.norm) == ((2, 1), (1,), (1,))
+    assert isinstance(model.loss, MaskedCrossEntropy)
+    assert strategy(model.loss.cross_entropy) == ((2, 1), (2,))
+
+
+def test_pipeline_stages_follow_stage_offset_and_comm_fusion_is_per_layer(semi_auto):
+    semi_auto(8)
+    cfg = config("llama", "parallel.data_parallel=2", "parallel.model_parallel=2", "parallel.pipeline_stage=2",
+                 "parallel.micro_batch_num=2", "parallel.stage_offset=[1,-1]")
+    model = models.build_model(cfg)
+    models.apply_sharding_plan(model, cfg)
+    assert [layer.pipeline_stage for layer in model.layers] == [0, 0, 0, 1]
+    assert model.tok_embeddings.pipeline_stage == 0
+    assert model.norm.pipeline_stage == model.output.pipeline_stage == 1
+    fusion = {p.name: p.comm_fusion for p in model.get_parameters()}
+    assert fusion["tok_embeddings.weight"] == 1
+    assert fusion["layers.0.attention.wq.weight"] == fusion["layers.0.ffn_norm.weight"] == 2
+    assert fusion["layers.3.feed_forward.w2.weight"] == 5
+    assert fusion["output.weight"] == fusion["norm.weight"] == 6
+
+
+def test_plan_is_not_applied_outside_semi_auto_and_numbers_do_not_change():
+    cfg = config("llama", "model.num_layers=1")
+    ms.set_seed(1)
+    plain = models.build_model(cfg)
+    assert models.apply_sharding_plan(plain, cfg) == []
+    assert strategy(plain.layers[0].attention.wq.matmul) is None
+    # A model whose strategies were recorded under semi-auto computes the same numbers stand-alone.
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=4)
+    try:
+        sharded_cfg = config("llama", "model.num_layers=1", "parallel.data_parallel=2", "parallel.model_parallel=2")
+        sharded = models.build_model(sharded_cfg)
+        assert models.apply_sharding_plan(sharded, sharded_cfg)
+    finally:
+        ms.reset_auto_parallel_context()
+    models.load_weights_into(sharded, {p.name: p.asnumpy() for p in plain.get_parameters()})
+    ids = Tensor(np.arange(64, dtype=np.int32).reshape(2, 32) % 128)
+    np.testing.assert_array_equal(sharded(ids).asnumpy(), plain(ids).asnumpy())
+
+
+def test_flash_attention_and_fused_rmsnorm_are_built_for_atlas_a2(semi_auto):
+    semi_auto(8)
+    cfg = config("llama", "hardware=ascend910b", "model.attention=flash", "model.compute_dtype=bfloat16",
+                 "parallel.data_parallel=2", "parallel.model_parallel=4")
+    model = models.build_model(cfg)
+    models.apply_sharding_plan(model, cfg)
+    core = model.layers[0].attention.core
+    assert isinstance(core, FlashAttention) and isinstance(model.layers[0].attention_norm, FusedRMSNorm)
+    flash = core.flash
+    assert flash.attrs["head_num"] == 8
+    assert flash.attrs["scale_value"] == pytest.approx(1 / math.sqrt(64 // 8))
+    assert flash.attrs["input_layout"] == FlashAttentionScore(head_num=1, input_layout="BSH").attrs["input_layout"]
+    assert flash.attrs["input_layout"] != FlashAttentionScore(head_num=1, input_layout="BNSD").attrs["input_layout"]
+    assert flash.attrs["sparse_mode"] == 2  # leftUpCausal with the compressed 2048 x 2048 mask
+    mask = core.causal_mask.asnumpy()
+    assert mask.shape == (2048, 2048) and mask.dtype == np.uint8
+    np.testing.assert_array_equal(mask, np.triu(np.ones((2048, 2048), np.uint8), 1))  # 1 = masked (future)
+    assert strategy(flash) == ((2, 1, 4), (2, 1, 4), (2, 1, 4), (1, 1))
+    assert model.layers[0].attention_norm.norm.attrs["epsilon"] == pytest.approx(cfg.model.norm_eps)
+    assert strategy(model.layers[0].attention_norm.norm) == ((2, 1), (1,))
+
+
+def test_auto_attention_is_composite_off_ascend():
+    cfg = config("llama", "hardware=ascend910b", "model.attention=auto")
+    model = models.build_model(cfg)
+    assert isinstance(model.layers[0].attention.core, CompositeAttention)
+    assert not isinstance(model.norm, FusedRMSNorm)
+
+
+def test_describe_plan_prints_a_table_with_stages():
+    cfg = config("llama", "parallel.data_parallel=2", "parallel.model_parallel=4", "parallel.pipeline_stage=2",
+                 "parallel.micro_batch_num=4", "parallel.sequence_parallel=true", "parallel.vocab_emb_dp=false")
+    text = models.describe_plan(cfg)
+    lines = text.splitlines()
+    assert lines[0].startswith("sharding plan: llama, data_parallel=2 model_parallel=4 pipeline_stage=2")
+    assert lines[1].split() == ["cell", "style", "op", "in_strategy", "out_strategy", "stage"]
+    assert ["layers.*.attention.wq", "colwise", "matmul", "((2,1),(4,1))", "-", "0-1"] in [l.split() for l in lines]
+    assert ["layers.*.attention.wo", "rowwise", "matmul", "((2,4),(1,4))", "((8,1),)", "0-1"] in [l.split() for l in lines]
+    assert ["output", "vocab", "matmul", "((2,1),(4,1))", "-", "1"] in [l.split() for l in lines]
+    assert "stage 0: layers 0-1 (2)" in lines and "stage 1: layers 2-3 (2)" in lines
+    # every entry of the plan table matches at least one cell of the model
+    matched = {re.sub(r"^layers\.\d+", "layers.*", row[0]) for row in planned_strategies(models.build_model(cfg), cfg)}
+    assert matched == set(PLANS["llama"])

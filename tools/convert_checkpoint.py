@@ -1,0 +1,101 @@
+"""Convert checkpoints between Hugging Face and MindScale.
+
+    # HF folder (config.json + model.safetensors or a sharded index) -> <output>/step_00000000/
+    python tools/convert_checkpoint.py --direction hf2ms --input HF_DIR --output CKPT_ROOT [--config C]
+    # MindScale checkpoint (step folder or .safetensors) -> HF folder that transformers loads
+    python tools/convert_checkpoint.py --direction ms2hf --input STEP_DIR --output HF_DIR [--config C]
+
+hf2ms with --config checks that the HF model matches the config's model section and stores the
+resolved config; without it the checkpoint's config.yaml holds the model section from config.json.
+ms2hf reads the model dims from --config, else from the checkpoint folder's config.yaml.
+Supported: HF LlamaForCausalLM and GPT2LMHeadModel (tables in models/hf_convert.py).
+Exit 2 with one line on stderr for a bad or mismatched checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mindspore.nn.utils import no_init_parameters  # noqa: E402
+
+from models import WeightsMismatch, build_model, check_weights, count_parameters  # noqa: E402
+from models.hf_convert import (hf_to_mindscale, mindscale_to_hf, model_config_differences,  # noqa: E402
+                               read_hf_folder, write_hf_folder)
+from training.checkpoint import CONFIG, CheckpointError, load_weights, save_checkpoint  # noqa: E402
+from training.config import (Config, ConfigError, add_config_arguments, config_from_tree, fail,  # noqa: E402
+                             load_config)
+
+
+def _config_for_hf_model(args, hf_model: dict) -> Config:
+    """The resolved config for an HF model: --config (checked against it) or built from it."""
+    if not args.config:
+        return config_from_tree({"model": hf_model})
+    cfg = load_config(args.config, args.overrides)
+    differ = model_config_differences(hf_model, cfg.model)
+    if differ:
+        raise WeightsMismatch(f"{args.input} does not match {args.config}: {', '.join(differ[:4])}; "
+                              "fix the config or drop --config")
+    return cfg
+
+
+def _check_against_model(cfg: Config, weights: dict) -> None:
+    """Names and shapes against a model built from cfg without allocating its weights."""
+    with no_init_parameters():
+        check_weights(build_model(cfg), weights)
+
+
+def hf2ms(args) -> dict:
+    hf_state, hf_config = read_hf_folder(args.input)
+    hf_model, weights = hf_to_mindscale(hf_state, hf_config)
+    cfg = _config_for_hf_model(args, hf_model)
+    _check_against_model(cfg, weights)
+    folder = save_checkpoint(args.output, 0, weights, config=cfg.to_yaml())
+    return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(weights),
+            "parameters": count_parameters(cfg)}
+
+
+def _config_for_checkpoint(args) -> Config:
+    if args.config:
+        return load_config(args.config, args.overrides)
+    stored = Path(args.input) / CONFIG
+    if not stored.is_file():
+        raise ConfigError(f"{args.input} has no {CONFIG}; pass --config with the model it was trained with")
+    return load_config(stored, args.overrides)
+
+
+def ms2hf(args) -> dict:
+    cfg = _config_for_checkpoint(args)
+    weights = load_weights(args.input)
+    _check_against_model(cfg, weights)
+    hf_state, hf_config = mindscale_to_hf(weights, cfg.model)
+    folder = write_hf_folder(args.output, hf_state, hf_config)
+    return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(hf_state),
+            "parameters": count_parameters(cfg)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--direction", required=True, choices=["hf2ms", "ms2hf"])
+    parser.add_argument("--input", required=True, help="HF model folder (hf2ms) or MindScale checkpoint (ms2hf)")
+    parser.add_argument("--output", required=True, help="checkpoint root (hf2ms) or HF folder to write (ms2hf)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object with the result")
+    add_config_arguments(parser, required=False)
+    args = parser.parse_args(argv)
+    try:
+        result = hf2ms(args) if args.direction == "hf2ms" else ms2hf(args)
+    except (CheckpointError, ConfigError) as exc:  # includes HFConversionError and WeightsMismatch
+        fail(str(exc))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"wrote {result['output']} ({result['arch']}, {result['tensors']} tensors, "
+              f"{result['parameters']:,} parameters)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

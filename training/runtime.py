@@ -44,10 +44,11 @@ def launched_workers() -> int:
 def check_runnable(cfg: Config, device: str, world: int) -> None:
     """Refuse, before compiling, what this device and worker count cannot run (ConfigError)."""
     p = cfg.parallel
-    if device == "CPU" and (p.model_parallel > 1 or p.pipeline_stage > 1):
+    if device == "CPU" and (p.model_parallel > 1 or p.pipeline_stage > 1 or p.optimizer_shard):
         raise ConfigError(
-            f"parallel.model_parallel={p.model_parallel}, parallel.pipeline_stage={p.pipeline_stage} need Ascend or "
-            "GPU (MindSpore refuses semi-auto parallel on CPU); on CPU set both to 1 and use data_parallel")
+            f"parallel.model_parallel={p.model_parallel}, parallel.pipeline_stage={p.pipeline_stage}, "
+            f"parallel.optimizer_shard={str(p.optimizer_shard).lower()} need Ascend or GPU (MindSpore refuses "
+            "semi-auto parallel on CPU); on CPU set model_parallel and pipeline_stage to 1, optimizer_shard to false")
     if device == "CPU" and cfg.hardware.device_target != "CPU":
         raise ConfigError(f"hardware={cfg.hardware.name!r} describes {cfg.hardware.device_target} but this host runs "
                           "on CPU; add --set hardware=cpu (MFU needs the right peak)")

@@ -25,7 +25,7 @@ bench: $(VENV)/.dev
 	$(PY) bench/run_all.py
 
 docs: $(VENV)/.runtime
-	$(PY) -m training.config --doc > docs/config.md
+	$(PY) scripts/update_docs.py
 
 clean:
 	rm -rf output .pytest_cache

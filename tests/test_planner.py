@@ -214,3 +214,11 @@ def test_cli_bad_input_is_one_line_exit_2(argv, needle):
                           timeout=120)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
+
+
+def test_strategies_flag_prints_the_models_sharding_table():
+    out = subprocess.run([sys.executable, "tools/plan.py", "--config", "configs/llama2/llama2_70b.yaml", "--strategies"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "layers.*.attention.wq      colwise   matmul              ((8,1),(4,1))" in out.stdout
+    assert "stage 3: layers 60-79 (20)" in out.stdout

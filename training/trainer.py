@@ -54,7 +54,13 @@ class Trainer:
         self.cfg = cfg
         self.rt = rt
         self.run_dir = run_dir_of(cfg)
+        p = cfg.parallel
+        # Sharded layouts (Ascend/GPU semi-auto parallel): every rank holds slices, so every rank writes
+        # its own checkpoints (with MindSpore's strategy file in <run>/strategy/) and resumes from them.
+        self.sharded = p.model_parallel > 1 or p.pipeline_stage > 1 or p.optimizer_shard
         self.ckpt_dir = self.run_dir / "checkpoints"
+        if self.sharded:
+            self.ckpt_dir = self.ckpt_dir / f"rank_{rt.rank}"
         self.model = models.build_model(cfg)
         self.network = models.build_train_network(cfg, self.model)
         models.apply_sharding_plan(self.model, cfg)
@@ -94,7 +100,7 @@ class Trainer:
             yield tuple(Tensor(np.stack([m[key] for m in micro])) for key in ("input_ids", "labels", "loss_mask"))
 
     def save(self, step: int, loss_scale: float) -> Path | None:
-        if not self.rt.is_main:
+        if not (self.rt.is_main or self.sharded):
             return None
         state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
                  "samples_consumed": step * self.cfg.global_batch_size}

@@ -11,6 +11,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.communication import get_group_size
 from mindspore.context import ParallelMode
+from mindspore.parallel.nn import PipelineGradReducer
 from mindspore.parallel._utils import _get_parallel_mode
 
 from training.config import Config
@@ -45,7 +46,9 @@ class TrainStep(nn.Cell):
         self.scale_update = nn.DynamicLossScaleUpdateCell(scale, 2.0, DYNAMIC_SCALE_WINDOW) if dynamic else None
         self.reducer = nn.Identity()
         self.data_parallel = _get_parallel_mode() == ParallelMode.DATA_PARALLEL
-        if self.data_parallel:
+        if cfg.parallel.pipeline_stage > 1:  # Ascend/GPU only: reduce and accumulate over micro batches
+            self.reducer = PipelineGradReducer(self.weights, opt_shard=cfg.parallel.optimizer_shard)
+        elif self.data_parallel:
             self.reducer = nn.DistributedGradReducer(self.weights, mean=True)
             self.loss_sum = ops.AllReduce()
             self.world = get_group_size()

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor
+from mindspore.parallel.nn import Pipeline
 
 import models
 from training import checkpoint as ckpt
@@ -63,6 +64,8 @@ class Trainer:
             self.ckpt_dir = self.ckpt_dir / f"rank_{rt.rank}"
         self.model = models.build_model(cfg)
         self.network = models.build_train_network(cfg, self.model)
+        if cfg.parallel.pipeline_stage > 1:  # Ascend/GPU only (refused on CPU): 1F1B over micro batches
+            self.network = Pipeline(self.network, cfg.parallel.micro_batch_num)
         models.apply_sharding_plan(self.model, cfg)
         models.apply_recompute(self.model, cfg)
         self.optimizer = build_optimizer(self.network.trainable_params(), cfg.train)

@@ -167,3 +167,13 @@ def test_truncated_checkpoint_as_load_path_is_refused(tmp_path):
     proc = train(tmp_path, "dst", "train.steps=1", f"checkpoint.load_path={step}", check=False)
     assert proc.returncode == 2 and "truncated" in proc.stderr
     assert not (tmp_path / "dst" / "checkpoints").exists()
+
+
+def test_profile_window_writes_a_profile_that_profile_report_reads(tmp_path):
+    train(tmp_path, "prof", "train.steps=4", "profile.enable=true", "profile.start_step=1", "profile.stop_step=3")
+    profile = tmp_path / "prof" / "profile"
+    assert list(profile.glob("*/FRAMEWORK/cpu_op_*.csv")), list(profile.rglob("*"))[:10]
+    report = subprocess.run([sys.executable, "tools/profile_report.py", str(profile), "--json"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["top_ops"]

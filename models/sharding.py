@@ -25,10 +25,12 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from operator import attrgetter
 
 from mindspore.nn.utils import no_init_parameters
 
 from models.attention import CompositeAttention, FlashAttention
+from models.lora import LoraLinear
 from models.layers import (Embedding, FusedRMSNorm, GeluMLP, LayerNorm, Linear, OutputHead, RMSNorm,
                            RotaryEmbedding, SwiGLU)
 from models.transformer import (CausalLM, MaskedCrossEntropy, TransformerBlock, VocabParallelCrossEntropy,
@@ -116,6 +118,24 @@ def _linear(cell: Linear, style: str, mesh: Mesh) -> dict:
     return rules
 
 
+def _lora_linear(cell: LoraLinear, style: str, mesh: Mesh) -> dict:
+    """The wrapped Linear's strategies (as `base.*`), and adapters that follow its split: A reads the
+    input as the base matmul does (whole for colwise, split over its features for rowwise, partial
+    sums reduced); B writes the output as the base does (features split for colwise, whole for rowwise),
+    so the low-rank update adds to the base output without a redistribution."""
+    dp, mp = mesh.dp, mesh.mp
+    rules = {f"base.{attr}": strategy for attr, strategy in _linear(cell.base, style, mesh).items()}
+    if style == COLWISE:
+        a, b, out = ((dp, 1), (1, 1)), ((dp, 1), (mp, 1)), (dp, mp)
+    elif style == ROWWISE:
+        a, b, out = ((dp, mp), (1, mp)), ((dp, 1), (1, 1)), (mesh.tokens(SEQUENCE), 1)
+    else:
+        a, b, out = ((dp, 1), (1, 1)), ((dp, 1), (1, 1)), (dp, 1)
+    rules.update({"matmul_a": (a, None), "matmul_b": (b, None), "scale_mul": ((out, ()), None),
+                  "lora_add": ((out, out), None)})
+    return rules
+
+
 def _embedding(cell: Embedding, style: str, mesh: Mesh) -> dict:
     if style == VOCAB:
         rows = 1 if mesh.vocab_emb_dp else mesh.mp
@@ -198,7 +218,7 @@ def _root(cell: CausalLM, style: str, mesh: Mesh) -> dict:
     return {"pos_add": (((mesh.dp, 1, 1), (1, 1)), None)} if cell.pos_embeddings is not None else {}
 
 
-RULES = {Linear: _linear, Embedding: _embedding, OutputHead: _output_head, RMSNorm: _rms_norm,
+RULES = {Linear: _linear, LoraLinear: _lora_linear, Embedding: _embedding, OutputHead: _output_head, RMSNorm: _rms_norm,
          FusedRMSNorm: _fused_rms_norm, LayerNorm: _layer_norm, TransformerBlock: _block,
          RotaryEmbedding: _rotary, CompositeAttention: _composite_attention, FlashAttention: _flash_attention,
          SwiGLU: _swiglu, GeluMLP: _gelu_mlp, MaskedCrossEntropy: _loss,
@@ -250,7 +270,7 @@ def apply_sharding_plan(model: CausalLM, cfg: Config) -> list[tuple]:
     rows = planned_strategies(model, cfg)
     cells = dict(model.cells_and_names())
     for path, _style, attr, in_strategy, out_strategy in rows:
-        primitive = getattr(cells[path], attr)
+        primitive = attrgetter(attr)(cells[path])
         if out_strategy is None:
             primitive.shard(in_strategy)
         else:

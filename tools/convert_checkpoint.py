@@ -7,7 +7,8 @@
 
 hf2ms with --config checks that the HF model matches the config's model section and stores the
 resolved config; without it the checkpoint's config.yaml holds the model section from config.json.
-ms2hf reads the model dims from --config, else from the checkpoint folder's config.yaml.
+ms2hf reads the model dims from --config, else from the checkpoint folder's config.yaml; a LoRA
+run's checkpoint (adapters only) is merged into the base weights of that config's checkpoint.load_path.
 Supported: HF LlamaForCausalLM and GPT2LMHeadModel (tables in models/hf_convert.py).
 Exit 2 with one line on stderr for a bad or mismatched checkpoint.
 """
@@ -22,10 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mindspore.nn.utils import no_init_parameters  # noqa: E402
 
-from models import WeightsMismatch, build_model, check_weights, count_parameters  # noqa: E402
+from models import (WeightsMismatch, build_model, check_weights, count_parameters,  # noqa: E402
+                    load_inference_weights)
 from models.hf_convert import (hf_to_mindscale, mindscale_to_hf, model_config_differences,  # noqa: E402
                                read_hf_folder, write_hf_folder)
-from training.checkpoint import CONFIG, CheckpointError, load_weights, save_checkpoint  # noqa: E402
+from training.checkpoint import CONFIG, CheckpointError, save_checkpoint  # noqa: E402
 from training.config import (Config, ConfigError, add_config_arguments, config_from_tree, fail,  # noqa: E402
                              load_config)
 
@@ -68,8 +70,8 @@ def _config_for_checkpoint(args) -> Config:
 
 
 def ms2hf(args) -> dict:
-    cfg = _config_for_checkpoint(args)
-    weights = load_weights(args.input)
+    # a LoRA run's checkpoint holds adapters only: merged into its config's checkpoint.load_path base
+    weights, cfg = load_inference_weights(args.input, _config_for_checkpoint(args))
     _check_against_model(cfg, weights)
     hf_state, hf_config = mindscale_to_hf(weights, cfg.model)
     folder = write_hf_folder(args.output, hf_state, hf_config)

@@ -19,6 +19,8 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
+from training.templates import TEMPLATES
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HARDWARE_DIR = REPO_ROOT / "configs" / "hardware"
 
@@ -185,6 +187,29 @@ class ProfileConfig:
     stop_step: int = doc("Step after the last profiled step.", 4)
 
 
+LORA_TARGETS = {"llama": ("wq", "wk", "wv", "wo", "w1", "w2", "w3"), "gpt": ("wq", "wk", "wv", "wo", "w1", "w2")}
+
+
+@dataclass
+class LoraConfig:
+    rank: int = doc("LoRA rank r of the adapters (Hu et al. 2021); 0 = off (full fine-tune).", 0)
+    alpha: float = doc("LoRA scale numerator: adapters add alpha/rank * B A x.", 16.0)
+    dropout: float = doc("Dropout on the adapters' input during training.", 0.0)
+    target_modules: list = doc(
+        "Linear layers that get adapters, by name: wq, wk, wv, wo (attention), w1, w2, w3 (MLP; w3 LLaMA only).",
+        factory=lambda: ["wq", "wv"])
+
+
+@dataclass
+class FinetuneConfig:
+    lora: LoraConfig = doc("Low-rank adapters; with rank > 0 only the adapters train and are saved.",
+                           factory=LoraConfig)
+    hf_dims: bool = doc("Take the model dims from checkpoint.load_path's Hugging Face config.json instead of "
+                        "model: (seq_length and dtypes stay the config's).", False)
+    template: Optional[str] = doc("SFT prompt template (alpaca, llama2, llama3) that tools/generate.py wraps "
+                                  "a text prompt in; null = the raw text after BOS.", None)
+
+
 @dataclass
 class Config:
     run: RunConfig = doc("Run identity and backend.", factory=RunConfig)
@@ -197,6 +222,8 @@ class Config:
     data: DataConfig = doc("Training data.", factory=DataConfig)
     checkpoint: CheckpointConfig = doc("Saving and loading.", factory=CheckpointConfig)
     profile: ProfileConfig = doc("Profiler window.", factory=ProfileConfig)
+    finetune: FinetuneConfig = doc("Fine-tuning: LoRA adapters, model dims from a Hugging Face checkpoint, "
+                                   "the generation prompt template.", factory=FinetuneConfig)
     context: dict = doc("Passed to mindspore.set_context as is (jit_level, max_device_memory, ...).",
                         factory=dict)
 
@@ -541,9 +568,33 @@ def _backend(cfg: Config) -> None:
                           "use float32 or float16 on CPU")
 
 
+def _finetune(cfg: Config) -> None:
+    f, lora = cfg.finetune, cfg.finetune.lora
+    if lora.rank < 0:
+        raise ConfigError(f"finetune.lora.rank={lora.rank}: must be >= 0 (0 = no LoRA)")
+    if lora.alpha <= 0:
+        raise ConfigError(f"finetune.lora.alpha={lora.alpha}: must be > 0")
+    if not 0 <= lora.dropout < 1:
+        raise ConfigError(f"finetune.lora.dropout={lora.dropout}: must be in [0, 1)")
+    allowed = LORA_TARGETS[cfg.model.arch]
+    wrong = [t for t in lora.target_modules if t not in allowed]
+    if wrong or (lora.rank and not lora.target_modules):
+        raise ConfigError(f"finetune.lora.target_modules={lora.target_modules}: use a non-empty subset of "
+                          f"{list(allowed)} for model.arch={cfg.model.arch}")
+    if lora.rank and not cfg.checkpoint.load_path:
+        raise ConfigError(f"finetune.lora.rank={lora.rank} needs checkpoint.load_path (the frozen base weights, "
+                          "loaded again on resume); set it or set finetune.lora.rank=0")
+    if f.hf_dims and not cfg.checkpoint.load_path:
+        raise ConfigError("finetune.hf_dims=true needs checkpoint.load_path (a Hugging Face folder); set it or "
+                          "set finetune.hf_dims=false")
+    if f.template is not None and f.template not in TEMPLATES:
+        raise ConfigError(f"finetune.template={f.template!r}: use one of {sorted(TEMPLATES)} or null")
+
+
 def validate(cfg: Config) -> None:
     """Every rule that can be checked before compiling. Raises ConfigError (one line)."""
     _positive(cfg)
+    _finetune(cfg)
     _model_shapes(cfg.model)
     _parallel(cfg)
     _backend(cfg)

@@ -35,8 +35,8 @@ def decays(name: str, shape: tuple) -> bool:
 def build_optimizer(params: list, t: TrainConfig) -> nn.Optimizer:
     decay = [p for p in params if decays(p.name, p.shape)]
     no_decay = [p for p in params if not decays(p.name, p.shape)]
-    groups = [{"params": decay, "weight_decay": t.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0},
-              {"order_params": params}]
+    groups = [group for group in ({"params": decay, "weight_decay": t.weight_decay},
+                                  {"params": no_decay, "weight_decay": 0.0}) if group["params"]]  # LoRA: no norms
+    groups.append({"order_params": params})
     return nn.AdamWeightDecay(groups, learning_rate=lr_table(t), beta1=t.adam_beta1, beta2=t.adam_beta2,
                               eps=t.adam_eps)

@@ -1,0 +1,126 @@
+"""Generation: KV-cache decoding of a converted tiny random Hugging Face LLaMA against transformers."""
+import json
+import subprocess
+import sys
+
+import mindspore as ms
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import models
+from models.generation import KVCacheDecoder, Sampler, generate
+from training.config import REPO_ROOT, load_config
+
+ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
+TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
+PROMPT = [1, 5, 9, 33, 40, 7]
+NEW = 16
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    """A random LLaMA (GQA, 2 layers) saved as safetensors; a wide init so logits are not near-ties."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         initializer_range=0.2, rope_theta=500.0, bos_token_id=1, eos_token_id=2)
+    model = LlamaForCausalLM(config).eval()
+    folder = tmp_path_factory.mktemp("hf") / "llama"
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder, model
+
+
+@pytest.fixture(scope="module")
+def decoder(hf_folder):
+    weights, cfg = models.load_inference_weights(hf_folder[0], load_config(TINY))
+    model = models.build_model(cfg)
+    models.load_weights_into(model, weights)
+    return KVCacheDecoder(model, cfg, len(PROMPT) + NEW), model
+
+
+def hf_greedy(model, prompt, new):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_dims_come_from_the_hf_config(decoder):
+    model = decoder[1]
+    assert len(model.layers) == 2 and model.vocab_size == 96
+    assert model.layers[0].attention.num_kv_heads == 2
+
+
+def test_greedy_matches_transformers_exactly(hf_folder, decoder):
+    ours = generate(decoder[0], PROMPT, NEW, Sampler(greedy=True))
+    assert ours == hf_greedy(hf_folder[1], PROMPT, NEW)
+
+
+def test_cached_steps_equal_the_full_forward(decoder):
+    """Each incremental step's logits equal the full (uncached) model's logits at that position."""
+    step_decoder, model = decoder
+    ids = PROMPT + [11, 12, 13]
+    full = model(ms.Tensor(np.array([ids], np.int32))).asnumpy()[0]
+    k, v = step_decoder.empty_cache(1)
+    logits, k, v = step_decoder(ms.Tensor(np.array([PROMPT], np.int32)),
+                                ms.Tensor(np.arange(len(PROMPT), dtype=np.int32)), k, v)
+    np.testing.assert_allclose(logits.asnumpy()[0], full[len(PROMPT) - 1], atol=1e-4)
+    for pos in range(len(PROMPT), len(ids)):
+        logits, k, v = step_decoder(ms.Tensor(np.array([[ids[pos]]], np.int32)),
+                                    ms.Tensor(np.array([pos], np.int32)), k, v)
+        np.testing.assert_allclose(logits.asnumpy()[0], full[pos], atol=1e-4)
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(decoder):
+    dec = decoder[0]
+    a = generate(dec, PROMPT, 8, Sampler(greedy=False, temperature=1.5, top_p=0.9, seed=3))
+    b = generate(dec, PROMPT, 8, Sampler(greedy=False, temperature=1.5, top_p=0.9, seed=3))
+    others = {tuple(generate(dec, PROMPT, 8, Sampler(greedy=False, temperature=1.5, seed=s))) for s in range(4)}
+    assert a == b and len(others) > 1
+    assert generate(dec, PROMPT, 8, Sampler(greedy=False, top_k=1, seed=5)) == generate(dec, PROMPT, 8, Sampler())
+
+
+def test_sampler_filters():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    top2 = Sampler(greedy=False, top_k=2, seed=0).chooser()
+    assert {top2(logits) for _ in range(200)} == {0, 1}
+    nucleus = Sampler(greedy=False, top_p=0.7, seed=0).chooser()  # 0.5 < 0.7 <= 0.8: tokens 0 and 1
+    assert {nucleus(logits) for _ in range(200)} == {0, 1}
+    with pytest.raises(ValueError, match="temperature"):
+        Sampler(greedy=False, temperature=0)
+
+
+def test_eos_stops_generation(decoder):
+    first = generate(decoder[0], PROMPT, NEW, Sampler())
+    eos = first[3]
+    stopped = generate(decoder[0], PROMPT, NEW, Sampler(), eos_id=eos)
+    assert stopped == first[:first.index(eos) + 1]
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "tools/generate.py", "--config", TINY, *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_on_an_hf_folder_prints_the_transformers_ids(hf_folder):
+    proc = run_cli("--load_checkpoint", str(hf_folder[0]), "--prompt-ids", ",".join(map(str, PROMPT)),
+                   "--max_new_tokens", "6", "--greedy", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    expected = hf_greedy(hf_folder[1], PROMPT, 6)
+    if 2 in expected:  # the HF config's eos_token_id stops our generation (kept, as transformers does)
+        expected = expected[:expected.index(2) + 1]
+    assert result["ids"] == expected and result["text"] is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt-ids", "1,999"], "--prompt-ids"),
+    (["--prompt", "hello"], "tokenizer"),
+    (["--prompt-ids", "1,2", "--top-p", "0"], "--top-p"),
+])
+def test_cli_bad_input_is_one_line_exit_2(hf_folder, args, message):
+    proc = run_cli("--load_checkpoint", str(hf_folder[0]), "--max_new_tokens", "2", *args)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr[-1500:]

@@ -177,3 +177,10 @@ def test_profile_window_writes_a_profile_that_profile_report_reads(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)["top_ops"]
+
+
+def test_resume_with_more_steps_extends_the_run(tmp_path):
+    train(tmp_path, "extend", "train.steps=3")
+    extended = train(tmp_path, "extend", "train.steps=5")
+    assert "resumed from" in extended.stdout
+    assert sorted(losses(tmp_path / "extend")) == [1, 2, 3, 4, 5]

@@ -2,6 +2,8 @@
 
 Start order: the latest complete checkpoint in the run folder (full resume: weights, optimizer,
 loss scale, data position) -> `checkpoint.load_path` (weights only, for fine-tuning) -> fresh init.
+With LoRA (finetune.lora.rank > 0) checkpoints hold only the adapters: the frozen base always comes
+from `checkpoint.load_path`, and a resume puts the saved adapters on top of it.
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def assign(params, values: dict[str, np.ndarray], what: str) -> None:
 
 class Trainer:
     def __init__(self, cfg: Config, rt: Runtime):
-        self.cfg = cfg
+        self.cfg = cfg = models.resolve_model_dims(cfg)  # finetune.hf_dims
         self.rt = rt
         self.run_dir = run_dir_of(cfg)
         p = cfg.parallel
@@ -71,7 +73,14 @@ class Trainer:
         self.optimizer = build_optimizer(self.network.trainable_params(), cfg.train)
         self.step_cell = TrainStep(self.network, self.optimizer, cfg)
         model_names = {p.name for p in self.model.get_parameters()}
-        self.optimizer_params = [p for p in self.step_cell.get_parameters() if p.name not in model_names]
+        # optimizer state to save: moments, step counter, loss scale; not the LR table, which comes from the
+        # config (so a resumed run may change train.steps or the schedule)
+        lr_table = {p.name for p in self.optimizer.learning_rate.get_parameters()}
+        self.optimizer_params = [p for p in self.step_cell.get_parameters()
+                                 if p.name not in model_names | lr_table]
+        # what checkpoints hold: every weight, or only the trained adapters under LoRA (the base is frozen)
+        self.saved_params = (self.network.trainable_params() if models.lora_enabled(cfg)
+                             else list(self.model.get_parameters()))
         self.start_step = self._restore()
 
     # -- start-up ---------------------------------------------------------------------------------
@@ -79,15 +88,19 @@ class Trainer:
         latest = ckpt.latest_checkpoint(self.ckpt_dir) if self.cfg.checkpoint.resume else None
         if latest is not None:
             weights, optimizer_state, state = ckpt.load_checkpoint(latest)
-            assign(self.model.get_parameters(), weights, str(latest))
+            if models.lora_enabled(self.cfg):
+                self._load_pretrained()
+            assign(self.saved_params, weights, str(latest))
             assign(self.optimizer_params, optimizer_state, f"{latest} optimizer state")
             self._say(f"resumed from {latest} at step {state['step']}")
             return int(state["step"])
         if self.cfg.checkpoint.load_path:
-            weights = models.load_pretrained(self.cfg.checkpoint.load_path, self.cfg)
-            models.load_weights_into(self.model, weights)
+            self._load_pretrained()
             self._say(f"loaded weights from {self.cfg.checkpoint.load_path} (optimizer state and step start fresh)")
         return 0
+
+    def _load_pretrained(self) -> None:
+        models.load_weights_into(self.model, models.load_pretrained(self.cfg.checkpoint.load_path, self.cfg))
 
     def _say(self, text: str) -> None:
         if self.rt.is_main:
@@ -107,7 +120,7 @@ class Trainer:
             return None
         state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
                  "samples_consumed": step * self.cfg.global_batch_size}
-        return ckpt.save_checkpoint(self.ckpt_dir, step, parameters_as_numpy(self.model.get_parameters()),
+        return ckpt.save_checkpoint(self.ckpt_dir, step, parameters_as_numpy(self.saved_params),
                                     parameters_as_numpy(self.optimizer_params), state, self.cfg.to_yaml(),
                                     keep_last=self.cfg.checkpoint.keep_last)
 

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: demo test bench docs clean
+.PHONY: demo finetune-demo test bench docs clean
 
 $(VENV)/.runtime: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,9 @@ $(VENV)/.dev: requirements-dev.txt requirements.txt $(VENV)/.runtime
 
 demo: $(VENV)/.runtime
 	bash scripts/demo.sh
+
+finetune-demo: $(VENV)/.runtime
+	bash scripts/finetune_demo.sh
 
 test: $(VENV)/.dev
 	$(PY) -m pytest -q tests

@@ -86,7 +86,8 @@ def run(args) -> dict:
     # step) would take longer to compile than a short generation takes to run.
     device = cfg.run.device_target if cfg.run.device_target != "auto" else detect_device()
     graph = cfg.run.mode == "graph" and device != "CPU"
-    ms.set_context(mode=ms.GRAPH_MODE if graph else ms.PYNATIVE_MODE, device_target=device)
+    ms.set_context(mode=ms.GRAPH_MODE if graph else ms.PYNATIVE_MODE)
+    ms.set_device(device)
     model = models.build_model(cfg)
     models.load_weights_into(model, weights)
     decoder = KVCacheDecoder(model, cfg, len(prompt) + args.max_new_tokens)

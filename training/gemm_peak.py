@@ -75,7 +75,8 @@ def measure_in_this_process(size: int = GEMM_SIZE, repeats: int = REPEATS) -> fl
     import numpy as np
     import mindspore as ms
 
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
     ms.device_context.cpu.op_tuning.threads_num(1)
     rng = np.random.default_rng(0)
     scale = 1.0 / size  # keeps the chained products finite

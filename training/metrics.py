@@ -6,6 +6,7 @@ tools/mfu.py uses, so a logged MFU can be reproduced from the logged step time b
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,11 +18,13 @@ from training.config import Config, recompute_layer_counts
 
 
 def peak_tflops(cfg: Config) -> float:
-    """The hardware profile's peak, or on CPU (null peak) the measured and cached GEMM peak."""
+    """The hardware profile's peak, or on CPU (null peak) the measured one-core GEMM peak times the
+    cores this worker may run on: a worker pinned to one core (the launchers) is one device; an
+    unpinned `python run_train.py` on a 2-core host is measured against both cores."""
     if cfg.hardware.peak_tflops is not None:
         return cfg.hardware.peak_tflops
     from training.gemm_peak import cpu_peak_tflops
-    return cpu_peak_tflops()
+    return cpu_peak_tflops() * len(os.sched_getaffinity(0))
 
 
 def memory_gib(device_target: str) -> float:

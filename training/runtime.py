@@ -65,7 +65,8 @@ def setup(cfg: Config) -> Runtime:
     world = launched_workers()
     check_runnable(cfg, device, world)
     mode = ms.GRAPH_MODE if cfg.run.mode == "graph" else ms.PYNATIVE_MODE
-    ms.set_context(mode=mode, device_target=device)
+    ms.set_context(mode=mode)
+    ms.set_device(device)
     if device == "CPU":
         # MindSpore's CPU kernels size their own thread pool (25 threads) regardless of OMP_NUM_THREADS;
         # on a worker pinned to one core that oversubscribes it (measured 1.5-1.9x slower steps).

@@ -20,11 +20,11 @@ from models.hf_convert import (HFConversionError, hf_to_mindscale, is_hf_folder,
 from models.lora import apply_lora, is_adapter, lora_enabled, merge, split_adapters, without_lora
 from models.recompute import apply_recompute
 from models.sharding import apply_sharding_plan, describe_plan
-from models.transformer import CausalLM, CausalLMLoss
+from models.transformer import CausalLM, CausalLMLoss, uses_flash_attention
 from training.checkpoint import CheckpointError, load_weights
 from training.config import Config, ConfigError, config_from_tree
 
-__all__ = ["CausalLM", "build_model", "build_train_network", "count_parameters", "apply_sharding_plan",
+__all__ = ["CausalLM", "uses_flash_attention", "build_model", "build_train_network", "count_parameters", "apply_sharding_plan",
            "describe_plan", "apply_recompute", "check_weights", "load_weights_into", "load_pretrained", "WeightsMismatch",
            "with_hf_dims", "resolve_model_dims", "load_inference_weights", "lora_enabled"]
 

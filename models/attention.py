@@ -62,8 +62,16 @@ class CompositeAttention(nn.Cell):
         self.probs_cast = ops.Cast()
         self.bmm_pv = ops.BatchMatMul()
         self.transpose_out = ops.Transpose()
+        self.same_segment = ops.Equal()
+        self.segment_add = ops.Add()
 
-    def construct(self, q, k, v):
+    def segment_mask(self, segment_ids):
+        """[B, 1, 1, S, S] additive mask keeping attention within each packed example."""
+        b, s = segment_ids.shape
+        same = self.same_segment(segment_ids.reshape(b, 1, 1, s, 1), segment_ids.reshape(b, 1, 1, 1, s))
+        return self.mask_scale(self.mask_cast(ops.logical_not(same), ms.float32), MASKED)
+
+    def construct(self, q, k, v, segment_ids=None):
         b, s, n, d = q.shape
         kv, g = self.num_kv_heads, self.group
         q = self.transpose_q(self.scale_q(q, self.scale), (0, 2, 1, 3)).reshape(b, kv, g * s, d)
@@ -74,6 +82,8 @@ class CompositeAttention(nn.Cell):
             scores = self.scores_fp32(scores, ms.float32)
         rows, cols = (self.rows, self.cols) if s == self.seq_length else (self.rows[:s], self.cols[:, :s])
         mask = self.mask_scale(self.mask_cast(self.future(cols, rows), ms.float32), MASKED)
+        if segment_ids is not None:  # packed examples: causal AND within the example
+            mask = self.segment_add(mask, self.segment_mask(segment_ids))
         probs = self.softmax(self.mask_add(scores.reshape(b, kv, g, s, s), mask))
         if self.cast_scores:
             probs = self.probs_cast(probs, self.compute_dtype)
@@ -95,7 +105,9 @@ class FlashAttention(nn.Cell):
         self.flash = FlashAttentionScore(head_num=num_heads, scale_value=1.0 / math.sqrt(head_dim),
                                          input_layout="BSH", sparse_mode=2)
 
-    def construct(self, q, k, v):
+    def construct(self, q, k, v, segment_ids=None):
+        """segment_ids must be None: the trainer refuses packed data with flash attention (it would need
+        sparse_mode 0 with a full mask, or the TND layout's actual_seq_qlen)."""
         b, s, n, d = q.shape
         q = q.reshape(b, s, n * d)
         k = k.reshape(b, s, self.num_kv_heads * d)
@@ -123,11 +135,11 @@ class Attention(nn.Cell):
                      CompositeAttention(num_heads, num_kv_heads, head_dim, seq_length, compute_dtype,
                                         row_sum_softmax))
 
-    def construct(self, x, batch: int, seq: int):
+    def construct(self, x, batch: int, seq: int, segment_ids=None):
         q = self.wq(x).reshape(batch, seq, self.num_heads, self.head_dim)
         k = self.wk(x).reshape(batch, seq, self.num_kv_heads, self.head_dim)
         v = self.wv(x).reshape(batch, seq, self.num_kv_heads, self.head_dim)
         if self.rotary is not None:
             q = self.rotary(q)
             k = self.rotary(k)
-        return self.wo(self.core(q, k, v))
+        return self.wo(self.core(q, k, v, segment_ids))

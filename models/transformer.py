@@ -98,8 +98,8 @@ class TransformerBlock(nn.Cell):
         self.cast = ops.Cast()
         self.cast_out = cdt != ms.float32
 
-    def construct(self, x, batch: int, seq: int):
-        a = self.attention(self.attention_norm(x), batch, seq)
+    def construct(self, x, batch: int, seq: int, segment_ids=None):
+        a = self.attention(self.attention_norm(x), batch, seq, segment_ids)
         h = self.attention_residual(x, self.cast(a, ms.float32) if self.cast_out else a)
         f = self.feed_forward(self.ffn_norm(h))
         return self.ffn_residual(h, self.cast(f, ms.float32) if self.cast_out else f)
@@ -132,8 +132,10 @@ class CausalLM(nn.Cell):
         self.seq_length = m.seq_length
         self.cast = ops.Cast()
 
-    def hidden_states(self, input_ids):
-        """Final-norm output [B*S, h] in the compute dtype."""
+    def hidden_states(self, input_ids, segment_ids=None):
+        """Final-norm output [B*S, h] in the compute dtype; `segment_ids` [B, S] keeps attention within
+        each packed example (composite attention; rotary positions are relative, so with the mask each
+        LLaMA example computes as if alone)."""
         batch, seq = input_ids.shape
         x = self.tok_embeddings(input_ids)
         if self.pos_embeddings is not None:
@@ -141,7 +143,7 @@ class CausalLM(nn.Cell):
             x = self.pos_add(x, self.pos_embeddings(positions))
         x = x.reshape(batch * seq, -1)
         for layer in self.layers:
-            x = layer(x, batch, seq)
+            x = layer(x, batch, seq, segment_ids)
         return self.norm(x)
 
     def logits(self, hidden):
@@ -227,7 +229,7 @@ class CausalLMLoss(nn.Cell):
         super().__init__(auto_prefix=False)  # keep the model's parameter names unprefixed
         self.model = model
 
-    def construct(self, input_ids, labels, loss_mask):
+    def construct(self, input_ids, labels, loss_mask, segment_ids=None):
         model = self.model
-        hidden = model.loss.mask_hidden(model.hidden_states(input_ids), loss_mask)
+        hidden = model.loss.mask_hidden(model.hidden_states(input_ids, segment_ids), loss_mask)
         return model.loss(model.logits(hidden), labels, loss_mask)

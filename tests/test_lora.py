@@ -8,7 +8,14 @@ import models
 from models.lora import LoraLinear, merge, split_adapters, without_lora
 from training.config import ConfigError, REPO_ROOT, load_config
 
-ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pynative_mode():
+    """Set per module, not at import: pytest imports every test module before running any."""
+    ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=ms.GRAPH_MODE)
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
 SMALL = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=8", "model.num_kv_heads=4",
          "model.ffn_hidden_size=128", "model.vocab_size=128", "model.seq_length=16", "parallel.data_parallel=1",

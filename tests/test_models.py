@@ -13,7 +13,14 @@ from models.recompute import SELECTIVE, recomputed_layers
 from training.checkpoint import CheckpointError, save_checkpoint
 from training.config import load_config
 
-ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def graph_mode():
+    """Set per module, not at import: pytest imports every test module before running any."""
+    ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=ms.GRAPH_MODE)
 
 VOCAB, SEQ, BATCH = 128, 16, 2
 
@@ -138,6 +145,7 @@ def test_causal_attention_does_not_look_ahead(llama):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt"])
 def test_loss_falls_on_a_repeated_batch(arch):
+    ms.set_seed(0)  # the init must not depend on which other test modules ran first
     cfg = tiny(arch)
     network = models.build_train_network(cfg, built(cfg))
     step = nn.TrainOneStepCell(network, nn.AdamWeightDecay(network.trainable_params(), learning_rate=1e-2))

@@ -20,7 +20,14 @@ from models.sharding import PLANS, planned_strategies
 from models.transformer import MaskedCrossEntropy, VocabParallelCrossEntropy
 from training.config import load_config
 
-ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def graph_mode():
+    """Set per module, not at import: pytest imports every test module before running any."""
+    ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=ms.GRAPH_MODE)
 
 
 def config(arch: str, *overrides: str):

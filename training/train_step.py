@@ -60,14 +60,18 @@ class TrainStep(nn.Cell):
         flat = ops.cast(grad, ms.float32).reshape(1, -1)
         return self.dot(flat, flat).reshape(())
 
-    def construct(self, input_ids, labels, loss_mask):
+    def construct(self, input_ids, labels, loss_mask, segment_ids=None):
+        """[accumulation, micro_batch, seq] inputs; segment_ids only for packed SFT data."""
         scale = self.loss_scale.value()
         sens = ops.cast(scale, ms.float32)
         loss = ops.zeros((), ms.float32)
         grads = None
         for i in range(self.accumulation):
-            micro_loss = self.network(input_ids[i], labels[i], loss_mask[i])
-            micro_grads = self.grad_fn(self.network, self.weights)(input_ids[i], labels[i], loss_mask[i], sens)
+            inputs = (input_ids[i], labels[i], loss_mask[i])
+            if segment_ids is not None:
+                inputs = inputs + (segment_ids[i],)
+            micro_loss = self.network(*inputs)
+            micro_grads = self.grad_fn(self.network, self.weights)(*inputs, sens)
             loss = loss + micro_loss
             grads = micro_grads if grads is None else self.hyper_map(ops.add, grads, micro_grads)
         inverse = 1.0 / (sens * self.accumulation)

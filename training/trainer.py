@@ -18,7 +18,7 @@ from mindspore.parallel.nn import Pipeline
 
 import models
 from training import checkpoint as ckpt
-from training.config import Config
+from training.config import Config, ConfigError
 from training.data import build_dataset
 from training.metrics import MetricsLogger
 from training.optim import build_optimizer, lr_at
@@ -108,12 +108,16 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------
     def _batches(self):
-        """[accumulation, micro_batch, seq] tensors for each optimizer step."""
+        """[accumulation, micro_batch, seq] tensors for each optimizer step (+ segment_ids when packed)."""
         g = self.cfg.parallel.gradient_accumulation_steps
         source = iter(build_dataset(self.cfg, self.rt.rank, self.rt.world, self.start_step))
         while True:
             micro = [next(source) for _ in range(g)]
-            yield tuple(Tensor(np.stack([m[key] for m in micro])) for key in ("input_ids", "labels", "loss_mask"))
+            keys = [k for k in ("input_ids", "labels", "loss_mask", "segment_ids") if k in micro[0]]
+            if "segment_ids" in keys and models.uses_flash_attention(self.cfg):
+                raise ConfigError("packed SFT data (segment_ids) needs model.attention=composite: flash attention "
+                                  "here has no per-example mask; set it, or preprocess without --pack")
+            yield tuple(Tensor(np.stack([m[key] for m in micro])) for key in keys)
 
     def save(self, step: int, loss_scale: float) -> Path | None:
         if not (self.rt.is_main or self.sharded):
@@ -133,10 +137,10 @@ class Trainer:
         profile = ProfileWindow(cfg.profile, self.run_dir / "profile")
         records, batches, scale = [], self._batches(), 0.0
         for step in range(self.start_step, cfg.train.steps):
-            input_ids, labels, loss_mask = next(batches)
+            batch = next(batches)
             profile.before(step)
             began = time.perf_counter()
-            loss, grad_norm, overflow, scale = self.step_cell(input_ids, labels, loss_mask)
+            loss, grad_norm, overflow, scale = self.step_cell(*batch)
             loss = float(loss.asnumpy())
             elapsed = time.perf_counter() - began
             profile.after(step)

@@ -30,6 +30,19 @@ def _loss_scale(cfg: Config) -> tuple[float, bool]:
     return (1.0 if value is None else float(value)), False
 
 
+_squared_norm = ops.MultitypeFuncGraph("squared_norm")
+
+
+@_squared_norm.register("Function", "Tensor")
+def _squared_norm_of_tensor(dot, grad):
+    """sum(g²) as a 1×n·n×1 MatMul: 6× faster on CPU than Square + ReduceSum (measured on the §7 model).
+
+    Mapped over the gradients with HyperMap: a Python comprehension is unrolled into nested graph
+    calls, which doubled compile time and broke MindSpore's call-depth limit at 80 layers."""
+    flat = ops.cast(grad, ms.float32).reshape(1, -1)
+    return dot(flat, flat).reshape(())
+
+
 class TrainStep(nn.Cell):
     """network(input_ids, labels, loss_mask) -> loss, trained by `optimizer` one step per call."""
 
@@ -55,11 +68,6 @@ class TrainStep(nn.Cell):
         self.hyper_map = ops.HyperMap()
         self.dot = ops.MatMul(transpose_b=True)
 
-    def _squared_norm(self, grad):
-        """sum(g²) as a 1×n·n×1 MatMul: 6× faster on CPU than Square + ReduceSum (measured on the §7 model)."""
-        flat = ops.cast(grad, ms.float32).reshape(1, -1)
-        return self.dot(flat, flat).reshape(())
-
     def construct(self, input_ids, labels, loss_mask, segment_ids=None):
         """[accumulation, micro_batch, seq] inputs; segment_ids only for packed SFT data."""
         scale = self.loss_scale.value()
@@ -77,7 +85,7 @@ class TrainStep(nn.Cell):
         inverse = 1.0 / (sens * self.accumulation)
         grads = self.hyper_map(ops.partial(ops.mul, inverse), grads)
         grads = self.reducer(grads)
-        grad_norm = ops.sqrt(ops.addn([self._squared_norm(g) for g in grads]))
+        grad_norm = ops.sqrt(ops.addn(self.hyper_map(ops.partial(_squared_norm, self.dot), grads)))
         overflow = ops.logical_not(ops.isfinite(grad_norm))
         if self.scale_update is not None:
             overflow = self.scale_update(self.loss_scale, overflow)

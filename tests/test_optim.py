@@ -4,7 +4,7 @@ import math
 import pytest
 
 from training.config import TrainConfig
-from training.optim import decays, lr_at
+from training.schedule import decays, lr_at
 
 
 def test_warmup_then_cosine_reaches_min_lr():

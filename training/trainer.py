@@ -21,7 +21,8 @@ from training import checkpoint as ckpt
 from training.config import Config, ConfigError
 from training.data import build_dataset
 from training.metrics import MetricsLogger
-from training.optim import build_optimizer, lr_at
+from training.optim import build_optimizer
+from training.schedule import lr_at
 from training.profiling import ProfileWindow
 from training.runtime import Runtime
 from training.train_step import TrainStep

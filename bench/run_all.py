@@ -1,0 +1,312 @@
+"""`make bench`: MindScale vs MindFormers 1.9.0 vs Hugging Face/torch on this CPU; rewrites BENCHMARKS.md.
+
+    python bench/run_all.py [--reps 3] [--steps 4] [--warmup 1] [--depths 4 16 32 80]
+        [--set k=v ...] [--out BENCHMARKS.md] [--json]
+
+Phases (each sub-run is its own process with a timeout; a run that fails or times out is reported
+as failed with its last error line, never dropped):
+1. machine, versions, and the GEMM peaks (MindSpore one-core peak for MFU; torch's for context);
+2. throughput on the peer config (bench/llama_peer.yaml, DESIGN.md §7), repetitions interleaved
+   ours, MindFormers, HF, ours, ... each pinned to the same core; medians and paired ratios;
+3. compile time (graph compile + first step) vs depth at a small width: MindScale and MindFormers
+   compile side by side, one per core, under the same machine load; cores alternate between depths
+   and repetitions;
+4. data-parallel linearity: scripts/run_distribute.sh with 1 worker, 2 workers (one core each), and
+   1 worker again; tools/linearity.py on the 2-worker run against each 1-worker run.
+Results go to output/bench/results.json and, rendered by bench/report.py, to --out.
+`--set` overrides reach every throughput and linearity run (e.g. a tiny model for a smoke test).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import SYSTEMS  # noqa: E402
+from bench.machine import describe, torch_gemm_tflops  # noqa: E402
+from bench.report import render  # noqa: E402
+from training.config import ConfigError, fail, load_config  # noqa: E402
+from training.gemm_peak import measure as mindspore_gemm_tflops  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+PEER_CONFIG = "bench/llama_peer.yaml"
+RESULTS = REPO / "output" / "bench" / "results.json"
+# Compile vs depth: a small width, so the time is the graph's, not the arithmetic's.
+DEPTH_SWEEP_SET = ["model.hidden_size=128", "model.num_heads=4", "model.num_kv_heads=4",
+                   "model.ffn_hidden_size=384", "model.vocab_size=2048", "model.seq_length=128",
+                   "train.micro_batch_size=1"]
+COMPILED = ("mindscale", "mindformers")
+THROUGHPUT_TIMEOUT_S = 900
+COMPILE_TIMEOUT_S = 1500
+LINEARITY_TIMEOUT_S = 900
+GEMM_TIMEOUT_S = 300
+
+
+def log(text: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def python() -> str:
+    return sys.executable
+
+
+def bench_command(system: str, overrides: list[str], extra: list[str]) -> list[str]:
+    return [python(), "bench/bench_train.py", "--system", system, "--config", PEER_CONFIG,
+            *[a for o in overrides for a in ("--set", o)], *extra, "--json"]
+
+
+EXCEPTION = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b:?")
+
+
+def error_line(stderr: str, code: int) -> str:
+    """The line that says what went wrong: the last exception line (with the next line when the
+    exception's own line is only its name, as MindSpore's multi-line errors are), else the last
+    non-empty stderr line that is not log chatter."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(("[WARNING]", "[INFO]")) and " - INFO - " not in line
+              and " - WARNING - " not in line]
+    for i in range(len(useful) - 1, -1, -1):
+        if EXCEPTION.match(useful[i]):
+            text = useful[i]
+            if text.endswith(":") or ":" not in text:
+                text += " " + next((line for line in useful[i + 1:] if not set(line) <= set("-")), "")
+            return text.strip()[:300]
+    return (useful or lines or [f"exit status {code}, no output"])[-1][:300]
+
+
+def finish(system: str, command: list[str], proc: subprocess.Popen, timeout: float, started: float) -> dict:
+    """Wait for one bench_train process; its JSON, or {"error": ...} naming what failed."""
+    try:
+        out, err = proc.communicate(timeout=max(timeout - (time.monotonic() - started), 1))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return {"system": system, "error": f"timed out after {timeout:.0f} s", "command": shlex.join(command)}
+    if proc.returncode:
+        return {"system": system, "error": error_line(err, proc.returncode), "command": shlex.join(command)}
+    try:
+        result = json.loads(out.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"system": system, "error": "printed no JSON result", "command": shlex.join(command)}
+    result["command"] = shlex.join(command)
+    return result
+
+
+def start(command: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GLOG_v": "3"}
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_one(system: str, command: list[str], timeout: float) -> dict:
+    began = time.monotonic()
+    return finish(system, command, start(command), timeout, began)
+
+
+def run_side_by_side(jobs: list[tuple[str, list[str]]], timeout: float) -> list[dict]:
+    began = time.monotonic()
+    procs = [(system, command, start(command)) for system, command in jobs]
+    return [finish(system, command, proc, timeout, began) for system, command, proc in procs]
+
+
+# ----------------------------------------------------------------------------------------------
+# Phases
+
+
+def gemm_peaks(core: int) -> dict:
+    peaks = {}
+    for name, measure in (("mindspore_tflops", lambda: mindspore_gemm_tflops(timeout=GEMM_TIMEOUT_S)),
+                          ("torch_tflops", lambda: torch_gemm_tflops(core, GEMM_TIMEOUT_S))):
+        try:
+            peaks[name] = measure()
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
+            peaks[name] = None
+            peaks[f"{name}_error"] = str(exc).splitlines()[0]
+    return peaks
+
+
+def throughput(args) -> list[dict]:
+    runs = []
+    extra = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    for rep in range(args.reps):
+        for system in SYSTEMS:
+            log(f"throughput rep {rep + 1}/{args.reps}: {system}")
+            result = run_one(system, bench_command(system, args.overrides, extra), THROUGHPUT_TIMEOUT_S)
+            result["rep"] = rep
+            runs.append(result)
+            log(f"  -> {result.get('tokens_per_s') or result.get('error')}")
+    return runs
+
+
+def compile_sweep(args, cores: list[int]) -> list[dict]:
+    runs = []
+    for rep in range(args.depth_reps):
+        for index, depth in enumerate(args.depths):
+            # a shared machine's cores are not equally busy: alternate which system gets which core
+            order = COMPILED if (rep + index) % 2 == 0 else COMPILED[::-1]
+            jobs = []
+            for i, system in enumerate(order):
+                core = cores[i % len(cores)]
+                extra = ["--layers", str(depth), "--steps", "0", "--warmup", "0", "--core", str(core)]
+                jobs.append((system, bench_command(system, DEPTH_SWEEP_SET, extra)))
+            if len(cores) < 2:  # one core: one after the other
+                results = [run_one(s, c, COMPILE_TIMEOUT_S) for s, c in jobs]
+            else:
+                results = run_side_by_side(jobs, COMPILE_TIMEOUT_S)
+            for result in results:
+                result.update(rep=rep, depth=depth)
+                runs.append(result)
+            log(f"compile depth {depth} rep {rep + 1}: "
+                + ", ".join(f"{r['system']} {r.get('compile_s') or r.get('error')}" for r in results))
+    return runs
+
+
+LINEARITY_RUNS = (("dp_n1", 1), ("dp_n2", 2), ("dp_n1_after", 1))
+
+
+def linearity(args) -> dict:
+    """1 worker, 2 workers (one core each), 1 worker again, through the launcher; tools/linearity.py
+    on the 2-worker run against each 1-worker run (a shared machine's load drifts: the report takes
+    the lower linearity)."""
+    out = {"commands": [], "runs": [], "sweeps": []}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for name, workers in LINEARITY_RUNS:
+        shutil.rmtree(REPO / "output" / "bench" / name, ignore_errors=True)
+        command = ["bash", "scripts/run_distribute.sh", PEER_CONFIG, str(workers),
+                   "--set", f"run.name={name}", "--set", f"train.steps={args.dp_steps}",
+                   *[a for o in args.overrides for a in ("--set", o)]]
+        out["commands"].append(shlex.join(command))
+        log(f"linearity: {name}, {workers} worker(s)")
+        load = os.getloadavg()[0]
+        try:
+            proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                                  timeout=LINEARITY_TIMEOUT_S)
+            error = error_line(proc.stderr, proc.returncode) if proc.returncode else None
+        except subprocess.TimeoutExpired:
+            error = f"timed out after {LINEARITY_TIMEOUT_S} s"
+        out["runs"].append({"run": f"output/bench/{name}", "workers": workers, "load_1m_before": load,
+                            "load_1m_after": os.getloadavg()[0], "error": error})
+        if error:
+            out["error"] = f"{name} ({workers} worker(s)): {error}"
+            return out
+    two = next(r["run"] for r in out["runs"] if r["workers"] == 2)
+    for one in (r["run"] for r in out["runs"] if r["workers"] == 1):
+        command = [python(), "tools/linearity.py", one, two, "--threshold", "0.95", "--json"]
+        out["commands"].append(shlex.join(command))
+        proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        if proc.returncode:
+            out["error"] = error_line(proc.stderr, proc.returncode)
+            return out
+        out["sweeps"].append(json.loads(proc.stdout))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Summary numbers (also what render() prints)
+
+
+def medians(runs: list[dict], key: str) -> dict:
+    by_system = {}
+    for system in {r["system"] for r in runs}:
+        values = [r[key] for r in runs if r["system"] == system and r.get(key) is not None]
+        if values:
+            by_system[system] = {"median": statistics.median(values), "min": min(values), "max": max(values),
+                                 "n": len(values)}
+    return by_system
+
+
+def paired_ratios(runs: list[dict], key: str, ours: str, peer: str, group: str) -> dict | None:
+    """Median over groups (repetitions, or depth x repetition) of ours/peer measured together."""
+    groups = {}
+    for r in runs:
+        if r.get(key) is not None:
+            groups.setdefault(tuple(r[g] for g in group.split(",")), {})[r["system"]] = r[key]
+    ratios = [g[ours] / g[peer] for g in groups.values() if ours in g and peer in g and g[peer]]
+    if not ratios:
+        return None
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "n": len(ratios)}
+
+
+def summarize(results: dict) -> dict:
+    runs, peak = results["throughput"], results["gemm"].get("mindspore_tflops")
+    summary = {"tokens_per_s": medians(runs, "tokens_per_s"), "tflops": medians(runs, "tflops"),
+               "compile_s": medians(runs, "compile_s"), "peak_rss_gib": medians(runs, "peak_rss_gib"),
+               "ratio_vs": {peer: paired_ratios(runs, "tokens_per_s", "mindscale", peer, "rep")
+                            for peer in ("mindformers", "hf")}}
+    summary["mfu"] = {s: v["median"] / peak for s, v in summary["tflops"].items()} if peak else {}
+    sweep = results["compile"]
+    summary["compile_by_depth"] = {
+        depth: {"systems": medians([r for r in sweep if r["depth"] == depth], "compile_s"),
+                "ratio": paired_ratios([r for r in sweep if r["depth"] == depth], "compile_s", "mindscale",
+                                       "mindformers", "rep")}
+        for depth in sorted({r["depth"] for r in sweep})}
+    return summary
+
+
+def describe_peer(cfg) -> dict:
+    m, t = cfg.model, cfg.train
+    return {"batch": t.micro_batch_size, "seq": m.seq_length, "hidden": m.hidden_size, "layers": m.num_layers,
+            "heads": m.num_heads, "kv_heads": m.kv_heads, "ffn": m.ffn_hidden_size, "vocab": m.vocab_size,
+            "lr": t.lr, "schedule": t.lr_schedule, "betas": f"{t.adam_beta1}/{t.adam_beta2}", "eps": t.adam_eps,
+            "weight_decay": t.weight_decay, "grad_clip": t.grad_clip, "init_std": m.init_std}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3, help="interleaved throughput repetitions (default 3)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per throughput run (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps after the first (default 1)")
+    parser.add_argument("--depths", type=int, nargs="+", default=[4, 16, 32, 80], help="compile sweep depths")
+    parser.add_argument("--depth-reps", type=int, default=1, help="compile sweep repetitions (default 1)")
+    parser.add_argument("--dp-steps", type=int, default=5, help="steps of each linearity run (default 5)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override for every throughput and linearity run (smoke tests)")
+    parser.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md", help="Markdown to (re)write")
+    parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    args = parser.parse_args(argv)
+    for name in ("reps", "steps", "depth_reps", "dp_steps"):
+        if getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
+    if args.warmup < 0 or min(args.depths) < 1:
+        fail("--warmup must be >= 0 and --depths >= 1")
+    if args.dp_steps < 2:
+        fail(f"--dp-steps {args.dp_steps}: linearity drops the first (compile) step; use at least 2")
+    try:
+        peer = load_config(REPO / PEER_CONFIG, args.overrides)
+    except ConfigError as exc:
+        fail(str(exc))
+
+    began = time.time()
+    cores = sorted(os.sched_getaffinity(0))
+    results = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": describe(),
+               "load_1m_start": os.getloadavg()[0], "peer": describe_peer(peer),
+               "depth_sweep_set": DEPTH_SWEEP_SET, "settings": vars(args) | {"out": str(args.out)},
+               "command": shlex.join([Path(sys.executable).name, "bench/run_all.py", *(argv or sys.argv[1:])])}
+    log("GEMM peaks")
+    results["gemm"] = gemm_peaks(cores[0])
+    results["throughput"] = throughput(args)
+    results["compile"] = compile_sweep(args, cores)
+    results["linearity"] = linearity(args)
+    results["load_1m_end"] = os.getloadavg()[0]
+    results["duration_s"] = time.time() - began
+    results["summary"] = summarize(results)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    args.out.write_text(render(results, (REPO / "bench" / "changes.md").read_text()))
+    log(f"wrote {args.out} and {RESULTS} in {results['duration_s'] / 60:.1f} min")
+    if args.json:
+        print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Tests of the benchmark harness (not of the numbers): `pytest -q bench/test_bench.py`.
+
+The three stacks train a tiny LLaMA once per module (about a minute on one core); everything else
+is pure Python on synthetic results.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench import SYSTEMS  # noqa: E402
+from bench.report import render  # noqa: E402
+from bench.run_all import error_line, paired_ratios, summarize  # noqa: E402
+
+TINY = ["model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.ffn_hidden_size=160",
+        "model.vocab_size=512", "model.seq_length=32", "train.micro_batch_size=2", "model.num_layers=1"]
+
+
+def bench_train(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GLOG_v": "3"}
+    return subprocess.run([sys.executable, "bench/bench_train.py", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny_runs() -> dict:
+    runs = {}
+    for system in SYSTEMS:
+        proc = bench_train("--system", system, *[a for o in TINY for a in ("--set", o)],
+                           "--steps", "2", "--warmup", "1", "--json")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        lines = proc.stdout.strip().splitlines()
+        assert len(lines) == 1, f"{system} printed more than the JSON object: {lines[:3]}"
+        runs[system] = json.loads(lines[0])
+    return runs
+
+
+def test_every_system_trains_the_same_model(tiny_runs):
+    params = {r["params"] for r in tiny_runs.values()}
+    assert len(params) == 1, {s: r["params"] for s, r in tiny_runs.items()}
+    for system, r in tiny_runs.items():
+        for key in ("tokens_per_s", "tflops", "compile_s", "peak_rss_gib"):
+            assert r[key] > 0, (system, key)
+        # same init scale: the first loss of a small-std init is close to ln(vocab) for all three
+        assert abs(r["losses"][0] - math.log(512)) < 0.1, (system, r["losses"][0])
+        assert r["losses"][-1] < r["losses"][0], f"{system} did not train on its fixed batch"
+        assert r["threads"] == 1 and len(r["step_times_s"]) == 2
+
+
+def test_hf_process_does_not_load_mindspore(tiny_runs):
+    """MindSpore's import alone is ~350 MB: it must not inflate the hf peak RSS."""
+    assert tiny_runs["hf"]["peak_rss_gib"] < tiny_runs["mindscale"]["peak_rss_gib"]
+    code = ("import sys; sys.path.insert(0, '.'); from bench.systems import optimizer_rules; optimizer_rules(); "
+            "print('mindspore' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False"
+
+
+def test_optimizer_rules_are_training_optims():
+    from bench.systems import optimizer_rules
+    from training.config import TrainConfig
+    from training import optim
+
+    lr_at, decays = optimizer_rules()
+    t = TrainConfig(steps=50, lr=1.0, min_lr=0.1, warmup_steps=5)
+    assert [lr_at(s, t) for s in range(50)] == [optim.lr_at(s, t) for s in range(50)]
+    for name, shape in [("a.weight", (4, 4)), ("layers.0.attention_norm.weight", (4,)), ("norm.weight", (4, 4))]:
+        assert decays(name, shape) == optim.decays(name, shape)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--system", "mindscale", "--core", "999"], "--core 999"),
+    (["--system", "mindscale", "--layers", "0"], "--layers 0"),
+    (["--system", "nope"], "invalid choice"),
+    (["--system", "hf", "--set", "model.hiden_size=3"], "did you mean"),
+])
+def test_bad_input_exits_2_with_one_line(args, words):
+    proc = bench_train(*args, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], lines
+
+
+def _run(system, rep, tokens, depth=None, error=None):
+    r = {"system": system, "rep": rep, "command": f"bench {system}"}
+    if error:
+        return {**r, "error": error}
+    r.update(tokens_per_s=tokens, tflops=tokens * 1e-4, compile_s=tokens / 100, peak_rss_gib=1.0, params=10,
+             losses=[6.2, 6.0], core=rep % 2)
+    if depth is not None:
+        r["depth"] = depth
+    return r
+
+
+def linearity_result(base_a: float, base_b: float, two_workers: float) -> dict:
+    def point(run, devices, tokens, base):
+        return {"run": run, "devices": devices, "tokens_per_s": tokens, "tokens_per_s_per_device": tokens / devices,
+                "step_time_s": 1.0, "linearity": tokens / devices / base}
+    runs = [("dp_n1", 1), ("dp_n2", 2), ("dp_n1_after", 1)]
+    return {"commands": ["bash scripts/run_distribute.sh ..."],
+            "runs": [{"run": r, "workers": w, "load_1m_before": 1.0, "load_1m_after": 1.0, "error": None}
+                     for r, w in runs],
+            "sweeps": [{"points": [point(one, 1, base, base), point("dp_n2", 2, two_workers, base)]}
+                       for one, base in (("dp_n1", base_a), ("dp_n1_after", base_b))]}
+
+
+def synthetic_results(hf_error: str | None = None) -> dict:
+    throughput = []
+    for rep, (ours, mf, hf) in enumerate([(500, 400, 450), (300, 250, 310), (480, 390, 470)]):
+        throughput += [_run("mindscale", rep, ours), _run("mindformers", rep, mf),
+                       _run("hf", rep, hf, error=hf_error)]
+    compile_runs = [_run("mindscale", 0, 1000, depth=32), _run("mindformers", 0, 2000, depth=32)]
+    return {"throughput": throughput, "compile": compile_runs, "gemm": {"mindspore_tflops": 0.1, "torch_tflops": 0.08},
+            "machine": {"cpu": "Test CPU", "logical_cores": 2, "usable_cores": [0, 1], "memory_gib": 8.0,
+                        "kernel": "6", "python": "3.11", "versions": {"mindspore": "2.9.0"}},
+            "linearity": linearity_result(base_a=100.0, base_b=95.0, two_workers=190.0),
+            "load_1m_start": 1.0, "load_1m_end": 1.5, "started": "now", "duration_s": 60.0, "command": "run_all",
+            "depth_sweep_set": ["model.hidden_size=128"],
+            "peer": {"batch": 4, "seq": 512, "hidden": 512, "layers": 4, "heads": 8, "kv_heads": 8, "ffn": 1536,
+                     "vocab": 8192, "lr": 3e-4, "schedule": "cosine", "betas": "0.9/0.95", "eps": 1e-8,
+                     "weight_decay": 0.1, "grad_clip": 1.0, "init_std": 0.02},
+            "settings": {"reps": 3, "steps": 3, "warmup": 1, "depths": [32], "depth_reps": 1, "overrides": []}}
+
+
+def test_ratios_are_medians_of_per_repetition_ratios():
+    results = synthetic_results()
+    ratio = paired_ratios(results["throughput"], "tokens_per_s", "mindscale", "mindformers", "rep")
+    per_rep = sorted([500 / 400, 300 / 250, 480 / 390])
+    assert ratio["median"] == pytest.approx(per_rep[1]) and ratio["n"] == 3
+    summary = summarize(results)
+    assert summary["tokens_per_s"]["mindscale"]["median"] == 480
+    assert summary["mfu"]["mindscale"] == pytest.approx(480e-4 / 0.1)
+    assert summary["compile_by_depth"][32]["ratio"]["median"] == pytest.approx(0.5)
+
+
+def test_report_states_targets_and_failed_peers():
+    results = synthetic_results(hf_error="ImportError: No module named 'transformers'")
+    results["summary"] = summarize(results)
+    text = render(results, "- nothing changed yet")
+    assert "ImportError: No module named 'transformers'" in text   # a failed peer is named, with its error
+    assert "| HF transformers / torch | failed" in text
+    assert "compile time ≤ 1/3 of MindFormers' at 32 layers | 0.50× | **not met**" in text
+    assert "linearity ≥ 0.95 (2 workers) | 0.950 | met" in text   # the lower of 190/2/100 and 190/2/95
+    assert "- nothing changed yet" in text and "How to rerun" in text
+
+
+def test_linearity_above_one_is_called_noise_not_a_pass():
+    results = synthetic_results()
+    results["linearity"] = linearity_result(base_a=60.0, base_b=65.0, two_workers=190.0)
+    results["summary"] = summarize(results)
+    assert "| 1.462 | inconclusive" in render(results, "")
+
+
+def test_error_line_skips_log_chatter():
+    stderr = "Traceback (most recent call last):\n  ...\nRuntimeError: boom\n[WARNING] ME(1): at exit\n"
+    assert error_line(stderr, 1) == "RuntimeError: boom"
+    assert error_line("", 3) == "exit status 3, no output"

@@ -35,7 +35,7 @@ from models.layers import (Embedding, FusedRMSNorm, GeluMLP, LayerNorm, Linear, 
                            RotaryEmbedding, SwiGLU)
 from models.transformer import (CausalLM, MaskedCrossEntropy, TransformerBlock, VocabParallelCrossEntropy,
                                 sharding_strategies_active)
-from training.config import Config, stage_layer_counts
+from training.config import Config, layer_stages, stage_layer_counts
 
 COLWISE, ROWWISE, VOCAB, SEQUENCE, REPLICATE = "colwise", "rowwise", "vocab", "sequence", "replicate"
 
@@ -243,12 +243,6 @@ def planned_strategies(model: CausalLM, cfg: Config) -> list[tuple[str, str, str
     return rows
 
 
-def layer_stages(cfg: Config) -> list[int]:
-    """Pipeline stage of each layer, from layers per stage (num_layers // stages + stage_offset)."""
-    counts = stage_layer_counts(cfg.model.num_layers, cfg.parallel.pipeline_stage, cfg.parallel.stage_offset)
-    return [stage for stage, n in enumerate(counts) for _ in range(n)]
-
-
 def _stage_of(path: str, stages: list[int]) -> int:
     """Embeddings on the first stage, layer i on its stage, final norm/output/loss on the last."""
     if path.startswith("layers."):
@@ -296,7 +290,8 @@ def describe_plan(cfg: Config) -> str:
 
     Every layer shares one plan, so layers are shown once as `layers.*` with their stage range.
     """
-    one_layer = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_layers=1))
+    one_layer = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_layers=1),
+                                    run=dataclasses.replace(cfg.run, reuse_layer_graph=False))  # no stages to key
     with no_init_parameters():
         model = CausalLM(one_layer)
     stages = layer_stages(cfg)

@@ -32,7 +32,8 @@ from mindspore.parallel._utils import _get_parallel_mode
 
 from models.attention import Attention
 from models.layers import DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, OutputHead, RMSNorm, SwiGLU
-from training.config import Config
+from models.recompute import recomputed_layers
+from training.config import Config, layer_stages
 
 
 @dataclass(frozen=True)
@@ -77,11 +78,29 @@ def uses_row_sum_softmax() -> bool:
     return ms.get_context("device_target") == "CPU" and not sharding_strategies_active()
 
 
-class TransformerBlock(nn.Cell):
-    """x + attention(norm(x)), then + feed_forward(norm(.)); residual stream in fp32."""
+def layer_graph_keys(cfg: Config) -> list[str]:
+    """Per layer, the key of the compiled graph it shares (run.reuse_layer_graph): its pipeline stage
+    and recompute mode, or its index when every layer compiles on its own."""
+    layers = range(cfg.model.num_layers)
+    if not cfg.run.reuse_layer_graph:
+        return [f"layer {i}" for i in layers]
+    recomputed, stages = set(recomputed_layers(cfg)), layer_stages(cfg)
+    return [f"stage {stages[i]}, recompute {cfg.recompute.mode if i in recomputed else 'none'}" for i in layers]
 
-    def __init__(self, cfg: Config, spec: ArchSpec, flash: bool, fused_norm: bool):
+
+class TransformerBlock(nn.Cell):
+    """x + attention(norm(x)), then + feed_forward(norm(.)); residual stream in fp32.
+
+    Blocks with the same `graph_key` share one compiled graph: MindSpore's lazy_inline compiles the
+    block once (type inference, autodiff), then inlines a copy per layer ("front" policy; the default
+    policy keeps a call node that the CPU backend rejects). What differs between layers inside the
+    graph (the recompute marks) must therefore be in the key; construct takes no default arguments.
+    """
+
+    @ms.lazy_inline(attrs="graph_key", policy="front")
+    def __init__(self, cfg: Config, spec: ArchSpec, flash: bool, fused_norm: bool, graph_key: str):
         super().__init__()
+        self.graph_key = graph_key
         m = cfg.model
         pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
         out_std = m.init_std / math.sqrt(2 * m.num_layers)
@@ -98,7 +117,7 @@ class TransformerBlock(nn.Cell):
         self.cast = ops.Cast()
         self.cast_out = cdt != ms.float32
 
-    def construct(self, x, batch: int, seq: int, segment_ids=None):
+    def construct(self, x, batch: int, seq: int, segment_ids):
         a = self.attention(self.attention_norm(x), batch, seq, segment_ids)
         h = self.attention_residual(x, self.cast(a, ms.float32) if self.cast_out else a)
         f = self.feed_forward(self.ffn_norm(h))
@@ -122,7 +141,8 @@ class CausalLM(nn.Cell):
             self.pos_embeddings = Embedding(m.seq_length, m.hidden_size, m.init_std, pdt)
             self.positions = Tensor(np.arange(m.seq_length, dtype=np.int32))
             self.pos_add = ops.Add()
-        self.layers = nn.CellList([TransformerBlock(cfg, spec, flash, fused_norm) for _ in range(m.num_layers)])
+        self.layers = nn.CellList([TransformerBlock(cfg, spec, flash, fused_norm, key)
+                                   for key in layer_graph_keys(cfg)])
         final_norm = FusedRMSNorm if fused_norm and spec.norm is RMSNorm else spec.norm
         self.norm = final_norm(m.hidden_size, m.norm_eps, pdt, cdt)
         self.output = OutputHead(m.hidden_size, m.vocab_size, m.tie_embeddings, m.init_std, pdt, cdt)

@@ -8,7 +8,7 @@ from mindspore import Tensor, nn, ops
 
 import models
 from models.layers import RowSumSoftmax
-from models.transformer import VocabParallelCrossEntropy
+from models.transformer import VocabParallelCrossEntropy, layer_graph_keys
 from models.recompute import SELECTIVE, recomputed_layers
 from training.checkpoint import CheckpointError, save_checkpoint
 from training.config import load_config
@@ -195,6 +195,27 @@ def test_selective_and_full_recompute_leave_loss_and_gradients_unchanged(llama):
         assert loss == pytest.approx(base_loss, rel=1e-6)
         for g, b in zip(grads, base_grads):
             np.testing.assert_allclose(g, b, rtol=1e-5, atol=1e-7)
+
+
+def test_reused_layer_graph_computes_what_per_layer_graphs_compute(llama):
+    """One block graph shared by layers with the same key (here two keys: layer 0 recomputed, layer 1
+    not) computes exactly what a graph per layer computes."""
+    _, model, _ = llama
+    weights = {p.name: p.asnumpy() for p in model.get_parameters()}
+    runs = [loss_and_grads(tiny("llama", "recompute.mode=selective", "recompute.layers=1",
+                                f"run.reuse_layer_graph={reuse}"), weights) for reuse in ("true", "false")]
+    (_, reused_loss, reused_grads), (_, loss, grads) = runs
+    assert reused_loss == loss
+    for r, g in zip(reused_grads, grads):
+        np.testing.assert_array_equal(r, g)
+
+
+def test_layer_graph_keys_separate_stages_and_recompute_modes():
+    cfg = tiny("llama", "model.num_layers=6", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+               "recompute.mode=full", "recompute.layers=[2,1]")
+    assert layer_graph_keys(cfg) == ["stage 0, recompute full"] * 2 + ["stage 0, recompute none",
+                                      "stage 1, recompute full"] + ["stage 1, recompute none"] * 2
+    assert len(set(layer_graph_keys(tiny("llama", "run.reuse_layer_graph=false")))) == 2
 
 
 def test_cpu_softmax_backward_matches_the_softmax_primitive(llama):

@@ -62,6 +62,10 @@ class RunConfig:
     device_target: Literal["auto", "Ascend", "GPU", "CPU"] = doc(
         "Backend; auto picks Ascend, then GPU, then CPU.", "auto")
     mode: Literal["graph", "pynative"] = doc("MindSpore execution mode.", "graph")
+    reuse_layer_graph: bool = doc(
+        "Graph mode: compile one decoder layer and reuse its graph for every layer with the same recompute "
+        "setting (MindSpore lazy_inline, policy 'front'; compile time at 32 layers halves). false compiles "
+        "every layer on its own; the numbers are the same.", True)
 
 
 @dataclass
@@ -486,6 +490,12 @@ def stage_layer_counts(num_layers: int, stages: int, offset: int | list) -> list
     """Layers per pipeline stage: num_layers // stages plus the stage's offset."""
     offsets = [offset] * stages if isinstance(offset, int) else list(offset)
     return [num_layers // stages + o for o in offsets]
+
+
+def layer_stages(cfg: Config) -> list[int]:
+    """Pipeline stage of each layer, from layers per stage (num_layers // stages + stage_offset)."""
+    counts = stage_layer_counts(cfg.model.num_layers, cfg.parallel.pipeline_stage, cfg.parallel.stage_offset)
+    return [stage for stage, n in enumerate(counts) for _ in range(n)]
 
 
 def recompute_layer_counts(cfg: Config) -> list[int]:

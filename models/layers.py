@@ -199,7 +199,7 @@ class RowSumSoftmax(nn.Cell):
     """Softmax over the last axis whose backward sums rows with a MatMul against a ones column.
 
     MindSpore's CPU backend expands SoftmaxGrad into ReduceSum/Sub/Mul passes and its ReduceSum
-    over the last axis is slow; this bprop, dx = y*dy - y*rowsum(y*dy), measured about 2x faster
+    over the last axis is slow; this bprop, dx = y*(dy - rowsum(y*dy)), measured about 2x faster
     fwd+bwd at [4, 8, 512, 512]. CPU only: Ascend/GPU have a fused SoftmaxGrad, and the sharded
     (semi-auto) path keeps the plain primitive so it can carry a strategy.
     """
@@ -227,9 +227,8 @@ class RowSumSoftmax(nn.Cell):
     def bprop(self, x, out, dout):
         n = x.shape[-1]
         ones = self.ones if n == self.length else self.ones[:n]
-        weighted = dout * out
-        row_sums = self.row_sum(weighted.reshape(-1, n), ones).reshape(x.shape[:-1] + (1,))
-        return (weighted - out * row_sums,)
+        row_sums = self.row_sum((dout * out).reshape(-1, n), ones).reshape(x.shape[:-1] + (1,))
+        return (out * (dout - row_sums),)  # y*(dy - r): one pass over the [.., S, S] tensor fewer than y*dy - y*r
 
 
 class SwiGLU(nn.Cell):

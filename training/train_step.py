@@ -57,6 +57,8 @@ class TrainStep(nn.Cell):
         scale, dynamic = _loss_scale(cfg)
         self.loss_scale = Parameter(Tensor(scale, ms.float32), name="loss_scale", requires_grad=False)
         self.scale_update = nn.DynamicLossScaleUpdateCell(scale, 2.0, DYNAMIC_SCALE_WINDOW) if dynamic else None
+        # factor is identically 1 without clipping, loss scale or accumulation: skip the multiply
+        self.rescale = self.grad_clip > 0 or dynamic or scale != 1.0 or self.accumulation > 1
         self.reducer = nn.Identity()
         self.data_parallel = _get_parallel_mode() == ParallelMode.DATA_PARALLEL
         if cfg.parallel.pipeline_stage > 1:  # Ascend/GPU only: reduce and accumulate over micro batches
@@ -82,15 +84,18 @@ class TrainStep(nn.Cell):
             micro_grads = self.grad_fn(self.network, self.weights)(*inputs, sens)
             loss = loss + micro_loss
             grads = micro_grads if grads is None else self.hyper_map(ops.add, grads, micro_grads)
-        inverse = 1.0 / (sens * self.accumulation)
-        grads = self.hyper_map(ops.partial(ops.mul, inverse), grads)
         grads = self.reducer(grads)
-        grad_norm = ops.sqrt(ops.addn(self.hyper_map(ops.partial(_squared_norm, self.dot), grads)))
+        # Unscale and clip in one pass over the gradients: the norm of the unscaled gradients is the
+        # norm of the scaled ones times `inverse`.
+        inverse = 1.0 / (sens * self.accumulation)
+        grad_norm = ops.sqrt(ops.addn(self.hyper_map(ops.partial(_squared_norm, self.dot), grads))) * inverse
         overflow = ops.logical_not(ops.isfinite(grad_norm))
         if self.scale_update is not None:
             overflow = self.scale_update(self.loss_scale, overflow)
+        factor = inverse
         if self.grad_clip > 0:
-            factor = self.grad_clip / ops.maximum(grad_norm, self.grad_clip)
+            factor = factor * (self.grad_clip / ops.maximum(grad_norm, self.grad_clip))
+        if self.rescale:
             grads = self.hyper_map(ops.partial(ops.mul, factor), grads)
         if not overflow:
             loss = ops.depend(loss, self.optimizer(grads))

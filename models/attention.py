@@ -24,6 +24,7 @@ from models.layers import Linear, RotaryEmbedding, RowSumSoftmax
 
 MASKED = -1.0e9  # additive mask value; finite so an fp32 softmax row never computes inf - inf
 FLASH_MASK_SIZE = 2048  # sparse_mode 2 takes a compressed 2048 x 2048 causal mask
+SPLIT_CAUSAL_MIN = 128  # shorter sequences: the extra slices cost more than the skipped quarter saves
 
 
 @lru_cache(maxsize=4)
@@ -33,10 +34,17 @@ def flash_causal_mask() -> Tensor:
 
 
 class CompositeAttention(nn.Cell):
-    """softmax(q k^T / sqrt(d) + causal) v with the scores and softmax in fp32."""
+    """softmax(q k^T / sqrt(d) + causal) v with the scores and softmax in fp32.
+
+    `cpu_core` (stand-alone and data-parallel CPU runs, where no op carries a sharding strategy):
+    the RowSumSoftmax backward, and from SPLIT_CAUSAL_MIN tokens on the queries are split in two
+    halves so that the first half's scores against the second half's keys, a quarter of the S x S
+    scores and all masked, are never computed (-25% attention work; the slices and the concat are
+    O(S d)). Under semi-auto parallel both would need strategies of their own, so the plain path runs.
+    """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, seq_length: int, compute_dtype,
-                 row_sum_softmax: bool = False):
+                 cpu_core: bool = False):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
@@ -58,7 +66,9 @@ class CompositeAttention(nn.Cell):
         self.bmm_qk = ops.BatchMatMul(transpose_b=True)
         self.scores_fp32 = ops.Cast()
         self.mask_add = ops.Add()
-        self.softmax = RowSumSoftmax(seq_length) if row_sum_softmax else ops.Softmax(axis=-1)
+        self.softmax = RowSumSoftmax(seq_length) if cpu_core else ops.Softmax(axis=-1)
+        self.split_causal = cpu_core
+        self.concat_halves = ops.Concat(axis=3)
         self.probs_cast = ops.Cast()
         self.bmm_pv = ops.BatchMatMul()
         self.transpose_out = ops.Transpose()
@@ -73,22 +83,33 @@ class CompositeAttention(nn.Cell):
 
     def construct(self, q, k, v, segment_ids=None):
         b, s, n, d = q.shape
-        kv, g = self.num_kv_heads, self.group
-        q = self.transpose_q(self.scale_q(q, self.scale), (0, 2, 1, 3)).reshape(b, kv, g * s, d)
+        q = self.transpose_q(self.scale_q(q, self.scale), (0, 2, 1, 3)).reshape(b, self.num_kv_heads, self.group,
+                                                                                 s, d)
         k = self.transpose_k(k, (0, 2, 1, 3))
         v = self.transpose_v(v, (0, 2, 1, 3))
-        scores = self.bmm_qk(q, k)
-        if self.cast_scores:
-            scores = self.scores_fp32(scores, ms.float32)
         rows, cols = (self.rows, self.cols) if s == self.seq_length else (self.rows[:s], self.cols[:, :s])
         mask = self.mask_scale(self.mask_cast(self.future(cols, rows), ms.float32), MASKED)
         if segment_ids is not None:  # packed examples: causal AND within the example
             mask = self.segment_add(mask, self.segment_mask(segment_ids))
-        probs = self.softmax(self.mask_add(scores.reshape(b, kv, g, s, s), mask))
+        if self.split_causal and s >= SPLIT_CAUSAL_MIN:
+            h = s // 2
+            out = self.concat_halves((self.attend(q[:, :, :, :h], k[:, :, :h], v[:, :, :h], mask[..., :h, :h]),
+                                      self.attend(q[:, :, :, h:], k, v, mask[..., h:, :])))
+        else:
+            out = self.attend(q, k, v, mask)
+        return self.transpose_out(out.reshape(b, n, s, d), (0, 2, 1, 3)).reshape(b * s, n * d)
+
+    def attend(self, q, k, v, mask):
+        """q [B, kv, group, s, d] against k, v [B, kv, t, d] with the additive mask [.., s, t]."""
+        b, kv, g, s, d = q.shape
+        t = k.shape[2]
+        scores = self.bmm_qk(q.reshape(b, kv, g * s, d), k)
+        if self.cast_scores:
+            scores = self.scores_fp32(scores, ms.float32)
+        probs = self.softmax(self.mask_add(scores.reshape(b, kv, g, s, t), mask))
         if self.cast_scores:
             probs = self.probs_cast(probs, self.compute_dtype)
-        out = self.bmm_pv(probs.reshape(b, kv, g * s, s), v).reshape(b, n, s, d)
-        return self.transpose_out(out, (0, 2, 1, 3)).reshape(b * s, n * d)
+        return self.bmm_pv(probs.reshape(b, kv, g * s, t), v).reshape(b, kv, g, s, d)
 
 
 class FlashAttention(nn.Cell):
@@ -120,7 +141,7 @@ class Attention(nn.Cell):
     """Multi-head (GQA when kv_heads < heads) causal self-attention on [tokens, hidden]."""
 
     def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, seq_length: int, *, bias: bool,
-                 rope_theta: float | None, flash: bool, row_sum_softmax: bool, std: float, out_std: float,
+                 rope_theta: float | None, flash: bool, cpu_core: bool, std: float, out_std: float,
                  param_dtype, compute_dtype):
         super().__init__()
         head_dim = hidden // num_heads
@@ -133,7 +154,7 @@ class Attention(nn.Cell):
                                                                       compute_dtype)
         self.core = (FlashAttention(num_heads, num_kv_heads, head_dim) if flash else
                      CompositeAttention(num_heads, num_kv_heads, head_dim, seq_length, compute_dtype,
-                                        row_sum_softmax))
+                                        cpu_core))
 
     def construct(self, x, batch: int, seq: int, segment_ids=None):
         q = self.wq(x).reshape(batch, seq, self.num_heads, self.head_dim)

@@ -73,8 +73,8 @@ def uses_vocab_parallel_loss(cfg: Config) -> bool:
     return cfg.parallel.model_parallel > 1 and not cfg.parallel.vocab_emb_dp
 
 
-def uses_row_sum_softmax() -> bool:
-    """The CPU-friendly softmax backward (layers.RowSumSoftmax) where nothing needs its strategy."""
+def uses_cpu_attention_core() -> bool:
+    """CompositeAttention's CPU kernels (RowSumSoftmax, the split causal scores) where no op needs a strategy."""
     return ms.get_context("device_target") == "CPU" and not sharding_strategies_active()
 
 
@@ -108,7 +108,7 @@ class TransformerBlock(nn.Cell):
         self.attention_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
         self.attention = Attention(m.hidden_size, m.num_heads, m.kv_heads, m.seq_length, bias=spec.bias,
                                    rope_theta=m.rope_theta if spec.rotary else None, flash=flash,
-                                   row_sum_softmax=uses_row_sum_softmax(),
+                                   cpu_core=uses_cpu_attention_core(),
                                    std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
         self.ffn_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
         self.feed_forward = spec.mlp(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt)

@@ -7,6 +7,7 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 import models
+from models.attention import SPLIT_CAUSAL_MIN
 from models.layers import RowSumSoftmax
 from models.transformer import VocabParallelCrossEntropy, layer_graph_keys
 from models.recompute import SELECTIVE, recomputed_layers
@@ -166,8 +167,8 @@ class Grads(nn.Cell):
         self.weights = network.trainable_params()
         self.grad = ops.GradOperation(get_by_list=True)
 
-    def construct(self, ids, labels, mask):
-        return self.network(ids, labels, mask), self.grad(self.network, self.weights)(ids, labels, mask)
+    def construct(self, *inputs):
+        return self.network(*inputs), self.grad(self.network, self.weights)(*inputs)
 
 
 def loss_and_grads(cfg, weights, plain_softmax=False, vocab_parallel_loss=False):
@@ -216,6 +217,27 @@ def test_layer_graph_keys_separate_stages_and_recompute_modes():
     assert layer_graph_keys(cfg) == ["stage 0, recompute full"] * 2 + ["stage 0, recompute none",
                                       "stage 1, recompute full"] + ["stage 1, recompute none"] * 2
     assert len(set(layer_graph_keys(tiny("llama", "run.reuse_layer_graph=false")))) == 2
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_split_causal_scores_compute_what_the_full_scores_compute(packed):
+    """From SPLIT_CAUSAL_MIN tokens the CPU core skips the masked quarter of the scores."""
+    cfg = tiny("llama", f"model.seq_length={SPLIT_CAUSAL_MIN}", "model.num_kv_heads=2")
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, VOCAB, (2, SPLIT_CAUSAL_MIN + 1)).astype(np.int32)
+    inputs = [Tensor(ids[:, :-1]), Tensor(ids[:, 1:]), Tensor(np.ones((2, SPLIT_CAUSAL_MIN), np.float32))]
+    if packed:
+        inputs.append(Tensor(np.repeat(np.arange(4, dtype=np.int32), SPLIT_CAUSAL_MIN // 4)[None].repeat(2, 0)))
+    runs = []
+    for split in (True, False):
+        model = built(cfg)
+        for layer in model.layers:
+            layer.attention.core.split_causal = split
+        runs.append(Grads(models.build_train_network(cfg, model))(*inputs))
+    (split_loss, split_grads), (loss, grads) = runs
+    assert float(split_loss.asnumpy()) == pytest.approx(float(loss.asnumpy()), rel=1e-6)
+    for a, b in zip(split_grads, grads):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-4, atol=1e-7)
 
 
 def test_cpu_softmax_backward_matches_the_softmax_primitive(llama):

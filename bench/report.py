@@ -62,10 +62,16 @@ def targets_table(results: dict) -> list[str]:
     return rows
 
 
+def lower_sweep(lin: dict) -> dict | None:
+    """The sweep (one per 1-worker base run) with the lower 2-worker linearity: the one reported."""
+    sweeps = lin.get("sweeps", [])
+    return min(sweeps, key=lambda s: s["points"][-1]["linearity"]) if sweeps and not lin.get("error") else None
+
+
 def linearity_value(results: dict) -> float | None:
     """The lower of the 2-worker linearities (one per 1-worker base run)."""
-    values = [sweep["points"][-1]["linearity"] for sweep in results["linearity"].get("sweeps", [])]
-    return min(values) if values and not results["linearity"].get("error") else None
+    sweep = lower_sweep(results["linearity"])
+    return None if sweep is None else sweep["points"][-1]["linearity"]
 
 
 def linearity_verdict(value: float | None) -> str:
@@ -132,10 +138,33 @@ def compile_section(results: dict) -> list[str]:
     return rows
 
 
+def allreduce_lines(lin: dict) -> list[str]:
+    """The gradient all-reduce measured alone, and the linearity ceiling it sets."""
+    ar = lin.get("allreduce")
+    if ar is None:  # results from before bench/allreduce.py
+        return []
+    if ar.get("error"):
+        return ["", f"Gradient all-reduce (`bench/allreduce.py`): failed: `{ar['error']}` — "
+                f"command: `{ar['command']}`"]
+    cap = lin.get("ceiling")
+    bound = (f"{cap['value']:.3f} = {cap['one_worker_step_s']:.3f} / ({cap['one_worker_step_s']:.3f} + "
+             f"{cap['allreduce_wall_s']:.3f}) (base `{cap['base_run']}`)" if cap else "— (no linearity sweep)")
+    return ["", f"Gradient all-reduce alone (`bench/allreduce.py`: {ar['workers']} workers, one core and one operator "
+            f"thread each, one AllReduce per trainable parameter in one graph as nn.DistributedGradReducer does; "
+            f"median of {len(ar['wall_s_calls'])} calls after a warm-up):", "",
+            "| gradients | wall, s | CPU-s (rank 0's process) | MB/s | linearity ceiling t1 / (t1 + all-reduce) |",
+            "|---|---|---|---|---|",
+            f"| {ar['bytes'] / 1e6:.1f} MB in {ar['tensors']} tensors | {ar['wall_s']:.3f} | {ar['cpu_s']:.3f} | "
+            f"{ar['mb_per_s']:.0f} | {bound} |", "",
+            "MindSpore's only CPU collective backend (MCCL) reduces on the CPU of the calling process, so with "
+            "one core per worker the all-reduce cannot overlap the backward pass: it adds to every step, and "
+            "2-worker linearity cannot exceed this ceiling even before the workers contend for memory bandwidth."]
+
+
 def linearity_section(results: dict) -> list[str]:
     lin = results["linearity"]
     if lin.get("error"):
-        return [f"Failed: `{lin['error']}`"]
+        return [f"Failed: `{lin['error']}`", *allreduce_lines(lin)]
     per_run = {}
     for sweep in lin["sweeps"]:
         for p in sweep["points"]:
@@ -147,7 +176,7 @@ def linearity_section(results: dict) -> list[str]:
         rows.append(f"| `{r['run']}` | {r['workers']} | {p['tokens_per_s']:.1f} | {p['tokens_per_s_per_device']:.1f} | "
                     f"{p['step_time_s']:.3f} | {fmt(r['load_1m_before'], 2)} → {fmt(r['load_1m_after'], 2)} |")
     values = ", ".join(f"{s['points'][-1]['linearity']:.3f} (base `{s['points'][0]['run']}`)" for s in lin["sweeps"])
-    return rows + ["", f"Linearity of 2 workers: {values}; the lower one is reported above."]
+    return rows + ["", f"Linearity of 2 workers: {values}; the lower one is reported above.", *allreduce_lines(lin)]
 
 
 def render(results: dict, changes: str) -> str:

@@ -12,7 +12,9 @@ as failed with its last error line, never dropped):
    compile side by side, one per core, under the same machine load; cores alternate between depths
    and repetitions;
 4. data-parallel linearity: scripts/run_distribute.sh with 1 worker, 2 workers (one core each), and
-   1 worker again; tools/linearity.py on the 2-worker run against each 1-worker run.
+   1 worker again; tools/linearity.py on the 2-worker run against each 1-worker run; then the
+   gradient all-reduce alone (bench/allreduce.py under msrun, 2 workers) and the linearity ceiling it
+   sets, t1 / (t1 + all-reduce).
 Results go to output/bench/results.json and, rendered by bench/report.py, to --out.
 `--set` overrides reach every throughput and linearity run (e.g. a tiny model for a smoke test).
 """
@@ -30,13 +32,16 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import SYSTEMS  # noqa: E402
 from bench.machine import describe, torch_gemm_tflops  # noqa: E402
-from bench.report import render  # noqa: E402
+from bench.report import lower_sweep, render  # noqa: E402
 from training.config import ConfigError, fail, load_config  # noqa: E402
 from training.gemm_peak import measure as mindspore_gemm_tflops  # noqa: E402
+from training.launch import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PEER_CONFIG = "bench/llama_peer.yaml"
@@ -49,6 +54,9 @@ COMPILED = ("mindscale", "mindformers")
 THROUGHPUT_TIMEOUT_S = 900
 COMPILE_TIMEOUT_S = 1500
 LINEARITY_TIMEOUT_S = 900
+ALLREDUCE_TIMEOUT_S = 300
+ALLREDUCE_OUT = REPO / "output" / "bench" / "allreduce.json"
+ALLREDUCE_LOGS = "output/bench/allreduce_logs"
 GEMM_TIMEOUT_S = 300
 
 
@@ -68,13 +76,19 @@ def bench_command(system: str, overrides: list[str], extra: list[str]) -> list[s
 EXCEPTION = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b:?")
 
 
+def useful_lines(text: str) -> list[str]:
+    """Non-empty lines that are not log chatter (MindSpore's [WARNING]/[INFO], MindFormers' logger)."""
+    stripped = (line.strip() for line in text.splitlines())
+    return [line for line in stripped if line and not line.startswith(("[WARNING]", "[INFO]"))
+            and " - INFO - " not in line and " - WARNING - " not in line]
+
+
 def error_line(stderr: str, code: int) -> str:
     """The line that says what went wrong: the last exception line (with the next line when the
     exception's own line is only its name, as MindSpore's multi-line errors are), else the last
     non-empty stderr line that is not log chatter."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    useful = [line for line in lines if not line.startswith(("[WARNING]", "[INFO]")) and " - INFO - " not in line
-              and " - WARNING - " not in line]
+    useful = useful_lines(stderr)
     for i in range(len(useful) - 1, -1, -1):
         if EXCEPTION.match(useful[i]):
             text = useful[i]
@@ -174,6 +188,17 @@ LINEARITY_RUNS = (("dp_n1", 1), ("dp_n2", 2), ("dp_n1_after", 1))
 
 
 def linearity(args) -> dict:
+    """The data-parallel runs and their linearity, then the gradient all-reduce alone and the
+    linearity ceiling it sets."""
+    out = data_parallel_runs(args)
+    out["allreduce"] = allreduce(args)
+    out["commands"].append(out["allreduce"]["command"])
+    log(f"  -> all-reduce {out['allreduce'].get('wall_s') or out['allreduce'].get('error')}")
+    out["ceiling"] = ceiling(out)
+    return out
+
+
+def data_parallel_runs(args) -> dict:
     """1 worker, 2 workers (one core each), 1 worker again, through the launcher; tools/linearity.py
     on the 2-worker run against each 1-worker run (a shared machine's load drifts: the report takes
     the lower linearity)."""
@@ -208,6 +233,71 @@ def linearity(args) -> dict:
             return out
         out["sweeps"].append(json.loads(proc.stdout))
     return out
+
+
+def allreduce(args) -> dict:
+    """bench/allreduce.py under msrun, 2 workers: its JSON plus the command, or {"error", "command"}."""
+    bin_dir = Path(python()).parent  # msrun starts `python` from PATH: this interpreter's
+    command = [str(bin_dir / "msrun"), "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
+               f"--log_dir={ALLREDUCE_LOGS}", "--join=True", "bench/allreduce.py", "--out", str(ALLREDUCE_OUT),
+               *[a for o in args.overrides for a in ("--set", o)]]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GLOG_v": "3",
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    record = {"command": shlex.join(command)}
+    log("linearity: gradient all-reduce alone, 2 workers")
+    ALLREDUCE_OUT.unlink(missing_ok=True)
+    shutil.rmtree(REPO / ALLREDUCE_LOGS, ignore_errors=True)  # msrun_error reads the logs of this run only
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=ALLREDUCE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        return record | {"error": f"timed out after {ALLREDUCE_TIMEOUT_S} s"}
+    if proc.returncode:
+        return record | {"error": msrun_error(err, proc.returncode)}
+    try:
+        return json.loads(ALLREDUCE_OUT.read_text()) | record
+    except (OSError, json.JSONDecodeError):
+        return record | {"error": f"msrun exited 0 but rank 0 wrote no JSON to {ALLREDUCE_OUT}"}
+
+
+def msrun_error(stderr: str, code: int) -> str:
+    """msrun's own error only says to read the logs: the error of the first worker log (then the
+    scheduler's) that has more than log chatter, else msrun's."""
+    logs = [*sorted((REPO / ALLREDUCE_LOGS).glob("worker_*.log")), REPO / ALLREDUCE_LOGS / "scheduler.log"]
+    for path in logs:
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        if useful_lines(text):
+            return f"{path.name}: {error_line(text, code)}"
+    return error_line(stderr, code)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """Kill msrun and every process under it: killing msrun alone would leave its workers running."""
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    proc.kill()
+    for child in tree:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.communicate()
+    psutil.wait_procs(tree, timeout=5)
+
+
+def ceiling(lin: dict) -> dict | None:
+    """The linearity 2 workers could reach if the all-reduce were their only overhead:
+    t1 / (t1 + all-reduce wall time), with t1 the 1-worker step time of the sweep the report uses
+    (the lower linearity). The all-reduce cannot overlap the backward pass (bench/allreduce.py)."""
+    sweep, wall = lower_sweep(lin), lin.get("allreduce", {}).get("wall_s")
+    if sweep is None or wall is None:
+        return None
+    base = sweep["points"][0]
+    return {"value": base["step_time_s"] / (base["step_time_s"] + wall), "one_worker_step_s": base["step_time_s"],
+            "base_run": base["run"], "allreduce_wall_s": wall}
 
 
 # ----------------------------------------------------------------------------------------------

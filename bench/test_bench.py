@@ -1,7 +1,8 @@
 """Tests of the benchmark harness (not of the numbers): `pytest -q bench/test_bench.py`.
 
-The three stacks train a tiny LLaMA once per module (about a minute on one core); everything else
-is pure Python on synthetic results.
+The three stacks train a tiny LLaMA once per module (about a minute on one core), and the gradient
+all-reduce of the tiny LLaMA runs once under msrun with 2 workers; everything else is pure Python
+on synthetic results.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import SYSTEMS  # noqa: E402
 from bench.report import render  # noqa: E402
-from bench.run_all import error_line, paired_ratios, summarize  # noqa: E402
+from bench.run_all import allreduce, ceiling, error_line, paired_ratios, summarize  # noqa: E402
 
 TINY = ["model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.ffn_hidden_size=160",
         "model.vocab_size=512", "model.seq_length=32", "train.micro_batch_size=2", "model.num_layers=1"]
@@ -151,6 +153,10 @@ def test_report_states_targets_and_failed_peers():
     assert "compile time ≤ 1/3 of MindFormers' at 32 layers | 0.50× | **not met**" in text
     assert "linearity ≥ 0.95 (2 workers) | 0.950 | met" in text   # the lower of 190/2/100 and 190/2/95
     assert "- nothing changed yet" in text and "How to rerun" in text
+    assert "Gradient all-reduce" not in text   # results from before bench/allreduce.py still render
+    results["linearity"]["allreduce"] = {"error": "worker_0.log: RuntimeError: boom", "command": "msrun ..."}
+    text = render(results, "")
+    assert "Gradient all-reduce (`bench/allreduce.py`): failed: `worker_0.log: RuntimeError: boom`" in text
 
 
 def test_linearity_above_one_is_called_noise_not_a_pass():
@@ -164,3 +170,33 @@ def test_error_line_skips_log_chatter():
     stderr = "Traceback (most recent call last):\n  ...\nRuntimeError: boom\n[WARNING] ME(1): at exit\n"
     assert error_line(stderr, 1) == "RuntimeError: boom"
     assert error_line("", 3) == "exit status 3, no output"
+
+
+def test_allreduce_of_the_gradients_under_msrun_and_its_ceiling():
+    """bench/allreduce.py for real, launched as `make bench` does (msrun, 2 workers), on the tiny model."""
+    from models import count_parameters
+    from training.config import load_config
+
+    ar = allreduce(SimpleNamespace(overrides=TINY))
+    assert "error" not in ar, ar
+    assert ar["workers"] == 2 and ar["tensors"] == 12  # embedding, 9 in the layer, final norm, head
+    assert ar["bytes"] == 4 * count_parameters(load_config(REPO / "bench" / "llama_peer.yaml", TINY))
+    assert ar["wall_s"] > 0 and ar["cpu_s"] > 0 and ar["mb_per_s"] == pytest.approx(ar["bytes"] / 1e6 / ar["wall_s"])
+    assert len(ar["wall_s_calls"]) == 5 and ar["versions"]["mindspore"]
+    results = synthetic_results()
+    results["linearity"]["allreduce"] = ar
+    results["linearity"]["ceiling"] = ceiling(results["linearity"])
+    results["summary"] = summarize(results)
+    text = render(results, "")
+    # the lower-linearity sweep (base dp_n1) is the reported one; its 1-worker step is 1.0 s
+    assert results["linearity"]["ceiling"]["value"] == pytest.approx(1 / (1 + ar["wall_s"]))
+    assert (f"| {ar['bytes'] / 1e6:.1f} MB in 12 tensors | {ar['wall_s']:.3f} | {ar['cpu_s']:.3f} | "
+            f"{ar['mb_per_s']:.0f} | {1 / (1 + ar['wall_s']):.3f} = 1.000 / (1.000 + {ar['wall_s']:.3f}) "
+            "(base `dp_n1`) |") in text
+
+
+def test_allreduce_bad_input_exits_2_with_one_line():
+    proc = subprocess.run([sys.executable, "bench/allreduce.py", "--out", "x.json"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "runs under msrun" in lines[0], proc.stderr

@@ -81,6 +81,14 @@ def linearity_verdict(value: float | None) -> str:
     return verdict(None if value is None else value >= LINEARITY_TARGET)
 
 
+def peak_samples(gemm: dict, name: str) -> str:
+    """' (higher of: start X, end Y)' when the peak was measured at both ends of the run."""
+    if "at_start" not in gemm:  # results from before the second measurement
+        return ""
+    return (f" (the higher of the start, {fmt(gemm['at_start'].get(name), 4)}, and the end of the run, "
+            f"{fmt(gemm['at_end'].get(name), 4)})")
+
+
 def machine_section(results: dict) -> list[str]:
     m, g = results["machine"], results["gemm"]
     v = m["versions"]
@@ -89,9 +97,10 @@ def machine_section(results: dict) -> list[str]:
              f"{m['memory_gib']:.1f} GiB RAM, Linux {m['kernel']}, Python {m['python']}",
              "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
              f"- GEMM peak (the MFU denominator), measured in this run: MindSpore fp32 MatMul 1024³ on one core, "
-             f"one thread, best of 10 = **{fmt(peak, 4)} TFLOP/s**"
+             f"one thread, best of 10 = **{fmt(peak, 4)} TFLOP/s**" + peak_samples(g, "mindspore_tflops")
              + (f" (failed: {g['mindspore_tflops_error']})" if "mindspore_tflops_error" in g else ""),
              f"- Same GEMM with torch on the same core: {fmt(g.get('torch_tflops'), 4)} TFLOP/s"
+             + peak_samples(g, "torch_tflops")
              + (f" ({g['torch_tflops'] / peak:.2f}× MindSpore's)" if peak and g.get("torch_tflops") else "")
              + (f" (failed: {g['torch_tflops_error']})" if "torch_tflops_error" in g else ""),
              f"- Machine load (1-minute load average): {results['load_1m_start']:.2f} at the start, "

@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import SYSTEMS  # noqa: E402
 from bench.report import render  # noqa: E402
-from bench.run_all import allreduce, ceiling, error_line, paired_ratios, summarize  # noqa: E402
+from bench.run_all import allreduce, best_gemm_peaks, ceiling, error_line, paired_ratios, summarize  # noqa: E402
 
 TINY = ["model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.ffn_hidden_size=160",
         "model.vocab_size=512", "model.seq_length=32", "train.micro_batch_size=2", "model.num_layers=1"]
@@ -157,6 +157,20 @@ def test_report_states_targets_and_failed_peers():
     results["linearity"]["allreduce"] = {"error": "worker_0.log: RuntimeError: boom", "command": "msrun ..."}
     text = render(results, "")
     assert "Gradient all-reduce (`bench/allreduce.py`): failed: `worker_0.log: RuntimeError: boom`" in text
+
+
+def test_gemm_peak_is_the_higher_of_start_and_end_and_both_are_shown():
+    peaks = best_gemm_peaks({"mindspore_tflops": 0.063, "torch_tflops": 0.076},
+                            {"mindspore_tflops": 0.077, "torch_tflops": None, "torch_tflops_error": "boom"})
+    assert peaks["mindspore_tflops"] == 0.077 and peaks["torch_tflops"] == 0.076
+    assert "torch_tflops_error" not in peaks   # one measurement is enough
+    results = synthetic_results() | {"gemm": peaks}
+    results["summary"] = summarize(results)
+    assert summarize(results)["mfu"]["mindscale"] == pytest.approx(480e-4 / 0.077)
+    assert "**0.0770 TFLOP/s** (the higher of the start, 0.0630, and the end of the run, 0.0770)" in render(results, "")
+    failed = best_gemm_peaks({"mindspore_tflops": None, "mindspore_tflops_error": "no MindSpore"},
+                             {"mindspore_tflops": None, "mindspore_tflops_error": "no MindSpore"})
+    assert failed["mindspore_tflops"] is None and failed["mindspore_tflops_error"] == "no MindSpore"
 
 
 def test_linearity_above_one_is_called_noise_not_a_pass():

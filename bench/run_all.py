@@ -33,8 +33,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import SYSTEMS  # noqa: E402
@@ -42,7 +40,7 @@ from bench.machine import describe, torch_gemm_tflops  # noqa: E402
 from bench.report import lower_sweep, render  # noqa: E402
 from training.config import ConfigError, fail, load_config  # noqa: E402
 from training.gemm_peak import measure as mindspore_gemm_tflops  # noqa: E402
-from training.launch import free_port  # noqa: E402
+from training.launch import free_port, kill_tree  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PEER_CONFIG = "bench/llama_peer.yaml"
@@ -289,22 +287,6 @@ def run_tree(command: list[str], env: dict, timeout: float) -> tuple[int | None,
         kill_tree(proc)
         return None, ""
     return proc.returncode, err
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """Kill msrun and every process under it: killing msrun alone would leave its workers running."""
-    try:
-        tree = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
-    proc.kill()
-    for child in tree:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.communicate()
-    psutil.wait_procs(tree, timeout=5)
 
 
 def ceiling(lin: dict) -> dict | None:

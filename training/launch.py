@@ -330,10 +330,15 @@ def first_failure(plan: LaunchPlan, stale: dict[Path, int]) -> tuple[Path, int] 
 
 
 def stop_tree(proc: subprocess.Popen) -> None:
+    """kill_tree, uninterruptible: a second Ctrl+C must not cut it short."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    kill_tree(proc)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
     """Kill msrun and every process under it (workers run in their own sessions, so a process
     group kill would miss them). msrun is frozen first so it cannot start anything new."""
-    for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl+C must not cut this short
-        signal.signal(sig, signal.SIG_IGN)
     try:
         root = psutil.Process(proc.pid)
         root.suspend()

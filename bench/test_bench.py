@@ -150,7 +150,7 @@ def test_report_states_targets_and_failed_peers():
     text = render(results, "- nothing changed yet")
     assert "ImportError: No module named 'transformers'" in text   # a failed peer is named, with its error
     assert "| HF transformers / torch | failed" in text
-    assert "compile time ≤ 1/3 of MindFormers' at 32 layers | 0.50× | **not met**" in text
+    assert "compile time ≤ 1/3 of MindFormers' at 32 layers | 0.500× | **not met**" in text
     assert "linearity ≥ 0.95 (2 workers) | 0.950 | met" in text   # the lower of 190/2/100 and 190/2/95
     assert "- nothing changed yet" in text and "How to rerun" in text
     assert "Gradient all-reduce" not in text   # results from before bench/allreduce.py still render

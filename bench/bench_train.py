@@ -20,7 +20,6 @@ stderr), 1 the system failed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -31,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 from bench import SYSTEMS  # noqa: E402
-from training.config import add_config_arguments, config_from_args, fail  # noqa: E402
+from training.config import add_config_arguments, config_from_args, emit, fail  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PEER_CONFIG = REPO / "bench" / "llama_peer.yaml"
@@ -136,12 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(real_stdout, 1)
     result.update(core=args.core, threads=len(os.sched_getaffinity(0)), load_1m_before=load,
                   load_1m_after=os.getloadavg()[0], config=args.config, overrides=args.overrides)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        rate = f"{result['tokens_per_s']:.1f} tokens/s, {result['tflops']:.4f} TFLOP/s, " if result["tokens_per_s"] else ""
-        print(f"{args.system} ({result['framework']}), {cfg.model.num_layers} layers: {rate}"
-              f"compile+first step {result['compile_s']:.2f} s, peak RSS {result['peak_rss_gib']:.2f} GiB")
+    rate = f"{result['tokens_per_s']:.1f} tokens/s, {result['tflops']:.4f} TFLOP/s, " if result["tokens_per_s"] else ""
+    emit(result, args.json, f"{args.system} ({result['framework']}), {cfg.model.num_layers} layers: {rate}"
+                            f"compile+first step {result['compile_s']:.2f} s, peak RSS {result['peak_rss_gib']:.2f} GiB")
     return 0
 
 

@@ -15,7 +15,6 @@ Exit 2 with one line on stderr for a bad or mismatched checkpoint.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from models import (WeightsMismatch, build_model, check_weights, count_parameter
 from models.hf_convert import (hf_to_mindscale, mindscale_to_hf, model_config_differences,  # noqa: E402
                                read_hf_folder, write_hf_folder)
 from training.checkpoint import CONFIG, CheckpointError, save_checkpoint  # noqa: E402
-from training.config import (Config, ConfigError, add_config_arguments, config_from_tree, fail,  # noqa: E402
+from training.config import (Config, ConfigError, add_config_arguments, config_from_tree, emit, fail,  # noqa: E402
                              load_config)
 
 
@@ -91,11 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         result = hf2ms(args) if args.direction == "hf2ms" else ms2hf(args)
     except (CheckpointError, ConfigError) as exc:  # includes HFConversionError and WeightsMismatch
         fail(str(exc))
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"wrote {result['output']} ({result['arch']}, {result['tensors']} tensors, "
-              f"{result['parameters']:,} parameters)")
+    emit(result, args.json, f"wrote {result['output']} ({result['arch']}, {result['tensors']} tensors, "
+                            f"{result['parameters']:,} parameters)")
     return 0
 
 

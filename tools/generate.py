@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.config import ConfigError, add_config_arguments, config_from_args, fail  # noqa: E402
+from training.config import ConfigError, add_config_arguments, config_from_args, emit, fail  # noqa: E402
 
 
 def _tokenizer(cfg, checkpoint: str):
@@ -119,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args)
     except (ConfigError, CheckpointError, WeightsMismatch, ValueError) as exc:
         fail(str(exc))
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(result["text"] if result["text"] is not None else " ".join(map(str, result["ids"])))
+    emit(result, args.json, result["text"] if result["text"] is not None else " ".join(map(str, result["ids"])))
     return 0
 
 

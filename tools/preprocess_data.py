@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.config import Config, add_config_arguments, config_from_args, fail  # noqa: E402
+from training.config import Config, add_config_arguments, config_from_args, emit, fail  # noqa: E402
 from training.data import (FORMAT_VERSION, MANIFEST_NAME, DataError, Source, check_special_ids,  # noqa: E402
                            column, read_batches, resolve_sources, sha256_file)
 from training.templates import TEMPLATES, RecordError, encode_examples, get_template  # noqa: E402
@@ -300,11 +300,9 @@ def main(argv=None) -> int:
         fail(str(exc))
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    if args.json:
-        print(json.dumps({"output": str(output), **manifest}))
-    else:
-        print(f"{args.mode}: {manifest['num_samples']} samples of {seq_length + 1} tokens "
-              f"({manifest['num_tokens']} tokens) in {len(manifest['shards'])} shard(s) -> {output}")
+    emit({"output": str(output), **manifest}, args.json,
+         f"{args.mode}: {manifest['num_samples']} samples of {seq_length + 1} tokens "
+         f"({manifest['num_tokens']} tokens) in {len(manifest['shards'])} shard(s) -> {output}")
     return 0
 
 

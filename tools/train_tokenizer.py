@@ -14,14 +14,13 @@ digits are split, and whitespace is kept as written (identity normalisation), as
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.config import fail  # noqa: E402
+from training.config import emit, fail  # noqa: E402
 from training.data import DataError, column, read_batches, resolve_sources, sha256_file  # noqa: E402
 
 SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "eos_id": 2, "bos_id": 3}
@@ -109,11 +108,8 @@ def main(argv=None) -> int:
         fail(str(exc))
     model.parent.mkdir(parents=True, exist_ok=True)
     result = train(args, sources)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"tokenizer {result['model']}: {result['vocab_size']} tokens ({args.model_type}), pad={result['pad_id']} "
-              f"unk={result['unk_id']} eos={result['eos_id']} bos={result['bos_id']}")
+    emit(result, args.json, f"tokenizer {result['model']}: {result['vocab_size']} tokens ({args.model_type}), "
+         f"pad={result['pad_id']} unk={result['unk_id']} eos={result['eos_id']} bos={result['bos_id']}")
     return 0
 
 

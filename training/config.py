@@ -11,6 +11,7 @@ import argparse
 import re
 import dataclasses
 import difflib
+import json
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -624,6 +625,11 @@ def fail(message: str, code: int = 2) -> typing.NoReturn:
     """Print one line to stderr and exit (2 = bad input)."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(code)
+
+
+def emit(result: dict, as_json: bool, line: str) -> None:
+    """A command-line tool's answer: `result` as one JSON object (--json), else the human `line`."""
+    print(json.dumps(result) if as_json else line)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

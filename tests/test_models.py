@@ -240,21 +240,28 @@ def test_split_causal_scores_compute_what_the_full_scores_compute(packed):
         np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-4, atol=1e-7)
 
 
-def test_cpu_softmax_backward_matches_the_softmax_primitive(llama):
+@pytest.fixture(scope="module")
+def llama_reference(llama):
+    """The llama fixture's weights, loss and gradients, compiled once for the variants compared with them."""
     cfg, model, _ = llama
-    assert isinstance(model.layers[0].attention.core.softmax, RowSumSoftmax)  # CPU, stand-alone
     weights = {p.name: p.asnumpy() for p in model.get_parameters()}
     _, loss, grads = loss_and_grads(cfg, weights)
+    return weights, loss, grads
+
+
+def test_cpu_softmax_backward_matches_the_softmax_primitive(llama, llama_reference):
+    cfg, model, _ = llama
+    assert isinstance(model.layers[0].attention.core.softmax, RowSumSoftmax)  # CPU, stand-alone
+    weights, loss, grads = llama_reference
     _, plain_loss, plain_grads = loss_and_grads(cfg, weights, plain_softmax=True)
     assert loss == pytest.approx(plain_loss, rel=1e-6)
     for g, p in zip(grads, plain_grads):
         np.testing.assert_allclose(g, p, rtol=1e-4, atol=1e-7)
 
 
-def test_vocab_parallel_loss_matches_the_fused_loss(llama):
-    cfg, model, _ = llama
-    weights = {p.name: p.asnumpy() for p in model.get_parameters()}
-    _, loss, grads = loss_and_grads(cfg, weights)
+def test_vocab_parallel_loss_matches_the_fused_loss(llama, llama_reference):
+    cfg = llama[0]
+    weights, loss, grads = llama_reference
     _, vp_loss, vp_grads = loss_and_grads(cfg, weights, vocab_parallel_loss=True)
     assert vp_loss == pytest.approx(loss, rel=1e-5)
     for g, v in zip(grads, vp_grads):

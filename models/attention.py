@@ -46,7 +46,7 @@ class CompositeAttention(nn.Cell):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, seq_length: int, compute_dtype,
                  cpu_core: bool = False):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.num_kv_heads = num_kv_heads
         self.group = num_heads // num_kv_heads
         self.seq_length = seq_length
         self.compute_dtype = compute_dtype
@@ -121,7 +121,7 @@ class FlashAttention(nn.Cell):
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.num_kv_heads = num_kv_heads
         self.causal_mask = flash_causal_mask()
         self.flash = FlashAttentionScore(head_num=num_heads, scale_value=1.0 / math.sqrt(head_dim),
                                          input_layout="BSH", sparse_mode=2)

@@ -44,6 +44,10 @@ class ArchSpec:
     rotary: bool
     learned_positions: bool
 
+    def norm_class(self, fused: bool) -> type:
+        """The fused RmsNorm kernel in place of RMSNorm where the hardware has it."""
+        return FusedRMSNorm if fused and self.norm is RMSNorm else self.norm
+
 
 ARCHS = {
     "gpt": ArchSpec(norm=LayerNorm, mlp=GeluMLP, bias=True, rotary=False, learned_positions=True),
@@ -104,7 +108,7 @@ class TransformerBlock(nn.Cell):
         m = cfg.model
         pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
         out_std = m.init_std / math.sqrt(2 * m.num_layers)
-        norm = FusedRMSNorm if fused_norm and spec.norm is RMSNorm else spec.norm
+        norm = spec.norm_class(fused_norm)
         self.attention_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
         self.attention = Attention(m.hidden_size, m.num_heads, m.kv_heads, m.seq_length, bias=spec.bias,
                                    rope_theta=m.rope_theta if spec.rotary else None, flash=flash,
@@ -143,8 +147,7 @@ class CausalLM(nn.Cell):
             self.pos_add = ops.Add()
         self.layers = nn.CellList([TransformerBlock(cfg, spec, flash, fused_norm, key)
                                    for key in layer_graph_keys(cfg)])
-        final_norm = FusedRMSNorm if fused_norm and spec.norm is RMSNorm else spec.norm
-        self.norm = final_norm(m.hidden_size, m.norm_eps, pdt, cdt)
+        self.norm = spec.norm_class(fused_norm)(m.hidden_size, m.norm_eps, pdt, cdt)
         self.output = OutputHead(m.hidden_size, m.vocab_size, m.tie_embeddings, m.init_std, pdt, cdt)
         # used by CausalLMLoss; lives here to be sharded with the model
         self.loss = (VocabParallelCrossEntropy if uses_vocab_parallel_loss(cfg) else MaskedCrossEntropy)(m.vocab_size)

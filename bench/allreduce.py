@@ -18,7 +18,6 @@ Exit status: 0 measured, 2 bad input (one line on stderr), 1 MindSpore failed.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -30,20 +29,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # msrun starts `python bench/allreduce.py`
 
 from bench.machine import versions  # noqa: E402
-from training.config import add_config_arguments, config_from_args, fail  # noqa: E402
+from training.config import OneLineParser, add_config_arguments, config_from_args, fail  # noqa: E402
 from training.launch import pin_to_core  # noqa: E402
 
 PEER_CONFIG = Path(__file__).resolve().parent / "llama_peer.yaml"
 CALLS = 5
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        fail(f"{message}; usage: {' '.join(self.format_usage().split()[1:])}")
-
-
 def parse_args(argv):
-    parser = _Parser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     add_config_arguments(parser, required=False)
     parser.add_argument("--out", type=Path, required=True, help="JSON file rank 0 writes")
     args = parser.parse_args(argv)

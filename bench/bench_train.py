@@ -19,7 +19,6 @@ stderr), 1 the system failed.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import statistics
@@ -30,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 from bench import SYSTEMS  # noqa: E402
-from training.config import add_config_arguments, config_from_args, emit, fail  # noqa: E402
+from training.config import OneLineParser, add_config_arguments, config_from_args, emit, fail  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PEER_CONFIG = REPO / "bench" / "llama_peer.yaml"
@@ -39,13 +38,8 @@ WORK_DIR = REPO / "output" / "bench" / "work"
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        fail(f"{message}; usage: {' '.join(self.format_usage().split()[1:])}")
-
-
 def parse_args(argv):
-    parser = _Parser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", required=True, choices=SYSTEMS)
     add_config_arguments(parser, required=False)
     parser.add_argument("--layers", type=int, help="model.num_layers (shorthand for --set model.num_layers=N)")

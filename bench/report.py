@@ -7,7 +7,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from training.config import fail, write_atomically  # noqa: E402
 from training.flops import formula_text  # noqa: E402
+from training.gemm_peak import CHAIN, GEMM_SIZE, REPEATS  # noqa: E402
 
 NAMES = {"mindscale": "MindScale", "mindformers": "MindFormers 1.9.0", "hf": "HF transformers / torch"}
 TARGETS = {"hf": 1.0, "mindformers": 1.4}   # MindScale tokens/s over the peer
@@ -97,8 +99,9 @@ def machine_section(results: dict) -> list[str]:
     lines = [f"- CPU: {m['cpu']}, {m['logical_cores']} logical cores (usable {m['usable_cores']}), "
              f"{m['memory_gib']:.1f} GiB RAM, Linux {m['kernel']}, Python {m['python']}",
              "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
-             f"- GEMM peak (the MFU denominator), measured in this run: MindSpore fp32 MatMul 1024³ on one core, "
-             f"one thread, best of 10 = **{fmt(peak, 4)} TFLOP/s**" + peak_samples(g, "mindspore_tflops")
+             f"- GEMM peak (the MFU denominator), measured in this run: MindSpore fp32, {CHAIN} chained "
+             f"{GEMM_SIZE}³ MatMuls in one graph on one core, one thread, best of {REPEATS} = "
+             f"**{fmt(peak, 4)} TFLOP/s**" + peak_samples(g, "mindspore_tflops")
              + (f" (failed: {g['mindspore_tflops_error']})" if "mindspore_tflops_error" in g else ""),
              f"- Same GEMM with torch on the same core: {fmt(g.get('torch_tflops'), 4)} TFLOP/s"
              + peak_samples(g, "torch_tflops")
@@ -247,11 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(argv[0]) if argv else Path("output/bench/results.json")
     repo = Path(__file__).resolve().parent.parent
     if not path.is_file():
-        from training.config import fail
         fail(f"{path} does not exist; run `make bench` first or pass the results.json of a run")
-    results = json.loads(path.read_text())
-    results["summary"]["compile_by_depth"] = {int(k): v for k, v in results["summary"]["compile_by_depth"].items()}
-    (repo / "BENCHMARKS.md").write_text(render(results, (repo / "bench" / "changes.md").read_text()))
+    try:
+        results = json.loads(path.read_text())
+        results["summary"]["compile_by_depth"] = {int(k): v for k, v in results["summary"]["compile_by_depth"].items()}
+    except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as exc:
+        fail(f"{path} is not the results.json of a `make bench` run ({type(exc).__name__}: {exc})")
+    write_atomically(repo / "BENCHMARKS.md", render(results, (repo / "bench" / "changes.md").read_text()))
     return 0
 
 

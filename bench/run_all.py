@@ -21,7 +21,6 @@ Results go to output/bench/results.json and, rendered by bench/report.py, to --o
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -38,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import SYSTEMS  # noqa: E402
 from bench.machine import describe, torch_gemm_tflops  # noqa: E402
 from bench.report import lower_sweep, render  # noqa: E402
-from training.config import ConfigError, fail, load_config  # noqa: E402
+from training.config import ConfigError, OneLineParser, fail, load_config, write_atomically  # noqa: E402
 from training.gemm_peak import measure as mindspore_gemm_tflops  # noqa: E402
 from training.launch import free_port, kill_tree  # noqa: E402
 
@@ -352,7 +351,7 @@ def describe_peer(cfg) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="interleaved throughput repetitions (default 3)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per throughput run (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps after the first (default 1)")
@@ -393,8 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     results["duration_s"] = time.time() - began
     results["summary"] = summarize(results)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
-    args.out.write_text(render(results, (REPO / "bench" / "changes.md").read_text()))
+    write_atomically(RESULTS, json.dumps(results, indent=1) + "\n")
+    write_atomically(args.out, render(results, (REPO / "bench" / "changes.md").read_text()))
     log(f"wrote {args.out} and {RESULTS} in {results['duration_s'] / 60:.1f} min")
     if args.json:
         print(json.dumps(results))

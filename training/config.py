@@ -627,6 +627,20 @@ def fail(message: str, code: int = 2) -> typing.NoReturn:
     raise SystemExit(code)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports bad arguments in one line with exit 2 (argparse prints usage and more)."""
+
+    def error(self, message):
+        fail(f"{message}; usage: {' '.join(self.format_usage().split()[1:])}")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write through a temporary file and rename: a kill mid-write leaves the old file whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def emit(result: dict, as_json: bool, line: str) -> None:
     """A command-line tool's answer: `result` as one JSON object (--json), else the human `line`."""
     print(json.dumps(result) if as_json else line)

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from training.config import write_atomically
+
 GEMM_SIZE = 1024   # 2·n³ ≈ 2.1 GFLOP per MatMul: long enough to time, short enough for a shared core
 REPEATS = 5        # best of: the machine is shared, the fastest run is the least disturbed
 
@@ -123,9 +125,7 @@ def cpu_peak_tflops(remeasure: bool = False) -> float:
     cache[key] = {"tflops": tflops, "gemm": f"{CHAIN} chained {GEMM_SIZE}x{GEMM_SIZE} fp32 MatMuls, graph mode, 1 core, best of {REPEATS}",
                   "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cache, indent=1))
-    tmp.replace(path)
+    write_atomically(path, json.dumps(cache, indent=1))
     return tflops
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import psutil
 
-from training.config import REPO_ROOT, Config, ConfigError, fail, load_config
+from training.config import REPO_ROOT, Config, ConfigError, OneLineParser, fail, load_config, write_atomically
 
 CPU_WORKERS_DEFAULT = 2
 CLUSTER_TIMEOUT_DEFAULT = 600
@@ -278,9 +278,7 @@ def run_worker(entry_argv: list[str]) -> int:
     code = child.wait()
     if os.environ.get(LOG_DIR_ENV):
         path = exit_file(os.environ[LOG_DIR_ENV], os.environ)
-        tmp = path.with_suffix(".exit.tmp")
-        tmp.write_text(f"{code}\n")
-        os.replace(tmp, path)
+        write_atomically(path, f"{code}\n")
     return code if code >= 0 else 128 - code
 
 
@@ -417,11 +415,6 @@ def supervise(plan: LaunchPlan, env: dict) -> int:
 # Command line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse prints usage and more)
-        fail(f"{message}; usage: {' '.join(self.format_usage().split()[1:])}")
-
-
 def standalone(args: argparse.Namespace, env: dict) -> typing.NoReturn:
     """One device without msrun: data_parallel set to 1, pinned to one core on CPU, then exec."""
     cfg = load_resolved(args.config, args.overrides)
@@ -459,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(argv) < 2:
             fail("worker needs the entry point: python -m training.launch worker ENTRY [ARGS ...]")
         return run_worker(argv[1:])
-    parser = _Parser(prog="python -m training.launch", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m training.launch", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     dist = sub.add_parser("distribute", prog="scripts/run_distribute.sh",
                           help="msrun over all devices of this node (and NNODES nodes)")

@@ -73,12 +73,11 @@ class Trainer:
         models.apply_recompute(self.model, cfg)
         self.optimizer = build_optimizer(self.network.trainable_params(), cfg.train)
         self.step_cell = TrainStep(self.network, self.optimizer, cfg)
-        model_names = {p.name for p in self.model.get_parameters()}
         # optimizer state to save: moments, step counter, loss scale; not the LR table, which comes from the
         # config (so a resumed run may change train.steps or the schedule)
-        lr_table = {p.name for p in self.optimizer.learning_rate.get_parameters()}
-        self.optimizer_params = [p for p in self.step_cell.get_parameters()
-                                 if p.name not in model_names | lr_table]
+        not_state = ({p.name for p in self.model.get_parameters()}
+                     | {p.name for p in self.optimizer.learning_rate.get_parameters()})
+        self.optimizer_params = [p for p in self.step_cell.get_parameters() if p.name not in not_state]
         # what checkpoints hold: every weight, or only the trained adapters under LoRA (the base is frozen)
         self.saved_params = (self.network.trainable_params() if models.lora_enabled(cfg)
                              else list(self.model.get_parameters()))

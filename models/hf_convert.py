@@ -11,7 +11,9 @@ reproduces the original tensors bit for bit.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from training.checkpoint import CheckpointError
+from training.checkpoint import CheckpointError, publish_folder
 
 
 class HFConversionError(CheckpointError):
@@ -282,10 +284,17 @@ def read_hf_folder(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
 
 
 def write_hf_folder(path: str | Path, hf_state: dict[str, np.ndarray], hf_config: dict) -> Path:
-    """config.json + model.safetensors that transformers' from_pretrained loads."""
+    """config.json + model.safetensors that transformers' from_pretrained loads, written in a sibling
+    folder and swapped in whole (no half-written folder, no stale shards of an earlier export)."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v) for k, v in hf_state.items()}, str(path / "model.safetensors"),
-              metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        save_file({k: np.ascontiguousarray(v) for k, v in hf_state.items()}, str(partial / "model.safetensors"),
+                  metadata={"format": "pt"})
+        (partial / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        publish_folder(partial, path)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return path

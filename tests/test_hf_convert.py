@@ -147,3 +147,14 @@ def test_unsupported_and_incomplete_checkpoints_are_refused():
         hf_to_mindscale(state, config)
     with pytest.raises(HFConversionError, match="model_type='bert'"):
         hf_to_mindscale({}, {"model_type": "bert"})
+
+
+def test_export_replaces_the_folder_whole_so_no_stale_shard_index_survives(tmp_path):
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "model.safetensors.index.json").write_text("{}")  # an earlier sharded export
+    write_hf_folder(out, {"w": np.ones((2, 2), np.float32)}, {"model_type": "llama"})
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    tensors, config = read_hf_folder(out)
+    assert list(tensors) == ["w"] and config == {"model_type": "llama"}
+    assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no partial or old folder left

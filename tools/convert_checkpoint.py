@@ -14,7 +14,6 @@ Exit 2 with one line on stderr for a bad or mismatched checkpoint.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -27,8 +26,8 @@ from models import (WeightsMismatch, build_model, check_weights, count_parameter
 from models.hf_convert import (hf_to_mindscale, mindscale_to_hf, model_config_differences,  # noqa: E402
                                read_hf_folder, write_hf_folder)
 from training.checkpoint import CONFIG, CheckpointError, save_checkpoint  # noqa: E402
-from training.config import (Config, ConfigError, add_config_arguments, config_from_tree, emit, fail,  # noqa: E402
-                             load_config)
+from training.config import (Config, ConfigError, OneLineParser, add_config_arguments, config_from_tree,  # noqa: E402
+                             emit, fail, load_config)
 
 
 def _config_for_hf_model(args, hf_model: dict) -> Config:
@@ -79,7 +78,7 @@ def ms2hf(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--direction", required=True, choices=["hf2ms", "ms2hf"])
     parser.add_argument("--input", required=True, help="HF model folder (hf2ms) or MindScale checkpoint (ms2hf)")
     parser.add_argument("--output", required=True, help="checkpoint root (hf2ms) or HF folder to write (ms2hf)")
@@ -90,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         result = hf2ms(args) if args.direction == "hf2ms" else ms2hf(args)
     except (CheckpointError, ConfigError) as exc:  # includes HFConversionError and WeightsMismatch
         fail(str(exc))
+    except OSError as exc:  # e.g. --output names a folder that cannot be written
+        fail(f"cannot write {args.output}: {exc.strerror or exc}")
     emit(result, args.json, f"wrote {result['output']} ({result['arch']}, {result['tensors']} tensors, "
                             f"{result['parameters']:,} parameters)")
     return 0

@@ -13,14 +13,13 @@ eos_token_id, or data.eos_id) or after N tokens. --json prints {"ids": [...new i
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.config import ConfigError, add_config_arguments, config_from_args, emit, fail  # noqa: E402
+from training.config import ConfigError, OneLineParser, add_config_arguments, config_from_args, emit, fail  # noqa: E402
 
 
 def _tokenizer(cfg, checkpoint: str):
@@ -96,7 +95,7 @@ def run(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     add_config_arguments(parser)
     parser.add_argument("--load_checkpoint", required=True, help="MindScale checkpoint or Hugging Face folder")
     source = parser.add_mutually_exclusive_group(required=True)

@@ -34,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from training.checkpoint import publish_folder  # noqa: E402
 from training.config import Config, add_config_arguments, config_from_args, emit, fail  # noqa: E402
 from training.data import (FORMAT_VERSION, MANIFEST_NAME, DataError, Source, check_special_ids,  # noqa: E402
                            column, read_batches, resolve_sources, sha256_file)
@@ -260,15 +261,6 @@ def write(folder: Path, args, sources: list[Source], sp, seq_length: int, pad_id
     return stats
 
 
-def publish(partial: Path, output: Path) -> None:
-    """Swap the finished folder in: the old one is moved aside first and removed only afterwards."""
-    old = output.with_name(f".{output.name}.old-{os.getpid()}")
-    if output.exists():
-        os.rename(output, old)
-    os.rename(partial, output)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg, seq_length, tokenizer, vocab_limit = resolve_settings(args)
@@ -295,7 +287,7 @@ def main(argv=None) -> int:
                     "sources": [{"path": s.path, "format": s.format} for s in sources],
                     "text_key": args.text_key, **stats}
         (partial / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-        publish(partial, output)
+        publish_folder(partial, output)
     except DataError as exc:
         fail(str(exc))
     finally:

@@ -35,6 +35,19 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete or does not match. The message is one line."""
 
 
+
+def publish_folder(partial: Path, output: Path) -> None:
+    """Swap a finished folder in at `output`: what was there is moved aside first and removed only
+    afterwards, so a kill leaves the old output or the new one, never a mix of both."""
+    old = output.with_name(f".{output.name}.old-{os.getpid()}")
+    if output.exists():
+        os.rename(output, old)
+    os.rename(partial, output)
+    if old.is_dir():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink(missing_ok=True)
+
 def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from bench import SYSTEMS
-from training.config import REPO_ROOT, Config, TrainConfig
+from training.config import REPO_ROOT, Config
 
 @dataclass
 class System:
@@ -59,8 +59,8 @@ def build_mindscale(cfg: Config, batch: np.ndarray) -> System:
 
     trainer = Trainer(cfg, setup(cfg))  # setup: graph mode, CPU, threads_num = cores of this process
     step_cell = trainer.step_cell
-    # The trainer's batch layout: [accumulation, micro_batch, seq]
-    input_ids, labels = Tensor(batch[None, :, :-1]), Tensor(batch[None, :, 1:])
+    # The trainer's batch layout: [rows, seq] (a step's micro batches stacked; one here)
+    input_ids, labels = Tensor(batch[:, :-1]), Tensor(batch[:, 1:])
     loss_mask = Tensor(np.ones(labels.shape, np.float32))
 
     def step() -> float:

@@ -1,9 +1,12 @@
 """MindScale models: GPT and LLaMA, their sharding plans, recompute and checkpoint interop.
 
-    model = build_model(cfg)                      # CausalLM: input_ids [B, S] -> logits [B, S, V] fp32
+    model = build_model(cfg, layout)              # CausalLM: input_ids [B, S] -> logits [B, S, V] fp32
     network = build_train_network(cfg, model)     # (input_ids, labels, loss_mask) -> loss
-    apply_sharding_plan(model, cfg)               # .shard() strategies, pipeline stages, comm fusion
-    apply_recompute(model, cfg)                   # none / selective / full
+    apply_sharding_plan(model, cfg, layout)       # .shard() strategies, pipeline stages, comm fusion
+    apply_recompute(model, cfg, layout)           # none / selective / full
+
+`layout` (training.layout.Layout) carries every parallel decision; without one, models are built
+stand-alone for the device MindSpore is set to (inference, conversion, tests).
     weights, cfg = load_inference_weights(path, cfg)  # full weights of any checkpoint, LoRA merged
 """
 from __future__ import annotations
@@ -12,7 +15,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-from mindspore import Tensor, nn
+import mindspore as ms
+from mindspore import nn
 from mindspore.nn.utils import no_init_parameters
 
 from models.hf_convert import (HFConversionError, hf_to_mindscale, is_hf_folder, model_config_differences,
@@ -20,11 +24,12 @@ from models.hf_convert import (HFConversionError, hf_to_mindscale, is_hf_folder,
 from models.lora import apply_lora, is_adapter, lora_enabled, merge, split_adapters, without_lora
 from models.recompute import apply_recompute
 from models.sharding import apply_sharding_plan, describe_plan
-from models.transformer import CausalLM, CausalLMLoss, uses_flash_attention
-from training.checkpoint import CheckpointError, load_weights
+from models.transformer import CausalLM, CausalLMLoss, ReusedCausalLMLoss
+from training.checkpoint import CheckpointError, assign, load_weights
 from training.config import Config, ConfigError, config_from_tree
+from training.layout import Layout
 
-__all__ = ["CausalLM", "uses_flash_attention", "build_model", "build_train_network", "count_parameters", "apply_sharding_plan",
+__all__ = ["CausalLM", "build_model", "standalone_layout", "build_train_network", "count_parameters", "apply_sharding_plan",
            "describe_plan", "apply_recompute", "check_weights", "load_weights_into", "load_pretrained", "WeightsMismatch",
            "with_hf_dims", "resolve_model_dims", "load_inference_weights", "lora_enabled"]
 
@@ -33,23 +38,30 @@ class WeightsMismatch(CheckpointError):
     """Checkpoint tensors do not match the model's names or shapes. One line; the CLIs exit 2."""
 
 
-def build_model(cfg: Config) -> CausalLM:
+def standalone_layout(cfg: Config) -> Layout:
+    """One process on the device MindSpore is set to: no strategies, the kernels that device has."""
+    return Layout.of(cfg, ms.get_context("device_target"), world=1)
+
+
+def build_model(cfg: Config, layout: Layout | None = None) -> CausalLM:
     """The model; with finetune.lora.rank > 0 its targeted Linears carry adapters and the rest is frozen."""
-    model = CausalLM(cfg)
+    model = CausalLM(cfg, layout or standalone_layout(cfg))
     if lora_enabled(cfg):
         apply_lora(model, cfg)
     return model
 
 
-def build_train_network(cfg: Config, model: CausalLM | None = None) -> nn.Cell:
+def build_train_network(cfg: Config, model: CausalLM | None = None, layout: Layout | None = None) -> nn.Cell:
     """The loss network; parameter names stay those of the model (no `model.` prefix)."""
-    return CausalLMLoss(model if model is not None else build_model(cfg))
+    layout = layout or standalone_layout(cfg)
+    model = model if model is not None else build_model(cfg, layout)
+    return (ReusedCausalLMLoss if layout.graph_reuse == "model" else CausalLMLoss)(model)
 
 
 def count_parameters(cfg: Config) -> int:
     """Parameters of the model `cfg` describes, counted on a model built without allocating weights."""
     with no_init_parameters():
-        model = CausalLM(cfg)
+        model = CausalLM(cfg, Layout.of(cfg, "CPU", world=1))
     return sum(int(np.prod(p.shape)) for p in model.get_parameters())
 
 
@@ -59,10 +71,14 @@ def _first(items, n: int = 3) -> str:
     return ", ".join(items[:n]) + more
 
 
-def check_weights(model: nn.Cell, weights: dict) -> None:
-    """Raise WeightsMismatch unless `weights` has exactly the model's parameter names and shapes.
-    LoRA adapters may be absent (base weights for a LoRA model: the adapters keep their initial values)."""
-    params = {p.name: tuple(p.shape) for p in model.get_parameters() if p.name in weights or not is_adapter(p.name)}
+def check_weights(model: nn.Cell, weights: dict, layouts: dict | None = None) -> None:
+    """Raise WeightsMismatch unless `weights` has exactly the model's parameter names and full shapes
+    (a compiled sharded model's parameters are slices: `layouts`, its parameter_layout_dict, holds the
+    full shapes). LoRA adapters may be absent (base weights for a LoRA model: the adapters keep their
+    initial values)."""
+    layouts = layouts or {}
+    params = {p.name: tuple(layouts[p.name][6]) if p.name in layouts else tuple(p.shape)
+              for p in model.get_parameters() if p.name in weights or not is_adapter(p.name)}
     problems = []
     missing = [n for n in params if n not in weights]
     unexpected = [n for n in weights if n not in params]
@@ -79,12 +95,11 @@ def check_weights(model: nn.Cell, weights: dict) -> None:
                               "); use the config the checkpoint was trained with")
 
 
-def load_weights_into(model: nn.Cell, weights: dict) -> None:
-    """Copy every weight into the model after checking all names and shapes (no partial loads)."""
-    check_weights(model, weights)
-    for p in model.get_parameters():
-        if p.name in weights:
-                p.set_data(Tensor(np.asarray(weights[p.name]), dtype=p.dtype))
+def load_weights_into(model: nn.Cell, weights: dict, layouts: dict | None = None, rank: int = 0) -> None:
+    """Copy full weights into the model after checking all names and shapes (no partial loads). A
+    compiled sharded model takes `rank`'s slice of each, cut by its compiled layout (`layouts`)."""
+    check_weights(model, weights, layouts)
+    assign([p for p in model.get_parameters() if p.name in weights], weights, "weights", layouts, rank)
 
 
 def load_pretrained(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:

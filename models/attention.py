@@ -72,14 +72,18 @@ class CompositeAttention(nn.Cell):
         self.probs_cast = ops.Cast()
         self.bmm_pv = ops.BatchMatMul()
         self.transpose_out = ops.Transpose()
-        self.same_segment = ops.Equal()
+        # packed examples: an additive [B, 1, 1, S, S] mask of their own, added to the scores after the
+        # causal one (its ops carry strategies with a batch dimension, the causal mask's have none)
+        self.other_segment = ops.NotEqual()
+        self.segment_cast = ops.Cast()
+        self.segment_scale = ops.Mul()
         self.segment_add = ops.Add()
 
     def segment_mask(self, segment_ids):
         """[B, 1, 1, S, S] additive mask keeping attention within each packed example."""
         b, s = segment_ids.shape
-        same = self.same_segment(segment_ids.reshape(b, 1, 1, s, 1), segment_ids.reshape(b, 1, 1, 1, s))
-        return self.mask_scale(self.mask_cast(ops.logical_not(same), ms.float32), MASKED)
+        other = self.other_segment(segment_ids.reshape(b, 1, 1, s, 1), segment_ids.reshape(b, 1, 1, 1, s))
+        return self.segment_scale(self.segment_cast(other, ms.float32), MASKED)
 
     def construct(self, q, k, v, segment_ids=None):
         b, s, n, d = q.shape
@@ -89,24 +93,29 @@ class CompositeAttention(nn.Cell):
         v = self.transpose_v(v, (0, 2, 1, 3))
         rows, cols = (self.rows, self.cols) if s == self.seq_length else (self.rows[:s], self.cols[:, :s])
         mask = self.mask_scale(self.mask_cast(self.future(cols, rows), ms.float32), MASKED)
-        if segment_ids is not None:  # packed examples: causal AND within the example
-            mask = self.segment_add(mask, self.segment_mask(segment_ids))
+        segments = None if segment_ids is None else self.segment_mask(segment_ids)  # causal AND within the example
         if self.split_causal and s >= SPLIT_CAUSAL_MIN:
             h = s // 2
-            out = self.concat_halves((self.attend(q[:, :, :, :h], k[:, :, :h], v[:, :, :h], mask[..., :h, :h]),
-                                      self.attend(q[:, :, :, h:], k, v, mask[..., h:, :])))
+            low = None if segments is None else segments[..., :h, :h]
+            high = None if segments is None else segments[..., h:, :]
+            out = self.concat_halves((self.attend(q[:, :, :, :h], k[:, :, :h], v[:, :, :h], mask[..., :h, :h], low),
+                                      self.attend(q[:, :, :, h:], k, v, mask[..., h:, :], high)))
         else:
-            out = self.attend(q, k, v, mask)
+            out = self.attend(q, k, v, mask, segments)
         return self.transpose_out(out.reshape(b, n, s, d), (0, 2, 1, 3)).reshape(b * s, n * d)
 
-    def attend(self, q, k, v, mask):
-        """q [B, kv, group, s, d] against k, v [B, kv, t, d] with the additive mask [.., s, t]."""
+    def attend(self, q, k, v, mask, segments=None):
+        """q [B, kv, group, s, d] against k, v [B, kv, t, d] with the additive masks [s, t] and
+        (packed data) [B, 1, 1, s, t]."""
         b, kv, g, s, d = q.shape
         t = k.shape[2]
         scores = self.bmm_qk(q.reshape(b, kv, g * s, d), k)
         if self.cast_scores:
             scores = self.scores_fp32(scores, ms.float32)
-        probs = self.softmax(self.mask_add(scores.reshape(b, kv, g, s, t), mask))
+        scores = self.mask_add(scores.reshape(b, kv, g, s, t), mask)
+        if segments is not None:
+            scores = self.segment_add(scores, segments)
+        probs = self.softmax(scores)
         if self.cast_scores:
             probs = self.probs_cast(probs, self.compute_dtype)
         return self.bmm_pv(probs.reshape(b, kv, g * s, t), v).reshape(b, kv, g, s, d)

@@ -8,14 +8,15 @@
   the MLP activation (SiLU/GELU and the SwiGLU product). The flash core keeps no S x S tensors,
   so under flash attention only the activations are recomputed.
 
-Chosen layers: `recompute.layers` via training.config.recompute_layer_counts, the first n layers of
-every pipeline stage (MindFormers' per-stage list).
+Chosen layers: `recompute.layers`, the first n layers of every pipeline stage (MindFormers'
+per-stage list), as training.layout resolves them.
 """
 from __future__ import annotations
 
 from mindspore import nn
 
-from training.config import Config, recompute_layer_counts, stage_layer_counts
+from training.config import Config
+from training.layout import Layout
 
 # Sub-cell path inside a TransformerBlock -> primitive attributes recomputed by `selective`.
 SELECTIVE = {
@@ -24,28 +25,18 @@ SELECTIVE = {
 }
 
 
-def recomputed_layers(cfg: Config) -> list[int]:
-    """Global indices of the layers recomputed: the first n of each pipeline stage."""
-    per_stage = stage_layer_counts(cfg.model.num_layers, cfg.parallel.pipeline_stage, cfg.parallel.stage_offset)
-    chosen, start = [], 0
-    for held, n in zip(per_stage, recompute_layer_counts(cfg)):
-        chosen += range(start, start + n)
-        start += held
-    return chosen
-
-
 def _sub_cell(cell: nn.Cell, path: str) -> nn.Cell:
     for name in path.split("."):
         cell = getattr(cell, name)
     return cell
 
 
-def apply_recompute(model: nn.Cell, cfg: Config) -> list[int]:
+def apply_recompute(model: nn.Cell, cfg: Config, layout: Layout) -> list[int]:
     """Mark recompute on `model.layers` per cfg.recompute; returns the recomputed layer indices."""
-    mode = cfg.recompute.mode
+    mode = layout.recompute
     if mode == "none":
         return []
-    layers = recomputed_layers(cfg)
+    layers = list(layout.recomputed)
     for index in layers:
         block = model.layers[index]
         if mode == "full":

@@ -8,16 +8,16 @@ torchtitan's `parallelize_plan`:
     rowwise    input features split, partial sums reduced (wo, w2); under sequence parallel the
                reduction is a reduce-scatter along tokens (out_strategy)
     vocab      vocabulary split over model_parallel (token embedding, output head), unless
-               parallel.vocab_emb_dp keeps them data-parallel; the loss then reduces over
-               the split vocabulary (models.transformer.VocabParallelCrossEntropy)
+               parallel.vocab_emb_dp keeps them data-parallel; the loss reduces over the
+               vocabulary split over model_parallel either way (models.transformer.ShardedCrossEntropy)
     sequence   tokens split over data x model parallel when parallel.sequence_parallel (norms,
                residual adds), data-parallel otherwise
     replicate  data-parallel only (position table)
 
-`apply_sharding_plan` turns styles into `.shard()` strategies for the data/model parallel degrees,
-sets `pipeline_stage` per cell from training.config.stage_layer_counts (stage_offset) and a
-gradient `comm_fusion` group per layer. Only SEMI_AUTO/AUTO_PARALLEL read strategies; in
-stand-alone and data-parallel runs (CPU) the plan is not applied, so numbers are unchanged.
+`apply_sharding_plan` turns styles into `.shard()` strategies for the layout's data/model parallel
+degrees, sets `pipeline_stage` per cell (training.layout: stage_offset) and a gradient `comm_fusion`
+group per layer. It does so only for sharded layouts (semi-auto parallel); stand-alone and
+data-parallel runs (CPU) compile no strategies, so their numbers are unchanged.
 Activations are [tokens, features] between layers, so "dp" below splits tokens (batch x seq).
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ from models.attention import CompositeAttention, FlashAttention
 from models.lora import LoraLinear
 from models.layers import (Embedding, FusedRMSNorm, GeluMLP, LayerNorm, Linear, OutputHead, RMSNorm,
                            RotaryEmbedding, SwiGLU)
-from models.transformer import (CausalLM, MaskedCrossEntropy, TransformerBlock, VocabParallelCrossEntropy,
-                                sharding_strategies_active)
-from training.config import Config, layer_stages, stage_layer_counts
+from models.transformer import CausalLM, ShardedCrossEntropy, TransformerBlock
+from training.config import Config
+from training.layout import Layout
 
 COLWISE, ROWWISE, VOCAB, SEQUENCE, REPLICATE = "colwise", "rowwise", "vocab", "sequence", "replicate"
 
@@ -90,9 +90,8 @@ class Mesh:
     vocab_emb_dp: bool
 
     @classmethod
-    def of(cls, cfg: Config) -> "Mesh":
-        p = cfg.parallel
-        return cls(p.data_parallel, p.model_parallel, p.sequence_parallel, p.vocab_emb_dp)
+    def of(cls, layout: Layout) -> "Mesh":
+        return cls(layout.dp, layout.mp, layout.sequence_parallel, not layout.vocab_parallel)
 
     def tokens(self, style: str) -> int:
         """How the token dimension is split for a `sequence` / other style."""
@@ -183,6 +182,8 @@ def _composite_attention(cell: CompositeAttention, style: str, mesh: Mesh) -> di
             "scale_q": ((bsnd, ()), None), "transpose_q": ((bsnd,), None), "transpose_k": ((bsnd,), None),
             "transpose_v": ((bsnd,), None), "bmm_qk": ((heads, heads), None),
             "mask_add": ((grouped, (1, 1)), None), "softmax": ((grouped,), None),
+            "other_segment": (((dp, 1, 1, 1, 1), (dp, 1, 1, 1, 1)), None), "segment_cast": ((((dp, 1, 1, 1, 1),)), None),
+            "segment_scale": (((dp, 1, 1, 1, 1), ()), None), "segment_add": ((grouped, (dp, 1, 1, 1, 1)), None),
             "bmm_pv": ((heads, heads), None), "transpose_out": ((heads,), None)}
 
 
@@ -200,18 +201,13 @@ def _gelu_mlp(cell: GeluMLP, style: str, mesh: Mesh) -> dict:
     return {"act": (((mesh.dp, mesh.mp),), None)}
 
 
-def _loss(cell: MaskedCrossEntropy, style: str, mesh: Mesh) -> dict:
-    """The fused loss is data-parallel (used when the vocabulary is not split)."""
-    x = (mesh.tokens(SEQUENCE), 1)  # the final norm's output layout
-    return {"mask_rows": ((x, x), None), "cross_entropy": (((mesh.dp, 1), (mesh.dp,)), None)}
-
-
-def _vocab_parallel_loss(cell: VocabParallelCrossEntropy, style: str, mesh: Mesh) -> dict:
+def _loss(cell: ShardedCrossEntropy, style: str, mesh: Mesh) -> dict:
+    """[N, V] ops split the vocabulary over model_parallel; the token sums reduce over data parallel."""
     split, rows = (mesh.dp, mesh.mp), (mesh.dp, 1)
     return {"row_max": ((split,), None), "shift": ((split, rows), None), "exp": ((split,), None),
             "sum_exp": ((split,), None), "log": ((rows,), None), "one_hot": ((split, (), ()), None),
             "pick": ((split, split), None), "sum_picked": ((split,), None), "token_ce": ((rows, rows), None),
-            "apply_mask": ((rows, rows), None)}
+            "apply_mask": ((rows, rows), None), "sum_loss": ((rows,), None), "sum_mask": ((rows,), None)}
 
 
 def _root(cell: CausalLM, style: str, mesh: Mesh) -> dict:
@@ -221,33 +217,56 @@ def _root(cell: CausalLM, style: str, mesh: Mesh) -> dict:
 RULES = {Linear: _linear, LoraLinear: _lora_linear, Embedding: _embedding, OutputHead: _output_head, RMSNorm: _rms_norm,
          FusedRMSNorm: _fused_rms_norm, LayerNorm: _layer_norm, TransformerBlock: _block,
          RotaryEmbedding: _rotary, CompositeAttention: _composite_attention, FlashAttention: _flash_attention,
-         SwiGLU: _swiglu, GeluMLP: _gelu_mlp, MaskedCrossEntropy: _loss,
-         VocabParallelCrossEntropy: _vocab_parallel_loss, CausalLM: _root}
+         SwiGLU: _swiglu, GeluMLP: _gelu_mlp, ShardedCrossEntropy: _loss, CausalLM: _root}
 
 
 def _pattern(path: str) -> re.Pattern:
     return re.compile("^" + re.escape(path).replace(r"\*", r"[^.]+") + "$")
 
 
-def planned_strategies(model: CausalLM, cfg: Config) -> list[tuple[str, str, str, tuple, tuple | None]]:
+def planned_strategies(model: CausalLM, cfg: Config, layout: Layout) -> list[tuple[str, str, str, tuple, tuple | None]]:
     """(cell path, style, primitive attribute, in_strategy, out_strategy) for every planned op."""
-    mesh = Mesh.of(cfg)
+    mesh = Mesh.of(layout)
     plan = [(_pattern(path), style) for path, style in PLANS[cfg.model.arch].items()]
     rows = []
     for path, cell in model.cells_and_names():
         style = next((s for p, s in plan if p.match(path)), None)
         if style is None:
             continue
-        for attr, (in_strategy, out_strategy) in RULES[type(cell)](cell, style, mesh).items():
+        rule = next((RULES[kind] for kind in type(cell).__mro__ if kind in RULES), None)  # a subclass: its base's
+        if rule is None:
+            raise TypeError(f"{path} is a {type(cell).__name__}, which the {style} style has no strategies for: "
+                            "build the model with the layout the plan is applied for")
+        for attr, (in_strategy, out_strategy) in rule(cell, style, mesh).items():
             rows.append((path, style, attr, in_strategy, out_strategy))
     return rows
 
 
-def _stage_of(path: str, stages: list[int]) -> int:
-    """Embeddings on the first stage, layer i on its stage, final norm/output/loss on the last."""
-    if path.startswith("layers."):
-        return stages[int(path.split(".")[1])]
-    return 0 if path in ("", "tok_embeddings", "pos_embeddings") else stages[-1]
+# The primitive input each parameter of a layer feeds: the plan's strategy for that input is how the
+# parameter itself is split (MindSpore slices a parameter as the op that reads it is sharded).
+PARAMETER_INPUTS = {Linear: {"weight": ("matmul", 1), "bias": ("bias_add", 1)},
+                    LoraLinear: {"lora_a": ("matmul_a", 1), "lora_b": ("matmul_b", 1)},
+                    Embedding: {"weight": ("gather", 0)}, OutputHead: {"weight": ("matmul", 1)},
+                    RMSNorm: {"weight": ("mul_weight", 1)}, FusedRMSNorm: {"weight": ("norm", 1)},
+                    LayerNorm: {"weight": ("norm", 1), "bias": ("norm", 2)}}
+
+
+def parameter_splits(model: CausalLM, cfg: Config, layout: Layout) -> dict[str, tuple[tuple, str]]:
+    """Parameter name -> (into how many parts the plan splits each of its dimensions (all 1 when the
+    layout is not sharded), the primitive attribute that reads it). The planner sizes every rank's
+    slices from this; tests check it against the shapes MindSpore's compiler gives them."""
+    rows = planned_strategies(model, cfg, layout) if layout.sharded else []
+    strategies = {f"{path}.{attr}" if path else attr: in_strategy for path, _s, attr, in_strategy, _o in rows}
+    splits = {}
+    for path, cell in model.cells_and_names():
+        inputs = next((PARAMETER_INPUTS[kind] for kind in type(cell).__mro__ if kind in PARAMETER_INPUTS), {})
+        for leaf, (attr, index) in inputs.items():
+            param = getattr(cell, leaf, None)
+            if param is None:  # a tied head, a Linear without bias
+                continue
+            strategy = strategies.get(f"{path}.{attr}")
+            splits[param.name] = (tuple(strategy[index]) if strategy else (1,) * len(param.shape), attr)
+    return splits
 
 
 def _comm_fusion_group(name: str, num_layers: int) -> int:
@@ -257,11 +276,11 @@ def _comm_fusion_group(name: str, num_layers: int) -> int:
     return 1 if name.startswith(("tok_embeddings", "pos_embeddings")) else num_layers + 2
 
 
-def apply_sharding_plan(model: CausalLM, cfg: Config) -> list[tuple]:
-    """Apply the model's plan under SEMI_AUTO/AUTO_PARALLEL; a no-op (returns []) otherwise."""
-    if not sharding_strategies_active():
+def apply_sharding_plan(model: CausalLM, cfg: Config, layout: Layout) -> list[tuple]:
+    """Apply the model's plan for a sharded layout; a no-op (returns []) otherwise."""
+    if not layout.sharded:
         return []
-    rows = planned_strategies(model, cfg)
+    rows = planned_strategies(model, cfg, layout)
     cells = dict(model.cells_and_names())
     for path, _style, attr, in_strategy, out_strategy in rows:
         primitive = attrgetter(attr)(cells[path])
@@ -269,13 +288,12 @@ def apply_sharding_plan(model: CausalLM, cfg: Config) -> list[tuple]:
             primitive.shard(in_strategy)
         else:
             primitive.shard(in_strategy=in_strategy, out_strategy=out_strategy)
-    if cfg.parallel.pipeline_stage > 1:
-        stages = layer_stages(cfg)
+    if layout.pp > 1:
         for path in ("tok_embeddings", "pos_embeddings", "norm", "output", "loss"):
             if getattr(model, path, None) is not None:
-                getattr(model, path).pipeline_stage = _stage_of(path, stages)
+                getattr(model, path).pipeline_stage = layout.stage_of(path)
         for i, layer in enumerate(model.layers):
-            layer.pipeline_stage = stages[i]
+            layer.pipeline_stage = layout.stages_of_layers[i]
     for param in model.get_parameters():
         param.comm_fusion = _comm_fusion_group(param.name, cfg.model.num_layers)
     return rows
@@ -286,34 +304,32 @@ def _fmt(strategy) -> str:
 
 
 def describe_plan(cfg: Config) -> str:
-    """The plan as a table: cell, style, op, in_strategy, out_strategy, pipeline stage(s).
-
-    Every layer shares one plan, so layers are shown once as `layers.*` with their stage range.
-    """
-    one_layer = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_layers=1),
-                                    run=dataclasses.replace(cfg.run, reuse_layer_graph=False))  # no stages to key
-    with no_init_parameters():
-        model = CausalLM(one_layer)
-    stages = layer_stages(cfg)
+    """The plan a run of `cfg` on its hardware compiles, as a table: cell, style, op, in_strategy,
+    out_strategy, pipeline stage(s). Every layer shares one plan, so layers are shown once as
+    `layers.*` with their stage range."""
+    layout = Layout.of(cfg)
     p = cfg.parallel
     header = (f"sharding plan: {cfg.model.arch}, data_parallel={p.data_parallel} model_parallel={p.model_parallel} "
               f"pipeline_stage={p.pipeline_stage} sequence_parallel={p.sequence_parallel} "
               f"vocab_emb_dp={p.vocab_emb_dp}")
+    if not layout.sharded:
+        return header + "\n(not sharded: stand-alone or data-parallel, no strategies are compiled)"
+    one_layer = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_layers=1))
+    with no_init_parameters():
+        model = CausalLM(one_layer, dataclasses.replace(layout, stages_of_layers=(0,), recomputed=(), graph_reuse="none"))
     table = [("cell", "style", "op", "in_strategy", "out_strategy", "stage")]
+    stages = layout.stages_of_layers
     layer_stage_range = f"{stages[0]}-{stages[-1]}" if stages[0] != stages[-1] else str(stages[0])
-    for path, style, attr, in_strategy, out_strategy in planned_strategies(model, cfg):
+    for path, style, attr, in_strategy, out_strategy in planned_strategies(model, cfg, layout):
         shown = re.sub(r"^layers\.0(?=\.|$)", "layers.*", path) or "(model)"
-        stage = layer_stage_range if path.startswith("layers.") else str(_stage_of(path, stages))
+        stage = layer_stage_range if path.startswith("layers.") else str(layout.stage_of(path))
         table.append((shown, style, attr, _fmt(in_strategy), _fmt(out_strategy), stage))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = [header] + ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
-    counts = stage_layer_counts(cfg.model.num_layers, p.pipeline_stage, p.stage_offset)
     first = 0
-    for stage, n in enumerate(counts):
+    for stage, n in enumerate(layout.layers_per_stage):
         lines.append(f"stage {stage}: layers {first}-{first + n - 1} ({n})")
         first += n
     lines.append("comm_fusion: 1 = embeddings, 2+i = layer i, "
                  f"{cfg.model.num_layers + 2} = final norm and output")
-    lines.append("(strategies take effect under semi_auto_parallel/auto_parallel only; stand-alone and "
-                 "data-parallel runs do not apply the plan)")
     return "\n".join(lines)

@@ -27,13 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
-from mindspore.context import ParallelMode
-from mindspore.parallel._utils import _get_parallel_mode
 
 from models.attention import Attention
 from models.layers import DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, OutputHead, RMSNorm, SwiGLU
-from models.recompute import recomputed_layers
-from training.config import Config, layer_stages
+from training.config import Config
+from training.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -55,64 +53,26 @@ ARCHS = {
 }
 
 
-def uses_ascend_a2_kernels(cfg: Config) -> bool:
-    """FlashAttentionScore and fused RmsNorm: the hardware profile has them and we run on Ascend,
-    or the config asks for flash explicitly (how the CPU construction tests build that path)."""
-    on_ascend = ms.get_context("device_target") == "Ascend"
-    return cfg.hardware.flash_attention and (on_ascend or cfg.model.attention == "flash")
-
-
-def uses_flash_attention(cfg: Config) -> bool:
-    return cfg.model.attention == "flash" or (cfg.model.attention == "auto" and uses_ascend_a2_kernels(cfg))
-
-
-def sharding_strategies_active() -> bool:
-    """SEMI_AUTO/AUTO_PARALLEL read `.shard()` strategies; stand-alone and data-parallel do not."""
-    return _get_parallel_mode() in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL)
-
-
-def uses_vocab_parallel_loss(cfg: Config) -> bool:
-    """The output head is split over the vocabulary (the plan's `vocab` style), so the loss must not
-    gather full logits. A config rule, not a context one, so describe_plan shows what a run uses."""
-    return cfg.parallel.model_parallel > 1 and not cfg.parallel.vocab_emb_dp
-
-
-def uses_cpu_attention_core() -> bool:
-    """CompositeAttention's CPU kernels (RowSumSoftmax, the split causal scores) where no op needs a strategy."""
-    return ms.get_context("device_target") == "CPU" and not sharding_strategies_active()
-
-
-def layer_graph_keys(cfg: Config) -> list[str]:
-    """Per layer, the key of the compiled graph it shares (run.reuse_layer_graph): its pipeline stage
-    and recompute mode, or its index when every layer compiles on its own."""
-    layers = range(cfg.model.num_layers)
-    if not cfg.run.reuse_layer_graph:
-        return [f"layer {i}" for i in layers]
-    recomputed, stages = set(recomputed_layers(cfg)), layer_stages(cfg)
-    return [f"stage {stages[i]}, recompute {cfg.recompute.mode if i in recomputed else 'none'}" for i in layers]
+def layer_graph_keys(layout: Layout) -> list[str]:
+    """Per layer, the key of the compiled graph it shares: its pipeline stage and recompute mode."""
+    recomputed = set(layout.recomputed)
+    return [f"stage {stage}, recompute {layout.recompute if i in recomputed else 'none'}"
+            for i, stage in enumerate(layout.stages_of_layers)]
 
 
 class TransformerBlock(nn.Cell):
-    """x + attention(norm(x)), then + feed_forward(norm(.)); residual stream in fp32.
+    """x + attention(norm(x)), then + feed_forward(norm(.)); residual stream in fp32."""
 
-    Blocks with the same `graph_key` share one compiled graph: MindSpore's lazy_inline compiles the
-    block once (type inference, autodiff), then inlines a copy per layer ("front" policy; the default
-    policy keeps a call node that the CPU backend rejects). What differs between layers inside the
-    graph (the recompute marks) must therefore be in the key; construct takes no default arguments.
-    """
-
-    @ms.lazy_inline(attrs="graph_key", policy="front")
-    def __init__(self, cfg: Config, spec: ArchSpec, flash: bool, fused_norm: bool, graph_key: str):
+    def __init__(self, cfg: Config, spec: ArchSpec, layout: Layout):
         super().__init__()
-        self.graph_key = graph_key
         m = cfg.model
         pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
         out_std = m.init_std / math.sqrt(2 * m.num_layers)
-        norm = spec.norm_class(fused_norm)
+        norm = spec.norm_class(layout.fused_norm)
         self.attention_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
         self.attention = Attention(m.hidden_size, m.num_heads, m.kv_heads, m.seq_length, bias=spec.bias,
-                                   rope_theta=m.rope_theta if spec.rotary else None, flash=flash,
-                                   cpu_core=uses_cpu_attention_core(),
+                                   rope_theta=m.rope_theta if spec.rotary else None,
+                                   flash=layout.attention == "flash", cpu_core=layout.cpu_kernels,
                                    std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
         self.ffn_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
         self.feed_forward = spec.mlp(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt)
@@ -128,16 +88,29 @@ class TransformerBlock(nn.Cell):
         return self.ffn_residual(h, self.cast(f, ms.float32) if self.cast_out else f)
 
 
+class ReusedTransformerBlock(TransformerBlock):
+    """A block whose compiled graph is shared by every block with the same `graph_key` (Layout.graph_reuse
+    "layer"): MindSpore's lazy_inline compiles it once (type inference, autodiff) and calls or inlines it
+    per layer. On CPU it is inlined at the front ("front" policy: the CPU backend rejects the kept call
+    node). What differs between layers inside the graph (the recompute marks, the pipeline stage) must
+    therefore be in the key; construct takes no default arguments."""
+
+    @ms.lazy_inline(attrs="graph_key")
+    def __init__(self, cfg: Config, spec: ArchSpec, layout: Layout, graph_key: str):
+        super().__init__(cfg, spec, layout)
+        self.graph_key = graph_key
+        if layout.device == "CPU":
+            self.no_inline = False  # what lazy_inline(policy="front") sets
+
+
 class CausalLM(nn.Cell):
     """construct(input_ids [B, S] int32) -> logits [B, S, V] fp32."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, layout: Layout):
         super().__init__()
         m = cfg.model
         spec = ARCHS[m.arch]
         pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
-        fused_norm = uses_ascend_a2_kernels(cfg)
-        flash = uses_flash_attention(cfg)
         self.arch = m.arch
         self.tok_embeddings = Embedding(m.vocab_size, m.hidden_size, m.init_std, pdt)
         self.pos_embeddings = None
@@ -145,12 +118,15 @@ class CausalLM(nn.Cell):
             self.pos_embeddings = Embedding(m.seq_length, m.hidden_size, m.init_std, pdt)
             self.positions = Tensor(np.arange(m.seq_length, dtype=np.int32))
             self.pos_add = ops.Add()
-        self.layers = nn.CellList([TransformerBlock(cfg, spec, flash, fused_norm, key)
-                                   for key in layer_graph_keys(cfg)])
-        self.norm = spec.norm_class(fused_norm)(m.hidden_size, m.norm_eps, pdt, cdt)
+        if layout.graph_reuse == "layer":
+            blocks = [ReusedTransformerBlock(cfg, spec, layout, key) for key in layer_graph_keys(layout)]
+        else:
+            blocks = [TransformerBlock(cfg, spec, layout) for _ in range(m.num_layers)]
+        self.layers = nn.CellList(blocks)
+        self.norm = spec.norm_class(layout.fused_norm)(m.hidden_size, m.norm_eps, pdt, cdt)
         self.output = OutputHead(m.hidden_size, m.vocab_size, m.tie_embeddings, m.init_std, pdt, cdt)
         # used by CausalLMLoss; lives here to be sharded with the model
-        self.loss = (VocabParallelCrossEntropy if uses_vocab_parallel_loss(cfg) else MaskedCrossEntropy)(m.vocab_size)
+        self.loss = (ShardedCrossEntropy if layout.sharded else MaskedCrossEntropy)(m.vocab_size)
         self.vocab_size = m.vocab_size
         self.seq_length = m.seq_length
         self.cast = ops.Cast()
@@ -208,14 +184,16 @@ class MaskedCrossEntropy(nn.Cell):
         return (mean_ce * tokens - (tokens - kept) * self.log_vocab) / ops.maximum(kept, 1.0)
 
 
-class VocabParallelCrossEntropy(nn.Cell):
-    """Per-token cross entropy from logits split over the vocabulary (Megatron's vocab-parallel CE).
+class ShardedCrossEntropy(nn.Cell):
+    """sum(ce * mask) / max(sum(mask), 1) from elementary ops, each with a strategy (semi-auto parallel).
 
-    Used when the output head is vocab-sharded (model_parallel > 1 and not vocab_emb_dp, which only
-    runs under semi-auto parallel): the max, the exp-sum and the label's logit are reductions over the
-    vocabulary, which semi-auto parallel turns into all-reduces of [N, 1] tensors; the fused kernel
-    of MaskedCrossEntropy would first all-gather the [N, V] logits. Same interface and numbers
-    (tested on CPU); slower there because of the one-hot product, hence not the default.
+    The max, the exp-sum and the label's logit reduce over the vocabulary, which the plan splits over
+    model_parallel (Megatron's vocab-parallel cross entropy; a head that is not vocab-split is sliced
+    locally, as MindFormers' loss does), so the compiler all-reduces [N, 1] tensors instead of
+    gathering [N, V] logits. The two sums over tokens reduce over the data-parallel split, so every
+    rank computes the loss of the whole global batch. The fused kernel of MaskedCrossEntropy cannot
+    serve here: it returns one rank's mean, and its batch-parallel strategy splits tokens over all
+    devices. Same numbers as MaskedCrossEntropy (tested on CPU); slower there (the one-hot product).
     """
 
     def __init__(self, vocab_size: int):
@@ -231,6 +209,8 @@ class VocabParallelCrossEntropy(nn.Cell):
         self.sum_picked = ops.ReduceSum(keep_dims=True)
         self.token_ce = ops.Sub()
         self.apply_mask = ops.Mul()
+        self.sum_loss = ops.ReduceSum()
+        self.sum_mask = ops.ReduceSum()
         self.on, self.off = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
 
     def mask_hidden(self, hidden, loss_mask):
@@ -242,7 +222,7 @@ class VocabParallelCrossEntropy(nn.Cell):
         picked = self.sum_picked(self.pick(shifted, self.one_hot(labels.reshape(-1), self.vocab_size, self.on,
                                                                   self.off)), -1)
         mask = loss_mask.reshape(-1, 1)
-        return self.apply_mask(self.token_ce(log_z, picked), mask).sum() / ops.maximum(mask.sum(), 1.0)
+        return self.sum_loss(self.apply_mask(self.token_ce(log_z, picked), mask)) / ops.maximum(self.sum_mask(mask), 1.0)
 
 
 class CausalLMLoss(nn.Cell):
@@ -256,3 +236,15 @@ class CausalLMLoss(nn.Cell):
         model = self.model
         hidden = model.loss.mask_hidden(model.hidden_states(input_ids, segment_ids), loss_mask)
         return model.loss(model.logits(hidden), labels, loss_mask)
+
+
+class ReusedCausalLMLoss(CausalLMLoss):
+    """The loss network compiled once and called for every micro batch (Layout.graph_reuse "model";
+    MindSpore lazy_inline on the outermost cell, where MindFormers puts it for pipeline and gradient
+    accumulation): a step of hundreds of micro batches would otherwise compile a copy of the model per
+    micro batch. MindSpore allows lazy_inline only on that outermost cell in these layouts, so the
+    decoder layers are then plain blocks."""
+
+    @ms.lazy_inline
+    def __init__(self, model: CausalLM):
+        super().__init__(model)

@@ -297,6 +297,9 @@ def test_two_nodes_in_network_namespaces_form_one_job(tmp_path, two_namespaces):
     nodes = launch_two_nodes(tmp_path, two_namespaces, cfg)
     assert [code for code, _, _ in nodes] == [0, 0], [text[-2000:] for _, text, _ in nodes]
     assert ["Start scheduler" in text for _, text, _ in nodes] == [True, False]  # one scheduler, on node 0
+    # each node's console tails its own first worker (msrun numbers workers by global rank)
+    assert ['"rank": 0' in text for _, text, _ in nodes] == [True, False]
+    assert ['"rank": 1' in text for _, text, _ in nodes] == [False, True]
     results = probe_results(log_dir)
     assert sorted(results) == [0, 1]
     assert {(r["world"], r["allreduce_sum"], r["data_parallel"]) for r in results.values()} == {(2, 3.0, 2)}

@@ -6,6 +6,7 @@ from mindspore import Tensor
 
 import models
 from models.lora import LoraLinear, merge, split_adapters, without_lora
+from training.layout import Layout
 from training.config import ConfigError, REPO_ROOT, load_config
 
 
@@ -91,15 +92,12 @@ def test_merge_formula():
 
 
 def test_adapters_follow_the_wrapped_layers_split():
-    """Under semi-auto parallel (constructed, not compiled, on CPU)."""
+    """The strategies a sharded layout records (tests/test_dryrun.py compiles LoRA under model parallel)."""
     dp, mp = 2, 4
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=dp * mp)
-    try:
-        cfg = config(f"parallel.data_parallel={dp}", f"parallel.model_parallel={mp}")
-        model = models.build_model(cfg)
-        models.apply_sharding_plan(model, cfg)
-    finally:
-        ms.reset_auto_parallel_context()
+    cfg = config(f"parallel.data_parallel={dp}", f"parallel.model_parallel={mp}")
+    layout = Layout.of(cfg)
+    model = models.build_model(cfg, layout)
+    models.apply_sharding_plan(model, cfg, layout)
     layer = model.layers[1]
     wq, wo = layer.attention.wq, layer.attention.wo
     assert isinstance(wq, LoraLinear) and isinstance(wo, LoraLinear)

@@ -9,10 +9,11 @@ from mindspore import Tensor, nn, ops
 import models
 from models.attention import SPLIT_CAUSAL_MIN
 from models.layers import RowSumSoftmax
-from models.transformer import VocabParallelCrossEntropy, layer_graph_keys
-from models.recompute import SELECTIVE, recomputed_layers
+from models.transformer import ShardedCrossEntropy, layer_graph_keys
+from models.recompute import SELECTIVE
 from training.checkpoint import CheckpointError, save_checkpoint
 from training.config import load_config
+from training.layout import Layout
 
 
 
@@ -171,15 +172,15 @@ class Grads(nn.Cell):
         return self.network(*inputs), self.grad(self.network, self.weights)(*inputs)
 
 
-def loss_and_grads(cfg, weights, plain_softmax=False, vocab_parallel_loss=False):
+def loss_and_grads(cfg, weights, plain_softmax=False, sharded_loss=False):
     model = models.build_model(cfg)
     models.load_weights_into(model, weights)
     if plain_softmax:
         for layer in model.layers:
             layer.attention.core.softmax = ops.Softmax(axis=-1)
-    if vocab_parallel_loss:
-        model.loss = VocabParallelCrossEntropy(cfg.model.vocab_size)
-    recomputed = models.apply_recompute(model, cfg)
+    if sharded_loss:
+        model.loss = ShardedCrossEntropy(cfg.model.vocab_size)
+    recomputed = models.apply_recompute(model, cfg, Layout.of(cfg))
     loss, grads = Grads(models.build_train_network(cfg, model))(*(Tensor(x) for x in batch()))
     return recomputed, float(loss.asnumpy()), [g.asnumpy() for g in grads]
 
@@ -214,9 +215,9 @@ def test_reused_layer_graph_computes_what_per_layer_graphs_compute(llama):
 def test_layer_graph_keys_separate_stages_and_recompute_modes():
     cfg = tiny("llama", "model.num_layers=6", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
                "recompute.mode=full", "recompute.layers=[2,1]")
-    assert layer_graph_keys(cfg) == ["stage 0, recompute full"] * 2 + ["stage 0, recompute none",
-                                      "stage 1, recompute full"] + ["stage 1, recompute none"] * 2
-    assert len(set(layer_graph_keys(tiny("llama", "run.reuse_layer_graph=false")))) == 2
+    assert layer_graph_keys(Layout.of(cfg)) == ["stage 0, recompute full"] * 2 + ["stage 0, recompute none",
+                                                 "stage 1, recompute full"] + ["stage 1, recompute none"] * 2
+    assert Layout.of(tiny("llama", "run.reuse_layer_graph=false")).graph_reuse == "none"
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -259,10 +260,11 @@ def test_cpu_softmax_backward_matches_the_softmax_primitive(llama, llama_referen
         np.testing.assert_allclose(g, p, rtol=1e-4, atol=1e-7)
 
 
-def test_vocab_parallel_loss_matches_the_fused_loss(llama, llama_reference):
+def test_sharded_loss_matches_the_fused_loss(llama, llama_reference):
+    """The loss sharded layouts compile (elementary ops, global token sums) computes the fused loss's numbers."""
     cfg = llama[0]
     weights, loss, grads = llama_reference
-    _, vp_loss, vp_grads = loss_and_grads(cfg, weights, vocab_parallel_loss=True)
+    _, vp_loss, vp_grads = loss_and_grads(cfg, weights, sharded_loss=True)
     assert vp_loss == pytest.approx(loss, rel=1e-5)
     for g, v in zip(grads, vp_grads):
         np.testing.assert_allclose(v, g, rtol=1e-4, atol=1e-6)
@@ -271,7 +273,7 @@ def test_vocab_parallel_loss_matches_the_fused_loss(llama, llama_reference):
 def test_selective_recompute_marks_the_attention_core_and_activations():
     cfg = tiny("gpt", "recompute.mode=selective", "recompute.layers=1")
     model = built(cfg)
-    models.apply_recompute(model, cfg)
+    models.apply_recompute(model, cfg, Layout.of(cfg))
     core, mlp = model.layers[0].attention.core, model.layers[0].feed_forward
     assert all(getattr(core, n).attrs.get("recompute") for n in SELECTIVE["attention.core"])
     assert mlp.act.attrs.get("recompute") and not mlp.w1.matmul.attrs.get("recompute")
@@ -281,7 +283,7 @@ def test_selective_recompute_marks_the_attention_core_and_activations():
 def test_recompute_layers_per_stage_list_takes_the_first_layers_of_each_stage():
     cfg = tiny("llama", "model.num_layers=8", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
                "parallel.stage_offset=[1,-1]", "recompute.mode=full", "recompute.layers=[2,1]")
-    assert recomputed_layers(cfg) == [0, 1, 5]
+    assert Layout.of(cfg).recomputed == (0, 1, 5)
 
 
 # ---------------------------------------------------------------------------------------------

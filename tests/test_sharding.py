@@ -1,8 +1,9 @@
-"""Sharding plans, pipeline stages, comm fusion and the flash/fused-norm path, checked on CPU.
+"""Sharding plans as data: the strategies a sharded layout records on each primitive, pipeline stages,
+comm fusion and the flash/fused-norm path, read on CPU without compiling.
 
-SEMI_AUTO_PARALLEL cannot compile on CPU, but a model can be constructed under it and every
-`.shard()` call is recorded on its primitive (`attrs["in_strategy"]`); that is what is tested here.
-The flash-attention path is built and inspected, never executed (Atlas A2 only).
+Every `.shard()` call is recorded on its primitive (`attrs["in_strategy"]`); that is what is tested
+here. Whether MindSpore's parallel compiler accepts these strategies is tested by compiling them
+under its dry run (tests/test_dryrun.py). The flash-attention path is never executed (Atlas A2 only).
 """
 import math
 import re
@@ -17,8 +18,9 @@ import models
 from models.attention import CompositeAttention, FlashAttention
 from models.layers import FusedRMSNorm
 from models.sharding import PLANS, planned_strategies
-from models.transformer import MaskedCrossEntropy, VocabParallelCrossEntropy
+from models.transformer import ShardedCrossEntropy
 from training.config import load_config
+from training.layout import Layout
 
 
 
@@ -38,25 +40,22 @@ def config(arch: str, *overrides: str):
                         *([] if arch == "gpt" else ["model.num_kv_heads=4"]), *overrides])
 
 
-@pytest.fixture
-def semi_auto():
-    def enter(devices: int):
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=devices)
-    yield enter
-    ms.reset_auto_parallel_context()
-
-
 def strategy(primitive):
     return primitive.attrs.get("in_strategy")
 
 
+def planned(cfg):
+    """The model a sharded run of `cfg` builds, with its plan applied: (model, planned rows)."""
+    layout = Layout.of(cfg)
+    model = models.build_model(cfg, layout)
+    return model, models.apply_sharding_plan(model, cfg, layout)
+
+
 @pytest.mark.parametrize("dp,mp,sp", [(2, 4, False), (2, 4, True), (4, 2, False), (4, 2, True)])
-def test_llama_strategies_follow_the_plan(semi_auto, dp, mp, sp):
-    semi_auto(dp * mp)
+def test_llama_strategies_follow_the_plan(dp, mp, sp):
     cfg = config("llama", f"parallel.data_parallel={dp}", f"parallel.model_parallel={mp}",
                  f"parallel.sequence_parallel={sp}", "parallel.vocab_emb_dp=false")
-    model = models.build_model(cfg)
-    rows = models.apply_sharding_plan(model, cfg)
+    model, rows = planned(cfg)
     layer = model.layers[2]
     tokens = dp * mp if sp else dp
     # colwise: weights split by output rows; rowwise: by input columns, reduce-scattered under SP
@@ -78,11 +77,13 @@ def test_llama_strategies_follow_the_plan(semi_auto, dp, mp, sp):
     # vocab: embedding and output head split over the vocabulary
     assert strategy(model.tok_embeddings.gather) == ((mp, 1), (dp, 1))
     assert strategy(model.output.matmul) == ((dp, 1), (mp, 1))
-    # the loss reduces over the split vocabulary instead of gathering [tokens, V] logits
-    assert isinstance(model.loss, VocabParallelCrossEntropy)
+    # the loss reduces over the split vocabulary instead of gathering [tokens, V] logits, and its token
+    # sums over data parallel (every rank holds the global batch's loss)
+    assert isinstance(model.loss, ShardedCrossEntropy)
     assert strategy(model.loss.row_max) == strategy(model.loss.sum_exp) == ((dp, mp),)
     assert strategy(model.loss.one_hot) == ((dp, mp), (), ())
     assert strategy(model.loss.log) == ((dp, 1),)
+    assert strategy(model.loss.sum_loss) == strategy(model.loss.sum_mask) == ((dp, 1),)
     # every planned row is what the primitive recorded, and no matmul/softmax/gather was left out
     cells = dict(model.cells_and_names())
     for path, _style, attr, in_strategy, _out in rows:
@@ -93,27 +94,23 @@ def test_llama_strategies_follow_the_plan(semi_auto, dp, mp, sp):
                 assert strategy(value) is not None, f"{path}.{attr} has no strategy"
 
 
-def test_vocab_emb_dp_keeps_embedding_and_head_data_parallel(semi_auto):
-    semi_auto(8)
+def test_vocab_emb_dp_keeps_embedding_and_head_data_parallel():
     cfg = config("gpt", "parallel.data_parallel=2", "parallel.model_parallel=4", "parallel.vocab_emb_dp=true")
-    model = models.build_model(cfg)
-    models.apply_sharding_plan(model, cfg)
+    model, _ = planned(cfg)
     assert strategy(model.tok_embeddings.gather) == ((1, 1), (2, 1))
     assert strategy(model.output.matmul) == ((2, 1), (1, 1))
     assert strategy(model.pos_embeddings.gather) == ((1, 1), (1,))
     assert strategy(model.layers[0].attention.wq.bias_add) == ((2, 4), (4,))
     assert strategy(model.layers[0].feed_forward.act) == ((2, 4),)
     assert strategy(model.layers[0].attention_norm.norm) == ((2, 1), (1,), (1,))
-    assert isinstance(model.loss, MaskedCrossEntropy)
-    assert strategy(model.loss.cross_entropy) == ((2, 1), (2,))
+    # the loss still splits the vocabulary over model_parallel: the head's logits are sliced locally
+    assert isinstance(model.loss, ShardedCrossEntropy) and strategy(model.loss.exp) == ((2, 4),)
 
 
-def test_pipeline_stages_follow_stage_offset_and_comm_fusion_is_per_layer(semi_auto):
-    semi_auto(8)
+def test_pipeline_stages_follow_stage_offset_and_comm_fusion_is_per_layer():
     cfg = config("llama", "parallel.data_parallel=2", "parallel.model_parallel=2", "parallel.pipeline_stage=2",
                  "parallel.micro_batch_num=2", "parallel.stage_offset=[1,-1]")
-    model = models.build_model(cfg)
-    models.apply_sharding_plan(model, cfg)
+    model, _ = planned(cfg)
     assert [layer.pipeline_stage for layer in model.layers] == [0, 0, 0, 1]
     assert model.tok_embeddings.pipeline_stage == 0
     assert model.norm.pipeline_stage == model.output.pipeline_stage == 1
@@ -124,31 +121,25 @@ def test_pipeline_stages_follow_stage_offset_and_comm_fusion_is_per_layer(semi_a
     assert fusion["output.weight"] == fusion["norm.weight"] == 6
 
 
-def test_plan_is_not_applied_outside_semi_auto_and_numbers_do_not_change():
+def test_plan_is_not_applied_outside_sharded_layouts_and_numbers_do_not_change():
     cfg = config("llama", "model.num_layers=1")
     ms.set_seed(1)
     plain = models.build_model(cfg)
-    assert models.apply_sharding_plan(plain, cfg) == []
+    assert models.apply_sharding_plan(plain, cfg, Layout.of(cfg)) == []
     assert strategy(plain.layers[0].attention.wq.matmul) is None
-    # A model whose strategies were recorded under semi-auto computes the same numbers stand-alone.
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=4)
-    try:
-        sharded_cfg = config("llama", "model.num_layers=1", "parallel.data_parallel=2", "parallel.model_parallel=2")
-        sharded = models.build_model(sharded_cfg)
-        assert models.apply_sharding_plan(sharded, sharded_cfg)
-    finally:
-        ms.reset_auto_parallel_context()
+    # A model whose strategies were recorded computes the same numbers stand-alone.
+    sharded_cfg = config("llama", "model.num_layers=1", "parallel.data_parallel=2", "parallel.model_parallel=2")
+    sharded, rows = planned(sharded_cfg)
+    assert rows
     models.load_weights_into(sharded, {p.name: p.asnumpy() for p in plain.get_parameters()})
     ids = Tensor(np.arange(64, dtype=np.int32).reshape(2, 32) % 128)
     np.testing.assert_array_equal(sharded(ids).asnumpy(), plain(ids).asnumpy())
 
 
-def test_flash_attention_and_fused_rmsnorm_are_built_for_atlas_a2(semi_auto):
-    semi_auto(8)
+def test_flash_attention_and_fused_rmsnorm_are_built_for_atlas_a2():
     cfg = config("llama", "hardware=ascend910b", "model.attention=flash", "model.compute_dtype=bfloat16",
                  "parallel.data_parallel=2", "parallel.model_parallel=4")
-    model = models.build_model(cfg)
-    models.apply_sharding_plan(model, cfg)
+    model, _ = planned(cfg)
     core = model.layers[0].attention.core
     assert isinstance(core, FlashAttention) and isinstance(model.layers[0].attention_norm, FusedRMSNorm)
     flash = core.flash
@@ -184,5 +175,7 @@ def test_describe_plan_prints_a_table_with_stages():
     assert ["output", "vocab", "matmul", "((2,1),(4,1))", "-", "1"] in [l.split() for l in lines]
     assert "stage 0: layers 0-1 (2)" in lines and "stage 1: layers 2-3 (2)" in lines
     # every entry of the plan table matches at least one cell of the model
-    matched = {re.sub(r"^layers\.\d+", "layers.*", row[0]) for row in planned_strategies(models.build_model(cfg), cfg)}
+    layout = Layout.of(cfg)
+    rows = planned_strategies(models.build_model(cfg, layout), cfg, layout)
+    matched = {re.sub(r"^layers\.\d+", "layers.*", row[0]) for row in rows}
     assert matched == set(PLANS["llama"])

@@ -165,6 +165,37 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def assign(params, values: dict[str, np.ndarray], what: str, layouts: dict | None = None, rank: int = 0) -> None:
+    """Copy `values` into `params` by name; every parameter must be present with its shape. A value may
+    be the parameter's own slice (a rank's checkpoint), or the full tensor of a sharded parameter, of
+    which `rank`'s slice is taken by the compiled layout (`layouts`: the step's parameter_layout_dict)."""
+    from mindspore import Tensor
+    from training.slicing import take_slice
+
+    layouts = layouts or {}
+    by_name = {p.name: p for p in params}
+    missing = sorted(set(by_name) - set(values))
+    if missing:
+        raise CheckpointError(f"{what} lacks {len(missing)} tensors (first: {missing[:3]}); "
+                              "it was written by a different model or optimizer")
+    for name, param in by_name.items():
+        value, shape = values[name], tuple(param.shape)
+        if value.size == 1 and param.size == 1:  # safetensors stores 0-d scalars as shape (1,)
+            value = value.reshape(shape)
+        layout = layouts.get(name)
+        if tuple(value.shape) != shape and layout is not None and tuple(value.shape) == tuple(layout[6]):
+            value = take_slice(value, layout, rank)
+        if tuple(value.shape) != shape:
+            raise CheckpointError(f"{what}: {name} has shape {tuple(value.shape)}, the model needs "
+                                  f"{tuple(layout[6]) if layout else shape}; check the model config")
+        param.set_data(Tensor(value, dtype=param.dtype))
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The optimizer step a complete checkpoint folder was saved at (its state.json)."""
+    return int(json.loads((Path(path) / STATE).read_text())["step"])
+
+
 def _load_tensors(file: Path) -> dict[str, np.ndarray]:
     try:
         return load_file(str(file))

@@ -129,6 +129,14 @@ def cpu_peak_tflops(remeasure: bool = False) -> float:
     return tflops
 
 
+def device_peak_tflops(cfg, cores: int = 1) -> float:
+    """The peak of one device: the hardware profile's, or on CPU (a null peak) the cached one-core GEMM
+    peak times the cores a worker may run on (a worker pinned to one core by the launchers is one device)."""
+    if cfg.hardware.peak_tflops is not None:
+        return cfg.hardware.peak_tflops
+    return cpu_peak_tflops() * cores
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--remeasure", action="store_true", help="measure again and overwrite the cache")

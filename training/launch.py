@@ -15,7 +15,10 @@ first failure, stops the whole process tree at once and names the log.
 
 Environment: MINDSCALE_ENTRY swaps the entry point (default run_train.py; relative paths are from
 the repository root) -- a testing and debugging hook. MINDSCALE_CLUSTER_TIMEOUT is msrun's
---cluster_time_out (seconds a worker waits for the others to join; default 600).
+--cluster_time_out (seconds a worker waits for the others to join; default 7200 on Ascend/GPU, as
+MindFormers uses, 600 on CPU). On Ascend, HCCL_CONNECT_TIMEOUT (link set-up) and HCCL_EXEC_TIMEOUT (a
+collective waiting for its peers, e.g. while a slower rank still compiles) default to 7200 s; set
+them to override.
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ import psutil
 from training.config import REPO_ROOT, Config, ConfigError, OneLineParser, fail, load_config, write_atomically
 
 CPU_WORKERS_DEFAULT = 2
-CLUSTER_TIMEOUT_DEFAULT = 600
+CLUSTER_TIMEOUT_DEFAULT = {"CPU": 600, "GPU": 7200, "Ascend": 7200}
+HCCL_TIMEOUTS_DEFAULT = {"HCCL_CONNECT_TIMEOUT": "7200", "HCCL_EXEC_TIMEOUT": "7200"}
 MSRUN_PORT_DEFAULT = 8118
 POLL_S = 0.5
 CORES_ENV = "MINDSCALE_WORKER_CORES"
@@ -171,7 +175,10 @@ class LaunchPlan:
         argv = ["msrun", "--worker_num", str(self.world), "--local_worker_num", str(self.local_workers),
                 "--master_addr", self.node.master_addr, "--master_port", str(self.master_port),
                 "--node_rank", str(self.node.node_rank), "--log_dir", str(self.log_dir), "--join", "True",
-                "--cluster_time_out", str(self.cluster_timeout), "--tail_worker_log", str(self.first_rank)]
+                "--cluster_time_out", str(self.cluster_timeout),
+                # msrun (2.9, _get_node_id_and_log_path) numbers a worker node_rank x local_worker_num +
+                # local index and tails the listed ids: the first local worker is this node's first rank
+                "--tail_worker_log", str(self.first_rank)]
         if self.device == "Ascend":
             argv += ["--bind_core", "True"]
         # msrun starts `python <args>` from PATH; `-m training.launch worker` wraps the entry point.
@@ -185,6 +192,9 @@ class LaunchPlan:
         env["PYTHONPATH"] = with_repo_on_path(base)
         env[LOG_DIR_ENV] = str(self.log_dir)
         env.setdefault("GLOG_v", "3")  # MindSpore's own log: errors only (startup retries are noise)
+        if self.device == "Ascend":
+            for name, value in HCCL_TIMEOUTS_DEFAULT.items():
+                env.setdefault(name, value)
         if self.cores:
             env[CORES_ENV] = ",".join(map(str, self.cores))
         return env
@@ -243,7 +253,7 @@ def plan_distribute(config: str, num_devices: str | None, overrides: list[str], 
         if local > len(available):
             notes.append(f"{local} workers share {len(available)} cores: per-device numbers (MFU) will be low")
     timeout = _positive_int("MINDSCALE_CLUSTER_TIMEOUT",
-                            env.get("MINDSCALE_CLUSTER_TIMEOUT", str(CLUSTER_TIMEOUT_DEFAULT)), "seconds")
+                            env.get("MINDSCALE_CLUSTER_TIMEOUT", str(CLUSTER_TIMEOUT_DEFAULT[device])), "seconds")
     log_dir = (Path(cfg.run.output_dir) / cfg.run.name / "logs").absolute()
     return LaunchPlan(config=config, overrides=list(overrides), entry=resolve_entry(env), device=device,
                       local_workers=local, node=node, master_port=node.master_port or free_port(),

@@ -15,16 +15,7 @@ import psutil
 
 from training import flops
 from training.config import Config, recompute_layer_counts
-
-
-def peak_tflops(cfg: Config) -> float:
-    """The hardware profile's peak, or on CPU (null peak) the measured one-core GEMM peak times the
-    cores this worker may run on: a worker pinned to one core (the launchers) is one device; an
-    unpinned `python run_train.py` on a 2-core host is measured against both cores."""
-    if cfg.hardware.peak_tflops is not None:
-        return cfg.hardware.peak_tflops
-    from training.gemm_peak import cpu_peak_tflops
-    return cpu_peak_tflops() * len(os.sched_getaffinity(0))
+from training.gemm_peak import device_peak_tflops
 
 
 def memory_gib(device_target: str) -> float:
@@ -47,13 +38,15 @@ class MetricsLogger:
         self.flops_per_token = flops.model_flops_per_token(cfg.model)
         self.hflops_per_token = flops.hardware_flops_per_token(cfg.model, cfg.recompute,
                                                                sum(recompute_layer_counts(cfg)))
-        self.peak = peak_tflops(cfg)
+        # an unpinned `python run_train.py` on a 2-core host is measured against both cores
+        self.peak = device_peak_tflops(cfg, cores=len(os.sched_getaffinity(0)))
         self.window: list[tuple[float, float, float]] = []  # (loss, grad_norm, step_time)
         self.skipped = 0
         self.started = time.time()
         self.first_step = first_step
         self.bar = None
         if write:
+            run_dir.mkdir(parents=True, exist_ok=True)  # the logging rank may not be rank 0 (pipeline)
             self._drop_records_after(first_step)
         if write and sys.stdout.isatty():
             from tqdm import tqdm

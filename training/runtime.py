@@ -14,6 +14,10 @@ import mindspore as ms
 from mindspore.communication import get_group_size, get_rank, init
 
 from training.config import Config, ConfigError
+from training.layout import OPTIMIZER_SHARD_MIN_KIB, Layout
+
+
+MAX_CALL_DEPTH = 10000
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,7 @@ class Runtime:
     device_target: str  # Ascend | GPU | CPU
     rank: int
     world: int
+    layout: Layout
 
     @property
     def is_main(self) -> bool:
@@ -39,6 +44,11 @@ def detect_device() -> str:
 def launched_workers() -> int:
     """Workers started by msrun (MS_WORKER_NUM) or a rank table (RANK_SIZE); 1 when run directly."""
     return int(os.environ.get("MS_WORKER_NUM") or os.environ.get("RANK_SIZE") or 1)
+
+
+def dry_run() -> bool:
+    """MindSpore's dry run (tools/dryrun.py): the graph is compiled for RANK_ID of RANK_SIZE, nothing runs."""
+    return os.environ.get("MS_SIMULATION_LEVEL") is not None
 
 
 def check_runnable(cfg: Config, device: str, world: int) -> None:
@@ -65,7 +75,9 @@ def setup(cfg: Config) -> Runtime:
     world = launched_workers()
     check_runnable(cfg, device, world)
     mode = ms.GRAPH_MODE if cfg.run.mode == "graph" else ms.PYNATIVE_MODE
-    ms.set_context(mode=mode)
+    # every micro batch adds nested calls to the step's graph (384 of them exceed MindSpore's default
+    # depth of 1000, measured); MindFormers runs with 10000 as well. context: may still override it.
+    ms.set_context(mode=mode, max_call_depth=MAX_CALL_DEPTH)
     ms.set_device(device)
     if device == "CPU":
         # MindSpore's CPU kernels size their own thread pool (25 threads) regardless of OMP_NUM_THREADS;
@@ -80,24 +92,40 @@ def setup(cfg: Config) -> Runtime:
     ms.set_seed(cfg.run.seed)
     rank = 0
     if world > 1:
+        if dry_run():  # dummy groups; without this init() asks for CANN's hccl Python package
+            from mindspore.communication import _comm_helper
+            _comm_helper.GlobalComm.CHECK_ENVS = False
         init()
         rank, world = get_rank(), get_group_size()
-    _set_parallel_context(cfg, device, world)
-    return Runtime(device_target=device, rank=rank, world=world)
+    layout = Layout.of(cfg, device, world)
+    _set_parallel_context(cfg, layout, rank)
+    return Runtime(device_target=device, rank=rank, world=world, layout=layout)
 
 
-def _set_parallel_context(cfg: Config, device: str, world: int) -> None:
-    p = cfg.parallel
-    if world == 1:
-        return
-    if p.model_parallel == 1 and p.pipeline_stage == 1 and not p.optimizer_shard:
+def _set_parallel_context(cfg: Config, layout: Layout, rank: int) -> None:
+    if layout.data_parallel_mode:
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True,
-                                     device_num=world)
+                                     device_num=layout.dp)
         return
-    # Ascend/GPU only (check_runnable refused this on CPU): the model's .shard() plan is honoured here.
+    if not layout.sharded:
+        return
+    # Ascend/GPU or the dry run (check_runnable refused this on CPU): the model's .shard() plan is honoured.
+    # Each rank feeds its data-parallel share; the input strategy is set per input by set_input_layout.
+    # gradients_mean=False: the sharded loss is the global batch's mean on every rank (its token sums are
+    # all-reduced), and the compiler's loss divisor (_VirtualDiv over the stage's devices) with the
+    # all-reduce bprops already makes each mirror's sum the exact gradient; a mean would divide it again
+    # (by each parameter's replica count). MindFormers' semi-auto configs set the same.
     ms.set_auto_parallel_context(
-        parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=world, gradients_mean=True,
-        full_batch=False, dataset_strategy="data_parallel", pipeline_stages=p.pipeline_stage,
-        enable_parallel_optimizer=p.optimizer_shard,
+        parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=layout.devices, gradients_mean=False,
+        full_batch=False, pipeline_stages=layout.pp, enable_parallel_optimizer=layout.optimizer_shard,
+        parallel_optimizer_config={"parallel_optimizer_threshold": OPTIMIZER_SHARD_MIN_KIB,
+                                   "gradient_accumulation_shard": layout.accumulation_shard},
         strategy_ckpt_config={"save_file": os.path.join(cfg.run.output_dir, cfg.run.name, "strategy",
-                                                        f"strategy_rank{get_rank()}.ckpt")})
+                                                        f"strategy_rank{rank}.ckpt")})
+
+
+def set_input_layout(layout: Layout, num_inputs: int) -> None:
+    """Sharded layouts: every input [rows, seq] is split over data parallel only, so the model-parallel
+    ranks of a group (and the ranks of every stage) feed the same rows (Layout.data_rank)."""
+    if layout.sharded:
+        ms.set_auto_parallel_context(dataset_strategy=((layout.dp, 1),) * num_inputs)

@@ -12,20 +12,17 @@ import time
 from pathlib import Path
 
 import numpy as np
-import mindspore as ms
 from mindspore import Tensor
-from mindspore.parallel.nn import Pipeline
 
 import models
 from training import checkpoint as ckpt
 from training.config import Config, ConfigError
 from training.data import build_dataset
 from training.metrics import MetricsLogger
-from training.optim import build_optimizer
 from training.schedule import lr_at
 from training.profiling import ProfileWindow
-from training.runtime import Runtime
-from training.train_step import TrainStep
+from training.runtime import Runtime, set_input_layout
+from training.train_step import build_train_graph
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -36,71 +33,54 @@ def parameters_as_numpy(params) -> dict[str, np.ndarray]:
     return {p.name: p.asnumpy() for p in params}
 
 
-def assign(params, values: dict[str, np.ndarray], what: str) -> None:
-    """Copy `values` into `params` by name; every parameter must be present with its shape."""
-    by_name = {p.name: p for p in params}
-    missing = sorted(set(by_name) - set(values))
-    if missing:
-        raise ckpt.CheckpointError(f"{what} lacks {len(missing)} tensors (first: {missing[:3]}); "
-                                   "it was written by a different model or optimizer")
-    for name, param in by_name.items():
-        value = values[name]
-        if value.size == 1 and param.size == 1:  # safetensors stores 0-d scalars as shape (1,)
-            value = value.reshape(param.shape)
-        if tuple(value.shape) != tuple(param.shape):
-            raise ckpt.CheckpointError(f"{what}: {name} has shape {tuple(value.shape)}, the model needs "
-                                       f"{tuple(param.shape)}; check the model config")
-        param.set_data(Tensor(value, dtype=param.dtype))
-
-
 class Trainer:
     def __init__(self, cfg: Config, rt: Runtime):
         self.cfg = cfg = models.resolve_model_dims(cfg)  # finetune.hf_dims
         self.rt = rt
+        self.layout = layout = rt.layout
         self.run_dir = run_dir_of(cfg)
-        p = cfg.parallel
         # Sharded layouts (Ascend/GPU semi-auto parallel): every rank holds slices, so every rank writes
         # its own checkpoints (with MindSpore's strategy file in <run>/strategy/) and resumes from them.
-        self.sharded = p.model_parallel > 1 or p.pipeline_stage > 1 or p.optimizer_shard
         self.ckpt_dir = self.run_dir / "checkpoints"
-        if self.sharded:
+        if layout.sharded:
             self.ckpt_dir = self.ckpt_dir / f"rank_{rt.rank}"
-        self.model = models.build_model(cfg)
-        self.network = models.build_train_network(cfg, self.model)
-        if cfg.parallel.pipeline_stage > 1:  # Ascend/GPU only (refused on CPU): 1F1B over micro batches
-            self.network = Pipeline(self.network, cfg.parallel.micro_batch_num)
-        models.apply_sharding_plan(self.model, cfg)
-        models.apply_recompute(self.model, cfg)
-        self.optimizer = build_optimizer(self.network.trainable_params(), cfg.train)
-        self.step_cell = TrainStep(self.network, self.optimizer, cfg)
+        graph = build_train_graph(cfg, layout)
+        self.model, self.network, self.optimizer, self.step_cell = graph.model, graph.network, graph.optimizer, graph.step
         # optimizer state to save: moments, step counter, loss scale; not the LR table, which comes from the
-        # config (so a resumed run may change train.steps or the schedule)
+        # config (so a resumed run may change train.steps or the schedule), nor the accumulation buffers
         not_state = ({p.name for p in self.model.get_parameters()}
                      | {p.name for p in self.optimizer.learning_rate.get_parameters()})
-        self.optimizer_params = [p for p in self.step_cell.get_parameters() if p.name not in not_state]
+        self.optimizer_params = [p for p in self.step_cell.get_parameters()
+                                 if p.name not in not_state and not p.name.startswith("accu_grads.")]
         # what checkpoints hold: every weight, or only the trained adapters under LoRA (the base is frozen)
         self.saved_params = (self.network.trainable_params() if models.lora_enabled(cfg)
                              else list(self.model.get_parameters()))
-        self.start_step = self._restore()
+        latest = ckpt.latest_checkpoint(self.ckpt_dir) if cfg.checkpoint.resume else None
+        self.start_step = ckpt.checkpoint_step(latest) if latest else 0
+        self.batches = self._batches()
+        self.first_batch = next(self.batches)
+        # Sharded parameters take their local shapes when the step compiles: restore after that.
+        set_input_layout(layout, len(self.first_batch))
+        self.step_cell.compile(*self.first_batch)
+        self._restore(latest)
 
     # -- start-up ---------------------------------------------------------------------------------
-    def _restore(self) -> int:
-        latest = ckpt.latest_checkpoint(self.ckpt_dir) if self.cfg.checkpoint.resume else None
+    def _restore(self, latest: Path | None) -> None:
         if latest is not None:
             weights, optimizer_state, state = ckpt.load_checkpoint(latest)
             if models.lora_enabled(self.cfg):
                 self._load_pretrained()
-            assign(self.saved_params, weights, str(latest))
-            assign(self.optimizer_params, optimizer_state, f"{latest} optimizer state")
+            layouts = self.step_cell.parameter_layout_dict
+            ckpt.assign(self.saved_params, weights, str(latest), layouts, self.rt.rank)
+            ckpt.assign(self.optimizer_params, optimizer_state, f"{latest} optimizer state", layouts, self.rt.rank)
             self._say(f"resumed from {latest} at step {state['step']}")
-            return int(state["step"])
-        if self.cfg.checkpoint.load_path:
+        elif self.cfg.checkpoint.load_path:
             self._load_pretrained()
             self._say(f"loaded weights from {self.cfg.checkpoint.load_path} (optimizer state and step start fresh)")
-        return 0
 
     def _load_pretrained(self) -> None:
-        models.load_weights_into(self.model, models.load_pretrained(self.cfg.checkpoint.load_path, self.cfg))
+        models.load_weights_into(self.model, models.load_pretrained(self.cfg.checkpoint.load_path, self.cfg),
+                                 self.step_cell.parameter_layout_dict, self.rt.rank)
 
     def _say(self, text: str) -> None:
         if self.rt.is_main:
@@ -108,19 +88,20 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------
     def _batches(self):
-        """[accumulation, micro_batch, seq] tensors for each optimizer step (+ segment_ids when packed)."""
+        """[rows, seq] tensors for each optimizer step, this rank's micro batches stacked (+ segment_ids
+        when packed). Ranks read by their data-parallel index (Layout.data_rank)."""
         g = self.cfg.parallel.gradient_accumulation_steps
-        source = iter(build_dataset(self.cfg, self.rt.rank, self.rt.world, self.start_step))
+        source = iter(build_dataset(self.cfg, self.layout.data_rank(self.rt.rank), self.layout.dp, self.start_step))
         while True:
             micro = [next(source) for _ in range(g)]
             keys = [k for k in ("input_ids", "labels", "loss_mask", "segment_ids") if k in micro[0]]
-            if "segment_ids" in keys and models.uses_flash_attention(self.cfg):
+            if "segment_ids" in keys and self.layout.attention == "flash":
                 raise ConfigError("packed SFT data (segment_ids) needs model.attention=composite: flash attention "
                                   "here has no per-example mask; set it, or preprocess without --pack")
-            yield tuple(Tensor(np.stack([m[key] for m in micro])) for key in keys)
+            yield tuple(Tensor(np.concatenate([m[key] for m in micro])) for key in keys)
 
     def save(self, step: int, loss_scale: float) -> Path | None:
-        if not (self.rt.is_main or self.sharded):
+        if not (self.rt.is_main or self.layout.sharded):
             return None
         state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
                  "samples_consumed": step * self.cfg.global_batch_size}
@@ -133,11 +114,13 @@ class Trainer:
         if self.rt.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
-        logger = MetricsLogger(cfg, self.run_dir, self.rt.device_target, self.rt.is_main, self.start_step)
+        # the loss exists on the last pipeline stage (the others compute zeros): its first rank logs
+        logs = self.rt.rank == self.layout.stage_ranks(self.layout.pp - 1)[0]
+        logger = MetricsLogger(cfg, self.run_dir, self.rt.device_target, logs, self.start_step)
         profile = ProfileWindow(cfg.profile, self.run_dir / "profile")
-        records, batches, scale = [], self._batches(), 0.0
+        records, scale = [], 0.0
         for step in range(self.start_step, cfg.train.steps):
-            batch = next(batches)
+            batch = self.first_batch if step == self.start_step else next(self.batches)
             profile.before(step)
             began = time.perf_counter()
             loss, grad_norm, overflow, scale = self.step_cell(*batch)

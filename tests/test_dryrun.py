@@ -1,0 +1,196 @@
+"""Sharded training graphs compiled by MindSpore's dry run (tools/dryrun.py) on this CPU host.
+
+Each compile is MindSpore's own semi-auto-parallel compiler (strategies, redistribution, pipeline
+split, optimizer shard) for one rank, with CANN stand-ins in place of an Ascend install; nothing
+executes, so these tests prove what the compiler accepts and what the compiled graph contains
+(layouts, collectives), not kernels, numerics or speed.
+
+* Scaled twins: every shipped Ascend config with its layout kept (data/model/pipeline degrees,
+  sequence parallel, optimizer shard, vocabulary split, recompute per stage, attention, dtypes) and
+  small widths; its first and last pipeline stage compile, and the planner's per-rank bytes and
+  shapes equal the compiled ones exactly.
+* Extra layouts (LoRA and packed SFT under model parallel) and what the compiled graph must show:
+  one gradient reduction per step under accumulation, the gradient norm's all-reduce within and
+  across stages, pipeline sends, and a bad strategy refused.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from training.config import REPO_ROOT, load_config
+from training.layout import Layout
+from training.slicing import take_slice
+
+SHIPPED = sorted(p for d in ("gpt3", "llama2", "llama3", "finetune") for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
+                 if p.name != "base.yaml" and load_config(p).hardware.device_target == "Ascend")
+TINY_LLAMA = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
+TINY_GPT = REPO_ROOT / "configs" / "tiny" / "gpt_tiny.yaml"
+SMALL = ["hardware=ascend910b", "model.hidden_size=64", "model.num_heads=4", "model.ffn_hidden_size=128",
+         "model.vocab_size=256", "model.seq_length=64", "model.num_layers=4", "train.global_batch_size=null"]
+
+
+def dryrun(config, *overrides, ranks="first,last", packed=False, check=True):
+    """tools/dryrun.py --json as a user runs it: one report per rank."""
+    argv = [sys.executable, "tools/dryrun.py", "--config", str(config), "--ranks", ranks, "--jobs", "2", "--json",
+            *[a for o in overrides for a in ("--set", o)], *(["--packed"] if packed else [])]
+    proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if check:
+        assert proc.returncode == 0 and all(r["compiled"] for r in reports), \
+            [r.get("error") for r in reports] or proc.stderr[-2000:]
+    return reports
+
+
+def twin(path) -> list[str]:
+    """Overrides that shrink a config's widths and micro-batch counts and keep its layout."""
+    cfg = load_config(path)
+    m, p, r = cfg.model, cfg.parallel, cfg.recompute
+    mp, pp = p.model_parallel, p.pipeline_stage
+    gqa = m.kv_heads < m.num_heads
+    heads = 2 * mp if gqa else max(2, mp)
+    offsets = p.stage_offset if isinstance(p.stage_offset, list) else [p.stage_offset] * pp
+    layers = max(2, pp) + sum(offsets) if pp > 1 else 2
+    out = [f"model.num_heads={heads}", f"model.num_kv_heads={mp if gqa else 'null'}", f"model.hidden_size={16 * heads}",
+           f"model.ffn_hidden_size={32 * heads}", f"model.vocab_size={128 * mp}", "model.seq_length=64",
+           f"model.num_layers={layers}", "train.global_batch_size=null",
+           f"parallel.micro_batch_num={pp if pp > 1 else 1}",
+           f"parallel.gradient_accumulation_steps={min(p.gradient_accumulation_steps, 2)}"]
+    if isinstance(r.layers, list):
+        held = [layers // pp + o for o in offsets]
+        out.append(f"recompute.layers=[{','.join(str(min(n, h)) for n, h in zip(r.layers, held))}]")
+    if cfg.finetune.lora.rank or cfg.checkpoint.load_path:
+        out.append("checkpoint.load_path=/not/read/by/a/dry/run")
+    return out
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_scaled_twin_of_every_shipped_config_compiles_and_matches_the_planner(path):
+    cfg = load_config(path, twin(path))
+    layout = Layout.of(cfg, "Ascend")
+    reports = dryrun(path, *twin(path))
+    assert [r["stage"] for r in reports] == sorted({0, layout.pp - 1})
+    for report in reports:
+        planned = report["planned"]
+        assert report["devices"] == cfg.devices == load_config(path).devices
+        assert planned["shape_mismatches"] == {}
+        assert report["bytes"] == {k: planned[k] for k in ("weights", "grads", "optimizer")}
+        # the gradient norm is completed over the stage's ranks (and across stages with a pipeline)
+        norm_groups = sorted(row["group_size"] for row in report["collectives"] if row["purpose"] == "grad_norm")
+        assert norm_groups == sorted([layout.stage_devices] + ([layout.pp] if layout.pp > 1 else []))
+
+
+def test_accumulation_reduces_each_gradient_once_per_step():
+    layout = ["parallel.data_parallel=4", "parallel.model_parallel=2", "model.num_kv_heads=2"]
+    once, twice = (dryrun(TINY_LLAMA, *SMALL, *layout, f"parallel.gradient_accumulation_steps={g}", ranks="0")[0]
+                   for g in (1, 4))
+
+    def reduced(report):
+        return {(row["group_size"], row["count"], row["bytes"]) for row in report["collectives"]
+                if row["purpose"] == "grad_reduce"}
+
+    assert reduced(once) == reduced(twice)  # 4 micro batches: the same reductions, of the same bytes
+    trained = [name for name in twice["local_shapes"] if name.startswith("adam_m.")]
+    assert sum(count for _, count, _ in reduced(twice)) == len(trained)
+    assert all(f"accu_grads.{name[7:]}" in twice["local_shapes"] for name in trained)
+
+
+def test_pipeline_stages_send_activations_and_reduce_the_norm_across_stages():
+    sets = [*SMALL, "parallel.data_parallel=2", "parallel.model_parallel=2", "parallel.pipeline_stage=2",
+            "parallel.micro_batch_num=4", "parallel.optimizer_shard=true", "model.tie_embeddings=true"]
+    layout = Layout.of(load_config(TINY_GPT, sets))
+    reports = dryrun(TINY_GPT, *sets, ranks="stages")
+    for report, peer in zip(reports, (4, 0)):
+        rows = report["collectives"]
+        norm = {tuple(row["ranks"]) for row in rows if row["purpose"] == "grad_norm"}
+        assert norm == {tuple(layout.stage_ranks(report["stage"])), tuple(sorted((report["rank"], peer)))}
+        # per micro batch, activations forward and their gradients back, between the same pair of ranks
+        sends = [row for row in rows if row["kind"] in ("Send", "Receive")]
+        assert {row["kind"] for row in sends} == {"Send", "Receive"}
+        assert all(row["ranks"] == sorted([report["rank"], peer]) and row["count"] >= 4 for row in sends)
+    # each stage holds only its own layers (and, the head being tied, the last one a copy of the embedding)
+    first, last = (set(r["local_shapes"]) for r in reports)
+    assert "layers.0.attention.wq.weight" in first and "layers.0.attention.wq.weight" not in last
+    assert "layers.3.attention.wq.weight" in last and "tok_embeddings.weight" in first & last
+
+
+def test_lora_under_model_parallel_trains_only_the_adapters():
+    lora = ["finetune.lora.rank=4", "finetune.lora.target_modules=[wq,wv,wo]",
+            "checkpoint.load_path=/not/read/by/a/dry/run", "model.num_kv_heads=2"]
+    report = dryrun(TINY_LLAMA, *SMALL, *lora, "parallel.data_parallel=2", "parallel.model_parallel=2",
+                    "parallel.optimizer_shard=true", ranks="0")[0]
+    moments = {name[7:] for name in report["local_shapes"] if name.startswith("adam_m.")}
+    assert moments and all(name.endswith(("lora_a", "lora_b")) for name in moments)
+    assert report["planned"]["shape_mismatches"] == {}
+    # colwise wq: B's rows split like the weight's; rowwise wo: A's columns split like the weight's
+    shapes = report["local_shapes"]
+    assert shapes["layers.0.attention.wq.lora_b"] == [64 // 2, 4] and shapes["layers.0.attention.wo.lora_a"] == [4, 32]
+
+
+def test_packed_sft_with_composite_attention_under_model_parallel():
+    report = dryrun(TINY_LLAMA, *SMALL, "model.num_kv_heads=2", "model.attention=composite",
+                    "parallel.data_parallel=2", "parallel.model_parallel=2", ranks="0", packed=True)[0]
+    assert report["compiled"]
+
+
+def test_restore_slices_full_weights_by_the_compiled_layouts():
+    """What a sharded run's restore takes from a full tensor (training.slicing) is, on every rank, exactly
+    the compiled slice shape, and the ranks' slices together cover each tensor as often as it is replicated."""
+    sets = [*SMALL, "model.num_kv_heads=2", "parallel.data_parallel=2", "parallel.model_parallel=2",
+            "parallel.optimizer_shard=true", "parallel.vocab_emb_dp=false"]
+    reports = dryrun(TINY_LLAMA, *sets, ranks="0,1,2,3")
+    names = [n for n in reports[0]["layouts"] if not n.startswith(("adam_", "accu_"))]
+    for name in names:
+        full_shape = reports[0]["layouts"][name][2]
+        full = np.arange(math.prod(full_shape), dtype=np.float64).reshape(full_shape)
+        seen = np.zeros(full_shape)
+        for report in reports:
+            dev_matrix, tensor_map, shape, group = report["layouts"][name]
+            layout = (dev_matrix, tensor_map, None, 1, True, group, shape)
+            piece = take_slice(full, layout, report["rank"])
+            assert list(piece.shape) == report["local_shapes"][name], name
+            seen[np.isin(full, piece)] += 1
+        assert len(np.unique(seen)) == 1, name  # every element held by the same number of ranks
+
+
+def test_a_bad_strategy_is_refused_by_the_compiler():
+    """The dry run is a real check: MindSpore's compiler rejects a colwise MatMul whose input is split
+    along the contracting dimension while its weight is not, as it does on Ascend."""
+    from training.standins import dryrun_environment
+    sets = SMALL + ["model.num_kv_heads=4", "parallel.data_parallel=2", "parallel.model_parallel=4",
+                    "run.device_target=Ascend"]
+    code = f"""
+import models.sharding as plan
+from models.layers import Linear
+from training.config import load_config
+from training.dryrun import compile_rank
+good = plan.RULES[Linear]
+def bad(cell, style, mesh):
+    rules = good(cell, style, mesh)
+    if style == "colwise":
+        rules["matmul"] = (((mesh.dp, 2), (mesh.mp, 1)), None)
+    return rules
+plan.RULES[Linear] = bad
+print(compile_rank(load_config({str(TINY_LLAMA)!r}, {sets!r}))["error"])
+"""
+    env = {**dryrun_environment(dict(os.environ), 0, 8), "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "MatMul init failed" in proc.stdout and "layers.py" in proc.stdout, proc.stdout
+    assert "Invalid strategy for mat_a [2, 2] and mat_b [4, 1]" in proc.stderr  # MindSpore's own reason
+
+
+def test_bad_input_is_one_line_and_exit_2():
+    for argv, needle in ((["--config", str(TINY_LLAMA)], "hardware='cpu'"),
+                         (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--ranks", "0,9"], "rank 9"),
+                         (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--set", "model.num_heads=3"],
+                          "num_heads")):
+        proc = subprocess.run([sys.executable, "tools/dryrun.py", *argv], cwd=REPO_ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, \
+            proc.stderr

@@ -1,0 +1,66 @@
+"""training/layout.py: every decision derived from a config's layout, computed in one place."""
+import pytest
+
+from training.config import REPO_ROOT, load_config
+from training.layout import Layout
+
+TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
+
+
+def layout(*overrides, device=None, world=None):
+    return Layout.of(load_config(TINY, ["model.num_heads=4", "model.num_kv_heads=2", "model.num_layers=4",
+                                        "train.global_batch_size=null", *overrides]), device, world)
+
+
+def test_ranks_read_by_data_parallel_index_the_same_rows_across_model_parallel_and_stages():
+    lay = layout("hardware=ascend910b", "parallel.data_parallel=2", "parallel.model_parallel=2",
+                 "parallel.pipeline_stage=2", "parallel.micro_batch_num=2")
+    assert [lay.data_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [lay.stage_of_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert list(lay.stage_ranks(1)) == [4, 5, 6, 7]
+    assert lay.rows_per_step == 4 * 2 and lay.accumulates_in_graph
+
+
+def test_stage_of_cells_and_parameters():
+    lay = layout("hardware=ascend910b", "parallel.data_parallel=2", "parallel.pipeline_stage=2",
+                 "parallel.micro_batch_num=2", "parallel.stage_offset=[1,-1]")
+    assert lay.stages_of_layers == (0, 0, 0, 1)
+    assert lay.stage_of("tok_embeddings") == lay.stage_of("tok_embeddings.weight") == lay.stage_of("") == 0
+    assert lay.stage_of("layers.3.attention.wq.weight") == 1 and lay.stage_of("layers.2") == 0
+    assert lay.stage_of("output.weight") == lay.stage_of("norm") == lay.stage_of("loss") == 1
+
+
+@pytest.mark.parametrize("overrides,device,world,sharded,mode", [
+    (["parallel.data_parallel=2"], "CPU", 2, False, True),               # data parallel on CPU
+    (["parallel.data_parallel=2", "parallel.model_parallel=2"], "Ascend", 4, True, False),
+    (["parallel.data_parallel=2", "parallel.optimizer_shard=true"], "Ascend", 2, True, False),
+    (["parallel.data_parallel=2", "parallel.model_parallel=2"], "CPU", 1, False, False),  # generate: one process
+])
+def test_sharded_means_semi_auto_parallel_with_several_workers(overrides, device, world, sharded, mode):
+    lay = layout(*overrides, device=device, world=world)
+    assert lay.sharded == sharded and lay.data_parallel_mode == mode
+    assert lay.cpu_kernels == (device == "CPU" and not sharded)
+
+
+def test_attention_and_norm_kernels_follow_the_device_and_the_profile():
+    assert layout("hardware=ascend910b", device="Ascend").attention == "flash"
+    assert layout("hardware=ascend910b", device="Ascend").fused_norm
+    assert layout("hardware=ascend910b", device="CPU").attention == "composite"  # auto off Ascend
+    assert layout("hardware=ascend910a", device="Ascend").attention == "composite"  # 910A has no FlashAttentionScore
+    assert layout("hardware=ascend910b", "model.attention=composite", device="Ascend").attention == "composite"
+
+
+def test_graph_reuse_is_per_layer_or_per_micro_batch():
+    assert layout().graph_reuse == "layer"
+    assert layout("run.reuse_layer_graph=false").graph_reuse == "none"
+    micro = ["hardware=ascend910b", "parallel.data_parallel=2", "parallel.model_parallel=2",
+             "parallel.gradient_accumulation_steps=4"]
+    assert layout(*micro).graph_reuse == "model"      # MindSpore allows lazy_inline only on the outermost cell
+    assert layout(*micro[:-1]).graph_reuse == "layer"
+
+
+def test_recomputed_layers_are_the_first_of_each_stage():
+    lay = layout("hardware=ascend910b", "model.num_layers=8", "parallel.data_parallel=1", "parallel.pipeline_stage=2",
+                 "parallel.micro_batch_num=2", "parallel.stage_offset=[1,-1]", "recompute.mode=full",
+                 "recompute.layers=[2,1]")
+    assert lay.layers_per_stage == (5, 3) and lay.recomputed == (0, 1, 5)

@@ -1,0 +1,254 @@
+"""MindSpore's dry run of one rank's training graph, and what its compiled graph shows.
+
+    python -m training.dryrun --config C [--set k=v ...] [--packed]   # rank RANK_ID, JSON on stdout
+
+Run inside the environment of training.standins.dryrun_environment (tools/dryrun.py starts one
+such process per rank). With MS_SIMULATION_LEVEL=0 MindSpore compiles rank R's semi-auto-parallel
+graph, frontend and parallel passes (strategy checks, redistribution, pipeline split, optimizer
+shard), creates dummy communication groups, and runs nothing. The graph is built by
+training.train_step.build_train_graph, the function run_train.py trains with, under
+no_init_parameters: no weight is allocated.
+
+What the report holds, and where it comes from:
+  local_shapes  every parameter of the step (weights, AdamW moments, accumulation buffers) -> its
+                shape on this rank after compile (Parameter.shape, which includes the optimizer shard)
+  layouts       the same parameters -> [device matrix, tensor map, full shape, optimizer-shard group]
+  bytes         weights, grads, optimizer on this rank (docs/dryrun.md defines each)
+  collectives   from the compiled graph (the `validate` IR): kind, group size, count and bytes per step
+  groups        the communication groups those collectives use
+What it cannot tell: whether kernels exist and run, numerics, speed, device memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from training.config import ConfigError, add_config_arguments, config_from_args, fail
+
+IR_PASS = "validate"  # the last frontend IR: after the parallel passes, recompute and the optimizer shard
+DTYPE_BYTES = {"Float32": 4, "Float16": 2, "BFloat16": 2, "Int32": 4, "Int64": 8, "Bool": 1, "UInt8": 1, "Int8": 1,
+               "Float64": 8}
+COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "AlltoAll", "AllToAll", "Broadcast", "Send", "Receive",
+               "MicroStepAllGather", "MiniStepAllGather", "AllGatherV", "ReduceScatterV", "AlltoAllV", "Reduce")
+# What a collective is for, from the instance name the parallel passes give it.
+PURPOSES = (("parallel_optimizer", "optimizer_shard"), ("GLOBALNORM", "grad_norm"), ("mirror", "grad_reduce"),
+            ("redistribution", "redistribution"))  # anything else: an operator's own communication
+# Which tensor of a collective is "its bytes": the one each rank contributes (input), or for the ops that
+# end with more than they start with, the result (AllGather, Receive).
+OUTPUT_SIZED = ("AllGather", "Receive", "MicroStepAllGather", "MiniStepAllGather", "AllGatherV")
+
+
+# ----------------------------------------------------------------------------------------------
+# The compiled graph: collectives from the IR text
+
+
+_GRAPH = re.compile(r"^subgraph @(\S+?)\(")
+_NODE = re.compile(r"^\s+%\d+\(\S+\) = (.*)$")
+_TENSOR = re.compile(r"Tensor\[(\w+)\]\]?, \(([\d, ]*)\)")  # Tensor[F32], (..) or Ref[Tensor[F32]], (..)
+_REF = re.compile(r"@([^\s(),\[\]]+)")
+
+
+def _tensor_bytes(text: str) -> int:
+    """Bytes of the first tensor type in an IR type list like `(<Tensor[Float32], (8, 16)>)`."""
+    match = _TENSOR.search(text)
+    if not match:
+        return 0
+    shape = [int(d) for d in match.group(2).replace(" ", "").split(",") if d]
+    return int(np.prod(shape, dtype=np.int64)) * DTYPE_BYTES.get(match.group(1), 4)
+
+
+def _attr(line: str, name: str) -> str | None:
+    match = re.search(rf"\b{name}: (\([^)]*\)|[^,}}]+)", line)
+    return match.group(1).strip() if match else None
+
+
+def _callees(rhs: str) -> list[str]:
+    """The graphs a node calls: `call @g(..)` / `@g(..)` (a reused cell, a layer kept by lazy_inline),
+    or `%n[@Partial(@g)](..)` / `%n[@FuncUnion(@a, @b)](..)` (a backward closure, an `if`'s branches).
+    Creating a Partial is not a call."""
+    if rhs.startswith("call @") or rhs.startswith("@"):
+        return _REF.findall(rhs.split("(", 1)[0])[:1]
+    if rhs.startswith("%") and "[" in rhs.split("(", 1)[0]:
+        return [g for g in _REF.findall(rhs.split("](", 1)[0]) if g not in ("Partial", "FuncUnion")]
+    return []
+
+
+def parse_ir(text: str, rank: int) -> dict:
+    """{graph: {"collectives": [(kind, purpose, ranks, bytes)], "calls": [graph, ...]}} of one IR file;
+    `calls` lists a callee once per calling node (both branches of an `if` count as taken)."""
+    graphs: dict[str, dict] = {}
+    current = None
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        start = _GRAPH.match(line)
+        if start:
+            current = graphs.setdefault(start.group(1), {"collectives": [], "calls": []})
+            continue
+        node = _NODE.match(line) if current is not None else None
+        if not node:
+            continue
+        rhs = node.group(1)
+        current["calls"] += _callees(rhs)
+        kind = rhs.split("(", 1)[0].removeprefix("PrimFunc_")
+        if kind not in COLLECTIVES:
+            continue
+        ranks = _attr(line, "group_rank_ids") or _attr(line, "rank_list") or "()"
+        ranks = tuple(int(r) for r in re.findall(r"\d+", ranks))
+        if kind in ("Send", "Receive") and len(ranks) != 2:  # a pair named by the peer in the world group
+            side = "dest" if kind == "Send" else "src"
+            peer = _attr(line, f"{side}_global_rank") or _attr(line, f"{side}_rank")  # the primitive's, listed first
+            ranks = tuple(sorted({rank, int(re.findall(r"\d+", peer)[-1])}))  # the value of I64(4)
+        instance = _attr(line, "instance name") or ""
+        purpose = "pipeline" if kind in ("Send", "Receive") else next(
+            (p for key, p in PURPOSES if key in instance), "operator")
+        types = lines[i + 1] if i + 1 < len(lines) else ""
+        inputs, _, output = types.partition("->")
+        current["collectives"].append((kind, purpose, ranks,
+                                       _tensor_bytes(output if kind in OUTPUT_SIZED else inputs)))
+    return graphs
+
+
+def graph_call_counts(graphs: dict) -> dict[str, int]:
+    """How often each graph runs per step: the root (the graph nobody calls) once, a callee as often as
+    its callers call it. Branches (the optimizer under `if not overflow`) count as taken."""
+    called = {g for info in graphs.values() for g in info["calls"]}
+    roots = [g for g in graphs if g not in called] or list(graphs)[-1:]
+    counts: dict[str, int] = defaultdict(int)
+
+    def visit(name: str, times: int, depth: int = 0) -> None:
+        if name not in graphs or depth > 200:
+            return
+        counts[name] += times
+        for callee in graphs[name]["calls"]:
+            visit(callee, times, depth + 1)
+
+    for root in roots:
+        visit(root, 1)
+    return counts
+
+
+def collectives_of(graphs: dict) -> tuple[list[dict], dict[str, list[int]]]:
+    """Collectives per step, one entry per (kind, purpose, group): count and bytes; and the groups used."""
+    counts = graph_call_counts(graphs)
+    total: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    for name, info in graphs.items():
+        for kind, purpose, ranks, size in info["collectives"]:
+            entry = total[(kind, purpose, ranks)]
+            entry[0] += counts.get(name, 0)
+            entry[1] += counts.get(name, 0) * size
+    rows = [{"kind": kind, "purpose": purpose, "group_size": len(ranks), "ranks": list(ranks), "count": n,
+             "bytes": size} for (kind, purpose, ranks), (n, size) in sorted(total.items()) if n]
+    groups = {"-".join(map(str, ranks)): list(ranks) for (_k, _p, ranks), (n, _s) in total.items() if n and ranks}
+    return rows, groups
+
+
+def read_validate_ir(folder: Path) -> str:
+    files = sorted(folder.rglob(f"*{IR_PASS}*.ir"))
+    return files[-1].read_text() if files else ""
+
+
+# ----------------------------------------------------------------------------------------------
+# One rank's compile (inside the dry-run process)
+
+
+def first_error_line(exc: BaseException) -> str:
+    """MindSpore's first message line and, where the trace names one, the op and the line of our code."""
+    text = str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    head = lines[0] if lines else type(exc).__name__
+    ours = next((line for line in lines if line.startswith("In file") and "/models/" in line), None)
+    return f"{head} ({ours})" if ours and ours not in head else head
+
+
+def example_inputs(cfg, layout, packed: bool) -> tuple:
+    """Zero batches of the shapes and dtypes the trainer feeds: [rows, seq] per input."""
+    from mindspore import Tensor
+    shape = (layout.rows_per_step, cfg.model.seq_length)
+    inputs = [Tensor(np.zeros(shape, np.int32)), Tensor(np.zeros(shape, np.int32)),
+              Tensor(np.ones(shape, np.float32))]
+    if packed:
+        inputs.append(Tensor(np.zeros(shape, np.int32)))
+    return tuple(inputs)
+
+
+def _nbytes(param) -> int:
+    from mindspore.common.dtype import dtype_to_nptype
+    return int(np.prod(param.shape, dtype=np.int64)) * np.dtype(dtype_to_nptype(param.dtype)).itemsize
+
+
+def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
+    """Compile this process's rank (RANK_ID of RANK_SIZE) and report what the compiled graph holds."""
+    from mindspore.nn.utils import no_init_parameters
+
+    from training.runtime import set_input_layout, setup
+    from training.train_step import build_train_graph
+
+    rt = setup(cfg)
+    layout = rt.layout
+    report = {"compiled": False, "error": None, "rank": rt.rank, "stage": layout.stage_of_rank(rt.rank),
+              "devices": layout.devices, "local_shapes": {}, "bytes": {}, "groups": {}, "collectives": [],
+              "compile_s": None}
+    with no_init_parameters():
+        graph = build_train_graph(cfg, layout)
+    inputs = example_inputs(cfg, layout, packed)
+    set_input_layout(layout, len(inputs))
+    began = time.perf_counter()
+    try:
+        graph.step.compile(*inputs)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        report["error"] = first_error_line(exc)
+        return report
+    finally:
+        report["compile_s"] = round(time.perf_counter() - began, 2)
+    report["compiled"] = True
+    # this rank's parameters: a pipeline stage's graph holds only its own (the others keep their full,
+    # unallocated shapes); the compiled layouts name exactly those
+    held = graph.step.parameter_layout_dict
+    params = [p for p in graph.step.get_parameters() if p.name in held]
+    report["local_shapes"] = {p.name: list(p.shape) for p in params}
+    # the compiled layout of each (device matrix, tensor map, full shape, optimizer-shard group): what a
+    # restore slices full tensors by (training.slicing)
+    report["layouts"] = {p.name: [list(held[p.name][0]), list(held[p.name][1]), list(held[p.name][6]),
+                                  held[p.name][5]] for p in params}
+    weights = {p.name for p in graph.model.get_parameters()}
+    trainable = {p.name for p in graph.network.trainable_params()}
+    accumulated = [p for p in params if p.name.startswith("accu_grads.")]
+    report["bytes"] = {
+        "weights": sum(_nbytes(p) for p in params if p.name in weights),
+        # the gradient storage: accumulation buffers when the graph keeps them, else one gradient per
+        # trained parameter as the optimizer receives it (its local shape after compile)
+        "grads": sum(_nbytes(p) for p in (accumulated or [p for p in params if p.name in trainable])),
+        "optimizer": sum(_nbytes(p) for p in params if p.name.startswith(("adam_m.", "adam_v."))),
+    }
+    if ir_dir is not None:
+        report["collectives"], report["groups"] = collectives_of(parse_ir(read_validate_ir(ir_dir), rt.rank))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Compile rank RANK_ID under MindSpore's dry run (see tools/dryrun.py).")
+    add_config_arguments(parser)
+    parser.add_argument("--packed", action="store_true", help="feed segment_ids as packed SFT data does")
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args)
+    ir_dir = os.environ.get("MS_DEV_SAVE_GRAPHS_PATH")
+    try:
+        report = compile_rank(cfg, args.packed, Path(ir_dir) if ir_dir else None)
+    except ConfigError as exc:
+        fail(str(exc))
+    report["host_peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

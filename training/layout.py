@@ -1,0 +1,126 @@
+"""Every decision derived from a config's parallel layout, computed once (torchtitan's ParallelDims).
+
+`Layout.of(cfg, device, world)` is what the model, the sharding plan, recompute, the train step,
+the data pipeline, the planner and the metrics ask; none of them derives a degree, a stage, an
+attention kernel or a loss form on its own.
+
+Rank order (MindSpore's device matrix, tensor parallel innermost): rank = stage * (dp * mp) +
+dp_index * mp + mp_index. Ranks that differ only in mp_index, or only in stage, read the same rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from training.config import Config, layer_stages, recompute_layer_counts, stage_layer_counts
+
+# MindSpore's parallel optimizer keeps parameters smaller than this whole (its parallel_optimizer_threshold,
+# default 64 KB; passed to it explicitly so the planner and the compiler share one number)
+OPTIMIZER_SHARD_MIN_KIB = 64
+
+
+@dataclass(frozen=True)
+class Layout:
+    device: str                 # Ascend | GPU | CPU: the device the graph is compiled for
+    dp: int                     # data parallel
+    mp: int                     # tensor (model) parallel
+    pp: int                     # pipeline stages
+    micro_batch_size: int
+    micro_steps: int            # micro batches per optimizer step (pipeline micro batches or accumulation)
+    sharded: bool               # semi-auto parallel: the plan's .shard() strategies are compiled
+    data_parallel_mode: bool    # several workers, no strategies: DATA_PARALLEL with an explicit all-reduce
+    sequence_parallel: bool
+    optimizer_shard: bool
+    accumulation_shard: bool    # gradient-accumulation buffers sharded like the optimizer state
+    vocab_parallel: bool        # embedding and output head split over the vocabulary (mp > 1, not vocab_emb_dp)
+    attention: str              # flash | composite
+    fused_norm: bool            # the RmsNorm kernel (Atlas A2) instead of composite RMSNorm
+    cpu_kernels: bool           # CPU-only fast paths: RowSumSoftmax, split causal scores, MatMul norm, fused loss
+    stages_of_layers: tuple     # pipeline stage of each decoder layer
+    layers_per_stage: tuple
+    recomputed: tuple           # indices of the recomputed decoder layers
+    recompute: str              # none | selective | full
+    graph_reuse: str            # layer | model | none: which compiled graph is reused (MindSpore lazy_inline)
+
+    @classmethod
+    def of(cls, cfg: Config, device: str | None = None, world: int | None = None) -> "Layout":
+        """`device` defaults to the hardware profile's and `world` to the config's device count: the
+        layout a run on that hardware compiles. A stand-alone process (world 1) is never sharded."""
+        p, m = cfg.parallel, cfg.model
+        device = device or cfg.hardware.device_target
+        world = cfg.devices if world is None else world
+        sharded = world > 1 and (p.model_parallel > 1 or p.pipeline_stage > 1 or
+                                 (p.optimizer_shard and p.data_parallel > 1))
+        a2_kernels = cfg.hardware.flash_attention and device == "Ascend"
+        micro_steps = p.micro_batch_num if p.pipeline_stage > 1 else p.gradient_accumulation_steps
+        flash = m.attention == "flash" or (m.attention == "auto" and a2_kernels)
+        return cls(
+            device=device, dp=p.data_parallel, mp=p.model_parallel, pp=p.pipeline_stage,
+            micro_batch_size=cfg.train.micro_batch_size,
+            micro_steps=micro_steps,
+            sharded=sharded, data_parallel_mode=world > 1 and not sharded, sequence_parallel=p.sequence_parallel and p.model_parallel > 1,
+            optimizer_shard=p.optimizer_shard and p.data_parallel > 1,
+            accumulation_shard=p.gradient_accumulation_shard,
+            vocab_parallel=p.model_parallel > 1 and not p.vocab_emb_dp,
+            attention="flash" if flash else "composite",
+            fused_norm=m.arch == "llama" and (a2_kernels or flash),
+            cpu_kernels=device == "CPU" and not sharded,
+            stages_of_layers=tuple(layer_stages(cfg)),
+            layers_per_stage=tuple(stage_layer_counts(m.num_layers, p.pipeline_stage, p.stage_offset)),
+            recomputed=tuple(_recomputed_layers(cfg)), recompute=cfg.recompute.mode,
+            graph_reuse=_graph_reuse(cfg, sharded, micro_steps))
+
+    # -- degrees and groups ---------------------------------------------------------------------
+    @property
+    def devices(self) -> int:
+        return self.dp * self.mp * self.pp
+
+    @property
+    def stage_devices(self) -> int:
+        return self.dp * self.mp
+
+    @property
+    def rows_per_step(self) -> int:
+        """Rows (sequences) one rank feeds per optimizer step: all its micro batches, stacked."""
+        return self.micro_batch_size * self.micro_steps
+
+    @property
+    def accumulates_in_graph(self) -> bool:
+        """MindSpore's micro-batch cells (Pipeline, GradAccumulation) accumulate the sharded gradients
+        into `accu_grads` buffers and reduce them once per step."""
+        return self.sharded and self.micro_steps > 1
+
+    def stage_of_rank(self, rank: int) -> int:
+        return rank // self.stage_devices
+
+    def data_rank(self, rank: int) -> int:
+        """Which data-parallel share of each micro batch `rank` reads (0 .. dp-1)."""
+        return rank % self.stage_devices // self.mp
+
+    def stage_ranks(self, stage: int) -> range:
+        return range(stage * self.stage_devices, (stage + 1) * self.stage_devices)
+
+    def stage_of(self, path: str) -> int:
+        """The stage of a cell or parameter path: embeddings on the first stage, layer i on its stage,
+        final norm, head and loss on the last."""
+        head, *rest = path.split(".")
+        if head == "layers":
+            return self.stages_of_layers[int(rest[0])]
+        return 0 if head in ("", "tok_embeddings", "pos_embeddings") else self.pp - 1
+
+
+def _graph_reuse(cfg: Config, sharded: bool, micro_steps: int) -> str:
+    """run.reuse_layer_graph: one graph per micro batch when a sharded step has several (MindSpore allows
+    lazy_inline only on the outermost cell there), else one graph per decoder-layer kind."""
+    if not cfg.run.reuse_layer_graph:
+        return "none"
+    return "model" if sharded and micro_steps > 1 else "layer"
+
+
+def _recomputed_layers(cfg: Config) -> list[int]:
+    """Global indices of the recomputed layers: the first n of each pipeline stage."""
+    per_stage = stage_layer_counts(cfg.model.num_layers, cfg.parallel.pipeline_stage, cfg.parallel.stage_offset)
+    chosen, start = [], 0
+    for held, n in zip(per_stage, recompute_layer_counts(cfg)):
+        chosen += range(start, start + n)
+        start += held
+    return chosen

@@ -1,0 +1,162 @@
+"""CANN stand-ins: the shared libraries MindSpore's Ascend plugin loads, so its dry run compiles on any host.
+
+MindSpore's dry run (`MS_SIMULATION_LEVEL=0`, docs/dryrun.md) compiles one rank's semi-auto-parallel
+graph without a device. It still loads the Ascend plugin, and the plugin links against CANN's
+libraries (libascendcl, libhccl, libge_runner, ...). On a host without CANN, libraries with the
+same names whose every function returns 0 let the plugin load; at level 0 none of them is asked
+to compute anything. On a host with CANN installed the real libraries are used instead.
+
+Built once per MindSpore install into `$XDG_CACHE_HOME/mindscale/cann-standins/<key>/lib64`
+(needs gcc and binutils' nm and strings):
+  1. the undefined dynamic symbols of every plugin library, minus those MindSpore itself, libc,
+     libm, libstdc++, libgcc_s and libgomp define, plus the identifiers the plugin looks up with
+     dlsym (acl*, hccl*, rt*, Msprof*, ... found by `strings`);
+  2. one C file defining each as `long f(void) { return 0; }` (vtables and typeinfo as zeroed data);
+  3. compiled once per library name. The folder must be called lib64: the plugin looks for
+     `<folder of libascendcl.so>/../lib64/...` and `lib64/driver/libascend_hal.so`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+LIBRARIES = ("libacl_dvpp", "libacl_dvpp_mpi", "libacl_dvpp_op", "libacl_op_compiler", "libacl_tdt_channel",
+             "libascend_hal", "libascendalog", "libascendcl", "libatb", "libc_sec", "libge_runner", "libgraph",
+             "libhccl", "libmmpa", "libmsprofiler", "libnnopbase", "libplatform", "libprofapi", "libregister",
+             "libruntime")
+SYSTEM_LIBRARIES = ("libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libgomp.so.1")
+DLSYM_NAMES = re.compile(r"^(acl|Acl|hccl|Hccl|rt[A-Z]|Msprof|Nnopbase|hal[A-Z]|drv[A-Z]|prof[A-Z]|mstx|Mstx|dcmi|"
+                         r"Dlog|Alog|atb|Atb|lccl|Lccl)\w*$")
+TOOLS = ("gcc", "nm", "strings")
+
+
+class StandinError(RuntimeError):
+    """The stand-ins cannot be built here (a missing tool); the message names the fix."""
+
+
+def mindspore_dir() -> Path:
+    import importlib.util
+    spec = importlib.util.find_spec("mindspore")
+    if spec is None or not spec.origin:
+        raise StandinError("mindspore is not installed; install requirements.txt")
+    return Path(spec.origin).parent
+
+
+def libgomp() -> str:
+    """The system libgomp: MindSpore's Ascend plugin needs it loaded before Python starts (LD_PRELOAD)."""
+    for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"):
+        path = Path(folder) / "libgomp.so.1"
+        if path.is_file():
+            return str(path)
+    raise StandinError("libgomp.so.1 not found; install gcc's runtime (Debian: apt-get install libgomp1)")
+
+
+def _system_library(name: str) -> Path | None:
+    for folder in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
+                   "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64"):
+        if (Path(folder) / name).is_file():
+            return Path(folder) / name
+    return None
+
+
+def _symbols(path: Path, which: str) -> set[str]:
+    out = subprocess.run(["nm", "-D", which, str(path)], capture_output=True, text=True).stdout
+    return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.split()}
+
+
+def plugin_libraries(ms: Path) -> list[Path]:
+    return sorted(p for p in (ms / "lib" / "plugin").rglob("*.so*") if p.is_file() and not p.is_symlink())
+
+
+def needed_symbols(ms: Path) -> list[str]:
+    """Every name the Ascend plugin needs from CANN (step 1 of the module docstring)."""
+    plugin = plugin_libraries(ms)
+    providers = [*plugin, *(p for p in (ms / "lib").glob("*.so*") if p.is_file())]
+    providers += [p for p in map(_system_library, SYSTEM_LIBRARIES) if p is not None]
+    defined = set().union(*(_symbols(p, "--defined-only") for p in providers))
+    wanted = set().union(*(_symbols(p, "--undefined-only") for p in plugin))
+    for path in plugin:
+        text = subprocess.run(["strings", str(path)], capture_output=True, text=True).stdout
+        wanted.update(word for word in text.split() if DLSYM_NAMES.match(word))
+    return sorted(n for n in wanted - defined if re.fullmatch(r"[A-Za-z_][\w.$]*", n) and not n.startswith("__"))
+
+
+def c_source(names: list[str]) -> str:
+    """Each name a function returning 0; C++ vtables/typeinfo (_ZTV/_ZTI/_ZTS) as zeroed data."""
+    lines = []
+    for i, name in enumerate(names):
+        if name.startswith(("_ZTV", "_ZTI", "_ZTS")):
+            lines.append(f'char d{i}[512] __asm__("{name}") = {{0}};')
+        else:
+            lines.append(f'long f{i}(void) __asm__("{name}");\nlong f{i}(void) {{ return 0; }}')
+    return "\n".join(lines) + "\n"
+
+
+def cache_key(ms: Path) -> str:
+    """MindSpore's version and plugin build: the stand-ins follow the plugin they were made for."""
+    digest = hashlib.sha256()
+    for path in plugin_libraries(ms):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(ms)}:{stat.st_size}".encode())
+    version = re.search(r"__version__ = '([^']+)'", (ms / "version.py").read_text())
+    return f"mindspore-{version.group(1) if version else 'unknown'}-{digest.hexdigest()[:12]}"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mindscale" / "cann-standins"
+
+
+def build(lib64: Path, ms: Path) -> None:
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if missing:
+        raise StandinError(f"building the CANN stand-ins for the dry run needs {', '.join(missing)}; "
+                           "install gcc and binutils (Debian: apt-get install gcc binutils)")
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=lib64.parent.parent))
+    source = staging / "standins.c"
+    source.write_text(c_source(needed_symbols(ms)))
+    out = staging / "lib64"
+    (out / "driver").mkdir(parents=True)
+    for name in LIBRARIES:
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O0", f"-Wl,-soname,{name}.so", "-o", str(out / f"{name}.so"),
+                        str(source)], check=True, capture_output=True)
+    shutil.copy(out / "libascend_hal.so", out / "driver" / "libascend_hal.so")
+    try:
+        os.rename(staging, lib64.parent)   # atomic: a concurrent builder's result wins, ours is dropped
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def cann_lib64() -> Path:
+    """The lib64 folder to put first on LD_LIBRARY_PATH: real CANN's when installed, else the stand-ins."""
+    real = os.environ.get("ASCEND_HOME_PATH")
+    if real and (Path(real) / "lib64" / "libascendcl.so").is_file():
+        return Path(real) / "lib64"
+    ms = mindspore_dir()
+    lib64 = cache_root() / cache_key(ms) / "lib64"
+    if not (lib64 / "libascendcl.so").is_file():
+        lib64.parent.parent.mkdir(parents=True, exist_ok=True)
+        build(lib64, ms)
+    return lib64
+
+
+def dryrun_environment(base: dict, rank: int, world: int) -> dict:
+    """The environment a dry-run process must start with (the loader reads it before Python runs)."""
+    ms = mindspore_dir()
+    lib64 = cann_lib64()
+    paths = [str(lib64), str(ms / "lib"), str(ms / "lib" / "plugin"), str(ms / "lib" / "plugin" / "ascend")]
+    if base.get("LD_LIBRARY_PATH"):
+        paths.append(base["LD_LIBRARY_PATH"])
+    preload = " ".join(filter(None, [libgomp(), base.get("LD_PRELOAD")]))
+    return {**base, "LD_LIBRARY_PATH": ":".join(paths), "LD_PRELOAD": preload, "MS_SIMULATION_LEVEL": "0",
+            "RANK_SIZE": str(world), "RANK_ID": str(rank), "GLOG_v": base.get("GLOG_v", "3")}
+
+
+if __name__ == "__main__":
+    print(cann_lib64())
+    sys.exit(0)

@@ -1,6 +1,7 @@
 """training/planner.py and tools/plan.py: the Korthikanti et al. 2022 activation model, the MindSpore
 adjustments, per-stage memory, the prediction arithmetic, re-planning, search and the CLI."""
 import json
+import math
 import subprocess
 import sys
 
@@ -77,7 +78,8 @@ def test_plan_has_the_design_keys(cfg70):
     for key in ("params", "flops_per_token", "hflops_per_token", "memory_gib", "device_memory_gib", "fits",
                 "comm_bytes_per_step", "predicted"):
         assert key in result
-    assert set(result["memory_gib"]) == {"weights", "grads", "optimizer", "activations", "reserve", "total"}
+    assert set(result["memory_gib"]) == {"weights", "grads", "optimizer", "transient", "activations", "reserve",
+                                         "total"}
     assert result["params"] == 68_976_648_192
     assert result["memory_gib"]["total"] == pytest.approx(sum(v for k, v in result["memory_gib"].items() if k != "total"))
 
@@ -89,13 +91,21 @@ def test_first_stage_holds_pipeline_stage_micro_batches_in_flight(cfg70):
     assert acts[1] / acts[2] == pytest.approx(3 / 2)
 
 
-def test_optimizer_sharding_divides_optimizer_state_by_data_parallel(cfg70):
-    off = planner.with_overrides(cfg70, ["parallel.optimizer_shard=false"])
+def test_optimizer_sharding_cuts_parameters_of_64_kib_and_more_over_their_replicas(cfg70):
+    """MindSpore's parallel optimizer (as the dry run compiles it): weights, moments and, with
+    gradient_accumulation_shard, the accumulation buffers of parameters of at least 64 KiB are cut over
+    the ranks holding the same slice; smaller ones (here the norms) stay whole."""
+    off = planner.with_overrides(cfg70, ["parallel.optimizer_shard=false", "parallel.gradient_accumulation_shard=false"])
     on, off_mem = planner.stage_memory(cfg70, 1), planner.stage_memory(off, 1)
-    assert off_mem["optimizer"] == pytest.approx(on["optimizer"] * cfg70.parallel.data_parallel)
     params = planner.stage_params(cfg70)[1]
-    assert off_mem["optimizer"] == pytest.approx(2 * 4 * params)            # two fp32 moments
-    assert off_mem["weights"] == pytest.approx((4 + 2) * params)            # fp32 master + bf16 copy
+    assert off_mem["optimizer"] == 2 * 4 * params                          # two fp32 moments, whole
+    assert off_mem["weights"] == off_mem["grads"] == 4 * params              # fp32 master; fp32 accumulation buffers
+    slices = [p for p in planner.parameter_slices(cfg70) if 1 in p.stages]
+    small = sum(math.prod(p.local) for p in slices if math.prod(p.shape) * 4 < 64 * 1024)
+    d = cfg70.parallel.data_parallel
+    assert small and on["optimizer"] == 2 * 4 * ((params - small) // d + small)
+    assert on["weights"] == on["grads"] == 4 * ((params - small) // d + small)
+    assert on["transient"] > off_mem["transient"] > 0                       # bf16 copies; gathered under the shard
 
 
 def test_per_stage_recompute_list_lowers_only_those_stages(cfg70):
@@ -128,12 +138,22 @@ def test_pipeline_bubble_adds_p_minus_1_slots(cfg70):
     assert pred["compute_s"] * 35 / 32 == pytest.approx(pred["step_time_s"] - pred["comm_exposed_s"])
 
 
-def test_data_parallel_gradient_bytes_are_a_ring_all_reduce(cfg70):
-    comm = planner.communication(cfg70, 1)
-    d = cfg70.parallel.data_parallel
-    assert comm["dp_grad_reduce"] == pytest.approx(2 * (d - 1) / d * planner.stage_params(cfg70)[1] * 4)
+def test_data_parallel_gradient_bytes_follow_the_compiled_collectives(cfg70):
+    """Ring bytes per step: an fp32 all-reduce without the optimizer shard; with it an fp32 reduce-scatter
+    and a bf16 all-gather of the weights (MindSpore gathers after the cast), the reduce-scatter once per
+    micro batch when the accumulation buffers are sharded. tests/test_dryrun.py holds these against the
+    compiled graphs."""
+    d, micro = cfg70.parallel.data_parallel, cfg70.parallel.micro_batch_num
+    params = planner.stage_params(cfg70)[1]
+    plain = planner.with_overrides(cfg70, ["parallel.optimizer_shard=false", "parallel.gradient_accumulation_shard=false"])
+    once = planner.with_overrides(cfg70, ["parallel.gradient_accumulation_shard=false"])
+    share = (d - 1) / d
+    assert planner.communication(plain, 1)["dp_grad_reduce"] == pytest.approx(2 * share * params * 4, rel=1e-4)
+    assert planner.communication(once, 1)["dp_grad_reduce"] == pytest.approx(share * params * (4 + 2), rel=1e-3)
+    assert planner.communication(cfg70, 1)["dp_grad_reduce"] == pytest.approx(share * params * (4 * micro + 2),
+                                                                              rel=1e-3)
     x = 4096 * 1 * 8192 * 2
-    assert comm["tp_per_layer"] == pytest.approx(4 * 2 * 3 / 4 * x)
+    assert planner.communication(cfg70, 1)["tp_per_layer"] == pytest.approx(4 * 2 * 3 / 4 * x)
 
 
 def test_replan_devices_changes_data_parallel_and_keeps_global_batch(cfg70):

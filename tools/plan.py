@@ -55,15 +55,18 @@ def text(result: dict) -> str:
         f"{lay['micro_batch_size']} x {lay['gradient_accumulation_steps']} accumulation = global batch "
         f"{lay['global_batch_size']}; recompute {lay['recompute']} {lay['recompute_layers']}; "
         f"attention {lay['attention']}; sequence parallel {lay['sequence_parallel']}; "
-        f"optimizer shard {lay['optimizer_shard']}",
+        f"optimizer shard {lay['optimizer_shard']}" +
+        (" (accumulation buffers sharded too)" if lay["gradient_accumulation_shard"] else ""),
         f"parameters      {result['params']:,} (matmul N = {result['matmul_params']:,})",
         f"FLOPs per token model {result['flops_per_token']:.4g} (6N + 12·L·H·Q·T), "
         f"hardware {result['hflops_per_token']:.4g} (with recompute)",
         f"memory per device, worst stage {result['memory_stage']} of {stages} (layers per stage "
         f"{lay['layers_per_stage']}):",
     ]
-    for key in ("weights", "grads", "optimizer", "activations", "reserve", "total"):
+    for key in ("weights", "grads", "optimizer", "transient", "activations", "reserve", "total"):
         lines.append(f"  {key:<12}{_gib(mem[key])}")
+    lines.append("  (weights, grads, optimizer: this rank's slices as MindSpore's compiler cuts them, exact; "
+                 "tools/dryrun.py compares them)")
     verdict = "FITS" if result["fits"] else "DOES NOT FIT"
     lines.append(f"  budget      {_gib(result['memory_budget_gib'])} of {result['device_memory_gib']:g} GiB "
                  f"(memory_margin of what the reserve leaves): {verdict}")
@@ -89,8 +92,10 @@ def search_text(devices: int, found: list[dict]) -> str:
         p, pred = entry["plan"], entry["plan"]["predicted"]
         lay = p["layout"]
         lines.append(f"{rank}. dp {lay['data_parallel']} mp {lay['model_parallel']} pp {lay['pipeline_stage']}, "
-                     f"micro batches {lay['micro_batch_num']} x {lay['micro_batch_size']}, recompute "
-                     f"{lay['recompute']} {lay['recompute_layers']}: {pred['tokens_per_s']:,.0f} tokens/s, "
+                     f"micro batches {lay['micro_batch_num'] * lay['gradient_accumulation_steps']} x "
+                     f"{lay['micro_batch_size']}, recompute {lay['recompute']} {lay['recompute_layers']}"
+                     + (", accumulation buffers sharded" if lay["gradient_accumulation_shard"] else "")
+                     + f": {pred['tokens_per_s']:,.0f} tokens/s, "
                      f"MFU {pred['mfu']:.1%}, memory {p['memory_gib']['total']:.1f} of "
                      f"{p['memory_budget_gib']:.1f} GiB")
         lines.append(f"   {set_line(entry['overrides'])}")

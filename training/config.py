@@ -128,6 +128,11 @@ class ParallelConfig:
     vocab_emb_dp: bool = doc("Keep the embedding data-parallel instead of vocab-sharded over t.", True)
     optimizer_shard: bool = doc("Shard optimizer states (and master weights) over data parallel.", False)
     gradient_accumulation_steps: int = doc("Micro steps accumulated per optimizer step.", 1)
+    gradient_accumulation_shard: bool = doc(
+        "With optimizer_shard and several micro batches per step (accumulation or a pipeline): keep the "
+        "gradient-accumulation buffers sharded over the data-parallel replicas (MindSpore's "
+        "gradient_accumulation_shard). Saves most of one full fp32 gradient copy per rank; costs a "
+        "reduce-scatter of the gradients per micro batch instead of one per step.", False)
 
     @property
     def devices(self) -> int:
@@ -530,6 +535,19 @@ def _parallel(cfg: Config) -> None:
                           "(sequence_parallel); change one of them")
 
     pp = p.pipeline_stage
+    if pp > 1 and p.gradient_accumulation_steps > 1:
+        raise ConfigError(f"parallel.gradient_accumulation_steps={p.gradient_accumulation_steps} with "
+                          f"parallel.pipeline_stage={pp}: a pipeline accumulates its micro batches; raise "
+                          "parallel.micro_batch_num instead and set gradient_accumulation_steps to 1")
+    if p.gradient_accumulation_shard and not (p.optimizer_shard and p.data_parallel > 1):
+        raise ConfigError("parallel.gradient_accumulation_shard=true needs parallel.optimizer_shard=true and "
+                          "parallel.data_parallel > 1 (it shards the buffers like the optimizer state); set it false")
+    if p.gradient_accumulation_shard and max(p.micro_batch_num, p.gradient_accumulation_steps) == 1:
+        raise ConfigError("parallel.gradient_accumulation_shard=true has nothing to shard with one micro batch per "
+                          "step; set it false or raise gradient_accumulation_steps / micro_batch_num")
+    if p.gradient_accumulation_shard and not cfg.run.reuse_layer_graph:
+        raise ConfigError("parallel.gradient_accumulation_shard=true needs run.reuse_layer_graph=true (MindSpore "
+                          "shards accumulation buffers only in a reused, lazy_inline graph)")
     if pp == 1 and p.micro_batch_num != 1:
         raise ConfigError(f"parallel.micro_batch_num={p.micro_batch_num} needs parallel.pipeline_stage > 1; "
                           "use parallel.gradient_accumulation_steps without a pipeline")

@@ -25,12 +25,16 @@ How MindSpore differs from the paper, and what the planner does about it
 * MindScale's models have no dropout: no dropout masks (the paper's 1-byte terms).
 * Activations are stored in model.compute_dtype (4 bytes in fp32 runs, 2 in fp16/bf16).
 * SwiGLU keeps gate, SiLU(gate), up and their product (4·f per token) where GELU keeps 2·f.
-* Optimizer: nn.AdamWeightDecay keeps two moments in the parameter dtype (training/optim.py); with
-  param_dtype float32 the parameter is the master copy. With a compute dtype different from the
-  parameter dtype (or with optimizer sharding, whose gathered weight is a full copy) a full
-  compute-dtype copy of the weights lives through the step. Gradients are in the parameter dtype;
-  with optimizer sharding the accumulated gradient is sharded over data parallel too (MindSpore's
-  gradient_accumulation_shard), plus one layer's full gradient before its reduce-scatter.
+* Weights, gradients and optimizer state are exact (`stage_bytes`, checked against the dry run's
+  compiled slices): the model is built without weights, each parameter's slice is its shape divided
+  by the plan's split (models.sharding.parameter_splits), and MindSpore's parallel optimizer cuts the
+  first dimension of every trained parameter of at least 64 KiB over the ranks holding the same slice
+  (`optimizer_shard`). nn.AdamWeightDecay keeps two moments in the parameter dtype; with param_dtype
+  float32 the parameter is the master copy. Gradient accumulation and pipelines keep accumulation
+  buffers of the model-parallel slice, or of the optimizer's shard of it with
+  parallel.gradient_accumulation_shard (then reduce-scattered every micro batch).
+* Transient (estimated): a compute-dtype copy of the weights when it differs from the parameter
+  dtype or the optimizer shard all-gathers them, and one layer's gradients before their reduce-scatter.
 * The output logits are kept in the compute dtype, cast to fp32 for the loss, and the fp32 softmax
   of the loss is kept for its backward: (compute bytes + 8) per logit of one micro batch on the
   last stage (vocab split over t).
@@ -47,11 +51,16 @@ are ordered tensor-parallel innermost, then data parallel, then pipeline.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
+import math
 from dataclasses import dataclass
 
 from training import flops
 from training.config import (Config, ConfigError, apply_override, config_from_tree, recompute_layer_counts,
                              stage_layer_counts)
+from training.gemm_peak import device_peak_tflops
+from training.layout import OPTIMIZER_SHARD_MIN_KIB, Layout
 
 GIB = 2 ** 30
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -126,36 +135,127 @@ def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool) -> f
                                   dtypes=mindspore_dtypes(m.compute_dtype))
 
 
-def uses_flash(cfg: Config) -> bool:
-    """model.attention resolved against the hardware profile (auto = flash where it exists)."""
-    return cfg.model.attention == "flash" or (cfg.model.attention == "auto" and cfg.hardware.flash_attention)
-
-
 # ----------------------------------------------------------------------------------------------
-# Per-stage parameters and memory
+# Per-rank parameters: every parameter of the model, sliced as the plan and the optimizer shard slice it
 
 
-def _vocab_split(cfg: Config) -> int:
-    """Tensor-parallel split of the output projection (vocab-parallel when the vocab divides)."""
-    t = cfg.parallel.model_parallel
-    return t if cfg.model.vocab_size % t == 0 else 1
+@dataclass(frozen=True)
+class ParameterSlice:
+    name: str
+    shape: tuple       # the full parameter
+    split: tuple       # parts per dimension (the sharding plan; all 1 when not sharded)
+    local: tuple       # this rank's model-parallel slice, before the optimizer shard
+    stages: tuple      # the pipeline stages that hold it (a tied embedding: the first and the last)
+    trainable: bool
+    itemsize: int      # stored (param dtype)
+    read_itemsize: int  # as the op that reads it takes it: a MatMul in the compute dtype
+
+    @property
+    def replicas(self) -> int:
+        """Split parts multiplied out: how many distinct slices exist in one stage."""
+        return math.prod(self.split)
+
+
+_MODELS: dict[str, object] = {}
+_TABLES: dict[tuple, tuple] = {}
+_STAGE_BYTES: dict[tuple, dict] = {}
+
+
+def _model_key(cfg: Config) -> str:
+    return json.dumps([dataclasses.asdict(cfg.model), dataclasses.asdict(cfg.finetune.lora)], sort_keys=True)
+
+
+def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[ParameterSlice, ...]:
+    """Every parameter of the model (built once without weights, as the trainer builds it) with the
+    plan's split of it for `layout`. Cached: the search re-plans many layouts of one model."""
+    import models
+    from mindspore.nn.utils import no_init_parameters
+    from models.sharding import parameter_splits
+
+    layout = layout or Layout.of(cfg)
+    model_key = _model_key(cfg)
+    key = (model_key, layout.sharded, layout.mp, layout.vocab_parallel, layout.pp, layout.stages_of_layers)
+    if key in _TABLES:
+        return _TABLES[key]
+    if model_key not in _MODELS:  # its parameters do not depend on the layout; "none" builds no lazy_inline cells
+        with no_init_parameters():
+            _MODELS[model_key] = models.build_model(cfg, dataclasses.replace(layout, graph_reuse="none", sharded=True))
+    model = _MODELS[model_key]
+    splits = parameter_splits(model, cfg, layout)
+    # a tied output head on the last stage reads the embedding: MindSpore keeps a copy of it there
+    tied_copy = (layout.pp - 1,) if cfg.model.tie_embeddings and layout.pp > 1 else ()
+    pb, cb = DTYPE_BYTES[cfg.model.param_dtype], DTYPE_BYTES[cfg.model.compute_dtype]
+    table = []
+    for p in model.get_parameters():
+        split, reader = splits[p.name]
+        stages = (layout.stage_of(p.name),) + (tied_copy if p.name == "tok_embeddings.weight" else ())
+        table.append(ParameterSlice(p.name, tuple(p.shape), split, tuple(d // s for d, s in zip(p.shape, split)),
+                                    stages, p.requires_grad, pb, cb if reader.startswith("matmul") else pb))
+    _TABLES[key] = tuple(table)
+    return _TABLES[key]
+
+
+def optimizer_shard(p: ParameterSlice, layout: Layout) -> int:
+    """Into how many parts MindSpore's parallel optimizer cuts this parameter's first dimension: all the
+    ranks of the stage that hold the same slice, for parameters (frozen ones too, as compiled) of at
+    least OPTIMIZER_SHARD_MIN_KIB in full whose first dimension divides (else 1: kept whole)."""
+    ranks = layout.stage_devices // p.replicas
+    full_bytes = math.prod(p.shape) * p.itemsize
+    if not (layout.optimizer_shard and ranks > 1 and full_bytes >= OPTIMIZER_SHARD_MIN_KIB * 1024):
+        return 1
+    return ranks if p.local and p.local[0] % ranks == 0 else 1
+
+
+def stored_shapes(cfg: Config, stage: int, layout: Layout | None = None) -> dict[str, tuple]:
+    """The shape of every parameter one rank of `stage` stores, by the name MindSpore gives it: the
+    weights, AdamW's moments (adam_m.*, adam_v.*) and, when the graph accumulates micro batches, the
+    gradient buffers (accu_grads.*: the model-parallel slice, or with parallel.gradient_accumulation_shard
+    the optimizer's shard of it). tools/dryrun.py compares these with the compiled shapes, name by name."""
+    layout = layout or Layout.of(cfg)
+    shapes = {}
+    for p in parameter_slices(cfg, layout):
+        if stage not in p.stages:
+            continue
+        shard = optimizer_shard(p, layout)
+        stored = (p.local[0] // shard, *p.local[1:]) if p.local else p.local
+        shapes[p.name] = stored
+        if p.trainable:
+            shapes[f"adam_m.{p.name}"] = shapes[f"adam_v.{p.name}"] = stored
+            if layout.accumulates_in_graph:
+                shapes[f"accu_grads.{p.name}"] = stored if layout.accumulation_shard else p.local
+    return shapes
+
+
+def stage_bytes(cfg: Config, stage: int, layout: Layout | None = None) -> dict:
+    """Bytes one rank of `stage` holds: weights (every slice it stores), grads (the accumulation buffers
+    when the graph keeps them, else one gradient per trained parameter as the optimizer receives it)
+    and optimizer (AdamW's two moments); the same three figures tools/dryrun.py reads from the
+    compiled graph, and equal to them (tests/test_dryrun.py)."""
+    layout = layout or Layout.of(cfg)
+    key = (_model_key(cfg), layout, stage)
+    if key in _STAGE_BYTES:  # the search asks for every recompute variant of a layout
+        return dict(_STAGE_BYTES[key])
+    itemsize = DTYPE_BYTES[cfg.model.param_dtype]
+    size = {name: math.prod(shape) * itemsize for name, shape in stored_shapes(cfg, stage, layout).items()}
+    trained = {p.name for p in parameter_slices(cfg, layout) if p.trainable}
+    kind = {"adam_m": "optimizer", "adam_v": "optimizer", "accu_grads": "grads"}
+    out = {"weights": 0, "grads": 0, "optimizer": 0}
+    for name, n in size.items():
+        prefix = name.split(".", 1)[0]
+        out[kind.get(prefix, "weights")] += n
+        if prefix not in kind and name in trained and not layout.accumulates_in_graph:
+            out["grads"] += n
+    _STAGE_BYTES[key] = out
+    return dict(out)
 
 
 def stage_params(cfg: Config) -> list[float]:
-    """Parameters held by one device of each pipeline stage (tensor-parallel shards)."""
-    m, p = cfg.model, cfg.parallel
-    t, stages = p.model_parallel, p.pipeline_stage
-    per_layer = flops.layer_matmul_params(m) / t + flops.layer_other_params(m)
-    embedding = m.vocab_size * m.hidden_size / (1 if p.vocab_emb_dp else t)
-    positions = m.seq_length * m.hidden_size if m.arch == "gpt" else 0
-    final_norm = m.hidden_size * (1 if m.arch == "llama" else 2)
-    output = flops.output_params(m) / _vocab_split(cfg)
-    counts = stage_layer_counts(m.num_layers, stages, p.stage_offset)
-    out = [n * per_layer for n in counts]
-    out[0] += embedding + positions
-    out[-1] += final_norm
-    if not (m.tie_embeddings and stages == 1):
-        out[-1] += output       # a tied output on another stage is a second copy (as in Megatron)
+    """Parameters of one rank's model-parallel slices in each pipeline stage (before the optimizer shard)."""
+    layout = Layout.of(cfg)
+    out = [0] * layout.pp
+    for p in parameter_slices(cfg, layout):
+        for stage in p.stages:
+            out[stage] += math.prod(p.local)
     return out
 
 
@@ -167,22 +267,22 @@ def _in_flight(cfg: Config, stage: int) -> int:
 def stage_memory(cfg: Config, stage: int, recomputed: int | None = None) -> dict:
     """Memory breakdown (bytes) of one device of pipeline stage `stage`.
 
+    weights, grads, optimizer: what the rank stores (stage_bytes, exact). transient: what lives only
+    during the step, estimated: the compute-dtype copy of the weights (and, with the optimizer shard,
+    their all-gathered slices), and one layer's gradients before they are reduce-scattered.
     `recomputed` overrides the number of recomputed layers of this stage (used by the search)."""
     m, p, hw = cfg.model, cfg.parallel, cfg.hardware
-    params = stage_params(cfg)[stage]
+    layout = Layout.of(cfg)
+    stored = stage_bytes(cfg, stage, layout)
     pb, cb = DTYPE_BYTES[m.param_dtype], DTYPE_BYTES[m.compute_dtype]
-    shard = p.data_parallel if p.optimizer_shard else 1
-    weights = params * pb / shard + (params * cb if (cb != pb or shard > 1) else 0)
-    # With optimizer sharding MindSpore also shards the accumulated gradient over data parallel
-    # (parallel_optimizer_config gradient_accumulation_shard, on by default); one layer's full
-    # gradient exists before its reduce-scatter.
+    params = stage_params(cfg)[stage]
     largest_layer = flops.layer_matmul_params(m) / p.model_parallel + flops.layer_other_params(m)
-    grads = params * pb / shard + (largest_layer * pb if shard > 1 else 0)
-    optimizer = 2 * params * pb / shard
+    transient = (params * cb if (cb != pb or layout.optimizer_shard) else 0) + \
+        (largest_layer * pb if layout.optimizer_shard else 0)
 
-    layers = stage_layer_counts(m.num_layers, p.pipeline_stage, p.stage_offset)[stage]
+    layers = layout.layers_per_stage[stage]
     r = recompute_layer_counts(cfg)[stage] if recomputed is None else recomputed
-    flash = uses_flash(cfg)
+    flash = layout.attention == "flash"
     kept = _model_layer_activation_bytes(cfg, "none", flash)
     recomputed_bytes = _model_layer_activation_bytes(cfg, cfg.recompute.mode, flash) if r else 0.0
     per_micro_batch = (layers - r) * kept + r * recomputed_bytes
@@ -192,11 +292,10 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None) -> dict
     if stage == p.pipeline_stage - 1:
         sb = m.seq_length * cfg.train.micro_batch_size
         t = p.model_parallel
-        activations += sb * m.hidden_size * 4 / (t if p.sequence_parallel else 1)      # final norm input
-        activations += sb * m.vocab_size / _vocab_split(cfg) * (cb + 8)                # logits, fp32 loss
+        activations += sb * m.hidden_size * 4 / (t if layout.sequence_parallel else 1)    # final norm input
+        activations += sb * m.vocab_size / t * (cb + 8)          # logits and the fp32 loss, vocab split over t
     reserve = hw.memory_reserve_gib * GIB
-    parts = {"weights": weights, "grads": grads, "optimizer": optimizer, "activations": activations,
-             "reserve": reserve}
+    parts = {**stored, "transient": transient, "activations": activations, "reserve": reserve}
     parts["total"] = sum(parts.values())
     return parts
 
@@ -218,11 +317,36 @@ def _bandwidth(cfg: Config, span: int) -> float:
     return gbps * 1e9
 
 
+def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
+    """Ring bytes one rank of `stage` sends per step for its gradients, over the r ranks holding each
+    trained slice: an all-reduce, 2(r-1)/r of the slice; with the optimizer shard a reduce-scatter,
+    (r-1)/r (once per step, or per micro batch with parallel.gradient_accumulation_shard), plus the
+    all-gather of the updated weights, (r-1)/r of the slice in the dtype its op reads (a MatMul's
+    weight in the compute dtype: MindSpore gathers after the cast). Returns (bytes once per step,
+    bytes per micro batch)."""
+    layout = Layout.of(cfg)
+    once = per_micro = 0.0
+    for p in parameter_slices(cfg, layout):
+        ranks = layout.stage_devices // p.replicas
+        if stage not in p.stages or not p.trainable or ranks == 1:
+            continue
+        elements, share = math.prod(p.local), (ranks - 1) / ranks
+        if optimizer_shard(p, layout) == 1:
+            once += 2 * share * elements * p.itemsize
+            continue
+        once += share * elements * p.read_itemsize
+        if layout.accumulation_shard:
+            per_micro += share * elements * p.itemsize
+        else:
+            once += share * elements * p.itemsize
+    return once, per_micro
+
+
 def communication(cfg: Config, stage: int) -> dict:
     """Bytes one device of `stage` sends per optimizer step (ring collectives)."""
     m, p = cfg.model, cfg.parallel
-    d, t, stages = p.data_parallel, p.model_parallel, p.pipeline_stage
-    cb, pb = DTYPE_BYTES[m.compute_dtype], DTYPE_BYTES[m.param_dtype]
+    t, stages = p.model_parallel, p.pipeline_stage
+    cb = DTYPE_BYTES[m.compute_dtype]
     micro_batches = p.micro_batch_num * p.gradient_accumulation_steps
     x = m.seq_length * cfg.train.micro_batch_size * m.hidden_size * cb     # one layer's hidden states
     # Per layer and micro batch: 2 collectives forward, 2 backward (all-reduce, or all-gather +
@@ -231,11 +355,12 @@ def communication(cfg: Config, stage: int) -> dict:
     tp_per_layer = collectives * 2 * (t - 1) / t * x if t > 1 else 0.0
     layers = stage_layer_counts(m.num_layers, stages, p.stage_offset)[stage]
     tp = tp_per_layer * layers * micro_batches
-    dp = 2 * (d - 1) / d * stage_params(cfg)[stage] * pb if d > 1 else 0.0
+    dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
+    dp = dp_once + dp_micro * micro_batches
     sends = (stage > 0) + (stage < stages - 1)                              # activations out, grads back
     pp = sends * micro_batches * x / (t if p.sequence_parallel else 1) if stages > 1 else 0.0
-    return {"dp_grad_reduce": dp, "tp_per_layer": tp_per_layer, "tp": tp, "pp_send_recv": pp,
-            "total": dp + tp + pp}
+    return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer, "tp": tp,
+            "pp_send_recv": pp, "total": dp + tp + pp}
 
 
 def _stage_flops_per_token(cfg: Config, stage: int) -> float:
@@ -266,8 +391,12 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
     micro_batches = p.micro_batch_num
     pipeline = p.gradient_accumulation_steps * (micro_batches + stages - 1) * slot
     pp_time = max(c["pp_send_recv"] for c in comm) / pp_bw
-    dp_time = max(c["dp_grad_reduce"] for c in comm) / dp_bw
-    dp_exposed = max(0.0, dp_time - 2 / 3 * slot)
+    # the once-per-step part overlaps the last micro batch's backward; a per-micro-batch reduce-scatter
+    # (gradient_accumulation_shard) overlaps its own micro batch's
+    micro_steps = p.gradient_accumulation_steps * micro_batches
+    per_micro = max(c["dp_per_micro_batch"] for c in comm) / dp_bw
+    once = max(c["dp_grad_reduce"] - c["dp_per_micro_batch"] * micro_steps for c in comm) / dp_bw
+    dp_exposed = max(0.0, once - 2 / 3 * slot) + micro_steps * max(0.0, per_micro - 2 / 3 * slot)
     step = pipeline + pp_time + dp_exposed
     tokens_per_s = cfg.global_batch_size * m.seq_length / step
     devices = cfg.devices
@@ -287,25 +416,17 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
             "tensor-parallel collectives are on the critical path (not overlapped)",
             f"1F1B pipeline: {micro_batches + stages - 1} micro-batch slots of the busiest stage per step "
             f"(bubble (p-1)/m = {(stages - 1) / micro_batches:.1%})" if stages > 1 else "no pipeline bubble",
-            "data-parallel gradient reduction overlaps the last micro batch's backward (2/3 of its compute); "
-            "the rest is exposed",
+            "data-parallel gradient reduction overlaps the last micro batch's backward (2/3 of its compute), "
+            "a per-micro-batch reduce-scatter its own micro batch's; the rest is exposed",
             "bandwidths: hardware profile, intra-node for groups within devices_per_node, else inter-node",
             "optimizer update, data loading and host overhead are not counted",
         ],
     }
 
 
-def peak_of(cfg: Config) -> float:
-    """The hardware profile's peak, or the measured CPU GEMM peak when the profile has none."""
-    if cfg.hardware.peak_tflops is not None:
-        return cfg.hardware.peak_tflops
-    from training.gemm_peak import cpu_peak_tflops
-    return cpu_peak_tflops()
-
-
 def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None = None) -> dict:
     """The DESIGN §3 plan of `cfg`: params, FLOPs, worst-stage memory, fits, comm bytes, prediction."""
-    peak = peak_tflops if peak_tflops is not None else peak_of(cfg)
+    peak = peak_tflops if peak_tflops is not None else device_peak_tflops(cfg)
     eff = efficiency if efficiency is not None else DEFAULT_EFFICIENCY[cfg.hardware.device_target]
     stages = [stage_memory(cfg, k) for k in range(cfg.parallel.pipeline_stage)]
     worst = max(range(len(stages)), key=lambda k: stages[k]["total"])
@@ -321,11 +442,13 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
                    "micro_batch_size": cfg.train.micro_batch_size, "global_batch_size": cfg.global_batch_size,
                    "gradient_accumulation_steps": cfg.parallel.gradient_accumulation_steps,
                    "sequence_parallel": cfg.parallel.sequence_parallel,
-                   "optimizer_shard": cfg.parallel.optimizer_shard, "recompute": cfg.recompute.mode,
+                   "optimizer_shard": cfg.parallel.optimizer_shard,
+                   "gradient_accumulation_shard": cfg.parallel.gradient_accumulation_shard,
+                   "recompute": cfg.recompute.mode,
                    "recompute_layers": recompute_layer_counts(cfg),
                    "layers_per_stage": stage_layer_counts(cfg.model.num_layers, cfg.parallel.pipeline_stage,
                                                           cfg.parallel.stage_offset),
-                   "attention": "flash" if uses_flash(cfg) else "composite"},
+                   "attention": Layout.of(cfg).attention},
         "params": flops.param_count(cfg.model),
         "matmul_params": flops.matmul_param_count(cfg.model),
         "flops_per_token": flops.model_flops_per_token(cfg.model),
@@ -382,8 +505,11 @@ def replan_devices(cfg: Config, devices: int) -> Config:
                         f"micro_batch_size={cfg.train.micro_batch_size} (x >= {p.pipeline_stage} micro batches); "
                         "set train.global_batch_size or train.micro_batch_size with --set")
     try:
+        sharded = p.optimizer_shard and dp > 1
         return with_overrides(cfg, [f"parallel.data_parallel={dp}", *batch,
-                                    f"parallel.optimizer_shard={str(p.optimizer_shard and dp > 1).lower()}",
+                                    f"parallel.optimizer_shard={str(sharded).lower()}",
+                                    f"parallel.gradient_accumulation_shard="
+                                    f"{str(sharded and p.gradient_accumulation_shard).lower()}",
                                     f"train.global_batch_size={cfg.global_batch_size}"])
     except ConfigError as exc:
         raise PlanError(f"--devices {devices}: {exc}")
@@ -428,7 +554,7 @@ def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int) -> list[
     return [f"parallel.data_parallel={dp}", f"parallel.model_parallel={tp}", f"parallel.pipeline_stage={pp}",
             *batch, f"train.micro_batch_size={mbs}", f"train.global_batch_size={cfg.global_batch_size}",
             f"parallel.stage_offset={_yaml(offset)}", f"parallel.sequence_parallel={str(tp > 1).lower()}",
-            f"parallel.optimizer_shard={str(dp > 1).lower()}"]
+            f"parallel.optimizer_shard={str(dp > 1).lower()}", "parallel.gradient_accumulation_shard=false"]
 
 
 def _yaml(value) -> str:
@@ -441,7 +567,7 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
            efficiency: float | None = None, micro_batch_sizes: tuple = (1, 2, 4)) -> list[dict]:
     """Valid (dp, mp, pp, micro batches, recompute) layouts for `devices` keeping the global batch,
     ranked by predicted tokens/s among those that fit. Each entry: overrides, plan."""
-    peak = peak_tflops if peak_tflops is not None else peak_of(cfg)
+    peak = peak_tflops if peak_tflops is not None else device_peak_tflops(cfg)
     found = []
     for tp in _divisors(devices):
         for pp in _divisors(devices // tp):
@@ -458,11 +584,14 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
                 full = _fit_full_recompute(with_overrides(base, ["recompute.mode=full"]))
                 if full is not None and any(full):
                     candidates.append(["recompute.mode=full", f"recompute.layers={_yaml(full)}"])
+                if Layout.of(base).optimizer_shard and Layout.of(base).micro_steps > 1:
+                    candidates += [c + ["parallel.gradient_accumulation_shard=true"] for c in candidates]
                 for extra in candidates:
                     candidate = with_overrides(base, extra) if extra else base
                     result = plan(candidate, peak, efficiency)
                     if result["fits"]:
-                        sets = layout + (extra or ["recompute.mode=none"])
+                        keeps = [] if any(x.startswith("recompute.mode=") for x in extra) else ["recompute.mode=none"]
+                        sets = list({o.split("=", 1)[0]: o for o in layout + keeps + extra}.values())  # last wins
                         found.append({"overrides": sets, "plan": result})
     if not found:
         raise PlanError(f"no layout of {cfg.run.name} fits {devices} x {cfg.hardware.name} "

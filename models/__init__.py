@@ -1,13 +1,13 @@
 """MindScale models: GPT and LLaMA, their sharding plans, recompute and checkpoint interop.
 
     model = build_model(cfg, layout)              # CausalLM: input_ids [B, S] -> logits [B, S, V] fp32
-    network = build_train_network(cfg, model)     # (input_ids, labels, loss_mask) -> loss
+    network = build_train_network(cfg, model, layout)  # (input_ids, labels, loss_mask) -> loss
     apply_sharding_plan(model, cfg, layout)       # .shard() strategies, pipeline stages, comm fusion
     apply_recompute(model, cfg, layout)           # none / selective / full
+    weights, cfg = load_inference_weights(path, cfg)  # full weights of any checkpoint, LoRA merged
 
 `layout` (training.layout.Layout) carries every parallel decision; without one, models are built
 stand-alone for the device MindSpore is set to (inference, conversion, tests).
-    weights, cfg = load_inference_weights(path, cfg)  # full weights of any checkpoint, LoRA merged
 """
 from __future__ import annotations
 

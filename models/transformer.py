@@ -245,6 +245,7 @@ class ReusedCausalLMLoss(CausalLMLoss):
     micro batch. MindSpore allows lazy_inline only on that outermost cell in these layouts, so the
     decoder layers are then plain blocks."""
 
-    @ms.lazy_inline
+    @ms.lazy_inline(attrs="graph_key")
     def __init__(self, model: CausalLM):
         super().__init__(model)
+        self.graph_key = "loss network"  # the graph's cache key (without it MindSpore prints the cell tree)

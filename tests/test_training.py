@@ -49,10 +49,14 @@ def losses(run_dir):
     return {r["step"]: r["loss"] for r in metrics(run_dir)}
 
 
-def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path):
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path, accumulation):
+    """Two data-parallel workers (each its micro batches accumulated in the graph, then one all-reduce)
+    train as one worker on the whole batch."""
     launch = subprocess.run(
         ["bash", "scripts/run_distribute.sh", TINY, "2",
-         *sets(f"run.output_dir={tmp_path}", "run.name=dp2", "train.micro_batch_size=2", "train.steps=6")],
+         *sets(f"run.output_dir={tmp_path}", "run.name=dp2", f"train.micro_batch_size={2 // accumulation}",
+               f"parallel.gradient_accumulation_steps={accumulation}", "train.steps=6")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-2000:]
     single = train(tmp_path, "dp1", "train.micro_batch_size=4", "train.steps=6")

@@ -71,10 +71,6 @@ def ring_send_bytes(row: dict) -> float:
     return factor * size
 
 
-def planner_names(cfg) -> set[str]:
-    return {p.name for p in planner.parameter_slices(cfg)}
-
-
 def planned(cfg, report: dict) -> dict:
     """The planner's per-rank bytes for this rank's stage next to the compiled ones."""
     stage = report["stage"]
@@ -83,8 +79,9 @@ def planned(cfg, report: dict) -> dict:
     compiled_comm = sum(ring_send_bytes(row) for row in report["collectives"])
     out = {key: memory[key] for key in ("weights", "grads", "optimizer")}
     shapes = planner.stored_shapes(cfg, stage)
+    weights = {p.name for p in planner.parameter_slices(cfg)}
     compiled = {name: tuple(shape) for name, shape in report["local_shapes"].items()
-                if name.split(".", 1)[0] in ("adam_m", "adam_v", "accu_grads") or name in planner_names(cfg)}
+                if name.split(".", 1)[0] in ("adam_m", "adam_v", "accu_grads") or name in weights}
     out["shape_mismatches"] = {name: [list(compiled.get(name, ())), list(shapes.get(name, ()))]
                                for name in sorted(set(compiled) | set(shapes)) if compiled.get(name) != shapes.get(name)}
     out["comm_bytes_per_step"] = comm["total"]
@@ -93,10 +90,12 @@ def planned(cfg, report: dict) -> dict:
     return out
 
 
-def cann_lib64_or_fail() -> Path:
-    from training.standins import StandinError, cann_lib64
+def standins_or_fail() -> None:
+    """Build the stand-ins once (and find libgomp) before the ranks start; a missing tool is one line."""
+    from training.standins import StandinError, cann_lib64, libgomp
     try:
-        return cann_lib64()
+        cann_lib64()
+        libgomp()
     except StandinError as exc:
         fail(str(exc))
 
@@ -108,35 +107,36 @@ def run_rank(args, rank: int, devices: int, log_dir: Path) -> dict:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         if not args.no_collectives:  # the compiled graph as text: MindSpore writes only this pass's IR
             env.update({"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_SAVE_GRAPHS_PATH": ir, "MS_DEV_DUMP_IR_PASSES": "validate"})
-        argv = [sys.executable, "-m", "training.dryrun", "--config", args.config,
+        argv = [sys.executable, "-m", "training.dryrun", "--config", str(Path(args.config).resolve()),
                 *[x for o in [*args.overrides, "run.device_target=Ascend"] for x in ("--set", o)]]
         if args.packed:
             argv.append("--packed")
         log = log_dir / f"dryrun_rank{rank}.log"
+        workdir = log_dir / f"rank{rank}"  # MindSpore writes what it dumps on a failure here (analyze_fail.ir)
+        workdir.mkdir(exist_ok=True)
         try:
             with open(log, "w") as err:
-                proc = subprocess.run(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
+                proc = subprocess.run(argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
                                       timeout=args.timeout)
         except subprocess.TimeoutExpired:
             return {"compiled": False, "error": f"compile did not finish in {args.timeout} s (log {log})",
                     "rank": rank}
-    if proc.returncode == 2:
-        fail(next(line for line in reversed(log.read_text().splitlines() or ["bad input"]) if line.strip())
-             .removeprefix("error: "))
+    text = log.read_text()
+    if proc.returncode == 2:  # bad input the worker found: reported by the main thread, in one line
+        said = [line for line in text.splitlines() if line.startswith("error: ")]
+        return {"compiled": False, "rank": rank, "bad_input": (said or ["error: bad input"])[-1][len("error: "):]}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if lines and proc.returncode == 0:
         report = json.loads(lines[-1])
-        reason = compiler_reason(log.read_text())
+        reason = compiler_reason(text)
         if not report["compiled"] and reason:
             report["error"] += f"; {reason}"
         return report
-    if proc.returncode or not lines:
-        tail = [line for line in log.read_text().splitlines() if line.strip() and not NOISE.search(line)][-3:]
-        cause = (f"signal {-proc.returncode}" + (" (SIGKILL: most likely out of host memory)" if proc.returncode == -9
-                                                  else "")) if proc.returncode < 0 else f"exit {proc.returncode}"
-        return {"compiled": False, "error": f"the compile process ended with {cause}: {' | '.join(tail)} (log {log})",
-                "rank": rank}
-    return json.loads(lines[-1])
+    tail = [line for line in text.splitlines() if line.strip() and not NOISE.search(line)][-3:]
+    cause = (f"signal {-proc.returncode}" + (" (SIGKILL: most likely out of host memory)" if proc.returncode == -9
+                                              else "")) if proc.returncode < 0 else f"exit {proc.returncode}"
+    return {"compiled": False, "error": f"the compile process ended with {cause}: {' | '.join(tail)} (log {log})",
+            "rank": rank}
 
 
 def compiler_reason(log: str) -> str | None:
@@ -193,10 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--rank {args.rank} is outside 0..{layout.devices - 1} (the config's {layout.devices} devices)")
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="mindscale-dryrun-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    cann_lib64_or_fail()  # build the stand-ins once, before the ranks start
+    standins_or_fail()
     failed = False
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for report in pool.map(lambda rank: run_rank(args, rank, layout.devices, log_dir), ranks):
+            if "bad_input" in report:
+                fail(report["bad_input"])
             if report["compiled"]:
                 report["planned"] = planned(cfg, report)
             failed |= not report["compiled"]

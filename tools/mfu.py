@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from training import flops  # noqa: E402
-from training.config import ConfigError, add_config_arguments, fail, load_config, recompute_layer_counts  # noqa: E402
+from training.config import ConfigError, add_config_arguments, fail, load_config  # noqa: E402
+from training.layout import Layout  # noqa: E402
 from training.metrics_io import (RunDataError, load_run, profile_window, spread, steady_records,  # noqa: E402
                                  warn_if_truncated)
 
@@ -42,7 +43,7 @@ def peak_and_source(cfg, override: float | None, logged: float | None) -> tuple[
 def utilisation(cfg, step_time_s: float, global_batch: int, devices: int, peak: float) -> dict:
     """The DESIGN §3 keys for one step time."""
     m = cfg.model
-    recomputed = sum(recompute_layer_counts(cfg))
+    recomputed = len(Layout.of(cfg).recomputed)
     tokens_per_s = global_batch * m.seq_length / step_time_s
     return {
         "mfu": flops.mfu(tokens_per_s, devices, peak, m),

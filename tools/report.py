@@ -22,7 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from training import flops  # noqa: E402
-from training.config import fail, recompute_layer_counts  # noqa: E402
+from training.config import fail  # noqa: E402
+from training.layout import Layout  # noqa: E402
 from training.metrics_io import (RunDataError, add_warmup_argument, load_run, profile_window,  # noqa: E402
                                  segments, steady_records, steady_summary, warn_if_truncated)
 
@@ -137,7 +138,7 @@ def plots(run, kept_steps: set[int], predicted: dict) -> dict[str, bytes]:
 def formula_lines(run, summary: dict) -> list[str]:
     """The MFU/HFU definitions with this run's numbers, and the median MFU redone by hand."""
     cfg = run.config
-    recomputed = sum(recompute_layer_counts(cfg))
+    recomputed = len(Layout.of(cfg).recomputed)
     model_fpt = flops.model_flops_per_token(cfg.model)
     hw_fpt = flops.hardware_flops_per_token(cfg.model, cfg.recompute, recomputed)
     lines = [flops.formula_text(),

@@ -64,9 +64,11 @@ class RunConfig:
         "Backend; auto picks Ascend, then GPU, then CPU.", "auto")
     mode: Literal["graph", "pynative"] = doc("MindSpore execution mode.", "graph")
     reuse_layer_graph: bool = doc(
-        "Graph mode: compile one decoder layer and reuse its graph for every layer with the same recompute "
-        "setting (MindSpore lazy_inline, policy 'front'; compile time at 32 layers halves). false compiles "
-        "every layer on its own; the numbers are the same.", True)
+        "Graph mode: reuse compiled graphs (MindSpore lazy_inline): one decoder layer's for every layer with "
+        "the same recompute setting and stage (compile time at 32 layers halves on CPU), or, in a sharded "
+        "layout with several micro batches per step, the whole loss network's, called per micro batch "
+        "(needed by parallel.gradient_accumulation_shard). false compiles every layer and micro batch on "
+        "its own; the numbers are the same.", True)
 
 
 @dataclass
@@ -131,7 +133,7 @@ class ParallelConfig:
     gradient_accumulation_shard: bool = doc(
         "With optimizer_shard and several micro batches per step (accumulation or a pipeline): keep the "
         "gradient-accumulation buffers sharded over the data-parallel replicas (MindSpore's "
-        "gradient_accumulation_shard). Saves most of one full fp32 gradient copy per rank; costs a "
+        "gradient_accumulation_shard). Saves most of one full gradient copy (param_dtype) per rank; costs a "
         "reduce-scatter of the gradients per micro batch instead of one per step.", False)
 
     @property
@@ -498,12 +500,6 @@ def stage_layer_counts(num_layers: int, stages: int, offset: int | list) -> list
     return [num_layers // stages + o for o in offsets]
 
 
-def layer_stages(cfg: Config) -> list[int]:
-    """Pipeline stage of each layer, from layers per stage (num_layers // stages + stage_offset)."""
-    counts = stage_layer_counts(cfg.model.num_layers, cfg.parallel.pipeline_stage, cfg.parallel.stage_offset)
-    return [stage for stage, n in enumerate(counts) for _ in range(n)]
-
-
 def recompute_layer_counts(cfg: Config) -> list[int]:
     """Number of recomputed layers in each pipeline stage (0 everywhere when mode is none)."""
     per_stage = stage_layer_counts(cfg.model.num_layers, cfg.parallel.pipeline_stage, cfg.parallel.stage_offset)
@@ -525,9 +521,10 @@ def _parallel(cfg: Config) -> None:
         if value % mp:
             raise ConfigError(f"{key}={value} is not divisible by parallel.model_parallel={mp}; "
                               f"choose a model_parallel that divides {value}")
-    if not p.vocab_emb_dp and m.vocab_size % mp:
+    if m.vocab_size % mp:  # the sharded loss splits the vocabulary over model_parallel, vocab_emb_dp or not
         raise ConfigError(f"model.vocab_size={m.vocab_size} is not divisible by parallel.model_parallel={mp}; "
-                          "pad the vocabulary or set parallel.vocab_emb_dp=true")
+                          f"pad the vocabulary to a multiple of {mp} (Megatron pads 50257 to 50304) or lower "
+                          "model_parallel")
     if p.sequence_parallel and mp == 1:
         raise ConfigError("parallel.sequence_parallel=true needs parallel.model_parallel > 1; set it to false")
     if p.sequence_parallel and m.seq_length % mp:

@@ -150,9 +150,10 @@ class BatchPlan:
 def batch_plan(cfg: Config, rank: int, world: int) -> BatchPlan:
     """Rows per batch = global_batch_size / (world x gradient_accumulation_steps).
 
-    With data parallelism only (world = data_parallel) that is micro_batch_size x micro_batch_num.
-    Under semi-auto parallel with full_batch=False MindSpore splits dataset inputs over all `world`
-    devices along the batch, so each device feeds its 1/world slice of a micro step's batch.
+    `world` is the data-parallel degree and `rank` a rank's data-parallel index (Layout.data_rank):
+    the trainer feeds the model-parallel ranks of a group, and the ranks of every pipeline stage, the
+    same rows, and MindSpore splits each input over data parallel only (dataset strategy (dp, 1)).
+    With a pipeline that is micro_batch_size x micro_batch_num rows per step.
     """
     accumulation = cfg.parallel.gradient_accumulation_steps
     if not 0 <= rank < world:

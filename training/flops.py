@@ -107,7 +107,7 @@ def _mode_and_layers(m, recompute) -> tuple[str, int]:
 
     `recompute.layers`: None = all layers, a list = per pipeline stage (summed), an int = the first
     n of each stage. Without the pipeline layout an int is read as n layers in all; callers with
-    pipeline_stage > 1 and an int should pass `recomputed_layers=sum(recompute_layer_counts(cfg))`.
+    pipeline_stage > 1 and an int should pass `recomputed_layers=len(Layout.of(cfg).recomputed)`.
     """
     if recompute is None:
         return "none", 0

@@ -1,8 +1,8 @@
 """Every decision derived from a config's parallel layout, computed once (torchtitan's ParallelDims).
 
 `Layout.of(cfg, device, world)` is what the model, the sharding plan, recompute, the train step,
-the data pipeline, the planner and the metrics ask; none of them derives a degree, a stage, an
-attention kernel or a loss form on its own.
+the data pipeline and the planner ask for degrees, micro steps, stages, recomputed layers, the
+attention kernel, the CPU kernels and the loss form (sharded or not), instead of deriving them.
 
 Rank order (MindSpore's device matrix, tensor parallel innermost): rank = stage * (dp * mp) +
 dp_index * mp + mp_index. Ranks that differ only in mp_index, or only in stage, read the same rows.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.config import Config, layer_stages, recompute_layer_counts, stage_layer_counts
+from training.config import Config, recompute_layer_counts, stage_layer_counts
 
 # MindSpore's parallel optimizer keeps parameters smaller than this whole (its parallel_optimizer_threshold,
 # default 64 KB; passed to it explicitly so the planner and the compiler share one number)
@@ -34,7 +34,7 @@ class Layout:
     vocab_parallel: bool        # embedding and output head split over the vocabulary (mp > 1, not vocab_emb_dp)
     attention: str              # flash | composite
     fused_norm: bool            # the RmsNorm kernel (Atlas A2) instead of composite RMSNorm
-    cpu_kernels: bool           # CPU-only fast paths: RowSumSoftmax, split causal scores, MatMul norm, fused loss
+    cpu_kernels: bool           # CPU-only fast paths: RowSumSoftmax, split causal scores, MatMul norm
     stages_of_layers: tuple     # pipeline stage of each decoder layer
     layers_per_stage: tuple
     recomputed: tuple           # indices of the recomputed decoder layers
@@ -52,6 +52,7 @@ class Layout:
                                  (p.optimizer_shard and p.data_parallel > 1))
         a2_kernels = cfg.hardware.flash_attention and device == "Ascend"
         micro_steps = p.micro_batch_num if p.pipeline_stage > 1 else p.gradient_accumulation_steps
+        counts = stage_layer_counts(m.num_layers, p.pipeline_stage, p.stage_offset)
         flash = m.attention == "flash" or (m.attention == "auto" and a2_kernels)
         return cls(
             device=device, dp=p.data_parallel, mp=p.model_parallel, pp=p.pipeline_stage,
@@ -62,11 +63,11 @@ class Layout:
             accumulation_shard=p.gradient_accumulation_shard,
             vocab_parallel=p.model_parallel > 1 and not p.vocab_emb_dp,
             attention="flash" if flash else "composite",
-            fused_norm=m.arch == "llama" and (a2_kernels or flash),
+            fused_norm=a2_kernels or flash,  # the RmsNorm kernel where the model has RMSNorm
             cpu_kernels=device == "CPU" and not sharded,
-            stages_of_layers=tuple(layer_stages(cfg)),
-            layers_per_stage=tuple(stage_layer_counts(m.num_layers, p.pipeline_stage, p.stage_offset)),
-            recomputed=tuple(_recomputed_layers(cfg)), recompute=cfg.recompute.mode,
+            stages_of_layers=tuple(stage for stage, n in enumerate(counts) for _ in range(n)),
+            layers_per_stage=tuple(counts),
+            recomputed=tuple(_recomputed_layers(cfg, counts)), recompute=cfg.recompute.mode,
             graph_reuse=_graph_reuse(cfg, sharded, micro_steps))
 
     # -- degrees and groups ---------------------------------------------------------------------
@@ -88,6 +89,10 @@ class Layout:
         """MindSpore's micro-batch cells (Pipeline, GradAccumulation) accumulate the sharded gradients
         into `accu_grads` buffers and reduce them once per step."""
         return self.sharded and self.micro_steps > 1
+
+    def recomputed_in(self, stage: int) -> int:
+        """How many layers of `stage` are recomputed."""
+        return sum(1 for i in self.recomputed if self.stages_of_layers[i] == stage)
 
     def stage_of_rank(self, rank: int) -> int:
         return rank // self.stage_devices
@@ -116,9 +121,8 @@ def _graph_reuse(cfg: Config, sharded: bool, micro_steps: int) -> str:
     return "model" if sharded and micro_steps > 1 else "layer"
 
 
-def _recomputed_layers(cfg: Config) -> list[int]:
+def _recomputed_layers(cfg: Config, per_stage: list[int]) -> list[int]:
     """Global indices of the recomputed layers: the first n of each pipeline stage."""
-    per_stage = stage_layer_counts(cfg.model.num_layers, cfg.parallel.pipeline_stage, cfg.parallel.stage_offset)
     chosen, start = [], 0
     for held, n in zip(per_stage, recompute_layer_counts(cfg)):
         chosen += range(start, start + n)

@@ -14,8 +14,9 @@ from pathlib import Path
 import psutil
 
 from training import flops
-from training.config import Config, recompute_layer_counts
+from training.config import Config
 from training.gemm_peak import device_peak_tflops
+from training.layout import Layout
 
 
 def memory_gib(device_target: str) -> float:
@@ -37,7 +38,7 @@ class MetricsLogger:
         self.tokens_per_step = cfg.global_batch_size * cfg.model.seq_length
         self.flops_per_token = flops.model_flops_per_token(cfg.model)
         self.hflops_per_token = flops.hardware_flops_per_token(cfg.model, cfg.recompute,
-                                                               sum(recompute_layer_counts(cfg)))
+                                                               len(Layout.of(cfg).recomputed))
         # an unpinned `python run_train.py` on a 2-core host is measured against both cores
         self.peak = device_peak_tflops(cfg, cores=len(os.sched_getaffinity(0)))
         self.window: list[tuple[float, float, float]] = []  # (loss, grad_norm, step_time)

@@ -57,8 +57,7 @@ import math
 from dataclasses import dataclass
 
 from training import flops
-from training.config import (Config, ConfigError, apply_override, config_from_tree, recompute_layer_counts,
-                             stage_layer_counts)
+from training.config import Config, ConfigError, apply_override, config_from_tree
 from training.gemm_peak import device_peak_tflops
 from training.layout import OPTIMIZER_SHARD_MIN_KIB, Layout
 
@@ -259,9 +258,9 @@ def stage_params(cfg: Config) -> list[float]:
     return out
 
 
-def _in_flight(cfg: Config, stage: int) -> int:
-    p = cfg.parallel
-    return min(p.pipeline_stage - stage, p.micro_batch_num) if p.pipeline_stage > 1 else 1
+def _in_flight(layout: Layout, stage: int) -> int:
+    """Micro batches whose activations stage `stage` holds under 1F1B (stage 0 the most)."""
+    return min(layout.pp - stage, layout.micro_steps) if layout.pp > 1 else 1
 
 
 def stage_memory(cfg: Config, stage: int, recomputed: int | None = None) -> dict:
@@ -271,29 +270,31 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None) -> dict
     during the step, estimated: the compute-dtype copy of the weights (and, with the optimizer shard,
     their all-gathered slices), and one layer's gradients before they are reduce-scattered.
     `recomputed` overrides the number of recomputed layers of this stage (used by the search)."""
-    m, p, hw = cfg.model, cfg.parallel, cfg.hardware
+    m, hw = cfg.model, cfg.hardware
     layout = Layout.of(cfg)
     stored = stage_bytes(cfg, stage, layout)
     pb, cb = DTYPE_BYTES[m.param_dtype], DTYPE_BYTES[m.compute_dtype]
     params = stage_params(cfg)[stage]
-    largest_layer = flops.layer_matmul_params(m) / p.model_parallel + flops.layer_other_params(m)
+    largest_layer = flops.layer_matmul_params(m) / layout.mp + flops.layer_other_params(m)
     transient = (params * cb if (cb != pb or layout.optimizer_shard) else 0) + \
         (largest_layer * pb if layout.optimizer_shard else 0)
 
     layers = layout.layers_per_stage[stage]
-    r = recompute_layer_counts(cfg)[stage] if recomputed is None else recomputed
+    r = layout.recomputed_in(stage) if recomputed is None else recomputed
     flash = layout.attention == "flash"
     kept = _model_layer_activation_bytes(cfg, "none", flash)
-    recomputed_bytes = _model_layer_activation_bytes(cfg, cfg.recompute.mode, flash) if r else 0.0
+    recomputed_bytes = _model_layer_activation_bytes(cfg, layout.recompute, flash) if r else 0.0
     per_micro_batch = (layers - r) * kept + r * recomputed_bytes
-    activations = _in_flight(cfg, stage) * per_micro_batch
-    if r and cfg.recompute.mode == "full":
+    activations = _in_flight(layout, stage) * per_micro_batch
+    if r and layout.recompute == "full":
         activations += kept        # one layer rematerialised at a time during backward
-    if stage == p.pipeline_stage - 1:
+    if stage == layout.pp - 1:
         sb = m.seq_length * cfg.train.micro_batch_size
-        t = p.model_parallel
+        t = layout.mp
         activations += sb * m.hidden_size * 4 / (t if layout.sequence_parallel else 1)    # final norm input
-        activations += sb * m.vocab_size / t * (cb + 8)          # logits and the fp32 loss, vocab split over t
+        # the logits in the compute dtype (whole vocabulary on each rank unless the head is split), and
+        # the loss's fp32 work on its vocabulary split over t
+        activations += sb * m.vocab_size * (cb / (t if layout.vocab_parallel else 1) + 8 / t)
     reserve = hw.memory_reserve_gib * GIB
     parts = {**stored, "transient": transient, "activations": activations, "reserve": reserve}
     parts["total"] = sum(parts.values())
@@ -344,39 +345,34 @@ def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
 
 def communication(cfg: Config, stage: int) -> dict:
     """Bytes one device of `stage` sends per optimizer step (ring collectives)."""
-    m, p = cfg.model, cfg.parallel
-    t, stages = p.model_parallel, p.pipeline_stage
-    cb = DTYPE_BYTES[m.compute_dtype]
-    micro_batches = p.micro_batch_num * p.gradient_accumulation_steps
-    x = m.seq_length * cfg.train.micro_batch_size * m.hidden_size * cb     # one layer's hidden states
+    m, layout = cfg.model, Layout.of(cfg)
+    t, stages, micro_batches = layout.mp, layout.pp, layout.micro_steps
+    x = m.seq_length * cfg.train.micro_batch_size * m.hidden_size * DTYPE_BYTES[m.compute_dtype]  # a layer's hidden states
     # Per layer and micro batch: 2 collectives forward, 2 backward (all-reduce, or all-gather +
     # reduce-scatter with sequence parallel: the same volume), 2(t-1)/t of the tensor each.
-    collectives = 4 + (2 if cfg.recompute.mode == "full" and cfg.recompute.comm else 0)
+    collectives = 4 + (2 if layout.recompute == "full" and cfg.recompute.comm else 0)
     tp_per_layer = collectives * 2 * (t - 1) / t * x if t > 1 else 0.0
-    layers = stage_layer_counts(m.num_layers, stages, p.stage_offset)[stage]
-    tp = tp_per_layer * layers * micro_batches
+    tp = tp_per_layer * layout.layers_per_stage[stage] * micro_batches
     dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
     dp = dp_once + dp_micro * micro_batches
     sends = (stage > 0) + (stage < stages - 1)                              # activations out, grads back
-    pp = sends * micro_batches * x / (t if p.sequence_parallel else 1) if stages > 1 else 0.0
+    pp = sends * micro_batches * x / (t if layout.sequence_parallel else 1) if stages > 1 else 0.0
     return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer, "tp": tp,
             "pp_send_recv": pp, "total": dp + tp + pp}
 
 
 def _stage_flops_per_token(cfg: Config, stage: int) -> float:
     """Hardware FLOPs per token of one stage (whole tensor-parallel group)."""
-    m, p = cfg.model, cfg.parallel
-    layers = stage_layer_counts(m.num_layers, p.pipeline_stage, p.stage_offset)[stage]
+    m, layout = cfg.model, Layout.of(cfg)
     output = 6 * flops.output_params(m)
     per_layer = (flops.model_flops_per_token(m) - output) / m.num_layers
-    r = recompute_layer_counts(cfg)[stage]
-    extra = flops.recompute_flops_per_token(m, cfg.recompute.mode, recomputed_layers=r)
-    return layers * per_layer + extra + (output if stage == p.pipeline_stage - 1 else 0)
+    extra = flops.recompute_flops_per_token(m, layout.recompute, recomputed_layers=layout.recomputed_in(stage))
+    return layout.layers_per_stage[stage] * per_layer + extra + (output if stage == layout.pp - 1 else 0)
 
 
 def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
-    m, p = cfg.model, cfg.parallel
-    d, t, stages = p.data_parallel, p.model_parallel, p.pipeline_stage
+    m, layout = cfg.model, Layout.of(cfg)
+    d, t, stages, micro_steps = layout.dp, layout.mp, layout.pp, layout.micro_steps
     tokens_per_micro_batch = cfg.train.micro_batch_size * m.seq_length
     flop_rate = peak_tflops * 1e12 * efficiency
     tp_bw, dp_bw, pp_bw = _bandwidth(cfg, t), _bandwidth(cfg, t * d), _bandwidth(cfg, t * d * stages)
@@ -384,38 +380,36 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
     for k in range(stages):
         c = communication(cfg, k)
         compute = tokens_per_micro_batch * _stage_flops_per_token(cfg, k) / t / flop_rate
-        layers = stage_layer_counts(m.num_layers, stages, p.stage_offset)[k]
-        slots.append(compute + c["tp_per_layer"] * layers / tp_bw)
+        slots.append(compute + c["tp_per_layer"] * layout.layers_per_stage[k] / tp_bw)
         comm.append(c)
     slot = max(slots)
-    micro_batches = p.micro_batch_num
-    pipeline = p.gradient_accumulation_steps * (micro_batches + stages - 1) * slot
+    # 1F1B over a pipeline's micro batches; accumulation steps run one after another
+    pipeline = (micro_steps + stages - 1 if stages > 1 else micro_steps) * slot
     pp_time = max(c["pp_send_recv"] for c in comm) / pp_bw
     # the once-per-step part overlaps the last micro batch's backward; a per-micro-batch reduce-scatter
     # (gradient_accumulation_shard) overlaps its own micro batch's
-    micro_steps = p.gradient_accumulation_steps * micro_batches
     per_micro = max(c["dp_per_micro_batch"] for c in comm) / dp_bw
     once = max(c["dp_grad_reduce"] - c["dp_per_micro_batch"] * micro_steps for c in comm) / dp_bw
     dp_exposed = max(0.0, once - 2 / 3 * slot) + micro_steps * max(0.0, per_micro - 2 / 3 * slot)
     step = pipeline + pp_time + dp_exposed
     tokens_per_s = cfg.global_batch_size * m.seq_length / step
     devices = cfg.devices
-    recomputed = sum(recompute_layer_counts(cfg))
+    recomputed = len(layout.recomputed)
     return {
         "step_time_s": step, "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / devices,
         "samples_per_s_per_device": cfg.global_batch_size / step / devices,
         "tflops_per_device": tokens_per_s * flops.model_flops_per_token(m) / devices / 1e12,
         "mfu": flops.mfu(tokens_per_s, devices, peak_tflops, m),
         "hfu": flops.hfu(tokens_per_s, devices, peak_tflops, m, cfg.recompute.mode, recomputed),
-        "bubble_fraction": (stages - 1) / micro_batches if stages > 1 else 0.0,
-        "compute_s": p.gradient_accumulation_steps * micro_batches * slot,
+        "bubble_fraction": (stages - 1) / micro_steps if stages > 1 else 0.0,
+        "compute_s": micro_steps * slot,
         "comm_exposed_s": pp_time + dp_exposed,
         "peak_tflops": peak_tflops, "efficiency": efficiency,
         "assumptions": [
             f"hardware FLOPs run at {efficiency:.0%} of the {peak_tflops:g} TFLOP/s peak",
             "tensor-parallel collectives are on the critical path (not overlapped)",
-            f"1F1B pipeline: {micro_batches + stages - 1} micro-batch slots of the busiest stage per step "
-            f"(bubble (p-1)/m = {(stages - 1) / micro_batches:.1%})" if stages > 1 else "no pipeline bubble",
+            f"1F1B pipeline: {micro_steps + stages - 1} micro-batch slots of the busiest stage per step "
+            f"(bubble (p-1)/m = {(stages - 1) / micro_steps:.1%})" if stages > 1 else "no pipeline bubble",
             "data-parallel gradient reduction overlaps the last micro batch's backward (2/3 of its compute), "
             "a per-micro-batch reduce-scatter its own micro batch's; the rest is exposed",
             "bandwidths: hardware profile, intra-node for groups within devices_per_node, else inter-node",
@@ -428,7 +422,9 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
     """The DESIGN §3 plan of `cfg`: params, FLOPs, worst-stage memory, fits, comm bytes, prediction."""
     peak = peak_tflops if peak_tflops is not None else device_peak_tflops(cfg)
     eff = efficiency if efficiency is not None else DEFAULT_EFFICIENCY[cfg.hardware.device_target]
-    stages = [stage_memory(cfg, k) for k in range(cfg.parallel.pipeline_stage)]
+    layout = Layout.of(cfg)
+    recomputed = [layout.recomputed_in(k) for k in range(layout.pp)]
+    stages = [stage_memory(cfg, k) for k in range(layout.pp)]
     worst = max(range(len(stages)), key=lambda k: stages[k]["total"])
     comm = communication(cfg, worst)
     budget = memory_budget_gib(cfg)
@@ -445,15 +441,12 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
                    "optimizer_shard": cfg.parallel.optimizer_shard,
                    "gradient_accumulation_shard": cfg.parallel.gradient_accumulation_shard,
                    "recompute": cfg.recompute.mode,
-                   "recompute_layers": recompute_layer_counts(cfg),
-                   "layers_per_stage": stage_layer_counts(cfg.model.num_layers, cfg.parallel.pipeline_stage,
-                                                          cfg.parallel.stage_offset),
-                   "attention": Layout.of(cfg).attention},
+                   "recompute_layers": recomputed, "layers_per_stage": list(layout.layers_per_stage),
+                   "attention": layout.attention},
         "params": flops.param_count(cfg.model),
         "matmul_params": flops.matmul_param_count(cfg.model),
         "flops_per_token": flops.model_flops_per_token(cfg.model),
-        "hflops_per_token": flops.hardware_flops_per_token(cfg.model, cfg.recompute.mode,
-                                                           sum(recompute_layer_counts(cfg))),
+        "hflops_per_token": flops.hardware_flops_per_token(cfg.model, cfg.recompute.mode, sum(recomputed)),
         "memory_gib": {k: v / GIB for k, v in stages[worst].items()},
         "memory_stage": worst,
         "memory_gib_per_stage": [s["total"] / GIB for s in stages],
@@ -506,10 +499,11 @@ def replan_devices(cfg: Config, devices: int) -> Config:
                         "set train.global_batch_size or train.micro_batch_size with --set")
     try:
         sharded = p.optimizer_shard and dp > 1
+        micro = any(o.split("=")[1] != "1" for o in batch)  # micro_batch_num or accumulation steps > 1
         return with_overrides(cfg, [f"parallel.data_parallel={dp}", *batch,
                                     f"parallel.optimizer_shard={str(sharded).lower()}",
                                     f"parallel.gradient_accumulation_shard="
-                                    f"{str(sharded and p.gradient_accumulation_shard).lower()}",
+                                    f"{str(sharded and micro and p.gradient_accumulation_shard).lower()}",
                                     f"train.global_batch_size={cfg.global_batch_size}"])
     except ConfigError as exc:
         raise PlanError(f"--devices {devices}: {exc}")
@@ -531,9 +525,8 @@ def balanced_offset(layers: int, stages: int) -> list[int] | int:
 def _fit_full_recompute(cfg: Config) -> list[int] | None:
     """Fewest fully recomputed layers per stage that make every stage fit, or None."""
     budget = memory_budget_gib(cfg) * GIB
-    counts = stage_layer_counts(cfg.model.num_layers, cfg.parallel.pipeline_stage, cfg.parallel.stage_offset)
     out = []
-    for k, n in enumerate(counts):
+    for k, n in enumerate(Layout.of(cfg).layers_per_stage):
         r = next((r for r in range(n + 1) if stage_memory(cfg, k, r)["total"] <= budget), None)
         if r is None:
             return None
@@ -543,7 +536,7 @@ def _fit_full_recompute(cfg: Config) -> list[int] | None:
 
 def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int) -> list[str] | None:
     m = cfg.model
-    if any(x % tp for x in (m.num_heads, m.kv_heads, m.ffn_hidden_size)) or tp > cfg.hardware.devices_per_node:
+    if any(x % tp for x in (m.num_heads, m.kv_heads, m.ffn_hidden_size, m.vocab_size)) or tp > cfg.hardware.devices_per_node:
         return None
     if pp > m.num_layers or (tp > 1 and m.seq_length % tp):
         return None
@@ -584,7 +577,7 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
                 full = _fit_full_recompute(with_overrides(base, ["recompute.mode=full"]))
                 if full is not None and any(full):
                     candidates.append(["recompute.mode=full", f"recompute.layers={_yaml(full)}"])
-                if Layout.of(base).optimizer_shard and Layout.of(base).micro_steps > 1:
+                if Layout.of(base).accumulates_in_graph and Layout.of(base).optimizer_shard and cfg.run.reuse_layer_graph:
                     candidates += [c + ["parallel.gradient_accumulation_shard=true"] for c in candidates]
                 for extra in candidates:
                     candidate = with_overrides(base, extra) if extra else base

@@ -119,9 +119,10 @@ def _set_parallel_context(cfg: Config, layout: Layout, rank: int) -> None:
         parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=layout.devices, gradients_mean=False,
         full_batch=False, pipeline_stages=layout.pp, enable_parallel_optimizer=layout.optimizer_shard,
         parallel_optimizer_config={"parallel_optimizer_threshold": OPTIMIZER_SHARD_MIN_KIB,
-                                   "gradient_accumulation_shard": layout.accumulation_shard},
-        strategy_ckpt_config={"save_file": os.path.join(cfg.run.output_dir, cfg.run.name, "strategy",
-                                                        f"strategy_rank{rank}.ckpt")})
+                                   "gradient_accumulation_shard": layout.accumulation_shard})
+    if not dry_run():  # a dry run must not overwrite the strategy files of a real run of the config
+        ms.set_auto_parallel_context(strategy_ckpt_config={
+            "save_file": os.path.join(cfg.run.output_dir, cfg.run.name, "strategy", f"strategy_rank{rank}.ckpt")})
 
 
 def set_input_layout(layout: Layout, num_inputs: int) -> None:

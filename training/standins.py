@@ -118,17 +118,25 @@ def build(lib64: Path, ms: Path) -> None:
         raise StandinError(f"building the CANN stand-ins for the dry run needs {', '.join(missing)}; "
                            "install gcc and binutils (Debian: apt-get install gcc binutils)")
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=lib64.parent.parent))
-    source = staging / "standins.c"
-    source.write_text(c_source(needed_symbols(ms)))
-    out = staging / "lib64"
-    (out / "driver").mkdir(parents=True)
-    for name in LIBRARIES:
-        subprocess.run(["gcc", "-shared", "-fPIC", "-O0", f"-Wl,-soname,{name}.so", "-o", str(out / f"{name}.so"),
-                        str(source)], check=True, capture_output=True)
-    shutil.copy(out / "libascend_hal.so", out / "driver" / "libascend_hal.so")
     try:
-        os.rename(staging, lib64.parent)   # atomic: a concurrent builder's result wins, ours is dropped
-    except OSError:
+        source = staging / "standins.c"
+        source.write_text(c_source(needed_symbols(ms)))
+        out = staging / "lib64"
+        (out / "driver").mkdir(parents=True)
+        for name in LIBRARIES:
+            done = subprocess.run(["gcc", "-shared", "-fPIC", "-O0", f"-Wl,-soname,{name}.so", "-o",
+                                   str(out / f"{name}.so"), str(source)], capture_output=True, text=True)
+            if done.returncode:
+                first = (done.stderr.strip().splitlines() or ["no output"])[0]
+                raise StandinError(f"gcc could not build the stand-in {name}.so ({first}); check the gcc install")
+        shutil.copy(out / "libascend_hal.so", out / "driver" / "libascend_hal.so")
+        if not (lib64 / "libascendcl.so").is_file():
+            shutil.rmtree(lib64.parent, ignore_errors=True)  # a folder left by a killed build of an older layout
+            try:
+                os.rename(staging, lib64.parent)  # atomic: a concurrent builder's result wins, ours is dropped
+            except OSError:
+                pass
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 

@@ -15,9 +15,10 @@ summed loss are reduced once by DistributedGradReducer.
 
 The global gradient norm (clipping, the overflow test of a dynamic loss scale, the logged
 grad_norm) must cover every shard. Under semi-auto parallel it is written as MindSpore's parallel
-compiler expects: Square, ReduceSum, Cast, and ExpandDims marked `grad_scale`, whose sum the
-compiler all-reduces over the model-parallel and pipeline ranks. On CPU the squared norm is a
-1 x n . n x 1 MatMul (6x faster there than Square + ReduceSum, measured on the peer config).
+compiler expects: Square, ReduceSum, Cast, and ExpandDims marked `grad_scale`; the compiler divides
+each replicated parameter's share by its replica count and all-reduces the sum over the stage's
+ranks and across stages. On CPU the squared norm is a 1 x n . n x 1 MatMul (6x faster there than
+Square + ReduceSum, measured on the peer config).
 """
 from __future__ import annotations
 
@@ -108,6 +109,8 @@ class TrainStep(nn.Cell):
         self.loss_scale = Parameter(Tensor(scale, ms.float32), name="loss_scale", requires_grad=False) if dynamic \
             else Tensor(scale, ms.float32)
         self.scale_update = nn.DynamicLossScaleUpdateCell(scale, 2.0, DYNAMIC_SCALE_WINDOW) if dynamic else None
+        # the factor is identically 1 without clipping or loss scale: skip the pass over the gradients
+        self.rescale = cfg.train.grad_clip > 0 or (not layout.accumulates_in_graph and (dynamic or scale != 1.0))
         self.hyper_map = ops.HyperMap()
         self.accumulated = layout.accumulates_in_graph
         self.read_buffers = self.accumulated and not layout.optimizer_shard
@@ -136,17 +139,20 @@ class TrainStep(nn.Cell):
         grads = self.grad_fn(self.network, self.weights)(*inputs, sens)
         scale = ops.cast(self.loss_scale, ms.float32)  # this step's scale (the update below may change it)
         inverse = 1.0 / scale
-        if self.accumulated:
+        if self.accumulated:  # read out of the buffers unscaled (a copy: the buffers are zeroed)
             grads = self.hyper_map(ops.partial(_unscale_and_clear, inverse, self.read_buffers), grads, self.accu_grads)
-        else:
-            grads = self.hyper_map(ops.partial(ops.mul, inverse), self.reducer(grads))
-        grad_norm = ops.sqrt(ops.addn(self.squared_norms(grads))).reshape(())
+            factor = 1.0
+        else:  # still scaled: unscaled and clipped in one pass below (the norm of the scaled ones x inverse)
+            grads = self.reducer(grads)
+            factor = inverse
+        grad_norm = ops.sqrt(ops.addn(self.squared_norms(grads))).reshape(()) * factor
         overflow = ops.logical_not(ops.isfinite(grad_norm))
         if self.scale_update is not None:
             overflow = self.scale_update(self.loss_scale, overflow)
         if self.grad_clip > 0:
-            grads = self.hyper_map(ops.partial(ops.mul, self.grad_clip / ops.maximum(grad_norm, self.grad_clip)),
-                                   grads)
+            factor = factor * (self.grad_clip / ops.maximum(grad_norm, self.grad_clip))
+        if self.rescale:
+            grads = self.hyper_map(ops.partial(ops.mul, factor), grads)
         if not overflow:
             loss = ops.depend(loss, self.optimizer(grads))
         loss = loss / self.micro_steps

@@ -21,6 +21,7 @@ from training.data import build_dataset
 from training.metrics import MetricsLogger
 from training.schedule import lr_at
 from training.profiling import ProfileWindow
+from training.layout import Layout
 from training.runtime import Runtime, set_input_layout
 from training.train_step import build_train_graph
 
@@ -37,7 +38,8 @@ class Trainer:
     def __init__(self, cfg: Config, rt: Runtime):
         self.cfg = cfg = models.resolve_model_dims(cfg)  # finetune.hf_dims
         self.rt = rt
-        self.layout = layout = rt.layout
+        # the layout of the resolved dims (the runtime's parallel context depends on degrees only)
+        self.layout = layout = Layout.of(cfg, rt.device_target, rt.world)
         self.run_dir = run_dir_of(cfg)
         # Sharded layouts (Ascend/GPU semi-auto parallel): every rank holds slices, so every rank writes
         # its own checkpoints (with MindSpore's strategy file in <run>/strategy/) and resumes from them.
@@ -46,41 +48,81 @@ class Trainer:
             self.ckpt_dir = self.ckpt_dir / f"rank_{rt.rank}"
         graph = build_train_graph(cfg, layout)
         self.model, self.network, self.optimizer, self.step_cell = graph.model, graph.network, graph.optimizer, graph.step
-        # optimizer state to save: moments, step counter, loss scale; not the LR table, which comes from the
-        # config (so a resumed run may change train.steps or the schedule), nor the accumulation buffers
-        not_state = ({p.name for p in self.model.get_parameters()}
-                     | {p.name for p in self.optimizer.learning_rate.get_parameters()})
-        self.optimizer_params = [p for p in self.step_cell.get_parameters()
-                                 if p.name not in not_state and not p.name.startswith("accu_grads.")]
-        # what checkpoints hold: every weight, or only the trained adapters under LoRA (the base is frozen)
-        self.saved_params = (self.network.trainable_params() if models.lora_enabled(cfg)
-                             else list(self.model.get_parameters()))
         latest = ckpt.latest_checkpoint(self.ckpt_dir) if cfg.checkpoint.resume else None
         self.start_step = ckpt.checkpoint_step(latest) if latest else 0
+        # Read (and verify) what the run starts from before compiling: a bad checkpoint fails in seconds
+        start = self._read_start(latest)
         self.batches = self._batches()
-        self.first_batch = next(self.batches)
-        # Sharded parameters take their local shapes when the step compiles: restore after that.
-        set_input_layout(layout, len(self.first_batch))
-        self.step_cell.compile(*self.first_batch)
-        self._restore(latest)
+        self.first_batch = next(self.batches) if self.start_step < cfg.train.steps else None
+        if layout.sharded and self.first_batch is not None:
+            # sharded parameters take their local shapes when the step compiles: assign after that
+            set_input_layout(layout, len(self.first_batch))
+            self.step_cell.compile(*self.first_batch)
+        self._assign_start(latest, start)
+
+    # -- what a rank holds and saves ------------------------------------------------------------------
+    def _held(self, params) -> list:
+        """The parameters this rank's graph holds: a pipeline stage compiles only its own."""
+        if self.layout.pp == 1:
+            return list(params)
+        held = self.step_cell.parameter_layout_dict
+        return [p for p in params if p.name in held]
+
+    @property
+    def saved_params(self) -> list:
+        """What checkpoints hold: every weight, or only the trained adapters under LoRA (the base is frozen)."""
+        return self._held(self.network.trainable_params() if models.lora_enabled(self.cfg)
+                          else self.model.get_parameters())
+
+    @property
+    def optimizer_params(self) -> list:
+        """Optimizer state to save: moments, step counter, a dynamic loss scale and its counters; not the LR
+        table, which comes from the config (so a resumed run may change train.steps or the schedule), nor
+        the accumulation buffers (empty between steps)."""
+        not_state = ({p.name for p in self.model.get_parameters()}
+                     | {p.name for p in self.optimizer.learning_rate.get_parameters()})
+        return self._held(p for p in self.step_cell.get_parameters()
+                          if p.name not in not_state and not p.name.startswith("accu_grads."))
+
+    def layout_record(self) -> dict:
+        """What a rank's checkpoint slices depend on: saved with it, compared on resume."""
+        p = self.cfg.parallel
+        return {"devices": self.layout.devices, "data_parallel": p.data_parallel, "model_parallel": p.model_parallel,
+                "pipeline_stage": p.pipeline_stage, "optimizer_shard": self.layout.optimizer_shard,
+                "vocab_parallel": self.layout.vocab_parallel} if self.layout.sharded else {}
 
     # -- start-up ---------------------------------------------------------------------------------
-    def _restore(self, latest: Path | None) -> None:
-        if latest is not None:
-            weights, optimizer_state, state = ckpt.load_checkpoint(latest)
-            if models.lora_enabled(self.cfg):
-                self._load_pretrained()
-            layouts = self.step_cell.parameter_layout_dict
-            ckpt.assign(self.saved_params, weights, str(latest), layouts, self.rt.rank)
-            ckpt.assign(self.optimizer_params, optimizer_state, f"{latest} optimizer state", layouts, self.rt.rank)
-            self._say(f"resumed from {latest} at step {state['step']}")
-        elif self.cfg.checkpoint.load_path:
-            self._load_pretrained()
-            self._say(f"loaded weights from {self.cfg.checkpoint.load_path} (optimizer state and step start fresh)")
+    def _read_start(self, latest: Path | None):
+        """(weights, optimizer state, trainer state, pretrained weights) to start from, read and checked."""
+        pretrained = None
+        if self.cfg.checkpoint.load_path and (latest is None or models.lora_enabled(self.cfg)):
+            pretrained = models.load_pretrained(self.cfg.checkpoint.load_path, self.cfg)
+        if latest is None:
+            return None, None, None, pretrained
+        weights, optimizer_state, state = ckpt.load_checkpoint(latest)
+        saved_layout = state.get("layout", {})
+        if saved_layout != self.layout_record():
+            raise ckpt.CheckpointError(
+                f"{latest} was written under the layout {saved_layout or 'unsharded'}, this run is "
+                f"{self.layout_record() or 'unsharded'}; resharding a checkpoint is not implemented yet: resume "
+                "with the layout it was written under")
+        return weights, optimizer_state, state, pretrained
 
-    def _load_pretrained(self) -> None:
-        models.load_weights_into(self.model, models.load_pretrained(self.cfg.checkpoint.load_path, self.cfg),
-                                 self.step_cell.parameter_layout_dict, self.rt.rank)
+    def _assign_start(self, latest: Path | None, start) -> None:
+        weights, optimizer_state, state, pretrained = start
+        layouts, rank = self.step_cell.parameter_layout_dict, self.rt.rank
+        if pretrained is not None:
+            models.load_weights_into(self.model, pretrained, layouts, rank)
+        if latest is not None:
+            ckpt.assign(self.saved_params, weights, str(latest), layouts, rank)
+            if self.step_cell.scale_update is not None:
+                # a checkpoint of a fixed-scale run holds no dynamic-scale state: start it at the scale it used
+                fresh = {p.name: p.asnumpy() for p in self.step_cell.scale_update.get_parameters()}
+                optimizer_state = {**fresh, "loss_scale": np.array(state["loss_scale"], np.float32), **optimizer_state}
+            ckpt.assign(self.optimizer_params, optimizer_state, f"{latest} optimizer state", layouts, rank)
+            self._say(f"resumed from {latest} at step {state['step']}")
+        elif pretrained is not None:
+            self._say(f"loaded weights from {self.cfg.checkpoint.load_path} (optimizer state and step start fresh)")
 
     def _say(self, text: str) -> None:
         if self.rt.is_main:
@@ -104,7 +146,7 @@ class Trainer:
         if not (self.rt.is_main or self.layout.sharded):
             return None
         state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
-                 "samples_consumed": step * self.cfg.global_batch_size}
+                 "samples_consumed": step * self.cfg.global_batch_size, "layout": self.layout_record()}
         return ckpt.save_checkpoint(self.ckpt_dir, step, parameters_as_numpy(self.saved_params),
                                     parameters_as_numpy(self.optimizer_params), state, self.cfg.to_yaml(),
                                     keep_last=self.cfg.checkpoint.keep_last)
@@ -147,7 +189,7 @@ class Trainer:
     def weights_digest(self) -> str:
         """A digest of every weight, printed by each rank: data-parallel ranks must agree."""
         digest = hashlib.sha256()
-        for name, value in sorted(parameters_as_numpy(self.model.get_parameters()).items()):
+        for name, value in sorted(parameters_as_numpy(self._held(self.model.get_parameters())).items()):
             digest.update(name.encode())
             digest.update(np.ascontiguousarray(value).tobytes())
         return digest.hexdigest()[:16]

@@ -2,13 +2,13 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-export PYTHONPATH := $(CURDIR)
 
 .PHONY: demo finetune-demo test bench docs clean
 
-$(VENV)/.runtime: requirements.txt
+$(VENV)/.runtime: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
 $(VENV)/.dev: requirements-dev.txt requirements.txt $(VENV)/.runtime

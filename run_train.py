@@ -8,7 +8,8 @@ Under msrun (scripts/run_distribute.sh) every worker runs this file. Exit status
 import argparse
 import sys
 
-from training.config import ConfigError, add_config_arguments, config_from_args, fail
+from mindscale.config import ConfigError
+from mindscale.cli import add_config_arguments, config_from_args, fail
 
 
 def main(argv=None) -> int:
@@ -19,10 +20,10 @@ def main(argv=None) -> int:
 
     from models import WeightsMismatch
     from models.hf_convert import HFConversionError
-    from training.checkpoint import CheckpointError
-    from training.data import DataError
-    from training.runtime import setup
-    from training.trainer import Trainer
+    from mindscale.io import CheckpointError
+    from mindscale.train.data import DataError
+    from mindscale.train.runtime import setup
+    from mindscale.train.trainer import Trainer
     try:
         runtime = setup(cfg)
         Trainer(cfg, runtime).train()

@@ -26,11 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # msrun starts `python bench/allreduce.py`
-
-from bench.machine import versions  # noqa: E402
-from training.config import OneLineParser, add_config_arguments, config_from_args, fail  # noqa: E402
-from training.launch import pin_to_core  # noqa: E402
+from bench.machine import versions
+from mindscale.cli import OneLineParser, add_config_arguments, config_from_args, fail
+from mindscale.launch.plan import pin_to_core
 
 PEER_CONFIG = Path(__file__).resolve().parent / "llama_peer.yaml"
 CALLS = 5

@@ -6,12 +6,12 @@
 Timeline: build the model and optimizer (`build_s`), one first step (`compile_s`: graph compile +
 first step for MindSpore; for hf, which compiles nothing, just its first step), `--warmup` untimed
 steps, then `--steps` timed steps. tokens/s = batch x seq / median step time; `tflops` uses the
-model FLOPs per token of DESIGN.md §4 (training/flops.py), the same for all three stacks.
+model FLOPs per token of DESIGN.md §4 (mindscale/perf/flops.py), the same for all three stacks.
 `peak_rss_gib` is this process's peak resident memory (getrusage): each system runs in its own
 process, so the number covers its framework, model, optimizer state and activations.
 
 Threads: the process pins itself to one core (`--core`, default the lowest allowed core, where
-training.gemm_peak measures the peak) before any framework is imported, and every framework gets
+mindscale.perf.gemm_peak measures the peak) before any framework is imported, and every framework gets
 one operator thread (MindSpore threads_num, torch.set_num_threads, OMP/MKL/OpenBLAS variables).
 The process works in output/bench/work (MindSpore drops rank_0/om/analyze_fail.ir into the working
 directory when a graph fails to compile). Exit status: 0 measured, 2 bad input (one line on
@@ -26,10 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
-
-from bench import SYSTEMS  # noqa: E402
-from training.config import OneLineParser, add_config_arguments, config_from_args, emit, fail  # noqa: E402
+from bench import SYSTEMS
+from mindscale.cli import OneLineParser, add_config_arguments, config_from_args, emit, fail
 
 REPO = Path(__file__).resolve().parent.parent
 PEER_CONFIG = REPO / "bench" / "llama_peer.yaml"
@@ -81,7 +79,7 @@ def stdout_to_stderr() -> int:
 
 def measure(system_name: str, cfg, steps: int, warmup: int) -> dict:
     from bench.systems import BUILDERS, fixed_batch
-    from training.flops import model_flops_per_token
+    from mindscale.perf.flops import model_flops_per_token
 
     batch = fixed_batch(cfg)
     began = time.perf_counter()

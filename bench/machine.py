@@ -1,6 +1,6 @@
 """What the benchmark ran on: CPU, cores, memory, load, package versions, and GEMM peaks.
 
-The MFU peak is MindSpore's one-core fp32 GEMM (training.gemm_peak, measured afresh in every
+The MFU peak is MindSpore's one-core fp32 GEMM (mindscale.perf.gemm_peak, measured afresh in every
 `make bench`). torch's GEMM on the same core is measured beside it: when torch's BLAS is faster than
 MindSpore's CPU MatMul, that part of a gap to Hugging Face/torch cannot be closed in model code.
 """
@@ -14,7 +14,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from training.gemm_peak import GEMM_SIZE, REPEATS, machine_key
+from mindscale.perf.gemm_peak import GEMM_SIZE, REPEATS, machine_key
 
 PACKAGES = ("mindspore", "mindformers", "torch", "transformers", "numpy")
 REPO = Path(__file__).resolve().parent.parent
@@ -44,7 +44,7 @@ def describe() -> dict:
 
 
 def torch_gemm_in_this_process(size: int = GEMM_SIZE, repeats: int = REPEATS) -> float:
-    """fp32 GEMM TFLOP/s with torch, one thread, best of `repeats` (as training.gemm_peak does)."""
+    """fp32 GEMM TFLOP/s with torch, one thread, best of `repeats` (as mindscale.perf.gemm_peak does)."""
     import torch
 
     torch.set_num_threads(1)

@@ -5,11 +5,10 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from training.config import fail, write_atomically  # noqa: E402
-from training.flops import formula_text  # noqa: E402
-from training.gemm_peak import CHAIN, GEMM_SIZE, REPEATS  # noqa: E402
+from mindscale.cli import fail
+from mindscale.io import write_atomically
+from mindscale.perf.flops import formula_text
+from mindscale.perf.gemm_peak import CHAIN, GEMM_SIZE, REPEATS
 
 NAMES = {"mindscale": "MindScale", "mindformers": "MindFormers 1.9.0", "hf": "HF transformers / torch"}
 TARGETS = {"hf": 1.0, "mindformers": 1.4}   # MindScale tokens/s over the peer

@@ -32,14 +32,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench import SYSTEMS  # noqa: E402
-from bench.machine import describe, torch_gemm_tflops  # noqa: E402
-from bench.report import lower_sweep, render  # noqa: E402
-from training.config import ConfigError, OneLineParser, fail, load_config, write_atomically  # noqa: E402
-from training.gemm_peak import measure as mindspore_gemm_tflops  # noqa: E402
-from training.launch import free_port, kill_tree  # noqa: E402
+from bench import SYSTEMS
+from bench.machine import describe, torch_gemm_tflops
+from bench.report import lower_sweep, render
+from mindscale.config import ConfigError, load_config
+from mindscale.cli import OneLineParser, fail
+from mindscale.io import write_atomically
+from mindscale.perf.gemm_peak import measure as mindspore_gemm_tflops
+from mindscale.launch.plan import free_port, kill_tree
 
 REPO = Path(__file__).resolve().parent.parent
 PEER_CONFIG = "bench/llama_peer.yaml"

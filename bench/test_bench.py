@@ -17,11 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from bench import SYSTEMS  # noqa: E402
-from bench.report import render  # noqa: E402
-from bench.run_all import allreduce, best_gemm_peaks, ceiling, error_line, paired_ratios, summarize  # noqa: E402
+from bench import SYSTEMS
+from bench.report import render
+from bench.run_all import allreduce, best_gemm_peaks, ceiling, error_line, paired_ratios, summarize
 
 TINY = ["model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.ffn_hidden_size=160",
         "model.vocab_size=512", "model.seq_length=32", "train.micro_batch_size=2", "model.num_layers=1"]
@@ -69,8 +67,8 @@ def test_hf_process_does_not_load_mindspore(tiny_runs):
 
 def test_optimizer_rules_are_training_optims():
     from bench.systems import optimizer_rules
-    from training.config import TrainConfig
-    from training import optim
+    from mindscale.config import TrainConfig
+    from mindscale.train import optim
 
     lr_at, decays = optimizer_rules()
     t = TrainConfig(steps=50, lr=1.0, min_lr=0.1, warmup_steps=5)
@@ -189,7 +187,7 @@ def test_error_line_skips_log_chatter():
 def test_allreduce_of_the_gradients_under_msrun_and_its_ceiling():
     """bench/allreduce.py for real, launched as `make bench` does (msrun, 2 workers), on the tiny model."""
     from models import count_parameters
-    from training.config import load_config
+    from mindscale.config import load_config
 
     ar = allreduce(SimpleNamespace(overrides=TINY))
     assert "error" not in ar, ar

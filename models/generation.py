@@ -25,7 +25,7 @@ from mindspore import Tensor, nn, ops
 from models.attention import MASKED
 from models.layers import DTYPES, rotary_tables
 from models.transformer import CausalLM
-from training.config import Config
+from mindscale.config import Config
 
 
 class KVCacheDecoder(nn.Cell):

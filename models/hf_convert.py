@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from training.checkpoint import CheckpointError, publish_folder
+from mindscale.io import CheckpointError, publish_folder
 
 
 class HFConversionError(CheckpointError):
@@ -140,7 +140,7 @@ def model_config_differences(hf_model: dict, m) -> list[str]:
 
 
 def hf_config_from_model(m) -> dict:
-    """A transformers config.json for MindScale model config `m` (training.config.ModelConfig)."""
+    """A transformers config.json for MindScale model config `m` (mindscale.config.ModelConfig)."""
     if m.arch == "llama":
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": m.vocab_size,
                 "hidden_size": m.hidden_size, "num_hidden_layers": m.num_layers,

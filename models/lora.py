@@ -24,7 +24,7 @@ from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import HeUniform, Zero, initializer
 
 from models.layers import Linear
-from training.config import Config, LoraConfig
+from mindscale.config import Config, LoraConfig
 
 ADAPTERS = ("lora_a", "lora_b")
 

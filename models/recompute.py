@@ -9,14 +9,14 @@
   so under flash attention only the activations are recomputed.
 
 Chosen layers: `recompute.layers`, the first n layers of every pipeline stage (MindFormers'
-per-stage list), as training.layout resolves them.
+per-stage list), as mindscale.config.layout resolves them.
 """
 from __future__ import annotations
 
 from mindspore import nn
 
-from training.config import Config
-from training.layout import Layout
+from mindscale.config import Config
+from mindscale.config import Layout
 
 # Sub-cell path inside a TransformerBlock -> primitive attributes recomputed by `selective`.
 SELECTIVE = {

@@ -15,7 +15,7 @@ torchtitan's `parallelize_plan`:
     replicate  data-parallel only (position table)
 
 `apply_sharding_plan` turns styles into `.shard()` strategies for the layout's data/model parallel
-degrees, sets `pipeline_stage` per cell (training.layout: stage_offset) and a gradient `comm_fusion`
+degrees, sets `pipeline_stage` per cell (mindscale.config.layout: stage_offset) and a gradient `comm_fusion`
 group per layer. It does so only for sharded layouts (semi-auto parallel); stand-alone and
 data-parallel runs (CPU) compile no strategies, so their numbers are unchanged.
 Activations are [tokens, features] between layers, so "dp" below splits tokens (batch x seq).
@@ -34,8 +34,8 @@ from models.lora import LoraLinear
 from models.layers import (Embedding, FusedRMSNorm, GeluMLP, LayerNorm, Linear, OutputHead, RMSNorm,
                            RotaryEmbedding, SwiGLU)
 from models.transformer import CausalLM, ShardedCrossEntropy, TransformerBlock
-from training.config import Config
-from training.layout import Layout
+from mindscale.config import Config
+from mindscale.config import Layout
 
 COLWISE, ROWWISE, VOCAB, SEQUENCE, REPLICATE = "colwise", "rowwise", "vocab", "sequence", "replicate"
 

@@ -30,8 +30,8 @@ from mindspore import Tensor, nn, ops
 
 from models.attention import Attention
 from models.layers import DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, OutputHead, RMSNorm, SwiGLU
-from training.config import Config
-from training.layout import Layout
+from mindscale.config import Config
+from mindscale.config import Layout
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ else
 fi
 export PYTHONPATH="$MINDSCALE_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
-# One line on stderr, exit 2 (bad input), like training.config.fail.
+# One line on stderr, exit 2 (bad input), like mindscale.cli.fail.
 mindscale_fail() {
   echo "error: $*" >&2
   exit 2

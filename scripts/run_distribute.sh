@@ -12,4 +12,4 @@
 # MINDSCALE_ENTRY=path/to/script.py replaces run_train.py (testing and debugging); see docs/launch.md.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_launch_common.sh"
-exec "$mindscale_python" -m training.launch distribute "$@"
+exec "$mindscale_python" -m mindscale.launch distribute "$@"

@@ -32,7 +32,7 @@ done
 # The run name and output folder after the user's overrides (exits 2 on a bad config).
 names="$("$mindscale_python" - "$CONFIG" "$@" <<'EOF'
 import argparse, sys
-from training.config import add_config_arguments, config_from_args
+from mindscale.cli import add_config_arguments, config_from_args
 parser = argparse.ArgumentParser(prog="run_linearity.sh")
 add_config_arguments(parser)
 args = parser.parse_args(["--config", sys.argv[1], *sys.argv[2:]])

@@ -4,4 +4,4 @@
 #   bash scripts/run_standalone.sh CONFIG [--set key=value ...]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_launch_common.sh"
-exec "$mindscale_python" -m training.launch standalone "$@"
+exec "$mindscale_python" -m mindscale.launch standalone "$@"

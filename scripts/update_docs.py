@@ -5,10 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from mindscale.config import reference_markdown
 
-from training.config import reference_markdown  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 BEGIN, END = "<!-- generated: python tools/plan.py --readme-table -->", "<!-- end generated -->"
 

@@ -1,7 +1,7 @@
 """Test helper: a run folder as the trainer leaves it (DESIGN.md §3), from chosen step times.
 
-The config is configs/tiny/llama_tiny.yaml resolved through training.config; every metric of a
-record follows from its step time the way training/metrics.py derives it (training/flops.py), with
+The config is configs/tiny/llama_tiny.yaml resolved through mindscale.config; every metric of a
+record follows from its step time the way mindscale/train/metrics.py derives it (mindscale/perf/flops.py), with
 a fixed peak instead of the measured CPU one, so tests can predict the tools' answers by hand.
 """
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from training import flops
-from training.config import load_config
+from mindscale.perf import flops
+from mindscale.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny" / "llama_tiny.yaml"

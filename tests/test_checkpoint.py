@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from training import checkpoint as ckpt
+from mindscale.train import checkpoint as ckpt
 
 
 def tensors(seed):
@@ -62,7 +62,7 @@ def test_garbage_safetensors_file_is_a_one_line_error(tmp_path):
 def test_sigkill_during_write_leaves_previous_checkpoint(tmp_path):
     script = (
         "import numpy as np\n"
-        "from training import checkpoint as ckpt\n"
+        "from mindscale.train import checkpoint as ckpt\n"
         f"root = {str(tmp_path)!r}\n"
         "for step in (1, 2):\n"
         "    ckpt.save_checkpoint(root, step, {'w': np.full(1000, step, np.float32)}, keep_last=1)\n")

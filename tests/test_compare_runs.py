@@ -7,8 +7,8 @@ import pytest
 
 from tests.run_folder import ROOT, write_run
 from tools import compare_runs, linearity
-from training import flops
-from training.config import load_config
+from mindscale.perf import flops
+from mindscale.config import load_config
 
 BASE_TIMES = [5.0, 1.0, 1.0, 1.0]
 FAST_TIMES = [5.0, 0.6, 0.6, 0.6]      # 40% less step time, +66.7% throughput

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from training.config import (REPO_ROOT, Config, ConfigError, config_from_tree, load_config, parse_yaml,
-                             recompute_layer_counts, stage_layer_counts)
+from mindscale.config import (REPO_ROOT, Config, ConfigError, config_from_tree, load_config, parse_yaml,
+                              recompute_layer_counts, stage_layer_counts)
 
 TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
 
@@ -150,7 +150,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "training.config", *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "mindscale.config", *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -167,7 +167,7 @@ def test_cli_exit_codes_and_one_line_errors():
 
 
 def test_reference_doc_lists_every_key():
-    from training.config import reference_markdown
+    from mindscale.config import reference_markdown
     text = reference_markdown()
     for section in ("run", "model", "parallel", "recompute", "train", "data", "checkpoint", "profile"):
         for key in getattr(Config(), section).__dataclass_fields__:

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import sentencepiece
 
-from training.config import config_from_tree
-from training.data import DataError, build_dataset, read_manifest
-from training.templates import TEMPLATES, encode_examples, encode_prompt
+from mindscale.config import config_from_tree
+from mindscale.train.data import DataError, build_dataset, read_manifest
+from mindscale.train.templates import TEMPLATES, encode_examples, encode_prompt
 
 ROOT = Path(__file__).resolve().parent.parent
 SEQ = 16
@@ -155,7 +155,7 @@ def test_packing_joins_documents_with_eos_and_loses_only_the_tail(pretrain_folde
 
 def test_manifest_records_tokenizer_ids_and_shards(pretrain_folder, tokenizer, sp):
     manifest = read_manifest(pretrain_folder)
-    from training.data import sha256_file
+    from mindscale.train.data import sha256_file
 
     assert manifest["tokenizer"]["sha256"] == sha256_file(tokenizer)
     assert (manifest["vocab_size"], manifest["eos_id"], manifest["pad_id"], manifest["bos_id"]) == (VOCAB, 2, 0, 3)

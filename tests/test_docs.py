@@ -1,7 +1,7 @@
 """Generated docs are current: README's scale-config table and docs/config.md come from commands."""
 import importlib.util
 
-from training.config import REPO_ROOT, reference_markdown
+from mindscale.config import REPO_ROOT, reference_markdown
 
 spec = importlib.util.spec_from_file_location("update_docs", REPO_ROOT / "scripts" / "update_docs.py")
 update_docs = importlib.util.module_from_spec(spec)

@@ -22,9 +22,9 @@ import sys
 import numpy as np
 import pytest
 
-from training.config import REPO_ROOT, load_config
-from training.layout import Layout
-from training.slicing import take_slice
+from mindscale.config import REPO_ROOT, load_config
+from mindscale.config import Layout
+from models.weights import take_slice
 
 SHIPPED = sorted(p for d in ("gpt3", "llama2", "llama3", "finetune") for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
                  if p.name != "base.yaml" and load_config(p).hardware.device_target == "Ascend")
@@ -138,7 +138,7 @@ def test_packed_sft_with_composite_attention_under_model_parallel():
 
 
 def test_restore_slices_full_weights_by_the_compiled_layouts():
-    """What a sharded run's restore takes from a full tensor (training.slicing), for every rank of a
+    """What a sharded run's restore takes from a full tensor (models.weights), for every rank of a
     compiled layout: the compiled slice shape; the model-parallel part equal to MindSpore's own slicer
     (mindspore.parallel._tensor._load_tensor); the optimizer-shard parts of the ranks holding that slice,
     in rank order, tiling it."""
@@ -172,14 +172,14 @@ def test_restore_slices_full_weights_by_the_compiled_layouts():
 def test_a_bad_strategy_is_refused_by_the_compiler():
     """The dry run is a real check: MindSpore's compiler rejects a colwise MatMul whose input is split
     along the contracting dimension while its weight is not, as it does on Ascend."""
-    from training.standins import dryrun_environment
+    from mindscale.launch.standins import dryrun_environment
     sets = SMALL + ["model.num_kv_heads=4", "parallel.data_parallel=2", "parallel.model_parallel=4",
                     "run.device_target=Ascend"]
     code = f"""
 import models.sharding as plan
 from models.layers import Linear
-from training.config import load_config
-from training.dryrun import compile_rank
+from mindscale.config import load_config
+from mindscale.launch.dryrun import compile_rank
 good = plan.RULES[Linear]
 def bad(cell, style, mesh):
     rules = good(cell, style, mesh)

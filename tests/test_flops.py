@@ -1,11 +1,11 @@
-"""training/flops.py against published numbers: parameter counts, the Megatron FLOPs formulas, and
+"""mindscale/perf/flops.py against published numbers: parameter counts, the Megatron FLOPs formulas, and
 the MFU/HFU figures of Korthikanti et al. 2022 and PaLM (Chowdhery et al. 2022)."""
 import math
 
 import pytest
 
-from training import flops
-from training.config import ModelConfig, RecomputeConfig
+from mindscale.perf import flops
+from mindscale.config import ModelConfig, RecomputeConfig
 
 
 def llama(vocab, h, layers, heads, ffn, kv=None, seq=4096):

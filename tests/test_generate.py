@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import models
 from models.generation import KVCacheDecoder, Sampler, generate
-from training.config import REPO_ROOT, load_config
+from mindscale.config import REPO_ROOT, load_config
 
 ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")

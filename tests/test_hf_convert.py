@@ -20,7 +20,7 @@ import models
 from models.hf_convert import (HFConversionError, hf_to_mindscale, mindscale_to_hf, read_hf_folder,
                                read_safetensors, write_hf_folder)
 from tools import convert_checkpoint
-from training.config import config_from_tree
+from mindscale.config import config_from_tree
 
 ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
 

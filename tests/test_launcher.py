@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from training.launch import assign_cores
+from mindscale.launch.plan import assign_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = "tests/fixtures/allreduce_probe.py"
@@ -47,7 +47,7 @@ def run_script(script, *args, cwd, env=None, timeout=60):
 
 
 def msrun_call(dry_run_line):
-    """Split a dry-run line `env K=V ... msrun --flag v ... python -m training.launch worker ENTRY ARGS`
+    """Split a dry-run line `env K=V ... msrun --flag v ... python -m mindscale.launch worker ENTRY ARGS`
     into (env, msrun flags, entry args)."""
     argv = shlex.split(dry_run_line)
     at = argv.index("msrun")

@@ -1,8 +1,8 @@
-"""training/layout.py: every decision derived from a config's layout, computed in one place."""
+"""mindscale/config/layout.py: every decision derived from a config's layout, computed in one place."""
 import pytest
 
-from training.config import REPO_ROOT, load_config
-from training.layout import Layout
+from mindscale.config import REPO_ROOT, load_config
+from mindscale.config import Layout
 
 TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
 

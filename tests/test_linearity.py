@@ -1,4 +1,4 @@
-"""tools/linearity.py and the run-folder reader it shares (training/metrics_io.py)."""
+"""tools/linearity.py and the run-folder reader it shares (mindscale/perf/metrics_io.py)."""
 import json
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import pytest
 
 from tests.run_folder import ROOT, write_run
 from tools import linearity
-from training import metrics_io
+from mindscale.perf import metrics_io
 
 # Step times after one warm-up record of 5 s. With the per-device batch fixed, the global batch is
 # N x the base one, so linearity_N = (B_N / t_N / N) / (B_1 / t_1) = t_1 / t_N.

@@ -6,8 +6,8 @@ from mindspore import Tensor
 
 import models
 from models.lora import LoraLinear, merge, split_adapters, without_lora
-from training.layout import Layout
-from training.config import ConfigError, REPO_ROOT, load_config
+from mindscale.config import Layout
+from mindscale.config import ConfigError, REPO_ROOT, load_config
 
 
 

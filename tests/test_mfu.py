@@ -1,4 +1,4 @@
-"""tools/mfu.py (DESIGN.md §3) and training/gemm_peak.py: the published Megatron MFU/HFU figures
+"""tools/mfu.py (DESIGN.md §3) and mindscale/perf/gemm_peak.py: the published Megatron MFU/HFU figures
 through the CLI, run folders (median, spread, warm-up, truncation), bad input, the CPU peak cache."""
 import json
 import subprocess
@@ -8,8 +8,8 @@ import pytest
 
 from tests.run_folder import PEAK_TFLOPS, write_run
 from tools import mfu as mfu_cli
-from training import gemm_peak
-from training.config import REPO_ROOT
+from mindscale.perf import gemm_peak
+from mindscale.config import REPO_ROOT
 
 # Korthikanti et al. 2022 Table 5 (selective recompute, A100 312 TFLOP/s): (h, layers, heads),
 # GPUs, global batch, iteration time s, MFU %, HFU %.

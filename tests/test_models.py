@@ -11,9 +11,9 @@ from models.attention import SPLIT_CAUSAL_MIN
 from models.layers import RowSumSoftmax
 from models.transformer import ShardedCrossEntropy, layer_graph_keys
 from models.recompute import SELECTIVE
-from training.checkpoint import CheckpointError, save_checkpoint
-from training.config import load_config
-from training.layout import Layout
+from mindscale.train.checkpoint import CheckpointError, save_checkpoint
+from mindscale.config import load_config
+from mindscale.config import Layout
 
 
 

@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from training.config import TrainConfig
-from training.schedule import decays, lr_at
+from mindscale.config import TrainConfig
+from mindscale.train.schedule import decays, lr_at
 
 
 def test_warmup_then_cosine_reaches_min_lr():

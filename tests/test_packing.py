@@ -5,7 +5,7 @@ import pytest
 from mindspore import Tensor
 
 import models
-from training.config import REPO_ROOT, load_config
+from mindscale.config import REPO_ROOT, load_config
 
 
 @pytest.fixture(scope="module")

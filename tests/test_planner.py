@@ -1,4 +1,4 @@
-"""training/planner.py and tools/plan.py: the Korthikanti et al. 2022 activation model, the MindSpore
+"""mindscale/perf/planner.py and tools/plan.py: the Korthikanti et al. 2022 activation model, the MindSpore
 adjustments, per-stage memory, the prediction arithmetic, re-planning, search and the CLI."""
 import json
 import math
@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from tools import plan as plan_cli
-from training import flops, planner
-from training.config import REPO_ROOT, load_config
+from mindscale.perf import flops, planner
+from mindscale.config import REPO_ROOT, load_config
 
 LLAMA2_70B = REPO_ROOT / "configs" / "llama2" / "llama2_70b.yaml"
 TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"

@@ -13,8 +13,8 @@ import pytest
 
 from tests.run_folder import ROOT
 from tools import profile_report
-from tools.profile_report import Report, Split, analyse, diagnose
-from training.config import Config
+from mindscale.perf.profile import Report, Split, analyse, diagnose
+from mindscale.config import Config
 
 ASCEND = ROOT / "tests" / "fixtures" / "ascend_profile"
 PROFILED_STEPS = 4
@@ -22,7 +22,7 @@ PROFILED_STEPS = 4
 
 @pytest.fixture(scope="module")
 def cpu_profile(tmp_path_factory):
-    """Profile a few training steps of a small MindSpore MLP on CPU, the way training/profiling.py does."""
+    """Profile a few training steps of a small MindSpore MLP on CPU, the way mindscale/train/profiling.py does."""
     import mindspore as ms
     from mindspore import nn
     from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler

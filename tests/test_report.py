@@ -9,8 +9,8 @@ import pytest
 
 from tests.run_folder import ROOT, write_run
 from tools import report
-from training import flops
-from training.config import load_config
+from mindscale.perf import flops
+from mindscale.config import load_config
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -90,7 +90,7 @@ def test_bad_input(tmp_path, capsys):
 
 
 def test_planner_prediction_next_to_measurement(built, run_dir):
-    from training import planner
+    from mindscale.perf import planner
     _, page = built
     cfg = load_config(run_dir / "config.yaml")
     plan = planner.plan(cfg, peak_tflops=0.05)

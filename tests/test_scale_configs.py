@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from tools.plan import shipped_configs
-from training import flops, planner
-from training.config import REPO_ROOT, load_config, stage_layer_counts
+from mindscale.perf import flops, planner
+from mindscale.config import REPO_ROOT, load_config, stage_layer_counts
 
 # File names are an interface (issue 5). Published parameter counts: LLaMA exact (released
 # checkpoints); GPT to the label's significant figures (GPT-3 Table 2.1; Narayanan et al. 2021: 1008.0B).
@@ -95,7 +95,7 @@ def test_uneven_layers_use_stage_offsets_and_per_stage_recompute(configs):
 
 def test_validates_through_the_config_cli():
     path = REPO_ROOT / "configs" / "llama3" / "llama3_405b.yaml"
-    proc = subprocess.run([sys.executable, "-m", "training.config", "--config", str(path)], cwd=REPO_ROOT,
+    proc = subprocess.run([sys.executable, "-m", "mindscale.config", "--config", str(path)], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "hidden_size: 16384" in proc.stdout

@@ -19,8 +19,8 @@ from models.attention import CompositeAttention, FlashAttention
 from models.layers import FusedRMSNorm
 from models.sharding import PLANS, planned_strategies
 from models.transformer import ShardedCrossEntropy
-from training.config import load_config
-from training.layout import Layout
+from mindscale.config import load_config
+from mindscale.config import Layout
 
 
 

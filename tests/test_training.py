@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training import checkpoint as ckpt
-from training.config import REPO_ROOT
+from mindscale.train import checkpoint as ckpt
+from mindscale.config import REPO_ROOT
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
 SMALL = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",

@@ -18,11 +18,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from training.config import fail  # noqa: E402
-from training.metrics_io import (RunDataError, add_warmup_argument, load_run, steady_summary,  # noqa: E402
-                                 warn_if_truncated)
+from mindscale.cli import fail
+from mindscale.perf.metrics_io import (RunDataError, add_warmup_argument, load_run, steady_summary,
+                                       warn_if_truncated)
 
 LINEARITY_FILE = "linearity.json"
 # Model dimensions that fix the FLOPs per token: a comparison across them is not before/after.

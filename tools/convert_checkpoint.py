@@ -17,17 +17,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mindspore.nn.utils import no_init_parameters
 
-from mindspore.nn.utils import no_init_parameters  # noqa: E402
-
-from models import (WeightsMismatch, build_model, check_weights, count_parameters,  # noqa: E402
+from models import (WeightsMismatch, build_model, check_weights, count_parameters,
                     load_inference_weights)
-from models.hf_convert import (hf_to_mindscale, mindscale_to_hf, model_config_differences,  # noqa: E402
+from models.hf_convert import (hf_to_mindscale, mindscale_to_hf, model_config_differences,
                                read_hf_folder, write_hf_folder)
-from training.checkpoint import CONFIG, CheckpointError, save_checkpoint  # noqa: E402
-from training.config import (Config, ConfigError, OneLineParser, add_config_arguments, config_from_tree,  # noqa: E402
-                             emit, fail, load_config)
+from mindscale.train.checkpoint import CONFIG, CheckpointError, save_checkpoint
+from mindscale.config import Config, ConfigError, config_from_tree, load_config
+from mindscale.cli import OneLineParser, add_config_arguments, emit, fail
 
 
 def _config_for_hf_model(args, hf_model: dict) -> Config:

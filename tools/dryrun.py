@@ -5,8 +5,8 @@
     python tools/dryrun.py --config C --ranks stages                               # the first rank of every stage
     python tools/dryrun.py --config C --ranks 0,7 --packed                         # packed SFT inputs (segment_ids)
 
-Each rank compiles in its own process (training.dryrun) with MS_SIMULATION_LEVEL=0 and, where CANN
-is not installed, the stand-in libraries of training.standins (built once; needs gcc and binutils).
+Each rank compiles in its own process (mindscale.launch.dryrun) with MS_SIMULATION_LEVEL=0 and, where CANN
+is not installed, the stand-in libraries of mindscale.launch.standins (built once; needs gcc and binutils).
 A dry run verifies that MindSpore's parallel compiler accepts the graph (strategies, redistribution,
 pipeline split, optimizer shard) and reports the compiled layouts and collectives. It does not
 verify kernels, numerics, speed or device memory (docs/dryrun.md).
@@ -27,12 +27,10 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from training import planner  # noqa: E402
-from training.config import (REPO_ROOT, ConfigError, OneLineParser, add_config_arguments, config_from_args,  # noqa: E402
-                             fail)
-from training.layout import Layout  # noqa: E402
+from mindscale.perf import planner
+from mindscale.config import REPO_ROOT, ConfigError
+from mindscale.cli import OneLineParser, add_config_arguments, config_from_args, fail
+from mindscale.config import Layout
 
 GIB = 2 ** 30
 DEFAULT_TIMEOUT_S = 3600
@@ -92,7 +90,7 @@ def planned(cfg, report: dict) -> dict:
 
 def standins_or_fail() -> None:
     """Build the stand-ins once (and find libgomp) before the ranks start; a missing tool is one line."""
-    from training.standins import StandinError, cann_lib64, libgomp
+    from mindscale.launch.standins import StandinError, cann_lib64, libgomp
     try:
         cann_lib64()
         libgomp()
@@ -101,13 +99,13 @@ def standins_or_fail() -> None:
 
 
 def run_rank(args, rank: int, devices: int, log_dir: Path) -> dict:
-    from training.standins import dryrun_environment
+    from mindscale.launch.standins import dryrun_environment
     env = dryrun_environment(dict(os.environ), rank, devices)
     with tempfile.TemporaryDirectory(prefix=f"mindscale-ir-rank{rank}-") as ir:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         if not args.no_collectives:  # the compiled graph as text: MindSpore writes only this pass's IR
             env.update({"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_SAVE_GRAPHS_PATH": ir, "MS_DEV_DUMP_IR_PASSES": "validate"})
-        argv = [sys.executable, "-m", "training.dryrun", "--config", str(Path(args.config).resolve()),
+        argv = [sys.executable, "-m", "mindscale.launch.dryrun", "--config", str(Path(args.config).resolve()),
                 *[x for o in [*args.overrides, "run.device_target=Ascend"] for x in ("--set", o)]]
         if args.packed:
             argv.append("--packed")

@@ -17,9 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from training.config import ConfigError, OneLineParser, add_config_arguments, config_from_args, emit, fail  # noqa: E402
+from mindscale.config import ConfigError
+from mindscale.cli import OneLineParser, add_config_arguments, config_from_args, emit, fail
 
 
 def _tokenizer(cfg, checkpoint: str):
@@ -58,7 +57,7 @@ def _prompt_ids(args, cfg, sp) -> list[int]:
         raise ConfigError("--prompt needs a tokenizer: set data.tokenizer or put tokenizer.model in the checkpoint "
                           "folder, or pass --prompt-ids")
     if cfg.finetune.template:
-        from training.templates import encode_prompt, get_template
+        from mindscale.train.templates import encode_prompt, get_template
         return encode_prompt([{"role": "user", "content": args.prompt}], get_template(cfg.finetune.template), sp)
     return ([sp.bos_id()] if sp.bos_id() >= 0 else []) + sp.encode(args.prompt)
 
@@ -74,7 +73,7 @@ def run(args) -> dict:
     import mindspore as ms
     import models
     from models.generation import KVCacheDecoder, generate
-    from training.runtime import detect_device
+    from mindscale.train.runtime import detect_device
     weights, cfg = models.load_inference_weights(args.load_checkpoint, cfg)
     sp = _tokenizer(cfg, args.load_checkpoint)
     prompt = _prompt_ids(args, cfg, sp)
@@ -113,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args.greedy = args.greedy or not sampling
 
     from models import WeightsMismatch
-    from training.checkpoint import CheckpointError
+    from mindscale.io import CheckpointError
     try:
         result = run(args)
     except (ConfigError, CheckpointError, WeightsMismatch, ValueError) as exc:

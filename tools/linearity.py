@@ -16,11 +16,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from training.config import fail  # noqa: E402
-from training.metrics_io import (RunDataError, add_warmup_argument, config_differences, load_run,  # noqa: E402
-                                 steady_summary, warn_if_truncated)
+from mindscale.cli import fail
+from mindscale.perf.metrics_io import (RunDataError, add_warmup_argument, config_differences, load_run,
+                                       steady_summary, warn_if_truncated)
 
 # Keys that may differ between the runs of one sweep: the device count, the run's identity, and
 # the global batch derived from the device count.

@@ -1,5 +1,5 @@
 """MFU and HFU of a run, or of a step time you give it, with the formula, parameter count and peak
-printed beside the result (DESIGN.md §3-4; the arithmetic is training/flops.py, the same functions
+printed beside the result (DESIGN.md §3-4; the arithmetic is mindscale/perf/flops.py, the same functions
 the trainer logs with).
 
     python tools/mfu.py --metrics RUN_DIR [--skip 1] [--json]                 # config from RUN_DIR/config.yaml
@@ -10,7 +10,7 @@ dropped, the median step time gives tokens/s, MFU and HFU, and the spread over t
 is reported. A metrics.jsonl whose last line is cut off (a run still writing) is read up to it
 with a warning; an empty one, or one with nothing but warm-up records, is an error (exit 2).
 Peak: --peak-tflops, else the hardware profile's, else (CPU) the peak logged by the run, else the
-cached measured GEMM peak (training/gemm_peak.py).
+cached measured GEMM peak (mindscale/perf/gemm_peak.py).
 """
 from __future__ import annotations
 
@@ -18,15 +18,13 @@ import argparse
 import json
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from training import flops  # noqa: E402
-from training.config import ConfigError, add_config_arguments, fail, load_config  # noqa: E402
-from training.layout import Layout  # noqa: E402
-from training.metrics_io import (RunDataError, load_run, profile_window, spread, steady_records,  # noqa: E402
-                                 warn_if_truncated)
+from mindscale.perf import flops
+from mindscale.config import ConfigError, load_config
+from mindscale.cli import add_config_arguments, fail
+from mindscale.config import Layout
+from mindscale.perf.metrics_io import (RunDataError, load_run, profile_window, spread, steady_records,
+                                       warn_if_truncated)
 
 
 def peak_and_source(cfg, override: float | None, logged: float | None) -> tuple[float, str]:
@@ -36,7 +34,7 @@ def peak_and_source(cfg, override: float | None, logged: float | None) -> tuple[
         return cfg.hardware.peak_tflops, f"hardware profile {cfg.hardware.name}"
     if logged is not None:
         return logged, "peak logged by the run (measured CPU GEMM)"
-    from training.gemm_peak import cache_path, cpu_peak_tflops
+    from mindscale.perf.gemm_peak import cache_path, cpu_peak_tflops
     return cpu_peak_tflops(), f"measured one-core fp32 GEMM ({cache_path()})"
 
 

@@ -1,5 +1,5 @@
 """Plan a config before compiling it: parameters, FLOPs, per-device memory, communication, predicted
-step time and MFU (training/planner.py; formulas and their sources in docs/planner.md).
+step time and MFU (mindscale/perf/planner.py; formulas and their sources in docs/planner.md).
 
     python tools/plan.py --config configs/llama2/llama2_70b.yaml [--set k=v ...] [--json]
     python tools/plan.py --config configs/llama2/llama2_70b.yaml --devices 64          # re-plan: data_parallel changes
@@ -14,10 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from training import flops, planner  # noqa: E402
-from training.config import REPO_ROOT, ConfigError, add_config_arguments, config_from_args, fail, load_config  # noqa: E402
+from mindscale.perf import flops, planner
+from mindscale.config import REPO_ROOT, ConfigError, load_config
+from mindscale.cli import add_config_arguments, config_from_args, fail
 
 SCALE_DIRS = ("gpt3", "llama2", "llama3")
 

@@ -12,7 +12,7 @@ samples share one boundary token, as in Megatron's GPTDataset), so every token b
 training target exactly once. The tail of fewer than S tokens after the last sample is dropped and
 counted in the manifest.
 sft: Alpaca (instruction/input/output) or chat (messages) records are rendered with a prompt
-template (training/templates.py) into token ids and a loss mask that is 1 only on answer tokens;
+template (mindscale/train/templates.py) into token ids and a loss mask that is 1 only on answer tokens;
 one example per sample padded with pad_id (mask 0), or with --pack several examples per sample
 with segment_ids (1, 2, ... per example, 0 on padding). Examples longer than S + 1 are truncated
 and counted; examples left without answer tokens are dropped and counted.
@@ -32,13 +32,12 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from training.checkpoint import publish_folder  # noqa: E402
-from training.config import Config, add_config_arguments, config_from_args, emit, fail  # noqa: E402
-from training.data import (FORMAT_VERSION, MANIFEST_NAME, DataError, Source, check_special_ids,  # noqa: E402
-                           column, read_batches, resolve_sources, sha256_file)
-from training.templates import TEMPLATES, RecordError, encode_examples, get_template  # noqa: E402
+from mindscale.io import publish_folder
+from mindscale.config import Config
+from mindscale.cli import add_config_arguments, config_from_args, emit, fail
+from mindscale.train.data import (FORMAT_VERSION, MANIFEST_NAME, DataError, Source, check_special_ids, column,
+                                  read_batches, resolve_sources, sha256_file)
+from mindscale.train.templates import TEMPLATES, RecordError, encode_examples, get_template
 
 WRITE_BATCH = 1024  # samples per FileWriter.write_raw_data call
 

@@ -3,7 +3,7 @@
     python tools/report.py RUN_DIR [--output RUN_DIR/report.html] [--warmup 1]
 
 Contents: loss and learning rate, throughput, MFU/HFU and memory over steps; the steady-state
-medians next to the planner's prediction for the same config (training/planner.py); the MFU/HFU
+medians next to the planner's prediction for the same config (mindscale/perf/planner.py); the MFU/HFU
 formula with the FLOPs per token and the peak used, so the numbers can be redone by hand; the
 profiler summary when the run has a profile; the resolved config. The PNGs are embedded as
 base64 and written next to the HTML as <stem>_<plot>.png.
@@ -19,13 +19,11 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from training import flops  # noqa: E402
-from training.config import fail  # noqa: E402
-from training.layout import Layout  # noqa: E402
-from training.metrics_io import (RunDataError, add_warmup_argument, load_run, profile_window,  # noqa: E402
-                                 segments, steady_records, steady_summary, warn_if_truncated)
+from mindscale.perf import flops
+from mindscale.cli import fail
+from mindscale.config import Layout
+from mindscale.perf.metrics_io import (RunDataError, add_warmup_argument, load_run, profile_window, segments,
+                                       steady_records, steady_summary, warn_if_truncated)
 
 # (key, label, unit, format) of the measured-vs-predicted table; keys follow metrics.jsonl.
 COMPARED = [("step_time_s", "step time", "s", "{:.4f}"), ("tokens_per_s", "throughput", "tokens/s", "{:.1f}"),
@@ -37,16 +35,16 @@ COMPARED = [("step_time_s", "step time", "s", "{:.4f}"), ("tokens_per_s", "throu
 
 
 def planner_prediction(cfg, peak_tflops: float | None) -> tuple[dict, list[str]]:
-    """What training/planner.py predicts for `cfg` at the run's peak, keyed like metrics.jsonl, and
+    """What mindscale/perf/planner.py predicts for `cfg` at the run's peak, keyed like metrics.jsonl, and
     the lines that say where it comes from (its assumptions)."""
-    from training import planner
+    from mindscale.perf import planner
     try:
         plan = planner.plan(cfg, peak_tflops=peak_tflops)
     except planner.PlanError as exc:
         return {}, [f"the planner cannot plan this config: {exc}"]
     predicted = {k: v for k, v in plan["predicted"].items() if isinstance(v, (int, float))}
     predicted["memory_gib"] = plan["memory_gib"]["total"]
-    source = [f"training/planner.py at {plan['predicted']['peak_tflops']:g} TFLOP/s per device "
+    source = [f"mindscale/perf/planner.py at {plan['predicted']['peak_tflops']:g} TFLOP/s per device "
               f"(the run's peak); memory {'fits' if plan['fits'] else 'does NOT fit'} the "
               f"{plan['memory_budget_gib']:.1f} GiB budget", *plan["predicted"].get("assumptions", [])]
     return predicted, source
@@ -159,7 +157,7 @@ def profile_section(run) -> str | None:
     profile_dir = run.path / "profile"
     if not profile_dir.is_dir():
         return None
-    from tools.profile_report import ProfileError, analyse, text
+    from mindscale.perf.profile import ProfileError, analyse, text
     try:
         return text(analyse(profile_dir))
     except ProfileError as exc:

@@ -18,10 +18,8 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from training.config import emit, fail  # noqa: E402
-from training.data import DataError, column, read_batches, resolve_sources, sha256_file  # noqa: E402
+from mindscale.cli import emit, fail
+from mindscale.train.data import DataError, column, read_batches, resolve_sources, sha256_file
 
 SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "eos_id": 2, "bos_id": 3}
 BYTE_PIECES = 256

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import yaml
 
-from training.config import Config, ConfigError, config_from_tree, parse_yaml
+from mindscale.config import Config, ConfigError, UserError, config_from_tree, parse_yaml
 
 REQUIRED_KEYS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "tokens_per_s_per_device",
                  "samples_per_s_per_device", "tflops_per_device", "mfu", "hfu", "memory_gib", "devices")
 DEFAULT_WARMUP = 1
 
 
-class RunDataError(ValueError):
+class RunDataError(UserError):
     """A run folder or metrics file that cannot be used. One line: what, where, the fix."""
 
 

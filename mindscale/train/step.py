@@ -31,9 +31,9 @@ from mindspore.ops.composite import add_flags
 from mindspore.parallel.nn import GradAccumulation, Pipeline
 
 import models
-from training.config import Config
-from training.layout import Layout
-from training.optim import build_optimizer
+from mindscale.config import Config
+from mindscale.config import Layout
+from mindscale.train.optim import build_optimizer
 
 DYNAMIC_SCALE_START = 2.0 ** 16
 DYNAMIC_SCALE_WINDOW = 1000

@@ -6,8 +6,8 @@ core. It is measured once in a child process (pinned with sched_setaffinity, one
 so the caller's MindSpore context is untouched) and cached in
 `$XDG_CACHE_HOME/mindscale/cpu_peak.json` (default ~/.cache/...), keyed by CPU model and core count.
 
-    python -m training.gemm_peak            # print the cached peak (measure if missing)
-    python -m training.gemm_peak --remeasure
+    python -m mindscale.perf.gemm_peak            # print the cached peak (measure if missing)
+    python -m mindscale.perf.gemm_peak --remeasure
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from training.config import write_atomically
+from mindscale.io import write_atomically
 
 GEMM_SIZE = 1024   # 2·n³ ≈ 2.1 GFLOP per MatMul: long enough to time, short enough for a shared core
 REPEATS = 5        # best of: the machine is shared, the fastest run is the least disturbed
@@ -98,7 +98,7 @@ def measure(size: int = GEMM_SIZE, repeats: int = REPEATS, timeout: float = 300)
     """Measure in a child process pinned to one core (the caller's affinity and context are kept)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOG_v": "3"}
     code = ("import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from training.gemm_peak import measure_in_this_process as m; "
+            "from mindscale.perf.gemm_peak import measure_in_this_process as m; "
             f"print(m({size}, {repeats}))")
     repo = str(Path(__file__).resolve().parent.parent)
     result = subprocess.run([sys.executable, "-c", code], cwd=repo, env={**env, "PYTHONPATH": repo},

@@ -1,8 +1,8 @@
 """Launching workers: the logic behind scripts/run_distribute.sh and scripts/run_standalone.sh.
 
-    python -m training.launch distribute CONFIG [NUM_DEVICES] [--set k=v ...] [--dry-run]
-    python -m training.launch standalone CONFIG [--set k=v ...]
-    python -m training.launch worker ENTRY [ARGS ...]     (what msrun starts in every process)
+    python -m mindscale.launch distribute CONFIG [NUM_DEVICES] [--set k=v ...] [--dry-run]
+    python -m mindscale.launch standalone CONFIG [--set k=v ...]
+    python -m mindscale.launch worker ENTRY [ARGS ...]     (what msrun starts in every process)
 
 `distribute` resolves the config, decides the worker layout (devices per node from the hardware,
 nodes from MASTER_ADDR / MASTER_PORT / NNODES / NODE_RANK), makes parallel.data_parallel agree
@@ -39,7 +39,9 @@ from pathlib import Path
 
 import psutil
 
-from training.config import REPO_ROOT, Config, ConfigError, OneLineParser, fail, load_config, write_atomically
+from mindscale.config import REPO_ROOT, Config, ConfigError, UserError, load_config
+from mindscale.cli import OneLineParser, fail
+from mindscale.io import write_atomically
 
 CPU_WORKERS_DEFAULT = 2
 CLUSTER_TIMEOUT_DEFAULT = {"CPU": 600, "GPU": 7200, "Ascend": 7200}
@@ -50,7 +52,7 @@ CORES_ENV = "MINDSCALE_WORKER_CORES"
 LOG_DIR_ENV = "MINDSCALE_LOG_DIR"
 
 
-class LaunchError(ValueError):
+class LaunchError(UserError):
     """Bad launcher input (arguments, environment, worker count). One line; exit 2."""
 
 
@@ -181,8 +183,8 @@ class LaunchPlan:
                 "--tail_worker_log", str(self.first_rank)]
         if self.device == "Ascend":
             argv += ["--bind_core", "True"]
-        # msrun starts `python <args>` from PATH; `-m training.launch worker` wraps the entry point.
-        return argv + ["python", "-m", "training.launch", "worker", *self.entry_args()]
+        # msrun starts `python <args>` from PATH; `-m mindscale.launch worker` wraps the entry point.
+        return argv + ["python", "-m", "mindscale.launch", "worker", *self.entry_args()]
 
     def env(self, base: dict) -> dict:
         """The environment for msrun: this interpreter first on PATH (msrun runs `python`), the repo
@@ -460,9 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["worker"]:
         if len(argv) < 2:
-            fail("worker needs the entry point: python -m training.launch worker ENTRY [ARGS ...]")
+            fail("worker needs the entry point: python -m mindscale.launch worker ENTRY [ARGS ...]")
         return run_worker(argv[1:])
-    parser = OneLineParser(prog="python -m training.launch", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m mindscale.launch", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     dist = sub.add_parser("distribute", prog="scripts/run_distribute.sh",
                           help="msrun over all devices of this node (and NNODES nodes)")
@@ -479,6 +481,3 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as exc:
         fail(str(exc))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

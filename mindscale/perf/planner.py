@@ -3,7 +3,7 @@ time for a resolved config, before anything is compiled (issue 5, DESIGN.md §3-
 
 Sources of the formulas
 -----------------------
-* Parameters and FLOPs: training/flops.py (PaLM App. B; Korthikanti et al. 2022; Narayanan et al. 2021).
+* Parameters and FLOPs: mindscale/perf/flops.py (PaLM App. B; Korthikanti et al. 2022; Narayanan et al. 2021).
 * Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", §4: per layer and micro batch ``s·b·h·(34 + 5·a·s/h)`` bytes without parallelism,
   ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` with tensor parallel t, ``s·b·h/t·(34 + 5·a·s/h)`` with tensor
@@ -56,10 +56,10 @@ import json
 import math
 from dataclasses import dataclass
 
-from training import flops
-from training.config import Config, ConfigError, apply_override, config_from_tree
-from training.gemm_peak import device_peak_tflops
-from training.layout import OPTIMIZER_SHARD_MIN_KIB, Layout
+from mindscale.perf import flops
+from mindscale.config import Config, ConfigError, UserError, apply_override, config_from_tree
+from mindscale.perf.gemm_peak import device_peak_tflops
+from mindscale.config import OPTIMIZER_SHARD_MIN_KIB, Layout
 
 GIB = 2 ** 30
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -68,7 +68,7 @@ DEFAULT_EFFICIENCY = {"Ascend": 0.55, "GPU": 0.55, "CPU": 0.3}
 FLASH_STATS_WIDTH = 8  # FlashAttentionScore returns softmax max and sum as (B, N, S, 8) fp32
 
 
-class PlanError(ValueError):
+class PlanError(UserError):
     """A plan that cannot be made (bad --devices, no fitting layout): one line with the fix."""
 
 

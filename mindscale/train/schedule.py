@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from training.config import TrainConfig
+from mindscale.config import TrainConfig
 
 
 def lr_at(step: int, t: TrainConfig) -> float:

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from mindscale.config import UserError
+
 
 class Special(Enum):
     """A token given by id, not by text; a user's text "<s>" stays text."""
@@ -29,7 +31,7 @@ BOS, EOS = Special.BOS, Special.EOS
 ROLES = ("system", "user", "assistant")
 
 
-class RecordError(ValueError):
+class RecordError(UserError):
     """An SFT record that cannot be turned into a conversation; the message names the field."""
 
     def __init__(self, message: str, index: int = 0):

@@ -29,7 +29,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from training.config import Config
+from mindscale.config import Config, UserError
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -39,7 +39,7 @@ MANIFEST_KEYS = ("format_version", "mode", "seq_length", "num_samples", "vocab_s
 PREPROCESS_HINT = "tools/preprocess_data.py --input ... --tokenizer ... --output DIR"
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """Training data that cannot be used; the message is one line naming the problem and the fix."""
 
 

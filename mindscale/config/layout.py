@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.config import Config, recompute_layer_counts, stage_layer_counts
+from mindscale.config.schema import Config
 
 # MindSpore's parallel optimizer keeps parameters smaller than this whole (its parallel_optimizer_threshold,
 # default 64 KB; passed to it explicitly so the planner and the compiler share one number)
@@ -128,3 +128,22 @@ def _recomputed_layers(cfg: Config, per_stage: list[int]) -> list[int]:
         chosen += range(start, start + n)
         start += held
     return chosen
+
+
+def stage_layer_counts(num_layers: int, stages: int, offset: int | list) -> list[int]:
+    """Layers per pipeline stage: num_layers // stages plus the stage's offset."""
+    offsets = [offset] * stages if isinstance(offset, int) else list(offset)
+    return [num_layers // stages + o for o in offsets]
+
+
+def recompute_layer_counts(cfg: Config) -> list[int]:
+    """Number of recomputed layers in each pipeline stage (0 everywhere when mode is none)."""
+    per_stage = stage_layer_counts(cfg.model.num_layers, cfg.parallel.pipeline_stage, cfg.parallel.stage_offset)
+    if cfg.recompute.mode == "none":
+        return [0] * len(per_stage)
+    layers = cfg.recompute.layers
+    if layers is None:
+        return per_stage
+    if isinstance(layers, int):
+        return [min(layers, n) for n in per_stage]
+    return list(layers)

@@ -1,12 +1,12 @@
 """MindSpore's dry run of one rank's training graph, and what its compiled graph shows.
 
-    python -m training.dryrun --config C [--set k=v ...] [--packed]   # rank RANK_ID, JSON on stdout
+    python -m mindscale.launch.dryrun --config C [--set k=v ...] [--packed]   # rank RANK_ID, JSON on stdout
 
-Run inside the environment of training.standins.dryrun_environment (tools/dryrun.py starts one
+Run inside the environment of mindscale.launch.standins.dryrun_environment (tools/dryrun.py starts one
 such process per rank). With MS_SIMULATION_LEVEL=0 MindSpore compiles rank R's semi-auto-parallel
 graph, frontend and parallel passes (strategy checks, redistribution, pipeline split, optimizer
 shard), creates dummy communication groups, and runs nothing. The graph is built by
-training.train_step.build_train_graph, the function run_train.py trains with, under
+mindscale.train.step.build_train_graph, the function run_train.py trains with, under
 no_init_parameters: no weight is allocated.
 
 What the report holds, and where it comes from:
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from training.config import ConfigError, add_config_arguments, config_from_args, fail
+from mindscale.config import ConfigError
+from mindscale.cli import add_config_arguments, config_from_args, fail
 
 IR_PASS = "validate"  # the last frontend IR: after the parallel passes, recompute and the optimizer shard
 DTYPE_BYTES = {"Float32": 4, "Float16": 2, "BFloat16": 2, "Int32": 4, "Int64": 8, "Bool": 1, "UInt8": 1, "Int8": 1,
@@ -189,8 +190,8 @@ def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
     """Compile this process's rank (RANK_ID of RANK_SIZE) and report what the compiled graph holds."""
     from mindspore.nn.utils import no_init_parameters
 
-    from training.runtime import set_input_layout, setup
-    from training.train_step import build_train_graph
+    from mindscale.train.runtime import set_input_layout, setup
+    from mindscale.train.step import build_train_graph
 
     rt = setup(cfg)
     layout = rt.layout
@@ -216,7 +217,7 @@ def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
     params = [p for p in graph.step.get_parameters() if p.name in held]
     report["local_shapes"] = {p.name: list(p.shape) for p in params}
     # the compiled layout of each (device matrix, tensor map, full shape, optimizer-shard group): what a
-    # restore slices full tensors by (training.slicing)
+    # restore slices full tensors by (models.weights)
     report["layouts"] = {p.name: [list(held[p.name][0]), list(held[p.name][1]), list(held[p.name][6]),
                                   held[p.name][5]] for p in params}
     weights = {p.name for p in graph.model.get_parameters()}

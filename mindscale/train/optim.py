@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Tensor, nn
 
-from training.config import TrainConfig
-from training.schedule import decays, lr_at
+from mindscale.config import TrainConfig
+from mindscale.train.schedule import decays, lr_at
 
 
 def lr_table(t: TrainConfig) -> Tensor:

@@ -15,15 +15,15 @@ import numpy as np
 from mindspore import Tensor
 
 import models
-from training import checkpoint as ckpt
-from training.config import Config, ConfigError
-from training.data import build_dataset
-from training.metrics import MetricsLogger
-from training.schedule import lr_at
-from training.profiling import ProfileWindow
-from training.layout import Layout
-from training.runtime import Runtime, set_input_layout
-from training.train_step import build_train_graph
+from mindscale.train import checkpoint as ckpt
+from mindscale.config import Config, ConfigError
+from mindscale.train.data import build_dataset
+from mindscale.train.metrics import MetricsLogger
+from mindscale.train.schedule import lr_at
+from mindscale.train.profiling import ProfileWindow
+from mindscale.config import Layout
+from mindscale.train.runtime import Runtime, set_input_layout
+from mindscale.train.step import build_train_graph
 
 
 def run_dir_of(cfg: Config) -> Path:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import mindspore as ms
 from mindspore.communication import get_group_size, get_rank, init
 
-from training.config import Config, ConfigError
-from training.layout import OPTIMIZER_SHARD_MIN_KIB, Layout
+from mindscale.config import Config, ConfigError
+from mindscale.config import OPTIMIZER_SHARD_MIN_KIB, Layout
 
 
 MAX_CALL_DEPTH = 10000

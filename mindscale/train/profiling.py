@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.config import ProfileConfig
+from mindscale.config import ProfileConfig
 
 
 class ProfileWindow:

@@ -1,6 +1,6 @@
 """Per-interval training metrics: one JSON line in metrics.jsonl and one human line (or a progress bar).
 
-Throughput and MFU/HFU follow DESIGN.md §4 through training/flops.py, the same functions
+Throughput and MFU/HFU follow DESIGN.md §4 through mindscale/perf/flops.py, the same functions
 tools/mfu.py uses, so a logged MFU can be reproduced from the logged step time by hand.
 """
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import psutil
 
-from training import flops
-from training.config import Config
-from training.gemm_peak import device_peak_tflops
-from training.layout import Layout
+from mindscale.perf import flops
+from mindscale.config import Config
+from mindscale.perf.gemm_peak import device_peak_tflops
+from mindscale.config import Layout
 
 
 def memory_gib(device_target: str) -> float:

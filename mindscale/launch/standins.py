@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mindscale.config import UserError
+
 LIBRARIES = ("libacl_dvpp", "libacl_dvpp_mpi", "libacl_dvpp_op", "libacl_op_compiler", "libacl_tdt_channel",
              "libascend_hal", "libascendalog", "libascendcl", "libatb", "libc_sec", "libge_runner", "libgraph",
              "libhccl", "libmmpa", "libmsprofiler", "libnnopbase", "libplatform", "libprofapi", "libregister",
@@ -36,7 +38,7 @@ DLSYM_NAMES = re.compile(r"^(acl|Acl|hccl|Hccl|rt[A-Z]|Msprof|Nnopbase|hal[A-Z]|
 TOOLS = ("gcc", "nm", "strings")
 
 
-class StandinError(RuntimeError):
+class StandinError(UserError):
     """The stand-ins cannot be built here (a missing tool); the message names the fix."""
 
 

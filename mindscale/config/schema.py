@@ -1,0 +1,225 @@
+"""Every key a user can write, in one documented dataclass per section (Megatron-Core style).
+
+The meaning of each key is the field's `doc`; docs/config.md is generated from it
+(`python -m mindscale.config --doc`). Loading, typing and validation live in mindscale/config/load.py
+and validate.py; decisions derived from the parallel keys, in mindscale/config/layout.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING):
+    """A dataclass field carrying its documentation."""
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+
+@dataclass
+class RunConfig:
+    name: str = doc("Run name; the run folder is <output_dir>/<name>.", "run")
+    output_dir: str = doc("Parent folder of run folders (relative to the working directory).", "output")
+    seed: int = doc("Seed for weights, data order and dropout.", 1234)
+    device_target: Literal["auto", "Ascend", "GPU", "CPU"] = doc(
+        "Backend; auto picks Ascend, then GPU, then CPU.", "auto")
+    mode: Literal["graph", "pynative"] = doc("MindSpore execution mode.", "graph")
+    reuse_layer_graph: bool = doc(
+        "Graph mode: reuse compiled graphs (MindSpore lazy_inline): one decoder layer's for every layer with "
+        "the same recompute setting and stage (compile time at 32 layers halves on CPU), or, in a sharded "
+        "layout with several micro batches per step, the whole loss network's, called per micro batch "
+        "(needed by parallel.gradient_accumulation_shard). false compiles every layer and micro batch on "
+        "its own; the numbers are the same.", True)
+
+
+@dataclass
+class HardwareConfig:
+    name: str = doc("Profile name (a file in configs/hardware/ or 'inline').", "cpu")
+    device_target: Literal["Ascend", "GPU", "CPU"] = doc("Backend this profile describes.", "CPU")
+    peak_tflops: Optional[float] = doc(
+        "Dense fp16/bf16 peak per device in TFLOP/s; null on CPU = measure a GEMM once and cache.", None)
+    memory_gib: float = doc("Device memory per device in GiB.", 16.0)
+    memory_reserve_gib: float = doc("Memory the framework/runtime keeps for itself per device.", 0.0)
+    memory_margin: float = doc("Fraction of usable memory a plan may fill (planner 'fits' test).", 0.9)
+    devices_per_node: int = doc("Devices per server (intra-node vs inter-node links).", 1)
+    intra_node_gbps: float = doc("Per-device intra-node collective bandwidth, GB/s.", 10.0)
+    inter_node_gbps: float = doc("Per-device inter-node bandwidth, GB/s.", 10.0)
+    flash_attention: bool = doc("Whether ops.flash_attention_score exists on this device.", False)
+    source: str = doc("Where the numbers come from.", "")
+
+
+@dataclass
+class ModelConfig:
+    arch: Literal["gpt", "llama"] = doc("Model family.", "llama")
+    vocab_size: int = doc("Vocabulary size.", 32000)
+    hidden_size: int = doc("Model width h.", 4096)
+    num_layers: int = doc("Transformer layers L.", 32)
+    num_heads: int = doc("Attention heads a.", 32)
+    num_kv_heads: Optional[int] = doc("Key/value heads (GQA); null = num_heads.", None)
+    ffn_hidden_size: int = doc("MLP inner width (SwiGLU: per gate).", 11008)
+    seq_length: int = doc("Training sequence length s (GPT: also the number of learned positions).", 4096)
+    rope_theta: float = doc("RoPE base (LLaMA).", 10000.0)
+    norm_eps: float = doc("Epsilon of RMSNorm/LayerNorm.", 1e-5)
+    tie_embeddings: bool = doc("Share the input embedding with the output projection.", False)
+    attention: Literal["auto", "flash", "composite"] = doc(
+        "Attention kernel: flash (Ascend A2 FlashAttentionScore), composite (matmul+softmax), "
+        "auto = flash where the hardware profile has it.", "auto")
+    compute_dtype: Literal["float32", "float16", "bfloat16"] = doc(
+        "Dtype of matmuls; norms, softmax and the loss stay fp32.", "float32")
+    param_dtype: Literal["float32", "float16", "bfloat16"] = doc("Dtype of stored weights.", "float32")
+    init_std: float = doc("Std of the normal weight init.", 0.02)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+@dataclass
+class ParallelConfig:
+    data_parallel: int = doc("Data-parallel degree d.", 1)
+    model_parallel: int = doc("Tensor (model) parallel degree t.", 1)
+    pipeline_stage: int = doc("Pipeline stages p.", 1)
+    micro_batch_num: int = doc("Micro batches per step through the pipeline (pipeline_stage > 1).", 1)
+    stage_offset: Union[int, list] = doc(
+        "Extra layers per stage on top of num_layers // pipeline_stage (int for all stages or "
+        "one per stage, MindFormers' `offset`).", 0)
+    sequence_parallel: bool = doc("Shard norms/dropout activations along the sequence (needs t > 1).", False)
+    vocab_emb_dp: bool = doc("Keep the embedding data-parallel instead of vocab-sharded over t.", True)
+    optimizer_shard: bool = doc("Shard optimizer states (and master weights) over data parallel.", False)
+    gradient_accumulation_steps: int = doc("Micro steps accumulated per optimizer step.", 1)
+    gradient_accumulation_shard: bool = doc(
+        "With optimizer_shard and several micro batches per step (accumulation or a pipeline): keep the "
+        "gradient-accumulation buffers sharded over the data-parallel replicas (MindSpore's "
+        "gradient_accumulation_shard). Saves most of one full gradient copy (param_dtype) per rank; costs a "
+        "reduce-scatter of the gradients per micro batch instead of one per step.", False)
+
+    @property
+    def devices(self) -> int:
+        return self.data_parallel * self.model_parallel * self.pipeline_stage
+
+
+@dataclass
+class RecomputeConfig:
+    mode: Literal["none", "selective", "full"] = doc(
+        "none; selective = attention core + activations (Korthikanti et al. 2022); full = whole layer.",
+        "none")
+    layers: Union[int, list, None] = doc(
+        "Layers recomputed: null = all; int = the first n of every stage; list = n per stage.", None)
+    comm: bool = doc("Also recompute tensor-parallel communication (full mode).", False)
+
+
+@dataclass
+class TrainConfig:
+    micro_batch_size: int = doc("Sequences per device per micro step.", 1)
+    global_batch_size: Optional[int] = doc(
+        "Sequences per optimizer step; null = micro_batch_size x data_parallel x micro_batch_num "
+        "x gradient_accumulation_steps (must equal it when given).", None)
+    steps: int = doc("Optimizer steps.", 100)
+    lr: float = doc("Peak learning rate.", 3e-4)
+    min_lr: float = doc("Final learning rate of the decay.", 3e-5)
+    warmup_steps: int = doc("Linear warm-up steps.", 0)
+    lr_schedule: Literal["cosine", "linear", "constant"] = doc("Decay after warm-up.", "cosine")
+    weight_decay: float = doc("AdamW decoupled weight decay (not on norms and biases).", 0.1)
+    adam_beta1: float = doc("AdamW beta1.", 0.9)
+    adam_beta2: float = doc("AdamW beta2.", 0.95)
+    adam_eps: float = doc("AdamW epsilon.", 1e-8)
+    grad_clip: float = doc("Global gradient-norm clip; 0 = off.", 1.0)
+    loss_scale: Union[str, float, None] = doc(
+        "'auto' (dynamic for fp16, none otherwise), 'dynamic', a fixed number, or null.", "auto")
+    log_interval: int = doc("Steps between metric lines.", 1)
+
+
+@dataclass
+class DataConfig:
+    path: str = doc("MindRecord folder from tools/preprocess_data.py, or 'synthetic'.", "synthetic")
+    tokenizer: Optional[str] = doc("SentencePiece model (checked against vocab_size).", None)
+    shuffle: bool = doc("Shuffle samples deterministically by run.seed.", True)
+    eos_id: int = doc("End-of-sequence id used to join documents.", 2)
+    pad_id: int = doc("Padding id (ignored in the loss).", 0)
+
+
+@dataclass
+class CheckpointConfig:
+    save_interval: int = doc("Steps between checkpoints; 0 = only at the end.", 0)
+    keep_last: int = doc("Complete checkpoints kept in the run folder.", 2)
+    load_path: Optional[str] = doc(
+        "Weights to start from (MindScale checkpoint or Hugging Face folder); optimizer state is not loaded.",
+        None)
+    resume: bool = doc("Continue from the latest complete checkpoint in the run folder.", True)
+    save_at_end: bool = doc("Save a checkpoint after the last step.", True)
+
+
+@dataclass
+class ProfileConfig:
+    enable: bool = doc("Profile steps [start_step, stop_step) with mindspore.profiler.", False)
+    start_step: int = doc("First profiled step.", 2)
+    stop_step: int = doc("Step after the last profiled step.", 4)
+
+
+# Linear layers that can carry LoRA adapters, per architecture (their attribute names in models/).
+LORA_TARGETS = {"llama": ("wq", "wk", "wv", "wo", "w1", "w2", "w3"), "gpt": ("wq", "wk", "wv", "wo", "w1", "w2")}
+
+
+# SFT prompt templates (mindscale/train/templates.py registers one per name).
+TEMPLATE_NAMES = ("alpaca", "llama2", "llama3")
+
+
+@dataclass
+class LoraConfig:
+    rank: int = doc("LoRA rank r of the adapters (Hu et al. 2021); 0 = off (full fine-tune).", 0)
+    alpha: float = doc("LoRA scale numerator: adapters add alpha/rank * B A x.", 16.0)
+    dropout: float = doc("Dropout on the adapters' input during training.", 0.0)
+    target_modules: list = doc(
+        "Linear layers that get adapters, by name: wq, wk, wv, wo (attention), w1, w2, w3 (MLP; w3 LLaMA only).",
+        factory=lambda: ["wq", "wv"])
+
+
+@dataclass
+class FinetuneConfig:
+    lora: LoraConfig = doc("Low-rank adapters; with rank > 0 only the adapters train and are saved.",
+                           factory=LoraConfig)
+    hf_dims: bool = doc("Take the model dims from checkpoint.load_path's Hugging Face config.json instead of "
+                        "model: (seq_length and dtypes stay the config's).", False)
+    template: Optional[str] = doc("SFT prompt template (alpaca, llama2, llama3) that tools/generate.py wraps "
+                                  "a text prompt in; null = the raw text after BOS.", None)
+
+
+@dataclass
+class Config:
+    run: RunConfig = doc("Run identity and backend.", factory=RunConfig)
+    hardware: HardwareConfig = doc("Device profile (name of configs/hardware/<name>.yaml or a mapping).",
+                                   factory=HardwareConfig)
+    model: ModelConfig = doc("Model dimensions.", factory=ModelConfig)
+    parallel: ParallelConfig = doc("Parallel layout.", factory=ParallelConfig)
+    recompute: RecomputeConfig = doc("Activation recompute.", factory=RecomputeConfig)
+    train: TrainConfig = doc("Optimisation.", factory=TrainConfig)
+    data: DataConfig = doc("Training data.", factory=DataConfig)
+    checkpoint: CheckpointConfig = doc("Saving and loading.", factory=CheckpointConfig)
+    profile: ProfileConfig = doc("Profiler window.", factory=ProfileConfig)
+    finetune: FinetuneConfig = doc("Fine-tuning: LoRA adapters, model dims from a Hugging Face checkpoint, "
+                                   "the generation prompt template.", factory=FinetuneConfig)
+    context: dict = doc("Passed to mindspore.set_context as is (jit_level, max_device_memory, ...).",
+                        factory=dict)
+
+    @property
+    def devices(self) -> int:
+        return self.parallel.devices
+
+    @property
+    def global_batch_size(self) -> int:
+        p = self.parallel
+        return self.train.micro_batch_size * p.data_parallel * p.micro_batch_num * p.gradient_accumulation_steps
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)

@@ -1,0 +1,176 @@
+"""Every rule that can be checked before compiling: ranges and the parallel arithmetic.
+
+`validate(cfg)` raises ConfigError (one line: the key, the value, the fix).
+"""
+from __future__ import annotations
+
+from mindscale.config.errors import ConfigError
+from mindscale.config.layout import stage_layer_counts
+from mindscale.config.schema import LORA_TARGETS, TEMPLATE_NAMES, Config, ModelConfig
+
+
+def _positive(cfg: Config) -> None:
+    for section, names in {
+        "model": ["vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_hidden_size", "seq_length"],
+        "parallel": ["data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
+                     "gradient_accumulation_steps"],
+        "train": ["micro_batch_size", "steps", "log_interval"],
+        "checkpoint": ["keep_last"],
+    }.items():
+        for name in names:
+            value = getattr(getattr(cfg, section), name)
+            if value < 1:
+                raise ConfigError(f"{section}.{name}={value}: must be >= 1")
+    for key, value in [("model.rope_theta", cfg.model.rope_theta), ("model.norm_eps", cfg.model.norm_eps),
+                       ("model.init_std", cfg.model.init_std), ("hardware.memory_gib", cfg.hardware.memory_gib)]:
+        if value <= 0:
+            raise ConfigError(f"{key}={value}: must be > 0")
+    for key, value in [("train.lr", cfg.train.lr), ("train.min_lr", cfg.train.min_lr),
+                       ("train.weight_decay", cfg.train.weight_decay), ("train.grad_clip", cfg.train.grad_clip),
+                       ("train.warmup_steps", cfg.train.warmup_steps),
+                       ("checkpoint.save_interval", cfg.checkpoint.save_interval)]:
+        if value < 0:
+            raise ConfigError(f"{key}={value}: must be >= 0")
+    if cfg.train.min_lr > cfg.train.lr:
+        raise ConfigError(f"train.min_lr={cfg.train.min_lr} > train.lr={cfg.train.lr}: min_lr must not exceed lr")
+    for key, value in [("train.adam_beta1", cfg.train.adam_beta1), ("train.adam_beta2", cfg.train.adam_beta2)]:
+        if not 0 <= value < 1:
+            raise ConfigError(f"{key}={value}: must be in [0, 1)")
+    if not 0 < cfg.hardware.memory_margin <= 1:
+        raise ConfigError(f"hardware.memory_margin={cfg.hardware.memory_margin}: must be in (0, 1]")
+    if cfg.hardware.peak_tflops is not None and cfg.hardware.peak_tflops <= 0:
+        raise ConfigError(f"hardware.peak_tflops={cfg.hardware.peak_tflops}: must be > 0 or null (measure)")
+    ls = cfg.train.loss_scale
+    if isinstance(ls, str) and ls not in ("auto", "dynamic"):
+        raise ConfigError(f"train.loss_scale={ls!r}: use 'auto', 'dynamic', a number or null")
+    if isinstance(ls, float) and ls <= 0:
+        raise ConfigError(f"train.loss_scale={ls}: a fixed loss scale must be > 0")
+    if cfg.profile.enable and not 0 <= cfg.profile.start_step < cfg.profile.stop_step:
+        raise ConfigError(f"profile.start_step={cfg.profile.start_step}, profile.stop_step={cfg.profile.stop_step}: "
+                          "need 0 <= start_step < stop_step")
+
+
+def _model_shapes(m: ModelConfig) -> None:
+    if m.hidden_size % m.num_heads:
+        raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; "
+                          "pick a head count that divides the width")
+    if m.num_heads % m.kv_heads:
+        raise ConfigError(f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.kv_heads}; "
+                          "GQA needs a whole number of query heads per kv head")
+    if m.head_dim % 2 and m.arch == "llama":
+        raise ConfigError(f"model.hidden_size/num_heads={m.head_dim} is odd; rotary embeddings need an even head dim")
+    if m.arch == "gpt" and m.num_kv_heads not in (None, m.num_heads):
+        raise ConfigError(f"model.num_kv_heads={m.num_kv_heads}: GPT uses multi-head attention; remove it")
+
+
+def _parallel(cfg: Config) -> None:
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    mp = p.model_parallel
+    for key, value in [("model.num_heads", m.num_heads), ("model.num_kv_heads", m.kv_heads),
+                       ("model.ffn_hidden_size", m.ffn_hidden_size)]:
+        if value % mp:
+            raise ConfigError(f"{key}={value} is not divisible by parallel.model_parallel={mp}; "
+                              f"choose a model_parallel that divides {value}")
+    if m.vocab_size % mp:  # the sharded loss splits the vocabulary over model_parallel, vocab_emb_dp or not
+        raise ConfigError(f"model.vocab_size={m.vocab_size} is not divisible by parallel.model_parallel={mp}; "
+                          f"pad the vocabulary to a multiple of {mp} (Megatron pads 50257 to 50304) or lower "
+                          "model_parallel")
+    if p.sequence_parallel and mp == 1:
+        raise ConfigError("parallel.sequence_parallel=true needs parallel.model_parallel > 1; set it to false")
+    if p.sequence_parallel and m.seq_length % mp:
+        raise ConfigError(f"model.seq_length={m.seq_length} is not divisible by parallel.model_parallel={mp} "
+                          "(sequence_parallel); change one of them")
+
+    pp = p.pipeline_stage
+    if pp > 1 and p.gradient_accumulation_steps > 1:
+        raise ConfigError(f"parallel.gradient_accumulation_steps={p.gradient_accumulation_steps} with "
+                          f"parallel.pipeline_stage={pp}: a pipeline accumulates its micro batches; raise "
+                          "parallel.micro_batch_num instead and set gradient_accumulation_steps to 1")
+    if p.gradient_accumulation_shard and not (p.optimizer_shard and p.data_parallel > 1):
+        raise ConfigError("parallel.gradient_accumulation_shard=true needs parallel.optimizer_shard=true and "
+                          "parallel.data_parallel > 1 (it shards the buffers like the optimizer state); set it false")
+    if p.gradient_accumulation_shard and max(p.micro_batch_num, p.gradient_accumulation_steps) == 1:
+        raise ConfigError("parallel.gradient_accumulation_shard=true has nothing to shard with one micro batch per "
+                          "step; set it false or raise gradient_accumulation_steps / micro_batch_num")
+    if p.gradient_accumulation_shard and not cfg.run.reuse_layer_graph:
+        raise ConfigError("parallel.gradient_accumulation_shard=true needs run.reuse_layer_graph=true (MindSpore "
+                          "shards accumulation buffers only in a reused, lazy_inline graph)")
+    if pp == 1 and p.micro_batch_num != 1:
+        raise ConfigError(f"parallel.micro_batch_num={p.micro_batch_num} needs parallel.pipeline_stage > 1; "
+                          "use parallel.gradient_accumulation_steps without a pipeline")
+    if pp > 1 and p.micro_batch_num < pp:
+        raise ConfigError(f"parallel.micro_batch_num={p.micro_batch_num} < parallel.pipeline_stage={pp}: "
+                          "the pipeline would idle; use at least as many micro batches as stages")
+    if isinstance(p.stage_offset, list):
+        if len(p.stage_offset) != pp or not all(isinstance(o, int) and not isinstance(o, bool) for o in p.stage_offset):
+            raise ConfigError(f"parallel.stage_offset={p.stage_offset}: needs {pp} integers "
+                              f"(one per parallel.pipeline_stage)")
+    if pp > m.num_layers:
+        raise ConfigError(f"parallel.pipeline_stage={pp} > model.num_layers={m.num_layers}; use fewer stages")
+    counts = stage_layer_counts(m.num_layers, pp, p.stage_offset)
+    if sum(counts) != m.num_layers or min(counts) < 1:
+        raise ConfigError(f"parallel.stage_offset={p.stage_offset} gives layers per stage {counts} "
+                          f"(sum {sum(counts)}) for model.num_layers={m.num_layers} over "
+                          f"parallel.pipeline_stage={pp}; offsets must add {m.num_layers - (m.num_layers // pp) * pp} "
+                          "layers in all and leave every stage at least one")
+
+    r = cfg.recompute
+    if isinstance(r.layers, list):
+        if len(r.layers) != pp or not all(isinstance(n, int) and 0 <= n for n in r.layers):
+            raise ConfigError(f"recompute.layers={r.layers}: a list needs {pp} non-negative integers, "
+                              "one per parallel.pipeline_stage")
+        for stage, (n, have) in enumerate(zip(r.layers, counts)):
+            if n > have:
+                raise ConfigError(f"recompute.layers={r.layers}: stage {stage} recomputes {n} layers "
+                                  f"but holds {have}; lower it")
+    elif isinstance(r.layers, int) and r.layers < 0:
+        raise ConfigError(f"recompute.layers={r.layers}: must be >= 0 or null (all layers)")
+
+    derived = cfg.global_batch_size
+    if t.global_batch_size is not None and t.global_batch_size != derived:
+        raise ConfigError(
+            f"train.global_batch_size={t.global_batch_size} != train.micro_batch_size={t.micro_batch_size} x "
+            f"parallel.data_parallel={p.data_parallel} x parallel.micro_batch_num={p.micro_batch_num} x "
+            f"parallel.gradient_accumulation_steps={p.gradient_accumulation_steps} = {derived}; "
+            "change one of them or drop global_batch_size")
+
+
+def _backend(cfg: Config) -> None:
+    if cfg.model.attention == "flash" and not cfg.hardware.flash_attention:
+        raise ConfigError(f"model.attention=flash but hardware {cfg.hardware.name!r} has no FlashAttentionScore "
+                          "(Atlas A2 only); use model.attention=auto or composite")
+    if cfg.hardware.device_target == "CPU" and cfg.model.compute_dtype == "bfloat16":
+        raise ConfigError("model.compute_dtype=bfloat16 is not supported by MindSpore's CPU MatMul; "
+                          "use float32 or float16 on CPU")
+
+
+def _finetune(cfg: Config) -> None:
+    f, lora = cfg.finetune, cfg.finetune.lora
+    if lora.rank < 0:
+        raise ConfigError(f"finetune.lora.rank={lora.rank}: must be >= 0 (0 = no LoRA)")
+    if lora.alpha <= 0:
+        raise ConfigError(f"finetune.lora.alpha={lora.alpha}: must be > 0")
+    if not 0 <= lora.dropout < 1:
+        raise ConfigError(f"finetune.lora.dropout={lora.dropout}: must be in [0, 1)")
+    allowed = LORA_TARGETS[cfg.model.arch]
+    wrong = [t for t in lora.target_modules if t not in allowed]
+    if wrong or (lora.rank and not lora.target_modules):
+        raise ConfigError(f"finetune.lora.target_modules={lora.target_modules}: use a non-empty subset of "
+                          f"{list(allowed)} for model.arch={cfg.model.arch}")
+    if lora.rank and not cfg.checkpoint.load_path:
+        raise ConfigError(f"finetune.lora.rank={lora.rank} needs checkpoint.load_path (the frozen base weights, "
+                          "loaded again on resume); set it or set finetune.lora.rank=0")
+    if f.hf_dims and not cfg.checkpoint.load_path:
+        raise ConfigError("finetune.hf_dims=true needs checkpoint.load_path (a Hugging Face folder); set it or "
+                          "set finetune.hf_dims=false")
+    if f.template is not None and f.template not in TEMPLATE_NAMES:
+        raise ConfigError(f"finetune.template={f.template!r}: use one of {sorted(TEMPLATE_NAMES)} or null")
+
+
+def validate(cfg: Config) -> None:
+    """Every rule that can be checked before compiling. Raises ConfigError (one line)."""
+    _positive(cfg)
+    _finetune(cfg)
+    _model_shapes(cfg.model)
+    _parallel(cfg)
+    _backend(cfg)

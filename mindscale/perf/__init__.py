@@ -1,0 +1,1 @@
+"""Performance arithmetic: model FLOPs, the memory/time planner, run-folder readers, the GEMM peak."""

@@ -1,0 +1,1 @@
+"""Training: the compiled train step, the trainer loop, optimizer, schedule, data and checkpoints."""

@@ -1,0 +1,199 @@
+"""Weights into models: one module for reading checkpoints' tensors, checking them against a model
+and copying them in (`assign`), whole or as one rank's slice.
+
+A rank's slice comes from its compiled layout (an entry of `Cell.parameter_layout_dict`). After a sharded graph compiles, MindSpore gives each parameter (dev_matrix, tensor_map, slice_shape,
+field_size, uniform_split, opt_shard_group, full_shape, ...). Dimension d of the tensor is split
+tensor_map[d] >= 0 ways along device-matrix axis (len(dev_matrix) - 1 - tensor_map[d]) (-1: whole);
+a rank's coordinate in the device matrix is its index read row-major (the last axis fastest), so
+the ranks of every pipeline stage map alike. With the optimizer shard (opt_shard_group set) the
+first dimension of that slice is cut again among the ranks that hold it (the device-matrix axes the
+tensor map does not use), in rank order. MindSpore's own loader (mindspore.parallel._tensor) slices
+a full tensor the same way; this gives the index ranges instead, so a reader takes only its slice.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from mindspore import nn
+
+from mindscale.config import Config, ConfigError, config_from_tree
+from mindscale.io import CheckpointError, read_tensors, verify_folder
+from models.hf_convert import (HFConversionError, hf_to_mindscale, is_hf_folder, model_config_differences,
+                               model_config_from_hf, read_hf_folder)
+from models.lora import is_adapter, merge, split_adapters, without_lora
+
+WEIGHTS = "model.safetensors"  # a checkpoint folder's weights file
+
+
+def _coordinate(rank: int, dev_matrix: list[int]) -> list[int]:
+    coordinate = [0] * len(dev_matrix)
+    for axis in reversed(range(len(dev_matrix))):
+        coordinate[axis] = rank % dev_matrix[axis]
+        rank //= dev_matrix[axis]
+    return coordinate
+
+
+def local_slice(layout: tuple, rank: int) -> tuple[slice, ...]:
+    """Index ranges of `rank`'s slice of the full tensor, per dimension."""
+    dev_matrix, tensor_map, full_shape, opt_group = list(layout[0]), list(layout[1]), list(layout[6]), layout[5]
+    if any(isinstance(k, (list, tuple)) for k in tensor_map):
+        raise ValueError(f"tensor map {tensor_map} splits one dimension over several axes; not supported")
+    coordinate = _coordinate(rank, dev_matrix)
+    axis_of = {k: len(dev_matrix) - 1 - k for k in tensor_map if k >= 0}
+    index = []
+    for size, k in zip(full_shape, tensor_map):
+        parts, at = (dev_matrix[axis_of[k]], coordinate[axis_of[k]]) if k >= 0 else (1, 0)
+        step = size // parts
+        index.append(slice(at * step, (at + 1) * step))
+    if opt_group and index:
+        free = [axis for axis in range(len(dev_matrix)) if axis not in axis_of.values()]
+        holders = math.prod(dev_matrix[axis] for axis in free)
+        at = 0
+        for axis in free:  # this rank's place among the ranks holding the same slice, in rank order
+            at = at * dev_matrix[axis] + coordinate[axis]
+        first = index[0]
+        step = (first.stop - first.start) // holders
+        index[0] = slice(first.start + at * step, first.start + (at + 1) * step)
+    return tuple(index)
+
+
+def take_slice(full: np.ndarray, layout: tuple | None, rank: int) -> np.ndarray:
+    """`full` as `rank` holds it (the whole tensor when the parameter has no layout: not sharded)."""
+    if layout is None or not layout[1]:
+        return full
+    return np.ascontiguousarray(full.reshape(layout[6])[local_slice(layout, rank)])
+
+
+def assign(params, values: dict[str, np.ndarray], what: str, layouts: dict | None = None, rank: int = 0) -> None:
+    """Copy `values` into `params` by name; every parameter must be present with its shape. A value may
+    be the parameter's own slice (a rank's checkpoint), or the full tensor of a sharded parameter, of
+    which `rank`'s slice is taken by the compiled layout (`layouts`: the step's parameter_layout_dict)."""
+    from mindspore import Tensor
+
+    layouts = layouts or {}
+    by_name = {p.name: p for p in params}
+    missing = sorted(set(by_name) - set(values))
+    if missing:
+        raise CheckpointError(f"{what} lacks {len(missing)} tensors (first: {missing[:3]}); "
+                              "it was written by a different model or optimizer")
+    for name, param in by_name.items():
+        value, shape = values[name], tuple(param.shape)
+        if value.size == 1 and param.size == 1:  # safetensors stores 0-d scalars as shape (1,)
+            value = value.reshape(shape)
+        layout = layouts.get(name)
+        if tuple(value.shape) != shape and layout is not None and tuple(value.shape) == tuple(layout[6]):
+            value = take_slice(value, layout, rank)
+        if tuple(value.shape) != shape:
+            raise CheckpointError(f"{what}: {name} has shape {tuple(value.shape)}, the model needs "
+                                  f"{tuple(layout[6]) if layout else shape}; check the model config")
+        param.set_data(Tensor(value, dtype=param.dtype))
+
+
+def load_weights(path: str | Path) -> dict[str, np.ndarray]:
+    """Weights from a checkpoint folder (verified) or a bare .safetensors file."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist; check checkpoint.load_path")
+    if path.is_file():
+        return read_tensors(path)
+    verify_folder(path)
+    return read_tensors(path / WEIGHTS)
+
+
+class WeightsMismatch(CheckpointError):
+    """Checkpoint tensors do not match the model's names or shapes. One line; the CLIs exit 2."""
+
+
+def _first(items, n: int = 3) -> str:
+    items = list(items)
+    more = f" (+{len(items) - n} more)" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
+
+
+def check_weights(model: nn.Cell, weights: dict, layouts: dict | None = None) -> None:
+    """Raise WeightsMismatch unless `weights` has exactly the model's parameter names and full shapes
+    (a compiled sharded model's parameters are slices: `layouts`, its parameter_layout_dict, holds the
+    full shapes). LoRA adapters may be absent (base weights for a LoRA model: the adapters keep their
+    initial values)."""
+    layouts = layouts or {}
+    params = {p.name: tuple(layouts[p.name][6]) if p.name in layouts else tuple(p.shape)
+              for p in model.get_parameters() if p.name in weights or not is_adapter(p.name)}
+    problems = []
+    missing = [n for n in params if n not in weights]
+    unexpected = [n for n in weights if n not in params]
+    wrong = [f"{n} {tuple(np.shape(weights[n]))} vs model {shape}"
+             for n, shape in params.items() if n in weights and tuple(np.shape(weights[n])) != shape]
+    if missing:
+        problems.append(f"missing {len(missing)}: {_first(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {len(unexpected)}: {_first(unexpected)}")
+    if wrong:
+        problems.append(f"wrong shape {len(wrong)}: {_first(wrong)}")
+    if problems:
+        raise WeightsMismatch("checkpoint does not match the model config (" + "; ".join(problems) +
+                              "); use the config the checkpoint was trained with")
+
+
+def load_weights_into(model: nn.Cell, weights: dict, layouts: dict | None = None, rank: int = 0) -> None:
+    """Copy full weights into the model after checking all names and shapes (no partial loads). A
+    compiled sharded model takes `rank`'s slice of each, cut by its compiled layout (`layouts`)."""
+    check_weights(model, weights, layouts)
+    assign([p for p in model.get_parameters() if p.name in weights], weights, "weights", layouts, rank)
+
+
+def load_pretrained(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
+    """MindScale-named weights from a MindScale checkpoint (folder or .safetensors) or a Hugging Face
+    model folder (config.json + safetensors). Raises CheckpointError / WeightsMismatch (one line)."""
+    if not is_hf_folder(path):
+        return load_weights(path)
+    hf_model, weights = hf_to_mindscale(*read_hf_folder(path))
+    differ = model_config_differences(hf_model, cfg.model)
+    if differ:
+        raise WeightsMismatch(f"{path}: the Hugging Face model differs from the config: {_first(differ)}; "
+                              "set those model keys or use a matching checkpoint")
+    return weights
+
+
+def with_hf_dims(cfg: Config, hf_folder: str | Path) -> Config:
+    """`cfg` with its model dims taken from a Hugging Face folder's config.json. LLaMA keeps the config's
+    seq_length (max_position_embeddings is a limit, not the training length); dtypes stay the config's."""
+    if not is_hf_folder(hf_folder):
+        raise HFConversionError(f"{hf_folder} is not a Hugging Face folder (no config.json); "
+                                "finetune.hf_dims and generate's HF mode need one")
+    try:
+        hf_model = model_config_from_hf(json.loads((Path(hf_folder) / "config.json").read_text()))
+    except json.JSONDecodeError as exc:
+        raise HFConversionError(f"{Path(hf_folder) / 'config.json'} is not valid JSON ({exc.msg})")
+    if hf_model["arch"] == "llama":
+        hf_model.pop("seq_length")
+    tree = cfg.to_dict()
+    tree["model"].update(hf_model)
+    try:
+        return config_from_tree(tree)
+    except ConfigError as exc:
+        raise ConfigError(f"with the dims of {hf_folder}: {exc}")
+
+
+def resolve_model_dims(cfg: Config) -> Config:
+    """finetune.hf_dims: the model section comes from checkpoint.load_path's config.json."""
+    return with_hf_dims(cfg, cfg.checkpoint.load_path) if cfg.finetune.hf_dims else cfg
+
+
+def load_inference_weights(path: str | Path, cfg: Config) -> tuple[dict[str, np.ndarray], Config]:
+    """(full weights, config of the plain model) for any checkpoint the trainer can load or write.
+
+    A Hugging Face folder brings its own dims; a LoRA run's checkpoint holds only adapters, which are
+    merged into the base weights from the config's checkpoint.load_path."""
+    if is_hf_folder(path):
+        cfg = with_hf_dims(cfg, path)
+    base, adapters = split_adapters(load_pretrained(path, cfg))
+    if adapters:
+        if not cfg.checkpoint.load_path:
+            raise WeightsMismatch(f"{path} holds LoRA adapters only and the config has no checkpoint.load_path "
+                                  "for the base weights; pass the config the LoRA run used")
+        base = load_pretrained(cfg.checkpoint.load_path, cfg)
+        base = merge(base, adapters, cfg.finetune.lora)
+    return base, without_lora(cfg)

@@ -1,9 +1,8 @@
 """MindScale models: GPT and LLaMA, their sharding plans, recompute and checkpoint interop.
 
-    model = build_model(cfg, layout)              # CausalLM: input_ids [B, S] -> logits [B, S, V] fp32
+    model = build_model(cfg, layout)              # CausalLM (LoRA, recompute marks): [B, S] -> [B, S, V] fp32
     network = build_train_network(cfg, model, layout)  # (input_ids, labels, loss_mask) -> loss
     apply_sharding_plan(model, cfg, layout)       # .shard() strategies, pipeline stages, comm fusion
-    apply_recompute(model, cfg, layout)           # none / selective / full
     weights, cfg = load_inference_weights(path, cfg)  # full weights of any checkpoint, LoRA merged
 
 `layout` (mindscale.config.Layout) carries every parallel decision; without one, models are built
@@ -17,7 +16,6 @@ from mindspore import nn
 from mindspore.nn.utils import no_init_parameters
 
 from models.lora import apply_lora, lora_enabled
-from models.recompute import apply_recompute
 from models.sharding import apply_sharding_plan, describe_plan
 from models.transformer import CausalLM, CausalLMLoss, ReusedCausalLMLoss
 from models.weights import (WeightsMismatch, check_weights, load_inference_weights, load_pretrained,
@@ -25,7 +23,7 @@ from models.weights import (WeightsMismatch, check_weights, load_inference_weigh
 from mindscale.config import Config, Layout
 
 __all__ = ["CausalLM", "build_model", "standalone_layout", "build_train_network", "count_parameters", "apply_sharding_plan",
-           "describe_plan", "apply_recompute", "check_weights", "load_weights_into", "load_pretrained", "WeightsMismatch",
+           "describe_plan", "check_weights", "load_weights_into", "load_pretrained", "WeightsMismatch",
            "with_hf_dims", "resolve_model_dims", "load_inference_weights", "lora_enabled"]
 
 
@@ -35,10 +33,13 @@ def standalone_layout(cfg: Config) -> Layout:
 
 
 def build_model(cfg: Config, layout: Layout | None = None) -> CausalLM:
-    """The model; with finetune.lora.rank > 0 its targeted Linears carry adapters and the rest is frozen."""
-    model = CausalLM(cfg, layout or standalone_layout(cfg))
+    """The model; with finetune.lora.rank > 0 its targeted Linears carry adapters and the rest is frozen.
+    The layout's recompute marks come last, so a fully recomputed layer holds its adapters too."""
+    layout = layout or standalone_layout(cfg)
+    model = CausalLM(cfg.model, layout)
     if lora_enabled(cfg):
         apply_lora(model, cfg)
+    model.mark_recompute(layout)
     return model
 
 
@@ -52,5 +53,5 @@ def build_train_network(cfg: Config, model: CausalLM | None = None, layout: Layo
 def count_parameters(cfg: Config) -> int:
     """Parameters of the model `cfg` describes, counted on a model built without allocating weights."""
     with no_init_parameters():
-        model = CausalLM(cfg, Layout.of(cfg, "CPU", world=1))
+        model = CausalLM(cfg.model, Layout.of(cfg, "CPU", world=1))
     return sum(int(np.prod(p.shape)) for p in model.get_parameters())

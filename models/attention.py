@@ -6,6 +6,7 @@ uses them, and hands q, k, v to a core that returns [tokens, heads * d]:
 
 * `CompositeAttention`: BatchMatMul + fp32 softmax + additive causal mask. Runs everywhere.
 * `FlashAttention`: the FlashAttentionScore kernel (Atlas A2 only, never executed on CPU here).
+* models/cpu_kernels.py: the composite core with CPU-only fast paths (Layout.cpu_kernels).
 
 GQA without copying k/v: the heads that share a kv head are laid side by side along the query
 axis ([B, kv_heads, group * S, d]), so one BatchMatMul per kv head serves the whole group.
@@ -20,11 +21,10 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.ops.operations.nn_ops import FlashAttentionScore
 
-from models.layers import Linear, RotaryEmbedding, RowSumSoftmax
+from models.layers import Linear, RotaryEmbedding
 
 MASKED = -1.0e9  # additive mask value; finite so an fp32 softmax row never computes inf - inf
 FLASH_MASK_SIZE = 2048  # sparse_mode 2 takes a compressed 2048 x 2048 causal mask
-SPLIT_CAUSAL_MIN = 128  # shorter sequences: the extra slices cost more than the skipped quarter saves
 
 
 @lru_cache(maxsize=4)
@@ -34,17 +34,12 @@ def flash_causal_mask() -> Tensor:
 
 
 class CompositeAttention(nn.Cell):
-    """softmax(q k^T / sqrt(d) + causal) v with the scores and softmax in fp32.
+    """softmax(q k^T / sqrt(d) + causal) v with the scores and softmax in fp32."""
 
-    `cpu_core` (stand-alone and data-parallel CPU runs, where no op carries a sharding strategy):
-    the RowSumSoftmax backward, and from SPLIT_CAUSAL_MIN tokens on the queries are split in two
-    halves so that the first half's scores against the second half's keys, a quarter of the S x S
-    scores and all masked, are never computed (-25% attention work; the slices and the concat are
-    O(S d)). Under semi-auto parallel both would need strategies of their own, so the plain path runs.
-    """
+    # the S x S tensors: scores, their fp32 copy, the masked scores, the probabilities
+    SELECTIVE_RECOMPUTE = ("bmm_qk", "scores_fp32", "mask_add", "softmax", "probs_cast", "bmm_pv")
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, seq_length: int, compute_dtype,
-                 cpu_core: bool = False):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, seq_length: int, compute_dtype):
         super().__init__()
         self.num_kv_heads = num_kv_heads
         self.group = num_heads // num_kv_heads
@@ -66,9 +61,7 @@ class CompositeAttention(nn.Cell):
         self.bmm_qk = ops.BatchMatMul(transpose_b=True)
         self.scores_fp32 = ops.Cast()
         self.mask_add = ops.Add()
-        self.softmax = RowSumSoftmax(seq_length) if cpu_core else ops.Softmax(axis=-1)
-        self.split_causal = cpu_core
-        self.concat_halves = ops.Concat(axis=3)
+        self.softmax = ops.Softmax(axis=-1)
         self.probs_cast = ops.Cast()
         self.bmm_pv = ops.BatchMatMul()
         self.transpose_out = ops.Transpose()
@@ -94,15 +87,12 @@ class CompositeAttention(nn.Cell):
         rows, cols = (self.rows, self.cols) if s == self.seq_length else (self.rows[:s], self.cols[:, :s])
         mask = self.mask_scale(self.mask_cast(self.future(cols, rows), ms.float32), MASKED)
         segments = None if segment_ids is None else self.segment_mask(segment_ids)  # causal AND within the example
-        if self.split_causal and s >= SPLIT_CAUSAL_MIN:
-            h = s // 2
-            low = None if segments is None else segments[..., :h, :h]
-            high = None if segments is None else segments[..., h:, :]
-            out = self.concat_halves((self.attend(q[:, :, :, :h], k[:, :, :h], v[:, :, :h], mask[..., :h, :h], low),
-                                      self.attend(q[:, :, :, h:], k, v, mask[..., h:, :], high)))
-        else:
-            out = self.attend(q, k, v, mask, segments)
+        out = self.attend_causal(q, k, v, mask, segments)
         return self.transpose_out(out.reshape(b, n, s, d), (0, 2, 1, 3)).reshape(b * s, n * d)
+
+    def attend_causal(self, q, k, v, mask, segments):
+        """All queries [B, kv, group, S, d] against all keys: what models/cpu_kernels.py splits."""
+        return self.attend(q, k, v, mask, segments)
 
     def attend(self, q, k, v, mask, segments=None):
         """q [B, kv, group, s, d] against k, v [B, kv, t, d] with the additive masks [s, t] and
@@ -119,6 +109,20 @@ class CompositeAttention(nn.Cell):
         if self.cast_scores:
             probs = self.probs_cast(probs, self.compute_dtype)
         return self.bmm_pv(probs.reshape(b, kv, g * s, t), v).reshape(b, kv, g, s, d)
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        dp, tp = layout.dp, layout.tp
+        bsnd = (dp, 1, tp, 1)         # [B, S, heads, d]
+        heads = (dp, tp, 1, 1)        # [B, kv_heads, group * S, d] and [B, heads, S, d]
+        grouped = (dp, tp, 1, 1, 1)   # [B, kv_heads, group, S, S]
+        per_row = (dp, 1, 1, 1, 1)    # the packed-segment mask [B, 1, 1, S, S]
+        return {"future": (((1, 1), (1, 1)), None), "mask_scale": (((1, 1), ()), None),
+                "scale_q": ((bsnd, ()), None), "transpose_q": ((bsnd,), None), "transpose_k": ((bsnd,), None),
+                "transpose_v": ((bsnd,), None), "bmm_qk": ((heads, heads), None),
+                "mask_add": ((grouped, (1, 1)), None), "softmax": ((grouped,), None),
+                "other_segment": ((per_row, per_row), None), "segment_cast": (((per_row,)), None),
+                "segment_scale": ((per_row, ()), None), "segment_add": ((grouped, per_row), None),
+                "bmm_pv": ((heads, heads), None), "transpose_out": ((heads,), None)}
 
 
 class FlashAttention(nn.Cell):
@@ -145,13 +149,16 @@ class FlashAttention(nn.Cell):
         _, _, _, out = self.flash(q, k, v, None, None, None, self.causal_mask, None)
         return out.reshape(b * s, n * d)
 
+    def shard_strategies(self, style: str, layout) -> dict:
+        bsh = (layout.dp, 1, layout.tp)  # BSH layout, heads inside H
+        return {"flash": ((bsh, bsh, bsh, (1, 1)), None)}
+
 
 class Attention(nn.Cell):
     """Multi-head (GQA when kv_heads < heads) causal self-attention on [tokens, hidden]."""
 
     def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, seq_length: int, *, bias: bool,
-                 rope_theta: float | None, flash: bool, cpu_core: bool, std: float, out_std: float,
-                 param_dtype, compute_dtype):
+                 rope_theta: float | None, core: nn.Cell, std: float, out_std: float, param_dtype, compute_dtype):
         super().__init__()
         head_dim = hidden // num_heads
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -161,9 +168,7 @@ class Attention(nn.Cell):
         self.wo = Linear(num_heads * head_dim, hidden, bias, out_std, param_dtype, compute_dtype)
         self.rotary = None if rope_theta is None else RotaryEmbedding(seq_length, head_dim, rope_theta,
                                                                       compute_dtype)
-        self.core = (FlashAttention(num_heads, num_kv_heads, head_dim) if flash else
-                     CompositeAttention(num_heads, num_kv_heads, head_dim, seq_length, compute_dtype,
-                                        cpu_core))
+        self.core = core
 
     def construct(self, x, batch: int, seq: int, segment_ids=None):
         q = self.wq(x).reshape(batch, seq, self.num_heads, self.head_dim)

@@ -1,8 +1,17 @@
 """Building blocks shared by GPT and LLaMA, written on MindSpore primitives.
 
-Every operation that matters for sharding or recompute is a Primitive held as an attribute, so
-`models/sharding.py` can call `.shard()` on it and `models/recompute.py` can call `.recompute()` on it
-by name; the layers themselves know nothing about parallelism.
+Every operation that matters for sharding or recompute is a Primitive held as an attribute, and the
+layer that holds it says, next to it, how it is split:
+
+    shard_strategies(style, layout)  {primitive attribute: (in_strategy, out_strategy)} for a plan
+                                     style (below) on the layout's dp/tp/sp mesh
+    PARAMETER_INPUTS                 {parameter: (primitive attribute, input index)}: a parameter is
+                                     split as the op that reads it
+    SELECTIVE_RECOMPUTE              the primitives selective recompute recomputes (large outputs,
+                                     cheap to recompute; Korthikanti et al. 2022)
+
+models/sharding.py holds the per-model plans (cell path -> style) and applies them; a strategy or a
+recompute mark naming an attribute the layer does not have is an error there.
 
 Tensors flow as 2-D [tokens, features] (tokens = batch x sequence) between layers: MatMul is 2-D
 and a flat layout needs no reshapes around every projection. Only attention views them per head.
@@ -20,6 +29,18 @@ from mindspore.common.initializer import Normal, One, Zero, initializer
 from mindspore.ops.auto_generate import SiLU
 
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+# Plan styles (torchtitan's ParallelStyle). Activations are [tokens, features] between layers.
+COLWISE = "colwise"      # output features split over tp (wq/wk/wv, w1/w3, and the per-head ops after them)
+ROWWISE = "rowwise"      # input features split, partial sums reduced (wo, w2); a reduce-scatter under sp
+VOCAB = "vocab"          # vocabulary split over tp (embedding, head, loss) unless parallel.vocab_emb_dp
+SEQUENCE = "sequence"    # tokens split over dp x tp under sp (norms, residual adds), over dp otherwise
+REPLICATE = "replicate"  # data parallel only (the position table)
+
+
+def token_split(layout, style: str) -> int:
+    """Into how many parts an op of `style` splits the token dimension: sequence parallel is this."""
+    return layout.dp * layout.tp if style == SEQUENCE and layout.sp else layout.dp
 
 
 def param(shape: tuple, dtype, init) -> Parameter:
@@ -49,6 +70,22 @@ class Linear(nn.Cell):
         return y
 
 
+    PARAMETER_INPUTS = {"weight": ("matmul", 1), "bias": ("bias_add", 1)}
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        dp, tp = layout.dp, layout.tp
+        if style == COLWISE:
+            rules = {"matmul": (((dp, 1), (tp, 1)), None), "bias_add": (((dp, tp), (tp,)), None)}
+        elif style == ROWWISE:
+            scatter = ((dp * tp, 1),) if layout.sp else None
+            rules = {"matmul": (((dp, tp), (1, tp)), scatter),
+                     "bias_add": (((token_split(layout, SEQUENCE), 1), (1,)), None)}
+        else:
+            rules = {"matmul": (((dp, 1), (1, 1)), None), "bias_add": (((dp, 1), (1,)), None)}
+        if self.bias is None:
+            del rules["bias_add"]
+        return rules
+
 class Embedding(nn.Cell):
     """Token (or position) lookup table [num, dim]; the lookup result is returned in fp32."""
 
@@ -63,6 +100,13 @@ class Embedding(nn.Cell):
         out = self.gather(self.weight, ids, 0)
         return self.cast(out, ms.float32) if self.to_fp32 else out
 
+
+    PARAMETER_INPUTS = {"weight": ("gather", 0)}
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        if style == VOCAB:
+            return {"gather": (((layout.tp if layout.vocab_parallel else 1, 1), (layout.dp, 1)), None)}
+        return {"gather": (((1, 1), (1,)), None)}  # the position table, indexed by [S] positions
 
 class OutputHead(nn.Cell):
     """Logits = h E^T with its own weight `output.weight`, or with the token embedding when tied.
@@ -86,6 +130,12 @@ class OutputHead(nn.Cell):
             weight = self.cast(weight, self.compute_dtype)
         return self.matmul(h, weight)
 
+
+    PARAMETER_INPUTS = {"weight": ("matmul", 1)}
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        rows = layout.tp if style == VOCAB and layout.vocab_parallel else 1
+        return {"matmul": (((layout.dp, 1), (rows, 1)), None)}
 
 class RMSNorm(nn.Cell):
     """x / sqrt(mean(x^2) + eps) * g in fp32 (LLaMA); output in the compute dtype."""
@@ -111,6 +161,13 @@ class RMSNorm(nn.Cell):
         return self.cast(y, self.compute_dtype) if self.cast_out else y
 
 
+    PARAMETER_INPUTS = {"weight": ("mul_weight", 1)}
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        x = (token_split(layout, style), 1)
+        return {"square": ((x,), None), "mean": ((x,), None), "add": ((x, ()), None), "rsqrt": ((x,), None),
+                "mul": ((x, x), None), "mul_weight": ((x, (1,)), None)}
+
 class FusedRMSNorm(nn.Cell):
     """The same RMSNorm as one RmsNorm kernel (Atlas A2 only; never executed on CPU here)."""
 
@@ -127,6 +184,11 @@ class FusedRMSNorm(nn.Cell):
         y, _ = self.norm(x, weight)
         return self.cast(y, self.compute_dtype)
 
+
+    PARAMETER_INPUTS = {"weight": ("norm", 1)}
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        return {"norm": (((token_split(layout, style), 1), (1,)), None)}
 
 class LayerNorm(nn.Cell):
     """LayerNorm with weight and bias in fp32 (GPT); output in the compute dtype."""
@@ -148,6 +210,11 @@ class LayerNorm(nn.Cell):
         y, _, _ = self.norm(x, weight, bias)
         return self.cast(y, self.compute_dtype) if self.cast_out else y
 
+
+    PARAMETER_INPUTS = {"weight": ("norm", 1), "bias": ("norm", 2)}
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        return {"norm": (((token_split(layout, style), 1), (1,), (1,)), None)}
 
 @lru_cache(maxsize=4)
 def rotary_tables(seq_length: int, head_dim: int, theta: float, dtype=ms.float32) -> tuple[Tensor, Tensor]:
@@ -195,41 +262,11 @@ class RotaryEmbedding(nn.Cell):
         return self.add(self.mul_cos(x, cos), self.mul_sin(self.concat((high, low)), sin))
 
 
-class RowSumSoftmax(nn.Cell):
-    """Softmax over the last axis whose backward sums rows with a MatMul against a ones column.
-
-    MindSpore's CPU backend expands SoftmaxGrad into ReduceSum/Sub/Mul passes and its ReduceSum
-    over the last axis is slow; this bprop, dx = y*(dy - rowsum(y*dy)), measured about 2x faster
-    fwd+bwd at [4, 8, 512, 512]. CPU only: Ascend/GPU have a fused SoftmaxGrad, and the sharded
-    (semi-auto) path keeps the plain primitive so it can carry a strategy.
-    """
-
-    def __init__(self, length: int):
-        super().__init__()
-        self.softmax = ops.Softmax(axis=-1)
-        self.ones = Tensor(np.ones((length, 1), np.float32))
-        self.row_sum = ops.MatMul()
-        self.length = length
-
-    @property
-    def attrs(self) -> dict:
-        """The softmax primitive's attributes, so this cell inspects like the primitive it replaces."""
-        return self.softmax.attrs
-
-    def recompute(self, **kwargs):
-        """Selective recompute of this op is recompute of its primitive (Cell.recompute would exclude
-        a one-primitive cell's output, i.e. everything)."""
-        self.softmax.recompute()
-
-    def construct(self, x):
-        return self.softmax(x)
-
-    def bprop(self, x, out, dout):
-        n = x.shape[-1]
-        ones = self.ones if n == self.length else self.ones[:n]
-        row_sums = self.row_sum((dout * out).reshape(-1, n), ones).reshape(x.shape[:-1] + (1,))
-        return (out * (dout - row_sums),)  # y*(dy - r): one pass over the [.., S, S] tensor fewer than y*dy - y*r
-
+    def shard_strategies(self, style: str, layout) -> dict:
+        heads = (layout.dp, 1, layout.tp, 1)  # [B, S, heads, d]
+        return {"slice_low": ((heads,), None), "slice_high": ((heads,), None), "concat": ((heads, heads), None),
+                "mul_cos": ((heads, (1, 1, 1)), None), "mul_sin": ((heads, (1, 1, 1)), None),
+                "add": ((heads, heads), None)}
 
 class SwiGLU(nn.Cell):
     """LLaMA feed-forward: w2(silu(w1 x) * w3 x), separate w1/w3 so nothing is sliced."""
@@ -246,6 +283,12 @@ class SwiGLU(nn.Cell):
         return self.w2(self.gate_mul(self.act(self.w1(x)), self.w3(x)))
 
 
+    SELECTIVE_RECOMPUTE = ("act", "gate_mul")
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        x = (layout.dp, layout.tp)
+        return {"act": ((x,), None), "gate_mul": ((x, x), None)}
+
 class GeluMLP(nn.Cell):
     """GPT feed-forward: w2(gelu(w1 x + b1)) + b2; GELU in the tanh form of GPT-2/GPT-3."""
 
@@ -257,3 +300,8 @@ class GeluMLP(nn.Cell):
 
     def construct(self, x):
         return self.w2(self.act(self.w1(x)))
+
+    SELECTIVE_RECOMPUTE = ("act",)
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        return {"act": (((layout.dp, layout.tp),), None)}

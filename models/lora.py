@@ -12,7 +12,7 @@ Why not mindpet (the LoRA library MindFormers uses): its `LoRADense` subclasses 
 our models do not use (models.layers.Linear stores [out, in] weights, casts to the compute dtype
 and keeps its primitives for the sharding plan), and it takes its sharding strategies as
 constructor arguments in MindFormers' style; wrapping our Linear takes less code than adapting
-either, and lets models/sharding.py derive the adapters' strategies from the wrapped layer's.
+either, and lets the adapters' strategies follow from the wrapped layer's (LoraLinear.shard_strategies).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import numpy as np
 from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import HeUniform, Zero, initializer
 
-from models.layers import Linear
+from models.layers import COLWISE, ROWWISE, SEQUENCE, Linear, token_split
 from mindscale.config import Config, LoraConfig
 
 ADAPTERS = ("lora_a", "lora_b")
@@ -63,6 +63,25 @@ class LoraLinear(nn.Cell):
             a, b = self.cast(a, self.compute_dtype), self.cast(b, self.compute_dtype)
         low = self.matmul_a(self.dropout(x) if self.dropout is not None else x, a)
         return self.lora_add(self.base(x), self.scale_mul(self.matmul_b(low, b), self.scale))
+
+    PARAMETER_INPUTS = {"lora_a": ("matmul_a", 1), "lora_b": ("matmul_b", 1)}
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        """The wrapped Linear's strategies (as `base.*`), and adapters that follow its split: A reads the
+        input as the base matmul does (whole for colwise, split over its features for rowwise, partial
+        sums reduced); B writes the output as the base does (features split for colwise, whole for
+        rowwise), so the low-rank update adds to the base output without a redistribution."""
+        dp, tp = layout.dp, layout.tp
+        rules = {f"base.{attr}": strategy for attr, strategy in self.base.shard_strategies(style, layout).items()}
+        if style == COLWISE:
+            a, b, out = ((dp, 1), (1, 1)), ((dp, 1), (tp, 1)), (dp, tp)
+        elif style == ROWWISE:
+            a, b, out = ((dp, tp), (1, tp)), ((dp, 1), (1, 1)), (token_split(layout, SEQUENCE), 1)
+        else:
+            a, b, out = ((dp, 1), (1, 1)), ((dp, 1), (1, 1)), (dp, 1)
+        rules.update({"matmul_a": (a, None), "matmul_b": (b, None), "scale_mul": ((out, ()), None),
+                      "lora_add": ((out, out), None)})
+        return rules
 
 
 def apply_lora(model: nn.Cell, cfg: Config) -> list[str]:

@@ -28,10 +28,11 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from models.attention import Attention
-from models.layers import DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, OutputHead, RMSNorm, SwiGLU
-from mindscale.config import Config
-from mindscale.config import Layout
+from models.attention import Attention, CompositeAttention, FlashAttention
+from models.cpu_kernels import SplitCausalAttention
+from models.layers import (DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, OutputHead, RMSNorm, SwiGLU,
+                           token_split)
+from mindscale.config import Layout, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -60,20 +61,38 @@ def layer_graph_keys(layout: Layout) -> list[str]:
             for i, stage in enumerate(layout.stages_of_layers)]
 
 
+def attention_core(m: ModelConfig, layout: Layout) -> nn.Cell:
+    """The attention kernel of the layout: flash, the composite one, or its CPU fast path."""
+    head_dim = m.hidden_size // m.num_heads
+    if layout.attention == "flash":
+        return FlashAttention(m.num_heads, m.kv_heads, head_dim)
+    core = SplitCausalAttention if layout.cpu_kernels else CompositeAttention
+    return core(m.num_heads, m.kv_heads, head_dim, m.seq_length, DTYPES[m.compute_dtype])
+
+
+def mark_selective_recompute(block: nn.Cell) -> None:
+    """Primitive.recompute() on the ops every layer of `block` lists in its SELECTIVE_RECOMPUTE."""
+    for path, cell in block.cells_and_names():
+        for name in getattr(type(cell), "SELECTIVE_RECOMPUTE", ()):
+            op = getattr(cell, name, None)
+            if op is None:
+                raise AttributeError(f"{type(cell).__name__}.SELECTIVE_RECOMPUTE names {name!r}, which "
+                                     f"{path or 'the block'} does not have")
+            op.recompute()
+
+
 class TransformerBlock(nn.Cell):
     """x + attention(norm(x)), then + feed_forward(norm(.)); residual stream in fp32."""
 
-    def __init__(self, cfg: Config, spec: ArchSpec, layout: Layout):
+    def __init__(self, m: ModelConfig, spec: ArchSpec, layout: Layout):
         super().__init__()
-        m = cfg.model
         pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
         out_std = m.init_std / math.sqrt(2 * m.num_layers)
         norm = spec.norm_class(layout.fused_norm)
         self.attention_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
         self.attention = Attention(m.hidden_size, m.num_heads, m.kv_heads, m.seq_length, bias=spec.bias,
                                    rope_theta=m.rope_theta if spec.rotary else None,
-                                   flash=layout.attention == "flash", cpu_core=layout.cpu_kernels,
-                                   std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
+                                   core=attention_core(m, layout), std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
         self.ffn_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
         self.feed_forward = spec.mlp(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt)
         self.attention_residual = ops.Add()
@@ -87,6 +106,19 @@ class TransformerBlock(nn.Cell):
         f = self.feed_forward(self.ffn_norm(h))
         return self.ffn_residual(h, self.cast(f, ms.float32) if self.cast_out else f)
 
+    def shard_strategies(self, style: str, layout: Layout) -> dict:
+        x = (token_split(layout, style), 1)
+        return {"attention_residual": ((x, x), None), "ffn_residual": ((x, x), None)}
+
+    def mark_recompute(self, mode: str, comm: bool) -> None:
+        """full: only the block's input is kept, everything inside is recomputed in the backward pass
+        (`comm`: its tensor-parallel communication too, MindSpore's mp_comm_recompute); selective: the
+        large, cheap ops its layers list."""
+        if mode == "full":
+            self.recompute(mp_comm_recompute=comm)
+        elif mode == "selective":
+            mark_selective_recompute(self)
+
 
 class ReusedTransformerBlock(TransformerBlock):
     """A block whose compiled graph is shared by every block with the same `graph_key` (Layout.graph_reuse
@@ -96,8 +128,8 @@ class ReusedTransformerBlock(TransformerBlock):
     therefore be in the key; construct takes no default arguments."""
 
     @ms.lazy_inline(attrs="graph_key")
-    def __init__(self, cfg: Config, spec: ArchSpec, layout: Layout, graph_key: str):
-        super().__init__(cfg, spec, layout)
+    def __init__(self, m: ModelConfig, spec: ArchSpec, layout: Layout, graph_key: str):
+        super().__init__(m, spec, layout)
         self.graph_key = graph_key
         if layout.device == "CPU":
             self.no_inline = False  # what lazy_inline(policy="front") sets
@@ -106,9 +138,8 @@ class ReusedTransformerBlock(TransformerBlock):
 class CausalLM(nn.Cell):
     """construct(input_ids [B, S] int32) -> logits [B, S, V] fp32."""
 
-    def __init__(self, cfg: Config, layout: Layout):
+    def __init__(self, m: ModelConfig, layout: Layout):
         super().__init__()
-        m = cfg.model
         spec = ARCHS[m.arch]
         pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
         self.arch = m.arch
@@ -119,9 +150,9 @@ class CausalLM(nn.Cell):
             self.positions = Tensor(np.arange(m.seq_length, dtype=np.int32))
             self.pos_add = ops.Add()
         if layout.graph_reuse == "layer":
-            blocks = [ReusedTransformerBlock(cfg, spec, layout, key) for key in layer_graph_keys(layout)]
+            blocks = [ReusedTransformerBlock(m, spec, layout, key) for key in layer_graph_keys(layout)]
         else:
-            blocks = [TransformerBlock(cfg, spec, layout) for _ in range(m.num_layers)]
+            blocks = [TransformerBlock(m, spec, layout) for _ in range(m.num_layers)]
         self.layers = nn.CellList(blocks)
         self.norm = spec.norm_class(layout.fused_norm)(m.hidden_size, m.norm_eps, pdt, cdt)
         self.output = OutputHead(m.hidden_size, m.vocab_size, m.tie_embeddings, m.init_std, pdt, cdt)
@@ -152,6 +183,16 @@ class CausalLM(nn.Cell):
     def construct(self, input_ids):
         batch, seq = input_ids.shape
         return self.logits(self.hidden_states(input_ids)).reshape(batch, seq, self.vocab_size)
+
+    def shard_strategies(self, style: str, layout: Layout) -> dict:
+        return {"pos_add": (((layout.dp, 1, 1), (1, 1)), None)} if self.pos_embeddings is not None else {}
+
+    def mark_recompute(self, layout: Layout) -> list[int]:
+        """recompute.mode on the layers Layout.recomputed chose (the first n of every pipeline stage);
+        after LoRA, whose adapters a fully recomputed block must hold. Returns those layers."""
+        for index in layout.recomputed:
+            self.layers[index].mark_recompute(layout.recompute, layout.recompute_comm)
+        return list(layout.recomputed)
 
 
 class MaskedCrossEntropy(nn.Cell):
@@ -215,6 +256,14 @@ class ShardedCrossEntropy(nn.Cell):
 
     def mask_hidden(self, hidden, loss_mask):
         return hidden
+
+    def shard_strategies(self, style: str, layout: Layout) -> dict:
+        """[N, V] ops split the vocabulary over tp; the token sums reduce over dp."""
+        split, rows = (layout.dp, layout.tp), (layout.dp, 1)
+        return {"row_max": ((split,), None), "shift": ((split, rows), None), "exp": ((split,), None),
+                "sum_exp": ((split,), None), "log": ((rows,), None), "one_hot": ((split, (), ()), None),
+                "pick": ((split, split), None), "sum_picked": ((split,), None), "token_ce": ((rows, rows), None),
+                "apply_mask": ((rows, rows), None), "sum_loss": ((rows,), None), "sum_mask": ((rows,), None)}
 
     def construct(self, logits, labels, loss_mask):
         shifted = self.shift(logits, ops.stop_gradient(self.row_max(logits, -1)))

@@ -4,8 +4,8 @@
 the data pipeline and the planner ask for degrees, micro steps, stages, recomputed layers, the
 attention kernel, the CPU kernels and the loss form (sharded or not), instead of deriving them.
 
-Rank order (MindSpore's device matrix, tensor parallel innermost): rank = stage * (dp * mp) +
-dp_index * mp + mp_index. Ranks that differ only in mp_index, or only in stage, read the same rows.
+Rank order (MindSpore's device matrix, tensor parallel innermost): rank = stage * (dp * tp) +
+dp_index * tp + tp_index. Ranks that differ only in tp_index, or only in stage, read the same rows.
 """
 from __future__ import annotations
 
@@ -22,23 +22,25 @@ OPTIMIZER_SHARD_MIN_KIB = 64
 class Layout:
     device: str                 # Ascend | GPU | CPU: the device the graph is compiled for
     dp: int                     # data parallel
-    mp: int                     # tensor (model) parallel
+    tp: int                     # tensor parallel (parallel.model_parallel)
     pp: int                     # pipeline stages
     micro_batch_size: int
     micro_steps: int            # micro batches per optimizer step (pipeline micro batches or accumulation)
     sharded: bool               # semi-auto parallel: the plan's .shard() strategies are compiled
     data_parallel_mode: bool    # several workers, no strategies: DATA_PARALLEL with an explicit all-reduce
-    sequence_parallel: bool
+    sp: bool                    # sequence parallel (parallel.sequence_parallel, with tp > 1): norms and
+                                # residual adds split tokens over dp x tp, rowwise outputs reduce-scatter
     optimizer_shard: bool
     accumulation_shard: bool    # gradient-accumulation buffers sharded like the optimizer state
-    vocab_parallel: bool        # embedding and output head split over the vocabulary (mp > 1, not vocab_emb_dp)
+    vocab_parallel: bool        # embedding and output head split over the vocabulary (tp > 1, not vocab_emb_dp)
     attention: str              # flash | composite
     fused_norm: bool            # the RmsNorm kernel (Atlas A2) instead of composite RMSNorm
-    cpu_kernels: bool           # CPU-only fast paths: RowSumSoftmax, split causal scores, MatMul norm
+    cpu_kernels: bool           # CPU-only fast paths (models/cpu_kernels.py; the train step's MatMul norm)
     stages_of_layers: tuple     # pipeline stage of each decoder layer
     layers_per_stage: tuple
     recomputed: tuple           # indices of the recomputed decoder layers
     recompute: str              # none | selective | full
+    recompute_comm: bool        # full recompute repeats the layer's tensor-parallel communication too
     graph_reuse: str            # layer | model | none: which compiled graph is reused (MindSpore lazy_inline)
 
     @classmethod
@@ -55,10 +57,11 @@ class Layout:
         counts = stage_layer_counts(m.num_layers, p.pipeline_stage, p.stage_offset)
         flash = m.attention == "flash" or (m.attention == "auto" and a2_kernels)
         return cls(
-            device=device, dp=p.data_parallel, mp=p.model_parallel, pp=p.pipeline_stage,
+            device=device, dp=p.data_parallel, tp=p.model_parallel, pp=p.pipeline_stage,
             micro_batch_size=cfg.train.micro_batch_size,
             micro_steps=micro_steps,
-            sharded=sharded, data_parallel_mode=world > 1 and not sharded, sequence_parallel=p.sequence_parallel and p.model_parallel > 1,
+            sharded=sharded, data_parallel_mode=world > 1 and not sharded,
+            sp=p.sequence_parallel and p.model_parallel > 1,
             optimizer_shard=p.optimizer_shard and p.data_parallel > 1,
             accumulation_shard=p.gradient_accumulation_shard,
             vocab_parallel=p.model_parallel > 1 and not p.vocab_emb_dp,
@@ -68,16 +71,17 @@ class Layout:
             stages_of_layers=tuple(stage for stage, n in enumerate(counts) for _ in range(n)),
             layers_per_stage=tuple(counts),
             recomputed=tuple(_recomputed_layers(cfg, counts)), recompute=cfg.recompute.mode,
+            recompute_comm=cfg.recompute.comm,
             graph_reuse=_graph_reuse(cfg, sharded, micro_steps))
 
     # -- degrees and groups ---------------------------------------------------------------------
     @property
     def devices(self) -> int:
-        return self.dp * self.mp * self.pp
+        return self.dp * self.tp * self.pp
 
     @property
     def stage_devices(self) -> int:
-        return self.dp * self.mp
+        return self.dp * self.tp
 
     @property
     def rows_per_step(self) -> int:
@@ -99,7 +103,7 @@ class Layout:
 
     def data_rank(self, rank: int) -> int:
         """Which data-parallel share of each micro batch `rank` reads (0 .. dp-1)."""
-        return rank % self.stage_devices // self.mp
+        return rank % self.stage_devices // self.tp
 
     def stage_ranks(self, stage: int) -> range:
         return range(stage * self.stage_devices, (stage + 1) * self.stage_devices)

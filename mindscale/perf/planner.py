@@ -1,5 +1,5 @@
 """The parallel planner: parameters, FLOPs, per-device memory, communication and a predicted step
-time for a resolved config, before anything is compiled (issue 5, DESIGN.md §3-4).
+time for a resolved config, before anything is compiled (docs/planner.md).
 
 Sources of the formulas
 -----------------------
@@ -173,7 +173,7 @@ def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[Paramet
 
     layout = layout or Layout.of(cfg)
     model_key = _model_key(cfg)
-    key = (model_key, layout.sharded, layout.mp, layout.vocab_parallel, layout.pp, layout.stages_of_layers)
+    key = (model_key, layout.sharded, layout.tp, layout.vocab_parallel, layout.pp, layout.stages_of_layers)
     if key in _TABLES:
         return _TABLES[key]
     if model_key not in _MODELS:  # its parameters do not depend on the layout; "none" builds no lazy_inline cells
@@ -229,7 +229,7 @@ def stage_bytes(cfg: Config, stage: int, layout: Layout | None = None) -> dict:
     """Bytes one rank of `stage` holds: weights (every slice it stores), grads (the accumulation buffers
     when the graph keeps them, else one gradient per trained parameter as the optimizer receives it)
     and optimizer (AdamW's two moments); the same three figures tools/dryrun.py reads from the
-    compiled graph, and equal to them (tests/test_dryrun.py)."""
+    compiled graph, and equal to them (tests/dryrun/test_dryrun.py)."""
     layout = layout or Layout.of(cfg)
     key = (_model_key(cfg), layout, stage)
     if key in _STAGE_BYTES:  # the search asks for every recompute variant of a layout
@@ -275,7 +275,7 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None) -> dict
     stored = stage_bytes(cfg, stage, layout)
     pb, cb = DTYPE_BYTES[m.param_dtype], DTYPE_BYTES[m.compute_dtype]
     params = stage_params(cfg)[stage]
-    largest_layer = flops.layer_matmul_params(m) / layout.mp + flops.layer_other_params(m)
+    largest_layer = flops.layer_matmul_params(m) / layout.tp + flops.layer_other_params(m)
     transient = (params * cb if (cb != pb or layout.optimizer_shard) else 0) + \
         (largest_layer * pb if layout.optimizer_shard else 0)
 
@@ -290,8 +290,8 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None) -> dict
         activations += kept        # one layer rematerialised at a time during backward
     if stage == layout.pp - 1:
         sb = m.seq_length * cfg.train.micro_batch_size
-        t = layout.mp
-        activations += sb * m.hidden_size * 4 / (t if layout.sequence_parallel else 1)    # final norm input
+        t = layout.tp
+        activations += sb * m.hidden_size * 4 / (t if layout.sp else 1)    # final norm input
         # the logits in the compute dtype (whole vocabulary on each rank unless the head is split), and
         # the loss's fp32 work on its vocabulary split over t
         activations += sb * m.vocab_size * (cb / (t if layout.vocab_parallel else 1) + 8 / t)
@@ -346,7 +346,7 @@ def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
 def communication(cfg: Config, stage: int) -> dict:
     """Bytes one device of `stage` sends per optimizer step (ring collectives)."""
     m, layout = cfg.model, Layout.of(cfg)
-    t, stages, micro_batches = layout.mp, layout.pp, layout.micro_steps
+    t, stages, micro_batches = layout.tp, layout.pp, layout.micro_steps
     x = m.seq_length * cfg.train.micro_batch_size * m.hidden_size * DTYPE_BYTES[m.compute_dtype]  # a layer's hidden states
     # Per layer and micro batch: 2 collectives forward, 2 backward (all-reduce, or all-gather +
     # reduce-scatter with sequence parallel: the same volume), 2(t-1)/t of the tensor each.
@@ -356,7 +356,7 @@ def communication(cfg: Config, stage: int) -> dict:
     dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
     dp = dp_once + dp_micro * micro_batches
     sends = (stage > 0) + (stage < stages - 1)                              # activations out, grads back
-    pp = sends * micro_batches * x / (t if layout.sequence_parallel else 1) if stages > 1 else 0.0
+    pp = sends * micro_batches * x / (t if layout.sp else 1) if stages > 1 else 0.0
     return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer, "tp": tp,
             "pp_send_recv": pp, "total": dp + tp + pp}
 
@@ -372,7 +372,7 @@ def _stage_flops_per_token(cfg: Config, stage: int) -> float:
 
 def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
     m, layout = cfg.model, Layout.of(cfg)
-    d, t, stages, micro_steps = layout.dp, layout.mp, layout.pp, layout.micro_steps
+    d, t, stages, micro_steps = layout.dp, layout.tp, layout.pp, layout.micro_steps
     tokens_per_micro_batch = cfg.train.micro_batch_size * m.seq_length
     flop_rate = peak_tflops * 1e12 * efficiency
     tp_bw, dp_bw, pp_bw = _bandwidth(cfg, t), _bandwidth(cfg, t * d), _bandwidth(cfg, t * d * stages)

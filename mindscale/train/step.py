@@ -174,7 +174,6 @@ def build_train_graph(cfg: Config, layout: Layout) -> TrainGraph:
     model = models.build_model(cfg, layout)
     network = micro_batched(models.build_train_network(cfg, model, layout), layout)
     models.apply_sharding_plan(model, cfg, layout)
-    models.apply_recompute(model, cfg, layout)
     optimizer = build_optimizer(network.trainable_params(), cfg.train)
     step = TrainStep(network, optimizer, cfg, layout)
     step.set_train(True)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bench.machine import versions
 from mindscale.cli import OneLineParser, add_config_arguments, config_from_args, fail
-from mindscale.launch.plan import pin_to_core
+from mindscale.launch.worker import pin_to_core
 
 PEER_CONFIG = Path(__file__).resolve().parent / "llama_peer.yaml"
 CALLS = 5

@@ -7,7 +7,7 @@ Phases (each sub-run is its own process with a timeout; a run that fails or time
 as failed with its last error line, never dropped):
 1. machine, versions, and the GEMM peaks (MindSpore one-core peak for MFU; torch's for context),
    measured again at the end: the higher of the two is used;
-2. throughput on the peer config (bench/llama_peer.yaml, DESIGN.md §7), repetitions interleaved
+2. throughput on the peer config (bench/llama_peer.yaml), repetitions interleaved
    ours, MindFormers, HF, ours, ... each pinned to the same core; medians and paired ratios;
 3. compile time (graph compile + first step) vs depth at a small width: MindScale and MindFormers
    compile side by side, one per core, under the same machine load; cores alternate between depths
@@ -39,7 +39,8 @@ from mindscale.config import ConfigError, load_config
 from mindscale.cli import OneLineParser, fail
 from mindscale.io import write_atomically
 from mindscale.perf.gemm_peak import measure as mindspore_gemm_tflops
-from mindscale.launch.plan import free_port, kill_tree
+from mindscale.launch.plan import free_port
+from mindscale.launch.supervisor import kill_tree
 
 REPO = Path(__file__).resolve().parent.parent
 PEER_CONFIG = "bench/llama_peer.yaml"

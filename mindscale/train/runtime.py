@@ -6,7 +6,6 @@ and a config that needs model or pipeline parallelism is refused before anything
 """
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from mindspore.communication import get_group_size, get_rank, init
 
 from mindscale.config import Config, ConfigError
 from mindscale.config import OPTIMIZER_SHARD_MIN_KIB, Layout
+from mindscale.devices import detect_device
 
 
 MAX_CALL_DEPTH = 10000
@@ -32,13 +32,15 @@ class Runtime:
         return self.rank == 0
 
 
-def detect_device() -> str:
-    """Ascend, then GPU, then CPU. Device files are checked first so a CPU host asks no plugin."""
-    if glob.glob("/dev/davinci[0-9]*") and ms.hal.is_available("Ascend"):
-        return "Ascend"
-    if glob.glob("/dev/nvidia[0-9]*") and ms.hal.is_available("GPU"):
-        return "GPU"
-    return "CPU"
+def resolve_device(device_target: str) -> str:
+    """The device this process runs on: run.device_target, or the one the launcher also picked
+    (mindscale.devices) when it is auto; a visible accelerator without its MindSpore backend is a
+    one-line error rather than a silent CPU run."""
+    device = detect_device(device_target, os.environ)
+    if device_target == "auto" and device != "CPU" and not ms.hal.is_available(device):
+        raise ConfigError(f"{device} devices are visible here but this MindSpore has no {device} backend; install "
+                          f"MindSpore for {device} or --set run.device_target=CPU")
+    return device
 
 
 def launched_workers() -> int:
@@ -71,7 +73,7 @@ def check_runnable(cfg: Config, device: str, world: int) -> None:
 
 def setup(cfg: Config) -> Runtime:
     """Set the MindSpore context, start communication and set the parallel context."""
-    device = cfg.run.device_target if cfg.run.device_target != "auto" else detect_device()
+    device = resolve_device(cfg.run.device_target)
     world = launched_workers()
     check_runnable(cfg, device, world)
     mode = ms.GRAPH_MODE if cfg.run.mode == "graph" else ms.PYNATIVE_MODE

@@ -1,0 +1,143 @@
+"""msrun under watch. msrun alone reports a dead worker only after the scheduler's heartbeat timeout
+(about 40 s here) and does not say which rank died; the supervisor polls the workers' exit files
+(all ranks': on a shared run folder a peer node's failure is seen too) and, on the first failure,
+stops the whole process tree at once and names the log."""
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from mindscale.launch.plan import POLL_S, LaunchPlan
+
+class Interrupted(Exception):
+    """Ctrl+C or a scheduler's SIGTERM (e.g. scancel) reached the launcher."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def interrupt(signum, _frame):
+    """The launcher's SIGINT/SIGTERM handler: unwinds into supervise's cleanup."""
+    raise Interrupted(signum)
+
+
+def exit_files(log_dir: Path) -> dict[Path, int]:
+    """Exit-status files present now, with their modification times."""
+    found = {}
+    for path in log_dir.glob("*.exit"):
+        try:
+            found[path] = path.stat().st_mtime_ns
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def first_failure(plan: LaunchPlan, stale: dict[Path, int]) -> tuple[Path, int] | None:
+    """(log file, exit code) of the earliest non-zero exit of any rank or the scheduler. Other
+    nodes' files count too when the run folder is shared, so a peer node's dead worker stops this
+    node at once; files left by an earlier launch (`stale`, unchanged since we started) do not."""
+    candidates = [(plan.log_dir / f"worker_{r}.exit", plan.worker_log(r)) for r in range(plan.world)]
+    candidates.append((plan.log_dir / "scheduler.exit", plan.log_dir / "scheduler.log"))
+    failed = []
+    for status, log in candidates:
+        try:
+            mtime = status.stat().st_mtime_ns
+            code = int(status.read_text())
+        except (FileNotFoundError, ValueError):
+            continue
+        if code and stale.get(status) != mtime:
+            failed.append((mtime, log, code))
+    return min(failed)[1:] if failed else None
+
+
+def stop_tree(proc: subprocess.Popen) -> None:
+    """kill_tree, uninterruptible: a second Ctrl+C must not cut it short."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    kill_tree(proc)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """Kill msrun and every process under it (workers run in their own sessions, so a process
+    group kill would miss them). msrun is frozen first so it cannot start anything new."""
+    try:
+        root = psutil.Process(proc.pid)
+        root.suspend()
+        tree = root.children(recursive=True)
+        root.kill()
+    except psutil.NoSuchProcess:
+        tree = []
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+    psutil.wait_procs(tree, timeout=5)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+MINDSPORE_CHATTER = re.compile(r"^\[(INFO|WARNING)\] ")  # printed at exit whatever GLOG_v says
+
+
+def report_failure(log: Path, code: int) -> int:
+    """Show the end of the failed process's log (its error), then one line naming it."""
+    name = "the scheduler" if log.stem == "scheduler" else f"rank {log.stem.split('_')[-1]}"
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    tail = [line for line in lines if not MINDSPORE_CHATTER.match(line)][-10:]
+    if tail:
+        print(f"--- last lines of {log} ---", *tail, "---", sep="\n", file=sys.stderr)
+    print(f"error: {name} {describe_exit(code)}; see {log}", file=sys.stderr)
+    return 2 if code == 2 else 1
+
+
+def supervise(plan: LaunchPlan, env: dict) -> int:
+    plan.log_dir.mkdir(parents=True, exist_ok=True)
+    for rank in plan.local_ranks:
+        (plan.log_dir / f"worker_{rank}.exit").unlink(missing_ok=True)
+    if plan.node.node_rank == 0:
+        (plan.log_dir / "scheduler.exit").unlink(missing_ok=True)
+    stale = exit_files(plan.log_dir)
+    for note in plan.notes:
+        print(f"note: {note}", flush=True)
+    which = "rank 0" if plan.first_rank == 0 else f"rank {plan.first_rank} (first on this node)"
+    print(f"MindScale: {plan.world} worker(s) on {plan.node.nnodes} node(s), {plan.local_workers} here "
+          f"({plan.device}); logs in {plan.log_dir}; following the {which} log {plan.worker_log(plan.first_rank)}",
+          flush=True)
+    proc = subprocess.Popen(plan.msrun_argv(), env=env)
+    try:
+        while True:
+            failure = first_failure(plan, stale)
+            if failure:
+                stop_tree(proc)
+                return report_failure(*failure)
+            code = proc.poll()
+            if code is not None:
+                failure = first_failure(plan, stale)
+                if failure:
+                    return report_failure(*failure)
+                if code:
+                    print(f"error: msrun exited with code {code} and no worker reported a failure; "
+                          f"see {plan.log_dir}", file=sys.stderr)
+                    return 1
+                print(f"MindScale: all {plan.local_workers} worker(s) on this node finished; logs in {plan.log_dir}")
+                return 0
+            time.sleep(POLL_S)
+    except Interrupted as exc:
+        stop_tree(proc)
+        print(f"{signal.Signals(exc.signum).name}: stopped all workers; logs in {plan.log_dir}", file=sys.stderr)
+        return 128 + exc.signum
+
+

@@ -1,6 +1,6 @@
-"""Reading run folders (DESIGN.md §3): the resolved config.yaml and metrics.jsonl.
+"""Reading run folders (docs/design.md): the resolved config.yaml and metrics.jsonl.
 
-Shared by tools/linearity.py, tools/compare_runs.py and tools/report.py. Every problem with the
+Shared by mindscale/perf/{linearity,compare,report,mfu}.py. Every problem with the
 input raises `RunDataError` (a ValueError) whose message is one line naming the file and the fix;
 the tools turn it into exit status 2.
 

@@ -1,0 +1,181 @@
+"""MindSpore's dry run of chosen ranks of a config, each compiled in its own process, next to what the
+planner says of the same ranks (tools/dryrun.py prints it; docs/dryrun.md says what a dry run does and
+does not verify).
+
+Each rank runs mindscale.launch.dryrun (the per-rank worker) with MS_SIMULATION_LEVEL=0 and, where CANN
+is not installed, the stand-in libraries of mindscale.launch.standins. A rank's report is the worker's
+JSON, or {"compiled": False, "error": ...} when its process failed; a compiled one gets `planned`: the
+planner's bytes for that rank's stage and its predicted communication, with ratios to the compiled ones.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from mindscale.config import REPO_ROOT, Config, ConfigError, Layout
+from mindscale.launch.standins import cann_lib64, dryrun_environment, libgomp
+from mindscale.perf import planner
+
+DEFAULT_TIMEOUT_S = 3600
+ASCEND = "run.device_target=Ascend"  # the dry run compiles for Ascend whatever the host
+PARALLEL_ERROR = re.compile(r"^\[ERROR\] PARALLEL\([^\]]*\] [^\]]*\] (.*)$", re.M)
+# MindSpore's Ascend plugin complains about CANN's Python packages on a host without them: harmless here
+NOISE = re.compile(r"WARNING|No module named 'te'|relies on whl package \"te\"|Cannot find opp path")
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every rank's compile process is given."""
+    config: str                     # the YAML file as named on the command line
+    overrides: tuple[str, ...]      # --set assignments
+    log_dir: Path                   # dryrun_rank<R>.log and the rank<R>/ working folder of each rank
+    packed: bool = False            # inputs carry segment_ids (packed SFT data)
+    collectives: bool = True        # dump the compiled graph to read its collectives
+    timeout: float = DEFAULT_TIMEOUT_S
+
+
+def for_ascend(cfg: Config) -> tuple[Config, Layout]:
+    """`cfg` as the worker compiles it (run.device_target=Ascend) and its layout; a hardware profile
+    that is not Ascend's is refused."""
+    cfg = planner.with_overrides(cfg, [ASCEND])
+    if cfg.hardware.device_target != "Ascend":
+        raise ConfigError(f"hardware={cfg.hardware.name!r}: the dry run compiles for Ascend; add --set "
+                          "hardware=ascend910b (or ascend910a)")
+    return cfg, Layout.of(cfg, "Ascend")
+
+
+def choose_ranks(spec: str, layout: Layout) -> list[int]:
+    """`first,last` (rank 0 and the last stage's first rank), `stages` (every stage's first rank) or a
+    comma-separated list of ranks."""
+    firsts = [layout.stage_ranks(stage)[0] for stage in range(layout.pp)]
+    if spec == "first,last":
+        return sorted({firsts[0], firsts[-1]})
+    if spec == "stages":
+        return firsts
+    try:
+        ranks = [int(r) for r in spec.split(",")]
+    except ValueError:
+        raise ConfigError(f"--ranks {spec}: use first,last, stages or a list of ranks like 0,7") from None
+    wrong = [r for r in ranks if not 0 <= r < layout.devices]
+    if wrong:
+        raise ConfigError(f"--ranks {spec}: rank {wrong[0]} is outside 0..{layout.devices - 1} (the config's "
+                          f"{layout.devices} devices)")
+    return ranks
+
+
+def ring_send_bytes(row: dict) -> float:
+    """Bytes one rank sends for a collective in a ring (the planner's unit)."""
+    n, size, kind = row["group_size"], row["bytes"], row["kind"]
+    if n <= 1 or kind == "Receive":
+        return 0.0
+    if kind == "Send":
+        return float(size)
+    factor = 2 * (n - 1) / n if kind == "AllReduce" else (n - 1) / n
+    return factor * size
+
+
+def planned(cfg: Config, report: dict) -> dict:
+    """The planner's per-rank bytes for this rank's stage next to the compiled ones."""
+    stage = report["stage"]
+    memory = planner.stage_memory(cfg, stage)
+    comm = planner.communication(cfg, stage)
+    compiled_comm = sum(ring_send_bytes(row) for row in report["collectives"])
+    out = {key: memory[key] for key in ("weights", "grads", "optimizer")}
+    shapes = planner.stored_shapes(cfg, stage)
+    weights = {p.name for p in planner.parameter_slices(cfg)}
+    compiled = {name: tuple(shape) for name, shape in report["local_shapes"].items()
+                if name.split(".", 1)[0] in ("adam_m", "adam_v", "accu_grads") or name in weights}
+    out["shape_mismatches"] = {name: [list(compiled.get(name, ())), list(shapes.get(name, ()))]
+                               for name in sorted(set(compiled) | set(shapes)) if compiled.get(name) != shapes.get(name)}
+    out["comm_bytes_per_step"] = comm["total"]
+    out["compiled_comm_bytes_per_step"] = compiled_comm
+    out["comm_ratio"] = compiled_comm / comm["total"] if comm["total"] else None
+    return out
+
+
+def compiler_reason(log: str) -> str | None:
+    """The first reason MindSpore's parallel compiler logged (its exception names only the op)."""
+    match = PARALLEL_ERROR.search(log)
+    return match.group(1).strip() if match else None
+
+
+def run_rank(job: Job, rank: int, devices: int) -> dict:
+    """Compile `rank` of `devices` in a worker process; its report, or why the process failed. Bad input
+    the worker found comes back as {"compiled": False, "rank": rank, "bad_input": <its one line>}."""
+    env = dryrun_environment(dict(os.environ), rank, devices)
+    with tempfile.TemporaryDirectory(prefix=f"mindscale-ir-rank{rank}-") as ir:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        if job.collectives:  # the compiled graph as text: MindSpore writes only this pass's IR
+            env.update({"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_SAVE_GRAPHS_PATH": ir, "MS_DEV_DUMP_IR_PASSES": "validate"})
+        argv = [sys.executable, "-m", "mindscale.launch.dryrun", "--config", str(Path(job.config).resolve()),
+                *[x for o in [*job.overrides, ASCEND] for x in ("--set", o)]]
+        if job.packed:
+            argv.append("--packed")
+        log = job.log_dir / f"dryrun_rank{rank}.log"
+        workdir = job.log_dir / f"rank{rank}"  # MindSpore writes what it dumps on a failure here (analyze_fail.ir)
+        workdir.mkdir(exist_ok=True)
+        try:
+            with open(log, "w") as err:
+                proc = subprocess.run(argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
+                                      timeout=job.timeout)
+        except subprocess.TimeoutExpired:
+            return {"compiled": False, "error": f"compile did not finish in {job.timeout} s (log {log})",
+                    "rank": rank}
+    text = log.read_text()
+    if proc.returncode == 2:  # bad input the worker found: reported by the caller, in one line
+        said = [line for line in text.splitlines() if line.startswith("error: ")]
+        return {"compiled": False, "rank": rank, "bad_input": (said or ["error: bad input"])[-1][len("error: "):]}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if lines and proc.returncode == 0:
+        report = json.loads(lines[-1])
+        reason = compiler_reason(text)
+        if not report["compiled"] and reason:
+            report["error"] += f"; {reason}"
+        return report
+    tail = [line for line in text.splitlines() if line.strip() and not NOISE.search(line)][-3:]
+    cause = (f"signal {-proc.returncode}" + (" (SIGKILL: most likely out of host memory)" if proc.returncode == -9
+                                              else "")) if proc.returncode < 0 else f"exit {proc.returncode}"
+    return {"compiled": False, "error": f"the compile process ended with {cause}: {' | '.join(tail)} (log {log})",
+            "rank": rank}
+
+
+def compile_ranks(cfg: Config, job: Job, ranks: list[int], workers: int = 1) -> Iterator[dict]:
+    """Each rank's report, in the order of `ranks`, `workers` compiling at once; `cfg` as `for_ascend`
+    returns it. The stand-ins are built (once) first; bad input a worker found raises ConfigError."""
+    cann_lib64()  # StandinError (one line) when a tool is missing
+    libgomp()
+    devices = Layout.of(cfg, "Ascend").devices
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for report in pool.map(lambda rank: run_rank(job, rank, devices), ranks):
+            if "bad_input" in report:
+                raise ConfigError(report["bad_input"])
+            if report["compiled"]:
+                report["planned"] = planned(cfg, report)
+            yield report
+
+
+def line(report: dict) -> str:
+    """One rank's report for reading: compiled bytes next to the planner's, the collectives."""
+    head = f"rank {report['rank']:>4}  stage {report.get('stage', '?')}"
+    if not report["compiled"]:
+        return f"{head}  FAILED  {report['error']}"
+    b, p = report["bytes"], report.get("planned", {})
+    kinds = {}
+    for row in report["collectives"]:
+        kinds[row["kind"]] = kinds.get(row["kind"], 0) + row["count"]
+    comm = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items()))
+    ratio = p.get("comm_ratio")
+    gib = planner.GIB
+    return (f"{head}  compiled in {report['compile_s']:.1f} s (host peak {report['host_peak_rss_gib']:.1f} GiB)  "
+            f"weights {b['weights'] / gib:.3f} GiB, grads {b['grads'] / gib:.3f}, optimizer {b['optimizer'] / gib:.3f} "
+            f"(planner {p['weights'] / gib:.3f}, {p['grads'] / gib:.3f}, {p['optimizer'] / gib:.3f})  "
+            f"collectives: {comm or 'none'}; sent {p['compiled_comm_bytes_per_step'] / 1e9:.3g} GB/step"
+            + (f" ({ratio:.2f}x the planner's)" if ratio else ""))

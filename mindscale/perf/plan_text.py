@@ -1,0 +1,128 @@
+"""A plan as text: the per-config report, the ranked layouts of a search as `--set` lines, and the
+Markdown table of the shipped scale configs that README.md includes (tools/plan.py prints them; the
+plan itself is mindscale/perf/planner.py, its formulas docs/planner.md).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mindscale.config import REPO_ROOT, load_config
+from mindscale.perf import flops, planner
+
+SCALE_DIRS = ("gpt3", "llama2", "llama3")
+
+
+def shipped_configs() -> list[Path]:
+    """Every scale config (not the shared base.yaml files): by family, smallest model first."""
+    out = []
+    for d in SCALE_DIRS:
+        paths = [(load_config(p), p) for p in (REPO_ROOT / "configs" / d).glob("*.yaml") if p.name != "base.yaml"]
+        out += [p for _, p in sorted(paths, key=lambda cp: (flops.param_count(cp[0].model), cp[1].name))]
+    return out
+
+
+def _gib(x: float) -> str:
+    return f"{x:6.1f} GiB"
+
+
+def _bytes(x: float) -> str:
+    return f"{x / 1e9:.3g} GB"
+
+
+def _count(n: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def text(result: dict) -> str:
+    """The plan of one config: layout, parameters, FLOPs, memory per device, communication, prediction."""
+    lay, mem, comm, pred = result["layout"], result["memory_gib"], result["comm_bytes_per_step"], result["predicted"]
+    stages = lay["pipeline_stage"]
+    lines = [
+        f"{result['config']} on {result['devices']} x {result['hardware']}: data {lay['data_parallel']} x model "
+        f"{lay['model_parallel']} x pipeline {stages}; {lay['micro_batch_num']} micro batch(es) of "
+        f"{lay['micro_batch_size']} x {lay['gradient_accumulation_steps']} accumulation = global batch "
+        f"{lay['global_batch_size']}; recompute {lay['recompute']} {lay['recompute_layers']}; "
+        f"attention {lay['attention']}; sequence parallel {lay['sequence_parallel']}; "
+        f"optimizer shard {lay['optimizer_shard']}" +
+        (" (accumulation buffers sharded too)" if lay["gradient_accumulation_shard"] else ""),
+        f"parameters      {result['params']:,} (matmul N = {result['matmul_params']:,})",
+        f"FLOPs per token model {result['flops_per_token']:.4g} (6N + 12·L·H·Q·T), "
+        f"hardware {result['hflops_per_token']:.4g} (with recompute)",
+        f"memory per device, worst stage {result['memory_stage']} of {stages} (layers per stage "
+        f"{lay['layers_per_stage']}):",
+    ]
+    for key in ("weights", "grads", "optimizer", "transient", "activations", "reserve", "total"):
+        lines.append(f"  {key:<12}{_gib(mem[key])}")
+    lines.append("  (weights, grads, optimizer: this rank's slices as MindSpore's compiler cuts them, exact; "
+                 "tools/dryrun.py compares them)")
+    verdict = "FITS" if result["fits"] else "DOES NOT FIT"
+    lines.append(f"  budget      {_gib(result['memory_budget_gib'])} of {result['device_memory_gib']:g} GiB "
+                 f"(memory_margin of what the reserve leaves): {verdict}")
+    lines.append(f"communication per device per step: data-parallel gradients {_bytes(comm['dp_grad_reduce'])}, "
+                 f"tensor-parallel {_bytes(comm['tp'])} ({_bytes(comm['tp_per_layer'])} per layer and micro "
+                 f"batch), pipeline send/recv {_bytes(comm['pp_send_recv'])}")
+    lines.append(f"predicted: step {pred['step_time_s']:.3g} s, {pred['tokens_per_s']:,.0f} tokens/s "
+                 f"({pred['tokens_per_s_per_device']:,.1f}/device), MFU {pred['mfu']:.1%}, HFU {pred['hfu']:.1%} "
+                 f"(peak {pred['peak_tflops']:g} TFLOP/s per device; bubble {pred['bubble_fraction']:.1%}, "
+                 f"exposed communication {pred['comm_exposed_s']:.3g} s)")
+    lines.append("assumptions:")
+    lines += [f"  - {a}" for a in pred["assumptions"]]
+    return "\n".join(lines)
+
+
+def set_line(overrides: list[str]) -> str:
+    """Overrides as the `--set` arguments of a command line (quoted where the shell needs it)."""
+    return " ".join(f"--set '{o}'" if "[" in o else f"--set {o}" for o in overrides)
+
+
+def search_text(devices: int, found: list[dict]) -> str:
+    """The layouts `planner.search` found, best first, each with its `--set` line."""
+    lines = [f"top {len(found)} layouts for {devices} devices (ranked by predicted tokens/s among plans that fit):"]
+    for rank, entry in enumerate(found, 1):
+        p, pred = entry["plan"], entry["plan"]["predicted"]
+        lay = p["layout"]
+        lines.append(f"{rank}. dp {lay['data_parallel']} mp {lay['model_parallel']} pp {lay['pipeline_stage']}, "
+                     f"micro batches {lay['micro_batch_num'] * lay['gradient_accumulation_steps']} x "
+                     f"{lay['micro_batch_size']}, recompute {lay['recompute']} {lay['recompute_layers']}"
+                     + (", accumulation buffers sharded" if lay["gradient_accumulation_shard"] else "")
+                     + f": {pred['tokens_per_s']:,.0f} tokens/s, "
+                     f"MFU {pred['mfu']:.1%}, memory {p['memory_gib']['total']:.1f} of "
+                     f"{p['memory_budget_gib']:.1f} GiB")
+        lines.append(f"   {set_line(entry['overrides'])}")
+    return "\n".join(lines)
+
+
+def search_json(found: list[dict]) -> dict:
+    """The best layout's plan, with every layout `planner.search` found under "search", best first."""
+    best = dict(found[0]["plan"])
+    best["search"] = [{"rank": i, "overrides": e["overrides"], "set": set_line(e["overrides"]),
+                       "predicted": e["plan"]["predicted"], "memory_gib": e["plan"]["memory_gib"],
+                       "layout": e["plan"]["layout"], "fits": e["plan"]["fits"]}
+                      for i, e in enumerate(found, 1)]
+    return best
+
+
+def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
+    """Markdown table of `configs` (files of this checkout) and their plans; the README includes it for
+    `shipped_configs()`."""
+    rows = ["| config | params | cards | dp/mp/pp | micro batches x size | recompute | memory per card (GiB) | predicted MFU |",
+            "|---|---|---|---|---|---|---|---|"]
+    for path in configs:
+        cfg = load_config(path)
+        result = planner.plan(cfg, peak_tflops)
+        lay = result["layout"]
+        micro = lay["micro_batch_num"] * lay["gradient_accumulation_steps"]
+        recompute = lay["recompute"] if lay["recompute"] != "full" or cfg.recompute.layers is None else \
+            f"full {lay['recompute_layers']}"
+        rows.append(f"| `{path.relative_to(REPO_ROOT)}` | {_count(result['params'])} | {result['devices']} "
+                    f"({cfg.hardware.name}) | {lay['data_parallel']}/{lay['model_parallel']}/{lay['pipeline_stage']} "
+                    f"| {micro} x {lay['micro_batch_size']} | {recompute} | "
+                    f"{result['memory_gib']['total']:.1f} of {result['device_memory_gib']:g} | "
+                    f"{result['predicted']['mfu']:.1%} |")
+    rows.append("")
+    rows.append("Generated by `python tools/plan.py --readme-table`; MFU predicted at the efficiency and peaks "
+                "stated in docs/planner.md (not measured).")
+    return "\n".join(rows)

@@ -1,0 +1,260 @@
+"""Text into fixed-length MindRecord training samples with a manifest (tools/preprocess_data.py runs it;
+docs/data.md describes the formats).
+
+pretrain: documents are tokenized, each followed by EOS, joined into one stream and cut into
+samples of seq_length + 1 tokens; sample k holds stream tokens [k*S, k*S + S] (consecutive
+samples share one boundary token, as in Megatron's GPTDataset), so every token but the first is a
+training target exactly once. The tail of fewer than S tokens after the last sample is dropped and
+counted in the manifest.
+sft: Alpaca (instruction/input/output) or chat (messages) records are rendered with a prompt
+template (mindscale/train/templates.py) into token ids and a loss mask that is 1 only on answer tokens;
+one example per sample padded with pad_id (mask 0), or packed: several examples per sample with
+segment_ids (1, 2, ... per example, 0 on padding). Examples longer than S + 1 are truncated and
+counted; examples left without answer tokens are dropped and counted.
+
+The output folder is written under a temporary name and renamed when complete, so a failure or a
+kill never leaves a half-written or half-replaced folder. Every problem with the input raises
+DataError (one line).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from mindscale.io import publish_folder
+from mindscale.train.data import (FORMAT_VERSION, MANIFEST_NAME, DataError, Source, column, read_batches,
+                                  sha256_file)
+from mindscale.train.templates import RecordError, encode_examples, get_template
+
+WRITE_BATCH = 1024  # samples per FileWriter.write_raw_data call
+
+
+@dataclass(frozen=True)
+class Options:
+    """How the inputs become samples (tools/preprocess_data.py's flags of the same names)."""
+    mode: str = "pretrain"          # pretrain | sft
+    template: str = "alpaca"        # sft: prompt template
+    pack: bool = False              # sft: several examples per sample
+    shard_size: int = 16384         # samples per MindRecord file
+    text_key: str = "text"          # pretrain: column holding the text
+    text_unit: str = "document"     # text files: document (a whole file) | paragraph | line
+    workers: int = 1                # tokenizer threads
+
+
+def load_tokenizer(path: str, vocab_limit: int | None):
+    """The SentencePiece processor of `path`, refused when larger than `vocab_limit` or without EOS."""
+    import sentencepiece
+
+    if not Path(path).is_file():
+        raise DataError(f"--tokenizer {path} does not exist; train one with tools/train_tokenizer.py")
+    try:
+        sp = sentencepiece.SentencePieceProcessor(model_file=path)
+    except (OSError, RuntimeError) as exc:
+        raise DataError(f"--tokenizer {path} is not a SentencePiece model ({str(exc).splitlines()[0]})") from None
+    if vocab_limit is not None and sp.vocab_size() > vocab_limit:
+        raise DataError(f"tokenizer {path} has {sp.vocab_size()} tokens, more than the model's vocabulary of "
+                        f"{vocab_limit}; train a smaller tokenizer or raise model.vocab_size / --vocab-size")
+    if sp.eos_id() < 0:
+        raise DataError(f"tokenizer {path} has no EOS id (needed to join documents and end answers); "
+                        "train it with tools/train_tokenizer.py")
+    return sp
+
+
+def pad_id_of(sp) -> int:
+    """The tokenizer's pad id, else its EOS id."""
+    return sp.pad_id() if sp.pad_id() >= 0 else sp.eos_id()
+
+
+def check_output(output: Path, overwrite: bool) -> None:
+    """Refuse an --output that is a file, or a non-empty folder unless `overwrite`."""
+    if output.exists() and not output.is_dir():
+        raise DataError(f"--output {output} is a file; pass a folder path")
+    if output.is_dir() and any(output.iterdir()) and not overwrite:
+        raise DataError(f"--output {output} exists and is not empty; pass --overwrite to replace it or choose "
+                        "another folder")
+
+
+class ShardWriter:
+    """Samples into MindRecord files of at most `shard_size` samples each (data_00000.mindrecord, ...)."""
+
+    def __init__(self, folder: Path, schema: dict, shard_size: int):
+        self.folder, self.schema, self.shard_size = folder, schema, shard_size
+        self.shards: list[dict] = []
+        self.writer = None
+        self.pending: list[dict] = []
+        self.in_shard = 0
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.writer.write_raw_data(self.pending)
+            self.pending = []
+
+    def _close_shard(self) -> None:
+        self._flush()
+        self.writer.commit()
+        self.shards.append({"file": self.name, "samples": self.in_shard})
+        self.writer, self.in_shard = None, 0
+
+    def add(self, sample: dict) -> None:
+        if self.writer is None:
+            from mindspore.mindrecord import FileWriter
+
+            self.name = f"data_{len(self.shards):05d}.mindrecord"
+            self.writer = FileWriter(str(self.folder / self.name), shard_num=1, overwrite=False)
+            self.writer.add_schema(self.schema, "mindscale_samples")
+        self.pending.append(sample)
+        self.in_shard += 1
+        if len(self.pending) >= WRITE_BATCH:
+            self._flush()
+        if self.in_shard == self.shard_size:
+            self._close_shard()
+
+    def close(self) -> list[dict]:
+        if self.writer is not None:
+            self._close_shard()
+        return self.shards
+
+
+# ----------------------------------------------------------------------------------------------
+# pretrain: documents joined with EOS and cut into seq_length + 1 token samples
+
+
+def documents(sources: list[Source], options: Options, sp, stats: dict) -> Iterator[np.ndarray]:
+    """Token ids of each non-empty document followed by EOS, in input order, one array per batch."""
+    for source in sources:
+        for batch in read_batches(source, options.text_unit):
+            texts = [t for t in column(batch, options.text_key, source) if t and t.strip()]
+            stats["empty_documents_skipped"] += len(batch[options.text_key]) - len(texts)
+            stats["documents"] += len(texts)
+            if texts:
+                encoded = sp.encode(texts, num_threads=options.workers)
+                yield np.concatenate([np.array(ids + [sp.eos_id()], np.int32) for ids in encoded])
+
+
+def pack_stream(chunks: Iterable[np.ndarray], seq_length: int, stats: dict) -> Iterator[np.ndarray]:
+    """Samples of seq_length + 1 tokens, consecutive ones overlapping by one token."""
+    pending = np.empty(0, np.int32)
+    for chunk in chunks:
+        stats["num_tokens"] += len(chunk)
+        pending = np.concatenate([pending, chunk])
+        full = (len(pending) - 1) // seq_length
+        for k in range(full):
+            yield pending[k * seq_length: k * seq_length + seq_length + 1]
+        pending = pending[full * seq_length:]
+
+
+# ----------------------------------------------------------------------------------------------
+# sft: templated examples with answer-only loss masks, padded or packed
+
+
+def examples(sources: list[Source], options: Options, sp) -> Iterator[tuple[list[int], list[int]]]:
+    """(token ids, loss mask) of every record, rendered with the options' template."""
+    template = get_template(options.template)
+    for source in sources:
+        seen = 0
+        for batch in read_batches(source, options.text_unit):
+            records = [dict(zip(batch, values)) for values in zip(*batch.values())]
+            try:
+                yield from encode_examples(records, template, sp, num_threads=options.workers)
+            except RecordError as exc:
+                raise DataError(f"{source.path} record {seen + exc.index} (0-based): {exc}; "
+                                "fix or remove the record") from None
+            seen += len(records)
+
+
+def sft_sample(parts: list[tuple[list[int], list[int]]], length: int, pad_id: int, with_segments: bool) -> dict:
+    """One sample of `length` tokens from (ids, mask) parts, padded with pad_id (mask and segment 0)."""
+    used = sum(len(ids) for ids, _ in parts)
+    pad = [0] * (length - used)
+    sample = {"input_ids": np.array([t for ids, _ in parts for t in ids] + [pad_id] * len(pad), np.int32),
+              "loss_mask": np.array([m for _, mask in parts for m in mask] + pad, np.int32)}
+    if with_segments:
+        sample["segment_ids"] = np.array([k + 1 for k, (ids, _) in enumerate(parts) for _ in ids] + pad, np.int32)
+    return sample
+
+
+def sft_samples(encoded: Iterable[tuple[list[int], list[int]]], length: int, pad_id: int, pack: bool,
+                stats: dict) -> Iterator[dict]:
+    """One example per sample, or (pack) consecutive examples while they fit (next-fit, order kept)."""
+    group: list[tuple[list[int], list[int]]] = []
+    used = 0
+    for ids, mask in encoded:
+        stats["examples"] += 1
+        if len(ids) > length:
+            ids, mask = ids[:length], mask[:length]
+            stats["truncated_examples"] += 1
+        if not any(mask):
+            stats["dropped_examples"] += 1
+            continue
+        stats["num_tokens"] += len(ids)
+        stats["loss_tokens"] += sum(mask)
+        if not pack:
+            yield sft_sample([(ids, mask)], length, pad_id, with_segments=False)
+            continue
+        if used + len(ids) > length:
+            yield sft_sample(group, length, pad_id, with_segments=True)
+            group, used = [], 0
+        group.append((ids, mask))
+        used += len(ids)
+    if group:
+        yield sft_sample(group, length, pad_id, with_segments=True)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def write(folder: Path, options: Options, sources: list[Source], sp, seq_length: int, pad_id: int) -> dict:
+    """Write the shards into `folder`; returns the mode-specific manifest entries."""
+    length = seq_length + 1
+    fields = ["input_ids"] + (["loss_mask"] if options.mode == "sft" else []) + \
+        (["segment_ids"] if options.pack else [])
+    writer = ShardWriter(folder, {name: {"type": "int32", "shape": [length]} for name in fields}, options.shard_size)
+    if options.mode == "pretrain":
+        stats = {"documents": 0, "empty_documents_skipped": 0, "num_tokens": 0}
+        for tokens in pack_stream(documents(sources, options, sp, stats), seq_length, stats):
+            writer.add({"input_ids": tokens})
+    else:
+        stats = {"template": options.template, "pack": options.pack, "examples": 0, "truncated_examples": 0,
+                 "dropped_examples": 0, "num_tokens": 0, "loss_tokens": 0}
+        for sample in sft_samples(examples(sources, options, sp), length, pad_id, options.pack, stats):
+            writer.add(sample)
+    shards = writer.close()
+    stats.update(fields=fields, shards=shards, num_samples=sum(s["samples"] for s in shards))
+    if not stats["num_samples"] and options.mode == "pretrain":
+        raise DataError(f"the inputs hold {stats['num_tokens']} tokens, too few for one sample of {length}; "
+                        "add text or lower --seq-length")
+    if not stats["num_samples"]:
+        raise DataError(f"none of {stats['examples']} examples has answer tokens within the first {length} tokens "
+                        f"({stats['truncated_examples']} truncated); raise --seq-length or shorten the prompts")
+    if options.mode == "pretrain":  # num_tokens = num_samples * S + 1 + tail
+        stats["tail_tokens_dropped"] = stats["num_tokens"] - stats["num_samples"] * seq_length - 1
+    return stats
+
+
+def preprocess(output: Path, options: Options, sources: list[Source], sp, tokenizer: str, seq_length: int) -> dict:
+    """Write the shards and manifest.json of `sources` into the folder `output` (replaced only once
+    complete); returns the manifest."""
+    pad_id = pad_id_of(sp)
+    os.environ.setdefault("GLOG_v", "3")  # MindRecord's writer logs at INFO/WARNING otherwise
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
+    partial.mkdir()
+    try:
+        stats = write(partial, options, sources, sp, seq_length, pad_id)
+        manifest = {"format_version": FORMAT_VERSION, "mode": options.mode, "seq_length": seq_length,
+                    "sample_length": seq_length + 1, "vocab_size": sp.vocab_size(), "eos_id": sp.eos_id(),
+                    "pad_id": pad_id, "bos_id": sp.bos_id(),
+                    "tokenizer": {"path": str(Path(tokenizer).resolve()), "sha256": sha256_file(tokenizer)},
+                    "sources": [{"path": s.path, "format": s.format} for s in sources],
+                    "text_key": options.text_key, **stats}
+        (partial / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        publish_folder(partial, output)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return manifest

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo finetune-demo test bench docs clean
+.PHONY: demo finetune-demo test test-quick bench docs clean
 
 $(VENV)/.runtime: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,10 @@ finetune-demo: $(VENV)/.runtime
 	bash scripts/finetune_demo.sh
 
 test: $(VENV)/.dev
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests bench/test_bench.py
+
+test-quick: $(VENV)/.dev  # no processes: unit and model tests (under 2 minutes)
+	$(PY) -m pytest -q -m "not integration" tests
 
 bench: $(VENV)/.dev
 	$(PY) bench/run_all.py

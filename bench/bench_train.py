@@ -6,8 +6,8 @@
 Timeline: build the model and optimizer (`build_s`), one first step (`compile_s`: graph compile +
 first step for MindSpore; for hf, which compiles nothing, just its first step), `--warmup` untimed
 steps, then `--steps` timed steps. tokens/s = batch x seq / median step time; `tflops` uses the
-model FLOPs per token of DESIGN.md §4 (mindscale/perf/flops.py), the same for all three stacks.
-`peak_rss_gib` is this process's peak resident memory (getrusage): each system runs in its own
+model FLOPs per token of docs/mfu.md (mindscale/perf/flops.py), the same for all three stacks.
+`peak_rss_gib` is this process's peak resident memory (VmHWM): each system runs in its own
 process, so the number covers its framework, model, optimizer state and activations.
 
 Threads: the process pins itself to one core (`--core`, default the lowest allowed core, where
@@ -20,7 +20,6 @@ stderr), 1 the system failed.
 from __future__ import annotations
 
 import os
-import resource
 import statistics
 import sys
 import time
@@ -77,6 +76,15 @@ def stdout_to_stderr() -> int:
     return real
 
 
+def peak_rss_gib() -> float:
+    """This process's peak resident set since its exec (/proc/self/status VmHWM). Not getrusage's
+    ru_maxrss: Linux carries a parent's peak across fork + exec, so a child of a large process (a
+    pytest that has compiled models, measured 1.47 GiB) reported its parent's peak, whatever it ran."""
+    with open("/proc/self/status") as status:
+        kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    return kib / 2 ** 20
+
+
 def measure(system_name: str, cfg, steps: int, warmup: int) -> dict:
     from bench.systems import BUILDERS, fixed_batch
     from mindscale.perf.flops import model_flops_per_token
@@ -104,7 +112,7 @@ def measure(system_name: str, cfg, steps: int, warmup: int) -> dict:
         "tokens_per_s": tokens_per_s,
         "tflops": tokens_per_s * flops_per_token / 1e12 if tokens_per_s else None,
         "compile_s": compile_s, "build_s": build_s,
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20,  # KiB on Linux
+        "peak_rss_gib": peak_rss_gib(),
         "median_step_s": median_step, "step_times_s": times,
         "tokens_per_step": tokens_per_step, "flops_per_token": flops_per_token, "params": system.params,
         "losses": losses, "layers": cfg.model.num_layers, "hidden": cfg.model.hidden_size,

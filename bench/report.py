@@ -203,7 +203,7 @@ def render(results: dict, changes: str) -> str:
         out += [f"**Not the peer config: run with{overrides}.**", ""]
     out += ["## Where we stand", "", *targets_table(results), "",
             "## Machine", "", *machine_section(results), "",
-            "## 1. Training throughput (peer config, DESIGN.md §7)", "",
+            "## 1. Training throughput (peer config: bench/llama_peer.yaml)", "",
             f"LLaMA fp32, batch {p['batch']}, seq {p['seq']}, hidden {p['hidden']}, {p['layers']} layers, "
             f"{p['heads']} heads ({p['kv_heads']} kv), FFN {p['ffn']}, vocab {p['vocab']} (`bench/llama_peer.yaml`); "
             f"AdamW (lr {p['lr']:g} {p['schedule']}, β {p['betas']}, eps {p['eps']:g}, weight decay "
@@ -227,7 +227,7 @@ def render(results: dict, changes: str) -> str:
             "the compile step) of the 2-worker run against each 1-worker run.", "",
             *linearity_section(results), "",
             "## 4. Peak host memory", "",
-            "Peak resident set (getrusage) of each throughput process: framework, model, optimizer state, "
+            "Peak resident set (VmHWM) of each throughput process: framework, model, optimizer state, "
             "activations and — for MindSpore — the compiled graph.", "", *memory_section(results), ""]
     failed = failures(results["throughput"]) + failures(results["compile"])
     if failed:

@@ -16,10 +16,12 @@ from types import SimpleNamespace
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
 from bench import SYSTEMS
 from bench.report import render
 from bench.run_all import allreduce, best_gemm_peaks, ceiling, error_line, paired_ratios, summarize
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.integration  # trains three stacks in processes, runs msrun
 
 TINY = ["model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.ffn_hidden_size=160",
         "model.vocab_size=512", "model.seq_length=32", "train.micro_batch_size=2", "model.num_layers=1"]
@@ -59,7 +61,7 @@ def test_every_system_trains_the_same_model(tiny_runs):
 def test_hf_process_does_not_load_mindspore(tiny_runs):
     """MindSpore's import alone is ~350 MB: it must not inflate the hf peak RSS."""
     assert tiny_runs["hf"]["peak_rss_gib"] < tiny_runs["mindscale"]["peak_rss_gib"]
-    code = ("import sys; sys.path.insert(0, '.'); from bench.systems import optimizer_rules; optimizer_rules(); "
+    code = ("import sys; from bench.systems import optimizer_rules; optimizer_rules(); "
             "print('mindspore' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False"

@@ -5,7 +5,7 @@
 #
 # Each count N runs `scripts/run_distribute.sh CONFIG N --set run.name=<name>_n<N> ...`; the
 # launcher sets parallel.data_parallel to match N. train.micro_batch_size is kept, so the
-# per-device batch is the same at every N and the global batch grows with N (DESIGN.md §4);
+# per-device batch is the same at every N and the global batch grows with N (docs/mfu.md);
 # train.global_batch_size is reset to null for that. Checkpoints are not written (a sweep measures
 # speed); your --set options win over that default. On CPU "a device" is one worker pinned to
 # one core (the launcher pins them): on a 2-core machine only "1 2" is meaningful.

@@ -1,5 +1,5 @@
 """Regenerate the generated parts of the docs (`make docs`): the config key reference and the README's
-scale-config table. tests/test_docs.py fails when they are stale."""
+scale-config table. tests/unit/test_docs.py fails when they are stale."""
 import re
 import subprocess
 import sys

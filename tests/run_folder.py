@@ -1,4 +1,4 @@
-"""Test helper: a run folder as the trainer leaves it (DESIGN.md §3), from chosen step times.
+"""Test helper: a run folder as the trainer leaves it (docs/design.md: the run folder), from chosen step times.
 
 The config is configs/tiny/llama_tiny.yaml resolved through mindscale.config; every metric of a
 record follows from its step time the way mindscale/train/metrics.py derives it (mindscale/perf/flops.py), with

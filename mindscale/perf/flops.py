@@ -1,4 +1,4 @@
-"""Parameter counts, FLOPs per token and MFU/HFU (DESIGN.md §4). Pure Python: no MindSpore.
+"""Parameter counts, FLOPs per token and MFU/HFU (defined in docs/mfu.md). Pure Python: no MindSpore.
 
 The trainer's logged MFU/HFU (mindscale/train/metrics.py), tools/mfu.py and the planner all call the
 functions here, so a number printed by one can be reproduced by the others and by hand.
@@ -184,13 +184,13 @@ def utilization(tokens_per_s: float, flops_per_token: float, devices: int, peak_
 
 
 def mfu(tokens_per_s: float, devices: int, peak_tflops: float, m) -> float:
-    """Model FLOPs utilisation (DESIGN.md §4)."""
+    """Model FLOPs utilisation (docs/mfu.md)."""
     return utilization(tokens_per_s, model_flops_per_token(m), devices, peak_tflops)
 
 
 def hfu(tokens_per_s: float, devices: int, peak_tflops: float, m,
         recompute: Union[str, object, None] = None, recomputed_layers: Optional[int] = None) -> float:
-    """Hardware FLOPs utilisation: recompute counted (DESIGN.md §4)."""
+    """Hardware FLOPs utilisation: recompute counted (docs/mfu.md)."""
     return utilization(tokens_per_s, hardware_flops_per_token(m, recompute, recomputed_layers), devices, peak_tflops)
 
 

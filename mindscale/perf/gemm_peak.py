@@ -1,4 +1,4 @@
-"""The CPU "peak" for MFU: a measured fp32 GEMM on one core, cached per machine (DESIGN.md §4).
+"""The CPU "peak" for MFU: a measured fp32 GEMM on one core, cached per machine (docs/mfu.md).
 
 A CPU has no datasheet peak that MindSpore can reach, and on CPU "a device" is one worker pinned
 to one core, so the peak per device is what a large fp32 MatMul achieves with MindSpore on one

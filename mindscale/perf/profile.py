@@ -30,7 +30,7 @@ from pathlib import Path
 from mindscale.config import UserError
 
 # Diagnosis thresholds, as shares of the step time.
-COMPUTE_BOUND_BELOW = 0.30      # the seed guide's rule: compute < 30% -> likely communication-bound
+COMPUTE_BOUND_BELOW = 0.30      # compute < 30% of the step: likely communication-bound
 COMM_EXPOSED_ABOVE = 0.20       # communication not overlapped by computation
 FREE_ABOVE = 0.15               # device idle: host-bound, data pipeline, no sink
 BUBBLE_ABOVE = 0.10             # pipeline bubble (Ascend step_trace_time "Bubble")
@@ -356,7 +356,7 @@ def ascend_report(folder: Path, steps_arg: int | None, top: int) -> Report:
 
 
 def diagnose(report: Report) -> list[dict]:
-    """The seed guide's rules, each with the evidence and the config keys to try."""
+    """The thresholds above as findings, each with the evidence and the config keys to try."""
     s = report.split
     compute, exposed, free, bubble = (s.share(v) for v in (s.computing_ms, s.communication_not_overlapped_ms,
                                                            s.free_ms, s.bubble_ms))

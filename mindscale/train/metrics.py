@@ -1,6 +1,6 @@
 """Per-interval training metrics: one JSON line in metrics.jsonl and one human line (or a progress bar).
 
-Throughput and MFU/HFU follow DESIGN.md §4 through mindscale/perf/flops.py, the same functions
+Throughput and MFU/HFU follow docs/mfu.md through mindscale/perf/flops.py, the same functions
 tools/mfu.py uses, so a logged MFU can be reproduced from the logged step time by hand.
 """
 from __future__ import annotations

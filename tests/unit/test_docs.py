@@ -1,4 +1,5 @@
 """Generated docs are current: README's scale-config table and docs/config.md come from commands."""
+import pytest
 import importlib.util
 
 from mindscale.config import REPO_ROOT, reference_markdown
@@ -8,6 +9,7 @@ update_docs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(update_docs)
 
 
+@pytest.mark.integration  # runs tools/plan.py
 def test_readme_table_is_generated():
     readme = (REPO_ROOT / "README.md").read_text()
     assert update_docs.with_table(readme, update_docs.readme_table()) == readme, "run `make docs`"

@@ -25,7 +25,7 @@ from mindscale.config import config_from_tree
 ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
 
 VOCAB, SEQ, BATCH = 128, 16, 2
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def hf_model(arch: str):
@@ -91,6 +91,7 @@ def test_mindscale_to_hf_reproduces_the_tensors_and_transformers_loads_them(conv
         torch.testing.assert_close(reloaded(ids).logits, hf(ids).logits, rtol=0, atol=0)
 
 
+@pytest.mark.integration
 def test_cli_round_trip_and_bad_input_exit_2(converted, tmp_path, capsys):
     arch, _, folder, hf_state, cfg, _, _ = converted
     assert convert_checkpoint.main(["--direction", "hf2ms", "--input", str(folder), "--output",

@@ -92,7 +92,7 @@ def test_merge_formula():
 
 
 def test_adapters_follow_the_wrapped_layers_split():
-    """The strategies a sharded layout records (tests/test_dryrun.py compiles LoRA under model parallel)."""
+    """The strategies a sharded layout records (tests/dryrun/test_dryrun.py compiles LoRA under model parallel)."""
     dp, mp = 2, 4
     cfg = config(f"parallel.data_parallel={dp}", f"parallel.model_parallel={mp}")
     layout = Layout.of(cfg)

@@ -154,6 +154,7 @@ def run_cli(*args):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration
 def test_cli_exit_codes_and_one_line_errors():
     ok = run_cli("--config", str(TINY), "--set", "train.steps=3")
     assert ok.returncode == 0 and "steps: 3" in ok.stdout

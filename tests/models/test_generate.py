@@ -104,6 +104,7 @@ def run_cli(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.integration
 def test_cli_on_an_hf_folder_prints_the_transformers_ids(hf_folder):
     proc = run_cli("--load_checkpoint", str(hf_folder[0]), "--prompt-ids", ",".join(map(str, PROMPT)),
                    "--max_new_tokens", "6", "--greedy", "--json")
@@ -120,6 +121,7 @@ def test_cli_on_an_hf_folder_prints_the_transformers_ids(hf_folder):
     (["--prompt", "hello"], "tokenizer"),
     (["--prompt-ids", "1,2", "--top-p", "0"], "--top-p"),
 ])
+@pytest.mark.integration
 def test_cli_bad_input_is_one_line_exit_2(hf_folder, args, message):
     proc = run_cli("--load_checkpoint", str(hf_folder[0]), "--max_new_tokens", "2", *args)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

@@ -1,5 +1,5 @@
 """Every shipped scale config resolves, validates, fits its hardware per the planner, has the published
-parameter count, names its hardware and card count, and says why in a header comment (issue 5)."""
+parameter count, names its hardware and card count, and says why in a header comment."""
 import subprocess
 import sys
 
@@ -9,7 +9,7 @@ from tools.plan import shipped_configs
 from mindscale.perf import flops, planner
 from mindscale.config import REPO_ROOT, load_config, stage_layer_counts
 
-# File names are an interface (issue 5). Published parameter counts: LLaMA exact (released
+# File names are an interface. Published parameter counts: LLaMA exact (released
 # checkpoints); GPT to the label's significant figures (GPT-3 Table 2.1; Narayanan et al. 2021: 1008.0B).
 EXPECTED = {
     "gpt3/gpt3_125m.yaml": (125e6, 3), "gpt3/gpt3_1.3b.yaml": (1.3e9, 2), "gpt3/gpt3_13b.yaml": (13e9, 2),
@@ -93,6 +93,7 @@ def test_uneven_layers_use_stage_offsets_and_per_stage_recompute(configs):
     assert isinstance(cfg.recompute.layers, list) and cfg.recompute.layers[0] > cfg.recompute.layers[-1]
 
 
+@pytest.mark.integration
 def test_validates_through_the_config_cli():
     path = REPO_ROOT / "configs" / "llama3" / "llama3_405b.yaml"
     proc = subprocess.run([sys.executable, "-m", "mindscale.config", "--config", str(path)], cwd=REPO_ROOT,

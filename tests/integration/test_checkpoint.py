@@ -67,7 +67,7 @@ def test_sigkill_during_write_leaves_previous_checkpoint(tmp_path):
         "for step in (1, 2):\n"
         "    ckpt.save_checkpoint(root, step, {'w': np.full(1000, step, np.float32)}, keep_last=1)\n")
     env = {**os.environ, "MINDSCALE_FAULT": "checkpoint_write:2"}
-    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=ckpt.Path(__file__).parent.parent)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=ckpt.Path(__file__).parents[2])
     assert proc.returncode == -9
     latest = ckpt.latest_checkpoint(tmp_path)
     assert latest.name == "step_00000001"

@@ -3,7 +3,7 @@ comm fusion and the flash/fused-norm path, read on CPU without compiling.
 
 Every `.shard()` call is recorded on its primitive (`attrs["in_strategy"]`); that is what is tested
 here. Whether MindSpore's parallel compiler accepts these strategies is tested by compiling them
-under its dry run (tests/test_dryrun.py). The flash-attention path is never executed (Atlas A2 only).
+under its dry run (tests/dryrun/test_dryrun.py). The flash-attention path is never executed (Atlas A2 only).
 """
 import math
 import re

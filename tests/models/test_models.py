@@ -7,10 +7,8 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 import models
-from models.attention import SPLIT_CAUSAL_MIN
-from models.layers import RowSumSoftmax
+from models.cpu_kernels import SPLIT_CAUSAL_MIN, RowSumSoftmax
 from models.transformer import ShardedCrossEntropy, layer_graph_keys
-from models.recompute import SELECTIVE
 from mindscale.train.checkpoint import CheckpointError, save_checkpoint
 from mindscale.config import load_config
 from mindscale.config import Layout
@@ -180,7 +178,7 @@ def loss_and_grads(cfg, weights, plain_softmax=False, sharded_loss=False):
             layer.attention.core.softmax = ops.Softmax(axis=-1)
     if sharded_loss:
         model.loss = ShardedCrossEntropy(cfg.model.vocab_size)
-    recomputed = models.apply_recompute(model, cfg, Layout.of(cfg))
+    recomputed = list(models.standalone_layout(cfg).recomputed)  # build_model marked these
     loss, grads = Grads(models.build_train_network(cfg, model))(*(Tensor(x) for x in batch()))
     return recomputed, float(loss.asnumpy()), [g.asnumpy() for g in grads]
 
@@ -273,9 +271,8 @@ def test_sharded_loss_matches_the_fused_loss(llama, llama_reference):
 def test_selective_recompute_marks_the_attention_core_and_activations():
     cfg = tiny("gpt", "recompute.mode=selective", "recompute.layers=1")
     model = built(cfg)
-    models.apply_recompute(model, cfg, Layout.of(cfg))
     core, mlp = model.layers[0].attention.core, model.layers[0].feed_forward
-    assert all(getattr(core, n).attrs.get("recompute") for n in SELECTIVE["attention.core"])
+    assert all(getattr(core, n).attrs.get("recompute") for n in type(core).SELECTIVE_RECOMPUTE)
     assert mlp.act.attrs.get("recompute") and not mlp.w1.matmul.attrs.get("recompute")
     assert not model.layers[1].attention.core.softmax.attrs.get("recompute")
 

@@ -231,6 +231,7 @@ def test_readme_table_lists_every_shipped_config(capsys):
     (["--config", str(LLAMA2_70B), "--search", "--devices", "8"], "no layout"),
     (["--config", str(LLAMA2_70B), "--set", "parallel.model_parallel=3"], "model_parallel"),
 ])
+@pytest.mark.integration
 def test_cli_bad_input_is_one_line_exit_2(argv, needle):
     proc = subprocess.run([sys.executable, "tools/plan.py", *argv], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=120)
@@ -238,6 +239,7 @@ def test_cli_bad_input_is_one_line_exit_2(argv, needle):
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
 
 
+@pytest.mark.integration
 def test_strategies_flag_prints_the_models_sharding_table():
     out = subprocess.run([sys.executable, "tools/plan.py", "--config", "configs/llama2/llama2_70b.yaml", "--strategies"],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)

@@ -176,17 +176,16 @@ def test_a_bad_strategy_is_refused_by_the_compiler():
     sets = SMALL + ["model.num_kv_heads=4", "parallel.data_parallel=2", "parallel.model_parallel=4",
                     "run.device_target=Ascend"]
     code = f"""
-import models.sharding as plan
 from models.layers import Linear
 from mindscale.config import load_config
 from mindscale.launch.dryrun import compile_rank
-good = plan.RULES[Linear]
-def bad(cell, style, mesh):
-    rules = good(cell, style, mesh)
+good = Linear.shard_strategies
+def bad(cell, style, layout):
+    rules = good(cell, style, layout)
     if style == "colwise":
-        rules["matmul"] = (((mesh.dp, 2), (mesh.mp, 1)), None)
+        rules["matmul"] = (((layout.dp, 2), (layout.tp, 1)), None)
     return rules
-plan.RULES[Linear] = bad
+Linear.shard_strategies = bad
 print(compile_rank(load_config({str(TINY_LLAMA)!r}, {sets!r}))["error"])
 """
     env = {**dryrun_environment(dict(os.environ), 0, 8), "PYTHONPATH": str(REPO_ROOT)}

@@ -17,7 +17,7 @@ from mindscale.config import config_from_tree
 from mindscale.train.data import DataError, build_dataset, read_manifest
 from mindscale.train.templates import TEMPLATES, encode_examples, encode_prompt
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEQ = 16
 VOCAB = 512
 TEMPLATE_TEXT = ("Below is an instruction that describes a task. Write a response that appropriately completes the "

@@ -18,7 +18,7 @@ import pytest
 
 from mindscale.launch.plan import assign_cores
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROBE = "tests/fixtures/allreduce_probe.py"
 LAUNCH_TIMEOUT = 120
 

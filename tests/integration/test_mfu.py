@@ -1,4 +1,4 @@
-"""tools/mfu.py (DESIGN.md §3) and mindscale/perf/gemm_peak.py: the published Megatron MFU/HFU figures
+"""tools/mfu.py (docs/mfu.md) and mindscale/perf/gemm_peak.py: the published Megatron MFU/HFU figures
 through the CLI, run folders (median, spread, warm-up, truncation), bad input, the CPU peak cache."""
 import json
 import subprocess

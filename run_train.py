@@ -8,7 +8,7 @@ Under msrun (scripts/run_distribute.sh) every worker runs this file. Exit status
 import argparse
 import sys
 
-from mindscale.config import ConfigError
+from mindscale.config import UserError
 from mindscale.cli import add_config_arguments, config_from_args, fail
 
 
@@ -18,16 +18,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
 
-    from models import WeightsMismatch
-    from models.hf_convert import HFConversionError
-    from mindscale.io import CheckpointError
-    from mindscale.train.data import DataError
     from mindscale.train.runtime import setup
     from mindscale.train.trainer import Trainer
     try:
         runtime = setup(cfg)
         Trainer(cfg, runtime).train()
-    except (ConfigError, DataError, CheckpointError, WeightsMismatch, HFConversionError) as exc:
+    except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     return 0
 

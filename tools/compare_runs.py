@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 
 from mindscale.cli import fail
+from mindscale.config import UserError
 from mindscale.perf.compare import Targets, compare, table
-from mindscale.perf.metrics_io import RunDataError, add_warmup_argument
+from mindscale.perf.metrics_io import add_warmup_argument
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     targets = Targets(args.step_time_target, args.throughput_target, args.mfu_target, args.linearity_target)
     try:
         result = compare(args.baseline, args.optimized, targets, args.warmup, args.linearity, args.baseline_linearity)
-    except RunDataError as exc:
+    except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     print(json.dumps(result) if args.json else table(result))
     return 0 if result["all_met"] else 1

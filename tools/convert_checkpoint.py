@@ -23,8 +23,8 @@ from models import (WeightsMismatch, build_model, check_weights, count_parameter
                     load_inference_weights)
 from models.hf_convert import (hf_to_mindscale, mindscale_to_hf, model_config_differences,
                                read_hf_folder, write_hf_folder)
-from mindscale.train.checkpoint import CONFIG, CheckpointError, save_checkpoint
-from mindscale.config import Config, ConfigError, config_from_tree, load_config
+from mindscale.train.checkpoint import CONFIG, save_checkpoint
+from mindscale.config import Config, ConfigError, UserError, config_from_tree, load_config
 from mindscale.cli import OneLineParser, add_config_arguments, emit, fail
 
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = hf2ms(args) if args.direction == "hf2ms" else ms2hf(args)
-    except (CheckpointError, ConfigError) as exc:  # includes HFConversionError and WeightsMismatch
+    except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     except OSError as exc:  # e.g. --output names a folder that cannot be written
         fail(f"cannot write {args.output}: {exc.strerror or exc}")

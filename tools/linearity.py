@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 
 from mindscale.cli import fail
+from mindscale.config import UserError
 from mindscale.perf.linearity import RESULT_FILE, TARGET, plot, sweep, table
-from mindscale.perf.metrics_io import RunDataError, add_warmup_argument
+from mindscale.perf.metrics_io import add_warmup_argument
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = sweep(args.runs, args.threshold, args.warmup)
-    except RunDataError as exc:
+    except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     if args.plot:
         plot(result, args.plot)

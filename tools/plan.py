@@ -15,7 +15,7 @@ import json
 import sys
 
 from mindscale.cli import add_config_arguments, config_from_args, fail
-from mindscale.config import ConfigError
+from mindscale.config import UserError
 from mindscale.perf import planner
 from mindscale.perf.plan_text import readme_table, search_json, search_text, shipped_configs, text
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.devices is not None and args.devices != cfg.devices:
             cfg = planner.replan_devices(cfg, args.devices)
         result = planner.plan(cfg, args.peak_tflops, args.efficiency)
-    except (planner.PlanError, ConfigError) as exc:
+    except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     print(json.dumps(result) if args.json else text(result))
     return 0

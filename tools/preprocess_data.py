@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 from mindscale.cli import add_config_arguments, config_from_args, emit, fail
-from mindscale.config import Config
-from mindscale.train.data import DataError, check_special_ids, resolve_sources
+from mindscale.config import Config, UserError
+from mindscale.train.data import check_special_ids, resolve_sources
 from mindscale.train.preprocess import Options, check_output, load_tokenizer, pad_id_of, preprocess
 from mindscale.train.templates import TEMPLATES
 
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
             check_special_ids(cfg, sp.eos_id(), pad_id_of(sp), args.mode, f"tokenizer {tokenizer}")
         sources = resolve_sources(args.input)
         manifest = preprocess(output, options, sources, sp, tokenizer, seq_length)
-    except DataError as exc:
+    except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     emit({"output": str(output), **manifest}, args.json,
          f"{args.mode}: {manifest['num_samples']} samples of {seq_length + 1} tokens "

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from mindscale.cli import fail
-from mindscale.perf.profile import ProfileError, analyse, text
+from mindscale.config import UserError
+from mindscale.perf.profile import analyse, text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--top {args.top}: must be >= 1")
     try:
         report = analyse(args.profile_dir, args.steps, args.top)
-    except ProfileError as exc:
+    except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     print(json.dumps(report.to_dict()) if args.json else text(report))
     return 0

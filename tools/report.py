@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from mindscale.cli import fail
-from mindscale.perf.metrics_io import RunDataError, add_warmup_argument
+from mindscale.config import UserError
+from mindscale.perf.metrics_io import add_warmup_argument
 from mindscale.perf.report import build
 
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         output, pngs = build(args.run_dir, args.output, args.warmup)
-    except RunDataError as exc:
+    except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     print(output)
     for path in pngs:

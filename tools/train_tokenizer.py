@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from mindscale.cli import emit, fail
-from mindscale.train.data import DataError, resolve_sources
+from mindscale.config import UserError
+from mindscale.train.data import resolve_sources
 from mindscale.train.tokenizer import RESERVED_IDS, train
 
 
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
         model.parent.mkdir(parents=True, exist_ok=True)
         result = train(sources, args.output, args.vocab_size, args.model_type, args.text_key,
                        args.character_coverage, args.max_sentences, args.user_defined_symbols, args.workers)
-    except DataError as exc:
+    except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     emit(result, args.json, f"tokenizer {result['model']}: {result['vocab_size']} tokens ({args.model_type}), "
          f"pad={result['pad_id']} unk={result['unk_id']} eos={result['eos_id']} bos={result['bos_id']}")

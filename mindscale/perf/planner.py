@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 
@@ -161,7 +160,9 @@ _STAGE_BYTES: dict[tuple, dict] = {}
 
 
 def _model_key(cfg: Config) -> str:
-    return json.dumps([dataclasses.asdict(cfg.model), dataclasses.asdict(cfg.finetune.lora)], sort_keys=True)
+    """What the model's parameters depend on (dataclass reprs: a fifth of the search's time went to
+    dataclasses.asdict + json before)."""
+    return repr((cfg.model, cfg.finetune.lora))
 
 
 def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[ParameterSlice, ...]:

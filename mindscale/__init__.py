@@ -1,6 +1,6 @@
 """MindScale's library: what run_train.py, tools/ and scripts/ are made of.
 
-Its packages import downwards only:
+Each module imports only those listed above it (config, the leaf, first):
 
     config   every key, its validation, and the Layout derived from the parallel keys (a leaf)
     io       atomic writes, folders committed with a checksum marker

@@ -1,12 +1,11 @@
 """What every MindScale command line shares: config arguments, one-line errors, exit status 2, --json.
 
-A tool is argument parsing plus output over library functions; `@entry_point` on its `main` turns any
-UserError raised below into `error: <one line>` on stderr and exit status 2.
+A tool is argument parsing plus output over library functions; it catches the one base class of the
+errors a user can fix, mindscale.config.UserError, and reports it with `fail`: one line, exit 2.
 """
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 import typing
@@ -18,17 +17,6 @@ def fail(message: str, code: int = 2) -> typing.NoReturn:
     """Print one line to stderr and exit (2 = bad input)."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(code)
-
-
-def entry_point(main: typing.Callable[..., int]) -> typing.Callable[..., int]:
-    """`main(argv)` with every UserError reported as one line and exit status 2."""
-    @functools.wraps(main)
-    def run(argv: list[str] | None = None) -> int:
-        try:
-            return main(argv)
-        except UserError as exc:
-            fail(str(exc))
-    return run
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -10,10 +10,12 @@ VISIBLE = {"Ascend": ("ASCEND_RT_VISIBLE_DEVICES", "/dev/davinci[0-9]*"),
 
 
 def count_devices(device: str, env: dict) -> int:
-    """Accelerators of one kind visible here: the *_VISIBLE_DEVICES list, else the device files."""
+    """Accelerators of one kind visible here: the *_VISIBLE_DEVICES list, else the device files. A list
+    that hides every device (CUDA_VISIBLE_DEVICES=-1, Slurm's NoDevFiles) counts none."""
     variable, pattern = VISIBLE[device]
     if env.get(variable, "").strip():
-        return len([d for d in env[variable].split(",") if d.strip()])
+        listed = [d.strip() for d in env[variable].split(",")]
+        return len([d for d in listed if d and not d.startswith("-") and d != "NoDevFiles"])
     return len(glob.glob(pattern))
 
 

@@ -10,8 +10,9 @@ layer that holds it says, next to it, how it is split:
     SELECTIVE_RECOMPUTE              the primitives selective recompute recomputes (large outputs,
                                      cheap to recompute; Korthikanti et al. 2022)
 
-models/sharding.py holds the per-model plans (cell path -> style) and applies them; a strategy or a
-recompute mark naming an attribute the layer does not have is an error there.
+models/sharding.py holds the per-model plans (cell path -> style) and applies them; a strategy naming
+an attribute the layer does not have is an error there, and so is such a recompute mark in
+models/transformer.py.
 
 Tensors flow as 2-D [tokens, features] (tokens = batch x sequence) between layers: MatMul is 2-D
 and a flat layout needs no reshapes around every projection. Only attention views them per head.

@@ -3,7 +3,7 @@
 
 class UserError(ValueError):
     """Bad input from the user: a config, a file, an argument. The message is one line naming the
-    problem and the fix; the command lines print it and exit 2 (mindscale.cli.run_main)."""
+    problem and the fix; the command lines print it and exit 2 (mindscale.cli.fail)."""
 
 
 class ConfigError(UserError):

@@ -224,6 +224,3 @@ def plan_distribute(config: str, num_devices: str | None, overrides: list[str], 
                       local_workers=local, node=node, master_port=node.master_port or free_port(),
                       log_dir=log_dir, cluster_timeout=timeout, cores=cores, notes=notes)
 
-
-# ----------------------------------------------------------------------------------------------
-# The `worker` wrapper: runs inside every msrun process

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from mindscale.config import REPO_ROOT
 from mindscale.io import write_atomically
 
 GEMM_SIZE = 1024   # 2·n³ ≈ 2.1 GFLOP per MatMul: long enough to time, short enough for a shared core
@@ -100,8 +101,7 @@ def measure(size: int = GEMM_SIZE, repeats: int = REPEATS, timeout: float = 300)
     code = ("import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
             "from mindscale.perf.gemm_peak import measure_in_this_process as m; "
             f"print(m({size}, {repeats}))")
-    repo = str(Path(__file__).resolve().parent.parent)
-    result = subprocess.run([sys.executable, "-c", code], cwd=repo, env={**env, "PYTHONPATH": repo},
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env={**env, "PYTHONPATH": str(REPO_ROOT)},
                             capture_output=True, text=True, timeout=timeout)
     if result.returncode:
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]

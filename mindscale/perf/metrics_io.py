@@ -50,7 +50,7 @@ class Run:
 
 def read_metrics(path: str | Path) -> Metrics:
     """Parse metrics.jsonl. A partial last line is a truncation (kept out, flagged); a bad line
-    elsewhere, a file without one complete record or a record lacking DESIGN §3 keys is an error."""
+    elsewhere, a file without one complete record or a record lacking the run folder's keys (docs/design.md) is an error."""
     path = Path(path)
     if not path.is_file():
         raise RunDataError(f"{path} does not exist; point at a run folder written by run_train.py")
@@ -170,7 +170,7 @@ def spread(records: list[dict], key: str) -> dict:
 
 def steady_summary(run: Run, warmup: int = DEFAULT_WARMUP) -> dict:
     """Medians over steady-state records (after warm-up, outside the profiled steps) of the
-    throughput/efficiency keys (DESIGN §3); memory is the maximum over all records."""
+    throughput/efficiency keys (docs/design.md); memory is the maximum over all records."""
     kept, steady = steady_records(run.metrics.records, warmup, profile_window(run.config))
     if not steady:
         print(f"warning: {run.path} logged {len(run.metrics.records)} record(s), all warm-up; "

@@ -179,7 +179,8 @@ def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[Paramet
         return _TABLES[key]
     if model_key not in _MODELS:  # its parameters do not depend on the layout; "none" builds no lazy_inline cells
         with no_init_parameters():
-            _MODELS[model_key] = models.build_model(cfg, dataclasses.replace(layout, graph_reuse="none", sharded=True))
+            _MODELS[model_key] = models.build_model(cfg, dataclasses.replace(layout, graph_reuse="none", sharded=True,
+                                                                              cpu_kernels=False))
     model = _MODELS[model_key]
     splits = parameter_splits(model, cfg, layout)
     # a tied output head on the last stage reads the embedding: MindSpore keeps a copy of it there
@@ -420,7 +421,7 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
 
 
 def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None = None) -> dict:
-    """The DESIGN §3 plan of `cfg`: params, FLOPs, worst-stage memory, fits, comm bytes, prediction."""
+    """The plan of `cfg` (tools/plan.py --json, docs/planner.md): params, FLOPs, worst-stage memory, fits, comm bytes, prediction."""
     peak = peak_tflops if peak_tflops is not None else device_peak_tflops(cfg)
     eff = efficiency if efficiency is not None else DEFAULT_EFFICIENCY[cfg.hardware.device_target]
     layout = Layout.of(cfg)

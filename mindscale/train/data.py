@@ -20,7 +20,6 @@ number of parallel workers.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from itertools import count
@@ -30,6 +29,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from mindscale.config import Config, UserError
+from mindscale.io import sha256
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -44,11 +44,7 @@ class DataError(UserError):
 
 
 def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return sha256(Path(path))
 
 
 def read_manifest(path: str | Path) -> dict:

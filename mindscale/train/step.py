@@ -1,6 +1,6 @@
 """One optimizer step as one graph: micro batches, one gradient reduction, unscale, norm, clip, update.
 
-    graph = build_train_graph(cfg, layout)     # model, plan, recompute, optimizer, step: what run_train compiles
+    graph = build_train_graph(cfg, layout)     # model (recompute marked), plan, optimizer, step: what run_train compiles
     loss, grad_norm, overflow, scale = graph.step(input_ids, labels, loss_mask[, segment_ids])
 
 Every input is [rows, seq] with rows = micro_batch_size x micro_steps: a rank's micro batches

@@ -170,6 +170,15 @@ class Grads(nn.Cell):
         return self.network(*inputs), self.grad(self.network, self.weights)(*inputs)
 
 
+def recompute_marked(model) -> list[int]:
+    """Layers build_model marked: full (MindSpore's recompute scope on the block) or selective (the
+    MLP activation's primitive)."""
+    def full(cell):
+        return (cell._scope or "").startswith("recompute_")
+    return [i for i, layer in enumerate(model.layers)
+            if full(layer) or layer.feed_forward.act.attrs.get("recompute")]
+
+
 def loss_and_grads(cfg, weights, plain_softmax=False, sharded_loss=False):
     model = models.build_model(cfg)
     models.load_weights_into(model, weights)
@@ -178,7 +187,7 @@ def loss_and_grads(cfg, weights, plain_softmax=False, sharded_loss=False):
             layer.attention.core.softmax = ops.Softmax(axis=-1)
     if sharded_loss:
         model.loss = ShardedCrossEntropy(cfg.model.vocab_size)
-    recomputed = list(models.standalone_layout(cfg).recomputed)  # build_model marked these
+    recomputed = recompute_marked(model)
     loss, grads = Grads(models.build_train_network(cfg, model))(*(Tensor(x) for x in batch()))
     return recomputed, float(loss.asnumpy()), [g.asnumpy() for g in grads]
 
@@ -275,6 +284,15 @@ def test_selective_recompute_marks_the_attention_core_and_activations():
     assert all(getattr(core, n).attrs.get("recompute") for n in type(core).SELECTIVE_RECOMPUTE)
     assert mlp.act.attrs.get("recompute") and not mlp.w1.matmul.attrs.get("recompute")
     assert not model.layers[1].attention.core.softmax.attrs.get("recompute")
+
+
+def test_full_recompute_covers_the_lora_adapters():
+    """Marks come after LoRA wraps the Linears, so a fully recomputed block recomputes its adapters."""
+    model = built(tiny("llama", "finetune.lora.rank=2", "checkpoint.load_path=base.safetensors", "recompute.mode=full",
+                       "recompute.layers=1"))
+    wq = model.layers[0].attention.wq
+    assert type(wq).__name__ == "LoraLinear" and wq._scope.startswith("recompute_")
+    assert not (model.layers[1].attention.wq._scope or "").startswith("recompute_")
 
 
 def test_recompute_layers_per_stage_list_takes_the_first_layers_of_each_stage():

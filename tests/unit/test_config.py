@@ -173,3 +173,10 @@ def test_reference_doc_lists_every_key():
     for section in ("run", "model", "parallel", "recompute", "train", "data", "checkpoint", "profile"):
         for key in getattr(Config(), section).__dataclass_fields__:
             assert f"`{section}.{key}`" in text
+
+
+def test_template_names_are_the_templates_the_data_pipeline_has():
+    """The config validates data.template against TEMPLATE_NAMES without importing the templates."""
+    from mindscale.config import TEMPLATE_NAMES
+    from mindscale.train.templates import TEMPLATES
+    assert set(TEMPLATE_NAMES) == set(TEMPLATES)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tools.plan import shipped_configs
+from mindscale.perf.plan_text import shipped_configs
 from mindscale.perf import flops, planner
 from mindscale.config import REPO_ROOT, load_config, stage_layer_counts
 

@@ -21,17 +21,17 @@ import typing
 
 from mindscale.cli import OneLineParser, fail
 from mindscale.devices import detect_device
-from mindscale.launch.plan import (LaunchError, fit_data_parallel, load_resolved, plan_distribute, resolve_entry,
-                                   with_repo_on_path)
+from mindscale.config import UserError, load_config
+from mindscale.launch.plan import LaunchError, fit_data_parallel, plan_distribute, resolve_entry, with_repo_on_path
 from mindscale.launch.supervisor import interrupt, supervise
 from mindscale.launch.worker import pin_to_core, run_worker
 
 def standalone(args: argparse.Namespace, env: dict) -> typing.NoReturn:
     """One device without msrun: data_parallel set to 1, pinned to one core on CPU, then exec."""
-    cfg = load_resolved(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides)
     fitted = fit_data_parallel(cfg, 1)
     overrides = args.overrides + ([fitted] if fitted else [])
-    load_resolved(args.config, overrides)  # the fitted config must still validate (e.g. global batch)
+    load_config(args.config, overrides)  # the fitted config must still validate (e.g. global batch)
     if detect_device(cfg.run.device_target, env) == "CPU":
         pin_to_core(min(os.sched_getaffinity(0)), env)
     cmd = [sys.executable, str(resolve_entry(env)), "--config", args.config,
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return {"distribute": distribute, "standalone": standalone}[args.command](args, dict(os.environ))
-    except LaunchError as exc:
+    except UserError as exc:  # LaunchError, ConfigError, ...: one line, exit 2
         fail(str(exc))
 
 

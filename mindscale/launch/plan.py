@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mindscale.config import REPO_ROOT, Config, ConfigError, UserError, load_config
+from mindscale.config import REPO_ROOT, Config, UserError, load_config
 from mindscale.devices import count_devices, detect_device
 
 CPU_WORKERS_DEFAULT = 2
@@ -183,17 +183,10 @@ def resolve_entry(env: dict) -> Path:
     return entry
 
 
-def load_resolved(config: str, overrides: list[str]) -> Config:
-    try:
-        return load_config(config, overrides)
-    except ConfigError as exc:
-        raise LaunchError(str(exc)) from None
-
-
 def plan_distribute(config: str, num_devices: str | None, overrides: list[str], env: dict) -> LaunchPlan:
     """Decide the job. NUM_DEVICES is per node (msrun's local_worker_num); world = NNODES x it."""
     node = Node.from_env(env)
-    cfg = load_resolved(config, overrides)
+    cfg = load_config(config, overrides)
     device = detect_device(cfg.run.device_target, env)
     notes = []
     if num_devices is not None:
@@ -203,7 +196,7 @@ def plan_distribute(config: str, num_devices: str | None, overrides: list[str], 
             notes.append(f"{node.nnodes * local} device(s): adding --set {fitted} "
                          f"(config has parallel.data_parallel={cfg.parallel.data_parallel})")
             overrides = [*overrides, fitted]
-            cfg = load_resolved(config, overrides)
+            cfg = load_config(config, overrides)
     elif device == "CPU":
         local = CPU_WORKERS_DEFAULT
     else:

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import mindspore as ms
 from mindspore.communication import get_group_size, get_rank, init
 
-from mindscale.config import Config, ConfigError
-from mindscale.config import OPTIMIZER_SHARD_MIN_KIB, Layout
+from mindscale.config import OPTIMIZER_SHARD_MIN_KIB, Config, ConfigError, Layout
 from mindscale.devices import detect_device
 
 

@@ -31,8 +31,7 @@ from mindspore.ops.composite import add_flags
 from mindspore.parallel.nn import GradAccumulation, Pipeline
 
 import models
-from mindscale.config import Config
-from mindscale.config import Layout
+from mindscale.config import Config, Layout
 from mindscale.train.optim import build_optimizer
 
 DYNAMIC_SCALE_START = 2.0 ** 16

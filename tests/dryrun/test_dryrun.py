@@ -22,8 +22,7 @@ import sys
 import numpy as np
 import pytest
 
-from mindscale.config import REPO_ROOT, load_config
-from mindscale.config import Layout
+from mindscale.config import REPO_ROOT, Layout, load_config
 from models.weights import take_slice
 
 SHIPPED = sorted(p for d in ("gpt3", "llama2", "llama3", "finetune") for p in (REPO_ROOT / "configs" / d).glob("*.yaml")

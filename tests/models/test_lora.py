@@ -6,8 +6,7 @@ from mindspore import Tensor
 
 import models
 from models.lora import LoraLinear, merge, split_adapters, without_lora
-from mindscale.config import Layout
-from mindscale.config import ConfigError, REPO_ROOT, load_config
+from mindscale.config import REPO_ROOT, ConfigError, Layout, load_config
 
 
 

@@ -10,8 +10,7 @@ import models
 from models.cpu_kernels import SPLIT_CAUSAL_MIN, RowSumSoftmax
 from models.transformer import ShardedCrossEntropy, layer_graph_keys
 from mindscale.train.checkpoint import CheckpointError, save_checkpoint
-from mindscale.config import load_config
-from mindscale.config import Layout
+from mindscale.config import Layout, load_config
 
 
 

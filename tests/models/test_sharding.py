@@ -19,8 +19,7 @@ from models.attention import CompositeAttention, FlashAttention
 from models.layers import FusedRMSNorm
 from models.sharding import PLANS, planned_strategies
 from models.transformer import ShardedCrossEntropy
-from mindscale.config import load_config
-from mindscale.config import Layout
+from mindscale.config import Layout, load_config
 
 
 

@@ -1,8 +1,7 @@
 """mindscale/config/layout.py: every decision derived from a config's layout, computed in one place."""
 import pytest
 
-from mindscale.config import REPO_ROOT, load_config
-from mindscale.config import Layout
+from mindscale.config import REPO_ROOT, Layout, load_config
 
 TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
 

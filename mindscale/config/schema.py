@@ -96,7 +96,8 @@ class ParallelConfig:
     optimizer_shard: bool = doc("Shard optimizer states (and master weights) over data parallel.", False)
     gradient_accumulation_steps: int = doc("Micro steps accumulated per optimizer step.", 1)
     gradient_accumulation_shard: bool = doc(
-        "With optimizer_shard and several micro batches per step (accumulation or a pipeline): keep the "
+        "With optimizer_shard and a pipeline (pipeline_stage > 1; without one MindSpore's compile of it grows "
+        "exponentially with the layer count, docs/dryrun.md): keep the "
         "gradient-accumulation buffers sharded over the data-parallel replicas (MindSpore's "
         "gradient_accumulation_shard). Saves most of one full gradient copy (param_dtype) per rank; costs a "
         "reduce-scatter of the gradients per micro batch instead of one per step.", False)

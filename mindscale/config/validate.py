@@ -89,9 +89,10 @@ def _parallel(cfg: Config) -> None:
     if p.gradient_accumulation_shard and not (p.optimizer_shard and p.data_parallel > 1):
         raise ConfigError("parallel.gradient_accumulation_shard=true needs parallel.optimizer_shard=true and "
                           "parallel.data_parallel > 1 (it shards the buffers like the optimizer state); set it false")
-    if p.gradient_accumulation_shard and max(p.micro_batch_num, p.gradient_accumulation_steps) == 1:
-        raise ConfigError("parallel.gradient_accumulation_shard=true has nothing to shard with one micro batch per "
-                          "step; set it false or raise gradient_accumulation_steps / micro_batch_num")
+    if p.gradient_accumulation_shard and pp == 1:
+        raise ConfigError("parallel.gradient_accumulation_shard=true needs parallel.pipeline_stage > 1: with "
+                          "accumulation alone MindSpore 2.9 takes time exponential in the layer count to compile "
+                          "it (docs/dryrun.md); set it false, or use pipeline stages")
     if p.gradient_accumulation_shard and not cfg.run.reuse_layer_graph:
         raise ConfigError("parallel.gradient_accumulation_shard=true needs run.reuse_layer_graph=true (MindSpore "
                           "shards accumulation buffers only in a reused, lazy_inline graph)")

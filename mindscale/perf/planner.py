@@ -582,7 +582,10 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
                 if Layout.of(base).accumulates_in_graph and Layout.of(base).optimizer_shard and cfg.run.reuse_layer_graph:
                     candidates += [c + ["parallel.gradient_accumulation_shard=true"] for c in candidates]
                 for extra in candidates:
-                    candidate = with_overrides(base, extra) if extra else base
+                    try:
+                        candidate = with_overrides(base, extra) if extra else base
+                    except ConfigError:  # e.g. an accumulation shard the layout cannot take
+                        continue
                     result = plan(candidate, peak, efficiency)
                     if result["fits"]:
                         keeps = [] if any(x.startswith("recompute.mode=") for x in extra) else ["recompute.mode=none"]

@@ -107,6 +107,8 @@ def test_round_trip_through_yaml():
      "model.vocab_size=2049 is not divisible by parallel.model_parallel=2"),
     (["parallel.sequence_parallel=true"], "parallel.sequence_parallel=true needs parallel.model_parallel > 1"),
     (["parallel.micro_batch_num=4"], "parallel.micro_batch_num=4 needs parallel.pipeline_stage > 1"),
+    (["parallel.optimizer_shard=true", "parallel.gradient_accumulation_steps=2",
+      "parallel.gradient_accumulation_shard=true"], "parallel.gradient_accumulation_shard=true needs parallel.pipeline_stage > 1"),
     (["parallel.pipeline_stage=2", "parallel.micro_batch_num=1"],
      "parallel.micro_batch_num=1 < parallel.pipeline_stage=2"),
     (["parallel.pipeline_stage=3", "parallel.micro_batch_num=3"], "parallel.pipeline_stage=3 > model.num_layers=2"),

@@ -154,7 +154,10 @@ class CheckpointConfig:
     load_path: Optional[str] = doc(
         "Weights to start from (MindScale checkpoint or Hugging Face folder); optimizer state is not loaded.",
         None)
-    resume: bool = doc("Continue from the latest complete checkpoint in the run folder.", True)
+    resume: bool = doc("Continue from the newest step in the run folder that every rank committed and can read "
+                       "(an unreadable one is skipped, named on one line).", True)
+    resume_step: Optional[int] = doc("Resume from exactly this committed step (refused if any rank cannot read "
+                                     "it; later steps leave the run's history).", None)
     save_at_end: bool = doc("Save a checkpoint after the last step.", True)
 
 

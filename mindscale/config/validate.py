@@ -15,11 +15,11 @@ def _positive(cfg: Config) -> None:
         "parallel": ["data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
                      "gradient_accumulation_steps"],
         "train": ["micro_batch_size", "steps", "log_interval"],
-        "checkpoint": ["keep_last"],
+        "checkpoint": ["keep_last", "resume_step"],
     }.items():
         for name in names:
             value = getattr(getattr(cfg, section), name)
-            if value < 1:
+            if value is not None and value < 1:
                 raise ConfigError(f"{section}.{name}={value}: must be >= 1")
     for key, value in [("model.rope_theta", cfg.model.rope_theta), ("model.norm_eps", cfg.model.norm_eps),
                        ("model.init_std", cfg.model.init_std), ("hardware.memory_gib", cfg.hardware.memory_gib)]:

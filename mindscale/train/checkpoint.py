@@ -51,10 +51,9 @@ def _contiguous(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def save_checkpoint(root: str | Path, step: int, weights: dict[str, np.ndarray],
                     optimizer: dict[str, np.ndarray] | None = None, state: dict | None = None,
-                    config: str | None = None, keep_last: int | None = None) -> Path:
-    """Write `<root>/step_XXXXXXXX/` atomically and prune to the newest `keep_last` complete ones.
-
-    `config` is the resolved config as YAML text. Returns the final folder.
+                    config: str | None = None) -> Path:
+    """Write `<root>/step_XXXXXXXX/` atomically (pruning old ones is the run-level commit's job,
+    mindscale/train/commit.py). `config` is the resolved config as YAML text. Returns the final folder.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -71,9 +70,6 @@ def save_checkpoint(root: str | Path, step: int, weights: dict[str, np.ndarray],
     if config is not None:
         (tmp / CONFIG).write_text(config)
     commit_folder(tmp, final)
-    if keep_last:
-        for old in complete_checkpoints(root)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -102,10 +98,12 @@ def checkpoint_step(path: str | Path) -> int:
     return int(json.loads((Path(path) / STATE).read_text())["step"])
 
 
-def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict]:
-    """(weights, optimizer state, trainer state) of a complete checkpoint folder, checksums verified."""
+def load_checkpoint(path: str | Path, verified: bool = False) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict]:
+    """(weights, optimizer state, trainer state) of a complete checkpoint folder, checksums verified
+    (unless the caller just did: `verified`)."""
     path = Path(path)
-    verify_folder(path, deep=True)
+    if not verified:
+        verify_folder(path, deep=True)
     weights = read_tensors(path / WEIGHTS)
     optimizer = read_tensors(path / OPTIMIZER) if (path / OPTIMIZER).is_file() else {}
     state = json.loads((path / STATE).read_text())

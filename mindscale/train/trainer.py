@@ -1,7 +1,8 @@
 """The pretraining / fine-tuning loop behind run_train.py.
 
-Start order: the latest complete checkpoint in the run folder (full resume: weights, optimizer,
-loss scale, data position) -> `checkpoint.load_path` (weights only, for fine-tuning) -> fresh init.
+Start order: the newest committed checkpoint in the run folder (mindscale/train/commit.py; a full
+resume: weights, optimizer, loss scale, data position) -> `checkpoint.load_path` (weights only, for
+fine-tuning) -> fresh init.
 With LoRA (finetune.lora.rank > 0) checkpoints hold only the adapters: the frozen base always comes
 from `checkpoint.load_path`, and a resume puts the saved adapters on top of it.
 """
@@ -15,7 +16,7 @@ import numpy as np
 from mindspore import Tensor
 
 import models
-from mindscale.train import checkpoint as ckpt
+from mindscale.train import checkpoint as ckpt, commit
 from mindscale.config import Config, ConfigError
 from mindscale.train.data import build_dataset
 from mindscale.train.metrics import MetricsLogger
@@ -43,12 +44,13 @@ class Trainer:
         self.run_dir = run_dir_of(cfg)
         # Sharded layouts (Ascend/GPU semi-auto parallel): every rank holds slices, so every rank writes
         # its own checkpoints (with MindSpore's strategy file in <run>/strategy/) and resumes from them.
-        self.ckpt_dir = self.run_dir / "checkpoints"
-        if layout.sharded:
-            self.ckpt_dir = self.ckpt_dir / f"rank_{rt.rank}"
+        # A step is saved once every rank has written its part (mindscale/train/commit.py).
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.ckpt_dir = self.ckpt_root / f"rank_{rt.rank}" if layout.sharded else self.ckpt_root
+        self.vote = commit.RankVote(rt.world, layout.sharded)
         graph = build_train_graph(cfg, layout)
         self.model, self.network, self.optimizer, self.step_cell = graph.model, graph.network, graph.optimizer, graph.step
-        latest = ckpt.latest_checkpoint(self.ckpt_dir) if cfg.checkpoint.resume else None
+        latest = self._resume_point()
         self.start_step = ckpt.checkpoint_step(latest) if latest else 0
         # Read (and verify) what the run starts from before compiling: a bad checkpoint fails in seconds
         start = self._read_start(latest)
@@ -92,6 +94,12 @@ class Trainer:
                 "vocab_parallel": self.layout.vocab_parallel} if self.layout.sharded else {}
 
     # -- start-up ---------------------------------------------------------------------------------
+    def _resume_point(self) -> Path | None:
+        c = self.cfg.checkpoint
+        if not (c.resume or c.resume_step is not None):
+            return None
+        return commit.resume_point(self.ckpt_root, self.ckpt_dir, self.vote, self.rt.rank, c.resume_step)
+
     def _read_start(self, latest: Path | None):
         """(weights, optimizer state, trainer state, pretrained weights) to start from, read and checked."""
         pretrained = None
@@ -99,7 +107,7 @@ class Trainer:
             pretrained = models.load_pretrained(self.cfg.checkpoint.load_path, self.cfg)
         if latest is None:
             return None, None, None, pretrained
-        weights, optimizer_state, state = ckpt.load_checkpoint(latest)
+        weights, optimizer_state, state = ckpt.load_checkpoint(latest, verified=True)
         saved_layout = state.get("layout", {})
         if saved_layout != self.layout_record():
             raise ckpt.CheckpointError(
@@ -143,13 +151,17 @@ class Trainer:
             yield tuple(Tensor(np.concatenate([m[key] for m in micro])) for key in keys)
 
     def save(self, step: int, loss_scale: float) -> Path | None:
-        if not (self.rt.is_main or self.layout.sharded):
-            return None
-        state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
-                 "samples_consumed": step * self.cfg.global_batch_size, "layout": self.layout_record()}
-        return ckpt.save_checkpoint(self.ckpt_dir, step, parameters_as_numpy(self.saved_params),
-                                    parameters_as_numpy(self.optimizer_params), state, self.cfg.to_yaml(),
-                                    keep_last=self.cfg.checkpoint.keep_last)
+        """Every rank calls it: the writing ranks write their part, then all commit the step together."""
+        writes = self.rt.is_main or self.layout.sharded
+        saved = None
+        if writes:
+            state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
+                     "samples_consumed": step * self.cfg.global_batch_size, "layout": self.layout_record()}
+            saved = ckpt.save_checkpoint(self.ckpt_dir, step, parameters_as_numpy(self.saved_params),
+                                         parameters_as_numpy(self.optimizer_params), state, self.cfg.to_yaml())
+        commit.commit(self.ckpt_root, self.ckpt_dir if writes else None, step, self.vote, self.rt.rank,
+                      self.cfg.checkpoint.keep_last)
+        return saved
 
     def train(self) -> list[dict]:
         cfg = self.cfg

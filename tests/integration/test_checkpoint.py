@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from mindscale.train import checkpoint as ckpt
+from mindscale.train import checkpoint as ckpt, commit
 
 
 def tensors(seed):
@@ -14,15 +14,15 @@ def tensors(seed):
     return {"a.weight": rng.standard_normal((4, 3)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32)}
 
 
-def test_save_load_round_trip_and_keep_last(tmp_path):
-    for step in (10, 20, 30):
+def test_save_load_round_trip(tmp_path):
+    for step in (10, 20):
         ckpt.save_checkpoint(tmp_path, step, tensors(step), {"adam_m.a": np.ones(3, np.float32)},
-                             {"loss_scale": 1.0}, "run: {}\n", keep_last=2)
+                             {"loss_scale": 1.0}, "run: {}\n")
     kept = ckpt.complete_checkpoints(tmp_path)
-    assert [p.name for p in kept] == ["step_00000020", "step_00000030"]
+    assert [p.name for p in kept] == ["step_00000010", "step_00000020"]
     weights, optimizer, state = ckpt.load_checkpoint(kept[-1])
-    np.testing.assert_array_equal(weights["a.weight"], tensors(30)["a.weight"])
-    assert state == {"step": 30, "loss_scale": 1.0} and "adam_m.a" in optimizer
+    np.testing.assert_array_equal(weights["a.weight"], tensors(20)["a.weight"])
+    assert state == {"step": 20, "loss_scale": 1.0} and "adam_m.a" in optimizer
     assert (kept[-1] / "config.yaml").read_text() == "run: {}\n"
 
 
@@ -65,7 +65,7 @@ def test_sigkill_during_write_leaves_previous_checkpoint(tmp_path):
         "from mindscale.train import checkpoint as ckpt\n"
         f"root = {str(tmp_path)!r}\n"
         "for step in (1, 2):\n"
-        "    ckpt.save_checkpoint(root, step, {'w': np.full(1000, step, np.float32)}, keep_last=1)\n")
+        "    ckpt.save_checkpoint(root, step, {'w': np.full(1000, step, np.float32)})\n")
     env = {**os.environ, "MINDSCALE_FAULT": "checkpoint_write:2"}
     proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=ckpt.Path(__file__).parents[2])
     assert proc.returncode == -9
@@ -74,5 +74,55 @@ def test_sigkill_during_write_leaves_previous_checkpoint(tmp_path):
     assert ckpt.load_weights(latest)["w"][0] == 1
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
     assert leftovers  # the half-written folder is there, hidden, and ignored
-    ckpt.save_checkpoint(tmp_path, 2, {"w": np.full(1000, 2, np.float32)}, keep_last=1)
+    ckpt.save_checkpoint(tmp_path, 2, {"w": np.full(1000, 2, np.float32)})
     assert ckpt.latest_checkpoint(tmp_path).name == "step_00000002"
+
+
+# -- the run-level commit (mindscale/train/commit.py), one rank ---------------------------------------
+def saved_and_committed(root, steps, keep_last=2):
+    vote = commit.RankVote(1, sharded=False)
+    for step in steps:
+        ckpt.save_checkpoint(root, step, tensors(step), state={})
+        commit.commit(root, root, step, vote, 0, keep_last)
+    return vote
+
+
+def test_commit_records_steps_and_prunes_only_committed_ones(tmp_path):
+    ckpt.save_checkpoint(tmp_path, 5, tensors(5), state={})  # written, never committed (a rank died)
+    saved_and_committed(tmp_path, [10, 20, 30])
+    assert commit.committed_steps(tmp_path) == [20, 30]
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000020", "step_00000030"]
+
+
+def test_resume_takes_the_newest_readable_committed_step_and_names_what_it_skips(tmp_path):
+    vote = saved_and_committed(tmp_path, [10, 20])
+    ckpt.save_checkpoint(tmp_path, 30, tensors(30), state={})  # complete but not committed: not a candidate
+    said = []
+    assert commit.resume_point(tmp_path, tmp_path, vote, 0, None, said.append).name == "step_00000020"
+    newest = tmp_path / "step_00000020" / ckpt.WEIGHTS
+    data = bytearray(newest.read_bytes())
+    data[-1] ^= 1
+    newest.write_bytes(bytes(data))
+    assert commit.resume_point(tmp_path, tmp_path, vote, 0, None, said.append).name == "step_00000010"
+    assert len(said) == 1 and "skipping" in said[0] and "step_00000020" in said[0] and "checksum" in said[0]
+    assert commit.committed_steps(tmp_path) == [10]  # the skipped step left the run's history
+    with pytest.raises(ckpt.CheckpointError, match=r"resume_step=20 is not a committed step .*\[10\]"):
+        commit.resume_point(tmp_path, tmp_path, vote, 0, 20)
+
+
+def test_resume_step_refuses_an_unreadable_step_instead_of_falling_back(tmp_path):
+    vote = saved_and_committed(tmp_path, [10, 20])
+    (tmp_path / "step_00000010" / ckpt.WEIGHTS).write_bytes(b"")
+    assert commit.resume_point(tmp_path, tmp_path, vote, 0, 20).name == "step_00000020"
+    assert commit.committed_steps(tmp_path) == [10, 20]
+    with pytest.raises(ckpt.CheckpointError, match="resume_step=10: .*truncated.*pick another"):
+        commit.resume_point(tmp_path, tmp_path, vote, 0, 10)
+
+
+def test_a_run_without_a_commit_record_resumes_from_its_complete_folders(tmp_path):
+    for step in (1, 2):
+        ckpt.save_checkpoint(tmp_path, step, tensors(step), state={})
+    (tmp_path / "step_00000002" / ckpt.MARKER).unlink()
+    assert commit.committed_steps(tmp_path) is None
+    assert commit.resume_point(tmp_path, tmp_path, commit.RankVote(1, sharded=False), 0, None).name == "step_00000001"
+    assert commit.resume_point(tmp_path / "none", tmp_path / "none", commit.RankVote(1, sharded=False), 0, None) is None

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindscale.train import checkpoint as ckpt
+from mindscale.train import checkpoint as ckpt, commit
 from mindscale.config import REPO_ROOT
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
@@ -188,3 +188,42 @@ def test_resume_with_more_steps_extends_the_run(tmp_path):
     extended = train(tmp_path, "extend", "train.steps=5")
     assert "resumed from" in extended.stdout
     assert sorted(losses(tmp_path / "extend")) == [1, 2, 3, 4, 5]
+
+
+def test_corrupt_newest_checkpoint_is_skipped_on_one_line_and_resume_step_is_exact(tmp_path):
+    common = ("checkpoint.save_interval=2", "checkpoint.keep_last=3")
+    train(tmp_path, "run", "train.steps=6", *common)
+    root = tmp_path / "run" / "checkpoints"
+    assert commit.committed_steps(root) == [2, 4, 6]
+    newest = root / "step_00000006" / ckpt.WEIGHTS
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    again = train(tmp_path, "run", "train.steps=7", *common)
+    skipped = [line for line in again.stdout.splitlines() if "skipping" in line]
+    assert len(skipped) == 1 and "step_00000006" in skipped[0] and "checksum" in skipped[0], again.stdout
+    assert "resumed from" in again.stdout and "step_00000004" in again.stdout
+    assert commit.committed_steps(root) == [4, 6, 7]
+    refused = train(tmp_path, "run", "train.steps=7", "checkpoint.resume_step=5", *common, check=False)
+    assert refused.returncode == 2 and "resume_step=5 is not a committed step" in refused.stderr
+    exact = train(tmp_path, "run", "train.steps=5", "checkpoint.resume_step=4", *common)
+    assert "step_00000004 at step 4" in exact.stdout
+    assert commit.committed_steps(root) == [4, 5]
+
+
+def test_a_rank_killed_before_the_commit_leaves_its_step_uncommitted(tmp_path):
+    """Rank 1 dies after rank 0 wrote step 4 whole: step 4 is not saved, and the rerun resumes at 2."""
+    args = ["bash", "scripts/run_distribute.sh", TINY, "2",
+            *sets(f"run.output_dir={tmp_path}", "run.name=dp2", "train.micro_batch_size=2", "train.steps=6",
+                  "checkpoint.save_interval=2", "checkpoint.keep_last=2")]
+    killed = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "MINDSCALE_FAULT": "checkpoint_commit:4@1"})
+    assert killed.returncode == 1 and "rank 1 was killed by SIGKILL" in killed.stderr, killed.stderr[-2000:]
+    root = tmp_path / "dp2" / "checkpoints"
+    assert (root / "step_00000004" / ckpt.MARKER).is_file()  # rank 0's part is complete
+    assert commit.committed_steps(root) == [2]
+    resumed = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "step_00000002 at step 2" in (tmp_path / "dp2" / "logs" / "worker_0.log").read_text()
+    assert commit.committed_steps(root) == [4, 6]
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_00000004", "step_00000006"]

@@ -1,0 +1,154 @@
+"""The run-level commit: a step counts as saved only when every rank has written its part.
+
+Each writing rank commits its own folder atomically (mindscale/train/checkpoint.py): rank 0's
+`checkpoints/step_X/` in a data-parallel run, every rank's `checkpoints/rank_<r>/step_X/` in a
+sharded one. Then, per save:
+
+  1. every rank reaches a barrier (its part is on disk, or it writes nothing);
+  2. rank 0 adds the step to `checkpoints/COMMITTED` (written atomically), keeping the newest
+     `checkpoint.keep_last` committed steps;
+  3. after a second barrier every writing rank removes its folders of steps no longer listed.
+
+A rank that dies before the first barrier leaves its step uncommitted, whatever the other ranks
+wrote, and no rank prunes an older step for it. On resume every rank checks its own folder of the
+newest committed step (checksums included) and the ranks vote: the step is taken only if every rank
+can read its part, else the next older committed step is tried, each unusable folder named on one
+line. `checkpoint.resume_step` asks for one step and refuses instead of falling back. Runs saved
+before this file existed have no COMMITTED record: their complete folders are the candidates, and
+the vote still makes every rank agree.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from mindscale.io import CheckpointError, verify_folder, write_atomically
+from mindscale.train.checkpoint import checkpoint_step, complete_checkpoints, step_dir_name
+
+COMMITTED = "COMMITTED"
+
+
+class _SumCell(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.all_reduce = ops.AllReduce()
+
+    def construct(self, x):
+        return self.all_reduce(x)
+
+
+class RankVote:
+    """The sum over all ranks of a small float vector; with one process, the vector itself. Used as a
+    barrier and to agree on which checkpoint every rank can read.
+
+    A data-parallel run sums with a one-op graph (on CPU MindSpore has no eager collectives: measured,
+    "Create kernelmod for op InnerCommAllReduce failed"). A sharded run cannot: a semi-auto-parallel
+    graph may hold no communication op (the dry run refuses it), so it sums with MindSpore's eager
+    `communication.comm_func.all_reduce`, which MindFormers' barrier uses on Ascend. That path has
+    not run here (no Ascend)."""
+
+    def __init__(self, world: int, sharded: bool):
+        self.world = world
+        self._sum = None
+        if world > 1:
+            from mindspore.communication import comm_func
+
+            self._sum = (lambda x: comm_func.all_reduce(x, op="sum")) if sharded else _SumCell()
+
+    def count(self, *flags: bool) -> list[int]:
+        """How many ranks raised each flag."""
+        votes = Tensor(np.array([float(f) for f in flags], np.float32))
+        if self._sum is not None:
+            votes = self._sum(votes)
+            votes = votes[0] if isinstance(votes, tuple) else votes  # comm_func may add a handle
+        return [int(round(v)) for v in votes.asnumpy()]
+
+    def barrier(self) -> None:
+        self.count(True)
+
+
+def committed_steps(root: Path) -> list[int] | None:
+    """The committed steps recorded under `root` (the run's checkpoints folder), oldest first; None
+    when the run has no record (saved before run-level commits existed)."""
+    record = Path(root) / COMMITTED
+    if not record.is_file():
+        return None
+    try:
+        return sorted(json.loads(record.read_text())["steps"])
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise CheckpointError(f"{record} is corrupt; delete it to resume from the newest complete folders")
+
+
+def record_steps(root: Path, steps: list[int]) -> None:
+    """Rank 0 only: the committed steps, replaced atomically."""
+    write_atomically(Path(root) / COMMITTED, json.dumps({"steps": sorted(steps)}) + "\n")
+
+
+def _fault_point(step: int, rank: int) -> None:
+    """Fault injection for the tests: MINDSCALE_FAULT=checkpoint_commit:STEP[@RANK] makes that rank
+    (every rank without @RANK) SIGKILL itself after writing its part of STEP, before the commit."""
+    wanted = os.environ.get("MINDSCALE_FAULT", "")
+    if wanted in (f"checkpoint_commit:{step}", f"checkpoint_commit:{step}@{rank}"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def commit(root: Path, own_dir: Path | None, step: int, vote: RankVote, rank: int, keep_last: int) -> None:
+    """Steps 1-3 above, called by every rank after writing its part of `step` into `own_dir` (None:
+    this rank writes nothing, as the data-parallel ranks besides 0)."""
+    _fault_point(step, rank)
+    vote.barrier()
+    if rank == 0:
+        steps = [s for s in committed_steps(root) or [] if s < step] + [step]
+        record_steps(root, steps[-keep_last:] if keep_last else steps)
+    vote.barrier()
+    if own_dir is None:
+        return
+    kept = {step_dir_name(s) for s in committed_steps(root) or []}
+    for folder in Path(own_dir).glob("step_*"):
+        if folder.is_dir() and folder.name not in kept:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _readable(folder: Path) -> str | None:
+    """Why this rank cannot resume from `folder`, or None when it can (checksums verified)."""
+    try:
+        verify_folder(folder, deep=True)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
+def resume_point(root: Path, own_dir: Path, vote: RankVote, rank: int, wanted: int | None,
+                 say=print) -> Path | None:
+    """The folder this rank resumes from: its part of the newest committed step every rank can read
+    (or of step `wanted`), agreed by vote; None when there is nothing to resume. Every rank calls it."""
+    recorded = committed_steps(root)
+    steps = recorded if recorded is not None else [checkpoint_step(p) for p in complete_checkpoints(own_dir)]
+    if wanted is not None:
+        if wanted not in steps:
+            raise CheckpointError(f"checkpoint.resume_step={wanted} is not a committed step of {root} "
+                                  f"(committed: {steps or 'none'}); pick one of them")
+        steps = [wanted]
+    for step in reversed(steps):
+        folder = Path(own_dir) / step_dir_name(step)
+        problem = _readable(folder)
+        readable = vote.count(problem is None)[0]
+        if readable == vote.world:
+            if rank == 0 and recorded is not None and recorded[-1] != step:
+                record_steps(root, [s for s in recorded if s <= step])  # later steps leave the run's history
+            return folder
+        if wanted is not None:
+            raise CheckpointError(f"checkpoint.resume_step={wanted}: {problem or 'another rank cannot read its part'}; "
+                                  "pick another committed step")
+        if problem:
+            say(f"checkpoint: skipping {folder} ({problem}); trying the previous committed step")
+        elif rank == 0:
+            say(f"checkpoint: skipping step {step}: {vote.world - readable} of {vote.world} ranks cannot read their "
+                "part (see their logs); trying the previous committed step")
+    return None

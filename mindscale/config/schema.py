@@ -159,6 +159,10 @@ class CheckpointConfig:
     resume_step: Optional[int] = doc("Resume from exactly this committed step (refused if any rank cannot read "
                                      "it; later steps leave the run's history).", None)
     save_at_end: bool = doc("Save a checkpoint after the last step.", True)
+    async_save: bool = doc("Write checkpoints on a background thread from host copies of the tensors (one "
+                           "more copy of the saved state in host memory); the step is committed at the next "
+                           "save or the end. metrics.jsonl's save_blocked_s shows what saving cost training.",
+                           False)
 
 
 @dataclass

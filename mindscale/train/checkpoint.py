@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from mindscale.io import MARKER, CheckpointError, commit_folder, read_tensors, v
 from models.weights import WEIGHTS, assign, load_weights
 
 __all__ = ["MARKER", "WEIGHTS", "OPTIMIZER", "STATE", "CONFIG", "CheckpointError", "assign", "load_weights",
-           "save_checkpoint", "complete_checkpoints", "latest_checkpoint", "checkpoint_step", "load_checkpoint",
+           "save_checkpoint", "BackgroundSave", "complete_checkpoints", "latest_checkpoint", "checkpoint_step", "load_checkpoint",
            "step_dir_name"]
 
 OPTIMIZER = "optimizer.safetensors"
@@ -71,6 +72,28 @@ def save_checkpoint(root: str | Path, step: int, weights: dict[str, np.ndarray],
         (tmp / CONFIG).write_text(config)
     commit_folder(tmp, final)
     return final
+
+
+class BackgroundSave:
+    """save_checkpoint(*args) on a thread (checkpoint.async_save): training goes on while the folder is
+    written; join() waits for it and re-raises what it raised. The tensors must be copies that training
+    does not change. The commit (mindscale/train/commit.py) stays on the training thread, after join."""
+
+    def __init__(self, *args):
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=args, name="checkpoint-save", daemon=True)
+        self.thread.start()
+
+    def _run(self, *args) -> None:
+        try:
+            save_checkpoint(*args)
+        except BaseException as exc:  # re-raised on the training thread by join()
+            self.error = exc
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def complete_checkpoints(root: str | Path) -> list[Path]:

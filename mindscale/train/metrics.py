@@ -43,6 +43,7 @@ class MetricsLogger:
         self.peak = device_peak_tflops(cfg, cores=len(os.sched_getaffinity(0)))
         self.window: list[tuple[float, float, float]] = []  # (loss, grad_norm, step_time)
         self.skipped = 0
+        self.save_blocked = 0.0  # seconds checkpoint saves blocked training since the last record
         self.started = time.time()
         self.first_step = first_step
         self.bar = None
@@ -79,6 +80,7 @@ class MetricsLogger:
             return None
         record = self._record(step, lr, loss_scale)
         self.window.clear()
+        self.save_blocked = 0.0
         if self.write:
             with open(self.path, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
@@ -91,6 +93,10 @@ class MetricsLogger:
             else:
                 print(line, flush=True)
         return record
+
+    def saved(self, blocked_s: float) -> None:
+        """A checkpoint save blocked training for `blocked_s` (in the next record's save_blocked_s)."""
+        self.save_blocked += blocked_s
 
     def _record(self, step: int, lr: float, loss_scale: float) -> dict:
         n = len(self.window)
@@ -109,7 +115,7 @@ class MetricsLogger:
             "hfu": flops.utilization(tokens_per_s, self.hflops_per_token, devices, self.peak),
             "peak_tflops": self.peak, "memory_gib": memory_gib(self.device_target), "devices": devices,
             "steps_in_window": n, "skipped_steps": self.skipped, "loss_scale": loss_scale,
-            "elapsed_s": time.time() - self.started,
+            "save_blocked_s": self.save_blocked, "elapsed_s": time.time() - self.started,
         }
 
     def close(self) -> None:

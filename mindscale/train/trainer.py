@@ -31,8 +31,9 @@ def run_dir_of(cfg: Config) -> Path:
     return Path(cfg.run.output_dir) / cfg.run.name
 
 
-def parameters_as_numpy(params) -> dict[str, np.ndarray]:
-    return {p.name: p.asnumpy() for p in params}
+def parameters_as_numpy(params, copy: bool = False) -> dict[str, np.ndarray]:
+    """Parameter values by name; `copy`: arrays training cannot change (asnumpy may share memory)."""
+    return {p.name: np.array(p.asnumpy(), copy=True) if copy else p.asnumpy() for p in params}
 
 
 class Trainer:
@@ -48,6 +49,7 @@ class Trainer:
         self.ckpt_root = self.run_dir / "checkpoints"
         self.ckpt_dir = self.ckpt_root / f"rank_{rt.rank}" if layout.sharded else self.ckpt_root
         self.vote = commit.RankVote(rt.world, layout.sharded)
+        self.pending = None  # (step, this rank writes, its write) of a save not yet committed
         graph = build_train_graph(cfg, layout)
         self.model, self.network, self.optimizer, self.step_cell = graph.model, graph.network, graph.optimizer, graph.step
         latest = self._resume_point()
@@ -150,18 +152,40 @@ class Trainer:
                                   "here has no per-example mask; set it, or preprocess without --pack")
             yield tuple(Tensor(np.concatenate([m[key] for m in micro])) for key in keys)
 
-    def save(self, step: int, loss_scale: float) -> Path | None:
-        """Every rank calls it: the writing ranks write their part, then all commit the step together."""
+    def save(self, step: int, loss_scale: float) -> float:
+        """Every rank calls it: the writing ranks write their part, then all commit the step together.
+        With checkpoint.async_save the part is written on a thread from copies, and committed at the
+        next save or the end (finish_saving), so every rank's collectives stay in one order. Returns
+        the seconds training was blocked."""
+        began = time.perf_counter()
+        self.finish_saving()
         writes = self.rt.is_main or self.layout.sharded
-        saved = None
+        background = self.cfg.checkpoint.async_save
+        job = None
         if writes:
             state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
                      "samples_consumed": step * self.cfg.global_batch_size, "layout": self.layout_record()}
-            saved = ckpt.save_checkpoint(self.ckpt_dir, step, parameters_as_numpy(self.saved_params),
-                                         parameters_as_numpy(self.optimizer_params), state, self.cfg.to_yaml())
+            args = (self.ckpt_dir, step, parameters_as_numpy(self.saved_params, copy=background),
+                    parameters_as_numpy(self.optimizer_params, copy=background), state, self.cfg.to_yaml())
+            if background:
+                job = ckpt.BackgroundSave(*args)
+            else:
+                ckpt.save_checkpoint(*args)
+        self.pending = (step, writes, job)
+        if not background:
+            self.finish_saving()
+        return time.perf_counter() - began
+
+    def finish_saving(self) -> None:
+        """Commit the pending save, after its background write if it has one."""
+        if self.pending is None:
+            return
+        step, writes, job = self.pending
+        self.pending = None
+        if job is not None:
+            job.join()
         commit.commit(self.ckpt_root, self.ckpt_dir if writes else None, step, self.vote, self.rt.rank,
                       self.cfg.checkpoint.keep_last)
-        return saved
 
     def train(self) -> list[dict]:
         cfg = self.cfg
@@ -188,13 +212,15 @@ class Trainer:
                 records.append(record)
             interval = cfg.checkpoint.save_interval
             if interval and (step + 1) % interval == 0 and step + 1 < cfg.train.steps:
-                self.save(step + 1, scale)
+                logger.saved(self.save(step + 1, scale))
         profile.close()
         logger.close()
         if cfg.checkpoint.save_at_end and self.start_step < cfg.train.steps:
-            saved = self.save(cfg.train.steps, scale)
-            if saved:
-                self._say(f"checkpoint: {saved}")
+            blocked = self.save(cfg.train.steps, scale)
+            self.finish_saving()
+            self._say(f"checkpoint: {self.ckpt_dir / ckpt.step_dir_name(cfg.train.steps)} "
+                      f"(training blocked {blocked:.2f} s)")
+        self.finish_saving()
         print(f"rank {self.rt.rank}: weights sha256 {self.weights_digest()}", flush=True)
         return records
 

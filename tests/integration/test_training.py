@@ -115,8 +115,12 @@ def test_gradient_accumulation_equals_a_bigger_batch(tmp_path):
     np.testing.assert_allclose([acc[s] for s in big], list(big.values()), rtol=1e-5)
 
 
-def test_kill_during_checkpoint_write_then_resume_matches_uninterrupted_run(tmp_path):
-    common = ("train.steps=8", "checkpoint.save_interval=3", "checkpoint.keep_last=2")
+@pytest.mark.parametrize("saving", ["sync", "async"])
+def test_kill_during_checkpoint_write_then_resume_matches_uninterrupted_run(tmp_path, saving):
+    """SIGKILL halfway through writing step 6 (on the writer thread with async_save): the rerun resumes
+    from step 3 and ends bit-identical to a run never killed."""
+    common = ("train.steps=8", "checkpoint.save_interval=3", "checkpoint.keep_last=2",
+              f"checkpoint.async_save={saving == 'async'}")
     train(tmp_path, "straight", *common)
     killed = train(tmp_path, "resumed", *common, env={"MINDSCALE_FAULT": "checkpoint_write:6"}, check=False)
     assert killed.returncode == -9
@@ -131,6 +135,10 @@ def test_kill_during_checkpoint_write_then_resume_matches_uninterrupted_run(tmp_
     w_straight = ckpt.load_weights(tmp_path / "straight" / "checkpoints" / "step_00000008")
     w_again = ckpt.load_weights(run / "checkpoints" / "step_00000008")
     assert all(np.array_equal(w_straight[k], w_again[k]) for k in w_straight)
+    assert commit.committed_steps(run / "checkpoints") == [6, 8]
+    blocked = [r["save_blocked_s"] for r in metrics(run) if r["step"] == 7]  # the save at step 6
+    assert len(blocked) == 1 and blocked[0] > 0
+    assert "training blocked" in resumed.stdout
 
 
 def test_fp16_overflowing_steps_are_skipped_and_counted(tmp_path):

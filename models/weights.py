@@ -67,6 +67,25 @@ def take_slice(full: np.ndarray, layout: tuple | None, rank: int) -> np.ndarray:
     return np.ascontiguousarray(full.reshape(layout[6])[local_slice(layout, rank)])
 
 
+def merge_slices(name: str, parts: list[tuple[int, tuple | None, np.ndarray]]) -> np.ndarray:
+    """The full tensor `name` from ranks' slices, each (rank, its compiled layout, its slice) put where
+    local_slice says; the inverse of take_slice over the ranks that hold it. Replicas overwrite with
+    their equal copies. A part of the tensor no slice covers (a rank's folder missing) is an error."""
+    rank, layout, piece = parts[0]
+    if layout is None or not layout[1]:
+        return piece
+    full = np.empty(layout[6], piece.dtype)
+    covered = np.zeros(layout[6], bool)
+    for rank, layout, piece in parts:
+        index = local_slice(layout, rank)
+        full[index] = piece.reshape(full[index].shape)
+        covered[index] = True
+    if not covered.all():
+        raise CheckpointError(f"{name}: the ranks' slices cover {covered.mean():.0%} of it; a rank's checkpoint "
+                              "part is missing")
+    return full
+
+
 def assign(params, values: dict[str, np.ndarray], what: str, layouts: dict | None = None, rank: int = 0) -> None:
     """Copy `values` into `params` by name; every parameter must be present with its shape. A value may
     be the parameter's own slice (a rank's checkpoint), or the full tensor of a sharded parameter, of
@@ -93,14 +112,31 @@ def assign(params, values: dict[str, np.ndarray], what: str, layouts: dict | Non
 
 
 def load_weights(path: str | Path) -> dict[str, np.ndarray]:
-    """Weights from a checkpoint folder (verified) or a bare .safetensors file."""
+    """Weights from a checkpoint folder (verified) or a bare .safetensors file. A sharded run's rank
+    folder (`checkpoints/rank_<r>/step_X`, whose state.json holds its compiled layouts) stands for the
+    whole step: the slices of every rank_*/step_X beside it are merged into full tensors."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist; check checkpoint.load_path")
     if path.is_file():
         return read_tensors(path)
     verify_folder(path)
-    return read_tensors(path / WEIGHTS)
+    if _layouts(path) is None:
+        return read_tensors(path / WEIGHTS)
+    parts = {}
+    for folder in path.parent.parent.glob(f"rank_*/{path.name}"):
+        verify_folder(folder)
+        parts[int(folder.parent.name[len("rank_"):])] = (_layouts(folder), read_tensors(folder / WEIGHTS))
+    names = {n for _, tensors in parts.values() for n in tensors}
+    return {n: merge_slices(n, [(r, layouts.get(n), tensors[n]) for r, (layouts, tensors) in sorted(parts.items())
+                                if n in tensors])
+            for n in sorted(names)}
+
+
+def _layouts(folder: Path) -> dict | None:
+    """A sharded rank's compiled layouts (state.json "layouts"), or None for a whole checkpoint."""
+    state = folder / "state.json"
+    return json.loads(state.read_text()).get("layouts") if state.is_file() else None
 
 
 class WeightsMismatch(CheckpointError):

@@ -88,6 +88,12 @@ class Trainer:
         return self._held(p for p in self.step_cell.get_parameters()
                           if p.name not in not_state and not p.name.startswith("accu_grads."))
 
+    def compiled_layouts(self, params) -> dict:
+        """A sharded rank's compiled layout of each saved parameter (merged back by models.load_weights)."""
+        held = self.step_cell.parameter_layout_dict
+        return {p.name: [list(x) if isinstance(x, (list, tuple)) else x for x in held[p.name][:7]]
+                for p in params if p.name in held}
+
     def layout_record(self) -> dict:
         """What a rank's checkpoint slices depend on: saved with it, compared on resume."""
         p = self.cfg.parallel
@@ -165,6 +171,8 @@ class Trainer:
         if writes:
             state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
                      "samples_consumed": step * self.cfg.global_batch_size, "layout": self.layout_record()}
+            if self.layout.sharded:
+                state["layouts"] = self.compiled_layouts([*self.saved_params, *self.optimizer_params])
             args = (self.ckpt_dir, step, parameters_as_numpy(self.saved_params, copy=background),
                     parameters_as_numpy(self.optimizer_params, copy=background), state, self.cfg.to_yaml())
             if background:

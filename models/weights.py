@@ -112,21 +112,28 @@ def assign(params, values: dict[str, np.ndarray], what: str, layouts: dict | Non
 
 
 def load_weights(path: str | Path) -> dict[str, np.ndarray]:
-    """Weights from a checkpoint folder (verified) or a bare .safetensors file. A sharded run's rank
-    folder (`checkpoints/rank_<r>/step_X`, whose state.json holds its compiled layouts) stands for the
-    whole step: the slices of every rank_*/step_X beside it are merged into full tensors."""
+    """Weights from a checkpoint folder (verified) or a bare .safetensors file; a sharded rank's folder
+    stands for its whole step (read_step_tensors)."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist; check checkpoint.load_path")
     if path.is_file():
         return read_tensors(path)
-    verify_folder(path)
-    if _layouts(path) is None:
-        return read_tensors(path / WEIGHTS)
+    return read_step_tensors(path, WEIGHTS)
+
+
+def read_step_tensors(folder: Path, file: str) -> dict[str, np.ndarray]:
+    """The tensors of `file` in a checkpoint folder (verified). A sharded run's rank folder
+    (`checkpoints/rank_<r>/step_X`, whose state.json holds its compiled layouts) stands for the whole
+    step: the slices of every rank_*/step_X beside it are merged into full tensors."""
+    verify_folder(folder)
+    if _layouts(folder) is None:
+        return read_tensors(folder / file) if (folder / file).is_file() else {}
     parts = {}
-    for folder in path.parent.parent.glob(f"rank_*/{path.name}"):
-        verify_folder(folder)
-        parts[int(folder.parent.name[len("rank_"):])] = (_layouts(folder), read_tensors(folder / WEIGHTS))
+    for rank_folder in folder.parent.parent.glob(f"rank_*/{folder.name}"):
+        verify_folder(rank_folder)
+        held = read_tensors(rank_folder / file) if (rank_folder / file).is_file() else {}
+        parts[int(rank_folder.parent.name[len("rank_"):])] = (_layouts(rank_folder), held)
     names = {n for _, tensors in parts.values() for n in tensors}
     return {n: merge_slices(n, [(r, layouts.get(n), tensors[n]) for r, (layouts, tensors) in sorted(parts.items())
                                 if n in tensors])

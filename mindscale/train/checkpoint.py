@@ -27,12 +27,20 @@ from mindscale.io import MARKER, CheckpointError, commit_folder, read_tensors, v
 from models.weights import WEIGHTS, assign, load_weights
 
 __all__ = ["MARKER", "WEIGHTS", "OPTIMIZER", "STATE", "CONFIG", "CheckpointError", "assign", "load_weights",
-           "save_checkpoint", "BackgroundSave", "complete_checkpoints", "latest_checkpoint", "checkpoint_step", "load_checkpoint",
-           "step_dir_name"]
+           "save_checkpoint", "BackgroundSave", "layout_record", "complete_checkpoints", "latest_checkpoint",
+           "checkpoint_step", "load_checkpoint", "step_dir_name"]
 
 OPTIMIZER = "optimizer.safetensors"
 STATE = "state.json"
 CONFIG = "config.yaml"
+
+
+def layout_record(cfg, layout) -> dict:
+    """What a rank's checkpoint slices depend on (state.json "layout"): compared on resume; {} unsharded."""
+    p = cfg.parallel
+    return {"devices": layout.devices, "data_parallel": p.data_parallel, "model_parallel": p.model_parallel,
+            "pipeline_stage": p.pipeline_stage, "optimizer_shard": layout.optimizer_shard,
+            "vocab_parallel": layout.vocab_parallel} if layout.sharded else {}
 
 
 def step_dir_name(step: int) -> str:

@@ -94,13 +94,6 @@ class Trainer:
         return {p.name: [list(x) if isinstance(x, (list, tuple)) else x for x in held[p.name][:7]]
                 for p in params if p.name in held}
 
-    def layout_record(self) -> dict:
-        """What a rank's checkpoint slices depend on: saved with it, compared on resume."""
-        p = self.cfg.parallel
-        return {"devices": self.layout.devices, "data_parallel": p.data_parallel, "model_parallel": p.model_parallel,
-                "pipeline_stage": p.pipeline_stage, "optimizer_shard": self.layout.optimizer_shard,
-                "vocab_parallel": self.layout.vocab_parallel} if self.layout.sharded else {}
-
     # -- start-up ---------------------------------------------------------------------------------
     def _resume_point(self) -> Path | None:
         c = self.cfg.checkpoint
@@ -116,12 +109,12 @@ class Trainer:
         if latest is None:
             return None, None, None, pretrained
         weights, optimizer_state, state = ckpt.load_checkpoint(latest, verified=True)
-        saved_layout = state.get("layout", {})
-        if saved_layout != self.layout_record():
+        saved_layout, ours = state.get("layout", {}), ckpt.layout_record(self.cfg, self.layout)
+        if saved_layout != ours:
             raise ckpt.CheckpointError(
                 f"{latest} was written under the layout {saved_layout or 'unsharded'}, this run is "
-                f"{self.layout_record() or 'unsharded'}; resharding a checkpoint is not implemented yet: resume "
-                "with the layout it was written under")
+                f"{ours or 'unsharded'}; reshard it first: python tools/reshard.py --input {latest} --config "
+                "<this run's config> --output <a new run>/checkpoints")
         return weights, optimizer_state, state, pretrained
 
     def _assign_start(self, latest: Path | None, start) -> None:
@@ -170,7 +163,8 @@ class Trainer:
         job = None
         if writes:
             state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
-                     "samples_consumed": step * self.cfg.global_batch_size, "layout": self.layout_record()}
+                     "samples_consumed": step * self.cfg.global_batch_size,
+                     "layout": ckpt.layout_record(self.cfg, self.layout)}
             if self.layout.sharded:
                 state["layouts"] = self.compiled_layouts([*self.saved_params, *self.optimizer_params])
             args = (self.ckpt_dir, step, parameters_as_numpy(self.saved_params, copy=background),

@@ -1,0 +1,95 @@
+"""A checkpoint step from one layout to another (tools/reshard.py).
+
+The source is a whole step folder (a data-parallel run's, or a converted one) or any rank's folder of
+a sharded run's step, whose slices are merged (models.read_step_tensors). The target is a config: an
+unsharded one gets one whole folder; a sharded one gets `rank_<r>/step_X` for every rank, each cut by
+the layouts MindSpore's dry run compiles for the first rank of every stage (the ranks of a stage
+share them). Either way the step is committed (`COMMITTED`). The step, loss scale, seed and data
+position carry over, and the data order does not depend on the layout, so a run of the target
+config resumes from the output as from its own checkpoint. The whole model is held in host memory
+once.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from mindscale.config import Config, Layout
+from mindscale.io import CheckpointError
+from mindscale.train.checkpoint import (CONFIG, OPTIMIZER, STATE, WEIGHTS, layout_record, save_checkpoint,
+                                        step_dir_name)
+from mindscale.train.commit import record_steps
+from models.weights import read_step_tensors, take_slice
+
+
+def read_step(folder: Path) -> tuple[dict, dict, dict]:
+    """(weights, optimizer state, trainer state) of a step, whole."""
+    folder = Path(folder)
+    if not (folder / STATE).is_file():
+        raise CheckpointError(f"{folder} is not a checkpoint step folder (no {STATE}); point --input at a step_* "
+                              "folder, for a sharded run at any rank_<r>/step_* folder")
+    state = json.loads((folder / STATE).read_text())
+    state.pop("layouts", None)
+    return read_step_tensors(folder, WEIGHTS), read_step_tensors(folder, OPTIMIZER), state
+
+
+def compiled_layouts(config: str, overrides: list[str], cfg: Config, jobs: int) -> dict[int, dict]:
+    """Every rank's compiled layout of each tensor it holds, from a dry run of each stage's first rank."""
+    from mindscale.launch.dryrun_ranks import Job, choose_ranks, compile_ranks, for_ascend
+
+    cfg, layout = for_ascend(cfg)
+    job = Job(config, tuple(overrides), Path(tempfile.mkdtemp(prefix="mindscale-reshard-")), collectives=False)
+    by_rank = {}
+    for report in compile_ranks(cfg, job, choose_ranks("stages", layout), jobs):
+        if not report["compiled"]:
+            raise CheckpointError(f"the target layout does not compile: {report['error']}")
+        raw = {n: (dev, tmap, None, 1, True, group, shape) for n, (dev, tmap, shape, group) in report["layouts"].items()}
+        for rank in layout.stage_ranks(report["stage"]):
+            by_rank[rank] = raw
+    return by_rank
+
+
+def _rank_part(tensors: dict, layouts: dict, everywhere: set, rank: int) -> dict:
+    """What `rank` holds of `tensors`: its slice of each tensor its stage holds, and the tensors no stage
+    has a layout for (optimizer counters)."""
+    return {n: take_slice(v, layouts[n], rank) if n in layouts else v
+            for n, v in tensors.items() if n in layouts or n in everywhere}
+
+
+def reshard(source: Path, config: str, overrides: list[str], cfg: Config, output: Path, jobs: int = 1) -> dict:
+    """Write the step of `source` under `output` (a run's checkpoints folder) for `cfg`'s layout."""
+    output = Path(output)
+    if output.exists() and any(output.iterdir()):
+        raise CheckpointError(f"--output {output} is not empty; name a new folder (a run's checkpoints/ to be)")
+    began = time.perf_counter()
+    weights, optimizer, state = read_step(source)
+    step = int(state["step"])
+    consumed = state.get("samples_consumed", step * cfg.global_batch_size)
+    if consumed != step * cfg.global_batch_size:
+        raise CheckpointError(f"{source} was trained with a global batch of {consumed // max(step, 1)}, the target "
+                              f"config has {cfg.global_batch_size}: the data position would move; keep the batch")
+    layout = Layout.of(cfg, cfg.hardware.device_target)
+    state = {**state, "layout": layout_record(cfg, layout)}
+    if not layout.sharded:
+        save_checkpoint(output, step, weights, optimizer, state, cfg.to_yaml())
+        folders = [output / step_dir_name(step)]
+    else:
+        by_rank = compiled_layouts(config, overrides, cfg, jobs)
+        laid_out = {n for layouts in by_rank.values() for n in layouts}
+        everywhere = {n for n in [*weights, *optimizer] if n not in laid_out}
+        folders = []
+        for rank, layouts in sorted(by_rank.items()):
+            part_weights = _rank_part(weights, layouts, everywhere, rank)
+            part_optimizer = _rank_part(optimizer, layouts, everywhere, rank)
+            held = {n: [list(x) if isinstance(x, (list, tuple)) else x for x in layouts[n]]
+                    for n in [*part_weights, *part_optimizer] if n in layouts}
+            folders.append(save_checkpoint(output / f"rank_{rank}", step, part_weights, part_optimizer,
+                                           {**state, "layouts": held}, cfg.to_yaml()))
+    record_steps(output, [step])
+    seconds = time.perf_counter() - began
+    full_bytes = sum(v.nbytes for v in [*weights.values(), *optimizer.values()])
+    return {"output": str(output), "step": step, "ranks": len(folders), "bytes": int(full_bytes),
+            "seconds": round(seconds, 2), "gb_per_s": full_bytes / 1e9 / seconds,
+            "config": str(folders[0] / CONFIG)}

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 from mindspore import nn
+from safetensors import SafetensorError, safe_open
 
 from mindscale.config import Config, ConfigError, config_from_tree
 from mindscale.io import CheckpointError, read_tensors, verify_folder
@@ -86,6 +88,41 @@ def merge_slices(name: str, parts: list[tuple[int, tuple | None, np.ndarray]]) -
     return full
 
 
+class SlicedFile(Mapping):
+    """A safetensors file's tensors, read only when asked: `[name]` reads one whole, `local(name, layout,
+    rank)` only `rank`'s slice of it (safe_open's get_slice), so a sharded rank loading full weights never
+    holds a whole tensor it does not need. Shapes come from the header."""
+
+    def __init__(self, file: Path):
+        self.file = Path(file)
+        try:
+            with safe_open(str(self.file), framework="np") as handle:
+                self.shapes = {n: tuple(handle.get_slice(n).get_shape()) for n in handle.keys()}
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{self.file} cannot be read ({str(exc).splitlines()[0]}); "
+                                  "it is truncated or not safetensors")
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        with safe_open(str(self.file), framework="np") as handle:
+            return handle.get_tensor(name)
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def local(self, name: str, layout: tuple, rank: int) -> np.ndarray:
+        if self.shapes[name] != tuple(layout[6]):  # stored in another shape: cut from the whole tensor
+            return take_slice(self[name], layout, rank)
+        with safe_open(str(self.file), framework="np") as handle:
+            return np.ascontiguousarray(handle.get_slice(name)[local_slice(layout, rank)])
+
+
+def _shape(values, name: str) -> tuple:
+    return values.shapes[name] if isinstance(values, SlicedFile) else tuple(np.shape(values[name]))
+
+
 def assign(params, values: dict[str, np.ndarray], what: str, layouts: dict | None = None, rank: int = 0) -> None:
     """Copy `values` into `params` by name; every parameter must be present with its shape. A value may
     be the parameter's own slice (a rank's checkpoint), or the full tensor of a sharded parameter, of
@@ -99,10 +136,12 @@ def assign(params, values: dict[str, np.ndarray], what: str, layouts: dict | Non
         raise CheckpointError(f"{what} lacks {len(missing)} tensors (first: {missing[:3]}); "
                               "it was written by a different model or optimizer")
     for name, param in by_name.items():
-        value, shape = values[name], tuple(param.shape)
+        shape, layout = tuple(param.shape), layouts.get(name)
+        sliced = (isinstance(values, SlicedFile) and layout is not None and layout[1]
+                  and _shape(values, name) != shape)
+        value = values.local(name, layout, rank) if sliced else values[name]
         if value.size == 1 and param.size == 1:  # safetensors stores 0-d scalars as shape (1,)
             value = value.reshape(shape)
-        layout = layouts.get(name)
         if tuple(value.shape) != shape and layout is not None and tuple(value.shape) == tuple(layout[6]):
             value = take_slice(value, layout, rank)
         if tuple(value.shape) != shape:
@@ -167,8 +206,8 @@ def check_weights(model: nn.Cell, weights: dict, layouts: dict | None = None) ->
     problems = []
     missing = [n for n in params if n not in weights]
     unexpected = [n for n in weights if n not in params]
-    wrong = [f"{n} {tuple(np.shape(weights[n]))} vs model {shape}"
-             for n, shape in params.items() if n in weights and tuple(np.shape(weights[n])) != shape]
+    wrong = [f"{n} {_shape(weights, n)} vs model {shape}"
+             for n, shape in params.items() if n in weights and _shape(weights, n) != shape]
     if missing:
         problems.append(f"missing {len(missing)}: {_first(missing)}")
     if unexpected:
@@ -187,9 +226,18 @@ def load_weights_into(model: nn.Cell, weights: dict, layouts: dict | None = None
     assign([p for p in model.get_parameters() if p.name in weights], weights, "weights", layouts, rank)
 
 
-def load_pretrained(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
+def load_pretrained(path: str | Path, cfg: Config, sliced: bool = False) -> Mapping[str, np.ndarray]:
     """MindScale-named weights from a MindScale checkpoint (folder or .safetensors) or a Hugging Face
-    model folder (config.json + safetensors). Raises CheckpointError / WeightsMismatch (one line)."""
+    model folder (config.json + safetensors). `sliced` (a sharded run): a whole MindScale checkpoint is
+    opened as a SlicedFile, from which each rank reads only its slices; a Hugging Face folder or a
+    sharded step is still read whole. Raises CheckpointError / WeightsMismatch (one line)."""
+    if sliced and not is_hf_folder(path):
+        file = Path(path)
+        if file.is_dir():
+            verify_folder(file)
+            file = file / WEIGHTS if _layouts(file) is None else None
+        if file is not None and file.is_file():
+            return SlicedFile(file)
     if not is_hf_folder(path):
         return load_weights(path)
     hf_model, weights = hf_to_mindscale(*read_hf_folder(path))

@@ -105,7 +105,7 @@ class Trainer:
         """(weights, optimizer state, trainer state, pretrained weights) to start from, read and checked."""
         pretrained = None
         if self.cfg.checkpoint.load_path and (latest is None or models.lora_enabled(self.cfg)):
-            pretrained = models.load_pretrained(self.cfg.checkpoint.load_path, self.cfg)
+            pretrained = models.load_pretrained(self.cfg.checkpoint.load_path, self.cfg, sliced=self.layout.sharded)
         if latest is None:
             return None, None, None, pretrained
         weights, optimizer_state, state = ckpt.load_checkpoint(latest, verified=True)

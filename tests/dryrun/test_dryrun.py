@@ -21,11 +21,12 @@ import sys
 
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from mindscale.config import REPO_ROOT, Layout, load_config
 from mindscale.io import CheckpointError
 from mindscale.train import checkpoint as ckpt
-from models.weights import load_weights, merge_slices, take_slice
+from models.weights import SlicedFile, load_weights, merge_slices, take_slice
 
 SHIPPED = sorted(p for d in ("gpt3", "llama2", "llama3", "finetune") for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
                  if p.name != "base.yaml" and load_config(p).hardware.device_target == "Ascend")
@@ -138,25 +139,32 @@ def test_packed_sft_with_composite_attention_under_model_parallel():
     assert report["compiled"]
 
 
-def test_restore_slices_full_weights_by_the_compiled_layouts():
+def test_restore_slices_full_weights_by_the_compiled_layouts(tmp_path):
     """What a sharded run's restore takes from a full tensor (models.weights), for every rank of a
     compiled layout: the compiled slice shape; the model-parallel part equal to MindSpore's own slicer
     (mindspore.parallel._tensor._load_tensor); the optimizer-shard parts of the ranks holding that slice,
-    in rank order, tiling it."""
+    in rank order, tiling it. Read from a safetensors file (SlicedFile), each rank's slice is the same."""
     from mindspore import Tensor
     from mindspore.parallel._tensor import _load_tensor
     sets = [*SMALL, "model.num_kv_heads=2", "parallel.data_parallel=2", "parallel.model_parallel=2",
             "parallel.optimizer_shard=true", "parallel.vocab_emb_dp=false"]
     reports = dryrun(TINY_LLAMA, *sets, ranks="0,1,2,3")
     sharded = 0
-    for name in (n for n in reports[0]["layouts"] if not n.startswith(("adam_", "accu_"))):
-        full_shape = reports[0]["layouts"][name][2]
-        full = np.arange(math.prod(full_shape), dtype=np.float32).reshape(full_shape)
+    names = [n for n in reports[0]["layouts"] if not n.startswith(("adam_", "accu_"))]
+    fulls = {n: np.arange(math.prod(reports[0]["layouts"][n][2]), dtype=np.float32).reshape(reports[0]["layouts"][n][2])
+             for n in names}
+    save_file(fulls, str(tmp_path / "full.safetensors"))
+    lazy = SlicedFile(tmp_path / "full.safetensors")  # what checkpoint.load_path gives a sharded run
+    for name in names:
+        full = fulls[name]
         holders = {}
         for report in reports:
             dev_matrix, tensor_map, shape, group = report["layouts"][name]
             piece = take_slice(full, (dev_matrix, tensor_map, None, 1, True, group, shape), report["rank"])
             assert list(piece.shape) == report["local_shapes"][name], name
+            if tensor_map:
+                read = lazy.local(name, (dev_matrix, tensor_map, None, 1, True, group, shape), report["rank"])
+                np.testing.assert_array_equal(read, piece)
             ours = take_slice(full, (dev_matrix, tensor_map, None, 1, True, "", shape), report["rank"])
             theirs = _load_tensor(Tensor(full), dev_matrix, tensor_map, shape, report["rank"]) if tensor_map else full
             np.testing.assert_array_equal(ours, theirs)

@@ -126,3 +126,25 @@ def test_a_run_without_a_commit_record_resumes_from_its_complete_folders(tmp_pat
     assert commit.committed_steps(tmp_path) is None
     assert commit.resume_point(tmp_path, tmp_path, commit.RankVote(1, sharded=False), 0, None).name == "step_00000001"
     assert commit.resume_point(tmp_path / "none", tmp_path / "none", commit.RankVote(1, sharded=False), 0, None) is None
+
+
+def test_a_sharded_rank_reads_only_its_slice_of_full_weights(tmp_path):
+    """checkpoint.load_path in a sharded run (models.SlicedFile): one rank's quarter of a 256 MiB tensor
+    is read without the rest; its peak memory stays far below a whole read's."""
+    from safetensors.numpy import save_file
+    file = tmp_path / "model.safetensors"
+    save_file({"w": np.arange(8192 * 8192, dtype=np.float32).reshape(8192, 8192)}, str(file))
+    layout = ([4], [0, -1], None, 1, True, "", [8192, 8192])  # dim 0 split 4 ways
+    script = ("import resource, sys\n"
+              "from models.weights import SlicedFile\n"
+              f"lazy = SlicedFile({str(file)!r})\n"
+              f"part = lazy.local('w', {layout!r}, 2) if sys.argv[1] == 'slice' else lazy['w']\n"
+              "print(float(part[0, 0]), part.shape[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+    peaks = {}
+    for how in ("slice", "whole"):
+        out = subprocess.run([sys.executable, "-c", script, how], cwd=ckpt.Path(__file__).parents[2], capture_output=True, text=True,
+                             timeout=300, check=True).stdout.split()
+        peaks[how] = int(out[2])
+        if how == "slice":
+            assert float(out[0]) == 2 * 2048 * 8192 and int(out[1]) == 2048  # rank 2's rows start at 4096
+    assert peaks["whole"] - peaks["slice"] > 150, peaks  # MiB: the other three quarters were never read

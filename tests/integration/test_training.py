@@ -220,18 +220,22 @@ def test_corrupt_newest_checkpoint_is_skipped_on_one_line_and_resume_step_is_exa
 
 
 def test_a_rank_killed_before_the_commit_leaves_its_step_uncommitted(tmp_path):
-    """Rank 1 dies after rank 0 wrote step 4 whole: step 4 is not saved, and the rerun resumes at 2."""
+    """Rank 1 of 2 dies after rank 0 wrote step 4 whole: step 4 is not saved. The rerun, on 1 worker with
+    the same global batch, resumes at step 2 and continues the losses of an uninterrupted 1-worker run."""
+    save = ("train.steps=6", "checkpoint.save_interval=2", "checkpoint.keep_last=2")
     args = ["bash", "scripts/run_distribute.sh", TINY, "2",
-            *sets(f"run.output_dir={tmp_path}", "run.name=dp2", "train.micro_batch_size=2", "train.steps=6",
-                  "checkpoint.save_interval=2", "checkpoint.keep_last=2")]
+            *sets(f"run.output_dir={tmp_path}", "run.name=dp2", "train.micro_batch_size=2", *save)]
     killed = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "MINDSCALE_FAULT": "checkpoint_commit:4@1"})
     assert killed.returncode == 1 and "rank 1 was killed by SIGKILL" in killed.stderr, killed.stderr[-2000:]
     root = tmp_path / "dp2" / "checkpoints"
     assert (root / "step_00000004" / ckpt.MARKER).is_file()  # rank 0's part is complete
     assert commit.committed_steps(root) == [2]
-    resumed = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "step_00000002 at step 2" in (tmp_path / "dp2" / "logs" / "worker_0.log").read_text()
+    resumed = train(tmp_path, "dp2", "train.micro_batch_size=4", *save)
+    assert "step_00000002 at step 2" in resumed.stdout
     assert commit.committed_steps(root) == [4, 6]
     assert sorted(p.name for p in root.glob("step_*")) == ["step_00000004", "step_00000006"]
+    train(tmp_path, "dp1", "train.micro_batch_size=4", "train.steps=6")
+    two_then_one, one = losses(tmp_path / "dp2"), losses(tmp_path / "dp1")
+    assert sorted(two_then_one) == sorted(one) == list(range(1, 7))
+    np.testing.assert_allclose([two_then_one[s] for s in one], list(one.values()), rtol=2e-4)

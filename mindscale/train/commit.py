@@ -13,8 +13,10 @@ A rank that dies before the first barrier leaves its step uncommitted, whatever 
 wrote, and no rank prunes an older step for it. On resume every rank checks its own folder of the
 newest committed step (checksums included) and the ranks vote: the step is taken only if every rank
 can read its part, else the next older committed step is tried, each unusable folder named on one
-line. `checkpoint.resume_step` asks for one step and refuses instead of falling back. Runs saved
-before this file existed have no COMMITTED record: their complete folders are the candidates, and
+line. `checkpoint.resume_step` asks for one step and refuses instead of falling back. When no
+committed step is readable by every rank the resume refuses rather than starting over. The run
+folder must be on storage every node shares (rank 0 writes the record the others read). Runs saved
+before this file existed have no COMMITTED record: rank 0's complete folders are the candidates, and
 the vote still makes every rank agree.
 """
 from __future__ import annotations
@@ -107,9 +109,10 @@ def commit(root: Path, own_dir: Path | None, step: int, vote: RankVote, rank: in
         steps = [s for s in committed_steps(root) or [] if s < step] + [step]
         record_steps(root, steps[-keep_last:] if keep_last else steps)
     vote.barrier()
-    if own_dir is None:
-        return
-    kept = {step_dir_name(s) for s in committed_steps(root) or []}
+    recorded = committed_steps(root)
+    if own_dir is None or not recorded or step not in recorded:
+        return  # this rank does not see the record (not a shared folder): it prunes nothing
+    kept = {step_dir_name(s) for s in recorded}
     for folder in Path(own_dir).glob("step_*"):
         if folder.is_dir() and folder.name not in kept:
             shutil.rmtree(folder, ignore_errors=True)
@@ -129,7 +132,11 @@ def resume_point(root: Path, own_dir: Path, vote: RankVote, rank: int, wanted: i
     """The folder this rank resumes from: its part of the newest committed step every rank can read
     (or of step `wanted`), agreed by vote; None when there is nothing to resume. Every rank calls it."""
     recorded = committed_steps(root)
-    steps = recorded if recorded is not None else [checkpoint_step(p) for p in complete_checkpoints(own_dir)]
+    if recorded is None:  # an older run: rank 0's complete folders, the same list on every rank
+        first = root if Path(own_dir) == Path(root) else Path(root) / "rank_0"
+        steps = [checkpoint_step(p) for p in complete_checkpoints(first)]
+    else:
+        steps = recorded
     if wanted is not None:
         if wanted not in steps:
             raise CheckpointError(f"checkpoint.resume_step={wanted} is not a committed step of {root} "
@@ -151,4 +158,7 @@ def resume_point(root: Path, own_dir: Path, vote: RankVote, rank: int, wanted: i
         elif rank == 0:
             say(f"checkpoint: skipping step {step}: {vote.world - readable} of {vote.world} ranks cannot read their "
                 "part (see their logs); trying the previous committed step")
+    if steps:
+        raise CheckpointError(f"no committed step of {root} ({steps}) can be read by every rank; the run folder must "
+                              "be on storage all nodes share, or set checkpoint.resume=false to start over")
     return None

@@ -119,6 +119,14 @@ def test_resume_step_refuses_an_unreadable_step_instead_of_falling_back(tmp_path
         commit.resume_point(tmp_path, tmp_path, vote, 0, 10)
 
 
+def test_no_readable_committed_step_refuses_instead_of_starting_over(tmp_path):
+    vote = saved_and_committed(tmp_path, [10, 20])
+    for step in (10, 20):
+        (tmp_path / ckpt.step_dir_name(step) / ckpt.WEIGHTS).write_bytes(b"")
+    with pytest.raises(ckpt.CheckpointError, match=r"no committed step .*\(\[10, 20\]\) can be read by every rank"):
+        commit.resume_point(tmp_path, tmp_path, vote, 0, None, print)
+
+
 def test_a_run_without_a_commit_record_resumes_from_its_complete_folders(tmp_path):
     for step in (1, 2):
         ckpt.save_checkpoint(tmp_path, step, tensors(step), state={})

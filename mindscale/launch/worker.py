@@ -1,8 +1,14 @@
 """`python -m mindscale.launch worker ENTRY [ARGS ...]`: what msrun starts in every process. It pins a
 CPU worker to its own core, runs the entry point as a child and records its exit status in
-`<log_dir>/worker_<rank>.exit`, which the supervisor (supervisor.py) polls."""
+`<log_dir>/worker_<rank>.exit`, which the supervisor (supervisor.py) polls.
+
+msrun starts every worker in a session of its own, so a launcher or msrun killed by any signal (a
+scheduler's SIGKILL of the job's process group) used to leave the workers training, and writing
+checkpoints, re-parented to init. Now the wrapper dies with msrun and the entry point with the
+wrapper (Linux's parent-death signal)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -25,13 +31,27 @@ def pin_to_core(core: int, env) -> None:
     env["OMP_NUM_THREADS"] = "1"
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent exits; at once if the parent is already gone."""
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def run_worker(entry_argv: list[str]) -> int:
-    """Run the entry point as a child, forward SIGTERM/SIGINT, record the exit status atomically."""
+    """Run the entry point as a child, forward SIGTERM/SIGINT, record the exit status atomically. The
+    wrapper dies with msrun, the child with the wrapper."""
+    die_with_parent()
     if os.environ.get(CORES_ENV) and os.environ.get("MS_ROLE") != "MS_SCHED":
         cores = [int(c) for c in os.environ[CORES_ENV].split(",")]
         local_rank = int(os.environ.get("DEVICE_ID", "0"))  # msrun sets DEVICE_ID to the local rank
         pin_to_core(cores[local_rank % len(cores)], os.environ)
-    child = subprocess.Popen([sys.executable, *entry_argv])
+    child = subprocess.Popen([sys.executable, *entry_argv], preexec_fn=die_with_parent)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
     code = child.wait()

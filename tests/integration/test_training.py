@@ -6,8 +6,10 @@ in-process runs leak into each other.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -239,3 +241,41 @@ def test_a_rank_killed_before_the_commit_leaves_its_step_uncommitted(tmp_path):
     two_then_one, one = losses(tmp_path / "dp2"), losses(tmp_path / "dp1")
     assert sorted(two_then_one) == sorted(one) == list(range(1, 7))
     np.testing.assert_allclose([two_then_one[s] for s in one], list(one.values()), rtol=2e-4)
+
+
+def _processes_naming(marker):
+    import psutil
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in (p.info["cmdline"] or [])):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_killing_the_jobs_process_group_stops_every_worker(tmp_path):
+    """A scheduler's kill -9 of the job's process group: msrun starts the workers in sessions of their
+    own, so they used to train on (and checkpoint) as orphans; now they die within seconds."""
+    args = ["bash", "scripts/run_distribute.sh", TINY, "2",
+            *sets(f"run.output_dir={tmp_path}", "run.name=orphans", "train.steps=100000", "train.micro_batch_size=2")]
+    job = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    try:
+        records = tmp_path / "orphans" / "metrics.jsonl"
+        deadline = time.time() + 240
+        while not (records.is_file() and records.stat().st_size) and time.time() < deadline and job.poll() is None:
+            time.sleep(1)
+        assert records.is_file() and records.stat().st_size, "the workers never started training"
+        trainers = [p for p in _processes_naming(str(tmp_path)) if Path(p.cmdline()[1]).name == "run_train.py"]
+        assert len(trainers) == 3  # two ranks and msrun's scheduler, each under its wrapper
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        deadline = time.time() + 10
+        while _processes_naming(str(tmp_path)) and time.time() < deadline:
+            time.sleep(0.5)
+        assert _processes_naming(str(tmp_path)) == []
+    finally:
+        for p in _processes_naming(str(tmp_path)):
+            p.kill()

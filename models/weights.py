@@ -62,6 +62,11 @@ def local_slice(layout: tuple, rank: int) -> tuple[slice, ...]:
     return tuple(index)
 
 
+def saved_layout(layout: tuple) -> list:
+    """A compiled layout as state.json keeps it (its first 7 fields, lists for tuples); local_slice reads it back."""
+    return [list(x) if isinstance(x, (list, tuple)) else x for x in layout[:7]]
+
+
 def take_slice(full: np.ndarray, layout: tuple | None, rank: int) -> np.ndarray:
     """`full` as `rank` holds it (the whole tensor when the parameter has no layout: not sharded)."""
     if layout is None or not layout[1]:

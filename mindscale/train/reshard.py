@@ -21,7 +21,7 @@ from mindscale.io import CheckpointError
 from mindscale.train.checkpoint import (CONFIG, OPTIMIZER, STATE, WEIGHTS, layout_record, save_checkpoint,
                                         step_dir_name)
 from mindscale.train.commit import record_steps
-from models.weights import read_step_tensors, take_slice
+from models.weights import read_step_tensors, saved_layout, take_slice
 
 
 def read_step(folder: Path) -> tuple[dict, dict, dict]:
@@ -83,8 +83,7 @@ def reshard(source: Path, config: str, overrides: list[str], cfg: Config, output
         for rank, layouts in sorted(by_rank.items()):
             part_weights = _rank_part(weights, layouts, everywhere, rank)
             part_optimizer = _rank_part(optimizer, layouts, everywhere, rank)
-            held = {n: [list(x) if isinstance(x, (list, tuple)) else x for x in layouts[n]]
-                    for n in [*part_weights, *part_optimizer] if n in layouts}
+            held = {n: saved_layout(layouts[n]) for n in [*part_weights, *part_optimizer] if n in layouts}
             folders.append(save_checkpoint(output / f"rank_{rank}", step, part_weights, part_optimizer,
                                            {**state, "layouts": held}, cfg.to_yaml()))
     record_steps(output, [step])

@@ -91,8 +91,7 @@ class Trainer:
     def compiled_layouts(self, params) -> dict:
         """A sharded rank's compiled layout of each saved parameter (merged back by models.load_weights)."""
         held = self.step_cell.parameter_layout_dict
-        return {p.name: [list(x) if isinstance(x, (list, tuple)) else x for x in held[p.name][:7]]
-                for p in params if p.name in held}
+        return {p.name: models.weights.saved_layout(held[p.name]) for p in params if p.name in held}
 
     # -- start-up ---------------------------------------------------------------------------------
     def _resume_point(self) -> Path | None:

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from mindscale.io import CheckpointError, publish_folder
+from models.tensor_file import full_index, open_tensors
 
 
 class HFConversionError(CheckpointError):
@@ -178,8 +178,29 @@ def _strip_prefix(hf_state: dict, arch: str) -> dict:
     return {(k if k.startswith("lm_head.") else f"transformer.{k}"): v for k, v in hf_state.items()}
 
 
-def hf_to_mindscale(hf_state: dict[str, np.ndarray], hf_config: dict) -> tuple[dict, dict[str, np.ndarray]]:
-    """(MindScale model-config dict, MindScale weights) from HF tensors and config.json contents."""
+class RuleView:
+    """MindScale tensor `rule.ours` as a view of HF tensor `theirs` (an array or a mapped StoredTensor):
+    its `shape`, and `[index]` reads that part alone, the index mapped through the row split and the
+    transpose. A sharded rank reads its slice of a fused or transposed HF tensor without the rest."""
+
+    def __init__(self, rule: Rule, theirs):
+        self.rule, self.theirs = rule, theirs
+        shape = tuple(theirs.shape)[::-1] if rule.transpose else tuple(theirs.shape)
+        self.shape = (shape[0] // rule.part[1], *shape[1:]) if rule.part else shape
+
+    def __getitem__(self, index) -> np.ndarray:
+        index = list(full_index(index, self.shape))
+        if self.rule.part:  # row block part[0] of the (transposed) HF tensor
+            offset = self.rule.part[0] * self.shape[0]
+            index[0] = slice(index[0].start + offset, index[0].stop + offset)
+        if self.rule.transpose:
+            return np.ascontiguousarray(np.asarray(self.theirs[tuple(index[::-1])]).T)
+        return np.ascontiguousarray(self.theirs[tuple(index)])
+
+
+def hf_views(hf_state: dict, hf_config: dict) -> tuple[dict, dict[str, RuleView]]:
+    """(MindScale model-config dict, MindScale weights as RuleViews: nothing read yet) from HF tensors
+    (arrays or StoredTensors) and config.json contents."""
     model = model_config_from_hf(hf_config)
     arch = model["arch"]
     state = {k: v for k, v in _strip_prefix(hf_state, arch).items() if not IGNORED_HF.search(k)}
@@ -191,16 +212,13 @@ def hf_to_mindscale(hf_state: dict[str, np.ndarray], hf_config: dict) -> tuple[d
         parts = ([f"missing {len(missing)}: {', '.join(missing[:3])}"] if missing else []) + \
                 ([f"unexpected {len(unused)}: {', '.join(unused[:3])}"] if unused else [])
         raise HFConversionError(f"Hugging Face tensors do not match config.json ({'; '.join(parts)})")
-    weights = {}
-    for r in rules:
-        value = np.asarray(state[r.theirs])
-        if r.transpose:
-            value = value.T
-        if r.part is not None:
-            index, count = r.part
-            value = np.split(value, count, axis=0)[index]
-        weights[r.ours] = np.ascontiguousarray(value)
-    return model, weights
+    return model, {r.ours: RuleView(r, state[r.theirs]) for r in rules}
+
+
+def hf_to_mindscale(hf_state: dict, hf_config: dict) -> tuple[dict, dict[str, np.ndarray]]:
+    """(MindScale model-config dict, MindScale weights) from HF tensors and config.json contents."""
+    model, views = hf_views(hf_state, hf_config)
+    return model, {name: view[...] for name, view in views.items()}
 
 
 def mindscale_to_hf(weights: dict[str, np.ndarray], m) -> tuple[dict[str, np.ndarray], dict]:
@@ -230,36 +248,10 @@ def is_hf_folder(path: str | Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file()
 
 
-def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """All tensors of a .safetensors file as numpy; BF16 (numpy has no bfloat16) widens to fp32."""
-    dtypes = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
-              "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-    data = path.read_bytes()
-    if len(data) < 8:
-        raise HFConversionError(f"{path} is not a safetensors file (too short)")
-    (size,) = struct.unpack("<Q", data[:8])
-    try:
-        header = json.loads(data[8:8 + size])
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise HFConversionError(f"{path} has a corrupt safetensors header")
-    body = memoryview(data)[8 + size:]
-    tensors = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        if meta["dtype"] not in dtypes:
-            raise HFConversionError(f"{path}: tensor {name} has unsupported dtype {meta['dtype']}")
-        start, end = meta["data_offsets"]
-        array = np.frombuffer(body[start:end], dtype=dtypes[meta["dtype"]]).reshape(meta["shape"])
-        if meta["dtype"] == "BF16":
-            array = (array.astype(np.uint32) << 16).view(np.float32)
-        tensors[name] = array.copy()
-    return tensors
-
-
-def read_hf_folder(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
+def read_hf_folder(path: str | Path, mapped: bool = False) -> tuple[dict, dict]:
     """(tensors, config) of a Hugging Face model folder: config.json + model.safetensors, or the
-    shards listed in model.safetensors.index.json."""
+    shards listed in model.safetensors.index.json. BF16 widens to fp32. `mapped`: the tensors are
+    StoredTensors (models/tensor_file.py), read only where indexed."""
     path = Path(path)
     if not is_hf_folder(path):
         raise HFConversionError(f"{path} is not a Hugging Face model folder (no config.json)")
@@ -279,8 +271,8 @@ def read_hf_folder(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     for name in files:
         if not (path / name).is_file():
             raise HFConversionError(f"{path / name} listed in the index is missing")
-        tensors.update(read_safetensors(path / name))
-    return tensors, config
+        tensors.update(open_tensors(path / name))
+    return (tensors if mapped else {name: t[...] for name, t in tensors.items()}), config
 
 
 def write_hf_folder(path: str | Path, hf_state: dict[str, np.ndarray], hf_config: dict) -> Path:

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 from mindspore import nn
-from safetensors import SafetensorError, safe_open
 
 from mindscale.config import Config, ConfigError, config_from_tree
 from mindscale.io import CheckpointError, read_tensors, verify_folder
-from models.hf_convert import (HFConversionError, hf_to_mindscale, is_hf_folder, model_config_differences,
+from models.hf_convert import (HFConversionError, hf_views, is_hf_folder, model_config_differences,
                                model_config_from_hf, read_hf_folder)
+from models.tensor_file import open_tensors
 from models.lora import is_adapter, merge, split_adapters, without_lora
 
 WEIGHTS = "model.safetensors"  # a checkpoint folder's weights file
@@ -93,23 +93,22 @@ def merge_slices(name: str, parts: list[tuple[int, tuple | None, np.ndarray]]) -
     return full
 
 
-class SlicedFile(Mapping):
-    """A safetensors file's tensors, read only when asked: `[name]` reads one whole, `local(name, layout,
-    rank)` only `rank`'s slice of it (safe_open's get_slice), so a sharded rank loading full weights never
-    holds a whole tensor it does not need. Shapes come from the header."""
+class SlicedWeights(Mapping):
+    """Weights read only when asked, from lazy tensors (models/tensor_file.py's StoredTensor of a mapped
+    safetensors file, or hf_convert's RuleView of an HF tensor renamed, transposed or split): `[name]`
+    reads one whole, `local(name, layout, rank)` only `rank`'s slice of it, so a sharded rank loading
+    full weights never holds a whole tensor it does not need. Shapes come from the headers."""
 
-    def __init__(self, file: Path):
-        self.file = Path(file)
-        try:
-            with safe_open(str(self.file), framework="np") as handle:
-                self.shapes = {n: tuple(handle.get_slice(n).get_shape()) for n in handle.keys()}
-        except (SafetensorError, OSError) as exc:
-            raise CheckpointError(f"{self.file} cannot be read ({str(exc).splitlines()[0]}); "
-                                  "it is truncated or not safetensors")
+    def __init__(self, tensors: dict):
+        self.tensors = tensors
+        self.shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+
+    @classmethod
+    def of_file(cls, file: str | Path) -> "SlicedWeights":
+        return cls(open_tensors(file))
 
     def __getitem__(self, name: str) -> np.ndarray:
-        with safe_open(str(self.file), framework="np") as handle:
-            return handle.get_tensor(name)
+        return self.tensors[name][...]
 
     def __iter__(self):
         return iter(self.shapes)
@@ -120,12 +119,11 @@ class SlicedFile(Mapping):
     def local(self, name: str, layout: tuple, rank: int) -> np.ndarray:
         if self.shapes[name] != tuple(layout[6]):  # stored in another shape: cut from the whole tensor
             return take_slice(self[name], layout, rank)
-        with safe_open(str(self.file), framework="np") as handle:
-            return np.ascontiguousarray(handle.get_slice(name)[local_slice(layout, rank)])
+        return self.tensors[name][local_slice(layout, rank)]
 
 
 def _shape(values, name: str) -> tuple:
-    return values.shapes[name] if isinstance(values, SlicedFile) else tuple(np.shape(values[name]))
+    return values.shapes[name] if isinstance(values, SlicedWeights) else tuple(np.shape(values[name]))
 
 
 def assign(params, values: dict[str, np.ndarray], what: str, layouts: dict | None = None, rank: int = 0) -> None:
@@ -142,7 +140,7 @@ def assign(params, values: dict[str, np.ndarray], what: str, layouts: dict | Non
                               "it was written by a different model or optimizer")
     for name, param in by_name.items():
         shape, layout = tuple(param.shape), layouts.get(name)
-        sliced = (isinstance(values, SlicedFile) and layout is not None and layout[1]
+        sliced = (isinstance(values, SlicedWeights) and layout is not None and layout[1]
                   and _shape(values, name) != shape)
         value = values.local(name, layout, rank) if sliced else values[name]
         if value.size == 1 and param.size == 1:  # safetensors stores 0-d scalars as shape (1,)
@@ -233,24 +231,25 @@ def load_weights_into(model: nn.Cell, weights: dict, layouts: dict | None = None
 
 def load_pretrained(path: str | Path, cfg: Config, sliced: bool = False) -> Mapping[str, np.ndarray]:
     """MindScale-named weights from a MindScale checkpoint (folder or .safetensors) or a Hugging Face
-    model folder (config.json + safetensors). `sliced` (a sharded run): a whole MindScale checkpoint is
-    opened as a SlicedFile, from which each rank reads only its slices; a Hugging Face folder or a
-    sharded step is still read whole. Raises CheckpointError / WeightsMismatch (one line)."""
-    if sliced and not is_hf_folder(path):
+    model folder (config.json + safetensors). `sliced` (a sharded run): the weights of a whole checkpoint
+    or an HF folder come as SlicedWeights, from which each rank reads only its slices; a sharded step's
+    folder is merged whole. Raises CheckpointError / WeightsMismatch (one line)."""
+    if is_hf_folder(path):
+        hf_model, views = hf_views(*read_hf_folder(path, mapped=True))
+        differ = model_config_differences(hf_model, cfg.model)
+        if differ:
+            raise WeightsMismatch(f"{path}: the Hugging Face model differs from the config: {_first(differ)}; "
+                                  "set those model keys or use a matching checkpoint")
+        weights = SlicedWeights(views)
+        return weights if sliced else {name: weights[name] for name in weights}
+    if sliced:
         file = Path(path)
         if file.is_dir():
             verify_folder(file)
             file = file / WEIGHTS if _layouts(file) is None else None
         if file is not None and file.is_file():
-            return SlicedFile(file)
-    if not is_hf_folder(path):
-        return load_weights(path)
-    hf_model, weights = hf_to_mindscale(*read_hf_folder(path))
-    differ = model_config_differences(hf_model, cfg.model)
-    if differ:
-        raise WeightsMismatch(f"{path}: the Hugging Face model differs from the config: {_first(differ)}; "
-                              "set those model keys or use a matching checkpoint")
-    return weights
+            return SlicedWeights.of_file(file)
+    return load_weights(path)
 
 
 def with_hf_dims(cfg: Config, hf_folder: str | Path) -> Config:

@@ -26,7 +26,7 @@ from safetensors.numpy import save_file
 from mindscale.config import REPO_ROOT, Layout, load_config
 from mindscale.io import CheckpointError
 from mindscale.train import checkpoint as ckpt
-from models.weights import SlicedFile, load_weights, merge_slices, take_slice
+from models.weights import SlicedWeights, load_weights, merge_slices, take_slice
 
 SHIPPED = sorted(p for d in ("gpt3", "llama2", "llama3", "finetune") for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
                  if p.name != "base.yaml" and load_config(p).hardware.device_target == "Ascend")
@@ -143,7 +143,7 @@ def test_restore_slices_full_weights_by_the_compiled_layouts(tmp_path):
     """What a sharded run's restore takes from a full tensor (models.weights), for every rank of a
     compiled layout: the compiled slice shape; the model-parallel part equal to MindSpore's own slicer
     (mindspore.parallel._tensor._load_tensor); the optimizer-shard parts of the ranks holding that slice,
-    in rank order, tiling it. Read from a safetensors file (SlicedFile), each rank's slice is the same."""
+    in rank order, tiling it. Read from a safetensors file (SlicedWeights), each rank's slice is the same."""
     from mindspore import Tensor
     from mindspore.parallel._tensor import _load_tensor
     sets = [*SMALL, "model.num_kv_heads=2", "parallel.data_parallel=2", "parallel.model_parallel=2",
@@ -154,7 +154,7 @@ def test_restore_slices_full_weights_by_the_compiled_layouts(tmp_path):
     fulls = {n: np.arange(math.prod(reports[0]["layouts"][n][2]), dtype=np.float32).reshape(reports[0]["layouts"][n][2])
              for n in names}
     save_file(fulls, str(tmp_path / "full.safetensors"))
-    lazy = SlicedFile(tmp_path / "full.safetensors")  # what checkpoint.load_path gives a sharded run
+    lazy = SlicedWeights.of_file(tmp_path / "full.safetensors")  # what checkpoint.load_path gives a sharded run
     for name in names:
         full = fulls[name]
         holders = {}

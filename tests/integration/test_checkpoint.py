@@ -137,17 +137,18 @@ def test_a_run_without_a_commit_record_resumes_from_its_complete_folders(tmp_pat
 
 
 def test_a_sharded_rank_reads_only_its_slice_of_full_weights(tmp_path):
-    """checkpoint.load_path in a sharded run (models.SlicedFile): one rank's eighth of a 256 MiB tensor
-    is read without the rest. Measured as the process's resident memory before and after the read,
-    with the result held: a whole read adds the whole tensor, a slice read about its eighth."""
+    """checkpoint.load_path in a sharded run (models.SlicedWeights): one rank's eighth of a 256 MiB tensor
+    is read without the rest. Measured as the process's own resident memory (RssAnon: the mapped file's
+    pages are page cache, not held) before and after the read, with the result held: a whole read adds
+    the whole tensor, a slice read about its eighth."""
     from safetensors.numpy import save_file
     file = tmp_path / "model.safetensors"
     save_file({"w": np.arange(8192 * 8192, dtype=np.float32).reshape(8192, 8192)}, str(file))
     layout = ([8], [0, -1], None, 1, True, "", [8192, 8192])  # dim 0 split 8 ways
     script = ("import os, sys\n"
-              "from models.weights import SlicedFile\n"
-              "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE') >> 20\n"
-              f"lazy = SlicedFile({str(file)!r})\n"
+              "from models.weights import SlicedWeights\n"
+              "rss = lambda: int(next(l for l in open('/proc/self/status') if l.startswith('RssAnon')).split()[1]) >> 10\n"
+              f"lazy = SlicedWeights.of_file({str(file)!r})\n"
               "before = rss()\n"
               f"part = lazy.local('w', {layout!r}, 2) if sys.argv[1] == 'slice' else lazy['w']\n"
               "print(float(part[0, 0]), part.shape[0], rss() - before)\n")
@@ -158,4 +159,4 @@ def test_a_sharded_rank_reads_only_its_slice_of_full_weights(tmp_path):
         added[how] = int(out[2])
         if how == "slice":
             assert float(out[0]) == 2 * 1024 * 8192 and int(out[1]) == 1024  # rank 2's rows start at 2048
-    assert added["whole"] >= 200 and added["slice"] < added["whole"] / 4, added  # MiB
+    assert added["whole"] >= 250 and added["slice"] <= 40, added  # MiB

@@ -17,8 +17,8 @@ from safetensors.torch import save_file as torch_save_file
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import models
-from models.hf_convert import (HFConversionError, hf_to_mindscale, mindscale_to_hf, read_hf_folder,
-                               read_safetensors, write_hf_folder)
+from models.hf_convert import HFConversionError, hf_to_mindscale, mindscale_to_hf, read_hf_folder, write_hf_folder
+from models.tensor_file import open_tensors
 from tools import convert_checkpoint
 from mindscale.config import config_from_tree
 
@@ -134,8 +134,37 @@ def test_sharded_index_and_bf16_tensors_are_read(tmp_path):
     assert set(tensors) == set(expected) and all(np.array_equal(tensors[k], expected[k]) for k in expected)
     values = torch.randn(3, 5)
     torch_save_file({"w": values.to(torch.bfloat16)}, str(tmp_path / "bf16.safetensors"))
-    np.testing.assert_array_equal(read_safetensors(tmp_path / "bf16.safetensors")["w"],
+    np.testing.assert_array_equal(open_tensors(tmp_path / "bf16.safetensors")["w"][...],
                                   values.to(torch.bfloat16).float().numpy())
+
+
+LAYOUTS = {1: [[0], [-1]], 2: [[1, 0], [0, 1], [1, -1], [-1, 0]]}  # tensor maps over a 2 x 2 device matrix
+
+
+def test_a_sharded_rank_reads_its_slices_of_a_bf16_hf_folder(converted, tmp_path):
+    """load_pretrained(..., sliced=True) of an HF folder (a sharded run's checkpoint.load_path): every
+    rank's slice, read through the renames, Conv1D transposes and c_attn split from the mapped BF16
+    file, equals the same slice of the whole conversion, for splits of each dimension, with and without
+    the optimizer shard."""
+    import copy
+    _, hf, _, _, cfg, _, _ = converted
+    copy.deepcopy(hf).to(torch.bfloat16).save_pretrained(tmp_path, safe_serialization=True)
+    whole = models.load_pretrained(tmp_path, cfg)
+    lazy = models.load_pretrained(tmp_path, cfg, sliced=True)
+    assert isinstance(lazy, models.weights.SlicedWeights) and lazy.keys() == whole.keys()
+    widened = {k: v.to(torch.bfloat16).float().numpy() for k, v in hf.state_dict().items()}
+    _, reference = hf_to_mindscale(widened, hf.config.to_dict())
+    assert all(np.array_equal(whole[k], reference[k]) for k in reference)
+    checked = 0
+    for name, full in whole.items():
+        for tensor_map in LAYOUTS[full.ndim]:
+            for group in ("", "dp"):
+                layout = ([2, 2], tensor_map, None, 1, True, group, list(full.shape))
+                for rank in range(4):
+                    np.testing.assert_array_equal(lazy.local(name, layout, rank),
+                                                  models.weights.take_slice(full, layout, rank), err_msg=name)
+                    checked += 1
+    assert checked == 8 * sum(len(LAYOUTS[v.ndim]) for v in whole.values())
 
 
 def test_unsupported_and_incomplete_checkpoints_are_refused():

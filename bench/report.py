@@ -191,6 +191,40 @@ def linearity_section(results: dict) -> list[str]:
     return rows + ["", f"Linearity of 2 workers: {values}; the lower one is reported above.", *allreduce_lines(lin)]
 
 
+def checkpoint_section(results: dict) -> list[str]:
+    """Phase 5 (bench/checkpoint_io.py); results from before it render nothing."""
+    io = results.get("checkpoint_io")
+    if io is None:
+        return []
+    rows = ["| save | training blocked per save, s (median; each) | step on disk | write GB/s while blocked |",
+            "|---|---|---|---|"]
+    for run in io["saves"]:
+        kind = "`checkpoint.async_save: true`" if run["async"] else "synchronous"
+        if run.get("error"):
+            rows.append(f"| {kind} | failed: `{run['error']}` — command: `{run['command']}` | | |")
+            continue
+        each = ", ".join(f"{b:.3f}" for b in run["blocked_s"])
+        rows.append(f"| {kind} | {run['median_blocked_s']:.3f} ({each}) | {run['step_bytes'] / 1e6:.1f} MB | "
+                    f"{run['step_bytes'] / 1e9 / run['median_blocked_s']:.2f} |")
+    rows += ["", "| reshard (`tools/reshard.py`) | ranks written | GB (weights + AdamW moments) | read + cut + "
+             "write, s | GB/s | dry-run compile of the target, s |", "|---|---|---|---|---|---|"]
+    for run in io["reshard"]:
+        if run.get("error"):
+            rows.append(f"| into {run['into']} | failed: `{run['error']}` — command: `{run['command']}` | | | | |")
+            continue
+        rows.append(f"| into {run['into']} | {run['ranks']} | {run['bytes'] / 1e9:.3f} | "
+                    f"{run['seconds'] - run['compile_s']:.2f} | {run['gb_per_s']:.2f} | {run['compile_s']:.1f} |")
+    commands = [r["command"] for r in io["saves"] + io["reshard"]]
+    return ["## 5. Checkpoint I/O (this host's disk)", "",
+            "The peer config saving every 2 steps, three saves per run; `save_blocked_s` of metrics.jsonl is "
+            "the time the training loop waited for each save (`bench/checkpoint_io.py`). A synchronous save "
+            "blocks for the whole write; an asynchronous one for the copy to host memory (and for the previous "
+            "write, when it is still running). Resharding cuts the synchronous run's step into a sharded "
+            "layout whose slices come from a dry-run compile (docs/dryrun.md), then merges that back. These are "
+            "CPU-host figures; nothing here ran on an Ascend device or its storage.", "", *rows, "",
+            "Commands: " + "; ".join(f"`{c}`" for c in commands) + ".", ""]
+
+
 def render(results: dict, changes: str) -> str:
     st = results["settings"]
     overrides = "".join(f" --set {o}" for o in st["overrides"])
@@ -228,7 +262,8 @@ def render(results: dict, changes: str) -> str:
             *linearity_section(results), "",
             "## 4. Peak host memory", "",
             "Peak resident set (VmHWM) of each throughput process: framework, model, optimizer state, "
-            "activations and — for MindSpore — the compiled graph.", "", *memory_section(results), ""]
+            "activations and — for MindSpore — the compiled graph.", "", *memory_section(results), "",
+            *checkpoint_section(results)]
     failed = failures(results["throughput"]) + failures(results["compile"])
     if failed:
         out += ["## Failed runs", "", *failed, ""]

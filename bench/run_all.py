@@ -15,9 +15,11 @@ as failed with its last error line, never dropped):
 4. data-parallel linearity: scripts/run_distribute.sh with 1 worker, 2 workers (one core each), and
    1 worker again; tools/linearity.py on the 2-worker run against each 1-worker run; then the
    gradient all-reduce alone (bench/allreduce.py under msrun, 2 workers) and the linearity ceiling it
-   sets, t1 / (t1 + all-reduce).
+   sets, t1 / (t1 + all-reduce);
+5. checkpoint I/O (bench/checkpoint_io.py): training blocked per save, synchronous vs
+   checkpoint.async_save, and tools/reshard.py's GB/s cutting a step into a sharded layout and back.
 Results go to output/bench/results.json and, rendered by bench/report.py, to --out.
-`--set` overrides reach every throughput and linearity run (e.g. a tiny model for a smoke test).
+`--set` overrides reach every throughput, linearity and checkpoint run (e.g. a tiny model for a smoke test).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import time
 from pathlib import Path
 
 from bench import SYSTEMS
+from bench.checkpoint_io import checkpoint_io
 from bench.machine import describe, torch_gemm_tflops
 from bench.report import lower_sweep, render
 from mindscale.config import ConfigError, load_config
@@ -360,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth-reps", type=int, default=1, help="compile sweep repetitions (default 1)")
     parser.add_argument("--dp-steps", type=int, default=5, help="steps of each linearity run (default 5)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override for every throughput and linearity run (smoke tests)")
+                        help="override for every throughput, linearity and checkpoint run (smoke tests)")
     parser.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md", help="Markdown to (re)write")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     args = parser.parse_args(argv)
@@ -387,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     results["throughput"] = throughput(args)
     results["compile"] = compile_sweep(args, cores)
     results["linearity"] = linearity(args)
+    results["checkpoint_io"] = checkpoint_io(PEER_CONFIG, args.overrides, log)
     log("GEMM peaks again")
     results["gemm"] = best_gemm_peaks(first_peaks, gemm_peaks(cores[0]))
     results["load_1m_end"] = os.getloadavg()[0]

@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         fail(str(exc))
     emit(result, args.json, f"wrote step {result['step']} for {result['ranks']} rank folder(s) under "
-                            f"{result['output']} ({result['bytes'] / 1e9:.3g} GB in {result['seconds']} s)")
+                            f"{result['output']} ({result['bytes'] / 1e9:.3g} GB in {result['seconds']} s, "
+                            f"{result['compile_s']} s of it compiling the target layout)")
     return 0
 
 

@@ -72,11 +72,14 @@ def reshard(source: Path, config: str, overrides: list[str], cfg: Config, output
                               f"config has {cfg.global_batch_size}: the data position would move; keep the batch")
     layout = Layout.of(cfg, cfg.hardware.device_target)
     state = {**state, "layout": layout_record(cfg, layout)}
+    compile_s = 0.0
     if not layout.sharded:
         save_checkpoint(output, step, weights, optimizer, state, cfg.to_yaml())
         folders = [output / step_dir_name(step)]
     else:
+        compiling = time.perf_counter()
         by_rank = compiled_layouts(config, overrides, cfg, jobs)
+        compile_s = time.perf_counter() - compiling
         laid_out = {n for layouts in by_rank.values() for n in layouts}
         everywhere = {n for n in [*weights, *optimizer] if n not in laid_out}
         folders = []
@@ -89,6 +92,8 @@ def reshard(source: Path, config: str, overrides: list[str], cfg: Config, output
     record_steps(output, [step])
     seconds = time.perf_counter() - began
     full_bytes = sum(v.nbytes for v in [*weights.values(), *optimizer.values()])
+    # gb_per_s: the step's full bytes over the time spent reading, cutting and writing (not compiling)
     return {"output": str(output), "step": step, "ranks": len(folders), "bytes": int(full_bytes),
-            "seconds": round(seconds, 2), "gb_per_s": full_bytes / 1e9 / seconds,
+            "seconds": round(seconds, 2), "compile_s": round(compile_s, 2),
+            "gb_per_s": full_bytes / 1e9 / (seconds - compile_s),
             "config": str(folders[0] / CONFIG)}

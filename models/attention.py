@@ -158,16 +158,17 @@ class Attention(nn.Cell):
     """Multi-head (GQA when kv_heads < heads) causal self-attention on [tokens, hidden]."""
 
     def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, seq_length: int, *, bias: bool,
-                 rope_theta: float | None, core: nn.Cell, std: float, out_std: float, param_dtype, compute_dtype):
+                 qkv_bias: bool, rope: tuple | None, core: nn.Cell, std: float, out_std: float, param_dtype,
+                 compute_dtype):
+        """bias: on wo too (GPT); qkv_bias: on wq/wk/wv; rope: (theta, scaling params) or None."""
         super().__init__()
         head_dim = hidden // num_heads
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.wq = Linear(hidden, num_heads * head_dim, bias, std, param_dtype, compute_dtype)
-        self.wk = Linear(hidden, num_kv_heads * head_dim, bias, std, param_dtype, compute_dtype)
-        self.wv = Linear(hidden, num_kv_heads * head_dim, bias, std, param_dtype, compute_dtype)
+        self.wq = Linear(hidden, num_heads * head_dim, qkv_bias, std, param_dtype, compute_dtype)
+        self.wk = Linear(hidden, num_kv_heads * head_dim, qkv_bias, std, param_dtype, compute_dtype)
+        self.wv = Linear(hidden, num_kv_heads * head_dim, qkv_bias, std, param_dtype, compute_dtype)
         self.wo = Linear(num_heads * head_dim, hidden, bias, out_std, param_dtype, compute_dtype)
-        self.rotary = None if rope_theta is None else RotaryEmbedding(seq_length, head_dim, rope_theta,
-                                                                      compute_dtype)
+        self.rotary = None if rope is None else RotaryEmbedding(seq_length, head_dim, *rope, compute_dtype)
         self.core = core
 
     def construct(self, x, batch: int, seq: int, segment_ids=None):

@@ -41,10 +41,10 @@ class KVCacheDecoder(nn.Cell):
         self.max_length = max_length
         self.num_heads, self.num_kv_heads, self.head_dim = m.num_heads, m.kv_heads, m.head_dim
         self.group = m.num_heads // m.kv_heads
-        self.rotary = model.arch == "llama"
+        self.rotary = m.rotary
         dtype = DTYPES[m.compute_dtype]
         self.compute_dtype = dtype
-        self.cos, self.sin = rotary_tables(max_length, m.head_dim, m.rope_theta, dtype)
+        self.cos, self.sin = rotary_tables(max_length, m.head_dim, m.rope_theta, m.rope_scaling_params, dtype)
         self.half = m.head_dim // 2
         self.scale = 1.0 / math.sqrt(m.head_dim)
         self.slots = Tensor(np.arange(max_length, dtype=np.int32).reshape(1, max_length))

@@ -2,6 +2,7 @@
 
 LLaMA  <-> transformers `LlamaForCausalLM`: same [out, in] matrices, renamed. HF's q/k weights are
            already in the rotate-half layout our RotaryEmbedding uses, so nothing is permuted.
+Qwen2  <-> transformers `Qwen2ForCausalLM`: LLaMA's table plus the q/k/v biases.
 GPT    <-> transformers `GPT2LMHeadModel`: GPT-2's Conv1D stores weights [in, out] (transposed), and
            c_attn is the fused [q; k; v] projection, split here into wq/wk/wv (and joined back).
 
@@ -53,6 +54,9 @@ LLAMA_TABLE = [
     Rule("output.weight", "lm_head.weight"),
 ]
 
+QWEN2_TABLE = [*LLAMA_TABLE, *[Rule(f"layers.{{i}}.attention.{w}.bias", f"model.layers.{{i}}.self_attn.{hf}_proj.bias")
+                              for w, hf in (("wq", "q"), ("wk", "k"), ("wv", "v"))]]
+
 GPT_TABLE = [
     Rule("tok_embeddings.weight", "transformer.wte.weight"),
     Rule("pos_embeddings.weight", "transformer.wpe.weight"),
@@ -75,7 +79,7 @@ GPT_TABLE = [
     Rule("output.weight", "lm_head.weight"),
 ]
 
-TABLES = {"llama": LLAMA_TABLE, "gpt": GPT_TABLE}
+TABLES = {"llama": LLAMA_TABLE, "qwen2": QWEN2_TABLE, "gpt": GPT_TABLE}
 
 # HF tensors that are buffers, not weights (older checkpoints store them).
 IGNORED_HF = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.attn\.masked_bias)$")
@@ -85,21 +89,39 @@ IGNORED_HF = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.attn\.masked_bias
 # Configs
 
 
-def _model_from_llama(c: dict) -> dict:
-    if c.get("rope_scaling"):
-        raise HFConversionError(f"rope_scaling={c['rope_scaling']} is not supported (plain RoPE only); "
-                                "use a checkpoint without RoPE scaling")
+def _rope_scaling_from_hf(c: dict) -> dict:
+    """Our rope_* keys from config.json's rope_scaling: none, or LLaMA-3.1's rope_type llama3."""
+    scaling = c.get("rope_scaling")
+    if not scaling:
+        return {"rope_scaling": "none"}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "llama3" or c.get("model_type") != "llama":
+        raise HFConversionError(f"rope_scaling={scaling} is not supported (LLaMA's rope_type llama3 only); "
+                                "use a checkpoint without that RoPE scaling")
+    return {"rope_scaling": "llama3", "rope_scaling_factor": float(scaling["factor"]),
+            "rope_low_freq_factor": float(scaling["low_freq_factor"]),
+            "rope_high_freq_factor": float(scaling["high_freq_factor"]),
+            "rope_original_max_positions": int(scaling["original_max_position_embeddings"])}
+
+
+def _model_from_llama(c: dict, arch: str = "llama") -> dict:
+    """LLaMA and Qwen2 (which adds fixed q/k/v biases and may use a sliding window, not supported)."""
     if c.get("attention_bias") or c.get("mlp_bias"):
         raise HFConversionError("LLaMA checkpoints with attention_bias/mlp_bias are not supported")
+    if c.get("use_sliding_window"):
+        raise HFConversionError("use_sliding_window=true is not supported (full causal attention only); "
+                                "use a checkpoint without a sliding window")
+    if c.get("hidden_act", "silu") != "silu":
+        raise HFConversionError(f"hidden_act={c['hidden_act']!r} is not supported (SwiGLU with silu only)")
     heads = c["num_attention_heads"]
     if c.get("head_dim") not in (None, c["hidden_size"] // heads):
         raise HFConversionError(f"head_dim={c['head_dim']} != hidden_size/num_attention_heads; not supported")
-    return {"arch": "llama", "vocab_size": c["vocab_size"], "hidden_size": c["hidden_size"],
+    return {"arch": arch, "vocab_size": c["vocab_size"], "hidden_size": c["hidden_size"],
             "num_layers": c["num_hidden_layers"], "num_heads": heads,
             "num_kv_heads": c.get("num_key_value_heads") or heads,
             "ffn_hidden_size": c["intermediate_size"], "seq_length": c.get("max_position_embeddings", 4096),
             "rope_theta": float(c.get("rope_theta", 10000.0)), "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
-            "tie_embeddings": bool(c.get("tie_word_embeddings", False))}
+            "tie_embeddings": bool(c.get("tie_word_embeddings", False)), **_rope_scaling_from_hf(c)}
 
 
 def _model_from_gpt2(c: dict) -> dict:
@@ -122,39 +144,50 @@ def model_config_from_hf(hf_config: dict) -> dict:
     try:
         if kind == "llama":
             return _model_from_llama(hf_config)
+        if kind == "qwen2":
+            return _model_from_llama(hf_config, "qwen2")
         if kind == "gpt2":
             return _model_from_gpt2(hf_config)
     except KeyError as exc:
         raise HFConversionError(f"config.json lacks {exc.args[0]!r}; it is not a complete {kind} config")
-    raise HFConversionError(f"model_type={kind!r} is not supported; convert a llama or gpt2 checkpoint")
+    raise HFConversionError(f"model_type={kind!r} is not supported; convert a llama, qwen2 or gpt2 checkpoint")
 
 
 def model_config_differences(hf_model: dict, m) -> list[str]:
     """Keys where the HF model (model_config_from_hf) and ModelConfig `m` disagree, as `key=theirs (ours)`.
-    LLaMA's max_position_embeddings is a limit, not the training length, so seq_length is not compared."""
+    LLaMA's and Qwen2's max_position_embeddings is a limit, not the training length, so seq_length is not
+    compared."""
     ours = {key: getattr(m, key) for key in hf_model}
     ours["num_kv_heads"] = m.kv_heads
-    skip = {"seq_length"} if hf_model["arch"] == "llama" else set()
+    skip = {"seq_length"} if hf_model["arch"] != "gpt" else set()
     return [f"model.{key}={hf_model[key]!r} (config has {ours[key]!r})"
             for key in hf_model if key not in skip and hf_model[key] != ours[key]]
 
 
 def hf_config_from_model(m) -> dict:
     """A transformers config.json for MindScale model config `m` (mindscale.config.ModelConfig)."""
+    if m.arch == "gpt":
+        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": m.vocab_size,
+                "n_embd": m.hidden_size, "n_layer": m.num_layers, "n_head": m.num_heads,
+                "n_inner": m.ffn_hidden_size, "n_positions": m.seq_length, "n_ctx": m.seq_length,
+                "layer_norm_epsilon": m.norm_eps, "activation_function": "gelu_new",
+                "tie_word_embeddings": m.tie_embeddings, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                "attn_pdrop": 0.0, "torch_dtype": "float32"}
+    config = {"architectures": ["LlamaForCausalLM" if m.arch == "llama" else "Qwen2ForCausalLM"],
+              "model_type": m.arch, "vocab_size": m.vocab_size, "hidden_size": m.hidden_size,
+              "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads,
+              "num_key_value_heads": m.kv_heads, "intermediate_size": m.ffn_hidden_size,
+              "max_position_embeddings": m.seq_length, "rope_theta": m.rope_theta, "rms_norm_eps": m.norm_eps,
+              "hidden_act": "silu", "tie_word_embeddings": m.tie_embeddings, "torch_dtype": "float32"}
     if m.arch == "llama":
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": m.vocab_size,
-                "hidden_size": m.hidden_size, "num_hidden_layers": m.num_layers,
-                "num_attention_heads": m.num_heads, "num_key_value_heads": m.kv_heads,
-                "intermediate_size": m.ffn_hidden_size, "max_position_embeddings": m.seq_length,
-                "rope_theta": m.rope_theta, "rms_norm_eps": m.norm_eps, "hidden_act": "silu",
-                "tie_word_embeddings": m.tie_embeddings, "attention_bias": False, "mlp_bias": False,
-                "torch_dtype": "float32"}
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": m.vocab_size,
-            "n_embd": m.hidden_size, "n_layer": m.num_layers, "n_head": m.num_heads,
-            "n_inner": m.ffn_hidden_size, "n_positions": m.seq_length, "n_ctx": m.seq_length,
-            "layer_norm_epsilon": m.norm_eps, "activation_function": "gelu_new",
-            "tie_word_embeddings": m.tie_embeddings, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-            "attn_pdrop": 0.0, "torch_dtype": "float32"}
+        config |= {"attention_bias": False, "mlp_bias": False}
+    else:
+        config |= {"use_sliding_window": False, "max_window_layers": m.num_layers}
+    if m.rope_scaling_params:
+        factor, low, high, original = m.rope_scaling_params
+        config["rope_scaling"] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                                  "high_freq_factor": high, "original_max_position_embeddings": original}
+    return config
 
 
 # ---------------------------------------------------------------------------------------------

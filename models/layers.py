@@ -217,16 +217,30 @@ class LayerNorm(nn.Cell):
     def shard_strategies(self, style: str, layout) -> dict:
         return {"norm": (((token_split(layout, style), 1), (1,), (1,)), None)}
 
+def rope_frequencies(head_dim: int, theta: float, scaling: tuple | None = None) -> np.ndarray:
+    """RoPE's inverse frequencies theta^(-2i/d); with `scaling` = (factor, low_freq_factor,
+    high_freq_factor, original_max_positions), LLaMA-3.1's rule as Hugging Face's rope_type "llama3"
+    applies it: wavelengths longer than original / low_freq_factor are divided by factor, shorter
+    than original / high_freq_factor kept, and the band between blended linearly in original/wavelength."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if scaling is None:
+        return inv_freq
+    factor, low, high, original = scaling
+    wavelength = 2 * np.pi / inv_freq
+    smooth = np.clip((original / wavelength - low) / (high - low), 0.0, 1.0)
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
+
+
 @lru_cache(maxsize=4)
-def rotary_tables(seq_length: int, head_dim: int, theta: float, dtype=ms.float32) -> tuple[Tensor, Tensor]:
+def rotary_tables(seq_length: int, head_dim: int, theta: float, scaling: tuple | None = None,
+                  dtype=ms.float32) -> tuple[Tensor, Tensor]:
     """cos and sign-folded sin tables [seq, 1, head_dim] for the rotate-half convention, built once
     and shared by every layer (graph constants).
 
     rotate_half(x) = cat(-x2, x1); with the minus sign folded into the first half of the sin table,
     x*cos + rotate_half(x)*sin == x*cos + cat(x2, x1)*sin_signed, which saves a Neg per call.
     """
-    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    angles = np.outer(np.arange(seq_length, dtype=np.float64), inv_freq)
+    angles = np.outer(np.arange(seq_length, dtype=np.float64), rope_frequencies(head_dim, theta, scaling))
     angles = np.concatenate([angles, angles], axis=-1)
     sin = np.sin(angles)
     sin[:, : head_dim // 2] *= -1.0
@@ -241,9 +255,10 @@ class RotaryEmbedding(nn.Cell):
     and, unlike a matmul over a flattened view, it shards per head.
     """
 
-    def __init__(self, seq_length: int, head_dim: int, theta: float, compute_dtype=ms.float32):
+    def __init__(self, seq_length: int, head_dim: int, theta: float, scaling: tuple | None = None,
+                 compute_dtype=ms.float32):
         super().__init__()
-        self.cos, self.sin = rotary_tables(seq_length, head_dim, theta, compute_dtype)
+        self.cos, self.sin = rotary_tables(seq_length, head_dim, theta, scaling, compute_dtype)
         self.seq_length = seq_length
         self.half = head_dim // 2
         self.slice_low = ops.StridedSlice()

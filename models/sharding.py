@@ -63,7 +63,7 @@ GPT_PLAN = {
     "pos_embeddings": REPLICATE,
 }
 
-PLANS = {"llama": LLAMA_PLAN, "gpt": GPT_PLAN}
+PLANS = {"llama": LLAMA_PLAN, "qwen2": LLAMA_PLAN, "gpt": GPT_PLAN}  # Qwen2's q/k/v biases split with q/k/v
 
 
 def _pattern(path: str) -> re.Pattern:

@@ -1,16 +1,18 @@
-"""GPT and LLaMA: one pre-norm decoder, two architecture specs.
+"""GPT, LLaMA and Qwen2: one pre-norm decoder, three architecture specs.
 
     GPT   (Radford et al. 2019; Brown et al. 2020): LayerNorm, learned positions, GELU MLP of 4h,
           biases everywhere, tied input/output embeddings optional.
-    LLaMA (Touvron et al. 2023, LLaMA-2 and LLaMA-3): RMSNorm, rotary embeddings, SwiGLU, GQA,
-          no biases, untied output.
+    LLaMA (Touvron et al. 2023, LLaMA-2 and LLaMA-3): RMSNorm, rotary embeddings (LLaMA-3.1's
+          frequency scaling optional), SwiGLU, GQA, no biases, untied output (tied: LLaMA-3.2).
+    Qwen2 (Qwen Team 2024, Qwen2 and Qwen2.5): LLaMA with biases on the q/k/v projections only;
+          tied embeddings in the small sizes.
 
 Parameter names (stable; checkpoints and the Hugging Face table in models/hf_convert.py use them):
 
     tok_embeddings.weight                 [V, h]
     pos_embeddings.weight                 [S, h]       GPT only
     layers.{i}.attention_norm.weight/.bias             (.bias: GPT)
-    layers.{i}.attention.w{q,k,v,o}.weight/.bias       (.bias: GPT)
+    layers.{i}.attention.w{q,k,v,o}.weight/.bias       (.bias: GPT; Qwen2 wq/wk/wv)
     layers.{i}.ffn_norm.weight/.bias
     layers.{i}.feed_forward.w1/.w2(/.w3).weight/.bias  (w3: LLaMA gate, .bias: GPT)
     norm.weight/.bias
@@ -39,7 +41,8 @@ from mindscale.config import Layout, ModelConfig
 class ArchSpec:
     norm: type
     mlp: type
-    bias: bool
+    bias: bool  # on every linear layer
+    qkv_bias: bool  # on the q/k/v projections
     rotary: bool
     learned_positions: bool
 
@@ -49,8 +52,9 @@ class ArchSpec:
 
 
 ARCHS = {
-    "gpt": ArchSpec(norm=LayerNorm, mlp=GeluMLP, bias=True, rotary=False, learned_positions=True),
-    "llama": ArchSpec(norm=RMSNorm, mlp=SwiGLU, bias=False, rotary=True, learned_positions=False),
+    "gpt": ArchSpec(norm=LayerNorm, mlp=GeluMLP, bias=True, qkv_bias=True, rotary=False, learned_positions=True),
+    "llama": ArchSpec(norm=RMSNorm, mlp=SwiGLU, bias=False, qkv_bias=False, rotary=True, learned_positions=False),
+    "qwen2": ArchSpec(norm=RMSNorm, mlp=SwiGLU, bias=False, qkv_bias=True, rotary=True, learned_positions=False),
 }
 
 
@@ -91,7 +95,7 @@ class TransformerBlock(nn.Cell):
         norm = spec.norm_class(layout.fused_norm)
         self.attention_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
         self.attention = Attention(m.hidden_size, m.num_heads, m.kv_heads, m.seq_length, bias=spec.bias,
-                                   rope_theta=m.rope_theta if spec.rotary else None,
+                                   qkv_bias=spec.qkv_bias, rope=(m.rope_theta, m.rope_scaling_params) if spec.rotary else None,
                                    core=attention_core(m, layout), std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
         self.ffn_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
         self.feed_forward = spec.mlp(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt)

@@ -253,7 +253,7 @@ def load_pretrained(path: str | Path, cfg: Config, sliced: bool = False) -> Mapp
 
 
 def with_hf_dims(cfg: Config, hf_folder: str | Path) -> Config:
-    """`cfg` with its model dims taken from a Hugging Face folder's config.json. LLaMA keeps the config's
+    """`cfg` with its model dims taken from a Hugging Face folder's config.json. LLaMA and Qwen2 keep the config's
     seq_length (max_position_embeddings is a limit, not the training length); dtypes stay the config's."""
     if not is_hf_folder(hf_folder):
         raise HFConversionError(f"{hf_folder} is not a Hugging Face folder (no config.json); "
@@ -262,7 +262,7 @@ def with_hf_dims(cfg: Config, hf_folder: str | Path) -> Config:
         hf_model = model_config_from_hf(json.loads((Path(hf_folder) / "config.json").read_text()))
     except json.JSONDecodeError as exc:
         raise HFConversionError(f"{Path(hf_folder) / 'config.json'} is not valid JSON ({exc.msg})")
-    if hf_model["arch"] == "llama":
+    if hf_model["arch"] != "gpt":
         hf_model.pop("seq_length")
     tree = cfg.to_dict()
     tree["model"].update(hf_model)

@@ -54,7 +54,9 @@ class HardwareConfig:
 
 @dataclass
 class ModelConfig:
-    arch: Literal["gpt", "llama"] = doc("Model family.", "llama")
+    arch: Literal["gpt", "llama", "qwen2"] = doc(
+        "Model family: gpt (LayerNorm, learned positions, GELU, biases), llama (RMSNorm, RoPE, SwiGLU, no "
+        "biases), qwen2 (LLaMA with biases on the q/k/v projections; Qwen2 and Qwen2.5).", "llama")
     vocab_size: int = doc("Vocabulary size.", 32000)
     hidden_size: int = doc("Model width h.", 4096)
     num_layers: int = doc("Transformer layers L.", 32)
@@ -62,7 +64,18 @@ class ModelConfig:
     num_kv_heads: Optional[int] = doc("Key/value heads (GQA); null = num_heads.", None)
     ffn_hidden_size: int = doc("MLP inner width (SwiGLU: per gate).", 11008)
     seq_length: int = doc("Training sequence length s (GPT: also the number of learned positions).", 4096)
-    rope_theta: float = doc("RoPE base (LLaMA).", 10000.0)
+    rope_theta: float = doc("RoPE base (LLaMA, Qwen2).", 10000.0)
+    rope_scaling: Literal["none", "llama3"] = doc(
+        "RoPE frequency scaling: llama3 (LLaMA-3.1/3.2, Hugging Face's rope_type llama3) divides the "
+        "low frequencies by rope_scaling_factor and blends the band between the two wavelength limits below.",
+        "none")
+    rope_scaling_factor: float = doc("llama3 scaling: the factor low frequencies are divided by.", 8.0)
+    rope_low_freq_factor: float = doc("llama3 scaling: wavelengths above original_max_positions / this are "
+                                      "scaled fully.", 1.0)
+    rope_high_freq_factor: float = doc("llama3 scaling: wavelengths below original_max_positions / this are "
+                                       "kept.", 4.0)
+    rope_original_max_positions: int = doc("llama3 scaling: the context length the model was pretrained at.",
+                                           8192)
     norm_eps: float = doc("Epsilon of RMSNorm/LayerNorm.", 1e-5)
     tie_embeddings: bool = doc("Share the input embedding with the output projection.", False)
     attention: Literal["auto", "flash", "composite"] = doc(
@@ -76,6 +89,33 @@ class ModelConfig:
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_heads
+
+    # What the families differ in (GPT: learned positions, GELU MLP, LayerNorm; LLaMA and Qwen2 not)
+    @property
+    def rotary(self) -> bool:
+        return self.arch != "gpt"
+
+    @property
+    def gated_mlp(self) -> bool:
+        """SwiGLU: gate, up and down projections."""
+        return self.arch != "gpt"
+
+    @property
+    def rms_norm(self) -> bool:
+        return self.arch != "gpt"
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Biases on the q/k/v projections (GPT: on every linear layer)."""
+        return self.arch in ("gpt", "qwen2")
+
+    @property
+    def rope_scaling_params(self) -> tuple | None:
+        """(factor, low_freq_factor, high_freq_factor, original_max_positions) of llama3 scaling, or None."""
+        if self.rope_scaling == "none":
+            return None
+        return (self.rope_scaling_factor, self.rope_low_freq_factor, self.rope_high_freq_factor,
+                self.rope_original_max_positions)
 
     @property
     def head_dim(self) -> int:
@@ -173,7 +213,8 @@ class ProfileConfig:
 
 
 # Linear layers that can carry LoRA adapters, per architecture (their attribute names in models/).
-LORA_TARGETS = {"llama": ("wq", "wk", "wv", "wo", "w1", "w2", "w3"), "gpt": ("wq", "wk", "wv", "wo", "w1", "w2")}
+LORA_TARGETS = {"llama": ("wq", "wk", "wv", "wo", "w1", "w2", "w3"), "qwen2": ("wq", "wk", "wv", "wo", "w1", "w2", "w3"),
+                "gpt": ("wq", "wk", "wv", "wo", "w1", "w2")}
 
 
 # SFT prompt templates (mindscale/train/templates.py registers one per name).

@@ -57,10 +57,17 @@ def _model_shapes(m: ModelConfig) -> None:
     if m.num_heads % m.kv_heads:
         raise ConfigError(f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.kv_heads}; "
                           "GQA needs a whole number of query heads per kv head")
-    if m.head_dim % 2 and m.arch == "llama":
+    if m.head_dim % 2 and m.rotary:
         raise ConfigError(f"model.hidden_size/num_heads={m.head_dim} is odd; rotary embeddings need an even head dim")
     if m.arch == "gpt" and m.num_kv_heads not in (None, m.num_heads):
         raise ConfigError(f"model.num_kv_heads={m.num_kv_heads}: GPT uses multi-head attention; remove it")
+    if m.rope_scaling != "none" and not m.rotary:
+        raise ConfigError(f"model.rope_scaling={m.rope_scaling}: GPT has learned positions, not RoPE; remove it")
+    if m.rope_scaling == "llama3" and not (m.rope_scaling_factor >= 1 and 0 < m.rope_low_freq_factor
+                                           < m.rope_high_freq_factor and m.rope_original_max_positions > 0):
+        raise ConfigError(f"model.rope_scaling=llama3 needs rope_scaling_factor >= 1, 0 < rope_low_freq_factor < "
+                          f"rope_high_freq_factor and rope_original_max_positions > 0 (got {m.rope_scaling_params}); "
+                          "use the values of the checkpoint's config.json")
 
 
 def _parallel(cfg: Config) -> None:

@@ -1,4 +1,5 @@
-"""Generation: KV-cache decoding of a converted tiny random Hugging Face LLaMA against transformers."""
+"""Generation: KV-cache decoding of converted tiny random Hugging Face models against transformers: LLaMA,
+LLaMA-3.1 RoPE scaling (positions past the original context) and Qwen2 with tied embeddings."""
 import json
 import subprocess
 import sys
@@ -7,7 +8,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import models
 from models.generation import KVCacheDecoder, Sampler, generate
@@ -16,28 +17,60 @@ from mindscale.config import REPO_ROOT, load_config
 ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
 PROMPT = [1, 5, 9, 33, 40, 7]
-NEW = 16
+NEW = 20
 
 
-@pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory):
-    """A random LLaMA (GQA, 2 layers) saved as safetensors; a wide init so logits are not near-ties."""
+SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
+           "original_max_position_embeddings": 14}
+
+
+def save_hf_model(kind: str, tmp_path_factory):
+    """(folder, model): a random model (GQA, 2 layers) saved as safetensors; a wide init so logits are not
+    near-ties."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         initializer_range=0.2, rope_theta=500.0, bos_token_id=1, eos_token_id=2)
-    model = LlamaForCausalLM(config).eval()
-    folder = tmp_path_factory.mktemp("hf") / "llama"
+    dims = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2, bos_token_id=1,
+                eos_token_id=2)
+    if kind == "qwen2":  # q/k/v biases start at zero in transformers: make them count
+        model = Qwen2ForCausalLM(Qwen2Config(**dims, rope_theta=1e6, tie_word_embeddings=True)).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0, 0.2)
+    else:
+        scaling = SCALING if kind == "llama31" else None
+        model = LlamaForCausalLM(LlamaConfig(**dims, rope_theta=500.0, rope_scaling=scaling)).eval()
+    folder = tmp_path_factory.mktemp("hf") / kind
     model.save_pretrained(folder, safe_serialization=True)
     return folder, model
 
 
+@pytest.fixture(scope="module", params=["llama", "llama31", "qwen2"])
+def hf_folder(tmp_path_factory, request):
+    return save_hf_model(request.param, tmp_path_factory)
+
+
 @pytest.fixture(scope="module")
-def decoder(hf_folder):
-    weights, cfg = models.load_inference_weights(hf_folder[0], load_config(TINY))
+def llama_folder(tmp_path_factory):
+    return save_hf_model("llama", tmp_path_factory)
+
+
+def build_decoder(folder):
+    weights, cfg = models.load_inference_weights(folder, load_config(TINY))
     model = models.build_model(cfg)
     models.load_weights_into(model, weights)
     return KVCacheDecoder(model, cfg, len(PROMPT) + NEW), model
+
+
+@pytest.fixture(scope="module")
+def decoder(hf_folder):
+    """Of every architecture: for the tests of what the architectures change (attention, positions)."""
+    return build_decoder(hf_folder[0])
+
+
+@pytest.fixture(scope="module")
+def llama_decoder(llama_folder):
+    return build_decoder(llama_folder[0])
 
 
 def hf_greedy(model, prompt, new):
@@ -47,8 +80,8 @@ def hf_greedy(model, prompt, new):
     return out[0, len(prompt):].tolist()
 
 
-def test_dims_come_from_the_hf_config(decoder):
-    model = decoder[1]
+def test_dims_come_from_the_hf_config(llama_decoder):
+    model = llama_decoder[1]
     assert len(model.layers) == 2 and model.vocab_size == 96
     assert model.layers[0].attention.num_kv_heads == 2
 
@@ -73,8 +106,8 @@ def test_cached_steps_equal_the_full_forward(decoder):
         np.testing.assert_allclose(logits.asnumpy()[0], full[pos], atol=1e-4)
 
 
-def test_sampling_is_seeded_and_top_k_1_is_greedy(decoder):
-    dec = decoder[0]
+def test_sampling_is_seeded_and_top_k_1_is_greedy(llama_decoder):
+    dec = llama_decoder[0]
     a = generate(dec, PROMPT, 8, Sampler(greedy=False, temperature=1.5, top_p=0.9, seed=3))
     b = generate(dec, PROMPT, 8, Sampler(greedy=False, temperature=1.5, top_p=0.9, seed=3))
     others = {tuple(generate(dec, PROMPT, 8, Sampler(greedy=False, temperature=1.5, seed=s))) for s in range(4)}
@@ -92,10 +125,10 @@ def test_sampler_filters():
         Sampler(greedy=False, temperature=0)
 
 
-def test_eos_stops_generation(decoder):
-    first = generate(decoder[0], PROMPT, NEW, Sampler())
+def test_eos_stops_generation(llama_decoder):
+    first = generate(llama_decoder[0], PROMPT, NEW, Sampler())
     eos = first[3]
-    stopped = generate(decoder[0], PROMPT, NEW, Sampler(), eos_id=eos)
+    stopped = generate(llama_decoder[0], PROMPT, NEW, Sampler(), eos_id=eos)
     assert stopped == first[:first.index(eos) + 1]
 
 
@@ -105,12 +138,12 @@ def run_cli(*args):
 
 
 @pytest.mark.integration
-def test_cli_on_an_hf_folder_prints_the_transformers_ids(hf_folder):
-    proc = run_cli("--load_checkpoint", str(hf_folder[0]), "--prompt-ids", ",".join(map(str, PROMPT)),
+def test_cli_on_an_hf_folder_prints_the_transformers_ids(llama_folder):
+    proc = run_cli("--load_checkpoint", str(llama_folder[0]), "--prompt-ids", ",".join(map(str, PROMPT)),
                    "--max_new_tokens", "6", "--greedy", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
-    expected = hf_greedy(hf_folder[1], PROMPT, 6)
+    expected = hf_greedy(llama_folder[1], PROMPT, 6)
     if 2 in expected:  # the HF config's eos_token_id stops our generation (kept, as transformers does)
         expected = expected[:expected.index(2) + 1]
     assert result["ids"] == expected and result["text"] is None
@@ -122,7 +155,7 @@ def test_cli_on_an_hf_folder_prints_the_transformers_ids(hf_folder):
     (["--prompt-ids", "1,2", "--top-p", "0"], "--top-p"),
 ])
 @pytest.mark.integration
-def test_cli_bad_input_is_one_line_exit_2(hf_folder, args, message):
-    proc = run_cli("--load_checkpoint", str(hf_folder[0]), "--max_new_tokens", "2", *args)
+def test_cli_bad_input_is_one_line_exit_2(llama_folder, args, message):
+    proc = run_cli("--load_checkpoint", str(llama_folder[0]), "--max_new_tokens", "2", *args)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr[-1500:]

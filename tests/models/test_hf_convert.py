@@ -1,4 +1,5 @@
-"""Hugging Face interop: tiny random HF LLaMA / GPT-2 models (torch, CPU) against ours.
+"""Hugging Face interop: tiny random HF LLaMA (plain and with LLaMA-3.1 RoPE scaling), Qwen2 (tied and
+untied) and GPT-2 models (torch, CPU) against ours.
 
 Converted weights must give the same fp32 logits (1e-4) and loss, and converting back must
 reproduce the HF tensors bit for bit, through the library and through tools/convert_checkpoint.py.
@@ -14,7 +15,8 @@ import pytest
 import torch
 from mindspore import Tensor
 from safetensors.torch import save_file as torch_save_file
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 import models
 from models.hf_convert import HFConversionError, hf_to_mindscale, mindscale_to_hf, read_hf_folder, write_hf_folder
@@ -28,14 +30,27 @@ VOCAB, SEQ, BATCH = 128, 16, 2
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# LLaMA-3.1 scaling with all three bands at head_dim 16, theta 100: wavelength 6.3 is kept (< 14/2), 11.2
+# blended, the rest divided by the factor; SEQ = 16 positions reach past the original 14.
+LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
+                   "original_max_position_embeddings": 14}
+ARCHS = ["llama", "llama31", "qwen2", "qwen2_tied", "gpt"]
+HF_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "gpt": GPT2LMHeadModel}
+
+
 def hf_model(arch: str):
     """A tiny HF model whose every tensor (norms and biases too) is random, so nothing hides."""
     torch.manual_seed(0)
+    dims = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=96, max_position_embeddings=64)
     if arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=96, max_position_embeddings=64, rope_theta=50000.0, rms_norm_eps=1e-5,
-            tie_word_embeddings=False))
+        model = LlamaForCausalLM(LlamaConfig(**dims, rope_theta=50000.0, rms_norm_eps=1e-5, tie_word_embeddings=False))
+    elif arch == "llama31":
+        model = LlamaForCausalLM(LlamaConfig(**dims, rope_theta=100.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                             rope_scaling=LLAMA31_SCALING))
+    elif arch.startswith("qwen2"):
+        model = Qwen2ForCausalLM(Qwen2Config(**dims, rope_theta=1e6, rms_norm_eps=1e-6,
+                                             tie_word_embeddings=arch == "qwen2_tied"))
     else:
         model = GPT2LMHeadModel(GPT2Config(
             vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=SEQ, resid_pdrop=0.0,
@@ -46,7 +61,7 @@ def hf_model(arch: str):
     return model.eval()
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt"])
+@pytest.fixture(scope="module", params=ARCHS)
 def converted(request, tmp_path_factory):
     arch = request.param
     hf = hf_model(arch)
@@ -68,7 +83,7 @@ def test_logits_and_loss_match_hugging_face(converted):
     hf_labels = np.where(ignored, -100, ids)
     with torch.no_grad():
         out = hf(torch.tensor(ids), labels=torch.tensor(hf_labels))
-    np.testing.assert_allclose(model(Tensor(ids.astype(np.int32))).asnumpy(), out.logits.numpy(), atol=1e-4)
+    np.testing.assert_allclose(model(Tensor(ids.astype(np.int32))).asnumpy(), out.logits.numpy(), atol=1e-5)
     # HF shifts labels inside; ours are given shifted, with the mask carrying HF's -100.
     labels = np.roll(ids, -1, axis=1).astype(np.int32)
     mask = np.ones((BATCH, SEQ), np.float32)
@@ -85,7 +100,7 @@ def test_mindscale_to_hf_reproduces_the_tensors_and_transformers_loads_them(conv
     for name, value in hf_state.items():
         np.testing.assert_array_equal(back[name], value, err_msg=name)
     write_hf_folder(tmp_path, back, back_config)
-    reloaded = (LlamaForCausalLM if arch == "llama" else GPT2LMHeadModel).from_pretrained(tmp_path).eval()
+    reloaded = HF_CLASSES[cfg.model.arch].from_pretrained(tmp_path).eval()
     ids = torch.tensor(np.arange(SEQ).reshape(1, SEQ) % VOCAB)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids).logits, hf(ids).logits, rtol=0, atol=0)
@@ -97,7 +112,8 @@ def test_cli_round_trip_and_bad_input_exit_2(converted, tmp_path, capsys):
     assert convert_checkpoint.main(["--direction", "hf2ms", "--input", str(folder), "--output",
                                     str(tmp_path / "ckpt"), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["arch"] == arch and result["parameters"] == models.count_parameters(cfg)
+    assert result["arch"] == cfg.model.arch and result["parameters"] == models.count_parameters(cfg)
+    assert result["parameters"] == sum(v.size for k, v in hf_state.items())  # HF's count (tied: one copy)
     step_dir = tmp_path / "ckpt" / "step_00000000"
     assert result["output"] == str(step_dir) and (step_dir / "COMPLETE").is_file()
     assert models.load_pretrained(step_dir, cfg).keys() == models.load_pretrained(folder, cfg).keys()
@@ -171,7 +187,9 @@ def test_unsupported_and_incomplete_checkpoints_are_refused():
     config = hf_model("llama").config.to_dict()
     state = {k: v.numpy() for k, v in hf_model("llama").state_dict().items()}
     with pytest.raises(HFConversionError, match="rope_scaling"):
-        hf_to_mindscale(state, {**config, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+        hf_to_mindscale(state, {**config, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(HFConversionError, match="sliding window"):
+        hf_to_mindscale(state, {**config, "model_type": "qwen2", "use_sliding_window": True})
     del state["model.layers.1.mlp.up_proj.weight"]
     with pytest.raises(HFConversionError, match="missing 1: model.layers.1.mlp.up_proj.weight"):
         hf_to_mindscale(state, config)

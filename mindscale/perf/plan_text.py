@@ -9,7 +9,7 @@ from pathlib import Path
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.perf import flops, planner
 
-SCALE_DIRS = ("gpt3", "llama2", "llama3")
+SCALE_DIRS = ("gpt3", "llama2", "llama3", "llama3_1", "llama3_2", "qwen2")
 
 
 def shipped_configs() -> list[Path]:

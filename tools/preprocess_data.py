@@ -23,7 +23,7 @@ from mindscale.cli import add_config_arguments, config_from_args, emit, fail
 from mindscale.config import Config, UserError
 from mindscale.train.data import check_special_ids, resolve_sources
 from mindscale.train.preprocess import Options, check_output, load_tokenizer, pad_id_of, preprocess
-from mindscale.train.templates import TEMPLATES
+from mindscale.train.templates import TEMPLATE_CHOICES
 
 
 def parse_args(argv):
@@ -31,11 +31,13 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arguments(parser, required=False)
     parser.add_argument("--input", nargs="+", required=True, help="files, globs or save_to_disk folders")
-    parser.add_argument("--tokenizer", help="SentencePiece .model (default: the config's data.tokenizer)")
+    parser.add_argument("--tokenizer", help="SentencePiece .model or Hugging Face folder with tokenizer.json "
+                                            "(default: the config's data.tokenizer)")
     parser.add_argument("--seq-length", type=int, help="model sequence length S (default: model.seq_length)")
     parser.add_argument("--output", required=True, help="folder for the MindRecord shards and manifest.json")
     parser.add_argument("--mode", choices=["pretrain", "sft"], default=defaults.mode)
-    parser.add_argument("--template", choices=sorted(TEMPLATES), default=defaults.template, help="SFT prompt template")
+    parser.add_argument("--template", choices=TEMPLATE_CHOICES, default=defaults.template,
+                        help="SFT prompt template; hf = the tokenizer folder's chat_template")
     parser.add_argument("--pack", action="store_true", help="SFT: pack several examples per sample")
     parser.add_argument("--shard-size", type=int, default=defaults.shard_size, help="samples per MindRecord file")
     parser.add_argument("--text-key", default=defaults.text_key, help="pretrain: column holding the text")
@@ -74,11 +76,11 @@ def main(argv=None) -> int:
                       args.workers)
     try:
         check_output(output, args.overwrite)
-        sp = load_tokenizer(tokenizer, vocab_limit)
+        encoder = load_tokenizer(tokenizer, vocab_limit)
         if cfg is not None:
-            check_special_ids(cfg, sp.eos_id(), pad_id_of(sp), args.mode, f"tokenizer {tokenizer}")
+            check_special_ids(cfg, encoder.eos_id, pad_id_of(encoder), args.mode, f"tokenizer {tokenizer}")
         sources = resolve_sources(args.input)
-        manifest = preprocess(output, options, sources, sp, tokenizer, seq_length)
+        manifest = preprocess(output, options, sources, encoder, seq_length)
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     emit({"output": str(output), **manifest}, args.json,

@@ -73,24 +73,18 @@ def read_manifest(path: str | Path) -> dict:
 
 
 def check_tokenizer(cfg: Config) -> Optional[str]:
-    """sha256 of data.tokenizer after checking its vocabulary fits the model (None when unset)."""
+    """sha256 of data.tokenizer (a .model file or a Hugging Face folder) after checking its vocabulary fits
+    the model (None when unset)."""
     if not cfg.data.tokenizer:
         return None
-    path = Path(cfg.data.tokenizer)
-    if not path.is_file():
-        raise DataError(f"data.tokenizer={path} does not exist; train one with tools/train_tokenizer.py "
-                        "or unset data.tokenizer")
-    import sentencepiece
+    from mindscale.train.text_tokenizer import load_tokenizer
 
-    try:
-        vocab = sentencepiece.SentencePieceProcessor(model_file=str(path)).vocab_size()
-    except (OSError, RuntimeError) as exc:
-        raise DataError(f"data.tokenizer={path} is not a SentencePiece model ({str(exc).splitlines()[0]}); "
-                        "point it at the .model file from tools/train_tokenizer.py")
-    if vocab > cfg.model.vocab_size:
-        raise DataError(f"data.tokenizer={path} has {vocab} tokens but model.vocab_size={cfg.model.vocab_size}; "
-                        f"set model.vocab_size >= {vocab} or use a smaller tokenizer")
-    return sha256_file(path)
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    if tokenizer.vocab_size > cfg.model.vocab_size:
+        raise DataError(f"data.tokenizer={cfg.data.tokenizer} has {tokenizer.vocab_size} tokens but "
+                        f"model.vocab_size={cfg.model.vocab_size}; set model.vocab_size >= {tokenizer.vocab_size} "
+                        "or use a smaller tokenizer")
+    return tokenizer.sha256
 
 
 def check_special_ids(cfg: Config, eos_id: int, pad_id: int, mode: str, where: str) -> None:

@@ -3,10 +3,10 @@
 
 The checkpoint is a MindScale step folder (a LoRA run's adapters are merged into the config's
 checkpoint.load_path), a .safetensors file, or a Hugging Face folder (config.json + safetensors;
-the model dims then come from its config.json and its tokenizer.model is used when data.tokenizer
-is unset). A text prompt is wrapped in finetune.template when set (the SFT format the model was
-trained on), else encoded after BOS. Generation stops at the EOS id (the tokenizer's, config.json's
-eos_token_id, or data.eos_id) or after the requested number of tokens.
+the model dims then come from its config.json and its tokenizer.model, else its tokenizer.json,
+is used when data.tokenizer is unset). A text prompt is wrapped in finetune.template when set (the
+SFT format the model was trained on), else encoded after BOS. Generation stops at the EOS id (the
+tokenizer's, config.json's eos_token_id, or data.eos_id) or after the requested number of tokens.
 """
 from __future__ import annotations
 
@@ -14,24 +14,27 @@ import json
 from pathlib import Path
 
 from mindscale.config import Config, ConfigError
+from mindscale.train import text_tokenizer
 from mindscale.train.runtime import resolve_device
 
 
 def load_tokenizer(cfg: Config, checkpoint: str):
-    """SentencePiece processor from data.tokenizer, else the checkpoint folder's tokenizer.model, else None."""
-    import sentencepiece as spm
-    path = cfg.data.tokenizer or (Path(checkpoint) / "tokenizer.model" if Path(checkpoint).is_dir() else None)
-    if path is None or not Path(path).is_file():
-        if cfg.data.tokenizer:
-            raise ConfigError(f"data.tokenizer={cfg.data.tokenizer} does not exist; fix the path")
-        return None
-    return spm.SentencePieceProcessor(model_file=str(path))
+    """The tokenizer of data.tokenizer, else of the checkpoint folder (its tokenizer.model, else its
+    tokenizer.json), else None."""
+    if cfg.data.tokenizer:
+        return text_tokenizer.load_tokenizer(cfg.data.tokenizer)
+    folder = Path(checkpoint)
+    if (folder / "tokenizer.model").is_file():
+        return text_tokenizer.load_tokenizer(folder / "tokenizer.model", "--load_checkpoint")
+    if (folder / text_tokenizer.HF_FILE).is_file():
+        return text_tokenizer.load_tokenizer(folder, "--load_checkpoint")
+    return None
 
 
-def eos_id(cfg: Config, checkpoint: str, sp) -> int:
+def eos_id(cfg: Config, checkpoint: str, tokenizer) -> int:
     """The tokenizer's EOS id, else the HF folder's eos_token_id, else data.eos_id."""
-    if sp is not None and sp.eos_id() >= 0:
-        return sp.eos_id()
+    if tokenizer is not None and tokenizer.eos_id is not None:
+        return tokenizer.eos_id
     hf_config = Path(checkpoint) / "config.json"
     if hf_config.is_file():
         eos = json.loads(hf_config.read_text()).get("eos_token_id")
@@ -40,7 +43,7 @@ def eos_id(cfg: Config, checkpoint: str, sp) -> int:
     return cfg.data.eos_id
 
 
-def prompt_ids(cfg: Config, sp, prompt: str | None, ids_text: str | None) -> list[int]:
+def prompt_ids(cfg: Config, tokenizer, prompt: str | None, ids_text: str | None) -> list[int]:
     """The prompt's token ids: `ids_text` ("1,2,3") checked against the vocabulary, else `prompt` encoded."""
     if ids_text is not None:
         try:
@@ -51,13 +54,14 @@ def prompt_ids(cfg: Config, sp, prompt: str | None, ids_text: str | None) -> lis
         if bad or not ids:
             raise ConfigError(f"--prompt-ids: need ids in [0, {cfg.model.vocab_size}), got {bad or 'none'}")
         return ids
-    if sp is None:
-        raise ConfigError("--prompt needs a tokenizer: set data.tokenizer or put tokenizer.model in the checkpoint "
-                          "folder, or pass --prompt-ids")
+    if tokenizer is None:
+        raise ConfigError("--prompt needs a tokenizer: set data.tokenizer or put tokenizer.model or tokenizer.json "
+                          "in the checkpoint folder, or pass --prompt-ids")
     if cfg.finetune.template:
         from mindscale.train.templates import encode_prompt, get_template
-        return encode_prompt([{"role": "user", "content": prompt}], get_template(cfg.finetune.template), sp)
-    return ([sp.bos_id()] if sp.bos_id() >= 0 else []) + sp.encode(prompt)
+        return encode_prompt([{"role": "user", "content": prompt}], get_template(cfg.finetune.template, tokenizer),
+                             tokenizer)
+    return ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + tokenizer.encode([prompt])[0]
 
 
 def generate_from_checkpoint(cfg: Config, checkpoint: str, sampler, max_new_tokens: int, prompt: str | None = None,
@@ -72,10 +76,10 @@ def generate_from_checkpoint(cfg: Config, checkpoint: str, sampler, max_new_toke
     import models
     from models.generation import KVCacheDecoder, generate
     weights, cfg = models.load_inference_weights(checkpoint, cfg)
-    sp = load_tokenizer(cfg, checkpoint)
-    prompt = prompt_ids(cfg, sp, prompt, ids_text)
-    if sp is not None and sp.get_piece_size() > cfg.model.vocab_size:
-        raise ConfigError(f"the tokenizer has {sp.get_piece_size()} pieces > model.vocab_size={cfg.model.vocab_size}; "
+    tokenizer = load_tokenizer(cfg, checkpoint)
+    prompt = prompt_ids(cfg, tokenizer, prompt, ids_text)
+    if tokenizer is not None and tokenizer.vocab_size > cfg.model.vocab_size:
+        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens > model.vocab_size={cfg.model.vocab_size}; "
                           "use the tokenizer the model was trained with")
     # One device whatever the training layout. On CPU, PyNative: the two small graphs (prefill and one-token
     # step) would take longer to compile than a short generation takes to run.
@@ -86,5 +90,5 @@ def generate_from_checkpoint(cfg: Config, checkpoint: str, sampler, max_new_toke
     model = models.build_model(cfg)
     models.load_weights_into(model, weights)
     decoder = KVCacheDecoder(model, cfg, len(prompt) + max_new_tokens)
-    ids = generate(decoder, prompt, max_new_tokens, sampler, eos_id(cfg, checkpoint, sp))
-    return {"ids": ids, "text": sp.decode(ids) if sp is not None else None, "prompt_ids": prompt}
+    ids = generate(decoder, prompt, max_new_tokens, sampler, eos_id(cfg, checkpoint, tokenizer))
+    return {"ids": ids, "text": tokenizer.decode(ids) if tokenizer is not None else None, "prompt_ids": prompt}

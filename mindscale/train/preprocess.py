@@ -28,8 +28,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from mindscale.io import publish_folder
-from mindscale.train.data import (FORMAT_VERSION, MANIFEST_NAME, DataError, Source, column, read_batches,
-                                  sha256_file)
+from mindscale.train import text_tokenizer
+from mindscale.train.data import FORMAT_VERSION, MANIFEST_NAME, DataError, Source, column, read_batches
 from mindscale.train.templates import RecordError, encode_examples, get_template
 
 WRITE_BATCH = 1024  # samples per FileWriter.write_raw_data call
@@ -48,27 +48,21 @@ class Options:
 
 
 def load_tokenizer(path: str, vocab_limit: int | None):
-    """The SentencePiece processor of `path`, refused when larger than `vocab_limit` or without EOS."""
-    import sentencepiece
-
-    if not Path(path).is_file():
-        raise DataError(f"--tokenizer {path} does not exist; train one with tools/train_tokenizer.py")
-    try:
-        sp = sentencepiece.SentencePieceProcessor(model_file=path)
-    except (OSError, RuntimeError) as exc:
-        raise DataError(f"--tokenizer {path} is not a SentencePiece model ({str(exc).splitlines()[0]})") from None
-    if vocab_limit is not None and sp.vocab_size() > vocab_limit:
-        raise DataError(f"tokenizer {path} has {sp.vocab_size()} tokens, more than the model's vocabulary of "
+    """The tokenizer at `path` (mindscale/train/text_tokenizer.py), refused when larger than `vocab_limit`
+    or without EOS."""
+    tokenizer = text_tokenizer.load_tokenizer(path, "--tokenizer")
+    if vocab_limit is not None and tokenizer.vocab_size > vocab_limit:
+        raise DataError(f"tokenizer {path} has {tokenizer.vocab_size} tokens, more than the model's vocabulary of "
                         f"{vocab_limit}; train a smaller tokenizer or raise model.vocab_size / --vocab-size")
-    if sp.eos_id() < 0:
-        raise DataError(f"tokenizer {path} has no EOS id (needed to join documents and end answers); "
-                        "train it with tools/train_tokenizer.py")
-    return sp
+    if tokenizer.eos_id is None:
+        raise DataError(f"tokenizer {path} has no EOS id (needed to join documents and end answers); train one "
+                        "with tools/train_tokenizer.py or set eos_token in the folder's tokenizer_config.json")
+    return tokenizer
 
 
-def pad_id_of(sp) -> int:
+def pad_id_of(tokenizer) -> int:
     """The tokenizer's pad id, else its EOS id."""
-    return sp.pad_id() if sp.pad_id() >= 0 else sp.eos_id()
+    return tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
 
 
 def check_output(output: Path, overwrite: bool) -> None:
@@ -125,7 +119,7 @@ class ShardWriter:
 # pretrain: documents joined with EOS and cut into seq_length + 1 token samples
 
 
-def documents(sources: list[Source], options: Options, sp, stats: dict) -> Iterator[np.ndarray]:
+def documents(sources: list[Source], options: Options, tokenizer, stats: dict) -> Iterator[np.ndarray]:
     """Token ids of each non-empty document followed by EOS, in input order, one array per batch."""
     for source in sources:
         for batch in read_batches(source, options.text_unit):
@@ -133,8 +127,8 @@ def documents(sources: list[Source], options: Options, sp, stats: dict) -> Itera
             stats["empty_documents_skipped"] += len(batch[options.text_key]) - len(texts)
             stats["documents"] += len(texts)
             if texts:
-                encoded = sp.encode(texts, num_threads=options.workers)
-                yield np.concatenate([np.array(ids + [sp.eos_id()], np.int32) for ids in encoded])
+                encoded = tokenizer.encode(texts, num_threads=options.workers)
+                yield np.concatenate([np.array(ids + [tokenizer.eos_id], np.int32) for ids in encoded])
 
 
 def pack_stream(chunks: Iterable[np.ndarray], seq_length: int, stats: dict) -> Iterator[np.ndarray]:
@@ -153,15 +147,15 @@ def pack_stream(chunks: Iterable[np.ndarray], seq_length: int, stats: dict) -> I
 # sft: templated examples with answer-only loss masks, padded or packed
 
 
-def examples(sources: list[Source], options: Options, sp) -> Iterator[tuple[list[int], list[int]]]:
+def examples(sources: list[Source], options: Options, tokenizer) -> Iterator[tuple[list[int], list[int]]]:
     """(token ids, loss mask) of every record, rendered with the options' template."""
-    template = get_template(options.template)
+    template = get_template(options.template, tokenizer)
     for source in sources:
         seen = 0
         for batch in read_batches(source, options.text_unit):
             records = [dict(zip(batch, values)) for values in zip(*batch.values())]
             try:
-                yield from encode_examples(records, template, sp, num_threads=options.workers)
+                yield from encode_examples(records, template, tokenizer, num_threads=options.workers)
             except RecordError as exc:
                 raise DataError(f"{source.path} record {seen + exc.index} (0-based): {exc}; "
                                 "fix or remove the record") from None
@@ -209,7 +203,7 @@ def sft_samples(encoded: Iterable[tuple[list[int], list[int]]], length: int, pad
 # ----------------------------------------------------------------------------------------------
 
 
-def write(folder: Path, options: Options, sources: list[Source], sp, seq_length: int, pad_id: int) -> dict:
+def write(folder: Path, options: Options, sources: list[Source], tokenizer, seq_length: int, pad_id: int) -> dict:
     """Write the shards into `folder`; returns the mode-specific manifest entries."""
     length = seq_length + 1
     fields = ["input_ids"] + (["loss_mask"] if options.mode == "sft" else []) + \
@@ -217,12 +211,12 @@ def write(folder: Path, options: Options, sources: list[Source], sp, seq_length:
     writer = ShardWriter(folder, {name: {"type": "int32", "shape": [length]} for name in fields}, options.shard_size)
     if options.mode == "pretrain":
         stats = {"documents": 0, "empty_documents_skipped": 0, "num_tokens": 0}
-        for tokens in pack_stream(documents(sources, options, sp, stats), seq_length, stats):
+        for tokens in pack_stream(documents(sources, options, tokenizer, stats), seq_length, stats):
             writer.add({"input_ids": tokens})
     else:
         stats = {"template": options.template, "pack": options.pack, "examples": 0, "truncated_examples": 0,
                  "dropped_examples": 0, "num_tokens": 0, "loss_tokens": 0}
-        for sample in sft_samples(examples(sources, options, sp), length, pad_id, options.pack, stats):
+        for sample in sft_samples(examples(sources, options, tokenizer), length, pad_id, options.pack, stats):
             writer.add(sample)
     shards = writer.close()
     stats.update(fields=fields, shards=shards, num_samples=sum(s["samples"] for s in shards))
@@ -237,20 +231,20 @@ def write(folder: Path, options: Options, sources: list[Source], sp, seq_length:
     return stats
 
 
-def preprocess(output: Path, options: Options, sources: list[Source], sp, tokenizer: str, seq_length: int) -> dict:
-    """Write the shards and manifest.json of `sources` into the folder `output` (replaced only once
-    complete); returns the manifest."""
-    pad_id = pad_id_of(sp)
+def preprocess(output: Path, options: Options, sources: list[Source], tokenizer, seq_length: int) -> dict:
+    """Write the shards and manifest.json of `sources`, encoded with `tokenizer` (load_tokenizer), into the
+    folder `output` (replaced only once complete); returns the manifest."""
+    pad_id = pad_id_of(tokenizer)
     os.environ.setdefault("GLOG_v", "3")  # MindRecord's writer logs at INFO/WARNING otherwise
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
     partial.mkdir()
     try:
-        stats = write(partial, options, sources, sp, seq_length, pad_id)
+        stats = write(partial, options, sources, tokenizer, seq_length, pad_id)
         manifest = {"format_version": FORMAT_VERSION, "mode": options.mode, "seq_length": seq_length,
-                    "sample_length": seq_length + 1, "vocab_size": sp.vocab_size(), "eos_id": sp.eos_id(),
-                    "pad_id": pad_id, "bos_id": sp.bos_id(),
-                    "tokenizer": {"path": str(Path(tokenizer).resolve()), "sha256": sha256_file(tokenizer)},
+                    "sample_length": seq_length + 1, "vocab_size": tokenizer.vocab_size,
+                    "eos_id": tokenizer.eos_id, "pad_id": pad_id, "bos_id": tokenizer.bos_id,
+                    "tokenizer": {"path": str(Path(tokenizer.path).resolve()), "sha256": tokenizer.sha256},
                     "sources": [{"path": s.path, "format": s.format} for s in sources],
                     "text_key": options.text_key, **stats}
         (partial / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")

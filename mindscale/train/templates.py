@@ -11,7 +11,12 @@ become the tokenizer's ids (SentencePiece does not turn the text "<s>" into the 
 is tokenized on its own, so SentencePiece's dummy prefix supplies the space at a piece start.
 LLaMA-3's `<|begin_of_text|>` and `<|eot_id|>` are special tokens of Meta's tokenizer; with a
 SentencePiece tokenizer they map to BOS and EOS, and the header markers are ordinary text unless
-the tokenizer defines them (tools/train_tokenizer.py --user-defined-symbols).
+the tokenizer defines them (tools/train_tokenizer.py --user-defined-symbols); a Hugging Face
+tokenizer folder defines them.
+
+The template `hf` is not data here: it is a Hugging Face tokenizer folder's own chat_template,
+rendered by transformers (mindscale/train/chat_template.py); it renders into the same (piece,
+trained) pairs, so encoding and masking are the same code for every template.
 """
 from __future__ import annotations
 
@@ -50,6 +55,9 @@ class Template:
     default_system: str = ""  # used when a record has no system message
     instruction_with_input: str = "{instruction}\n\n{input}"  # Alpaca records with a non-empty input
 
+    def render(self, messages: list[dict], for_generation: bool = False) -> list[tuple]:
+        return render(messages, self, for_generation)
+
 
 TEMPLATES = {
     "alpaca": Template(
@@ -81,9 +89,18 @@ TEMPLATES = {
 }
 
 
-def get_template(name: str) -> Template:
+HF_TEMPLATE = "hf"  # the tokenizer folder's own chat_template
+TEMPLATE_CHOICES = (*sorted(TEMPLATES), HF_TEMPLATE)
+
+
+def get_template(name: str, tokenizer=None):
+    """The template called `name`; `hf` needs the tokenizer (mindscale/train/text_tokenizer.py) whose
+    folder holds the chat_template."""
+    if name == HF_TEMPLATE:
+        from mindscale.train.chat_template import ChatTemplate
+        return ChatTemplate.of(tokenizer)
     if name not in TEMPLATES:
-        raise RecordError(f"unknown template {name!r}; use one of {sorted(TEMPLATES)}")
+        raise RecordError(f"unknown template {name!r}; use one of {list(TEMPLATE_CHOICES)}")
     return TEMPLATES[name]
 
 
@@ -96,7 +113,7 @@ def _text(record: dict, key: str) -> str:
     return value
 
 
-def record_to_messages(record: dict, template: Template) -> list[dict]:
+def record_to_messages(record: dict, template) -> list[dict]:
     """An Alpaca record (instruction/input/output) or a chat record (messages) as a message list."""
     if record.get("messages") is not None:
         messages = record["messages"]
@@ -125,7 +142,7 @@ def _split_system(messages: list[dict], template: Template) -> tuple[str, list[d
     return template.default_system, messages
 
 
-def _check_turns(turns: list[dict], for_generation: bool) -> None:
+def check_turns(turns: list[dict], for_generation: bool) -> None:
     """user/assistant strictly alternate from a user turn; training ends on an answer, generation on a question."""
     for i, message in enumerate(turns):
         want = "user" if i % 2 == 0 else "assistant"
@@ -145,7 +162,7 @@ def _fill(pieces: tuple, content: str, trained: bool) -> list[tuple]:
 def render(messages: list[dict], template: Template, for_generation: bool = False) -> list[tuple]:
     """(piece, trained) pairs for a conversation; a piece is formatted text or a Special token."""
     system, turns = _split_system(messages, template)
-    _check_turns(turns, for_generation)
+    check_turns(turns, for_generation)
     pieces = _fill(template.begin, "", False)
     if system and not template.system_in_first_user:
         pieces += _fill(template.system, system, False)
@@ -160,18 +177,18 @@ def render(messages: list[dict], template: Template, for_generation: bool = Fals
     return pieces
 
 
-def _encode(rendered: list[list[tuple]], sp, num_threads: int) -> list[tuple[list[int], list[int]]]:
-    """Token ids and loss masks of rendered conversations; all text pieces go to SentencePiece in one call."""
-    special_ids = {BOS: sp.bos_id(), EOS: sp.eos_id()}
+def _encode(rendered: list[list[tuple]], tokenizer, num_threads: int) -> list[tuple[list[int], list[int]]]:
+    """Token ids and loss masks of rendered conversations; all text pieces go to the tokenizer in one call."""
+    special_ids = {BOS: tokenizer.bos_id, EOS: tokenizer.eos_id}
     texts = [piece for pieces in rendered for piece, _ in pieces if not isinstance(piece, Special)]
-    encoded = iter(sp.encode(texts, num_threads=num_threads))
+    encoded = iter(tokenizer.encode(texts, num_threads=num_threads))
     out = []
     for pieces in rendered:
         ids: list[int] = []
         mask: list[int] = []
         for piece, trained in pieces:
             if isinstance(piece, Special):
-                piece_ids = [special_ids[piece]] if special_ids[piece] >= 0 else []
+                piece_ids = [special_ids[piece]] if special_ids[piece] is not None else []
             else:
                 piece_ids = next(encoded)
             ids += piece_ids
@@ -180,21 +197,22 @@ def _encode(rendered: list[list[tuple]], sp, num_threads: int) -> list[tuple[lis
     return out
 
 
-def encode_examples(records: list[dict], template: Template, sp, num_threads: int = 1
+def encode_examples(records: list[dict], template, tokenizer, num_threads: int = 1
                     ) -> list[tuple[list[int], list[int]]]:
-    """(token ids, loss mask) per SFT record, mask 1 on assistant tokens; `sp` is a SentencePieceProcessor.
+    """(token ids, loss mask) per SFT record, mask 1 on assistant tokens; `template` is a get_template()
+    result, `tokenizer` a mindscale.train.text_tokenizer one.
 
     A bad record raises RecordError with its position in `records` as `.index`.
     """
     rendered = []
     for index, record in enumerate(records):
         try:
-            rendered.append(render(record_to_messages(record, template), template))
+            rendered.append(template.render(record_to_messages(record, template)))
         except RecordError as exc:
             raise RecordError(str(exc), index) from None
-    return _encode(rendered, sp, num_threads)
+    return _encode(rendered, tokenizer, num_threads)
 
 
-def encode_prompt(messages: list[dict], template: Template, sp) -> list[int]:
+def encode_prompt(messages: list[dict], template, tokenizer) -> list[int]:
     """Token ids of a conversation ending with a user turn, up to where the model's answer starts."""
-    return _encode([render(messages, template, for_generation=True)], sp, 1)[0][0]
+    return _encode([template.render(messages, for_generation=True)], tokenizer, 1)[0][0]

@@ -16,6 +16,7 @@ import sentencepiece
 from mindscale.config import config_from_tree
 from mindscale.train.data import DataError, build_dataset, read_manifest
 from mindscale.train.templates import TEMPLATES, encode_examples, encode_prompt
+from mindscale.train.text_tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQ = 16
@@ -77,6 +78,12 @@ def tokenizer(work, docs):
 @pytest.fixture(scope="module")
 def sp(tokenizer):
     return sentencepiece.SentencePieceProcessor(model_file=str(tokenizer))
+
+
+@pytest.fixture(scope="module")
+def encoder(tokenizer):
+    """The tokenizer as MindScale's templates take it."""
+    return load_tokenizer(tokenizer)
 
 
 def preprocess(*args):
@@ -316,21 +323,21 @@ def answers(record):
 
 
 @pytest.mark.parametrize("template", sorted(TEMPLATES))
-def test_sft_mask_covers_exactly_the_answers(template, sp):
-    for record, (ids, mask) in zip(ALPACA + CHAT, encode_examples(ALPACA + CHAT, TEMPLATES[template], sp)):
+def test_sft_mask_covers_exactly_the_answers(template, sp, encoder):
+    for record, (ids, mask) in zip(ALPACA + CHAT, encode_examples(ALPACA + CHAT, TEMPLATES[template], encoder)):
         trained = [t for t, m in zip(ids, mask) if m]
         assert trained == [t for a in answers(record) for t in sp.encode(a) + [sp.eos_id()]]
         prompt = sp.decode([t for t, m in zip(ids, mask) if not m])
         user = record["messages"][1]["content"] if "messages" in record else record["instruction"]
         assert user in prompt and not any(a in prompt for a in answers(record))
     first = ALPACA[0]
-    ids, mask = encode_examples([first], TEMPLATES[template], sp)[0]
+    ids, mask = encode_examples([first], TEMPLATES[template], encoder)[0]
     messages = [{"role": "user", "content": first["instruction"]}]
-    assert encode_prompt(messages, TEMPLATES[template], sp) == ids[:mask.index(1)]
+    assert encode_prompt(messages, TEMPLATES[template], encoder) == ids[:mask.index(1)]
 
 
-def test_special_tokens_come_from_the_template_not_from_user_text(sp):
-    ids, mask = encode_examples([{"instruction": "<eos> <bos> <s>", "output": "</s>"}], TEMPLATES["alpaca"], sp)[0]
+def test_special_tokens_come_from_the_template_not_from_user_text(sp, encoder):
+    ids, mask = encode_examples([{"instruction": "<eos> <bos> <s>", "output": "</s>"}], TEMPLATES["alpaca"], encoder)[0]
     assert ids.count(sp.eos_id()) == 1 and ids[-1] == sp.eos_id() and ids.count(sp.bos_id()) == 1
 
 
@@ -343,13 +350,13 @@ def sft_file(work):
     return path, records
 
 
-def test_sft_samples_pad_truncate_and_align_the_mask_with_labels(work, sft_file, tokenizer, sp):
+def test_sft_samples_pad_truncate_and_align_the_mask_with_labels(work, sft_file, tokenizer, sp, encoder):
     path, records = sft_file
     out = work / "sft_plain"
     preprocess("--mode", "sft", "--template", "llama2", "--input", path, "--tokenizer", tokenizer,
                "--seq-length", 63, "--output", out)
     manifest = read_manifest(out)
-    encoded = encode_examples(records, TEMPLATES["llama2"], sp)
+    encoded = encode_examples(records, TEMPLATES["llama2"], encoder)
     assert manifest["examples"] == manifest["num_samples"] == len(records)
     assert manifest["truncated_examples"] == sum(len(ids) > 64 for ids, _ in encoded) >= 1
     assert manifest["fields"] == ["input_ids", "loss_mask"] and manifest["dropped_examples"] == 0
@@ -364,14 +371,14 @@ def test_sft_samples_pad_truncate_and_align_the_mask_with_labels(work, sft_file,
         assert trained_labels == [t for t, m in zip(ids[1:n], mask[1:n]) if m]
 
 
-def test_sft_packing_keeps_examples_whole_with_segment_ids(work, sft_file, tokenizer, sp):
+def test_sft_packing_keeps_examples_whole_with_segment_ids(work, sft_file, tokenizer, sp, encoder):
     path, records = sft_file
     out = work / "sft_packed"
     preprocess("--mode", "sft", "--template", "alpaca", "--input", path, "--tokenizer", tokenizer,
                "--seq-length", 255, "--output", out, "--pack")
     manifest = read_manifest(out)
     assert manifest["fields"] == ["input_ids", "loss_mask", "segment_ids"] and manifest["pack"] is True
-    encoded = [(ids[:256], mask[:256]) for ids, mask in encode_examples(records, TEMPLATES["alpaca"], sp)]
+    encoded = [(ids[:256], mask[:256]) for ids, mask in encode_examples(records, TEMPLATES["alpaca"], encoder)]
     rows = stored(out)
     assert len(rows) < len(records)
     unpacked = []

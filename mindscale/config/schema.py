@@ -181,7 +181,8 @@ class TrainConfig:
 @dataclass
 class DataConfig:
     path: str = doc("MindRecord folder from tools/preprocess_data.py, or 'synthetic'.", "synthetic")
-    tokenizer: Optional[str] = doc("SentencePiece model (checked against vocab_size).", None)
+    tokenizer: Optional[str] = doc("SentencePiece .model file or Hugging Face tokenizer folder (tokenizer.json, "
+                                   "tokenizer_config.json); checked against vocab_size and the data's manifest.", None)
     shuffle: bool = doc("Shuffle samples deterministically by run.seed.", True)
     eos_id: int = doc("End-of-sequence id used to join documents.", 2)
     pad_id: int = doc("Padding id (ignored in the loss).", 0)
@@ -218,7 +219,7 @@ LORA_TARGETS = {"llama": ("wq", "wk", "wv", "wo", "w1", "w2", "w3"), "qwen2": ("
 
 
 # SFT prompt templates (mindscale/train/templates.py registers one per name).
-TEMPLATE_NAMES = ("alpaca", "llama2", "llama3")
+TEMPLATE_NAMES = ("alpaca", "llama2", "llama3", "hf")  # hf: the tokenizer folder's own chat_template
 
 
 @dataclass
@@ -237,8 +238,9 @@ class FinetuneConfig:
                            factory=LoraConfig)
     hf_dims: bool = doc("Take the model dims from checkpoint.load_path's Hugging Face config.json instead of "
                         "model: (seq_length and dtypes stay the config's).", False)
-    template: Optional[str] = doc("SFT prompt template (alpaca, llama2, llama3) that tools/generate.py wraps "
-                                  "a text prompt in; null = the raw text after BOS.", None)
+    template: Optional[str] = doc("SFT prompt template (alpaca, llama2, llama3, or hf: the tokenizer folder's "
+                                  "chat_template) that tools/generate.py wraps a text prompt in; null = the raw "
+                                  "text after BOS.", None)
 
 
 @dataclass

@@ -6,6 +6,7 @@ Under msrun (scripts/run_distribute.sh) every worker runs this file. Exit status
 2 bad input (config, data, checkpoint, worker count) with one line on stderr, 1 anything else.
 """
 import argparse
+import os
 import sys
 
 from mindscale.config import UserError
@@ -18,11 +19,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
 
+    from mindscale.launch import runlock
     from mindscale.train.runtime import setup
-    from mindscale.train.trainer import Trainer
+    from mindscale.train.trainer import Trainer, run_dir_of
     try:
         runtime = setup(cfg)
-        Trainer(cfg, runtime).train()
+        # the launcher holds the run-folder lock for its workers; run without it, rank 0 takes it
+        with runlock.hold(run_dir_of(cfg), runtime.is_main and runlock.HOLDER_ENV not in os.environ):
+            Trainer(cfg, runtime).train()
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     return 0

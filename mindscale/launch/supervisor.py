@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 
+from mindscale.launch import runlock
 from mindscale.launch.plan import POLL_S, LaunchPlan
 
 class Interrupted(Exception):
@@ -104,6 +105,13 @@ def report_failure(log: Path, code: int) -> int:
 
 
 def supervise(plan: LaunchPlan, env: dict) -> int:
+    """Run the job under node 0's run-folder lock (refused, exit 2, before anything is written when
+    another live job holds it); the other nodes' launchers write into the run under that lock."""
+    with runlock.hold(plan.run_dir, plan.node.node_rank == 0):
+        return _supervise(plan, env)
+
+
+def _supervise(plan: LaunchPlan, env: dict) -> int:
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     for rank in plan.local_ranks:
         (plan.log_dir / f"worker_{rank}.exit").unlink(missing_ok=True)

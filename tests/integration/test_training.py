@@ -17,6 +17,7 @@ import pytest
 
 from mindscale.train import checkpoint as ckpt, commit
 from mindscale.config import REPO_ROOT
+from mindscale.launch import runlock
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
 SMALL = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",
@@ -255,21 +256,36 @@ def _processes_naming(marker):
     return found
 
 
+def _files_of(run_dir):
+    return sorted(str(p.relative_to(run_dir)) for p in Path(run_dir).rglob("*"))
+
+
 def test_killing_the_jobs_process_group_stops_every_worker(tmp_path):
     """A scheduler's kill -9 of the job's process group: msrun starts the workers in sessions of their
-    own, so they used to train on (and checkpoint) as orphans; now they die within seconds."""
+    own, so they used to train on (and checkpoint) as orphans; now they die within seconds. While the
+    job lives, a second launcher into its run folder is refused naming it; once it is dead, the next
+    launcher takes the lock over."""
     args = ["bash", "scripts/run_distribute.sh", TINY, "2",
             *sets(f"run.output_dir={tmp_path}", "run.name=orphans", "train.steps=100000", "train.micro_batch_size=2")]
     job = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)
+    run_dir = tmp_path / "orphans"
     try:
-        records = tmp_path / "orphans" / "metrics.jsonl"
+        records = run_dir / "metrics.jsonl"
         deadline = time.time() + 240
         while not (records.is_file() and records.stat().st_size) and time.time() < deadline and job.poll() is None:
             time.sleep(1)
         assert records.is_file() and records.stat().st_size, "the workers never started training"
         trainers = [p for p in _processes_naming(str(tmp_path)) if Path(p.cmdline()[1]).name == "run_train.py"]
         assert len(trainers) == 3  # two ranks and msrun's scheduler, each under its wrapper
+
+        files, lock = _files_of(run_dir), (run_dir / runlock.LOCK_NAME).read_text()
+        second = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and second.stdout == "", second.stdout[-2000:] + second.stderr[-2000:]
+        assert second.stderr.startswith(f"error: run folder {run_dir} is in use by pid {job.pid} on ")
+        assert len(second.stderr.splitlines()) == 1 and "mindscale.launch distribute" in second.stderr
+        assert _files_of(run_dir) == files and (run_dir / runlock.LOCK_NAME).read_text() == lock
+
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
         deadline = time.time() + 10
@@ -279,3 +295,8 @@ def test_killing_the_jobs_process_group_stops_every_worker(tmp_path):
     finally:
         for p in _processes_naming(str(tmp_path)):
             p.kill()
+    probe = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "MINDSCALE_ENTRY": "tests/fixtures/allreduce_probe.py"})
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert f"note: took over the run folder lock of pid {job.pid} " in probe.stdout
+    assert not (run_dir / runlock.LOCK_NAME).exists()  # released at the end

@@ -4,6 +4,8 @@
 
 Under msrun (scripts/run_distribute.sh) every worker runs this file. Exit status: 0 success,
 2 bad input (config, data, checkpoint, worker count) with one line on stderr, 1 anything else.
+SIGTERM or SIGUSR1 finishes the step, saves a committed checkpoint and exits 0 (a second signal stops
+at once): mindscale/train/stop.py.
 """
 import argparse
 import os
@@ -11,9 +13,11 @@ import sys
 
 from mindscale.config import UserError
 from mindscale.cli import add_config_arguments, config_from_args, fail
+from mindscale.train.stop import StopRequest
 
 
 def main(argv=None) -> int:
+    stop = StopRequest().install()  # first: a signal during start-up must not kill the process
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arguments(parser)
     args = parser.parse_args(argv)
@@ -26,7 +30,7 @@ def main(argv=None) -> int:
         runtime = setup(cfg)
         # the launcher holds the run-folder lock for its workers; run without it, rank 0 takes it
         with runlock.hold(run_dir_of(cfg), runtime.is_main and runlock.HOLDER_ENV not in os.environ):
-            Trainer(cfg, runtime).train()
+            Trainer(cfg, runtime).train(stop)
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     return 0

@@ -68,15 +68,16 @@ class MetricsLogger:
         self.path.write_text("".join(kept))
 
     def step(self, step: int, loss: float, grad_norm: float, step_time: float, overflow: bool,
-             lr: float, loss_scale: float) -> dict | None:
-        """Record optimizer step `step` (1-based); returns the record when one is written."""
+             lr: float, loss_scale: float, force: bool = False) -> dict | None:
+        """Record optimizer step `step` (1-based); returns the record when one is written: every
+        train.log_interval steps, after the first and the last step, and when `force`d (a stop)."""
         self.skipped += int(overflow)
         self.window.append((loss, grad_norm, step_time))
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         last = step == self.cfg.train.steps
-        if step % self.cfg.train.log_interval and not last and step != self.first_step + 1:
+        if step % self.cfg.train.log_interval and not (last or force) and step != self.first_step + 1:
             return None
         record = self._record(step, lr, loss_scale)
         self.window.clear()

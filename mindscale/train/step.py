@@ -35,6 +35,7 @@ from mindscale.config import Config, Layout
 from mindscale.train.optim import build_optimizer
 
 DYNAMIC_SCALE_START = 2.0 ** 16
+STOP_VOTE = "stop_vote"  # prefix of the step's graceful-stop parameters: control, not state
 DYNAMIC_SCALE_WINDOW = 1000
 
 
@@ -122,6 +123,12 @@ class TrainStep(nn.Cell):
         if self.data_parallel:
             self.loss_sum = ops.AllReduce()
             self.world = get_group_size()
+            # The graceful-stop vote (mindscale/train/stop.py) rides on the loss's all-reduce: the host
+            # raises stop_flag, the step sums it over the ranks into stop_votes. A vote graph of its own
+            # after every step cost ~9 ms of host time per step on the 2-worker CPU tests (25-60 ms steps).
+            # (Sharded graphs vote with RankVote: their step holds no all-reduce of its own to share.)
+            self.stop_flag = Parameter(Tensor([0.0], ms.float32), name=f"{STOP_VOTE}.flag", requires_grad=False)
+            self.stop_votes = Parameter(Tensor([0.0], ms.float32), name=f"{STOP_VOTE}.votes", requires_grad=False)
 
     def squared_norms(self, grads):
         if self.cpu_norm:
@@ -156,7 +163,8 @@ class TrainStep(nn.Cell):
             loss = ops.depend(loss, self.optimizer(grads))
         loss = loss / self.micro_steps
         if self.data_parallel:  # report the global batch's loss, not this rank's share
-            loss = self.loss_sum(loss) / self.world
+            sums = self.loss_sum(ops.concat((ops.cast(loss, ms.float32).reshape((1,)), self.stop_flag)))
+            loss = ops.depend(ops.cast(sums[0], loss.dtype) / self.world, ops.assign(self.stop_votes, sums[1:]))
         return loss, grad_norm, overflow, scale
 
 

@@ -24,7 +24,8 @@ from mindscale.train.schedule import lr_at
 from mindscale.train.profiling import ProfileWindow
 from mindscale.config import Layout
 from mindscale.train.runtime import Runtime, set_input_layout
-from mindscale.train.step import build_train_graph
+from mindscale.train.step import STOP_VOTE, build_train_graph
+from mindscale.train.stop import StopRequest
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -82,11 +83,11 @@ class Trainer:
     def optimizer_params(self) -> list:
         """Optimizer state to save: moments, step counter, a dynamic loss scale and its counters; not the LR
         table, which comes from the config (so a resumed run may change train.steps or the schedule), nor
-        the accumulation buffers (empty between steps)."""
+        the accumulation buffers (empty between steps), nor the stop vote (control, not state)."""
         not_state = ({p.name for p in self.model.get_parameters()}
                      | {p.name for p in self.optimizer.learning_rate.get_parameters()})
-        return self._held(p for p in self.step_cell.get_parameters()
-                          if p.name not in not_state and not p.name.startswith("accu_grads."))
+        return self._held(p for p in self.step_cell.get_parameters() if p.name not in not_state
+                          and not p.name.startswith(("accu_grads.", f"{STOP_VOTE}.")))
 
     def compiled_layouts(self, params) -> dict:
         """A sharded rank's compiled layout of each saved parameter (merged back by models.load_weights)."""
@@ -188,7 +189,25 @@ class Trainer:
         commit.commit(self.ckpt_root, self.ckpt_dir if writes else None, step, self.vote, self.rt.rank,
                       self.cfg.checkpoint.keep_last)
 
-    def train(self) -> list[dict]:
+    def _stop_votes(self, stop: StopRequest | None) -> int:
+        """After a step: how many ranks were asked to stop (0: train on). Every rank votes at every step,
+        so a signal to any of them stops all after the same one. Data parallel: the step summed the flags
+        raised before it (TrainStep.stop_flag); otherwise a RankVote now."""
+        if stop is None:
+            return 0
+        if not self.layout.data_parallel_mode:
+            return self.vote.count(stop.requested)[0]
+        return int(round(float(self.step_cell.stop_votes.asnumpy()[0])))
+
+    def _raise_stop_flag(self, stop: StopRequest | None) -> None:
+        """Before a data-parallel step: this rank's vote for the step's sum (once)."""
+        if stop is not None and stop.requested and self.layout.data_parallel_mode \
+                and not self.step_cell.stop_flag.asnumpy()[0]:
+            self.step_cell.stop_flag.set_data(Tensor(np.ones(1, np.float32)))
+
+    def train(self, stop: StopRequest | None = None) -> list[dict]:
+        """Train to train.steps, or, when `stop` is requested on any rank, to the end of the step then
+        running, and save there (mindscale/train/stop.py)."""
         cfg = self.cfg
         if self.rt.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -197,30 +216,38 @@ class Trainer:
         logs = self.rt.rank == self.layout.stage_ranks(self.layout.pp - 1)[0]
         logger = MetricsLogger(cfg, self.run_dir, self.rt.device_target, logs, self.start_step)
         profile = ProfileWindow(cfg.profile, self.run_dir / "profile")
-        records, scale = [], 0.0
+        records, scale, stopped = [], 0.0, None
         for step in range(self.start_step, cfg.train.steps):
             batch = self.first_batch if step == self.start_step else next(self.batches)
             profile.before(step)
+            self._raise_stop_flag(stop)
             began = time.perf_counter()
             loss, grad_norm, overflow, scale = self.step_cell(*batch)
             loss = float(loss.asnumpy())
             elapsed = time.perf_counter() - began
             profile.after(step)
             scale = float(scale.asnumpy())
+            asked = self._stop_votes(stop)
             record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, bool(overflow.asnumpy()),
-                                 lr_at(step, cfg.train), scale)
+                                 lr_at(step, cfg.train), scale, force=bool(asked))
             if record:
                 records.append(record)
+            if asked:
+                stopped = step + 1
+                by = f"{stop.reason} here" if stop.requested else "a signal to another rank"
+                self._say(f"stopping after step {stopped} of {cfg.train.steps}: asked on {asked} of "
+                          f"{self.rt.world} rank(s) ({by}); the same command resumes from the checkpoint")
+                break
             interval = cfg.checkpoint.save_interval
             if interval and (step + 1) % interval == 0 and step + 1 < cfg.train.steps:
                 logger.saved(self.save(step + 1, scale))
         profile.close()
         logger.close()
-        if cfg.checkpoint.save_at_end and self.start_step < cfg.train.steps:
-            blocked = self.save(cfg.train.steps, scale)
+        last = stopped or cfg.train.steps
+        if (stopped or cfg.checkpoint.save_at_end) and self.start_step < cfg.train.steps:
+            blocked = self.save(last, scale)
             self.finish_saving()
-            self._say(f"checkpoint: {self.ckpt_dir / ckpt.step_dir_name(cfg.train.steps)} "
-                      f"(training blocked {blocked:.2f} s)")
+            self._say(f"checkpoint: {self.ckpt_dir / ckpt.step_dir_name(last)} (training blocked {blocked:.2f} s)")
         self.finish_saving()
         print(f"rank {self.rt.rank}: weights sha256 {self.weights_digest()}", flush=True)
         return records

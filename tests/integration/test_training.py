@@ -300,3 +300,86 @@ def test_killing_the_jobs_process_group_stops_every_worker(tmp_path):
     assert probe.returncode == 0, probe.stderr[-2000:]
     assert f"note: took over the run folder lock of pid {job.pid} " in probe.stdout
     assert not (run_dir / runlock.LOCK_NAME).exists()  # released at the end
+
+
+def _wait_for_records(records, job, count, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline and job.poll() is None:
+        if records.is_file() and len(records.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"fewer than {count} steps were logged in {records}")
+
+
+def _digests(log_dir):
+    return {re.search(r"weights sha256 (\w+)", (log_dir / f"worker_{r}.log").read_text()).group(1) for r in (0, 1)}
+
+
+def test_sigterm_saves_a_committed_checkpoint_every_rank_agrees_on_and_resume_continues(tmp_path):
+    """A scheduler's SIGTERM to the job's process group mid-run: both data-parallel ranks finish the
+    same step, it is committed, the job exits 0 naming it. Resuming from it ends bit-identical to a
+    run never stopped. A second signal right after the first stops everything at once."""
+    def launch(name, *overrides):  # a constant LR: the schedule must not depend on train.steps
+        return ["bash", "scripts/run_distribute.sh", TINY, "2",
+                *sets(f"run.output_dir={tmp_path}", f"run.name={name}", "train.micro_batch_size=2",
+                      "train.lr_schedule=constant", *overrides)]
+
+    job = subprocess.Popen(launch("stopped", "train.steps=100000"), cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run = tmp_path / "stopped"
+    _wait_for_records(run / "metrics.jsonl", job, 3)
+    os.killpg(job.pid, signal.SIGTERM)
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 0, out[-2000:] + err[-2000:]
+    stop = metrics(run)[-1]["step"]
+    root = run / "checkpoints"
+    assert commit.committed_steps(root) == [stop] and stop < 100000
+    assert out.splitlines()[-1].startswith(f"MindScale: all 2 worker(s) on this node stopped on SIGTERM; newest "
+                                           f"committed checkpoint: {root / ckpt.step_dir_name(stop)}; logs in ")
+    assert len(_digests(run / "logs")) == 1  # both ranks stopped after the same step
+    assert not (run / runlock.LOCK_NAME).exists()
+
+    resumed = subprocess.run(launch("stopped", f"train.steps={stop + 2}"), cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"{ckpt.step_dir_name(stop)} at step {stop}" in resumed.stdout
+    straight = subprocess.run(launch("straight", f"train.steps={stop + 2}"), cwd=REPO_ROOT, capture_output=True,
+                              text=True, timeout=300)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    again, once = losses(run), losses(tmp_path / "straight")
+    assert sorted(again) == sorted(once) == list(range(1, stop + 3))
+    assert again == once
+    assert _digests(run / "logs") == _digests(tmp_path / "straight" / "logs")
+
+    twice = subprocess.Popen(launch("twice", "train.steps=100000"), cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    _wait_for_records(tmp_path / "twice" / "metrics.jsonl", twice, 1)
+    twice.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    twice.send_signal(signal.SIGTERM)
+    _, err = twice.communicate(timeout=30)
+    assert twice.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert err.splitlines()[-1].startswith("SIGTERM: stopped all workers")
+    assert _processes_naming(str(tmp_path / "twice")) == []
+
+
+def test_sigusr1_to_one_worker_stops_every_rank_after_the_same_step(tmp_path):
+    """The signal reaches rank 1 alone: the step's vote tells rank 0, both save the same step, exit 0."""
+    job = subprocess.Popen(["bash", "scripts/run_distribute.sh", TINY, "2",
+                            *sets(f"run.output_dir={tmp_path}", "run.name=one", "train.micro_batch_size=2",
+                                  "train.steps=100000")],
+                           cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "one"
+    _wait_for_records(run / "metrics.jsonl", job, 2)
+    (rank1,) = [p for p in _processes_naming(str(tmp_path)) if Path(p.cmdline()[1]).name == "run_train.py"
+                and p.environ().get("MS_ROLE") == "MS_WORKER" and p.environ().get("RANK_ID") == "1"]
+    rank1.send_signal(signal.SIGUSR1)
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 0, out[-2000:] + err[-2000:]
+    stop = metrics(run)[-1]["step"]
+    assert commit.committed_steps(run / "checkpoints") == [stop]
+    assert f"stopping after step {stop} of 100000: asked on 1 of 2 rank(s) (a signal to another rank)" in out
+    assert "SIGUSR1: finishing this step" in (run / "logs" / "worker_1.log").read_text()
+    assert len(_digests(run / "logs")) == 1
+    assert out.splitlines()[-1].startswith("MindScale: all 2 worker(s) on this node finished; newest committed "
+                                           f"checkpoint: {run / 'checkpoints' / ckpt.step_dir_name(stop)}")

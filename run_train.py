@@ -4,6 +4,7 @@
 
 Under msrun (scripts/run_distribute.sh) every worker runs this file. Exit status: 0 success,
 2 bad input (config, data, checkpoint, worker count) with one line on stderr, 1 anything else.
+A health guard (mindscale/train/health.py) stops a diverged run with one line, exit 1.
 SIGTERM or SIGUSR1 finishes the step, saves a committed checkpoint and exits 0 (a second signal stops
 at once): mindscale/train/stop.py.
 """
@@ -13,6 +14,7 @@ import sys
 
 from mindscale.config import UserError
 from mindscale.cli import add_config_arguments, config_from_args, fail
+from mindscale.train.health import TrainingDiverged
 from mindscale.train.stop import StopRequest
 
 
@@ -33,6 +35,8 @@ def main(argv=None) -> int:
             Trainer(cfg, runtime).train(stop)
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
+    except TrainingDiverged as exc:  # a health guard stopped the run: one line, exit 1
+        fail(str(exc), code=1)
     return 0
 
 

@@ -136,6 +136,10 @@ class TrainConfig:
     loss_scale: Union[str, float, None] = doc(
         "'auto' (dynamic for fp16, none otherwise), 'dynamic', a fixed number, or null.", "auto")
     log_interval: int = doc("Steps between metric lines.", 1)
+    max_skipped_steps: int = doc(
+        "Consecutive steps skipped for non-finite gradients (fp16 overflow) that stop the run with exit 1 "
+        "and a line naming the cause: a loss scale that cannot recover, or a diverged run. A dynamic scale "
+        "starting at 2^16 needs at most ~16 halvings to find a usable scale; 0 = never stop.", 50)
 
 
 @dataclass

@@ -28,6 +28,7 @@ def _positive(cfg: Config) -> None:
     for key, value in [("train.lr", cfg.train.lr), ("train.min_lr", cfg.train.min_lr),
                        ("train.weight_decay", cfg.train.weight_decay), ("train.grad_clip", cfg.train.grad_clip),
                        ("train.warmup_steps", cfg.train.warmup_steps),
+                       ("train.max_skipped_steps", cfg.train.max_skipped_steps),
                        ("checkpoint.save_interval", cfg.checkpoint.save_interval)]:
         if value < 0:
             raise ConfigError(f"{key}={value}: must be >= 0")

@@ -19,6 +19,7 @@ import models
 from mindscale.train import checkpoint as ckpt, commit
 from mindscale.config import Config, ConfigError
 from mindscale.train.data import build_dataset
+from mindscale.train.health import HealthGuard, TrainingDiverged
 from mindscale.train.metrics import MetricsLogger
 from mindscale.train.schedule import lr_at
 from mindscale.train.profiling import ProfileWindow
@@ -216,6 +217,7 @@ class Trainer:
         logs = self.rt.rank == self.layout.stage_ranks(self.layout.pp - 1)[0]
         logger = MetricsLogger(cfg, self.run_dir, self.rt.device_target, logs, self.start_step)
         profile = ProfileWindow(cfg.profile, self.run_dir / "profile")
+        guard = HealthGuard(cfg, dynamic_scale=self.step_cell.scale_update is not None)
         records, scale, stopped = [], 0.0, None
         for step in range(self.start_step, cfg.train.steps):
             batch = self.first_batch if step == self.start_step else next(self.batches)
@@ -227,11 +229,16 @@ class Trainer:
             elapsed = time.perf_counter() - began
             profile.after(step)
             scale = float(scale.asnumpy())
-            asked = self._stop_votes(stop)
-            record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, bool(overflow.asnumpy()),
+            asked, overflow = self._stop_votes(stop), bool(overflow.asnumpy())
+            record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, overflow,
                                  lr_at(step, cfg.train), scale, force=bool(asked))
             if record:
                 records.append(record)
+            try:
+                guard.check(step + 1, loss, overflow, scale)
+            except TrainingDiverged:
+                self.finish_saving()  # an earlier save in flight was healthy: commit it
+                raise
             if asked:
                 stopped = step + 1
                 by = f"{stop.reason} here" if stop.requested else "a signal to another rank"

@@ -383,3 +383,23 @@ def test_sigusr1_to_one_worker_stops_every_rank_after_the_same_step(tmp_path):
     assert len(_digests(run / "logs")) == 1
     assert out.splitlines()[-1].startswith("MindScale: all 2 worker(s) on this node finished; newest committed "
                                            f"checkpoint: {run / 'checkpoints' / ckpt.step_dir_name(stop)}")
+
+
+def test_health_guards_stop_a_run_that_cannot_recover_with_exit_1(tmp_path):
+    """fp16 with a fixed loss scale that overflows every step stops after train.max_skipped_steps; a
+    non-finite loss without a dynamic scale stops at once. One line each, exit 1."""
+    def refused(name, *overrides):
+        proc = train(tmp_path, name, *overrides, check=False)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-2000:]
+        return errors[0], metrics(tmp_path / name)
+
+    line, records = refused("overflow", "model.compute_dtype=float16", "train.loss_scale=1.0e+30", "train.steps=10",
+                            "train.max_skipped_steps=3")
+    assert "step 3: 3 steps in a row skipped for non-finite gradients (train.max_skipped_steps=3" in line
+    assert [r["step"] for r in records] == [1, 2, 3] and records[-1]["skipped_steps"] == 3
+    # fp16 activations of weights drawn with std 1000 overflow in the first forward pass
+    line, records = refused("nan", "model.compute_dtype=float16", "train.loss_scale=null", "model.init_std=1000",
+                            "train.steps=3")
+    assert "step 1: the loss is nan and there is no dynamic loss scale to recover it (train.loss_scale=null)" in line
+    assert [r["step"] for r in records] == [1] and not np.isfinite(records[0]["loss"])

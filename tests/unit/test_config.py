@@ -93,6 +93,7 @@ def test_round_trip_through_yaml():
     (["model.tie_embeddings=3"], "model.tie_embeddings: expected true/false"),
     (["train.steps=0"], "train.steps=0: must be >= 1"),
     (["train.lr=-1"], "train.lr=-1.0: must be >= 0"),
+    (["train.max_skipped_steps=-1"], "train.max_skipped_steps=-1: must be >= 0"),
     (["train.min_lr=1"], "train.min_lr=1.0 > train.lr="),
     (["train.adam_beta2=1.0"], "train.adam_beta2=1.0: must be in [0, 1)"),
     (["train.loss_scale=huge"], "train.loss_scale='huge'"),

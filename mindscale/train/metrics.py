@@ -49,7 +49,8 @@ class MetricsLogger:
         # an unpinned `python run_train.py` on a 2-core host is measured against both cores
         self.peak = device_peak_tflops(cfg, cores=len(os.sched_getaffinity(0)))
         self.window: list[tuple[float, float, float]] = []  # (loss, grad_norm, step_time)
-        self.skipped = 0
+        self.skipped = 0  # steps skipped for non-finite gradients, since this process started
+        self.spike_skipped = 0  # ... for a loss over train.loss_spike_factor x the recent median
         self.save_blocked = 0.0  # seconds checkpoint saves blocked training since the last record
         self.started = time.time()
         self.first_step = first_step
@@ -76,10 +77,11 @@ class MetricsLogger:
         self.path.write_text("".join(kept))
 
     def step(self, step: int, loss: float, grad_norm: float, step_time: float, overflow: bool,
-             lr: float, loss_scale: float, force: bool = False) -> dict | None:
+             lr: float, loss_scale: float, force: bool = False, spiked: bool = False) -> dict | None:
         """Record optimizer step `step` (1-based); returns the record when one is written: every
         train.log_interval steps, after the first and the last step, and when `force`d (a stop)."""
         self.skipped += int(overflow)
+        self.spike_skipped += int(spiked)
         self.window.append((loss, grad_norm, step_time))
         if self.bar is not None:
             self.bar.update(1)
@@ -133,7 +135,8 @@ class MetricsLogger:
             "mfu": flops.utilization(tokens_per_s, self.flops_per_token, devices, self.peak),
             "hfu": flops.utilization(tokens_per_s, self.hflops_per_token, devices, self.peak),
             "peak_tflops": self.peak, "memory_gib": memory_gib(self.device_target), "devices": devices,
-            "steps_in_window": n, "skipped_steps": self.skipped, "loss_scale": loss_scale,
+            "steps_in_window": n, "skipped_steps": self.skipped,
+            "spike_skipped_steps": self.spike_skipped, "loss_scale": loss_scale,
             "save_blocked_s": self.save_blocked, "elapsed_s": now - self.started, "eta_s": self._eta(step, now),
         }
 

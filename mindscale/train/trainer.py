@@ -9,6 +9,7 @@ from `checkpoint.load_path`, and a resume puts the saved adapters on top of it.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from pathlib import Path
 
@@ -19,13 +20,13 @@ import models
 from mindscale.train import checkpoint as ckpt, commit
 from mindscale.config import Config, ConfigError
 from mindscale.train.data import build_dataset
-from mindscale.train.health import HealthGuard, TrainingDiverged
+from mindscale.train.health import HealthGuard, LossSpikes, TrainingDiverged
 from mindscale.train.metrics import MetricsLogger
 from mindscale.train.schedule import lr_at
 from mindscale.train.profiling import ProfileWindow
 from mindscale.config import Layout
 from mindscale.train.runtime import Runtime, set_input_layout
-from mindscale.train.step import STOP_VOTE, build_train_graph
+from mindscale.train.step import CONTROL, build_train_graph
 from mindscale.train.stop import StopRequest
 
 
@@ -58,6 +59,7 @@ class Trainer:
         self.start_step = ckpt.checkpoint_step(latest) if latest else 0
         # Read (and verify) what the run starts from before compiling: a bad checkpoint fails in seconds
         start = self._read_start(latest)
+        self.spikes = LossSpikes(cfg.train.loss_spike_factor, (start[2] or {}).get("loss_history", ()))
         self.batches = self._batches()
         self.first_batch = next(self.batches) if self.start_step < cfg.train.steps else None
         if layout.sharded and self.first_batch is not None:
@@ -84,11 +86,11 @@ class Trainer:
     def optimizer_params(self) -> list:
         """Optimizer state to save: moments, step counter, a dynamic loss scale and its counters; not the LR
         table, which comes from the config (so a resumed run may change train.steps or the schedule), nor
-        the accumulation buffers (empty between steps), nor the stop vote (control, not state)."""
+        the accumulation buffers (empty between steps), nor what the host sets each step (control.*)."""
         not_state = ({p.name for p in self.model.get_parameters()}
                      | {p.name for p in self.optimizer.learning_rate.get_parameters()})
         return self._held(p for p in self.step_cell.get_parameters() if p.name not in not_state
-                          and not p.name.startswith(("accu_grads.", f"{STOP_VOTE}.")))
+                          and not p.name.startswith(("accu_grads.", f"{CONTROL}.")))
 
     def compiled_layouts(self, params) -> dict:
         """A sharded rank's compiled layout of each saved parameter (merged back by models.load_weights)."""
@@ -166,6 +168,8 @@ class Trainer:
             state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
                      "samples_consumed": step * self.cfg.global_batch_size,
                      "layout": ckpt.layout_record(self.cfg, self.layout)}
+            if self.spikes.enabled:
+                state["loss_history"] = list(self.spikes.history)
             if self.layout.sharded:
                 state["layouts"] = self.compiled_layouts([*self.saved_params, *self.optimizer_params])
             args = (self.ckpt_dir, step, parameters_as_numpy(self.saved_params, copy=background),
@@ -206,6 +210,30 @@ class Trainer:
                 and not self.step_cell.stop_flag.asnumpy()[0]:
             self.step_cell.stop_flag.set_data(Tensor(np.ones(1, np.float32)))
 
+    def _set_loss_limit(self) -> np.float32 | None:
+        """Before a step, with train.loss_spike_factor: the limit its loss is compared with in the graph."""
+        if not self.spikes.enabled:
+            return None
+        limit = self.spikes.limit()
+        self.step_cell.loss_limit.set_data(Tensor(limit))
+        return limit
+
+    def _spiked(self, step: int, loss: float, limit: np.float32 | None, overflow: bool) -> bool:
+        """After a step: whether the graph skipped its update for a loss over `limit` (said on one line)."""
+        if limit is None or not self.spikes.after(loss, limit, overflow):
+            return False
+        self._say(f"step {step}: loss {loss:.4f} > train.loss_spike_factor={self.spikes.factor} x the median of the "
+                  f"last {len(self.spikes.history)} updated steps = {limit:.4f}: optimizer update skipped")
+        return True
+
+    def _injected_fault(self, step: int, batch: tuple) -> tuple:
+        """Fault injection for the tests: MINDSCALE_FAULT=loss_spike:STEP replaces that step's (1-based)
+        labels by random ids, a batch no training has seen: its loss spikes."""
+        if os.environ.get("MINDSCALE_FAULT") != f"loss_spike:{step}":
+            return batch
+        labels = np.random.default_rng(step).integers(0, self.cfg.model.vocab_size, batch[1].shape, np.int32)
+        return (batch[0], Tensor(labels), *batch[2:])
+
     def train(self, stop: StopRequest | None = None) -> list[dict]:
         """Train to train.steps, or, when `stop` is requested on any rank, to the end of the step then
         running, and save there (mindscale/train/stop.py)."""
@@ -220,9 +248,10 @@ class Trainer:
         guard = HealthGuard(cfg, dynamic_scale=self.step_cell.scale_update is not None)
         records, scale, stopped = [], 0.0, None
         for step in range(self.start_step, cfg.train.steps):
-            batch = self.first_batch if step == self.start_step else next(self.batches)
+            batch = self._injected_fault(step + 1, self.first_batch if step == self.start_step else next(self.batches))
             profile.before(step)
             self._raise_stop_flag(stop)
+            limit = self._set_loss_limit()
             began = time.perf_counter()
             loss, grad_norm, overflow, scale = self.step_cell(*batch)
             loss = float(loss.asnumpy())
@@ -230,12 +259,13 @@ class Trainer:
             profile.after(step)
             scale = float(scale.asnumpy())
             asked, overflow = self._stop_votes(stop), bool(overflow.asnumpy())
+            spiked = self._spiked(step + 1, loss, limit, overflow)
             record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, overflow,
-                                 lr_at(step, cfg.train), scale, force=bool(asked))
+                                 lr_at(step, cfg.train), scale, force=bool(asked), spiked=spiked)
             if record:
                 records.append(record)
             try:
-                guard.check(step + 1, loss, overflow, scale)
+                guard.check(step + 1, loss, overflow, scale, spiked)
             except TrainingDiverged:
                 self.finish_saving()  # an earlier save in flight was healthy: commit it
                 raise

@@ -104,6 +104,26 @@ def test_loss_falls_on_a_real_corpus(tmp_path, corpus):
     assert values[30] < values[1] - 1.5, values
 
 
+def test_a_loss_spike_skips_its_update_inside_the_step(tmp_path, corpus):
+    """Step 22's labels are replaced by random ids (a fault hook): with train.loss_spike_factor its loss
+    exceeds the limit, the compiled step skips the update, and its weights and optimizer state are
+    exactly those after step 21. The recent losses go into state.json for a resume."""
+    common = ("model.vocab_size=512", f"data.path={corpus / 'mr'}", f"data.tokenizer={corpus / 'tok.model'}",
+              "train.lr=0.01", "train.min_lr=0.001", "train.lr_schedule=constant", "train.loss_spike_factor=1.3")
+    spiked = train(tmp_path, "spiked", *common, "train.steps=22", env={"MINDSCALE_FAULT": "loss_spike:22"})
+    (line,) = [line for line in spiked.stdout.splitlines() if "optimizer update skipped" in line]
+    assert line.startswith("step 22: loss ") and "x the median of the last 21 updated steps" in line
+    assert metrics(tmp_path / "spiked")[-1]["spike_skipped_steps"] == 1
+    before = train(tmp_path, "before", *common, "train.steps=21")
+    assert "optimizer update skipped" not in before.stdout
+    after = tmp_path / "spiked" / "checkpoints" / "step_00000022"
+    then = tmp_path / "before" / "checkpoints" / "step_00000021"
+    for a, b in [(ckpt.load_weights(after), ckpt.load_weights(then)),
+                 ckpt.load_checkpoint(after)[1:2] + ckpt.load_checkpoint(then)[1:2]]:
+        assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    assert len(json.loads((then / ckpt.STATE).read_text())["loss_history"]) == 21
+
+
 def test_tokenizer_larger_than_the_model_vocab_is_refused(tmp_path, corpus):
     proc = train(tmp_path, "small_vocab", "model.vocab_size=256", f"data.path={corpus / 'mr'}",
                  f"data.tokenizer={corpus / 'tok.model'}", "train.steps=1", check=False)
@@ -396,7 +416,7 @@ def test_health_guards_stop_a_run_that_cannot_recover_with_exit_1(tmp_path):
 
     line, records = refused("overflow", "model.compute_dtype=float16", "train.loss_scale=1.0e+30", "train.steps=10",
                             "train.max_skipped_steps=3")
-    assert "step 3: 3 steps in a row skipped for non-finite gradients (train.max_skipped_steps=3" in line
+    assert "step 3: 3 steps in a row skipped for non-finite gradients or loss spikes (train.max_skipped_steps=3" in line
     assert [r["step"] for r in records] == [1, 2, 3] and records[-1]["skipped_steps"] == 3
     # fp16 activations of weights drawn with std 1000 overflow in the first forward pass
     line, records = refused("nan", "model.compute_dtype=float16", "train.loss_scale=null", "model.init_std=1000",

@@ -4,27 +4,39 @@
 
 Under msrun (scripts/run_distribute.sh) every worker runs this file. Exit status: 0 success,
 2 bad input (config, data, checkpoint, worker count) with one line on stderr, 1 anything else.
+A health guard (mindscale/train/health.py) stops a diverged run with one line, exit 1.
+SIGTERM or SIGUSR1 finishes the step, saves a committed checkpoint and exits 0 (a second signal stops
+at once): mindscale/train/stop.py.
 """
 import argparse
+import os
 import sys
 
 from mindscale.config import UserError
 from mindscale.cli import add_config_arguments, config_from_args, fail
+from mindscale.train.health import TrainingDiverged
+from mindscale.train.stop import StopRequest
 
 
 def main(argv=None) -> int:
+    stop = StopRequest().install()  # first: a signal during start-up must not kill the process
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arguments(parser)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
 
+    from mindscale.launch import runlock
     from mindscale.train.runtime import setup
-    from mindscale.train.trainer import Trainer
+    from mindscale.train.trainer import Trainer, run_dir_of
     try:
         runtime = setup(cfg)
-        Trainer(cfg, runtime).train()
+        # the launcher holds the run-folder lock for its workers; run without it, rank 0 takes it
+        with runlock.hold(run_dir_of(cfg), runtime.is_main and runlock.HOLDER_ENV not in os.environ):
+            Trainer(cfg, runtime).train(stop)
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
+    except TrainingDiverged as exc:  # a health guard stopped the run: one line, exit 1
+        fail(str(exc), code=1)
     return 0
 
 

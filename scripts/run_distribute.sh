@@ -8,7 +8,9 @@
 # parallel = NNODES x NUM_DEVICES. Multi-node: export MASTER_ADDR (node 0), MASTER_PORT, NNODES
 # and NODE_RANK on every node, as for msrun. Logs: <run.output_dir>/<run.name>/logs/worker_<rank>.log
 # (rank 0's is followed on the console). A dead worker stops the job at once; the exit status is
-# non-zero and the last line names that worker's log. --dry-run prints the msrun command instead.
+# non-zero and the last line names that worker's log. SIGTERM/SIGUSR1 stops gracefully: every rank
+# finishes its step and saves a committed checkpoint, exit 0 (again, or Ctrl+C: at once).
+# --dry-run prints the msrun command instead.
 # MINDSCALE_ENTRY=path/to/script.py replaces run_train.py (testing and debugging); see docs/launch.md.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_launch_common.sh"

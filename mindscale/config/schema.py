@@ -176,6 +176,15 @@ class TrainConfig:
     loss_scale: Union[str, float, None] = doc(
         "'auto' (dynamic for fp16, none otherwise), 'dynamic', a fixed number, or null.", "auto")
     log_interval: int = doc("Steps between metric lines.", 1)
+    max_skipped_steps: int = doc(
+        "Consecutive steps skipped for non-finite gradients (fp16 overflow) that stop the run with exit 1 "
+        "and a line naming the cause: a loss scale that cannot recover, or a diverged run. A dynamic scale "
+        "starting at 2^16 needs at most ~16 halvings to find a usable scale; 0 = never stop. Steps skipped "
+        "for loss spikes count too.", 50)
+    loss_spike_factor: Optional[float] = doc(
+        "Skip the optimizer update of a step whose loss exceeds this factor x the median loss of the last "
+        "50 updated steps (once there are 10), and say so; decided inside the compiled step from the global "
+        "loss, before the update. null = off. Not with pipeline stages (only the last holds the loss).", None)
 
 
 @dataclass

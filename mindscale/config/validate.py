@@ -28,6 +28,7 @@ def _positive(cfg: Config) -> None:
     for key, value in [("train.lr", cfg.train.lr), ("train.min_lr", cfg.train.min_lr),
                        ("train.weight_decay", cfg.train.weight_decay), ("train.grad_clip", cfg.train.grad_clip),
                        ("train.warmup_steps", cfg.train.warmup_steps),
+                       ("train.max_skipped_steps", cfg.train.max_skipped_steps),
                        ("checkpoint.save_interval", cfg.checkpoint.save_interval)]:
         if value < 0:
             raise ConfigError(f"{key}={value}: must be >= 0")
@@ -45,6 +46,13 @@ def _positive(cfg: Config) -> None:
         raise ConfigError(f"train.loss_scale={ls!r}: use 'auto', 'dynamic', a number or null")
     if isinstance(ls, float) and ls <= 0:
         raise ConfigError(f"train.loss_scale={ls}: a fixed loss scale must be > 0")
+    factor = cfg.train.loss_spike_factor
+    if factor is not None and factor <= 1:
+        raise ConfigError(f"train.loss_spike_factor={factor}: must be > 1 (a multiple of the median loss) or null")
+    if factor is not None and cfg.parallel.pipeline_stage > 1:
+        raise ConfigError(f"train.loss_spike_factor={factor} needs the loss on every rank before the update, but with "
+                          f"parallel.pipeline_stage={cfg.parallel.pipeline_stage} only the last stage has it; set it "
+                          "to null")
     if cfg.profile.enable and not 0 <= cfg.profile.start_step < cfg.profile.stop_step:
         raise ConfigError(f"profile.start_step={cfg.profile.start_step}, profile.stop_step={cfg.profile.stop_step}: "
                           "need 0 <= start_step < stop_step")

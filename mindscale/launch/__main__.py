@@ -15,7 +15,6 @@ import argparse
 import os
 import shlex
 import shutil
-import signal
 import sys
 import typing
 
@@ -23,7 +22,7 @@ from mindscale.cli import OneLineParser, fail
 from mindscale.devices import detect_device
 from mindscale.config import UserError, load_config
 from mindscale.launch.plan import LaunchError, fit_data_parallel, plan_distribute, resolve_entry, with_repo_on_path
-from mindscale.launch.supervisor import interrupt, supervise
+from mindscale.launch.supervisor import supervise
 from mindscale.launch.worker import pin_to_core, run_worker
 
 def standalone(args: argparse.Namespace, env: dict) -> typing.NoReturn:
@@ -52,8 +51,6 @@ def distribute(args: argparse.Namespace, env: dict) -> int:
         if os.path.dirname(shutil.which(tool, path=plan.env(env)["PATH"]) or "") != bin_dir:
             raise LaunchError(f"no {tool} in {bin_dir}; run with the python that has mindspore "
                               "(PYTHON=.venv/bin/python)")
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, interrupt)
     return supervise(plan, plan.env(env))
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from mindscale.config import REPO_ROOT, Config, UserError, load_config
 from mindscale.devices import count_devices, detect_device
+from mindscale.launch.runlock import HOLDER_ENV, LOCK_NAME
 
 CPU_WORKERS_DEFAULT = 2
 CLUSTER_TIMEOUT_DEFAULT = {"CPU": 600, "GPU": 7200, "Ascend": 7200}
@@ -123,6 +124,10 @@ class LaunchPlan:
         return self.node.nnodes * self.local_workers
 
     @property
+    def run_dir(self) -> Path:
+        return self.log_dir.parent
+
+    @property
     def first_rank(self) -> int:
         return self.node.node_rank * self.local_workers
 
@@ -156,6 +161,7 @@ class LaunchPlan:
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + base.get("PATH", "")
         env["PYTHONPATH"] = with_repo_on_path(base)
         env[LOG_DIR_ENV] = str(self.log_dir)
+        env[HOLDER_ENV] = str(self.run_dir / LOCK_NAME)  # the workers leave the run-folder lock to us
         env.setdefault("GLOG_v", "3")  # MindSpore's own log: errors only (startup retries are noise)
         if self.device == "Ascend":
             for name, value in HCCL_TIMEOUTS_DEFAULT.items():

@@ -1,7 +1,11 @@
 """msrun under watch. msrun alone reports a dead worker only after the scheduler's heartbeat timeout
 (about 40 s here) and does not say which rank died; the supervisor polls the workers' exit files
 (all ranks': on a shared run folder a peer node's failure is seen too) and, on the first failure,
-stops the whole process tree at once and names the log."""
+stops the whole process tree at once and names the log.
+
+Signals: Ctrl+C stops the tree at once; the first SIGTERM/SIGUSR1 is a graceful stop (every worker
+finishes its step, saves a committed checkpoint and exits 0; the last line says where it saved); a
+second signal stops at once (LauncherSignals)."""
 from __future__ import annotations
 
 import re
@@ -13,19 +17,62 @@ from pathlib import Path
 
 import psutil
 
+from mindscale.config import UserError
+from mindscale.launch import runlock
 from mindscale.launch.plan import POLL_S, LaunchPlan
+from mindscale.launch.worker import die_with_parent
+from mindscale.train.committed import newest_committed
+from mindscale.train.stop import GRACEFUL
 
 class Interrupted(Exception):
-    """Ctrl+C or a scheduler's SIGTERM (e.g. scancel) reached the launcher."""
+    """Ctrl+C, or a second stop signal, reached the launcher: stop the job at once."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
 
 
-def interrupt(signum, _frame):
-    """The launcher's SIGINT/SIGTERM handler: unwinds into supervise's cleanup."""
-    raise Interrupted(signum)
+class LauncherSignals:
+    """The launcher's handlers. SIGINT (Ctrl+C) stops the whole tree at once, as does any signal after
+    a graceful one. The first SIGTERM/SIGUSR1 (a scheduler's preemption, scancel) is a graceful stop:
+    the poll loop forwards it to every worker, which finishes its step, saves and exits 0."""
+
+    def __init__(self):
+        self.graceful: int | None = None
+
+    def install(self) -> "LauncherSignals":
+        for sig in (signal.SIGINT, *GRACEFUL):
+            signal.signal(sig, self._on_signal)
+        return self
+
+    def _on_signal(self, signum, _frame):
+        if signum == signal.SIGINT or self.graceful is not None:
+            raise Interrupted(signum)
+        self.graceful = signum
+
+
+def ask_workers_to_stop(proc: subprocess.Popen, signum: int) -> None:
+    """Send `signum` to each worker's wrapper under msrun (not to the scheduler); the wrapper forwards it."""
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for p in tree:
+        try:
+            if "mindscale.launch" in p.cmdline() and p.environ().get("MS_ROLE") == "MS_WORKER":
+                p.send_signal(signum)
+        except psutil.Error:
+            pass
+
+
+def start_msrun(plan: LaunchPlan, env: dict) -> subprocess.Popen:
+    """msrun, dying with us, and deaf to the graceful signals: it has no handler of its own, and their
+    default action (a scheduler signals the whole process group) would kill every worker mid-step."""
+    def prepare():
+        die_with_parent()
+        for sig in GRACEFUL:
+            signal.signal(sig, signal.SIG_IGN)
+    return subprocess.Popen(plan.msrun_argv(), env=env, preexec_fn=prepare)
 
 
 def exit_files(log_dir: Path) -> dict[Path, int]:
@@ -59,7 +106,7 @@ def first_failure(plan: LaunchPlan, stale: dict[Path, int]) -> tuple[Path, int] 
 
 def stop_tree(proc: subprocess.Popen) -> None:
     """kill_tree, uninterruptible: a second Ctrl+C must not cut it short."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, *GRACEFUL):
         signal.signal(sig, signal.SIG_IGN)
     kill_tree(proc)
 
@@ -104,6 +151,14 @@ def report_failure(log: Path, code: int) -> int:
 
 
 def supervise(plan: LaunchPlan, env: dict) -> int:
+    """Run the job under node 0's run-folder lock (refused, exit 2, before anything is written when
+    another live job holds it); the other nodes' launchers write into the run under that lock."""
+    signals = LauncherSignals().install()
+    with runlock.hold(plan.run_dir, plan.node.node_rank == 0):
+        return _supervise(plan, env, signals)
+
+
+def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> int:
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     for rank in plan.local_ranks:
         (plan.log_dir / f"worker_{rank}.exit").unlink(missing_ok=True)
@@ -116,9 +171,15 @@ def supervise(plan: LaunchPlan, env: dict) -> int:
     print(f"MindScale: {plan.world} worker(s) on {plan.node.nnodes} node(s), {plan.local_workers} here "
           f"({plan.device}); logs in {plan.log_dir}; following the {which} log {plan.worker_log(plan.first_rank)}",
           flush=True)
-    proc = subprocess.Popen(plan.msrun_argv(), env=env)
+    proc = start_msrun(plan, env)
+    forwarded = None
     try:
         while True:
+            if signals.graceful is not None and forwarded is None:
+                forwarded = signal.Signals(signals.graceful).name
+                print(f"MindScale: {forwarded}: every worker finishes its step, saves a checkpoint and exits "
+                      "(signal again or Ctrl+C to stop at once)", flush=True)
+                ask_workers_to_stop(proc, signals.graceful)
             failure = first_failure(plan, stale)
             if failure:
                 stop_tree(proc)
@@ -132,7 +193,7 @@ def supervise(plan: LaunchPlan, env: dict) -> int:
                     print(f"error: msrun exited with code {code} and no worker reported a failure; "
                           f"see {plan.log_dir}", file=sys.stderr)
                     return 1
-                print(f"MindScale: all {plan.local_workers} worker(s) on this node finished; logs in {plan.log_dir}")
+                report_success(plan, forwarded)
                 return 0
             time.sleep(POLL_S)
     except Interrupted as exc:
@@ -141,3 +202,13 @@ def supervise(plan: LaunchPlan, env: dict) -> int:
         return 128 + exc.signum
 
 
+def report_success(plan: LaunchPlan, stopped_by: str | None) -> None:
+    """The last line of a job that ended well: how, and where its newest committed checkpoint is."""
+    how = f"stopped on {stopped_by}" if stopped_by else "finished"
+    try:
+        saved = newest_committed(plan.run_dir / "checkpoints")
+    except UserError as exc:
+        saved = f"none readable ({exc})"
+    where = f"; newest committed checkpoint: {saved}" if saved else ""
+    print(f"MindScale: all {plan.local_workers} worker(s) on this node {how}{where}; logs in {plan.log_dir}",
+          flush=True)

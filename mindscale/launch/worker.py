@@ -17,6 +17,7 @@ from pathlib import Path
 
 from mindscale.io import write_atomically
 from mindscale.launch.plan import CORES_ENV, LOG_DIR_ENV
+from mindscale.train.stop import GRACEFUL
 
 
 def exit_file(log_dir: str | Path, env: dict) -> Path:
@@ -43,17 +44,33 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+def _child_start() -> None:
+    """In the entry point's process before exec: dies with us; the graceful-stop signals keep their
+    default action (msrun's may be ignored, see supervisor.py) and stay blocked, but SIGINT is not."""
+    die_with_parent()
+    for sig in GRACEFUL:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 def run_worker(entry_argv: list[str]) -> int:
-    """Run the entry point as a child, forward SIGTERM/SIGINT, record the exit status atomically. The
-    wrapper dies with msrun, the child with the wrapper."""
+    """Run the entry point as a child, forward SIGTERM/SIGINT/SIGUSR1, record the exit status
+    atomically. The wrapper dies with msrun, the child with the wrapper."""
     die_with_parent()
     if os.environ.get(CORES_ENV) and os.environ.get("MS_ROLE") != "MS_SCHED":
         cores = [int(c) for c in os.environ[CORES_ENV].split(",")]
         local_rank = int(os.environ.get("DEVICE_ID", "0"))  # msrun sets DEVICE_ID to the local rank
         pin_to_core(cores[local_rank % len(cores)], os.environ)
-    child = subprocess.Popen([sys.executable, *entry_argv], preexec_fn=die_with_parent)
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # Blocked until the handlers forward them, so none is lost or kills us before there is a child;
+    # the child inherits the mask: the entry point takes them when it is ready (mindscale/train/stop.py).
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    child = subprocess.Popen([sys.executable, *entry_argv], preexec_fn=_child_start)
+    for sig in FORWARDED:
         signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     code = child.wait()
     if os.environ.get(LOG_DIR_ENV):
         path = exit_file(os.environ[LOG_DIR_ENV], os.environ)

@@ -24,6 +24,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from mindscale.io import MARKER, CheckpointError, commit_folder, read_tensors, verify_folder
+from mindscale.train.committed import step_dir_name
 from models.weights import WEIGHTS, assign, load_weights
 
 __all__ = ["MARKER", "WEIGHTS", "OPTIMIZER", "STATE", "CONFIG", "CheckpointError", "assign", "load_weights",
@@ -41,10 +42,6 @@ def layout_record(cfg, layout) -> dict:
     return {"devices": layout.devices, "data_parallel": p.data_parallel, "model_parallel": p.model_parallel,
             "pipeline_stage": p.pipeline_stage, "optimizer_shard": layout.optimizer_shard,
             "vocab_parallel": layout.vocab_parallel} if layout.sharded else {}
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
 
 
 def _fault_point(name: str, step: int) -> None:

@@ -21,7 +21,6 @@ the vote still makes every rank agree.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -30,10 +29,11 @@ from pathlib import Path
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from mindscale.io import CheckpointError, verify_folder, write_atomically
-from mindscale.train.checkpoint import checkpoint_step, complete_checkpoints, step_dir_name
+from mindscale.io import CheckpointError, verify_folder
+from mindscale.train.checkpoint import checkpoint_step, complete_checkpoints
+from mindscale.train.committed import COMMITTED, committed_steps, record_steps, step_dir_name
 
-COMMITTED = "COMMITTED"
+__all__ = ["COMMITTED", "RankVote", "commit", "committed_steps", "record_steps", "resume_point"]
 
 
 class _SumCell(nn.Cell):
@@ -73,23 +73,6 @@ class RankVote:
 
     def barrier(self) -> None:
         self.count(True)
-
-
-def committed_steps(root: Path) -> list[int] | None:
-    """The committed steps recorded under `root` (the run's checkpoints folder), oldest first; None
-    when the run has no record (saved before run-level commits existed)."""
-    record = Path(root) / COMMITTED
-    if not record.is_file():
-        return None
-    try:
-        return sorted(json.loads(record.read_text())["steps"])
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise CheckpointError(f"{record} is corrupt; delete it to resume from the newest complete folders")
-
-
-def record_steps(root: Path, steps: list[int]) -> None:
-    """Rank 0 only: the committed steps, replaced atomically."""
-    write_atomically(Path(root) / COMMITTED, json.dumps({"steps": sorted(steps)}) + "\n")
 
 
 def _fault_point(step: int, rank: int) -> None:

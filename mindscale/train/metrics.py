@@ -1,10 +1,12 @@
-"""Per-interval training metrics: one JSON line in metrics.jsonl and one human line (or a progress bar).
+"""Per-interval training metrics: one JSON line in metrics.jsonl and one human line (or a progress bar),
+which ends with the time since training started and an ETA at the recent pace.
 
 Throughput and MFU/HFU follow docs/mfu.md through mindscale/perf/flops.py, the same functions
 tools/mfu.py uses, so a logged MFU can be reproduced from the logged step time by hand.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import sys
@@ -27,6 +29,11 @@ def memory_gib(device_target: str) -> float:
     return psutil.Process().memory_info().rss / 2 ** 30
 
 
+def clock(seconds: float | None) -> str:
+    """0:01:05 for 65 s, '1 day, 2:00:00'; '?' when unknown."""
+    return "?" if seconds is None else str(datetime.timedelta(seconds=round(seconds)))
+
+
 class MetricsLogger:
     """Collects per-step values and writes one record every `train.log_interval` steps (rank 0)."""
 
@@ -42,10 +49,12 @@ class MetricsLogger:
         # an unpinned `python run_train.py` on a 2-core host is measured against both cores
         self.peak = device_peak_tflops(cfg, cores=len(os.sched_getaffinity(0)))
         self.window: list[tuple[float, float, float]] = []  # (loss, grad_norm, step_time)
-        self.skipped = 0
+        self.skipped = 0  # steps skipped for non-finite gradients, since this process started
+        self.spike_skipped = 0  # ... for a loss over train.loss_spike_factor x the recent median
         self.save_blocked = 0.0  # seconds checkpoint saves blocked training since the last record
         self.started = time.time()
         self.first_step = first_step
+        self.last_record = None  # (step, time) of the last record: the ETA's pace is the wall time since
         self.bar = None
         if write:
             run_dir.mkdir(parents=True, exist_ok=True)  # the logging rank may not be rank 0 (pipeline)
@@ -68,15 +77,17 @@ class MetricsLogger:
         self.path.write_text("".join(kept))
 
     def step(self, step: int, loss: float, grad_norm: float, step_time: float, overflow: bool,
-             lr: float, loss_scale: float) -> dict | None:
-        """Record optimizer step `step` (1-based); returns the record when one is written."""
+             lr: float, loss_scale: float, force: bool = False, spiked: bool = False) -> dict | None:
+        """Record optimizer step `step` (1-based); returns the record when one is written: every
+        train.log_interval steps, after the first and the last step, and when `force`d (a stop)."""
         self.skipped += int(overflow)
+        self.spike_skipped += int(spiked)
         self.window.append((loss, grad_norm, step_time))
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         last = step == self.cfg.train.steps
-        if step % self.cfg.train.log_interval and not last and step != self.first_step + 1:
+        if step % self.cfg.train.log_interval and not (last or force) and step != self.first_step + 1:
             return None
         record = self._record(step, lr, loss_scale)
         self.window.clear()
@@ -87,18 +98,28 @@ class MetricsLogger:
             line = (f"step {step}/{self.cfg.train.steps} loss {record['loss']:.4f} lr {lr:.3e} "
                     f"grad_norm {record['grad_norm']:.3f} step {record['step_time_s'] * 1e3:.0f} ms "
                     f"{record['tokens_per_s']:.0f} tok/s MFU {record['mfu'] * 100:.2f}% "
-                    f"(peak {self.peak:.3g} TFLOP/s/device) mem {record['memory_gib']:.2f} GiB")
+                    f"(peak {self.peak:.3g} TFLOP/s/device) mem {record['memory_gib']:.2f} GiB "
+                    f"elapsed {clock(record['elapsed_s'])} ETA {clock(record['eta_s'])}")
             if self.bar is not None:
                 self.bar.write(line)
             else:
                 print(line, flush=True)
         return record
 
+    def _eta(self, step: int, now: float) -> float | None:
+        """Seconds to train.steps at the wall-clock pace since the last record (saves, logging and data
+        included); None at the first record, whose window holds the compile."""
+        last, self.last_record = self.last_record, (step, now)
+        if last is None or step == last[0]:
+            return None
+        return (now - last[1]) / (step - last[0]) * (self.cfg.train.steps - step)
+
     def saved(self, blocked_s: float) -> None:
         """A checkpoint save blocked training for `blocked_s` (in the next record's save_blocked_s)."""
         self.save_blocked += blocked_s
 
     def _record(self, step: int, lr: float, loss_scale: float) -> dict:
+        now = time.time()
         n = len(self.window)
         loss = sum(w[0] for w in self.window) / n
         grad_norm = sum(w[1] for w in self.window) / n
@@ -114,8 +135,9 @@ class MetricsLogger:
             "mfu": flops.utilization(tokens_per_s, self.flops_per_token, devices, self.peak),
             "hfu": flops.utilization(tokens_per_s, self.hflops_per_token, devices, self.peak),
             "peak_tflops": self.peak, "memory_gib": memory_gib(self.device_target), "devices": devices,
-            "steps_in_window": n, "skipped_steps": self.skipped, "loss_scale": loss_scale,
-            "save_blocked_s": self.save_blocked, "elapsed_s": time.time() - self.started,
+            "steps_in_window": n, "skipped_steps": self.skipped,
+            "spike_skipped_steps": self.spike_skipped, "loss_scale": loss_scale,
+            "save_blocked_s": self.save_blocked, "elapsed_s": now - self.started, "eta_s": self._eta(step, now),
         }
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ from mindscale.config import Config, Layout
 from mindscale.train.optim import build_optimizer
 
 DYNAMIC_SCALE_START = 2.0 ** 16
+CONTROL = "control"  # prefix of the step's parameters the host sets each step: control, not state
 DYNAMIC_SCALE_WINDOW = 1000
 
 
@@ -93,7 +94,8 @@ def micro_batched(loss_network: nn.Cell, layout: Layout) -> nn.Cell:
 
 
 class TrainStep(nn.Cell):
-    """(input_ids, labels, loss_mask[, segment_ids]) -> (loss, grad_norm, overflow, loss scale)."""
+    """(input_ids, labels, loss_mask[, segment_ids]) -> (loss, grad_norm, overflow, loss scale). The update is
+    skipped when the gradients are not finite (`overflow`) or the loss exceeds `loss_limit` (when set)."""
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, cfg: Config, layout: Layout):
         super().__init__(auto_prefix=False)
@@ -117,11 +119,21 @@ class TrainStep(nn.Cell):
             self.accu_grads = self.weights.clone(prefix="accu_grads", init="zeros")
         self.cpu_norm = layout.cpu_kernels
         self.dot = ops.MatMul(transpose_b=True)
+        # train.loss_spike_factor: the host sets the step's limit (factor x recent median, health.LossSpikes);
+        # the step compares its global loss with it before the update, so a spiking batch never updates
+        self.loss_limit = None if cfg.train.loss_spike_factor is None else \
+            Parameter(Tensor(float("inf"), ms.float32), name=f"{CONTROL}.loss_limit", requires_grad=False)
         self.data_parallel = layout.data_parallel_mode
         self.reducer = nn.DistributedGradReducer(self.weights, mean=True) if self.data_parallel else nn.Identity()
         if self.data_parallel:
             self.loss_sum = ops.AllReduce()
             self.world = get_group_size()
+            # The graceful-stop vote (mindscale/train/stop.py) rides on the loss's all-reduce: the host
+            # raises stop_flag, the step sums it over the ranks into stop_votes. A vote graph of its own
+            # after every step cost ~9 ms of host time per step on the 2-worker CPU tests (25-60 ms steps).
+            # (Sharded graphs vote with RankVote: their step holds no all-reduce of its own to share.)
+            self.stop_flag = Parameter(Tensor([0.0], ms.float32), name=f"{CONTROL}.stop_flag", requires_grad=False)
+            self.stop_votes = Parameter(Tensor([0.0], ms.float32), name=f"{CONTROL}.stop_votes", requires_grad=False)
 
     def squared_norms(self, grads):
         if self.cpu_norm:
@@ -152,11 +164,15 @@ class TrainStep(nn.Cell):
             factor = factor * (self.grad_clip / ops.maximum(grad_norm, self.grad_clip))
         if self.rescale:
             grads = self.hyper_map(ops.partial(ops.mul, factor), grads)
-        if not overflow:
-            loss = ops.depend(loss, self.optimizer(grads))
         loss = loss / self.micro_steps
-        if self.data_parallel:  # report the global batch's loss, not this rank's share
-            loss = self.loss_sum(loss) / self.world
+        if self.data_parallel:  # the global batch's loss, not this rank's share
+            sums = self.loss_sum(ops.concat((ops.cast(loss, ms.float32).reshape((1,)), self.stop_flag)))
+            loss = ops.depend(ops.cast(sums[0], loss.dtype) / self.world, ops.assign(self.stop_votes, sums[1:]))
+        skip = overflow
+        if self.loss_limit is not None:
+            skip = ops.logical_or(overflow, ops.cast(loss, ms.float32) > self.loss_limit)
+        if not skip:
+            loss = ops.depend(loss, self.optimizer(grads))
         return loss, grad_norm, overflow, scale
 
 

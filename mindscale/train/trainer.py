@@ -9,6 +9,7 @@ from `checkpoint.load_path`, and a resume puts the saved adapters on top of it.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from pathlib import Path
 
@@ -19,12 +20,14 @@ import models
 from mindscale.train import checkpoint as ckpt, commit
 from mindscale.config import Config, ConfigError
 from mindscale.train.data import build_dataset
+from mindscale.train.health import HealthGuard, LossSpikes, TrainingDiverged
 from mindscale.train.metrics import MetricsLogger
 from mindscale.train.schedule import lr_at
 from mindscale.train.profiling import ProfileWindow
 from mindscale.config import Layout
 from mindscale.train.runtime import Runtime, set_input_layout
-from mindscale.train.step import build_train_graph
+from mindscale.train.step import CONTROL, build_train_graph
+from mindscale.train.stop import StopRequest
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -56,6 +59,7 @@ class Trainer:
         self.start_step = ckpt.checkpoint_step(latest) if latest else 0
         # Read (and verify) what the run starts from before compiling: a bad checkpoint fails in seconds
         start = self._read_start(latest)
+        self.spikes = LossSpikes(cfg.train.loss_spike_factor, (start[2] or {}).get("loss_history", ()))
         self.batches = self._batches()
         self.first_batch = next(self.batches) if self.start_step < cfg.train.steps else None
         if layout.sharded and self.first_batch is not None:
@@ -82,11 +86,11 @@ class Trainer:
     def optimizer_params(self) -> list:
         """Optimizer state to save: moments, step counter, a dynamic loss scale and its counters; not the LR
         table, which comes from the config (so a resumed run may change train.steps or the schedule), nor
-        the accumulation buffers (empty between steps)."""
+        the accumulation buffers (empty between steps), nor what the host sets each step (control.*)."""
         not_state = ({p.name for p in self.model.get_parameters()}
                      | {p.name for p in self.optimizer.learning_rate.get_parameters()})
-        return self._held(p for p in self.step_cell.get_parameters()
-                          if p.name not in not_state and not p.name.startswith("accu_grads."))
+        return self._held(p for p in self.step_cell.get_parameters() if p.name not in not_state
+                          and not p.name.startswith(("accu_grads.", f"{CONTROL}.")))
 
     def compiled_layouts(self, params) -> dict:
         """A sharded rank's compiled layout of each saved parameter (merged back by models.load_weights)."""
@@ -164,6 +168,8 @@ class Trainer:
             state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
                      "samples_consumed": step * self.cfg.global_batch_size,
                      "layout": ckpt.layout_record(self.cfg, self.layout)}
+            if self.spikes.enabled:
+                state["loss_history"] = list(self.spikes.history)
             if self.layout.sharded:
                 state["layouts"] = self.compiled_layouts([*self.saved_params, *self.optimizer_params])
             args = (self.ckpt_dir, step, parameters_as_numpy(self.saved_params, copy=background),
@@ -188,7 +194,49 @@ class Trainer:
         commit.commit(self.ckpt_root, self.ckpt_dir if writes else None, step, self.vote, self.rt.rank,
                       self.cfg.checkpoint.keep_last)
 
-    def train(self) -> list[dict]:
+    def _stop_votes(self, stop: StopRequest | None) -> int:
+        """After a step: how many ranks were asked to stop (0: train on). Every rank votes at every step,
+        so a signal to any of them stops all after the same one. Data parallel: the step summed the flags
+        raised before it (TrainStep.stop_flag); otherwise a RankVote now."""
+        if stop is None:
+            return 0
+        if not self.layout.data_parallel_mode:
+            return self.vote.count(stop.requested)[0]
+        return int(round(float(self.step_cell.stop_votes.asnumpy()[0])))
+
+    def _raise_stop_flag(self, stop: StopRequest | None) -> None:
+        """Before a data-parallel step: this rank's vote for the step's sum (once)."""
+        if stop is not None and stop.requested and self.layout.data_parallel_mode \
+                and not self.step_cell.stop_flag.asnumpy()[0]:
+            self.step_cell.stop_flag.set_data(Tensor(np.ones(1, np.float32)))
+
+    def _set_loss_limit(self) -> np.float32 | None:
+        """Before a step, with train.loss_spike_factor: the limit its loss is compared with in the graph."""
+        if not self.spikes.enabled:
+            return None
+        limit = self.spikes.limit()
+        self.step_cell.loss_limit.set_data(Tensor(limit))
+        return limit
+
+    def _spiked(self, step: int, loss: float, limit: np.float32 | None, overflow: bool) -> bool:
+        """After a step: whether the graph skipped its update for a loss over `limit` (said on one line)."""
+        if limit is None or not self.spikes.after(loss, limit, overflow):
+            return False
+        self._say(f"step {step}: loss {loss:.4f} > train.loss_spike_factor={self.spikes.factor} x the median of the "
+                  f"last {len(self.spikes.history)} updated steps = {limit:.4f}: optimizer update skipped")
+        return True
+
+    def _injected_fault(self, step: int, batch: tuple) -> tuple:
+        """Fault injection for the tests: MINDSCALE_FAULT=loss_spike:STEP replaces that step's (1-based)
+        labels by random ids, a batch no training has seen: its loss spikes."""
+        if os.environ.get("MINDSCALE_FAULT") != f"loss_spike:{step}":
+            return batch
+        labels = np.random.default_rng(step).integers(0, self.cfg.model.vocab_size, batch[1].shape, np.int32)
+        return (batch[0], Tensor(labels), *batch[2:])
+
+    def train(self, stop: StopRequest | None = None) -> list[dict]:
+        """Train to train.steps, or, when `stop` is requested on any rank, to the end of the step then
+        running, and save there (mindscale/train/stop.py)."""
         cfg = self.cfg
         if self.rt.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -197,30 +245,46 @@ class Trainer:
         logs = self.rt.rank == self.layout.stage_ranks(self.layout.pp - 1)[0]
         logger = MetricsLogger(cfg, self.run_dir, self.rt.device_target, logs, self.start_step)
         profile = ProfileWindow(cfg.profile, self.run_dir / "profile")
-        records, scale = [], 0.0
+        guard = HealthGuard(cfg, dynamic_scale=self.step_cell.scale_update is not None)
+        records, scale, stopped = [], 0.0, None
         for step in range(self.start_step, cfg.train.steps):
-            batch = self.first_batch if step == self.start_step else next(self.batches)
+            batch = self._injected_fault(step + 1, self.first_batch if step == self.start_step else next(self.batches))
             profile.before(step)
+            self._raise_stop_flag(stop)
+            limit = self._set_loss_limit()
             began = time.perf_counter()
             loss, grad_norm, overflow, scale = self.step_cell(*batch)
             loss = float(loss.asnumpy())
             elapsed = time.perf_counter() - began
             profile.after(step)
             scale = float(scale.asnumpy())
-            record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, bool(overflow.asnumpy()),
-                                 lr_at(step, cfg.train), scale)
+            asked, overflow = self._stop_votes(stop), bool(overflow.asnumpy())
+            spiked = self._spiked(step + 1, loss, limit, overflow)
+            record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, overflow,
+                                 lr_at(step, cfg.train), scale, force=bool(asked), spiked=spiked)
             if record:
                 records.append(record)
+            try:
+                guard.check(step + 1, loss, overflow, scale, spiked)
+            except TrainingDiverged:
+                self.finish_saving()  # an earlier save in flight was healthy: commit it
+                raise
+            if asked:
+                stopped = step + 1
+                by = f"{stop.reason} here" if stop.requested else "a signal to another rank"
+                self._say(f"stopping after step {stopped} of {cfg.train.steps}: asked on {asked} of "
+                          f"{self.rt.world} rank(s) ({by}); the same command resumes from the checkpoint")
+                break
             interval = cfg.checkpoint.save_interval
             if interval and (step + 1) % interval == 0 and step + 1 < cfg.train.steps:
                 logger.saved(self.save(step + 1, scale))
         profile.close()
         logger.close()
-        if cfg.checkpoint.save_at_end and self.start_step < cfg.train.steps:
-            blocked = self.save(cfg.train.steps, scale)
+        last = stopped or cfg.train.steps
+        if (stopped or cfg.checkpoint.save_at_end) and self.start_step < cfg.train.steps:
+            blocked = self.save(last, scale)
             self.finish_saving()
-            self._say(f"checkpoint: {self.ckpt_dir / ckpt.step_dir_name(cfg.train.steps)} "
-                      f"(training blocked {blocked:.2f} s)")
+            self._say(f"checkpoint: {self.ckpt_dir / ckpt.step_dir_name(last)} (training blocked {blocked:.2f} s)")
         self.finish_saving()
         print(f"rank {self.rt.rank}: weights sha256 {self.weights_digest()}", flush=True)
         return records

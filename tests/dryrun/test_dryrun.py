@@ -133,6 +133,14 @@ def test_lora_under_model_parallel_trains_only_the_adapters():
     assert shapes["layers.0.attention.wq.lora_b"] == [64 // 2, 4] and shapes["layers.0.attention.wo.lora_a"] == [4, 32]
 
 
+def test_the_loss_spike_guard_compiles_in_a_sharded_step():
+    """train.loss_spike_factor puts a limit parameter and a comparison before the update into the step;
+    under model parallel the compiler must place them (the loss there is already the global one)."""
+    report = dryrun(TINY_LLAMA, *SMALL, "model.num_kv_heads=2", "parallel.data_parallel=2", "parallel.model_parallel=2",
+                    "train.loss_spike_factor=2", ranks="0")[0]
+    assert report["compiled"] and report["planned"]["shape_mismatches"] == {}
+
+
 def test_packed_sft_with_composite_attention_under_model_parallel():
     report = dryrun(TINY_LLAMA, *SMALL, "model.num_kv_heads=2", "model.attention=composite",
                     "parallel.data_parallel=2", "parallel.model_parallel=2", ranks="0", packed=True)[0]

@@ -283,7 +283,7 @@ def launch_two_nodes(tmp_path, namespaces, cfg, **extra_env):
     finally:
         for node in nodes:
             if node.poll() is None:
-                node.send_signal(signal.SIGTERM)  # the launcher stops its workers on SIGTERM
+                node.send_signal(signal.SIGINT)  # the launcher stops its workers at once on SIGINT
                 node.wait(10)
     assert len(returned) == len(nodes), "a node's launcher did not return in time"
     return [(node.returncode, log.read_text(), returned[i]) for i, (node, log) in enumerate(zip(nodes, logs))]

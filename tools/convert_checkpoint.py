@@ -1,15 +1,20 @@
-"""Convert checkpoints between Hugging Face and MindScale.
+"""Convert checkpoints between Hugging Face and MindScale, and from MindFormers.
 
     # HF folder (config.json + model.safetensors or a sharded index) -> <output>/step_00000000/
     python tools/convert_checkpoint.py --direction hf2ms --input HF_DIR --output CKPT_ROOT [--config C]
     # MindScale checkpoint (step folder or .safetensors) -> HF folder that transformers loads
     python tools/convert_checkpoint.py --direction ms2hf --input STEP_DIR --output HF_DIR [--config C]
+    # MindFormers LLaMA .ckpt or .safetensors -> <output>/step_00000000/ (head counts from --mf-yaml or --config)
+    python tools/convert_checkpoint.py --direction mf2ms --input MF.ckpt --mf-yaml MF.yaml --output CKPT_ROOT
 
 hf2ms with --config checks that the HF model matches the config's model section and stores the
 resolved config; without it the checkpoint's config.yaml holds the model section from config.json.
 ms2hf reads the model dims from --config, else from the checkpoint folder's config.yaml; a LoRA
 run's checkpoint (adapters only) is merged into the base weights of that config's checkpoint.load_path.
-Supported: HF LlamaForCausalLM and GPT2LMHeadModel (tables in models/hf_convert.py).
+mf2ms takes widths and depth from the tensors and the head counts, RoPE base and epsilon from --mf-yaml
+(MindFormers' model.model_config), else from --config, and checks one against the other when both are given.
+Supported: HF LlamaForCausalLM, Qwen2ForCausalLM and GPT2LMHeadModel (tables in models/hf_convert.py);
+MindFormers 1.x LlamaForCausalLM (models/mf_convert.py).
 Exit 2 with one line on stderr for a bad or mismatched checkpoint.
 """
 from __future__ import annotations
@@ -23,17 +28,18 @@ from models import (WeightsMismatch, build_model, check_weights, count_parameter
                     load_inference_weights)
 from models.hf_convert import (hf_to_mindscale, mindscale_to_hf, model_config_differences,
                                read_hf_folder, write_hf_folder)
+from models.mf_convert import MindFormersError, mf_to_mindscale, model_config_from_mf, read_mindformers
 from mindscale.train.checkpoint import CONFIG, save_checkpoint
 from mindscale.config import Config, ConfigError, UserError, config_from_tree, load_config
 from mindscale.cli import OneLineParser, add_config_arguments, emit, fail
 
 
-def _config_for_hf_model(args, hf_model: dict) -> Config:
-    """The resolved config for an HF model: --config (checked against it) or built from it."""
+def _config_for_model(args, found: dict) -> Config:
+    """The resolved config for a converted model's keys: --config (checked against them) or built from them."""
     if not args.config:
-        return config_from_tree({"model": hf_model})
+        return config_from_tree({"model": found})
     cfg = load_config(args.config, args.overrides)
-    differ = model_config_differences(hf_model, cfg.model)
+    differ = model_config_differences(found, cfg.model)
     if differ:
         raise WeightsMismatch(f"{args.input} does not match {args.config}: {', '.join(differ[:4])}; "
                               "fix the config or drop --config")
@@ -49,7 +55,21 @@ def _check_against_model(cfg: Config, weights: dict) -> None:
 def hf2ms(args) -> dict:
     hf_state, hf_config = read_hf_folder(args.input)
     hf_model, weights = hf_to_mindscale(hf_state, hf_config)
-    cfg = _config_for_hf_model(args, hf_model)
+    cfg = _config_for_model(args, hf_model)
+    _check_against_model(cfg, weights)
+    folder = save_checkpoint(args.output, 0, weights, config=cfg.to_yaml())
+    return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(weights),
+            "parameters": count_parameters(cfg)}
+
+
+def mf2ms(args) -> dict:
+    mf_state = read_mindformers(args.input)
+    found = model_config_from_mf(mf_state, args.mf_yaml)
+    if "num_heads" not in found and not args.config:
+        raise MindFormersError("mf2ms needs the head counts: pass --mf-yaml (the MindFormers YAML the checkpoint "
+                               "was trained with) or --config")
+    cfg = _config_for_model(args, found)
+    weights = mf_to_mindscale(mf_state, cfg.model.num_heads, cfg.model.kv_heads)
     _check_against_model(cfg, weights)
     folder = save_checkpoint(args.output, 0, weights, config=cfg.to_yaml())
     return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(weights),
@@ -77,14 +97,16 @@ def ms2hf(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--direction", required=True, choices=["hf2ms", "ms2hf"])
-    parser.add_argument("--input", required=True, help="HF model folder (hf2ms) or MindScale checkpoint (ms2hf)")
+    parser.add_argument("--direction", required=True, choices=["hf2ms", "ms2hf", "mf2ms"])
+    parser.add_argument("--input", required=True, help="HF model folder (hf2ms), MindScale checkpoint (ms2hf) or "
+                                                       "MindFormers .ckpt/.safetensors file (mf2ms)")
+    parser.add_argument("--mf-yaml", help="mf2ms: the MindFormers YAML (model.model_config: head counts, theta)")
     parser.add_argument("--output", required=True, help="checkpoint root (hf2ms) or HF folder to write (ms2hf)")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the result")
     add_config_arguments(parser, required=False)
     args = parser.parse_args(argv)
     try:
-        result = hf2ms(args) if args.direction == "hf2ms" else ms2hf(args)
+        result = {"hf2ms": hf2ms, "ms2hf": ms2hf, "mf2ms": mf2ms}[args.direction](args)
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     except OSError as exc:  # e.g. --output names a folder that cannot be written

@@ -1,0 +1,88 @@
+"""MindFormers import: a tiny MindFormers 1.9 LlamaForCausalLM with random weights (separate and fused
+q/k/v and gate/up), saved with ms.save_checkpoint, gives MindScale the same logits as MindFormers' own
+forward, through the library, `checkpoint.load_path` and tools/convert_checkpoint.py --direction mf2ms."""
+import json
+import os
+import subprocess
+import sys
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+import models
+from mindscale.config import REPO_ROOT, config_from_tree
+from models.mf_convert import is_mindformers_checkpoint, mf_to_mindscale, model_config_from_mf, read_mindformers
+
+ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
+os.environ.setdefault("LOG_MF_PATH", str(REPO_ROOT / "output" / "mindformers_log"))
+
+DIMS = dict(hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=96, vocab_size=128,
+            seq_length=16, rms_norm_eps=1e-5, theta=20000.0)
+MF_YAML = {"model": {"model_config": {"type": "LlamaConfig", **DIMS}, "arch": {"type": "LlamaForCausalLM"}}}
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["separate", "qkv_concat"])
+def saved(request, tmp_path_factory):
+    """(ckpt path, yaml path, MindFormers logits of fixed ids, ids)."""
+    from mindformers.models.llama import LlamaConfig, LlamaForCausalLM
+    import yaml
+
+    ms.set_seed(0)
+    config = LlamaConfig(batch_size=2, **DIMS, compute_dtype="float32", param_init_type="float32",
+                         layernorm_compute_type="float32", softmax_compute_type="float32", rotary_dtype="float32",
+                         use_rope_slice=True, fused_rms_norm=False, use_flash_attention=False,
+                         qkv_concat=request.param)
+    network = LlamaForCausalLM(config)
+    rng = np.random.default_rng(0)
+    for p in network.get_parameters():  # norms too: nothing hides behind an initial value
+        p.set_data(Tensor(rng.normal(0, 0.2 if p.ndim == 2 else 1.0, p.shape).astype(np.float32)))
+    network.set_train(False)
+    ids = rng.integers(1, DIMS["vocab_size"], (2, DIMS["seq_length"])).astype(np.int32)
+    logits = network(Tensor(ids))[0].asnumpy().reshape(2, DIMS["seq_length"], -1)
+    folder = tmp_path_factory.mktemp("mf")
+    ms.save_checkpoint(network, str(folder / "llama.ckpt"))
+    (folder / "llama.yaml").write_text(yaml.safe_dump(MF_YAML))
+    return folder / "llama.ckpt", folder / "llama.yaml", logits, ids
+
+
+def ours(cfg, weights, ids) -> np.ndarray:
+    model = models.build_model(cfg)
+    models.load_weights_into(model, weights)
+    return model(Tensor(ids)).asnumpy()
+
+
+def test_logits_equal_mindformers_forward(saved):
+    ckpt, yaml_path, mf_logits, ids = saved
+    assert is_mindformers_checkpoint(ckpt)
+    state = read_mindformers(ckpt)
+    keys = model_config_from_mf(state, yaml_path)
+    assert keys == {"arch": "llama", "vocab_size": 128, "hidden_size": 64, "num_layers": 2, "ffn_hidden_size": 96,
+                    "tie_embeddings": False, "num_heads": 4, "num_kv_heads": 2, "rope_theta": 20000.0,
+                    "norm_eps": 1e-5, "seq_length": 16}
+    cfg = config_from_tree({"model": keys})
+    weights = mf_to_mindscale(state, 4, 2)
+    np.testing.assert_allclose(ours(cfg, weights, ids), mf_logits, atol=1e-5)
+    # checkpoint.load_path takes the file as it is, split by the run config's head counts
+    np.testing.assert_allclose(ours(cfg, models.load_pretrained(ckpt, cfg), ids), mf_logits, atol=1e-5)
+
+
+@pytest.mark.integration
+def test_cli_mf2ms_and_bad_input(saved, tmp_path):
+    ckpt, yaml_path, mf_logits, ids = saved
+    def run(*args):
+        return subprocess.run([sys.executable, "tools/convert_checkpoint.py", "--direction", "mf2ms", *args],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    proc = run("--input", str(ckpt), "--mf-yaml", str(yaml_path), "--output", str(tmp_path / "out"), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    weights = models.weights.load_weights(result["output"])
+    cfg = config_from_tree({"model": model_config_from_mf(read_mindformers(ckpt), yaml_path)})
+    np.testing.assert_allclose(ours(cfg, weights, ids), mf_logits, atol=1e-5)
+    for args, needle in ((["--input", str(ckpt)], "head counts"),
+                         (["--input", str(tmp_path / "none.ckpt"), "--mf-yaml", str(yaml_path)], "none.ckpt")):
+        proc = run(*args, "--output", str(tmp_path / "bad"))
+        errors = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(errors) == 1 and needle in errors[0], proc.stderr[-1000:]
+        assert not (tmp_path / "bad").exists()

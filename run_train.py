@@ -15,11 +15,13 @@ import sys
 from mindscale.config import UserError
 from mindscale.cli import add_config_arguments, config_from_args, fail
 from mindscale.train.health import TrainingDiverged
+from mindscale.launch.runlock import HOLDER_ENV
 from mindscale.train.stop import StopRequest
 
 
 def main(argv=None) -> int:
-    stop = StopRequest().install()  # first: a signal during start-up must not kill the process
+    # first: a signal during start-up must not kill the process; under the launcher it escalates, not we
+    stop = StopRequest(escalate=HOLDER_ENV not in os.environ).install()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arguments(parser)
     args = parser.parse_args(argv)
@@ -30,8 +32,8 @@ def main(argv=None) -> int:
     from mindscale.train.trainer import Trainer, run_dir_of
     try:
         runtime = setup(cfg)
-        # the launcher holds the run-folder lock for its workers; run without it, rank 0 takes it
-        with runlock.hold(run_dir_of(cfg), runtime.is_main and runlock.HOLDER_ENV not in os.environ):
+        # the launcher holds this run folder's lock for its workers; run without it, rank 0 takes it
+        with runlock.hold(run_dir_of(cfg), runtime.is_main and not runlock.held_by_launcher(run_dir_of(cfg))):
             Trainer(cfg, runtime).train(stop)
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))

@@ -149,7 +149,7 @@ def acquire(run_dir: str | Path) -> RunLock:
     me = Holder.me()
     previous = _read_holder(fd)
     note = None
-    if previous is not None and previous.pid != me.pid:
+    if previous is not None and (previous.pid, previous.host) != (me.pid, me.host):
         alive = previous.alive()
         if alive is not False:
             os.close(fd)
@@ -162,6 +162,13 @@ def acquire(run_dir: str | Path) -> RunLock:
     os.pwrite(fd, json.dumps(asdict(me)).encode(), 0)
     os.fsync(fd)
     return RunLock(path, fd, me, note)
+
+
+def held_by_launcher(run_dir: str | Path) -> bool:
+    """Whether our launcher holds `run_dir`'s lock for us (HOLDER_ENV names exactly that lock file: a
+    variable inherited from an unrelated job does not turn locking off for another run folder)."""
+    held = os.environ.get(HOLDER_ENV)
+    return held is not None and Path(held).resolve() == (Path(run_dir) / LOCK_NAME).resolve()
 
 
 def hold(run_dir: str | Path, takes_it: bool) -> contextlib.AbstractContextManager:

@@ -51,16 +51,20 @@ class LauncherSignals:
         self.graceful = signum
 
 
-def ask_workers_to_stop(proc: subprocess.Popen, signum: int) -> None:
-    """Send `signum` to each worker's wrapper under msrun (not to the scheduler); the wrapper forwards it."""
+def ask_workers_to_stop(proc: subprocess.Popen, signum: int, asked: set[int]) -> None:
+    """Send `signum` to each worker's wrapper under msrun (not to the scheduler) not `asked` yet, and add
+    it there; the wrapper forwards it. Called on every poll once a stop is requested: msrun may still
+    be starting its workers."""
     try:
         tree = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return
     for p in tree:
         try:
-            if "mindscale.launch" in p.cmdline() and p.environ().get("MS_ROLE") == "MS_WORKER":
+            if (p.pid not in asked and "mindscale.launch" in p.cmdline()
+                    and p.environ().get("MS_ROLE") == "MS_WORKER"):
                 p.send_signal(signum)
+                asked.add(p.pid)
         except psutil.Error:
             pass
 
@@ -172,14 +176,15 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> int:
           f"({plan.device}); logs in {plan.log_dir}; following the {which} log {plan.worker_log(plan.first_rank)}",
           flush=True)
     proc = start_msrun(plan, env)
-    forwarded = None
+    forwarded, asked = None, set()
     try:
         while True:
-            if signals.graceful is not None and forwarded is None:
-                forwarded = signal.Signals(signals.graceful).name
-                print(f"MindScale: {forwarded}: every worker finishes its step, saves a checkpoint and exits "
-                      "(signal again or Ctrl+C to stop at once)", flush=True)
-                ask_workers_to_stop(proc, signals.graceful)
+            if signals.graceful is not None:
+                if forwarded is None:
+                    forwarded = signal.Signals(signals.graceful).name
+                    print(f"MindScale: {forwarded}: every worker finishes its step, saves a checkpoint and exits "
+                          "(signal again or Ctrl+C to stop at once)", flush=True)
+                ask_workers_to_stop(proc, signals.graceful, asked)
             failure = first_failure(plan, stale)
             if failure:
                 stop_tree(proc)

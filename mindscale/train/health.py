@@ -4,14 +4,18 @@ cause, instead of training on garbage until its allocation ends.
 - `train.max_skipped_steps` consecutive steps skipped for non-finite gradients (the step skips the
   optimizer update then, mindscale/train/step.py): a fixed fp16 loss scale that overflows every
   step, or a dynamic one that halves without finding a usable scale, or a diverged run.
-- A non-finite loss without a dynamic loss scale: nothing will bring it back.
+- A non-finite loss without a dynamic loss scale: nothing will bring it back. Checked only without
+  pipeline stages: with them only the last stage holds the loss (the others see 0), and a guard that
+  fired on some ranks would leave the others waiting in a collective. There the non-finite gradients
+  it causes are skipped on every rank, and `max_skipped_steps` stops the run.
 
 - `train.loss_spike_factor` (optional, LossSpikes): a step whose loss exceeds that factor times the
   median of recent losses does not update the weights. The compiled step decides (TrainStep.loss_limit),
   before its update; the host sets the limit and, comparing the same float32 values, names the step.
 
-All are decided from values every rank shares (the step's loss and gradient norm are global), so
-every rank acts at the same step without a vote; the weights are those of the last good step.
+All are decided from values every rank shares (the gradient norm is global, and so is the loss
+without pipeline stages), so every rank acts at the same step without a vote; the weights are those
+of the last good step.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ class TrainingDiverged(RuntimeError):
 
 class HealthGuard:
     def __init__(self, cfg: Config, dynamic_scale: bool):
+        self.loss_everywhere = cfg.parallel.pipeline_stage == 1
         self.max_skipped = cfg.train.max_skipped_steps
         self.loss_scale = cfg.train.loss_scale
         self.dynamic = dynamic_scale
@@ -39,7 +44,7 @@ class HealthGuard:
 
     def check(self, step: int, loss: float, overflow: bool, scale: float, spiked: bool = False) -> None:
         """After optimizer step `step` (1-based): raise TrainingDiverged when the run must stop."""
-        if not math.isfinite(loss) and not self.dynamic:
+        if self.loss_everywhere and not math.isfinite(loss) and not self.dynamic:
             raise TrainingDiverged(
                 f"step {step}: the loss is {loss} and there is no dynamic loss scale to recover it (train.loss_scale="
                 f"{'null' if self.loss_scale is None else self.loss_scale}); lower train.lr or check the data and the "

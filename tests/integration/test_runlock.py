@@ -55,9 +55,18 @@ def test_a_reused_pid_is_dead_and_another_hosts_record_is_refused(tmp_path):
     (run / runlock.LOCK_NAME).write_text(json.dumps({**me.__dict__, "pid": os.getppid(), "started": 0.0}))
     with runlock.acquire(run) as lock:
         assert lock.note.startswith(f"took over the run folder lock of pid {os.getppid()} ")
-    (run / runlock.LOCK_NAME).write_text(json.dumps({**me.__dict__, "pid": 1, "host": "elsewhere"}))
-    with pytest.raises(runlock.RunLocked, match=f"delete {run / runlock.LOCK_NAME}"):
-        runlock.acquire(run)
+    for pid in (1, me.pid):  # our own pid on another host (containers) is another process too
+        (run / runlock.LOCK_NAME).write_text(json.dumps({**me.__dict__, "pid": pid, "host": "elsewhere"}))
+        with pytest.raises(runlock.RunLocked, match=f"delete {run / runlock.LOCK_NAME}"):
+            runlock.acquire(run)
+
+
+def test_only_the_lock_of_this_run_folder_counts_as_the_launchers(tmp_path, monkeypatch):
+    """A HOLDER_ENV inherited from another job does not turn locking off for this run folder."""
+    monkeypatch.setenv(runlock.HOLDER_ENV, str(tmp_path / "other" / runlock.LOCK_NAME))
+    assert not runlock.held_by_launcher(tmp_path / "run")
+    monkeypatch.setenv(runlock.HOLDER_ENV, str(tmp_path / "run" / runlock.LOCK_NAME))
+    assert runlock.held_by_launcher(tmp_path / "run")
 
 
 def test_run_train_refuses_a_live_run_and_writes_nothing(tmp_path, holder):

@@ -108,6 +108,10 @@ def _parallel(cfg: Config) -> None:
         raise ConfigError("parallel.gradient_accumulation_shard=true needs parallel.pipeline_stage > 1: with "
                           "accumulation alone MindSpore 2.9 takes time exponential in the layer count to compile "
                           "it (docs/dryrun.md); set it false, or use pipeline stages")
+    if p.gradient_accumulation_shard and cfg.model.tie_embeddings:
+        raise ConfigError("parallel.gradient_accumulation_shard=true with model.tie_embeddings=true: MindSpore 2.9 "
+                          "shards the shared embedding's accumulation buffer twice and the compile fails "
+                          "(docs/dryrun.md); set gradient_accumulation_shard false")
     if p.gradient_accumulation_shard and not cfg.run.reuse_layer_graph:
         raise ConfigError("parallel.gradient_accumulation_shard=true needs run.reuse_layer_graph=true (MindSpore "
                           "shards accumulation buffers only in a reused, lazy_inline graph)")

@@ -26,9 +26,10 @@ from safetensors.numpy import save_file
 from mindscale.config import REPO_ROOT, Layout, load_config
 from mindscale.io import CheckpointError
 from mindscale.train import checkpoint as ckpt
+from mindscale.perf.plan_text import SCALE_DIRS
 from models.weights import SlicedWeights, load_weights, merge_slices, take_slice
 
-SHIPPED = sorted(p for d in ("gpt3", "llama2", "llama3", "llama3_1", "llama3_2", "qwen2", "finetune") for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
+SHIPPED = sorted(p for d in (*SCALE_DIRS, "finetune") for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
                  if p.name != "base.yaml" and load_config(p).hardware.device_target == "Ascend")
 TINY_LLAMA = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
 TINY_GPT = REPO_ROOT / "configs" / "tiny" / "gpt_tiny.yaml"

@@ -225,6 +225,71 @@ def checkpoint_section(results: dict) -> list[str]:
             "Commands: " + "; ".join(f"`{c}`" for c in commands) + ".", ""]
 
 
+KINDS = ("AllReduce", "AllGather", "ReduceScatter", "Send")
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2 ** 20:,.1f}"
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def dryrun_compare_section(results: dict) -> list[str]:
+    """Phase 6 (bench/dryrun_compare.py); results from before it render nothing."""
+    layouts = results.get("dryrun_compare")
+    if layouts is None:
+        return []
+    rows = ["| layout (cards) | rank (stage) | stack | compile s | weights / grads / AdamW MiB (planner) | "
+            + " / ".join(KINDS) + " MB sent | sent per step MB | vs MindFormers | vs analytic |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for result in layouts:
+        name = f"`{Path(result['config']).stem}`"
+        if result.get("error"):
+            rows.append(f"| {name} | failed: `{result['error']}` | | | | | | | |")
+            continue
+        lay = result["layout"]
+        shape = f"{name} dp{lay['dp']}·tp{lay['tp']}{'+sp' if lay['sp'] else ''}·pp{lay['pp']} ({result['devices']})"
+        for ours, peer in zip(result["mindscale"], result["mindformers"]):
+            for stack, rank in (("MindScale", ours), ("MindFormers", peer)):
+                where = f"{rank['rank']} ({rank.get('stage', '?')})"
+                if not rank["compiled"]:
+                    rows.append(f"| {shape} | {where} | {stack} | failed: `{rank['error']}` | | | | | |")
+                    continue
+                b, planned = rank["bytes"], rank["planned_bytes"]
+                memory = " / ".join(_mib(b[k]) for k in ("weights", "grads", "optimizer"))
+                memory += " (=)" if b == planned else " (" + " / ".join(_mib(planned[k]) for k in planned) + ")"
+                kinds = " / ".join(f"{rank['collectives'].get(k, {}).get('sent_bytes', 0) / 1e6:,.1f}" for k in KINDS)
+                vs_peer = (f"{rank['sent_bytes'] / peer['sent_bytes']:.2f}× bytes, "
+                           f"{rank['compile_s'] / peer['compile_s']:.2f}× compile"
+                           if stack == "MindScale" and peer["compiled"] and peer["sent_bytes"] else "")
+                vs_plan = f"{rank['sent_bytes'] / rank['planned_sent_bytes']:.2f}×" if rank["planned_sent_bytes"] else ""
+                rows.append(f"| {shape} | {where} | {stack} | {rank['compile_s']:.0f} | {memory} | {kinds} | "
+                            f"{rank['sent_bytes'] / 1e6:,.1f} | {vs_peer} | {vs_plan} |")
+    pairs = [(o, p) for r in layouts if not r.get("error") for o, p in zip(r["mindscale"], r["mindformers"])
+             if o["compiled"] and p["compiled"]]
+    targets = []
+    if pairs:
+        targets = ["", "Targets (every rank above): "
+                   f"bytes ≤ 1.0× MindFormers' {_verdict(all(o['sent_bytes'] <= p['sent_bytes'] for o, p in pairs))}; "
+                   "bytes ≤ 1.1× the analytic volume "
+                   f"{_verdict(all(o['sent_bytes'] <= 1.1 * o['planned_sent_bytes'] for o, _ in pairs))}; "
+                   f"compile ≤ 1/3 of MindFormers' {_verdict(all(3 * o['compile_s'] <= p['compile_s'] for o, p in pairs))}; "
+                   f"memory = the planner's {_verdict(all(o['bytes'] == o['planned_bytes'] for o, _ in pairs))}."]
+    sets = " ".join(f"`{o}`" for o in layouts[0].get("overrides", [])) if layouts else ""
+    return ["## 6. Sharded training step under MindSpore's dry run: MindScale vs MindFormers", "",
+            "Each stack's training step compiled by MindSpore's dry run (docs/dryrun.md) for the first rank of "
+            "the first and the last pipeline stage, with the layouts of the named configs (data, tensor and "
+            "pipeline degrees, sequence parallel, optimizer shard, flash attention, bf16) at scaled widths, the "
+            f"same for both stacks ({sets}; `bench/dryrun_compare.py`). MindFormers 1.9 is its LlamaForCausalLM "
+            "in MindSpore's PipelineCell under MFPipelineWithLossScaleCell, its trainer's wrappers. Bytes sent are "
+            "one rank's per step at ring cost; the analytic column is the planner's Megatron volume for the "
+            "layout (mindscale/perf/planner.py). The dry run compiles and runs nothing: these are what MindSpore's "
+            "parallel compiler produced, not Ascend speed or device memory, and the compile seconds are this "
+            "host's.", "", *rows, *targets, ""]
+
+
 def render(results: dict, changes: str) -> str:
     st = results["settings"]
     overrides = "".join(f" --set {o}" for o in st["overrides"])
@@ -263,7 +328,7 @@ def render(results: dict, changes: str) -> str:
             "## 4. Peak host memory", "",
             "Peak resident set (VmHWM) of each throughput process: framework, model, optimizer state, "
             "activations and — for MindSpore — the compiled graph.", "", *memory_section(results), "",
-            *checkpoint_section(results)]
+            *checkpoint_section(results), *dryrun_compare_section(results)]
     failed = failures(results["throughput"]) + failures(results["compile"])
     if failed:
         out += ["## Failed runs", "", *failed, ""]

@@ -17,9 +17,13 @@ as failed with its last error line, never dropped):
    gradient all-reduce alone (bench/allreduce.py under msrun, 2 workers) and the linearity ceiling it
    sets, t1 / (t1 + all-reduce);
 5. checkpoint I/O (bench/checkpoint_io.py): training blocked per save, synchronous vs
-   checkpoint.async_save, and tools/reshard.py's GB/s cutting a step into a sharded layout and back.
+   checkpoint.async_save, and tools/reshard.py's GB/s cutting a step into a sharded layout and back;
+6. the sharded training step of MindScale and MindFormers under MindSpore's dry run, for the LLaMA-2 13B
+   and 70B layouts at scaled widths (bench/dryrun_compare.py): collectives and bytes sent per step,
+   compile seconds, per-rank weights/gradients/optimizer bytes, next to the planner's analytic volume.
 Results go to output/bench/results.json and, rendered by bench/report.py, to --out.
-`--set` overrides reach every throughput, linearity and checkpoint run (e.g. a tiny model for a smoke test).
+`--set` overrides reach every throughput, linearity and checkpoint run (e.g. a tiny model for a smoke test);
+phase 6 keeps its own scaled widths.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import SYSTEMS
+from bench import SYSTEMS, dryrun_compare
 from bench.checkpoint_io import checkpoint_io
 from bench.machine import describe, torch_gemm_tflops
 from bench.report import lower_sweep, render
@@ -391,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     results["compile"] = compile_sweep(args, cores)
     results["linearity"] = linearity(args)
     results["checkpoint_io"] = checkpoint_io(PEER_CONFIG, args.overrides, log)
+    results["dryrun_compare"] = dryrun_compare.run(log)
     log("GEMM peaks again")
     results["gemm"] = best_gemm_peaks(first_peaks, gemm_peaks(cores[0]))
     results["load_1m_end"] = os.getloadavg()[0]

@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -243,3 +244,26 @@ def test_checkpoint_io_phase_measures_saves_and_reshards_for_real():
     assert f"| synchronous | {sync['median_blocked_s']:.3f} (" in text and "`checkpoint.async_save: true`" in text
     assert f"| into whole (the peer config) | 1 | {merged['bytes'] / 1e9:.3f} |" in text
     assert "## 5. Checkpoint I/O" not in render(synthetic_results() | {"summary": results["summary"]}, "")
+
+
+def test_dryrun_comparison_compiles_both_stacks_under_one_layout_and_renders():
+    """Phase 6 on a tiny dp2 x pp2 layout, rank 0 only: both stacks compile for real under the dry run,
+    their pipeline sends are found, and the section states the targets."""
+    from bench.dryrun_compare import compare
+
+    sets = ["hardware=ascend910b", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=null",
+            "model.ffn_hidden_size=128", "model.vocab_size=256", "model.seq_length=64", "model.num_layers=4",
+            "parallel.data_parallel=2", "parallel.model_parallel=1", "parallel.pipeline_stage=2",
+            "parallel.micro_batch_num=2", "parallel.sequence_parallel=false", "train.global_batch_size=null"]
+    with tempfile.TemporaryDirectory() as tmp:
+        result = compare("configs/llama2/llama2_13b.yaml", Path(tmp), jobs=2, sets=sets, ranks="0")
+    assert result["layout"]["pp"] == 2 and result["devices"] == 4
+    for stack in ("mindscale", "mindformers"):
+        (rank,) = result[stack]
+        assert rank["compiled"], rank.get("error")
+        assert rank["collectives"]["Send"]["sent_bytes"] > 0 and rank["compile_s"] > 0
+        assert rank["bytes"]["weights"] > 0 and rank["bytes"]["optimizer"] == 2 * rank["bytes"]["grads"]
+    assert result["mindscale"][0]["bytes"] == result["mindscale"][0]["planned_bytes"]
+    from bench.report import dryrun_compare_section
+    text = "\n".join(dryrun_compare_section({"dryrun_compare": [result]}))
+    assert "vs MindFormers" in text and "Targets" in text and "MindFormers |" in text

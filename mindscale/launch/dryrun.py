@@ -186,6 +186,35 @@ def _nbytes(param) -> int:
     return int(np.prod(param.shape, dtype=np.int64)) * np.dtype(dtype_to_nptype(param.dtype)).itemsize
 
 
+def describe_compiled(step, model, network, ir_dir: Path | None, rank: int) -> dict:
+    """What a compiled train step holds on this rank: local shapes and layouts of its parameters, the bytes
+    of weights, gradient storage and AdamW moments, and (with `ir_dir`) its collectives per step. `model`
+    holds the weights, `network` the trained parameters; gradient buffers are named accu_grads.*, moments
+    adam_m.* / adam_v.* (MindSpore's AdamWeightDecay), as in MindFormers' wrappers."""
+    # this rank's parameters: a pipeline stage's graph holds only its own (the others keep their full,
+    # unallocated shapes); the compiled layouts name exactly those
+    held = step.parameter_layout_dict
+    params = [p for p in step.get_parameters() if p.name in held]
+    report = {"local_shapes": {p.name: list(p.shape) for p in params},
+              # the compiled layout of each (device matrix, tensor map, full shape, optimizer-shard group):
+              # what a restore slices full tensors by (models.weights)
+              "layouts": {p.name: [list(held[p.name][0]), list(held[p.name][1]), list(held[p.name][6]),
+                                   held[p.name][5]] for p in params}}
+    weights = {p.name for p in model.get_parameters()}
+    trainable = {p.name for p in network.trainable_params()}
+    accumulated = [p for p in params if p.name.startswith("accu_grads.")]
+    report["bytes"] = {
+        "weights": sum(_nbytes(p) for p in params if p.name in weights),
+        # the gradient storage: accumulation buffers when the graph keeps them, else one gradient per
+        # trained parameter as the optimizer receives it (its local shape after compile)
+        "grads": sum(_nbytes(p) for p in (accumulated or [p for p in params if p.name in trainable])),
+        "optimizer": sum(_nbytes(p) for p in params if p.name.startswith(("adam_m.", "adam_v."))),
+    }
+    if ir_dir is not None:
+        report["collectives"], report["groups"] = collectives_of(parse_ir(read_validate_ir(ir_dir), rank))
+    return report
+
+
 def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
     """Compile this process's rank (RANK_ID of RANK_SIZE) and report what the compiled graph holds."""
     from mindspore.nn.utils import no_init_parameters
@@ -211,31 +240,13 @@ def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
     finally:
         report["compile_s"] = round(time.perf_counter() - began, 2)
     report["compiled"] = True
-    # this rank's parameters: a pipeline stage's graph holds only its own (the others keep their full,
-    # unallocated shapes); the compiled layouts name exactly those
-    held = graph.step.parameter_layout_dict
-    params = [p for p in graph.step.get_parameters() if p.name in held]
-    report["local_shapes"] = {p.name: list(p.shape) for p in params}
-    # the compiled layout of each (device matrix, tensor map, full shape, optimizer-shard group): what a
-    # restore slices full tensors by (models.weights)
-    report["layouts"] = {p.name: [list(held[p.name][0]), list(held[p.name][1]), list(held[p.name][6]),
-                                  held[p.name][5]] for p in params}
-    weights = {p.name for p in graph.model.get_parameters()}
-    trainable = {p.name for p in graph.network.trainable_params()}
-    accumulated = [p for p in params if p.name.startswith("accu_grads.")]
-    report["bytes"] = {
-        "weights": sum(_nbytes(p) for p in params if p.name in weights),
-        # the gradient storage: accumulation buffers when the graph keeps them, else one gradient per
-        # trained parameter as the optimizer receives it (its local shape after compile)
-        "grads": sum(_nbytes(p) for p in (accumulated or [p for p in params if p.name in trainable])),
-        "optimizer": sum(_nbytes(p) for p in params if p.name.startswith(("adam_m.", "adam_v."))),
-    }
-    if ir_dir is not None:
-        report["collectives"], report["groups"] = collectives_of(parse_ir(read_validate_ir(ir_dir), rt.rank))
+    report.update(describe_compiled(graph.step, graph.model, graph.network, ir_dir, rt.rank))
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, compile_fn=compile_rank) -> int:
+    """The dry-run worker: `compile_fn(cfg, packed, ir_dir)` (MindScale's graph; bench/mf_dryrun.py passes
+    MindFormers') compiles this rank, and its report is printed as one JSON line."""
     parser = argparse.ArgumentParser(description="Compile rank RANK_ID under MindSpore's dry run (see tools/dryrun.py).")
     add_config_arguments(parser)
     parser.add_argument("--packed", action="store_true", help="feed segment_ids as packed SFT data does")
@@ -243,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(args)
     ir_dir = os.environ.get("MS_DEV_SAVE_GRAPHS_PATH")
     try:
-        report = compile_rank(cfg, args.packed, Path(ir_dir) if ir_dir else None)
+        report = compile_fn(cfg, args.packed, Path(ir_dir) if ir_dir else None)
     except ConfigError as exc:
         fail(str(exc))
     report["host_peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2)

@@ -40,6 +40,7 @@ class Job:
     packed: bool = False            # inputs carry segment_ids (packed SFT data)
     collectives: bool = True        # dump the compiled graph to read its collectives
     timeout: float = DEFAULT_TIMEOUT_S
+    worker: str = "mindscale.launch.dryrun"  # the module compiling a rank (bench/mf_dryrun.py: MindFormers')
 
 
 def for_ascend(cfg: Config) -> tuple[Config, Layout]:
@@ -115,7 +116,7 @@ def run_rank(job: Job, rank: int, devices: int) -> dict:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         if job.collectives:  # the compiled graph as text: MindSpore writes only this pass's IR
             env.update({"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_SAVE_GRAPHS_PATH": ir, "MS_DEV_DUMP_IR_PASSES": "validate"})
-        argv = [sys.executable, "-m", "mindscale.launch.dryrun", "--config", str(Path(job.config).resolve()),
+        argv = [sys.executable, "-m", job.worker, "--config", str(Path(job.config).resolve()),
                 *[x for o in [*job.overrides, ASCEND] for x in ("--set", o)]]
         if job.packed:
             argv.append("--packed")

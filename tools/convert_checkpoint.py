@@ -15,7 +15,8 @@ mf2ms takes widths and depth from the tensors and the head counts, RoPE base and
 (MindFormers' model.model_config), else from --config, and checks one against the other when both are given.
 Supported: HF LlamaForCausalLM, Qwen2ForCausalLM and GPT2LMHeadModel (tables in models/hf_convert.py);
 MindFormers 1.x LlamaForCausalLM (models/mf_convert.py).
-Exit 2 with one line on stderr for a bad or mismatched checkpoint.
+Exit 2 with one line on stderr for a bad or mismatched checkpoint. Progress (reading, converting,
+writing) goes to stderr: a bar on a terminal, else plain lines every 10 s (mindscale/progress.py).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from models.mf_convert import MindFormersError, mf_to_mindscale, model_config_fr
 from mindscale.train.checkpoint import CONFIG, save_checkpoint
 from mindscale.config import Config, ConfigError, UserError, config_from_tree, load_config
 from mindscale.cli import OneLineParser, add_config_arguments, emit, fail
+from mindscale.progress import Progress
 
 
 def _config_for_model(args, found: dict) -> Config:
@@ -52,26 +54,36 @@ def _check_against_model(cfg: Config, weights: dict) -> None:
         check_weights(build_model(cfg), weights)
 
 
-def hf2ms(args) -> dict:
-    hf_state, hf_config = read_hf_folder(args.input)
-    hf_model, weights = hf_to_mindscale(hf_state, hf_config)
-    cfg = _config_for_model(args, hf_model)
-    _check_against_model(cfg, weights)
-    folder = save_checkpoint(args.output, 0, weights, config=cfg.to_yaml())
+def _write_checkpoint(args, progress: Progress, weights: dict, cfg: Config):
+    with progress.single(f"writing {args.output}", "folder"):
+        return save_checkpoint(args.output, 0, weights, config=cfg.to_yaml())
+
+
+def hf2ms(args, progress: Progress) -> dict:
+    stored, hf_config = read_hf_folder(args.input, mapped=True)  # read below, tensor by tensor
+    hf_state = {name: tensor[...] for name, tensor in
+                progress.track(stored.items(), f"reading {args.input}", len(stored), "tensor")}
+    with progress.single("converting", "model"):
+        hf_model, weights = hf_to_mindscale(hf_state, hf_config)
+        cfg = _config_for_model(args, hf_model)
+        _check_against_model(cfg, weights)
+    folder = _write_checkpoint(args, progress, weights, cfg)
     return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(weights),
             "parameters": count_parameters(cfg)}
 
 
-def mf2ms(args) -> dict:
-    mf_state = read_mindformers(args.input)
+def mf2ms(args, progress: Progress) -> dict:
+    with progress.single(f"reading {args.input}", "file"):
+        mf_state = read_mindformers(args.input)
     found = model_config_from_mf(mf_state, args.mf_yaml)
     if "num_heads" not in found and not args.config:
         raise MindFormersError("mf2ms needs the head counts: pass --mf-yaml (the MindFormers YAML the checkpoint "
                                "was trained with) or --config")
-    cfg = _config_for_model(args, found)
-    weights = mf_to_mindscale(mf_state, cfg.model.num_heads, cfg.model.kv_heads)
-    _check_against_model(cfg, weights)
-    folder = save_checkpoint(args.output, 0, weights, config=cfg.to_yaml())
+    with progress.single("converting", "model"):
+        cfg = _config_for_model(args, found)
+        weights = mf_to_mindscale(mf_state, cfg.model.num_heads, cfg.model.kv_heads)
+        _check_against_model(cfg, weights)
+    folder = _write_checkpoint(args, progress, weights, cfg)
     return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(weights),
             "parameters": count_parameters(cfg)}
 
@@ -85,12 +97,15 @@ def _config_for_checkpoint(args) -> Config:
     return load_config(stored, args.overrides)
 
 
-def ms2hf(args) -> dict:
-    # a LoRA run's checkpoint holds adapters only: merged into its config's checkpoint.load_path base
-    weights, cfg = load_inference_weights(args.input, _config_for_checkpoint(args))
-    _check_against_model(cfg, weights)
-    hf_state, hf_config = mindscale_to_hf(weights, cfg.model)
-    folder = write_hf_folder(args.output, hf_state, hf_config)
+def ms2hf(args, progress: Progress) -> dict:
+    with progress.single(f"reading {args.input}", "checkpoint"):
+        # a LoRA run's checkpoint holds adapters only: merged into its config's checkpoint.load_path base
+        weights, cfg = load_inference_weights(args.input, _config_for_checkpoint(args))
+    with progress.single("converting", "model"):
+        _check_against_model(cfg, weights)
+        hf_state, hf_config = mindscale_to_hf(weights, cfg.model)
+    with progress.single(f"writing {args.output}", "folder"):
+        folder = write_hf_folder(args.output, hf_state, hf_config)
     return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(hf_state),
             "parameters": count_parameters(cfg)}
 
@@ -106,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     add_config_arguments(parser, required=False)
     args = parser.parse_args(argv)
     try:
-        result = {"hf2ms": hf2ms, "ms2hf": ms2hf, "mf2ms": mf2ms}[args.direction](args)
+        with Progress(args.direction) as progress:
+            result = {"hf2ms": hf2ms, "ms2hf": ms2hf, "mf2ms": mf2ms}[args.direction](args, progress)
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     except OSError as exc:  # e.g. --output names a folder that cannot be written

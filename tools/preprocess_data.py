@@ -10,8 +10,9 @@ pretrain: documents are tokenized, each followed by EOS, joined into one stream 
 samples of seq_length + 1 tokens (consecutive samples share one boundary token); the tail is
 dropped and counted in the manifest. sft: records rendered with a prompt template into token ids
 and an answer-only loss mask, one example per sample or with --pack several per sample with
-segment_ids. The output folder appears only when complete. The layout of the samples is described
-in mindscale/train/preprocess.py (which does the work) and docs/data.md.
+segment_ids. The output folder appears only when complete. The samples written are counted on
+stderr: a bar on a terminal, else a line every 10 s (mindscale/progress.py). The layout of the samples
+is described in mindscale/train/preprocess.py (which does the work) and docs/data.md.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from mindscale.cli import add_config_arguments, config_from_args, emit, fail
 from mindscale.config import Config, UserError
+from mindscale.progress import Progress
 from mindscale.train.data import check_special_ids, resolve_sources
 from mindscale.train.preprocess import Options, check_output, load_tokenizer, pad_id_of, preprocess
 from mindscale.train.templates import TEMPLATE_CHOICES
@@ -80,7 +82,9 @@ def main(argv=None) -> int:
         if cfg is not None:
             check_special_ids(cfg, encoder.eos_id, pad_id_of(encoder), args.mode, f"tokenizer {tokenizer}")
         sources = resolve_sources(args.input)
-        manifest = preprocess(output, options, sources, encoder, seq_length)
+        with Progress("preprocess") as progress:
+            progress.stage("writing samples", unit="sample")
+            manifest = preprocess(output, options, sources, encoder, seq_length, progress)
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     emit({"output": str(output), **manifest}, args.json,

@@ -7,7 +7,8 @@
 merged). A sharded target is cut by the layouts MindSpore's dry run compiles for it (one compile per
 pipeline stage; on a host without CANN the stand-ins of docs/dryrun.md). The output is a run's
 checkpoints folder with the step committed: a run of TARGET.yaml whose run folder holds it resumes
-there. docs/checkpoints.md describes the protocol. Exit 2 with one line for bad input.
+there. docs/checkpoints.md describes the protocol. Progress goes to stderr (a bar on a terminal, else
+plain lines: mindscale/progress.py). Exit 2 with one line for bad input.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import sys
 
 from mindscale.cli import OneLineParser, add_config_arguments, config_from_args, emit, fail
 from mindscale.config import UserError
+from mindscale.progress import Progress
 from mindscale.train.reshard import reshard
 
 
@@ -28,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     try:
-        result = reshard(args.input, args.config, args.overrides, cfg, args.output, args.jobs)
+        with Progress("reshard") as progress:
+            result = reshard(args.input, args.config, args.overrides, cfg, args.output, args.jobs, progress)
     except UserError as exc:
         fail(str(exc))
     emit(result, args.json, f"wrote step {result['step']} for {result['ranks']} rank folder(s) under "

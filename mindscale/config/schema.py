@@ -34,6 +34,10 @@ class RunConfig:
         "layout with several micro batches per step, the whole loss network's, called per micro batch "
         "(needed by parallel.gradient_accumulation_shard). false compiles every layer and micro batch on "
         "its own; the numbers are the same.", True)
+    tensorboard: bool = doc(
+        "The logging rank also writes every scalar of each metrics.jsonl record (loss, lr, loss_scale, "
+        "skipped_steps, throughput, MFU, ...) as TensorBoard events in <run>/tensorboard/ (needs tensorboardX); "
+        "view with `tensorboard --logdir <output_dir>` (docs/monitoring.md).", False)
 
 
 @dataclass

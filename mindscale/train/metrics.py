@@ -19,6 +19,7 @@ from mindscale.perf import flops
 from mindscale.config import Config
 from mindscale.perf.gemm_peak import device_peak_tflops
 from mindscale.config import Layout
+from mindscale.train.tensorboard import TensorBoardLog
 
 
 def memory_gib(device_target: str) -> float:
@@ -56,6 +57,8 @@ class MetricsLogger:
         self.first_step = first_step
         self.last_record = None  # (step, time) of the last record: the ETA's pace is the wall time since
         self.bar = None
+        # first: a missing tensorboardX stops the run before metrics.jsonl is touched
+        self.tensorboard = TensorBoardLog(run_dir, first_step) if write and cfg.run.tensorboard else None
         if write:
             run_dir.mkdir(parents=True, exist_ok=True)  # the logging rank may not be rank 0 (pipeline)
             self._drop_records_after(first_step)
@@ -93,8 +96,7 @@ class MetricsLogger:
         self.window.clear()
         self.save_blocked = 0.0
         if self.write:
-            with open(self.path, "a") as handle:
-                handle.write(json.dumps(record) + "\n")
+            self.append(record)
             line = (f"step {step}/{self.cfg.train.steps} loss {record['loss']:.4f} lr {lr:.3e} "
                     f"grad_norm {record['grad_norm']:.3f} step {record['step_time_s'] * 1e3:.0f} ms "
                     f"{record['tokens_per_s']:.0f} tok/s MFU {record['mfu'] * 100:.2f}% "
@@ -105,6 +107,13 @@ class MetricsLogger:
             else:
                 print(line, flush=True)
         return record
+
+    def append(self, record: dict) -> None:
+        """The one place a record is written: a line of metrics.jsonl and, with run.tensorboard, its scalars."""
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
 
     def _eta(self, step: int, now: float) -> float | None:
         """Seconds to train.steps at the wall-clock pace since the last record (saves, logging and data
@@ -143,3 +152,5 @@ class MetricsLogger:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()

@@ -77,8 +77,9 @@ def check_output(output: Path, overwrite: bool) -> None:
 class ShardWriter:
     """Samples into MindRecord files of at most `shard_size` samples each (data_00000.mindrecord, ...)."""
 
-    def __init__(self, folder: Path, schema: dict, shard_size: int):
+    def __init__(self, folder: Path, schema: dict, shard_size: int, progress=None):
         self.folder, self.schema, self.shard_size = folder, schema, shard_size
+        self.progress = progress  # a mindscale.progress.Progress advanced per sample, or None
         self.shards: list[dict] = []
         self.writer = None
         self.pending: list[dict] = []
@@ -104,6 +105,8 @@ class ShardWriter:
             self.writer.add_schema(self.schema, "mindscale_samples")
         self.pending.append(sample)
         self.in_shard += 1
+        if self.progress is not None:
+            self.progress.advance()
         if len(self.pending) >= WRITE_BATCH:
             self._flush()
         if self.in_shard == self.shard_size:
@@ -203,12 +206,14 @@ def sft_samples(encoded: Iterable[tuple[list[int], list[int]]], length: int, pad
 # ----------------------------------------------------------------------------------------------
 
 
-def write(folder: Path, options: Options, sources: list[Source], tokenizer, seq_length: int, pad_id: int) -> dict:
-    """Write the shards into `folder`; returns the mode-specific manifest entries."""
+def write(folder: Path, options: Options, sources: list[Source], tokenizer, seq_length: int, pad_id: int,
+          progress=None) -> dict:
+    """Write the shards into `folder`, advancing `progress` per sample; returns the mode-specific manifest entries."""
     length = seq_length + 1
     fields = ["input_ids"] + (["loss_mask"] if options.mode == "sft" else []) + \
         (["segment_ids"] if options.pack else [])
-    writer = ShardWriter(folder, {name: {"type": "int32", "shape": [length]} for name in fields}, options.shard_size)
+    writer = ShardWriter(folder, {name: {"type": "int32", "shape": [length]} for name in fields}, options.shard_size,
+                         progress)
     if options.mode == "pretrain":
         stats = {"documents": 0, "empty_documents_skipped": 0, "num_tokens": 0}
         for tokens in pack_stream(documents(sources, options, tokenizer, stats), seq_length, stats):
@@ -231,16 +236,18 @@ def write(folder: Path, options: Options, sources: list[Source], tokenizer, seq_
     return stats
 
 
-def preprocess(output: Path, options: Options, sources: list[Source], tokenizer, seq_length: int) -> dict:
+def preprocess(output: Path, options: Options, sources: list[Source], tokenizer, seq_length: int,
+               progress=None) -> dict:
     """Write the shards and manifest.json of `sources`, encoded with `tokenizer` (load_tokenizer), into the
-    folder `output` (replaced only once complete); returns the manifest."""
+    folder `output` (replaced only once complete); returns the manifest. `progress` (mindscale.progress) counts
+    the samples written."""
     pad_id = pad_id_of(tokenizer)
     os.environ.setdefault("GLOG_v", "3")  # MindRecord's writer logs at INFO/WARNING otherwise
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
     partial.mkdir()
     try:
-        stats = write(partial, options, sources, tokenizer, seq_length, pad_id)
+        stats = write(partial, options, sources, tokenizer, seq_length, pad_id, progress)
         manifest = {"format_version": FORMAT_VERSION, "mode": options.mode, "seq_length": seq_length,
                     "sample_length": seq_length + 1, "vocab_size": tokenizer.vocab_size,
                     "eos_id": tokenizer.eos_id, "pad_id": pad_id, "bos_id": tokenizer.bos_id,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from mindscale.config import Config, Layout
 from mindscale.io import CheckpointError
+from mindscale.progress import Progress, quiet
 from mindscale.train.checkpoint import (CONFIG, OPTIMIZER, STATE, WEIGHTS, layout_record, save_checkpoint,
                                         step_dir_name)
 from mindscale.train.commit import record_steps
@@ -35,14 +36,16 @@ def read_step(folder: Path) -> tuple[dict, dict, dict]:
     return read_step_tensors(folder, WEIGHTS), read_step_tensors(folder, OPTIMIZER), state
 
 
-def compiled_layouts(config: str, overrides: list[str], cfg: Config, jobs: int) -> dict[int, dict]:
+def compiled_layouts(config: str, overrides: list[str], cfg: Config, jobs: int, progress: Progress) -> dict[int, dict]:
     """Every rank's compiled layout of each tensor it holds, from a dry run of each stage's first rank."""
     from mindscale.launch.dryrun_ranks import Job, choose_ranks, compile_ranks, for_ascend
 
     cfg, layout = for_ascend(cfg)
     job = Job(config, tuple(overrides), Path(tempfile.mkdtemp(prefix="mindscale-reshard-")), collectives=False)
     by_rank = {}
-    for report in compile_ranks(cfg, job, choose_ranks("stages", layout), jobs):
+    firsts = choose_ranks("stages", layout)
+    compiled = compile_ranks(cfg, job, firsts, jobs)
+    for report in progress.track(compiled, "compiling the target layout (dry run)", len(firsts), "stage"):
         if not report["compiled"]:
             raise CheckpointError(f"the target layout does not compile: {report['error']}")
         raw = {n: (dev, tmap, None, 1, True, group, shape) for n, (dev, tmap, shape, group) in report["layouts"].items()}
@@ -58,13 +61,17 @@ def _rank_part(tensors: dict, layouts: dict, everywhere: set, rank: int) -> dict
             for n, v in tensors.items() if n in layouts or n in everywhere}
 
 
-def reshard(source: Path, config: str, overrides: list[str], cfg: Config, output: Path, jobs: int = 1) -> dict:
-    """Write the step of `source` under `output` (a run's checkpoints folder) for `cfg`'s layout."""
+def reshard(source: Path, config: str, overrides: list[str], cfg: Config, output: Path, jobs: int = 1,
+            progress: Progress | None = None) -> dict:
+    """Write the step of `source` under `output` (a run's checkpoints folder) for `cfg`'s layout, its stages
+    reported to `progress` (mindscale/progress.py)."""
+    progress = progress or quiet()
     output = Path(output)
     if output.exists() and any(output.iterdir()):
         raise CheckpointError(f"--output {output} is not empty; name a new folder (a run's checkpoints/ to be)")
     began = time.perf_counter()
-    weights, optimizer, state = read_step(source)
+    with progress.single(f"reading {source}", "folder"):
+        weights, optimizer, state = read_step(source)
     step = int(state["step"])
     consumed = state.get("samples_consumed", step * cfg.global_batch_size)
     if consumed != step * cfg.global_batch_size:
@@ -74,16 +81,17 @@ def reshard(source: Path, config: str, overrides: list[str], cfg: Config, output
     state = {**state, "layout": layout_record(cfg, layout)}
     compile_s = 0.0
     if not layout.sharded:
-        save_checkpoint(output, step, weights, optimizer, state, cfg.to_yaml())
+        with progress.single(f"writing {output}", "folder"):
+            save_checkpoint(output, step, weights, optimizer, state, cfg.to_yaml())
         folders = [output / step_dir_name(step)]
     else:
         compiling = time.perf_counter()
-        by_rank = compiled_layouts(config, overrides, cfg, jobs)
+        by_rank = compiled_layouts(config, overrides, cfg, jobs, progress)
         compile_s = time.perf_counter() - compiling
         laid_out = {n for layouts in by_rank.values() for n in layouts}
         everywhere = {n for n in [*weights, *optimizer] if n not in laid_out}
         folders = []
-        for rank, layouts in sorted(by_rank.items()):
+        for rank, layouts in progress.track(sorted(by_rank.items()), f"writing {output}", len(by_rank), "rank folder"):
             part_weights = _rank_part(weights, layouts, everywhere, rank)
             part_optimizer = _rank_part(optimizer, layouts, everywhere, rank)
             held = {n: saved_layout(layouts[n]) for n in [*part_weights, *part_optimizer] if n in layouts}

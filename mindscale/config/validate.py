@@ -53,9 +53,29 @@ def _positive(cfg: Config) -> None:
         raise ConfigError(f"train.loss_spike_factor={factor} needs the loss on every rank before the update, but with "
                           f"parallel.pipeline_stage={cfg.parallel.pipeline_stage} only the last stage has it; set it "
                           "to null")
+    _evaluation(cfg)
     if cfg.profile.enable and not 0 <= cfg.profile.start_step < cfg.profile.stop_step:
         raise ConfigError(f"profile.start_step={cfg.profile.start_step}, profile.stop_step={cfg.profile.stop_step}: "
                           "need 0 <= start_step < stop_step")
+
+
+def _evaluation(cfg: Config) -> None:
+    t = cfg.train
+    if t.eval_interval < 0:
+        raise ConfigError(f"train.eval_interval={t.eval_interval}: must be >= 0 (0 = no validation)")
+    if t.eval_steps < 1:
+        raise ConfigError(f"train.eval_steps={t.eval_steps}: must be >= 1")
+    if not t.eval_interval:
+        return
+    if not cfg.data.valid_path or cfg.data.valid_path == "synthetic":
+        raise ConfigError(f"train.eval_interval={t.eval_interval} needs data.valid_path (a held-out MindRecord "
+                          "folder: tools/preprocess_data.py --valid-fraction writes <output>/valid); set it, or "
+                          "set train.eval_interval=0")
+    if cfg.parallel.pipeline_stage > 1:
+        raise ConfigError(f"train.eval_interval={t.eval_interval} with parallel.pipeline_stage="
+                          f"{cfg.parallel.pipeline_stage}: MindSpore 2.9 splits stages only in a training "
+                          "Pipeline cell, so there is no forward-only graph to validate with (docs/monitoring.md); "
+                          "set train.eval_interval=0")
 
 
 def _model_shapes(m: ModelConfig) -> None:

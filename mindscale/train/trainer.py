@@ -20,6 +20,7 @@ import models
 from mindscale.train import checkpoint as ckpt, commit
 from mindscale.config import Config, ConfigError
 from mindscale.train.data import build_dataset
+from mindscale.train.evaluate import Evaluator
 from mindscale.train.health import HealthGuard, LossSpikes, TrainingDiverged
 from mindscale.train.metrics import MetricsLogger
 from mindscale.train.schedule import lr_at
@@ -60,12 +61,16 @@ class Trainer:
         # Read (and verify) what the run starts from before compiling: a bad checkpoint fails in seconds
         start = self._read_start(latest)
         self.spikes = LossSpikes(cfg.train.loss_spike_factor, (start[2] or {}).get("loss_history", ()))
+        self.evaluator = Evaluator(cfg, layout, self.model, layout.data_rank(rt.rank)) \
+            if cfg.train.eval_interval else None
         self.batches = self._batches()
         self.first_batch = next(self.batches) if self.start_step < cfg.train.steps else None
         if layout.sharded and self.first_batch is not None:
             # sharded parameters take their local shapes when the step compiles: assign after that
             set_input_layout(layout, len(self.first_batch))
             self.step_cell.compile(*self.first_batch)
+            if self.evaluator is not None:
+                self.evaluator.compile()
         self._assign_start(latest, start)
 
     # -- what a rank holds and saves ------------------------------------------------------------------
@@ -226,6 +231,11 @@ class Trainer:
                   f"last {len(self.spikes.history)} updated steps = {limit:.4f}: optimizer update skipped")
         return True
 
+    def _validate(self, step: int, logger: MetricsLogger) -> None:
+        """After step `step`, when train.eval_interval says so: a validation pass, logged with the step."""
+        if self.evaluator is not None and self.evaluator.due(step):
+            logger.validated(*self.evaluator.loss(self.step_cell))
+
     def _injected_fault(self, step: int, batch: tuple) -> tuple:
         """Fault injection for the tests: MINDSCALE_FAULT=loss_spike:STEP replaces that step's (1-based)
         labels by random ids, a batch no training has seen: its loss spikes."""
@@ -260,6 +270,7 @@ class Trainer:
             scale = float(scale.asnumpy())
             asked, overflow = self._stop_votes(stop), bool(overflow.asnumpy())
             spiked = self._spiked(step + 1, loss, limit, overflow)
+            self._validate(step + 1, logger)
             record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, overflow,
                                  lr_at(step, cfg.train), scale, force=bool(asked), spiked=spiked)
             if record:

@@ -142,6 +142,23 @@ def test_the_loss_spike_guard_compiles_in_a_sharded_step():
     assert report["compiled"] and report["planned"]["shape_mismatches"] == {}
 
 
+@pytest.mark.parametrize("config, overrides", [
+    (REPO_ROOT / "configs" / "llama3_2" / "llama3_2_1b.yaml", ()),  # optimizer shard, accumulation, vocab split
+    (TINY_LLAMA, (*SMALL, "model.num_kv_heads=2", "parallel.data_parallel=2", "parallel.model_parallel=2",
+                  "parallel.sequence_parallel=true")),
+], ids=["llama3_2_1b_twin", "tiny_dp2_mp2_sp"])
+def test_the_validation_graph_compiles_next_to_the_sharded_step(config, overrides):
+    """train.eval_interval: the forward-only validation graph (mindscale/train/evaluate.py) compiles after
+    the step, on its sliced weights, with the step's own report unchanged by it."""
+    overrides = [*(twin(config) if config != TINY_LLAMA else ()), *overrides]
+    plain = dryrun(config, *overrides, ranks="0")[0]
+    report = dryrun(config, *overrides, "train.eval_interval=100", "data.valid_path=/not/read/by/a/dry/run",
+                    ranks="0")[0]
+    assert report["compiled"] and report["eval_compile_s"] > 0 and "eval_compile_s" not in plain
+    assert {k: report[k] for k in ("local_shapes", "bytes", "collectives")} == \
+        {k: plain[k] for k in ("local_shapes", "bytes", "collectives")}
+
+
 def test_packed_sft_with_composite_attention_under_model_parallel():
     report = dryrun(TINY_LLAMA, *SMALL, "model.num_kv_heads=2", "model.attention=composite",
                     "parallel.data_parallel=2", "parallel.model_parallel=2", ranks="0", packed=True)[0]

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from mindscale.config.errors import ConfigError
-from mindscale.config.layout import stage_layer_counts
+from mindscale.config.layout import Layout, stage_layer_counts
 from mindscale.config.schema import LORA_TARGETS, TEMPLATE_NAMES, Config, ModelConfig
 
 
@@ -53,7 +53,6 @@ def _positive(cfg: Config) -> None:
         raise ConfigError(f"train.loss_spike_factor={factor} needs the loss on every rank before the update, but with "
                           f"parallel.pipeline_stage={cfg.parallel.pipeline_stage} only the last stage has it; set it "
                           "to null")
-    _evaluation(cfg)
     if cfg.profile.enable and not 0 <= cfg.profile.start_step < cfg.profile.stop_step:
         raise ConfigError(f"profile.start_step={cfg.profile.start_step}, profile.stop_step={cfg.profile.stop_step}: "
                           "need 0 <= start_step < stop_step")
@@ -76,6 +75,12 @@ def _evaluation(cfg: Config) -> None:
                           f"{cfg.parallel.pipeline_stage}: MindSpore 2.9 splits stages only in a training "
                           "Pipeline cell, so there is no forward-only graph to validate with (docs/monitoring.md); "
                           "set train.eval_interval=0")
+    if Layout.of(cfg).accumulates_in_graph:
+        raise ConfigError(f"train.eval_interval={t.eval_interval} with parallel.gradient_accumulation_steps="
+                          f"{cfg.parallel.gradient_accumulation_steps} in a sharded layout: MindSpore 2.9 compiles no "
+                          "forward-only graph with gradient accumulation under semi-auto parallel (\"Current not "
+                          "support predict with grad_accu\", docs/monitoring.md); set gradient_accumulation_steps=1 "
+                          "or train.eval_interval=0")
 
 
 def _model_shapes(m: ModelConfig) -> None:
@@ -213,4 +218,5 @@ def validate(cfg: Config) -> None:
     _finetune(cfg)
     _model_shapes(cfg.model)
     _parallel(cfg)
+    _evaluation(cfg)
     _backend(cfg)

@@ -170,10 +170,10 @@ def first_error_line(exc: BaseException) -> str:
     return f"{head} ({ours})" if ours and ours not in head else head
 
 
-def example_inputs(cfg, layout, packed: bool, rows: int | None = None) -> tuple:
-    """Zero batches of the shapes and dtypes the trainer feeds: [rows, seq] per input (default: a step's rows)."""
+def example_inputs(cfg, layout, packed: bool) -> tuple:
+    """Zero batches of the shapes and dtypes the trainer feeds: [rows, seq] per input."""
     from mindspore import Tensor
-    shape = (rows or layout.rows_per_step, cfg.model.seq_length)
+    shape = (layout.rows_per_step, cfg.model.seq_length)
     inputs = [Tensor(np.zeros(shape, np.int32)), Tensor(np.zeros(shape, np.int32)),
               Tensor(np.ones(shape, np.float32))]
     if packed:
@@ -239,14 +239,14 @@ def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
 
 def _compile_validation(cfg, graph, layout, packed: bool, report: dict) -> None:
     """The forward-only validation graph of train.eval_interval (mindscale/train/evaluate.py), compiled as
-    the trainer compiles it: after the step, on the same (sliced) weights, micro_batch_size rows per call."""
+    the trainer compiles it: after the step, on the same (sliced) weights, a step's rows per call."""
     from mindscale.train.evaluate import EvalStep
 
     step = EvalStep(graph.model, layout)
     step.set_train(False)
     began = time.perf_counter()
     try:
-        step.compile(*example_inputs(cfg, layout, packed, rows=layout.micro_batch_size))
+        step.compile(*example_inputs(cfg, layout, packed))
     except (RuntimeError, ValueError, TypeError) as exc:
         report["compiled"], report["error"] = False, f"validation graph: {first_error_line(exc)}"
     finally:

@@ -1,16 +1,17 @@
 """Validation loss during training (train.eval_interval): a forward-only graph over held-out data.
 
     evaluator = Evaluator(cfg, layout, model, data_rank)   # checks data.valid_path before anything compiles
-    if evaluator.due(step): val_loss = evaluator.loss(train_step)
+    if evaluator.due(step): val_loss, seconds = evaluator.validate(train_step)
 
 The held-out set is the first train.eval_steps x global_batch_size sequences of data.valid_path in
-stored order (never shuffled). A pass feeds them as training feeds a step's micro batches: calls of
-micro_batch_size rows per data-parallel rank, in the stream order of mindscale/train/data.py (shuffle
-off, from position 0), so rank r reads its share of every call and the set is the same whatever the
-world size. Each call returns the sum of its token losses and its token count over the whole call
-(data parallel: one all-reduce of both; sharded: the loss is already the global batch's mean and the
-compiler reduces the count over data parallel); the pass's loss is the sum of the sums over the sum of
-the counts, a token-weighted mean, so 1 and 2 workers agree.
+stored order (never shuffled). A pass feeds them as training feeds its steps: eval_steps calls of a
+step's rows per data-parallel rank (its micro batches stacked, sliced in the graph by the same
+micro-batch cell), in the stream order of mindscale/train/data.py (shuffle off, from position 0), so
+rank r reads its share of every micro batch and the set is the same whatever the world size. Each
+micro batch gives the sum of its token losses and its token count; a call adds them over its micro
+batches and its ranks (data parallel: one all-reduce; sharded: the loss is already the global micro
+batch's mean and the compiler reduces the count over data parallel); the pass's loss is the sum of the
+sums over the sum of the counts, a token-weighted mean, so 1 and 2 workers agree.
 
 The graph is compiled once, at the first pass (sharded layouts: at start-up, next to the training
 step), and reused: every call has the same shapes. It reads the training weights and writes nothing,
@@ -26,7 +27,8 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindscale.config import Config, ConfigError, Layout
-from mindscale.train.data import SYNTHETIC, build_dataset, read_manifest
+from mindscale.train.data import SYNTHETIC, build_dataset, read_manifest, step_rows
+from mindscale.train.step import micro_batched
 from models.transformer import CausalLMLoss
 
 
@@ -35,23 +37,38 @@ def held_out_config(cfg: Config) -> Config:
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=cfg.data.valid_path, shuffle=False))
 
 
-class EvalStep(nn.Cell):
-    """(input_ids, labels, loss_mask[, segment_ids]) -> [sum of token losses, token count] of the whole call,
-    float32 [2], on every rank."""
+class HeldOutLoss(nn.Cell):
+    """One micro batch -> [sum of token losses, token count], float32 [2]: of this rank's rows, or sharded
+    of the global micro batch (the model's loss is then already the global mean)."""
 
     def __init__(self, model: nn.Cell, layout: Layout):
         super().__init__(auto_prefix=False)
-        self.network = CausalLMLoss(model)  # the model's own masked mean loss (sharded: the global batch's)
+        self.network = CausalLMLoss(model)  # the model's own masked mean loss
         self.count = ops.ReduceSum()
         if layout.sharded:  # the count of the global batch: a sum over the data-parallel split
             self.count.shard(((layout.dp, 1),))
-        self.data_parallel = layout.data_parallel_mode
-        self.sum_ranks = ops.AllReduce() if self.data_parallel else None
 
     def construct(self, *inputs):
         loss = ops.cast(self.network(*inputs), ms.float32)
         tokens = self.count(inputs[2])
-        sums = ops.concat(((loss * tokens).reshape((1,)), tokens.reshape((1,))))
+        return ops.concat(((loss * tokens).reshape((1,)), tokens.reshape((1,))))
+
+
+class EvalStep(nn.Cell):
+    """A step's rows (input_ids, labels, loss_mask[, segment_ids]) -> [sum of token losses, token count] over
+    all ranks, float32 [2]. The micro batches go through the micro-batch cell the training step uses
+    (mindscale.train.step.micro_batched), which adds their sums. Sharded layouts with accumulation are
+    refused (validate.py): under the dry run MindSpore 2.9 compiled such a forward graph neither without
+    that cell ("Cannot find micro info for node") nor with it ("Current not support predict with grad_accu")."""
+
+    def __init__(self, model: nn.Cell, layout: Layout):
+        super().__init__(auto_prefix=False)
+        self.network = micro_batched(HeldOutLoss(model, layout), layout)
+        self.data_parallel = layout.data_parallel_mode
+        self.sum_ranks = ops.AllReduce() if self.data_parallel else None
+
+    def construct(self, *inputs):
+        sums = self.network(*inputs)
         if self.data_parallel:
             sums = self.sum_ranks(sums)
         return sums
@@ -65,7 +82,6 @@ class Evaluator:
         self.layout = layout
         self.data_rank = data_rank
         self.held_out = held_out_config(cfg)
-        self.calls = cfg.train.eval_steps * layout.micro_steps
         self._check_data()
         self.step = EvalStep(model, layout)
 
@@ -74,10 +90,11 @@ class Evaluator:
         and enough sequences: a short pass would silently change what val_loss means."""
         manifest = build_dataset(self.held_out, self.data_rank, self.layout.dp).manifest
         where, t = self.cfg.data.valid_path, self.cfg.train
-        if self.cfg.data.path != SYNTHETIC and read_manifest(self.cfg.data.path)["fields"] != manifest["fields"]:
-            raise ConfigError(f"data.valid_path={where} holds {manifest['fields']} but data.path holds "
-                              f"{read_manifest(self.cfg.data.path)['fields']}; preprocess both the same way "
-                              "(tools/preprocess_data.py --valid-fraction writes a matching split)")
+        trained = manifest["fields"] if self.cfg.data.path == SYNTHETIC else read_manifest(self.cfg.data.path)["fields"]
+        if trained != manifest["fields"]:
+            raise ConfigError(f"data.valid_path={where} holds {manifest['fields']} but data.path holds {trained}; "
+                              "preprocess both the same way (tools/preprocess_data.py --valid-fraction writes a "
+                              "matching split)")
         needed = t.eval_steps * self.cfg.global_batch_size
         if manifest["num_samples"] < needed:
             raise ConfigError(f"data.valid_path={where} holds {manifest['num_samples']} sequences but "
@@ -91,19 +108,19 @@ class Evaluator:
         return bool(interval) and (step % interval == 0 or step == self.cfg.train.steps)
 
     def batches(self):
-        """The held-out calls of this rank, from the start of the split every time."""
+        """The held-out calls of this rank, from the start of the split every time: a step's micro batches
+        stacked, as the trainer feeds them."""
         source = iter(build_dataset(self.held_out, self.data_rank, self.layout.dp))
-        for _ in range(self.calls):
-            batch = next(source)
-            yield tuple(Tensor(batch[key]) for key in ("input_ids", "labels", "loss_mask", "segment_ids")
-                        if key in batch)
+        for _ in range(self.cfg.train.eval_steps):
+            yield tuple(Tensor(rows) for rows in step_rows([next(source) for _ in range(self.layout.micro_steps)]))
 
-    def compile(self) -> None:
+    def compile(self, train_step: nn.Cell) -> None:
         """Compile the graph now (sharded layouts, after the training step: the weights are sliced by then)."""
         self.step.set_train(False)
         self.step.compile(*next(self.batches()))
+        train_step.set_train(True)
 
-    def loss(self, train_step: nn.Cell) -> tuple[float, float]:
+    def validate(self, train_step: nn.Cell) -> tuple[float, float]:
         """(token-weighted mean loss over the held-out set, seconds the pass took). `train_step` is set back
         to training mode afterwards: the model's cells are shared, and their mode is per cell."""
         began = time.perf_counter()

@@ -5,7 +5,8 @@ pretrain: documents are tokenized, each followed by EOS, joined into one stream 
 samples of seq_length + 1 tokens; sample k holds stream tokens [k*S, k*S + S] (consecutive
 samples share one boundary token, as in Megatron's GPTDataset), so every token but the first is a
 training target exactly once. The tail of fewer than S tokens after the last sample is dropped and
-counted in the manifest.
+counted in the manifest. With a valid fraction, whole documents are held out (mindscale/train/heldout.py)
+and packed the same way into <output>/valid, a data folder of its own.
 sft: Alpaca (instruction/input/output) or chat (messages) records are rendered with a prompt
 template (mindscale/train/templates.py) into token ids and a loss mask that is 1 only on answer tokens;
 one example per sample padded with pad_id (mask 0), or packed: several examples per sample with
@@ -240,16 +241,9 @@ def write(folder: Path, options: Options, sources: list[Source], tokenizer, seq_
     if options.mode == "pretrain":
         stats = {"documents": 0, "empty_documents_skipped": 0, "num_tokens": 0}
         chunks = documents(sources, options, tokenizer, stats)
-        if options.valid_fraction:  # whole documents into <folder>/valid, packed and written as they come
-            (folder / VALID_DIR).mkdir()
-            held_out = ShardWriter(folder / VALID_DIR, schema, options.shard_size), {"documents": 0, "num_tokens": 0}
-            packer = Packer(seq_length, held_out[1])
-
-            def hold(docs):
-                held_out[1]["documents"] += len(docs)
-                for tokens in packer.add(docs):
-                    held_out[0].add({"input_ids": tokens})
-            chunks = split_documents(chunks, options.valid_fraction, hold)
+        if options.valid_fraction:
+            held_out = HeldOutWriter(folder / VALID_DIR, schema, options.shard_size, seq_length)
+            chunks = split_documents(chunks, options.valid_fraction, held_out.add)
         for tokens in pack_stream(chunks, seq_length, stats):
             writer.add({"input_ids": tokens})
     else:
@@ -268,21 +262,37 @@ def write(folder: Path, options: Options, sources: list[Source], tokenizer, seq_
     if options.mode == "pretrain":  # num_tokens = num_samples * S + 1 + tail
         stats["tail_tokens_dropped"] = stats["num_tokens"] - stats["num_samples"] * seq_length - 1
     if held_out is not None:
-        stats["valid"] = held_out_stats(*held_out, stats, options.valid_fraction, seq_length)
+        stats["valid"] = held_out.close(options.valid_fraction, stats)
     return stats
 
 
-def held_out_stats(writer: ShardWriter, valid: dict, stats: dict, fraction: float, seq_length: int) -> dict:
-    """The held-out folder's manifest entries, once its documents are written (they were counted in `stats`)."""
-    shards = writer.close()
-    valid.update(fraction=fraction, fields=stats["fields"], shards=shards,
-                 num_samples=sum(s["samples"] for s in shards))
-    stats["documents"] -= valid["documents"]
-    if not valid["num_samples"]:
-        raise DataError(f"--valid-fraction {fraction} holds out {valid['documents']} document(s), "
-                        f"{valid['num_tokens']} tokens: too few for one sample of {seq_length + 1}; raise it")
-    valid["tail_tokens_dropped"] = valid["num_tokens"] - valid["num_samples"] * seq_length - 1
-    return valid
+class HeldOutWriter:
+    """The documents --valid-fraction holds out (mindscale/train/heldout.py), packed and written into their
+    own folder as they come, so the training stream never holds them."""
+
+    def __init__(self, folder: Path, schema: dict, shard_size: int, seq_length: int):
+        folder.mkdir()
+        self.writer = ShardWriter(folder, schema, shard_size)
+        self.seq_length = seq_length
+        self.stats = {"documents": 0, "num_tokens": 0}
+        self.packer = Packer(seq_length, self.stats)
+
+    def add(self, docs: list[np.ndarray]) -> None:
+        self.stats["documents"] += len(docs)
+        for tokens in self.packer.add(docs):
+            self.writer.add({"input_ids": tokens})
+
+    def close(self, fraction: float, stats: dict) -> dict:
+        """The held-out folder's manifest entries; its documents leave the training folder's count in `stats`."""
+        held, shards = self.stats, self.writer.close()
+        held.update(fraction=fraction, fields=stats["fields"], shards=shards,
+                    num_samples=sum(s["samples"] for s in shards))
+        stats["documents"] -= held["documents"]
+        if not held["num_samples"]:
+            raise DataError(f"--valid-fraction {fraction} holds out {held['documents']} document(s), "
+                            f"{held['num_tokens']} tokens: too few for one sample of {self.seq_length + 1}; raise it")
+        held["tail_tokens_dropped"] = held["num_tokens"] - held["num_samples"] * self.seq_length - 1
+        return held
 
 
 def preprocess(output: Path, options: Options, sources: list[Source], tokenizer, seq_length: int) -> dict:

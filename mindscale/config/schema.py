@@ -188,7 +188,7 @@ class TrainConfig:
     eval_interval: int = doc(
         "Steps between validation passes over data.valid_path (and after the last step); 0 = off. A pass is "
         "a forward-only graph, compiled once, over the same held-out batches every time (docs/monitoring.md). "
-        "Not with pipeline stages.", 0)
+        "Not with gradient accumulation in a sharded layout.", 0)
     eval_steps: int = doc(
         "Batches of train.global_batch_size sequences per validation pass: the first eval_steps x "
         "global_batch_size sequences of data.valid_path, in stored order, whatever the world size.", 10)

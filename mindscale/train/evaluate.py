@@ -5,8 +5,8 @@
 
 The held-out set is the first train.eval_steps x global_batch_size sequences of data.valid_path in
 stored order (never shuffled). A pass feeds them as training feeds its steps: eval_steps calls of a
-step's rows per data-parallel rank (its micro batches stacked, sliced in the graph by the same
-micro-batch cell), in the stream order of mindscale/train/data.py (shuffle off, from position 0), so
+step's rows per data-parallel rank (its micro batches stacked, sliced in the graph: EvalStep), in the
+stream order of mindscale/train/data.py (shuffle off, from position 0), so
 rank r reads its share of every micro batch and the set is the same whatever the world size. Each
 micro batch gives the sum of its token losses and its token count; a call adds them over its micro
 batches and its ranks (data parallel: one all-reduce; sharded: the loss is already the global micro
@@ -54,16 +54,50 @@ class HeldOutLoss(nn.Cell):
         return ops.concat(((loss * tokens).reshape((1,)), tokens.reshape((1,))))
 
 
+class ReusedHeldOutLoss(HeldOutLoss):
+    """HeldOutLoss compiled once and called per micro batch, as the training step's loss network is in the
+    same layouts (Layout.graph_reuse "model", models.transformer.ReusedCausalLMLoss)."""
+
+    @ms.lazy_inline(attrs="graph_key")
+    def __init__(self, model: nn.Cell, layout: Layout):
+        super().__init__(model, layout)
+        self.graph_key = "held-out loss"
+
+
+class PipelineInference(nn.Cell):
+    """Pipeline stages, forward only: the step's rows sliced into micro batches in a plain loop, each through
+    the (lazy_inline) loss network, their outputs added; MindSpore 2.9's pattern for pipeline inference
+    (the example of mindspore.parallel.sync_pipeline_shared_parameters). Its Pipeline cell is for training
+    only. The sums are those of the last stage, whose first rank logs them."""
+
+    def __init__(self, network: nn.Cell, micro_batches: int):
+        super().__init__(auto_prefix=False)
+        self.network = network
+        self.micro_batches = micro_batches
+
+    def construct(self, *inputs):
+        rows = inputs[0].shape[0] // self.micro_batches
+        sums = self.network(*[x[:rows] for x in inputs])
+        for i in range(1, self.micro_batches):
+            sums = sums + self.network(*[x[i * rows:(i + 1) * rows] for x in inputs])
+        return sums
+
+
 class EvalStep(nn.Cell):
     """A step's rows (input_ids, labels, loss_mask[, segment_ids]) -> [sum of token losses, token count] over
     all ranks, float32 [2]. The micro batches go through the micro-batch cell the training step uses
-    (mindscale.train.step.micro_batched), which adds their sums. Sharded layouts with accumulation are
-    refused (validate.py): under the dry run MindSpore 2.9 compiled such a forward graph neither without
-    that cell ("Cannot find micro info for node") nor with it ("Current not support predict with grad_accu")."""
+    (mindscale.train.step.micro_batched), which adds their sums, or with pipeline stages through
+    PipelineInference. Sharded layouts with gradient accumulation are refused (validate.py): under the dry
+    run MindSpore 2.9 compiled such a forward graph neither plainly ("Cannot find micro info for node") nor
+    in GradAccumulation or a loop ("Current not support predict with grad_accu")."""
 
     def __init__(self, model: nn.Cell, layout: Layout):
         super().__init__(auto_prefix=False)
-        self.network = micro_batched(HeldOutLoss(model, layout), layout)
+        if layout.pp > 1:
+            loss = (ReusedHeldOutLoss if layout.graph_reuse == "model" else HeldOutLoss)(model, layout)
+            self.network = PipelineInference(loss, layout.micro_steps)
+        else:
+            self.network = micro_batched(HeldOutLoss(model, layout), layout)
         self.data_parallel = layout.data_parallel_mode
         self.sum_ranks = ops.AllReduce() if self.data_parallel else None
 
@@ -112,7 +146,8 @@ class Evaluator:
         stacked, as the trainer feeds them."""
         source = iter(build_dataset(self.held_out, self.data_rank, self.layout.dp))
         for _ in range(self.cfg.train.eval_steps):
-            yield tuple(Tensor(rows) for rows in step_rows([next(source) for _ in range(self.layout.micro_steps)]))
+            micro = [next(source) for _ in range(self.cfg.parallel.gradient_accumulation_steps)]  # as the trainer
+            yield tuple(Tensor(rows) for rows in step_rows(micro))
 
     def compile(self, train_step: nn.Cell) -> None:
         """Compile the graph now (sharded layouts, after the training step: the weights are sliced by then)."""

@@ -48,6 +48,9 @@ def parse_args(argv):
     parser.add_argument("--workers", type=int, default=defaults.workers, help="tokenizer threads")
     parser.add_argument("--vocab-size", type=int, help="refuse a tokenizer larger than this (default: "
                                                        "model.vocab_size with --config)")
+    parser.add_argument("--valid-fraction", type=float, default=defaults.valid_fraction,
+                        help="pretrain: hold out this fraction of the documents (whole, evenly spread) into "
+                             "OUTPUT/valid, for data.valid_path")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --output folder")
     parser.add_argument("--json", action="store_true", help="print the manifest as one JSON object")
     return parser.parse_args(argv)
@@ -65,6 +68,11 @@ def resolve_settings(args) -> tuple[Config | None, int, str, int | None]:
         fail("--tokenizer is required (or pass --config with data.tokenizer); train one with tools/train_tokenizer.py")
     if args.shard_size < 1 or args.workers < 1:
         fail("--shard-size and --workers must be >= 1")
+    if not 0 <= args.valid_fraction < 1:
+        fail(f"--valid-fraction {args.valid_fraction}: must be in [0, 1)")
+    if args.valid_fraction and args.mode != "pretrain":
+        fail("--valid-fraction applies to --mode pretrain (SFT examples are not split yet); hold out a file of "
+             "examples and preprocess it on its own")
     if args.pack and args.mode != "sft":
         fail("--pack applies to --mode sft (pretraining always packs documents)")
     return cfg, seq_length, tokenizer, vocab_limit
@@ -75,7 +83,7 @@ def main(argv=None) -> int:
     cfg, seq_length, tokenizer, vocab_limit = resolve_settings(args)
     output = Path(args.output)
     options = Options(args.mode, args.template, args.pack, args.shard_size, args.text_key, args.text_unit,
-                      args.workers)
+                      args.workers, args.valid_fraction)
     try:
         check_output(output, args.overwrite)
         encoder = load_tokenizer(tokenizer, vocab_limit)
@@ -89,7 +97,9 @@ def main(argv=None) -> int:
         fail(str(exc))
     emit({"output": str(output), **manifest}, args.json,
          f"{args.mode}: {manifest['num_samples']} samples of {seq_length + 1} tokens "
-         f"({manifest['num_tokens']} tokens) in {len(manifest['shards'])} shard(s) -> {output}")
+         f"({manifest['num_tokens']} tokens) in {len(manifest['shards'])} shard(s) -> {output}"
+         + (f"; held out {manifest['valid']['documents']} document(s), {manifest['valid']['num_samples']} samples "
+            f"-> {output / manifest['valid']['path']}" if "valid" in manifest else ""))
     return 0
 
 

@@ -189,11 +189,21 @@ class TrainConfig:
         "Skip the optimizer update of a step whose loss exceeds this factor x the median loss of the last "
         "50 updated steps (once there are 10), and say so; decided inside the compiled step from the global "
         "loss, before the update. null = off. Not with pipeline stages (only the last holds the loss).", None)
+    eval_interval: int = doc(
+        "Steps between validation passes over data.valid_path (and after the last step); 0 = off. A pass is "
+        "a forward-only graph, compiled once, over the same held-out batches every time (docs/monitoring.md). "
+        "Not with gradient accumulation in a sharded layout.", 0)
+    eval_steps: int = doc(
+        "Batches of train.global_batch_size sequences per validation pass: the first eval_steps x "
+        "global_batch_size sequences of data.valid_path, in stored order, whatever the world size.", 10)
 
 
 @dataclass
 class DataConfig:
     path: str = doc("MindRecord folder from tools/preprocess_data.py, or 'synthetic'.", "synthetic")
+    valid_path: Optional[str] = doc(
+        "Held-out MindRecord folder for train.eval_interval: tools/preprocess_data.py --valid-fraction writes "
+        "it as <output>/valid. null = no validation.", None)
     tokenizer: Optional[str] = doc("SentencePiece .model file or Hugging Face tokenizer folder (tokenizer.json, "
                                    "tokenizer_config.json); checked against vocab_size and the data's manifest.", None)
     shuffle: bool = doc("Shuffle samples deterministically by run.seed.", True)

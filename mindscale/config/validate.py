@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from mindscale.config.errors import ConfigError
-from mindscale.config.layout import stage_layer_counts
+from mindscale.config.layout import Layout, stage_layer_counts
 from mindscale.config.schema import LORA_TARGETS, TEMPLATE_NAMES, Config, ModelConfig
 
 
@@ -56,6 +56,26 @@ def _positive(cfg: Config) -> None:
     if cfg.profile.enable and not 0 <= cfg.profile.start_step < cfg.profile.stop_step:
         raise ConfigError(f"profile.start_step={cfg.profile.start_step}, profile.stop_step={cfg.profile.stop_step}: "
                           "need 0 <= start_step < stop_step")
+
+
+def _evaluation(cfg: Config) -> None:
+    t = cfg.train
+    if t.eval_interval < 0:
+        raise ConfigError(f"train.eval_interval={t.eval_interval}: must be >= 0 (0 = no validation)")
+    if t.eval_steps < 1:
+        raise ConfigError(f"train.eval_steps={t.eval_steps}: must be >= 1")
+    if not t.eval_interval:
+        return
+    if not cfg.data.valid_path or cfg.data.valid_path == "synthetic":
+        raise ConfigError(f"train.eval_interval={t.eval_interval} needs data.valid_path (a held-out MindRecord "
+                          "folder: tools/preprocess_data.py --valid-fraction writes <output>/valid); set it, or "
+                          "set train.eval_interval=0")
+    if cfg.parallel.pipeline_stage == 1 and Layout.of(cfg).accumulates_in_graph:
+        raise ConfigError(f"train.eval_interval={t.eval_interval} with parallel.gradient_accumulation_steps="
+                          f"{cfg.parallel.gradient_accumulation_steps} in a sharded layout: MindSpore 2.9 compiles no "
+                          "forward-only graph with gradient accumulation under semi-auto parallel (\"Current not "
+                          "support predict with grad_accu\", docs/monitoring.md); set gradient_accumulation_steps=1 "
+                          "or train.eval_interval=0")
 
 
 def _model_shapes(m: ModelConfig) -> None:
@@ -193,4 +213,5 @@ def validate(cfg: Config) -> None:
     _finetune(cfg)
     _model_shapes(cfg.model)
     _parallel(cfg)
+    _evaluation(cfg)
     _backend(cfg)

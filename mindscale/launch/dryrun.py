@@ -241,7 +241,25 @@ def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
         report["compile_s"] = round(time.perf_counter() - began, 2)
     report["compiled"] = True
     report.update(describe_compiled(graph.step, graph.model, graph.network, ir_dir, rt.rank))
+    if cfg.train.eval_interval:  # after the step's IR was read: the validation graph writes IR files too
+        _compile_validation(cfg, graph, layout, packed, report)
     return report
+
+
+def _compile_validation(cfg, graph, layout, packed: bool, report: dict) -> None:
+    """The forward-only validation graph of train.eval_interval (mindscale/train/evaluate.py), compiled as
+    the trainer compiles it: after the step, on the same (sliced) weights, a step's rows per call."""
+    from mindscale.train.evaluate import EvalStep
+
+    step = EvalStep(graph.model, layout)
+    step.set_train(False)
+    began = time.perf_counter()
+    try:
+        step.compile(*example_inputs(cfg, layout, packed))
+    except (RuntimeError, ValueError, TypeError) as exc:
+        report["compiled"], report["error"] = False, f"validation graph: {first_error_line(exc)}"
+    finally:
+        report["eval_compile_s"] = round(time.perf_counter() - began, 2)
 
 
 def main(argv: list[str] | None = None, compile_fn=compile_rank) -> int:

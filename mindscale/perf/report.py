@@ -1,7 +1,7 @@
 """One self-contained HTML report of a run folder, with its plots also written as PNG files
 (tools/report.py writes it).
 
-Contents: loss and learning rate, throughput, MFU/HFU and memory over steps; the steady-state
+Contents: loss (and validation loss) and learning rate, throughput, MFU/HFU and memory over steps; the steady-state
 medians next to the planner's prediction for the same config (mindscale/perf/planner.py); the MFU/HFU
 formula with the FLOPs per token and the peak used, so the numbers can be redone by hand; the
 profiler summary (mindscale/perf/profile.py) when the run has a profile; the resolved config. The
@@ -52,6 +52,25 @@ def figure_png(fig) -> bytes:
     return buffer.getvalue()
 
 
+def validation_records(records: list[dict]) -> list[dict]:
+    """The records of steps followed by a validation pass (train.eval_interval)."""
+    return [r for r in records if r.get("val_loss") is not None]
+
+
+def validation_section(run) -> str | None:
+    """HTML table of the validation passes (step, val_loss, val_ppl, seconds), or None without any."""
+    validated = validation_records([r for segment in segments(run.metrics.records) for r in segment])
+    if not validated:
+        return None
+    rows = "".join(f"<tr><td>{r['step']}</td><td>{r['val_loss']:.4f}</td><td>{r['val_ppl']:.2f}</td>"
+                   f"<td>{r.get('val_time_s', float('nan')):.2f}</td></tr>" for r in validated)
+    held_out = html.escape(str(run.config.data.valid_path))
+    return (f"<p>The token-weighted mean loss over the first {run.config.train.eval_steps} x "
+            f"{run.config.global_batch_size} sequences of {held_out} (train.eval_steps x global batch), "
+            f"after the step.</p><table><tr><th>step</th><th>val_loss</th><th>val_ppl</th><th>seconds</th></tr>"
+            f"{rows}</table>")
+
+
 def plots(run, kept_steps: set[int], predicted: dict) -> dict[str, bytes]:
     """PNG bytes by name: loss_lr, throughput, mfu_hfu, memory."""
     import matplotlib
@@ -97,10 +116,15 @@ def plots(run, kept_steps: set[int], predicted: dict) -> dict[str, bytes]:
     out = {}
     fig, ax = plt.subplots(figsize=(8, 3.4))
     ax.plot(steps, [r["loss"] for r in records], ".-", color="tab:blue", markersize=4, label="loss")
+    validated = validation_records(records)
+    if validated:  # train.eval_interval: the held-out loss of the weights after those steps
+        ax.plot([r["step"] for r in validated], [r["val_loss"] for r in validated], "s-", color="tab:green",
+                markersize=5, label="validation loss")
     lr_ax = ax.twinx()
     lr_line, = lr_ax.plot(steps, [r["lr"] for r in records], "-", color="tab:orange", label="learning rate")
     lr_ax.set_ylabel("learning rate", color="tab:orange")
-    out["loss_lr"] = finish(fig, ax, "Loss and learning rate", "loss", [lr_line])
+    out["loss_lr"] = finish(fig, ax, "Loss, validation loss and learning rate" if validated else
+                            "Loss and learning rate", "loss", [lr_line])
 
     fig, ax = plt.subplots(figsize=(8, 3.4))
     series(ax, "tokens_per_s", label="tokens/s")
@@ -195,6 +219,7 @@ def build(run_dir: str, output: Path | None, warmup: int) -> tuple[Path, list[Pa
         f'<figure><img alt="{name}" src="data:image/png;base64,{base64.b64encode(data).decode()}"></figure>'
         for name, data in images.items())
     profile = profile_section(run)
+    validation = validation_section(run)
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>MindScale run {esc(run.name)}</title>
 <style>
@@ -219,6 +244,7 @@ Prediction: {"; ".join(esc(line) for line in source)}.</p>
 <ul>{"".join(f"<li>{esc(line)}</li>" for line in formula_lines(run, summary))}</ul>
 <h2>Over steps</h2>
 {figures}
+{f"<h2>Validation</h2>{validation}" if validation else ""}
 {f"<h2>Profile</h2><pre>{esc(profile)}</pre>" if profile else ""}
 <h2>Resolved config</h2>
 <pre>{esc(cfg.to_yaml())}</pre>

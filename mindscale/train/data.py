@@ -190,6 +190,13 @@ def make_batch(rows: list[dict]) -> dict:
     return batch
 
 
+def step_rows(micro: list[dict]) -> tuple[np.ndarray, ...]:
+    """A step's inputs from its micro batches, each stacked along rows, in the order the train step (and the
+    validation step) take them: input_ids, labels, loss_mask[, segment_ids]."""
+    return tuple(np.concatenate([m[key] for m in micro])
+                 for key in ("input_ids", "labels", "loss_mask", "segment_ids") if key in micro[0])
+
+
 def _synthetic_rows(cfg: Config, plan: BatchPlan, start: int) -> Iterator[dict]:
     """Megatron-style mock data: sample at stream position p is random ids in [0, vocab) seeded by (seed, p)."""
     length, vocab = cfg.model.seq_length + 1, cfg.model.vocab_size

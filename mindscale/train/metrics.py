@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import sys
 import time
@@ -28,6 +29,11 @@ def memory_gib(device_target: str) -> float:
         import mindspore as ms
         return ms.runtime.max_memory_allocated() / 2 ** 30
     return psutil.Process().memory_info().rss / 2 ** 30
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss) of a validation loss; inf where it overflows a float."""
+    return math.exp(loss) if loss < 709 else float("inf")
 
 
 def clock(seconds: float | None) -> str:
@@ -57,6 +63,7 @@ class MetricsLogger:
         self.first_step = first_step
         self.last_record = None  # (step, time) of the last record: the ETA's pace is the wall time since
         self.bar = None
+        self.validation = None  # (loss, seconds) of a validation pass after the coming step
         # first: a missing tensorboardX stops the run before metrics.jsonl is touched
         self.tensorboard = TensorBoardLog(run_dir, first_step) if write and cfg.run.tensorboard else None
         if write:
@@ -90,9 +97,10 @@ class MetricsLogger:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         last = step == self.cfg.train.steps
-        if step % self.cfg.train.log_interval and not (last or force) and step != self.first_step + 1:
+        if step % self.cfg.train.log_interval and not (last or force or self.validation) \
+                and step != self.first_step + 1:
             return None
-        record = self._record(step, lr, loss_scale)
+        record = {**self._record(step, lr, loss_scale), **self._validation_record()}
         self.window.clear()
         self.save_blocked = 0.0
         if self.write:
@@ -102,6 +110,8 @@ class MetricsLogger:
                     f"{record['tokens_per_s']:.0f} tok/s MFU {record['mfu'] * 100:.2f}% "
                     f"(peak {self.peak:.3g} TFLOP/s/device) mem {record['memory_gib']:.2f} GiB "
                     f"elapsed {clock(record['elapsed_s'])} ETA {clock(record['eta_s'])}")
+            if "val_loss" in record:
+                line += f" val_loss {record['val_loss']:.4f} val_ppl {record['val_ppl']:.2f}"
             if self.bar is not None:
                 self.bar.write(line)
             else:
@@ -122,6 +132,17 @@ class MetricsLogger:
         if last is None or step == last[0]:
             return None
         return (now - last[1]) / (step - last[0]) * (self.cfg.train.steps - step)
+
+    def validated(self, loss: float, seconds: float) -> None:
+        """A validation pass (mindscale/train/evaluate.py) ran after the coming step: its record holds
+        val_loss, val_ppl and val_time_s, and is written whatever train.log_interval says."""
+        self.validation = (loss, seconds)
+
+    def _validation_record(self) -> dict:
+        if self.validation is None:
+            return {}
+        (loss, seconds), self.validation = self.validation, None
+        return {"val_loss": loss, "val_ppl": perplexity(loss), "val_time_s": seconds}
 
     def saved(self, blocked_s: float) -> None:
         """A checkpoint save blocked training for `blocked_s` (in the next record's save_blocked_s)."""

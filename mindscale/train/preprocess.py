@@ -5,7 +5,8 @@ pretrain: documents are tokenized, each followed by EOS, joined into one stream 
 samples of seq_length + 1 tokens; sample k holds stream tokens [k*S, k*S + S] (consecutive
 samples share one boundary token, as in Megatron's GPTDataset), so every token but the first is a
 training target exactly once. The tail of fewer than S tokens after the last sample is dropped and
-counted in the manifest.
+counted in the manifest. With a valid fraction, whole documents are held out (mindscale/train/heldout.py)
+and packed the same way into <output>/valid, a data folder of its own.
 sft: Alpaca (instruction/input/output) or chat (messages) records are rendered with a prompt
 template (mindscale/train/templates.py) into token ids and a loss mask that is 1 only on answer tokens;
 one example per sample padded with pad_id (mask 0), or packed: several examples per sample with
@@ -29,6 +30,7 @@ import numpy as np
 
 from mindscale.io import publish_folder
 from mindscale.train import text_tokenizer
+from mindscale.train.heldout import VALID_DIR, split_documents
 from mindscale.train.data import FORMAT_VERSION, MANIFEST_NAME, DataError, Source, column, read_batches
 from mindscale.train.templates import RecordError, encode_examples, get_template
 
@@ -45,6 +47,7 @@ class Options:
     text_key: str = "text"          # pretrain: column holding the text
     text_unit: str = "document"     # text files: document (a whole file) | paragraph | line
     workers: int = 1                # tokenizer threads
+    valid_fraction: float = 0.0     # pretrain: documents held out into <output>/valid (mindscale/train/heldout.py)
 
 
 def load_tokenizer(path: str, vocab_limit: int | None):
@@ -122,8 +125,8 @@ class ShardWriter:
 # pretrain: documents joined with EOS and cut into seq_length + 1 token samples
 
 
-def documents(sources: list[Source], options: Options, tokenizer, stats: dict) -> Iterator[np.ndarray]:
-    """Token ids of each non-empty document followed by EOS, in input order, one array per batch."""
+def documents(sources: list[Source], options: Options, tokenizer, stats: dict) -> Iterator[list[np.ndarray]]:
+    """Token ids of each non-empty document followed by EOS, in input order, one list per batch."""
     for source in sources:
         for batch in read_batches(source, options.text_unit):
             texts = [t for t in column(batch, options.text_key, source) if t and t.strip()]
@@ -131,19 +134,32 @@ def documents(sources: list[Source], options: Options, tokenizer, stats: dict) -
             stats["documents"] += len(texts)
             if texts:
                 encoded = tokenizer.encode(texts, num_threads=options.workers)
-                yield np.concatenate([np.array(ids + [tokenizer.eos_id], np.int32) for ids in encoded])
+                yield [np.array(ids + [tokenizer.eos_id], np.int32) for ids in encoded]
 
 
-def pack_stream(chunks: Iterable[np.ndarray], seq_length: int, stats: dict) -> Iterator[np.ndarray]:
-    """Samples of seq_length + 1 tokens, consecutive ones overlapping by one token."""
-    pending = np.empty(0, np.int32)
-    for chunk in chunks:
-        stats["num_tokens"] += len(chunk)
-        pending = np.concatenate([pending, chunk])
+class Packer:
+    """Documents into samples of seq_length + 1 tokens, consecutive ones overlapping by one token."""
+
+    def __init__(self, seq_length: int, stats: dict):
+        self.seq_length, self.stats = seq_length, stats
+        self.pending = np.empty(0, np.int32)
+
+    def add(self, docs: list[np.ndarray]) -> Iterator[np.ndarray]:
+        """The samples `docs` complete (the rest waits for the next documents)."""
+        seq_length = self.seq_length
+        self.stats["num_tokens"] += sum(len(d) for d in docs)
+        pending = np.concatenate([self.pending, *docs])
         full = (len(pending) - 1) // seq_length
         for k in range(full):
             yield pending[k * seq_length: k * seq_length + seq_length + 1]
-        pending = pending[full * seq_length:]
+        self.pending = pending[full * seq_length:]
+
+
+def pack_stream(chunks: Iterable[list[np.ndarray]], seq_length: int, stats: dict) -> Iterator[np.ndarray]:
+    """Samples of seq_length + 1 tokens from batches of documents (Packer)."""
+    packer = Packer(seq_length, stats)
+    for docs in chunks:
+        yield from packer.add(docs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -206,17 +222,33 @@ def sft_samples(encoded: Iterable[tuple[list[int], list[int]]], length: int, pad
 # ----------------------------------------------------------------------------------------------
 
 
+def manifest_entries(options: Options, sources: list[Source], tokenizer, seq_length: int, pad_id: int,
+                     stats: dict) -> dict:
+    """manifest.json of a folder written with `stats` (the training folder's and the held-out one's)."""
+    return {"format_version": FORMAT_VERSION, "mode": options.mode, "seq_length": seq_length,
+            "sample_length": seq_length + 1, "vocab_size": tokenizer.vocab_size,
+            "eos_id": tokenizer.eos_id, "pad_id": pad_id, "bos_id": tokenizer.bos_id,
+            "tokenizer": {"path": str(Path(tokenizer.path).resolve()), "sha256": tokenizer.sha256},
+            "sources": [{"path": s.path, "format": s.format} for s in sources],
+            "text_key": options.text_key, **stats}
+
+
 def write(folder: Path, options: Options, sources: list[Source], tokenizer, seq_length: int, pad_id: int,
           progress=None) -> dict:
     """Write the shards into `folder`, advancing `progress` per sample; returns the mode-specific manifest entries."""
     length = seq_length + 1
     fields = ["input_ids"] + (["loss_mask"] if options.mode == "sft" else []) + \
         (["segment_ids"] if options.pack else [])
-    writer = ShardWriter(folder, {name: {"type": "int32", "shape": [length]} for name in fields}, options.shard_size,
-                         progress)
+    schema = {name: {"type": "int32", "shape": [length]} for name in fields}
+    writer = ShardWriter(folder, schema, options.shard_size, progress)
+    held_out = None
     if options.mode == "pretrain":
         stats = {"documents": 0, "empty_documents_skipped": 0, "num_tokens": 0}
-        for tokens in pack_stream(documents(sources, options, tokenizer, stats), seq_length, stats):
+        chunks = documents(sources, options, tokenizer, stats)
+        if options.valid_fraction:
+            held_out = HeldOutWriter(folder / VALID_DIR, schema, options.shard_size, seq_length, progress)
+            chunks = split_documents(chunks, options.valid_fraction, held_out.add)
+        for tokens in pack_stream(chunks, seq_length, stats):
             writer.add({"input_ids": tokens})
     else:
         stats = {"template": options.template, "pack": options.pack, "examples": 0, "truncated_examples": 0,
@@ -233,7 +265,38 @@ def write(folder: Path, options: Options, sources: list[Source], tokenizer, seq_
                         f"({stats['truncated_examples']} truncated); raise --seq-length or shorten the prompts")
     if options.mode == "pretrain":  # num_tokens = num_samples * S + 1 + tail
         stats["tail_tokens_dropped"] = stats["num_tokens"] - stats["num_samples"] * seq_length - 1
+    if held_out is not None:
+        stats["valid"] = held_out.close(options.valid_fraction, stats)
     return stats
+
+
+class HeldOutWriter:
+    """The documents --valid-fraction holds out (mindscale/train/heldout.py), packed and written into their
+    own folder as they come, so the training stream never holds them."""
+
+    def __init__(self, folder: Path, schema: dict, shard_size: int, seq_length: int, progress=None):
+        folder.mkdir()
+        self.writer = ShardWriter(folder, schema, shard_size, progress)
+        self.seq_length = seq_length
+        self.stats = {"documents": 0, "num_tokens": 0}
+        self.packer = Packer(seq_length, self.stats)
+
+    def add(self, docs: list[np.ndarray]) -> None:
+        self.stats["documents"] += len(docs)
+        for tokens in self.packer.add(docs):
+            self.writer.add({"input_ids": tokens})
+
+    def close(self, fraction: float, stats: dict) -> dict:
+        """The held-out folder's manifest entries; its documents leave the training folder's count in `stats`."""
+        held, shards = self.stats, self.writer.close()
+        held.update(fraction=fraction, fields=stats["fields"], shards=shards,
+                    num_samples=sum(s["samples"] for s in shards))
+        stats["documents"] -= held["documents"]
+        if not held["num_samples"]:
+            raise DataError(f"--valid-fraction {fraction} holds out {held['documents']} document(s), "
+                            f"{held['num_tokens']} tokens: too few for one sample of {self.seq_length + 1}; raise it")
+        held["tail_tokens_dropped"] = held["num_tokens"] - held["num_samples"] * self.seq_length - 1
+        return held
 
 
 def preprocess(output: Path, options: Options, sources: list[Source], tokenizer, seq_length: int,
@@ -248,12 +311,12 @@ def preprocess(output: Path, options: Options, sources: list[Source], tokenizer,
     partial.mkdir()
     try:
         stats = write(partial, options, sources, tokenizer, seq_length, pad_id, progress)
-        manifest = {"format_version": FORMAT_VERSION, "mode": options.mode, "seq_length": seq_length,
-                    "sample_length": seq_length + 1, "vocab_size": tokenizer.vocab_size,
-                    "eos_id": tokenizer.eos_id, "pad_id": pad_id, "bos_id": tokenizer.bos_id,
-                    "tokenizer": {"path": str(Path(tokenizer.path).resolve()), "sha256": tokenizer.sha256},
-                    "sources": [{"path": s.path, "format": s.format} for s in sources],
-                    "text_key": options.text_key, **stats}
+        valid = stats.pop("valid", None)
+        manifest = manifest_entries(options, sources, tokenizer, seq_length, pad_id, stats)
+        if valid is not None:  # a data folder of its own (data.valid_path), named in the training manifest
+            held_out = manifest_entries(options, sources, tokenizer, seq_length, pad_id, valid)
+            (partial / VALID_DIR / MANIFEST_NAME).write_text(json.dumps(held_out, indent=2) + "\n")
+            manifest["valid"] = {"path": VALID_DIR, **{k: valid[k] for k in ("fraction", "documents", "num_samples")}}
         (partial / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
         publish_folder(partial, output)
     finally:

@@ -19,7 +19,8 @@ from mindspore import Tensor
 import models
 from mindscale.train import checkpoint as ckpt, commit
 from mindscale.config import Config, ConfigError
-from mindscale.train.data import build_dataset
+from mindscale.train.data import build_dataset, step_rows
+from mindscale.train.evaluate import Evaluator
 from mindscale.train.health import HealthGuard, LossSpikes, TrainingDiverged
 from mindscale.train.metrics import MetricsLogger
 from mindscale.train.schedule import lr_at
@@ -60,12 +61,16 @@ class Trainer:
         # Read (and verify) what the run starts from before compiling: a bad checkpoint fails in seconds
         start = self._read_start(latest)
         self.spikes = LossSpikes(cfg.train.loss_spike_factor, (start[2] or {}).get("loss_history", ()))
+        self.evaluator = Evaluator(cfg, layout, self.model, layout.data_rank(rt.rank)) \
+            if cfg.train.eval_interval else None
         self.batches = self._batches()
         self.first_batch = next(self.batches) if self.start_step < cfg.train.steps else None
         if layout.sharded and self.first_batch is not None:
             # sharded parameters take their local shapes when the step compiles: assign after that
             set_input_layout(layout, len(self.first_batch))
             self.step_cell.compile(*self.first_batch)
+            if self.evaluator is not None:
+                self.evaluator.compile(self.step_cell)
         self._assign_start(latest, start)
 
     # -- what a rank holds and saves ------------------------------------------------------------------
@@ -148,11 +153,10 @@ class Trainer:
         source = iter(build_dataset(self.cfg, self.layout.data_rank(self.rt.rank), self.layout.dp, self.start_step))
         while True:
             micro = [next(source) for _ in range(g)]
-            keys = [k for k in ("input_ids", "labels", "loss_mask", "segment_ids") if k in micro[0]]
-            if "segment_ids" in keys and self.layout.attention == "flash":
+            if "segment_ids" in micro[0] and self.layout.attention == "flash":
                 raise ConfigError("packed SFT data (segment_ids) needs model.attention=composite: flash attention "
                                   "here has no per-example mask; set it, or preprocess without --pack")
-            yield tuple(Tensor(np.concatenate([m[key] for m in micro])) for key in keys)
+            yield tuple(Tensor(rows) for rows in step_rows(micro))
 
     def save(self, step: int, loss_scale: float) -> float:
         """Every rank calls it: the writing ranks write their part, then all commit the step together.
@@ -226,6 +230,11 @@ class Trainer:
                   f"last {len(self.spikes.history)} updated steps = {limit:.4f}: optimizer update skipped")
         return True
 
+    def _validate(self, step: int, logger: MetricsLogger) -> None:
+        """After step `step`, when train.eval_interval says so: a validation pass, logged with the step."""
+        if self.evaluator is not None and self.evaluator.due(step):
+            logger.validated(*self.evaluator.validate(self.step_cell))
+
     def _injected_fault(self, step: int, batch: tuple) -> tuple:
         """Fault injection for the tests: MINDSCALE_FAULT=loss_spike:STEP replaces that step's (1-based)
         labels by random ids, a batch no training has seen: its loss spikes."""
@@ -260,6 +269,7 @@ class Trainer:
             scale = float(scale.asnumpy())
             asked, overflow = self._stop_votes(stop), bool(overflow.asnumpy())
             spiked = self._spiked(step + 1, loss, limit, overflow)
+            self._validate(step + 1, logger)
             record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, overflow,
                                  lr_at(step, cfg.train), scale, force=bool(asked), spiked=spiked)
             if record:

@@ -142,6 +142,27 @@ def test_the_loss_spike_guard_compiles_in_a_sharded_step():
     assert report["compiled"] and report["planned"]["shape_mismatches"] == {}
 
 
+LLAMA3_2_1B = REPO_ROOT / "configs" / "llama3_2" / "llama3_2_1b.yaml"
+
+
+@pytest.mark.parametrize("config, overrides", [
+    # the shipped twin without its accumulation (refused with validation): optimizer shard, vocabulary split
+    (LLAMA3_2_1B, (*twin(LLAMA3_2_1B), "parallel.gradient_accumulation_steps=1")),
+    (TINY_LLAMA, (*SMALL, "model.num_kv_heads=2", "parallel.data_parallel=2", "parallel.model_parallel=2",
+                  "parallel.sequence_parallel=true")),
+    (TINY_LLAMA, (*SMALL, "parallel.data_parallel=2", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2")),
+], ids=["llama3_2_1b_twin_no_accumulation", "tiny_dp2_mp2_sp", "tiny_dp2_pp2"])
+def test_the_validation_graph_compiles_next_to_the_sharded_step(config, overrides):
+    """train.eval_interval: the forward-only validation graph (mindscale/train/evaluate.py) compiles after
+    the step, on its sliced weights, with the step's own report unchanged by it."""
+    for plain, report in zip(dryrun(config, *overrides, ranks="stages"),
+                             dryrun(config, *overrides, "train.eval_interval=100",
+                                    "data.valid_path=/not/read/by/a/dry/run", ranks="stages")):
+        assert report["compiled"] and report["eval_compile_s"] > 0 and "eval_compile_s" not in plain
+        assert {k: report[k] for k in ("local_shapes", "bytes", "collectives")} == \
+            {k: plain[k] for k in ("local_shapes", "bytes", "collectives")}
+
+
 def test_packed_sft_with_composite_attention_under_model_parallel():
     report = dryrun(TINY_LLAMA, *SMALL, "model.num_kv_heads=2", "model.attention=composite",
                     "parallel.data_parallel=2", "parallel.model_parallel=2", ranks="0", packed=True)[0]

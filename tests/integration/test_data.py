@@ -160,6 +160,35 @@ def test_packing_joins_documents_with_eos_and_loses_only_the_tail(pretrain_folde
         np.testing.assert_array_equal(samples[k], stream[k * SEQ: k * SEQ + SEQ + 1])
 
 
+def test_valid_fraction_holds_out_whole_documents_evenly_and_deterministically(work, docs, tokenizer, sp,
+                                                                             pretrain_folder):
+    """--valid-fraction 0.25: documents 3, 7, 11, ... (exactly a quarter) are packed into <output>/valid, the
+    others into the training folder, each stream exactly as packing alone would cut it; a rerun is identical."""
+    outputs = []
+    for name in ("split", "split_again"):
+        preprocess("--input", work / "docs.jsonl", "--tokenizer", tokenizer, "--seq-length", SEQ,
+                   "--valid-fraction", 0.25, "--output", work / name, "--shard-size", 10)
+        outputs.append(work / name)
+    held = [i for i in range(len(docs)) if i % 4 == 3]
+    for folder, chosen in ((outputs[0], [d for i, d in enumerate(docs) if i not in held]),
+                           (outputs[0] / "valid", [docs[i] for i in held])):
+        stream = np.array([t for d in chosen for t in sp.encode(d) + [sp.eos_id()]], np.int32)
+        manifest = read_manifest(folder)
+        assert manifest["documents"] == len(chosen) and manifest["num_tokens"] == len(stream)
+        samples = np.stack([row["input_ids"] for row in stored(folder)])
+        assert len(samples) == manifest["num_samples"] == (len(stream) - 1) // SEQ
+        for k, sample in enumerate(samples):
+            np.testing.assert_array_equal(sample, stream[k * SEQ: k * SEQ + SEQ + 1])
+    assert read_manifest(outputs[0])["valid"] == {"path": "valid", "fraction": 0.25, "documents": len(held),
+                                                  "num_samples": read_manifest(outputs[0] / "valid")["num_samples"]}
+    for sub in ("", "valid"):
+        first, again = stored(outputs[0] / sub), stored(outputs[1] / sub)
+        assert len(first) == len(again) and all(np.array_equal(a["input_ids"], b["input_ids"])
+                                                for a, b in zip(first, again))
+    cfg = make_cfg(outputs[0] / "valid", tokenizer=tokenizer, shuffle=False)
+    assert steps(cfg, count=1)[0]["input_ids"].shape == (2, SEQ)  # a data folder the loader reads
+
+
 def test_manifest_records_tokenizer_ids_and_shards(pretrain_folder, tokenizer, sp):
     manifest = read_manifest(pretrain_folder)
     from mindscale.train.data import sha256_file
@@ -428,6 +457,12 @@ def test_preprocess_bad_inputs_exit_2_with_one_line(work, tokenizer, pretrain_fo
                      match="more than the model's vocabulary of 300")
     assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", "--tokenizer", work / "fake.model",
                      "--seq-length", SEQ, "--output", out, match="is not a SentencePiece model")
+    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", *base, "--output", out, "--valid-fraction",
+                     1.5, match="--valid-fraction 1.5: must be in [0, 1)")
+    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", *base, "--output", out, "--valid-fraction",
+                     0.01, match="--valid-fraction 0.01 holds out 0 document(s), 0 tokens: too few for one sample")
+    assert_bad_input("preprocess_data", "--mode", "sft", "--input", work / "not_sft.jsonl", *base, "--output", out,
+                     "--valid-fraction", 0.1, match="--valid-fraction applies to --mode pretrain")
     assert not out.exists() and not list(work.glob(".out_bad.partial-*"))
     before = sorted(p.name for p in pretrain_folder.iterdir())
     assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", *base, "--output", pretrain_folder,

@@ -100,3 +100,25 @@ def test_planner_prediction_next_to_measurement(built, run_dir):
             f"<td>{step / predicted:.2f}</td>") in page
     assert f"<td>MFU</td><td></td><td>" in page and f"{plan['predicted']['mfu']:.2%}" in page
     assert f"{plan['memory_gib']['total']:.2f}" in page and plan["predicted"]["assumptions"][0] in page
+
+
+def test_validation_losses_appear_in_the_loss_plot_and_a_table(tmp_path):
+    """Records with val_loss (train.eval_interval) add a validation line to loss_lr and a table of passes."""
+    run = write_run(tmp_path, "validated", [6.0, 1.0, 1.1, 1.2], ["data.valid_path=/data/valid",
+                                                                  "train.eval_interval=2", "train.eval_steps=3"])
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for record in records[1::2]:
+        record.update(val_loss=record["loss"] + 0.25, val_ppl=2.0 ** record["step"], val_time_s=0.5)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    output = tmp_path / "validated.html"
+    assert report.main([str(run), "--output", str(output)]) == 0
+    page = output.read_text()
+    section = page.split("<h2>Validation</h2>")[1].split("<h2>")[0]
+    assert "first 3 x 8 sequences of /data/valid" in section
+    assert re.findall(r"<tr><td>(\d+)</td><td>([\d.]+)</td><td>([\d.]+)</td>", section) == [
+        ("2", f"{records[1]['loss'] + 0.25:.4f}", "4.00"), ("4", f"{records[3]['loss'] + 0.25:.4f}", "16.00")]
+    plain = write_run(tmp_path, "plain", [6.0, 1.0, 1.1, 1.2])  # the same records without val_loss
+    assert report.main([str(plain), "--output", str(tmp_path / "plain.html")]) == 0
+    assert "<h2>Validation</h2>" not in (tmp_path / "plain.html").read_text()
+    assert output.with_name("validated_loss_lr.png").read_bytes() != (tmp_path / "plain_loss_lr.png").read_bytes()
+    assert output.with_name("validated_throughput.png").read_bytes() == (tmp_path / "plain_throughput.png").read_bytes()

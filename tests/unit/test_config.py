@@ -131,6 +131,11 @@ def test_round_trip_through_yaml():
     (["model.compute_dtype=bfloat16"], "bfloat16 is not supported by MindSpore's CPU MatMul"),
     (["profile.enable=true", "profile.start_step=5", "profile.stop_step=5"], "need 0 <= start_step < stop_step"),
     (["train.steps"], "expected dotted.key=value"),
+    (["train.eval_interval=10"], "train.eval_interval=10 needs data.valid_path"),
+    (["train.eval_steps=0"], "train.eval_steps=0: must be >= 1"),
+    (["train.eval_interval=10", "data.valid_path=/v", "hardware=ascend910b", "parallel.model_parallel=2",
+      "parallel.gradient_accumulation_steps=2", "model.num_kv_heads=2"],
+     "parallel.gradient_accumulation_steps=2 in a sharded layout: MindSpore 2.9 compiles no forward-only graph"),
 ])
 def test_validation_rule_messages(overrides, message):
     with pytest.raises(ConfigError) as info:

@@ -1,0 +1,167 @@
+"""Validation loss during training (train.eval_interval): a forward-only graph over held-out data.
+
+    evaluator = Evaluator(cfg, layout, model, data_rank)   # checks data.valid_path before anything compiles
+    if evaluator.due(step): val_loss, seconds = evaluator.validate(train_step)
+
+The held-out set is the first train.eval_steps x global_batch_size sequences of data.valid_path in
+stored order (never shuffled). A pass feeds them as training feeds its steps: eval_steps calls of a
+step's rows per data-parallel rank (its micro batches stacked, sliced in the graph: EvalStep), in the
+stream order of mindscale/train/data.py (shuffle off, from position 0), so
+rank r reads its share of every micro batch and the set is the same whatever the world size. Each
+micro batch gives the sum of its token losses and its token count; a call adds them over its micro
+batches and its ranks (data parallel: one all-reduce; sharded: the loss is already the global micro
+batch's mean and the compiler reduces the count over data parallel); the pass's loss is the sum of the
+sums over the sum of the counts, a token-weighted mean, so 1 and 2 workers agree.
+
+The graph is compiled once, at the first pass (sharded layouts: at start-up, next to the training
+step), and reused: every call has the same shapes. It reads the training weights and writes nothing,
+and reads its own data stream, so training numbers and the data position of a resume do not change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from mindscale.config import Config, ConfigError, Layout
+from mindscale.train.data import SYNTHETIC, build_dataset, read_manifest, step_rows
+from mindscale.train.step import micro_batched
+from models.transformer import CausalLMLoss
+
+
+def held_out_config(cfg: Config) -> Config:
+    """The config whose data stream is the held-out set: data.valid_path, in stored order."""
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=cfg.data.valid_path, shuffle=False))
+
+
+class HeldOutLoss(nn.Cell):
+    """One micro batch -> [sum of token losses, token count], float32 [2]: of this rank's rows, or sharded
+    of the global micro batch (the model's loss is then already the global mean)."""
+
+    def __init__(self, model: nn.Cell, layout: Layout):
+        super().__init__(auto_prefix=False)
+        self.network = CausalLMLoss(model)  # the model's own masked mean loss
+        self.count = ops.ReduceSum()
+        if layout.sharded:  # the count of the global batch: a sum over the data-parallel split
+            self.count.shard(((layout.dp, 1),))
+
+    def construct(self, *inputs):
+        loss = ops.cast(self.network(*inputs), ms.float32)
+        tokens = self.count(inputs[2])
+        return ops.concat(((loss * tokens).reshape((1,)), tokens.reshape((1,))))
+
+
+class ReusedHeldOutLoss(HeldOutLoss):
+    """HeldOutLoss compiled once and called per micro batch, as the training step's loss network is in the
+    same layouts (Layout.graph_reuse "model", models.transformer.ReusedCausalLMLoss)."""
+
+    @ms.lazy_inline(attrs="graph_key")
+    def __init__(self, model: nn.Cell, layout: Layout):
+        super().__init__(model, layout)
+        self.graph_key = "held-out loss"
+
+
+class PipelineInference(nn.Cell):
+    """Pipeline stages, forward only: the step's rows sliced into micro batches in a plain loop, each through
+    the (lazy_inline) loss network, their outputs added; MindSpore 2.9's pattern for pipeline inference
+    (the example of mindspore.parallel.sync_pipeline_shared_parameters). Its Pipeline cell is for training
+    only. The sums are those of the last stage, whose first rank logs them."""
+
+    def __init__(self, network: nn.Cell, micro_batches: int):
+        super().__init__(auto_prefix=False)
+        self.network = network
+        self.micro_batches = micro_batches
+
+    def construct(self, *inputs):
+        rows = inputs[0].shape[0] // self.micro_batches
+        sums = self.network(*[x[:rows] for x in inputs])
+        for i in range(1, self.micro_batches):
+            sums = sums + self.network(*[x[i * rows:(i + 1) * rows] for x in inputs])
+        return sums
+
+
+class EvalStep(nn.Cell):
+    """A step's rows (input_ids, labels, loss_mask[, segment_ids]) -> [sum of token losses, token count] over
+    all ranks, float32 [2]. The micro batches go through the micro-batch cell the training step uses
+    (mindscale.train.step.micro_batched), which adds their sums, or with pipeline stages through
+    PipelineInference. Sharded layouts with gradient accumulation are refused (validate.py): under the dry
+    run MindSpore 2.9 compiled such a forward graph neither plainly ("Cannot find micro info for node") nor
+    in GradAccumulation or a loop ("Current not support predict with grad_accu")."""
+
+    def __init__(self, model: nn.Cell, layout: Layout):
+        super().__init__(auto_prefix=False)
+        if layout.pp > 1:
+            loss = (ReusedHeldOutLoss if layout.graph_reuse == "model" else HeldOutLoss)(model, layout)
+            self.network = PipelineInference(loss, layout.micro_steps)
+        else:
+            self.network = micro_batched(HeldOutLoss(model, layout), layout)
+        self.data_parallel = layout.data_parallel_mode
+        self.sum_ranks = ops.AllReduce() if self.data_parallel else None
+
+    def construct(self, *inputs):
+        sums = self.network(*inputs)
+        if self.data_parallel:
+            sums = self.sum_ranks(sums)
+        return sums
+
+
+class Evaluator:
+    """Validation passes of one rank; every rank runs each pass (it holds collectives)."""
+
+    def __init__(self, cfg: Config, layout: Layout, model: nn.Cell, data_rank: int):
+        self.cfg = cfg
+        self.layout = layout
+        self.data_rank = data_rank
+        self.held_out = held_out_config(cfg)
+        self._check_data()
+        self.step = EvalStep(model, layout)
+
+    def _check_data(self) -> None:
+        """The held-out folder matches the model (build_dataset's checks), holds the training data's fields
+        and enough sequences: a short pass would silently change what val_loss means."""
+        manifest = build_dataset(self.held_out, self.data_rank, self.layout.dp).manifest
+        where, t = self.cfg.data.valid_path, self.cfg.train
+        trained = manifest["fields"] if self.cfg.data.path == SYNTHETIC else read_manifest(self.cfg.data.path)["fields"]
+        if trained != manifest["fields"]:
+            raise ConfigError(f"data.valid_path={where} holds {manifest['fields']} but data.path holds {trained}; "
+                              "preprocess both the same way (tools/preprocess_data.py --valid-fraction writes a "
+                              "matching split)")
+        needed = t.eval_steps * self.cfg.global_batch_size
+        if manifest["num_samples"] < needed:
+            raise ConfigError(f"data.valid_path={where} holds {manifest['num_samples']} sequences but "
+                              f"train.eval_steps={t.eval_steps} x global batch {self.cfg.global_batch_size} needs "
+                              f"{needed}; set train.eval_steps <= {manifest['num_samples'] // self.cfg.global_batch_size}"
+                              " or hold out more (tools/preprocess_data.py --valid-fraction)")
+
+    def due(self, step: int) -> bool:
+        """After optimizer step `step` (1-based): every train.eval_interval steps and after the last."""
+        interval = self.cfg.train.eval_interval
+        return bool(interval) and (step % interval == 0 or step == self.cfg.train.steps)
+
+    def batches(self):
+        """The held-out calls of this rank, from the start of the split every time: a step's micro batches
+        stacked, as the trainer feeds them."""
+        source = iter(build_dataset(self.held_out, self.data_rank, self.layout.dp))
+        for _ in range(self.cfg.train.eval_steps):
+            micro = [next(source) for _ in range(self.cfg.parallel.gradient_accumulation_steps)]  # as the trainer
+            yield tuple(Tensor(rows) for rows in step_rows(micro))
+
+    def compile(self, train_step: nn.Cell) -> None:
+        """Compile the graph now (sharded layouts, after the training step: the weights are sliced by then)."""
+        self.step.set_train(False)
+        self.step.compile(*next(self.batches()))
+        train_step.set_train(True)
+
+    def validate(self, train_step: nn.Cell) -> tuple[float, float]:
+        """(token-weighted mean loss over the held-out set, seconds the pass took). `train_step` is set back
+        to training mode afterwards: the model's cells are shared, and their mode is per cell."""
+        began = time.perf_counter()
+        self.step.set_train(False)
+        total = np.zeros(2, np.float64)
+        for batch in self.batches():
+            total += self.step(*batch).asnumpy()
+        train_step.set_train(True)
+        return float(total[0] / max(total[1], 1.0)), time.perf_counter() - began

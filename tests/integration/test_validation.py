@@ -1,0 +1,149 @@
+"""Validation loss during training (train.eval_interval, data.valid_path): real runs on a real held-out split.
+
+The corpus is split by tools/preprocess_data.py --valid-fraction; the runs are run_train.py and
+scripts/run_distribute.sh processes. The validation loss is checked against an offline forward pass
+of the final checkpoint over the held-out sequences (numpy cross entropy in float64, in this process).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mindscale.config import REPO_ROOT, load_config
+from mindscale.train import checkpoint as ckpt
+from mindscale.train.data import read_manifest
+
+TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
+SMALL = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",
+         "model.ffn_hidden_size=128", "model.vocab_size=512", "model.seq_length=32", "train.log_interval=1",
+         "train.warmup_steps=2", "checkpoint.save_interval=0", "train.lr_schedule=constant"]
+EVAL = ["train.steps=4", "train.eval_interval=2", "train.eval_steps=2"]  # G=4: the first 8 held-out sequences
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """600 one-line documents -> SentencePiece (400 pieces) -> MindRecord of 33-token samples, 20% held out."""
+    root = tmp_path_factory.mktemp("corpus")
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jokes".split()
+    rng = np.random.default_rng(0)
+    (root / "text.txt").write_text("\n".join(" ".join(rng.choice(words, 12)) + "." for _ in range(600)))
+    subprocess.run([sys.executable, "tools/train_tokenizer.py", "--input", str(root / "text.txt"), "--vocab-size",
+                    "400", "--output", str(root / "tok")], cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", str(root / "text.txt"), "--text-unit",
+                    "line", "--tokenizer", str(root / "tok.model"), "--seq-length", "32", "--valid-fraction", "0.2",
+                    "--output", str(root / "mr")], cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
+    return root
+
+
+def data_args(corpus):
+    return [f"data.path={corpus / 'mr'}", f"data.valid_path={corpus / 'mr' / 'valid'}",
+            f"data.tokenizer={corpus / 'tok.model'}"]
+
+
+def sets(*overrides):
+    return [arg for o in (*SMALL, *overrides) for arg in ("--set", o)]
+
+
+def one_core():
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def train(tmp_path, name, *overrides, check=True):
+    proc = subprocess.run([sys.executable, "run_train.py", "--config", TINY,
+                           *sets(f"run.output_dir={tmp_path}", f"run.name={name}", "parallel.data_parallel=1",
+                                 *overrides)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, preexec_fn=one_core)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def val_losses(run_dir):
+    return {r["step"]: r["val_loss"] for r in records(run_dir) if "val_loss" in r}
+
+
+def offline_val_loss(run_dir, sequences):
+    """Token-mean cross entropy of the run's final weights over the first `sequences` held-out samples, in
+    stored order: a forward pass of the model in this process, the loss in numpy float64."""
+    import mindspore as ms
+    from mindspore import Tensor
+    from mindspore.mindrecord import FileReader
+
+    import models
+
+    cfg = load_config(Path(run_dir) / "config.yaml")
+    folder = Path(cfg.data.valid_path)
+    rows = []
+    for shard in read_manifest(folder)["shards"]:
+        reader = FileReader(str(folder / shard["file"]))
+        rows += [np.asarray(row["input_ids"]) for row in reader.get_next()]
+        reader.close()
+    tokens = np.stack(rows[:sequences]).astype(np.int32)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    model = models.build_model(cfg)
+    models.load_weights_into(model, ckpt.load_weights(ckpt.latest_checkpoint(Path(run_dir) / "checkpoints")))
+    logits = model(Tensor(tokens[:, :-1])).asnumpy().astype(np.float64)
+    top = logits.max(-1, keepdims=True)
+    log_z = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
+    picked = np.take_along_axis(logits, tokens[:, 1:, None].astype(np.int64), -1)[..., 0]
+    return float((log_z - picked).mean())
+
+
+def test_validation_loss_is_an_offline_forward_pass_and_the_same_on_two_workers(tmp_path, corpus):
+    """One worker (its batch in two accumulated micro batches) and two data-parallel workers validate on the
+    same 8 held-out sequences: each run's val_loss equals the offline pass over its final weights (rtol 1e-5),
+    and the two runs agree as closely as their training losses do (all-reduce order)."""
+    one = train(tmp_path, "one", *data_args(corpus), *EVAL, "train.micro_batch_size=2",
+                "parallel.gradient_accumulation_steps=2")
+    assert re.search(r"ETA \S+ val_loss \d+\.\d{4} val_ppl \d+\.\d{2}$", one.stdout.splitlines()[-3])
+    launch = subprocess.run(["bash", "scripts/run_distribute.sh", TINY, "2",
+                             *sets(f"run.output_dir={tmp_path}", "run.name=two", "train.micro_batch_size=2",
+                                   *data_args(corpus), *EVAL)],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=400)
+    assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-2000:]
+
+    single, double = val_losses(tmp_path / "one"), val_losses(tmp_path / "two")
+    assert sorted(single) == sorted(double) == [2, 4]
+    last = records(tmp_path / "one")[-1]
+    assert last["val_ppl"] == pytest.approx(np.exp(last["val_loss"])) and last["val_time_s"] > 0
+    for run, values in (("one", single), ("two", double)):
+        np.testing.assert_allclose(values[4], offline_val_loss(tmp_path / run, 8), rtol=1e-5)
+    np.testing.assert_allclose([double[s] for s in (2, 4)], [single[s] for s in (2, 4)], rtol=2e-4)
+
+
+def test_validation_changes_no_training_number_nor_the_resumed_data_position(tmp_path, corpus):
+    """On one core the training losses and final weights are bit-identical with validation on and off; a run
+    resumed at step 2 continues both the training and the validation losses of an unbroken run exactly."""
+    on = train(tmp_path, "eval_on", *data_args(corpus), *EVAL)
+    off = train(tmp_path, "eval_off", *data_args(corpus), "train.steps=4")
+    digest = re.compile(r"weights sha256 (\w+)")
+    assert digest.search(on.stdout).group(1) == digest.search(off.stdout).group(1)
+    losses = {name: {r["step"]: r["loss"] for r in records(tmp_path / name)} for name in ("eval_on", "eval_off")}
+    assert losses["eval_on"] == losses["eval_off"] and sorted(losses["eval_on"]) == [1, 2, 3, 4]
+
+    train(tmp_path, "resumed", *data_args(corpus), *EVAL[1:], "train.steps=2")
+    again = train(tmp_path, "resumed", *data_args(corpus), *EVAL)
+    assert "resumed from" in again.stdout
+    resumed = {r["step"]: r["loss"] for r in records(tmp_path / "resumed")}
+    assert resumed == losses["eval_on"] and val_losses(tmp_path / "resumed") == val_losses(tmp_path / "eval_on")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.eval_steps=20"], "holds 52 sequences but train.eval_steps=20 x global batch 4 needs 80; set "
+                              "train.eval_steps <= 13"),
+    (["train.eval_interval=2", "data.valid_path=null"], "train.eval_interval=2 needs data.valid_path"),
+])
+def test_a_held_out_split_that_cannot_serve_is_one_line_and_exit_2(tmp_path, corpus, overrides, message):
+    proc = train(tmp_path, "bad", *data_args(corpus), *EVAL, *overrides, check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    assert not (tmp_path / "bad" / "checkpoints").exists()

@@ -115,8 +115,7 @@ class SaveWindow:
         health = {"steps": self.steps, "non_finite_losses": self.non_finite, "skipped_updates": self.skipped,
                   "longest_skip_streak": self.longest_streak}
         healthy = self.non_finite == 0 and self.longest_streak < UNHEALTHY_SKIP_STREAK
-        self.steps = self.non_finite = self.skipped = 0
-        self.longest_streak = self.streak
+        self.steps = self.non_finite = self.skipped = self.longest_streak = 0  # self.streak may go on
         return {"healthy": healthy, "health": health}
 
 

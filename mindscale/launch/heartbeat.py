@@ -143,20 +143,27 @@ class HangWatch:
         except FileNotFoundError:
             return None
 
-    def beats(self) -> dict[int, dict]:
-        for rank, path in self.paths.items():
+    def beats(self, ranks=None) -> dict[int, dict]:
+        """The newest readable heartbeat of each rank (of `ranks`, default all) written in this launch."""
+        for rank in self.paths if ranks is None else ranks:
+            path = self.paths[rank]
             mtime = self._mtime(path)
             if mtime is not None and mtime != self.stale[rank]:
                 beat = read_heartbeat(path)
                 if beat is not None:
                     self.last_good[rank] = beat
-        return dict(self.last_good)
+        return {r: b for r, b in self.last_good.items() if ranks is None or r in ranks}
 
     def stalled(self, now: float | None = None) -> Stall | None:
-        """The stall, once a timed rank has been silent for longer than the timeout (0: never)."""
+        """The stall, once a timed rank has been silent for longer than the timeout (0: never). Each poll
+        reads this node's heartbeats; all ranks' only when one of them is late (a stall elsewhere leaves
+        this node's ranks waiting in a collective, silent too)."""
         if not self.timeout_s:
             return None
-        return find_stall(self.beats(), time.time() if now is None else now, self.timeout_s)
+        now = time.time() if now is None else now
+        if find_stall(self.beats(self.local_ranks), now, self.timeout_s) is None:
+            return None
+        return find_stall(self.beats(), now, self.timeout_s)
 
     def dump_stacks(self, stall: Stall, msrun_pid: int) -> list[int]:
         """Ask the stalled local ranks for their Python stacks (only processes under our msrun)."""

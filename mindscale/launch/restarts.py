@@ -70,16 +70,18 @@ def for_restart(plan: LaunchPlan) -> LaunchPlan:
     return dataclasses.replace(plan, overrides=overrides, master_port=port, notes=[])
 
 
-def run(plan: LaunchPlan, attempt: Callable[[LaunchPlan], Ended]) -> Ended:
-    """Run attempts until one ends without a restartable failure or the budget is spent; print the
-    goodput summary. Returns the last attempt's end, its cause extended when restarts were given up."""
+def run(plan: LaunchPlan, attempt: Callable[[LaunchPlan], Ended], stopping: Callable[[], bool]) -> Ended:
+    """Run attempts until one ends without a restartable failure, the budget is spent or a graceful stop
+    was asked for (`stopping`); print the goodput summary. Returns the last attempt's end, its cause
+    extended when restarts were given up."""
     began, attempts, restarts = time.time(), [], 0
     while True:
         started = time.time()
         ended = attempt(plan)
         attempts.append(goodput.Attempt(started, time.time(), ended.ledger, failed=ended.code != 0,
                                         committed=newest_committed_step(plan), cause=ended.cause))
-        if ended.code == 0 or ended.interrupted or not ended.restartable or restarts >= plan.max_restarts:
+        if (ended.code == 0 or ended.interrupted or not ended.restartable or restarts >= plan.max_restarts
+                or stopping()):
             break
         restarts += 1
         kept = archive_logs(plan, restarts)

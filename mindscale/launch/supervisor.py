@@ -181,7 +181,12 @@ def supervise(plan: LaunchPlan, env: dict) -> int:
     nodes' launchers write into the run under that lock."""
     signals = LauncherSignals().install()
     with runlock.hold(plan.run_dir, plan.node.node_rank == 0):
-        ended = restarts.run(plan, lambda attempt: _supervise(attempt, env, signals))
+        try:
+            ended = restarts.run(plan, lambda attempt: _supervise(attempt, env, signals),
+                                 stopping=lambda: signals.graceful is not None)
+        except Interrupted as exc:  # between two attempts: nothing runs
+            ended = Ended(128 + exc.signum, f"{signal.Signals(exc.signum).name}: stopped between restarts; logs in "
+                                            f"{plan.log_dir}", interrupted=True)
     if ended.code == 0:
         report_success(plan, ended.stopped_by)
     elif ended.interrupted:

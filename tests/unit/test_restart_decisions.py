@@ -2,12 +2,13 @@
 timeouts from run.hang_timeout_s, the goodput buckets, and when a save window is healthy."""
 import json
 import math
+import os
 import time
 
 import pytest
 
 from mindscale.launch.goodput import Attempt, summarise
-from mindscale.launch.heartbeat import Heartbeat, find_stall, heartbeat_file
+from mindscale.launch.heartbeat import HangWatch, Heartbeat, find_stall, heartbeat_file
 from mindscale.launch.plan import hccl_timeouts
 from mindscale.train.health import SaveWindow
 
@@ -85,3 +86,20 @@ def test_a_save_window_is_unhealthy_after_a_non_finite_loss_or_a_skip_streak():
                                                            "longest_skip_streak": 0}}
     window.add(1.7, False)
     assert window.close()["healthy"] is True
+
+
+def test_the_hang_watch_ignores_an_earlier_launch_and_keeps_the_last_whole_heartbeat(tmp_path):
+    earlier = heartbeat_file(tmp_path, 1)
+    earlier.write_text(json.dumps({"rank": 1, "step": 99, "time": 0.0, "compiling": False}))
+    watch = HangWatch(tmp_path, world=2, local_ranks=range(0, 1), timeout_s=5)
+    assert watch.beats() == {}  # rank 1's file predates this launch (another node's, unchanged)
+    hb = Heartbeat(heartbeat_file(tmp_path, 0), rank=0)
+    hb.beat(0)
+    hb.beat(1)
+    assert watch.beats()[0]["step"] == 1 and not watch.beats()[0]["compiling"]
+    fd = os.open(heartbeat_file(tmp_path, 0), os.O_WRONLY)
+    os.pwrite(fd, b'{"rank": 0, "st', 0)  # a record caught mid-rewrite
+    os.close(fd)
+    assert watch.beats()[0]["step"] == 1
+    assert watch.stalled(now=time.time() + 4) is None
+    assert watch.stalled(now=time.time() + 60).ranks == [0]

@@ -62,10 +62,9 @@ def archive_logs(plan: LaunchPlan, attempt: int) -> Path:
 
 def for_restart(plan: LaunchPlan) -> LaunchPlan:
     """The next attempt's plan: a fresh scheduler port (the old one may linger in TIME_WAIT) and no
-    pinned resume step."""
+    pinned resume step (from the config file or --set)."""
     overrides = [o for o in plan.overrides if not o.startswith("checkpoint.resume_step=")]
-    if len(overrides) != len(plan.overrides):
-        overrides.append("checkpoint.resume_step=null")
+    overrides.append("checkpoint.resume_step=null")
     port = plan.master_port if plan.node.nnodes > 1 else free_port()
     return dataclasses.replace(plan, overrides=overrides, master_port=port, notes=[])
 

@@ -103,3 +103,16 @@ def test_the_hang_watch_ignores_an_earlier_launch_and_keeps_the_last_whole_heart
     assert watch.beats()[0]["step"] == 1
     assert watch.stalled(now=time.time() + 4) is None
     assert watch.stalled(now=time.time() + 60).ranks == [0]
+
+
+def test_a_restart_plan_drops_the_pinned_resume_step(tmp_path):
+    from mindscale.launch.plan import plan_distribute
+    from mindscale.launch.restarts import for_restart
+    from tests.run_folder import TINY
+
+    plan = plan_distribute(str(TINY), "2", [f"run.output_dir={tmp_path}", "checkpoint.resume_step=4",
+                                            "run.max_restarts=2"], {"PATH": os.environ["PATH"]})
+    again = for_restart(for_restart(plan))
+    assert again.overrides.count("checkpoint.resume_step=null") == 1
+    assert "checkpoint.resume_step=4" not in again.overrides and "run.max_restarts=2" in again.overrides
+    assert again.max_restarts == 2 and again.notes == [] and again.log_dir == plan.log_dir

@@ -25,6 +25,7 @@ from pathlib import Path
 from mindscale.config import REPO_ROOT, Config, UserError, load_config
 from mindscale.devices import count_devices, detect_device
 from mindscale.launch.runlock import HOLDER_ENV, LOCK_NAME
+from mindscale.train.heartbeat import LOG_DIR_ENV
 
 CPU_WORKERS_DEFAULT = 2
 CLUSTER_TIMEOUT_DEFAULT = {"CPU": 600, "GPU": 7200, "Ascend": 7200}
@@ -38,7 +39,6 @@ HANG_MARGIN_S = 120       # HCCL waits this much past run.hang_timeout_s: the la
 MSRUN_PORT_DEFAULT = 8118
 POLL_S = 0.5
 CORES_ENV = "MINDSCALE_WORKER_CORES"
-LOG_DIR_ENV = "MINDSCALE_LOG_DIR"
 
 
 def hccl_timeouts(hang_timeout_s: float) -> dict[str, str]:

@@ -1,6 +1,6 @@
-"""Restarts (run.max_restarts, --max-restarts N): a job whose worker failed or stalled is relaunched,
-every local worker, by a new msrun after the old tree is gone; the launcher keeps the run-folder lock
-throughout. The workers resume from the newest committed checkpoint as any rerun does (preferring a
+"""Restarts (run.max_restarts, --max-restarts N): a job whose worker failed or stalled (hangwatch.py)
+is relaunched, every local worker, by a new msrun after the old tree is gone; the launcher keeps the
+run-folder lock throughout. The workers resume from the newest committed checkpoint as any rerun does (preferring a
 healthy one, mindscale/train/commit.py); a `checkpoint.resume_step` of the first launch is dropped, or
 every restart would go back to it.
 

@@ -2,7 +2,7 @@
 (about 40 s here) and does not say which rank died; the supervisor polls the workers' exit files
 (all ranks': on a shared run folder a peer node's failure is seen too) and, on the first failure,
 stops the whole process tree at once and names the log. It also watches the workers' heartbeats
-(heartbeat.py: a stalled rank is named, its stacks dumped, the job stopped) and restarts a failed job
+(hangwatch.py: a stalled rank is named, its stacks dumped, the job stopped) and restarts a failed job
 up to run.max_restarts times (restarts.py).
 
 Signals: Ctrl+C stops the tree at once; the first SIGTERM/SIGUSR1 is a graceful stop (every worker
@@ -21,7 +21,7 @@ import psutil
 
 from mindscale.config import UserError
 from mindscale.launch import restarts, runlock
-from mindscale.launch.heartbeat import HangWatch
+from mindscale.launch.hangwatch import HangWatch
 from mindscale.launch.plan import POLL_S, LaunchPlan
 from mindscale.launch.restarts import Ended
 from mindscale.launch.worker import die_with_parent

@@ -17,8 +17,8 @@ import numpy as np
 from mindspore import Tensor
 
 import models
-from mindscale.launch.heartbeat import Heartbeat
 from mindscale.train import checkpoint as ckpt, commit, faults
+from mindscale.train.heartbeat import Heartbeat
 from mindscale.config import Config, ConfigError
 from mindscale.train.data import build_dataset
 from mindscale.train.health import HealthGuard, LossSpikes, TrainingDiverged

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from mindscale.launch.goodput import Attempt, summarise
-from mindscale.launch.heartbeat import HangWatch, Heartbeat, find_stall, heartbeat_file
+from mindscale.launch.hangwatch import HangWatch, find_stall
+from mindscale.train.heartbeat import Heartbeat, heartbeat_file
 from mindscale.launch.plan import hccl_timeouts
 from mindscale.train.health import SaveWindow
 

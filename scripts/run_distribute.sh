@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train on all devices of this node (and of NNODES nodes) through msrun.
 #
-#   bash scripts/run_distribute.sh CONFIG [NUM_DEVICES] [--set key=value ...] [--dry-run]
+#   bash scripts/run_distribute.sh CONFIG [NUM_DEVICES] [--set key=value ...] [--max-restarts N] [--dry-run]
 #
 # NUM_DEVICES: workers on this node (default: every visible NPU/GPU; 2 on a CPU host, each pinned
 # to its own cores). When given, parallel.data_parallel is set so that data x model x pipeline
@@ -10,6 +10,9 @@
 # (rank 0's is followed on the console). A dead worker stops the job at once; the exit status is
 # non-zero and the last line names that worker's log. SIGTERM/SIGUSR1 stops gracefully: every rank
 # finishes its step and saves a committed checkpoint, exit 0 (again, or Ctrl+C: at once).
+# --max-restarts N (run.max_restarts): relaunch every worker from the newest committed checkpoint after
+# a failure, at most N times (one node only). A rank silent for run.hang_timeout_s is named, its
+# Python stacks dumped into its log, and the job stopped. See docs/launch.md.
 # --dry-run prints the msrun command instead.
 # MINDSCALE_ENTRY=path/to/script.py replaces run_train.py (testing and debugging); see docs/launch.md.
 set -euo pipefail

@@ -29,6 +29,7 @@ def _positive(cfg: Config) -> None:
                        ("train.weight_decay", cfg.train.weight_decay), ("train.grad_clip", cfg.train.grad_clip),
                        ("train.warmup_steps", cfg.train.warmup_steps),
                        ("train.max_skipped_steps", cfg.train.max_skipped_steps),
+                       ("run.max_restarts", cfg.run.max_restarts), ("run.hang_timeout_s", cfg.run.hang_timeout_s),
                        ("checkpoint.save_interval", cfg.checkpoint.save_interval)]:
         if value < 0:
             raise ConfigError(f"{key}={value}: must be >= 0")
@@ -53,6 +54,9 @@ def _positive(cfg: Config) -> None:
         raise ConfigError(f"train.loss_spike_factor={factor} needs the loss on every rank before the update, but with "
                           f"parallel.pipeline_stage={cfg.parallel.pipeline_stage} only the last stage has it; set it "
                           "to null")
+    if cfg.run.max_restarts and not cfg.checkpoint.resume:
+        raise ConfigError(f"run.max_restarts={cfg.run.max_restarts} needs checkpoint.resume=true (a restart resumes "
+                          "from the newest committed checkpoint); set checkpoint.resume=true or run.max_restarts=0")
     if cfg.profile.enable and not 0 <= cfg.profile.start_step < cfg.profile.stop_step:
         raise ConfigError(f"profile.start_step={cfg.profile.start_step}, profile.stop_step={cfg.profile.stop_step}: "
                           "need 0 <= start_step < stop_step")

@@ -39,7 +39,8 @@ def standalone(args: argparse.Namespace, env: dict) -> typing.NoReturn:
 
 
 def distribute(args: argparse.Namespace, env: dict) -> int:
-    plan = plan_distribute(args.config, args.num_devices, args.overrides, env)
+    overrides = args.overrides + ([] if args.max_restarts is None else [f"run.max_restarts={args.max_restarts}"])
+    plan = plan_distribute(args.config, args.num_devices, overrides, env)
     if args.dry_run:
         for note in plan.notes:
             print(f"note: {note}", file=sys.stderr)
@@ -67,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     dist.add_argument("config")
     dist.add_argument("num_devices", nargs="?", help="devices (workers) per node; default: all NPUs/GPUs, 2 on CPU")
     dist.add_argument("--dry-run", action="store_true", help="print the msrun command, start nothing")
+    dist.add_argument("--max-restarts", type=int, metavar="N",
+                      help="relaunch the workers from the newest committed checkpoint after a failure, at most N "
+                           "times (run.max_restarts)")
     alone = sub.add_parser("standalone", prog="scripts/run_standalone.sh", help="one device, no msrun")
     alone.add_argument("config")
     for p in (dist, alone):

@@ -10,8 +10,8 @@ Environment: MINDSCALE_ENTRY swaps the entry point (default run_train.py; relati
 the repository root) -- a testing and debugging hook. MINDSCALE_CLUSTER_TIMEOUT is msrun's
 --cluster_time_out (seconds a worker waits for the others to join; default 7200 on Ascend/GPU, as
 MindFormers uses, 600 on CPU). On Ascend, HCCL_CONNECT_TIMEOUT (link set-up) and HCCL_EXEC_TIMEOUT (a
-collective waiting for its peers, e.g. while a slower rank still compiles) default to 7200 s; set
-them to override.
+collective waiting for its peers) default to values derived from run.hang_timeout_s (hccl_timeouts);
+set them to override.
 """
 from __future__ import annotations
 
@@ -25,14 +25,32 @@ from pathlib import Path
 from mindscale.config import REPO_ROOT, Config, UserError, load_config
 from mindscale.devices import count_devices, detect_device
 from mindscale.launch.runlock import HOLDER_ENV, LOCK_NAME
+from mindscale.train.heartbeat import LOG_DIR_ENV
 
 CPU_WORKERS_DEFAULT = 2
 CLUSTER_TIMEOUT_DEFAULT = {"CPU": 600, "GPU": 7200, "Ascend": 7200}
-HCCL_TIMEOUTS_DEFAULT = {"HCCL_CONNECT_TIMEOUT": "7200", "HCCL_EXEC_TIMEOUT": "7200"}
+# HCCL's ranges (CANN environment variable reference): HCCL_CONNECT_TIMEOUT [120, 7200] s; HCCL_EXEC_TIMEOUT
+# (0, 17340] s on Atlas training series (910A, which rounds it down to a multiple of 68 s), [0, 2^31) on A2.
+HCCL_CONNECT_MAX_S = 7200
+HCCL_EXEC_MAX_S = 17340
+HCCL_EXEC_GRANULE_S = 68
+HCCL_WAIT_FLOOR_S = 7200  # a rank at its first collective while a slower one still compiles (not hang-timed)
+HANG_MARGIN_S = 120       # HCCL waits this much past run.hang_timeout_s: the launcher names the rank first
 MSRUN_PORT_DEFAULT = 8118
 POLL_S = 0.5
 CORES_ENV = "MINDSCALE_WORKER_CORES"
-LOG_DIR_ENV = "MINDSCALE_LOG_DIR"
+
+
+def hccl_timeouts(hang_timeout_s: float) -> dict[str, str]:
+    """HCCL's timeouts on Ascend, from run.hang_timeout_s. A collective waits longer than the launcher's
+    hang timeout (plus a margin for the stack dump and teardown), so a stalled rank is named and its
+    stacks dumped before HCCL fails the ranks waiting for it; and at least HCCL_WAIT_FLOOR_S, because
+    the first step, which compiles, is not hang-timed. Link set-up happens before the first step too:
+    HCCL_CONNECT_TIMEOUT stays at its maximum. Above 17340 s HCCL_EXEC_TIMEOUT is capped (910A's limit)."""
+    wait = max(HCCL_WAIT_FLOOR_S, hang_timeout_s + HANG_MARGIN_S)
+    if wait > HCCL_WAIT_FLOOR_S:
+        wait = -(-wait // HCCL_EXEC_GRANULE_S) * HCCL_EXEC_GRANULE_S  # 910A rounds down: round up first
+    return {"HCCL_CONNECT_TIMEOUT": str(HCCL_CONNECT_MAX_S), "HCCL_EXEC_TIMEOUT": str(int(min(wait, HCCL_EXEC_MAX_S)))}
 
 
 class LaunchError(UserError):
@@ -118,6 +136,8 @@ class LaunchPlan:
     cluster_timeout: int
     cores: list[int] | None  # CPU: the core of each local worker
     notes: list[str] = field(default_factory=list)
+    max_restarts: int = 0  # run.max_restarts (restarts.py)
+    hang_timeout_s: float = 0.0  # run.hang_timeout_s (heartbeat.py); 0 = not watched
 
     @property
     def world(self) -> int:
@@ -164,7 +184,7 @@ class LaunchPlan:
         env[HOLDER_ENV] = str(self.run_dir / LOCK_NAME)  # the workers leave the run-folder lock to us
         env.setdefault("GLOG_v", "3")  # MindSpore's own log: errors only (startup retries are noise)
         if self.device == "Ascend":
-            for name, value in HCCL_TIMEOUTS_DEFAULT.items():
+            for name, value in hccl_timeouts(self.hang_timeout_s).items():
                 env.setdefault(name, value)
         if self.cores:
             env[CORES_ENV] = ",".join(map(str, self.cores))
@@ -218,8 +238,13 @@ def plan_distribute(config: str, num_devices: str | None, overrides: list[str], 
             notes.append(f"{local} workers share {len(available)} cores: per-device numbers (MFU) will be low")
     timeout = _positive_int("MINDSCALE_CLUSTER_TIMEOUT",
                             env.get("MINDSCALE_CLUSTER_TIMEOUT", str(CLUSTER_TIMEOUT_DEFAULT[device])), "seconds")
+    if cfg.run.max_restarts and node.nnodes > 1:
+        raise LaunchError(f"run.max_restarts={cfg.run.max_restarts} with NNODES={node.nnodes}: a restart relaunches "
+                          "only this node's workers and the nodes cannot restart together; set run.max_restarts=0 "
+                          "and let the scheduler requeue the whole job")
     log_dir = (Path(cfg.run.output_dir) / cfg.run.name / "logs").absolute()
     return LaunchPlan(config=config, overrides=list(overrides), entry=resolve_entry(env), device=device,
                       local_workers=local, node=node, master_port=node.master_port or free_port(),
-                      log_dir=log_dir, cluster_timeout=timeout, cores=cores, notes=notes)
+                      log_dir=log_dir, cluster_timeout=timeout, cores=cores, notes=notes,
+                      max_restarts=cfg.run.max_restarts, hang_timeout_s=cfg.run.hang_timeout_s)
 

@@ -1,7 +1,9 @@
 """msrun under watch. msrun alone reports a dead worker only after the scheduler's heartbeat timeout
 (about 40 s here) and does not say which rank died; the supervisor polls the workers' exit files
 (all ranks': on a shared run folder a peer node's failure is seen too) and, on the first failure,
-stops the whole process tree at once and names the log.
+stops the whole process tree at once and names the log. It also watches the workers' heartbeats
+(hangwatch.py: a stalled rank is named, its stacks dumped, the job stopped) and restarts a failed job
+up to run.max_restarts times (restarts.py).
 
 Signals: Ctrl+C stops the tree at once; the first SIGTERM/SIGUSR1 is a graceful stop (every worker
 finishes its step, saves a committed checkpoint and exits 0; the last line says where it saved); a
@@ -18,8 +20,10 @@ from pathlib import Path
 import psutil
 
 from mindscale.config import UserError
-from mindscale.launch import runlock
+from mindscale.launch import restarts, runlock
+from mindscale.launch.hangwatch import HangWatch
 from mindscale.launch.plan import POLL_S, LaunchPlan
+from mindscale.launch.restarts import Ended
 from mindscale.launch.worker import die_with_parent
 from mindscale.train.committed import newest_committed
 from mindscale.train.stop import GRACEFUL
@@ -143,26 +147,57 @@ def describe_exit(code: int) -> str:
 MINDSPORE_CHATTER = re.compile(r"^\[(INFO|WARNING)\] ")  # printed at exit whatever GLOG_v says
 
 
-def report_failure(log: Path, code: int) -> int:
-    """Show the end of the failed process's log (its error), then one line naming it."""
-    name = "the scheduler" if log.stem == "scheduler" else f"rank {log.stem.split('_')[-1]}"
+def show_tail(log: Path, lines_shown: int = 10) -> None:
+    """The end of a process's log (its error, or a stack dump) on stderr."""
     lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
-    tail = [line for line in lines if not MINDSPORE_CHATTER.match(line)][-10:]
+    tail = [line for line in lines if not MINDSPORE_CHATTER.match(line)][-lines_shown:]
     if tail:
         print(f"--- last lines of {log} ---", *tail, "---", sep="\n", file=sys.stderr)
-    print(f"error: {name} {describe_exit(code)}; see {log}", file=sys.stderr)
-    return 2 if code == 2 else 1
+
+
+def report_failure(log: Path, code: int, ledger: dict | None) -> Ended:
+    """Show the end of the failed process's log; the end names it (bad input, exit 2, is not retried)."""
+    name = "the scheduler" if log.stem == "scheduler" else f"rank {log.stem.split('_')[-1]}"
+    show_tail(log)
+    return Ended(2 if code == 2 else 1, f"{name} {describe_exit(code)}", restartable=code != 2, ledger=ledger,
+                 log=log)
+
+
+def report_stall(plan: LaunchPlan, watch: HangWatch, stall, proc: subprocess.Popen) -> Ended:
+    """A stalled rank: its stacks into its log (faulthandler), the tree stopped, the dump shown."""
+    dumped = watch.dump_stacks(stall, proc.pid)
+    ledger = watch.beats().get(plan.first_rank)
+    stop_tree(proc)
+    for rank in dumped:
+        show_tail(plan.worker_log(rank), lines_shown=30)
+    where = f"; its Python stacks are in {plan.worker_log(dumped[0])}" if len(dumped) == 1 else \
+        f"; Python stacks of ranks {', '.join(map(str, dumped))} are in their logs" if dumped else ""
+    return Ended(1, stall.describe() + where, restartable=True, ledger=ledger)
 
 
 def supervise(plan: LaunchPlan, env: dict) -> int:
     """Run the job under node 0's run-folder lock (refused, exit 2, before anything is written when
-    another live job holds it); the other nodes' launchers write into the run under that lock."""
+    another live job holds it), restarting it up to run.max_restarts times (restarts.py); the other
+    nodes' launchers write into the run under that lock."""
     signals = LauncherSignals().install()
     with runlock.hold(plan.run_dir, plan.node.node_rank == 0):
-        return _supervise(plan, env, signals)
+        try:
+            ended = restarts.run(plan, lambda attempt: _supervise(attempt, env, signals),
+                                 stopping=lambda: signals.graceful is not None)
+        except Interrupted as exc:  # between two attempts: nothing runs
+            ended = Ended(128 + exc.signum, f"{signal.Signals(exc.signum).name}: stopped between restarts; logs in "
+                                            f"{plan.log_dir}", interrupted=True)
+    if ended.code == 0:
+        report_success(plan, ended.stopped_by)
+    elif ended.interrupted:
+        print(ended.cause, file=sys.stderr)
+    else:
+        print(f"error: {ended.cause}" + (f"; see {ended.log}" if ended.log else ""), file=sys.stderr)
+    return ended.code
 
 
-def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> int:
+def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
+    """One msrun: until it ends, a worker fails, or a rank stalls (run.hang_timeout_s)."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     for rank in plan.local_ranks:
         (plan.log_dir / f"worker_{rank}.exit").unlink(missing_ok=True)
@@ -175,6 +210,7 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> int:
     print(f"MindScale: {plan.world} worker(s) on {plan.node.nnodes} node(s), {plan.local_workers} here "
           f"({plan.device}); logs in {plan.log_dir}; following the {which} log {plan.worker_log(plan.first_rank)}",
           flush=True)
+    watch = HangWatch(plan.log_dir, plan.world, plan.local_ranks, plan.hang_timeout_s)
     proc = start_msrun(plan, env)
     forwarded, asked = None, set()
     try:
@@ -187,24 +223,27 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> int:
                 ask_workers_to_stop(proc, signals.graceful, asked)
             failure = first_failure(plan, stale)
             if failure:
+                ledger = watch.beats().get(plan.first_rank)
                 stop_tree(proc)
-                return report_failure(*failure)
+                return report_failure(*failure, ledger)
+            stall = watch.stalled() if forwarded is None else None
+            if stall:
+                return report_stall(plan, watch, stall, proc)
             code = proc.poll()
             if code is not None:
+                ledger = watch.beats().get(plan.first_rank)
                 failure = first_failure(plan, stale)
                 if failure:
-                    return report_failure(*failure)
+                    return report_failure(*failure, ledger)
                 if code:
-                    print(f"error: msrun exited with code {code} and no worker reported a failure; "
-                          f"see {plan.log_dir}", file=sys.stderr)
-                    return 1
-                report_success(plan, forwarded)
-                return 0
+                    return Ended(1, f"msrun exited with code {code} and no worker reported a failure; see "
+                                    f"{plan.log_dir}", restartable=True, ledger=ledger)
+                return Ended(0, stopped_by=forwarded, ledger=ledger)
             time.sleep(POLL_S)
     except Interrupted as exc:
         stop_tree(proc)
-        print(f"{signal.Signals(exc.signum).name}: stopped all workers; logs in {plan.log_dir}", file=sys.stderr)
-        return 128 + exc.signum
+        return Ended(128 + exc.signum, f"{signal.Signals(exc.signum).name}: stopped all workers; logs in {plan.log_dir}",
+                     interrupted=True)
 
 
 def report_success(plan: LaunchPlan, stopped_by: str | None) -> None:

@@ -13,7 +13,9 @@ A rank that dies before the first barrier leaves its step uncommitted, whatever 
 wrote, and no rank prunes an older step for it. On resume every rank checks its own folder of the
 newest committed step (checksums included) and the ranks vote: the step is taken only if every rank
 can read its part, else the next older committed step is tried, each unusable folder named on one
-line. `checkpoint.resume_step` asks for one step and refuses instead of falling back. When no
+line. Among the readable steps the newest healthy one is taken (state.json "healthy",
+mindscale/train/health.py SaveWindow), a newer unhealthy one passed over on one line; with none
+healthy, the newest readable. `checkpoint.resume_step` asks for one step and refuses instead of falling back. When no
 committed step is readable by every rank the resume refuses rather than starting over. The run
 folder must be on storage every node shares (rank 0 writes the record the others read). Runs saved
 before this file existed have no COMMITTED record: rank 0's complete folders are the candidates, and
@@ -21,6 +23,7 @@ the vote still makes every rank agree.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -30,7 +33,8 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindscale.io import CheckpointError, verify_folder
-from mindscale.train.checkpoint import checkpoint_step, complete_checkpoints
+from mindscale.train.checkpoint import STATE, checkpoint_step, complete_checkpoints
+from mindscale.train.health import describe_health
 from mindscale.train.committed import COMMITTED, committed_steps, record_steps, step_dir_name
 
 __all__ = ["COMMITTED", "RankVote", "commit", "committed_steps", "record_steps", "resume_point"]
@@ -125,14 +129,21 @@ def resume_point(root: Path, own_dir: Path, vote: RankVote, rank: int, wanted: i
             raise CheckpointError(f"checkpoint.resume_step={wanted} is not a committed step of {root} "
                                   f"(committed: {steps or 'none'}); pick one of them")
         steps = [wanted]
+    unhealthy = []  # (step, folder, health) readable by every rank, newest first
     for step in reversed(steps):
         folder = Path(own_dir) / step_dir_name(step)
         problem = _readable(folder)
-        readable = vote.count(problem is None)[0]
+        health = _health(folder) if problem is None else None
+        readable, healthy = vote.count(problem is None, health is None)
         if readable == vote.world:
-            if rank == 0 and recorded is not None and recorded[-1] != step:
-                record_steps(root, [s for s in recorded if s <= step])  # later steps leave the run's history
-            return folder
+            if wanted is not None or healthy == vote.world:
+                if unhealthy and rank == 0:
+                    newer, _, why = unhealthy[0]
+                    say(f"checkpoint: passing over unhealthy step {newer} ({describe_health(why)}); resuming "
+                        f"from healthy step {step} (checkpoint.resume_step={newer} takes it anyway)")
+                return _take(root, recorded, rank, step, folder)
+            unhealthy.append((step, folder, health or {}))
+            continue
         if wanted is not None:
             raise CheckpointError(f"checkpoint.resume_step={wanted}: {problem or 'another rank cannot read its part'}; "
                                   "pick another committed step")
@@ -141,7 +152,25 @@ def resume_point(root: Path, own_dir: Path, vote: RankVote, rank: int, wanted: i
         elif rank == 0:
             say(f"checkpoint: skipping step {step}: {vote.world - readable} of {vote.world} ranks cannot read their "
                 "part (see their logs); trying the previous committed step")
+    if unhealthy:
+        step, folder, why = unhealthy[0]
+        if rank == 0:
+            say(f"checkpoint: no healthy committed step; resuming from unhealthy step {step} ({describe_health(why)})")
+        return _take(root, recorded, rank, step, folder)
     if steps:
         raise CheckpointError(f"no committed step of {root} ({steps}) can be read by every rank; the run folder must "
                               "be on storage all nodes share, or set checkpoint.resume=false to start over")
     return None
+
+
+def _health(folder: Path) -> dict | None:
+    """None when the step was saved healthy (or before saves recorded it), else its state.json "health"."""
+    state = json.loads((folder / STATE).read_text())
+    return None if state.get("healthy", True) else state.get("health", {})
+
+
+def _take(root: Path, recorded: list[int] | None, rank: int, step: int, folder: Path) -> Path:
+    """Resume from `step`: later steps leave the run's history (rank 0 rewrites the record)."""
+    if rank == 0 and recorded is not None and recorded[-1] != step:
+        record_steps(root, [s for s in recorded if s <= step])
+    return folder

@@ -13,6 +13,9 @@ cause, instead of training on garbage until its allocation ends.
   median of recent losses does not update the weights. The compiled step decides (TrainStep.loss_limit),
   before its update; the host sets the limit and, comparing the same float32 values, names the step.
 
+Each checkpoint's state.json says whether the run was healthy since the previous save (SaveWindow),
+and a resume prefers a healthy checkpoint (mindscale/train/commit.py).
+
 All are decided from values every rank shares (the gradient norm is global, and so is the loss
 without pipeline stages), so every rank acts at the same step without a vote; the weights are those
 of the last good step.
@@ -28,6 +31,7 @@ from mindscale.config import Config
 
 SPIKE_WINDOW = 50       # updated steps whose median is the reference
 SPIKE_MIN_HISTORY = 10  # no limit before this many
+UNHEALTHY_SKIP_STREAK = 3  # consecutive skipped updates that make a save window unhealthy
 
 
 class TrainingDiverged(RuntimeError):
@@ -41,9 +45,11 @@ class HealthGuard:
         self.loss_scale = cfg.train.loss_scale
         self.dynamic = dynamic_scale
         self.skipped_in_a_row = 0
+        self.window = SaveWindow()
 
     def check(self, step: int, loss: float, overflow: bool, scale: float, spiked: bool = False) -> None:
         """After optimizer step `step` (1-based): raise TrainingDiverged when the run must stop."""
+        self.window.add(loss, overflow or spiked)
         if self.loss_everywhere and not math.isfinite(loss) and not self.dynamic:
             raise TrainingDiverged(
                 f"step {step}: the loss is {loss} and there is no dynamic loss scale to recover it (train.loss_scale="
@@ -82,3 +88,38 @@ class LossSpikes:
         if not (spiked or overflow) and math.isfinite(loss):
             self.history.append(float(loss))
         return spiked
+
+
+class SaveWindow:
+    """Whether the steps since the previous save (of this process) were healthy, for state.json.
+
+    Healthy: every loss was finite, and no UNHEALTHY_SKIP_STREAK or more consecutive updates were
+    skipped (for non-finite gradients or loss spikes; a streak that began before the window counts
+    whole). A single skipped update is normal (a dynamic loss scale probing upwards, one bad batch
+    caught by the spike guard) and leaves the weights as they were. The loss-scale search at the start
+    of an fp16 run can make its first save unhealthy; a resume then still takes it when no healthy one
+    exists."""
+
+    def __init__(self):
+        self.steps = self.non_finite = self.skipped = self.longest_streak = self.streak = 0
+
+    def add(self, loss: float, skipped: bool) -> None:
+        self.steps += 1
+        self.non_finite += not math.isfinite(loss)
+        self.skipped += skipped
+        self.streak = self.streak + 1 if skipped else 0
+        self.longest_streak = max(self.longest_streak, self.streak)
+
+    def close(self) -> dict:
+        """The state.json entries of a save now ("healthy", "health"); the next window starts."""
+        health = {"steps": self.steps, "non_finite_losses": self.non_finite, "skipped_updates": self.skipped,
+                  "longest_skip_streak": self.longest_streak}
+        healthy = self.non_finite == 0 and self.longest_streak < UNHEALTHY_SKIP_STREAK
+        self.steps = self.non_finite = self.skipped = self.longest_streak = 0  # self.streak may go on
+        return {"healthy": healthy, "health": health}
+
+
+def describe_health(health: dict) -> str:
+    """'2 non-finite losses, 4 updates in a row skipped in 6 steps' for a line about a checkpoint."""
+    return (f"{health.get('non_finite_losses', 0)} non-finite loss(es), {health.get('longest_skip_streak', 0)} "
+            f"update(s) in a row skipped in the {health.get('steps', '?')} steps before it")

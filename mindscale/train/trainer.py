@@ -17,7 +17,8 @@ import numpy as np
 from mindspore import Tensor
 
 import models
-from mindscale.train import checkpoint as ckpt, commit
+from mindscale.train import checkpoint as ckpt, commit, faults
+from mindscale.train.heartbeat import Heartbeat
 from mindscale.config import Config, ConfigError
 from mindscale.train.data import build_dataset, step_rows
 from mindscale.train.evaluate import Evaluator
@@ -53,6 +54,7 @@ class Trainer:
         self.ckpt_root = self.run_dir / "checkpoints"
         self.ckpt_dir = self.ckpt_root / f"rank_{rt.rank}" if layout.sharded else self.ckpt_root
         self.vote = commit.RankVote(rt.world, layout.sharded)
+        self.heartbeat = Heartbeat.of_worker(rt.rank)  # under the launcher: hang watch and goodput
         self.pending = None  # (step, this rank writes, its write) of a save not yet committed
         graph = build_train_graph(cfg, layout)
         self.model, self.network, self.optimizer, self.step_cell = graph.model, graph.network, graph.optimizer, graph.step
@@ -174,6 +176,7 @@ class Trainer:
                      "layout": ckpt.layout_record(self.cfg, self.layout)}
             if self.spikes.enabled:
                 state["loss_history"] = list(self.spikes.history)
+            state.update(self.guard.window.close())  # "healthy" since the previous save
             if self.layout.sharded:
                 state["layouts"] = self.compiled_layouts([*self.saved_params, *self.optimizer_params])
             args = (self.ckpt_dir, step, parameters_as_numpy(self.saved_params, copy=background),
@@ -185,7 +188,9 @@ class Trainer:
         self.pending = (step, writes, job)
         if not background:
             self.finish_saving()
-        return time.perf_counter() - began
+        blocked = time.perf_counter() - began
+        self.heartbeat.saved(blocked)
+        return blocked
 
     def finish_saving(self) -> None:
         """Commit the pending save, after its background write if it has one."""
@@ -237,7 +242,9 @@ class Trainer:
 
     def _injected_fault(self, step: int, batch: tuple) -> tuple:
         """Fault injection for the tests: MINDSCALE_FAULT=loss_spike:STEP replaces that step's (1-based)
-        labels by random ids, a batch no training has seen: its loss spikes."""
+        labels by random ids, a batch no training has seen: its loss spikes. kill:RANK:STEP and
+        hang:RANK:STEP: mindscale/train/faults.py."""
+        faults.before_step(self.run_dir, self.rt.rank, step)
         if os.environ.get("MINDSCALE_FAULT") != f"loss_spike:{step}":
             return batch
         labels = np.random.default_rng(step).integers(0, self.cfg.model.vocab_size, batch[1].shape, np.int32)
@@ -254,10 +261,11 @@ class Trainer:
         logs = self.rt.rank == self.layout.stage_ranks(self.layout.pp - 1)[0]
         logger = MetricsLogger(cfg, self.run_dir, self.rt.device_target, logs, self.start_step)
         profile = ProfileWindow(cfg.profile, self.run_dir / "profile")
-        guard = HealthGuard(cfg, dynamic_scale=self.step_cell.scale_update is not None)
+        self.guard = guard = HealthGuard(cfg, dynamic_scale=self.step_cell.scale_update is not None)
         records, scale, stopped = [], 0.0, None
         for step in range(self.start_step, cfg.train.steps):
             batch = self._injected_fault(step + 1, self.first_batch if step == self.start_step else next(self.batches))
+            self.heartbeat.beat(step)
             profile.before(step)
             self._raise_stop_flag(stop)
             limit = self._set_loss_limit()
@@ -291,6 +299,7 @@ class Trainer:
         profile.close()
         logger.close()
         last = stopped or cfg.train.steps
+        self.heartbeat.beat(last)
         if (stopped or cfg.checkpoint.save_at_end) and self.start_step < cfg.train.steps:
             blocked = self.save(last, scale)
             self.finish_saving()

@@ -127,6 +127,28 @@ def test_no_readable_committed_step_refuses_instead_of_starting_over(tmp_path):
         commit.resume_point(tmp_path, tmp_path, vote, 0, None, print)
 
 
+def test_resume_prefers_a_healthy_step_and_takes_the_newest_readable_when_none_is(tmp_path):
+    vote = commit.RankVote(1, sharded=False)
+    bad = {"healthy": False, "health": {"steps": 10, "non_finite_losses": 2, "longest_skip_streak": 0}}
+    for step, state in [(10, {}), (20, {"healthy": True}), (30, bad)]:  # 10: saved before the flag existed
+        ckpt.save_checkpoint(tmp_path, step, tensors(step), state=state)
+        commit.commit(tmp_path, tmp_path, step, vote, 0, keep_last=3)
+    said = []
+    assert commit.resume_point(tmp_path, tmp_path, vote, 0, None, said.append).name == "step_00000020"
+    assert said == ["checkpoint: passing over unhealthy step 30 (2 non-finite loss(es), 0 update(s) in a row skipped "
+                    "in the 10 steps before it); resuming from healthy step 20 (checkpoint.resume_step=30 takes it "
+                    "anyway)"]
+    assert commit.committed_steps(tmp_path) == [10, 20]  # the passed-over step left the run's history
+    none_healthy = tmp_path / "none_healthy"
+    for step in (10, 20):
+        ckpt.save_checkpoint(none_healthy, step, tensors(step), state=bad)
+        commit.commit(none_healthy, none_healthy, step, vote, 0, keep_last=3)
+    said.clear()
+    assert commit.resume_point(none_healthy, none_healthy, vote, 0, None, said.append).name == "step_00000020"
+    assert said == ["checkpoint: no healthy committed step; resuming from unhealthy step 20 (2 non-finite loss(es), "
+                    "0 update(s) in a row skipped in the 10 steps before it)"]
+
+
 def test_a_run_without_a_commit_record_resumes_from_its_complete_folders(tmp_path):
     for step in (1, 2):
         ckpt.save_checkpoint(tmp_path, step, tensors(step), state={})

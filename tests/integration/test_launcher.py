@@ -124,6 +124,10 @@ def test_dry_run_multi_node_world_and_ranks(tmp_path):
      "NODE_RANK='2': must be an integer in [0, NNODES=2)"),
     (["CFG"], {"MINDSCALE_ENTRY": "nope.py"}, "MINDSCALE_ENTRY=nope.py: no such file"),
     (["CFG", "--set", "train.stepz=3"], {}, "unknown key train.stepz"),
+    (["CFG", "--max-restarts", "1"], {"NNODES": "2", "MASTER_ADDR": "h"},
+     "run.max_restarts=1 with NNODES=2: a restart relaunches only this node's workers"),
+    (["CFG", "--max-restarts", "1", "--set", "checkpoint.resume=false"], {},
+     "run.max_restarts=1 needs checkpoint.resume=true"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, env, message):
     cfg = write_config(tmp_path, data_parallel=1, model_parallel=2)

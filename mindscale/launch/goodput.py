@@ -1,0 +1,93 @@
+"""The goodput summary a launch ends with: where the job's wall time went, restarts included.
+
+From the launcher's clock (each attempt's start and end) and, per attempt, the heartbeat ledger of
+this node's first rank (mindscale/train/heartbeat.py), the wall time is split into buckets that add
+up to it exactly:
+
+    start-up     attempt start -> the rank's first heartbeat (imports, cluster join, graph build,
+                 checkpoint read)
+    compile      the first step of each attempt less one mean step (graph mode compiles there)
+    checkpoints  seconds checkpoint saves blocked training
+    lost         the steps a failed attempt completed after the checkpoint the next attempt resumed
+                 from (or, for the last attempt, after the newest committed step), at that attempt's
+                 mean step time: work done twice
+    training     every other step second: work kept
+    other        the rest: teardown, the final save's process exit, the launcher's own restarts
+
+goodput = training / wall. Printed as one line and written to `<run>/goodput.json` (node 0).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from mindscale.io import write_atomically
+from mindscale.train.metrics import clock
+
+GOODPUT_FILE = "goodput.json"
+
+
+@dataclass
+class Attempt:
+    began: float
+    ended: float
+    ledger: dict | None   # the first local rank's last heartbeat of this attempt, None without one
+    failed: bool
+    committed: int | None  # newest committed step when it ended
+    cause: str | None = None  # why it failed (restarted or not)
+
+
+def _split(attempt: Attempt, resumed_next: int | None) -> dict:
+    """One attempt's seconds by bucket (without `other`) and its lost steps."""
+    out = dict(startup_s=0.0, compile_s=0.0, checkpoint_s=0.0, lost_s=0.0, training_s=0.0, lost_steps=0)
+    ledger = attempt.ledger
+    if not ledger:
+        return out
+    out["startup_s"] = max(ledger["started"] - attempt.began, 0.0)
+    out["checkpoint_s"] = ledger["save_s"]
+    first = ledger["first_step_s"]
+    if first is None:
+        return out
+    mean = ledger["steps_s"] / ledger["steps"] if ledger["steps"] else first
+    out["compile_s"] = max(first - mean, 0.0)
+    stepped = first - out["compile_s"] + ledger["steps_s"]
+    if attempt.failed:
+        kept = resumed_next if resumed_next is not None else (attempt.committed or 0)
+        out["lost_steps"] = max(ledger["step"] - kept, 0)
+        out["lost_s"] = min(out["lost_steps"] * mean, stepped)
+    out["training_s"] = stepped - out["lost_s"]
+    return out
+
+
+def summarise(attempts: list[Attempt], wall_s: float) -> dict:
+    """The buckets over all attempts, `other` making them add up to `wall_s`."""
+    total = dict(startup_s=0.0, compile_s=0.0, checkpoint_s=0.0, lost_s=0.0, training_s=0.0, lost_steps=0)
+    for i, attempt in enumerate(attempts):
+        nxt = attempts[i + 1].ledger if i + 1 < len(attempts) else None
+        for key, value in _split(attempt, nxt["first_step"] if nxt else None).items():
+            total[key] += value
+    total["other_s"] = wall_s - sum(v for k, v in total.items() if k.endswith("_s"))
+    return {"wall_s": wall_s, **total, "goodput": total["training_s"] / wall_s if wall_s > 0 else 0.0,
+            "restarts": [a.cause for a in attempts[:-1]]}
+
+
+def describe(summary: dict) -> str:
+    restarts = summary["restarts"]
+    why = f": {'; '.join(restarts)}" if restarts else ""
+    return (f"MindScale goodput: {summary['goodput'] * 100:.0f}% of {clock(summary['wall_s'])} wall time trained "
+            f"({summary['training_s']:.1f} s); compile {summary['compile_s']:.1f} s, checkpoints "
+            f"{summary['checkpoint_s']:.1f} s, start-up {summary['startup_s']:.1f} s, lost {summary['lost_steps']} "
+            f"step(s) after their last save {summary['lost_s']:.1f} s, other {summary['other_s']:.1f} s; "
+            f"{len(restarts)} restart(s){why}")
+
+
+def report(attempts: list[Attempt], wall_s: float, run_dir: Path, writes: bool) -> dict | None:
+    """Print the summary (when a worker kept a ledger) and, on node 0, write goodput.json."""
+    if not any(a.ledger for a in attempts):
+        return None
+    summary = summarise(attempts, wall_s)
+    print(describe(summary), flush=True)
+    if writes:
+        write_atomically(Path(run_dir) / GOODPUT_FILE, json.dumps(summary, indent=1) + "\n")
+    return summary

@@ -1,0 +1,113 @@
+"""Restarts, hang detection and healthy checkpoints with real processes: scripts/run_distribute.sh with
+two CPU workers training a tiny LLaMA, faults injected by MINDSCALE_FAULT (mindscale/train/faults.py)."""
+import json
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from mindscale.config import REPO_ROOT
+from mindscale.launch.goodput import GOODPUT_FILE
+from mindscale.train import commit
+from tests.integration.test_training import TINY, _digests, _processes_naming, sets, train
+
+SAVE = ("train.micro_batch_size=2", "train.steps=6", "checkpoint.save_interval=2", "checkpoint.keep_last=3")
+
+
+def launch(tmp_path, name, *args, fault=None, timeout=600):
+    argv = ["bash", "scripts/run_distribute.sh", TINY, "2",
+            *sets(f"run.output_dir={tmp_path}", f"run.name={name}", *SAVE), *args]
+    env = {k: v for k, v in os.environ.items() if k != "MINDSCALE_FAULT"}
+    if fault:
+        env["MINDSCALE_FAULT"] = fault
+    return subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def goodput_adds_up(run_dir):
+    summary = json.loads((run_dir / GOODPUT_FILE).read_text())
+    parts = [v for k, v in summary.items() if k.endswith("_s") and k != "wall_s"]
+    assert sum(parts) == pytest.approx(summary["wall_s"]) and all(v >= 0 for v in parts), summary
+    return summary
+
+
+def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(tmp_path):
+    """Rank 1 SIGKILLs itself before step 4 (step 2 committed, step 3 done): --max-restarts 1 relaunches
+    both workers from step 2, and the final weights equal those of a run never killed."""
+    straight = launch(tmp_path, "straight")
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    restarted = launch(tmp_path, "restarted", "--max-restarts", "1", fault="kill:1:4")
+    assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
+    run = tmp_path / "restarted"
+    kept = run / "logs" / "attempt_1" / "worker_1.log"
+    assert (f"MindScale: restart 1 of 1: rank 1 was killed by SIGKILL (its log: {kept}); relaunching every worker "
+            "from committed step 2") in restarted.stdout
+    assert "fault: rank 1 kills itself before step 4" in kept.read_text()
+    assert "resumed from" in restarted.stdout and "step_00000002 at step 2" in restarted.stdout
+    assert _digests(run / "logs") == _digests(tmp_path / "straight" / "logs")
+    assert len(_digests(run / "logs")) == 1
+    summary = goodput_adds_up(run)
+    assert summary["lost_steps"] == 1 and summary["restarts"] == ["rank 1 was killed by SIGKILL"]
+    assert re.search(r"^MindScale goodput: \d+% of .* lost 1 step\(s\) .* 1 restart\(s\): rank 1 was killed by SIGKILL$",
+                     restarted.stdout, re.M)
+    assert goodput_adds_up(tmp_path / "straight")["restarts"] == []
+
+
+def test_restarts_give_up_after_max_restarts_naming_the_cause(tmp_path):
+    """Rank 1 dies before step 4, and after the restart before step 6: with run.max_restarts=1 the job gives
+    up, exit 1, naming the last cause; each attempt lost the one step after its last save."""
+    out = launch(tmp_path, "gives_up", "--set", "run.max_restarts=1", fault="kill:1:4,kill:1:6")
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    log = tmp_path / "gives_up" / "logs" / "worker_1.log"
+    assert out.stderr.splitlines()[-1] == ("error: rank 1 was killed by SIGKILL; gave up after 1 restart(s) "
+                                           f"(run.max_restarts=1); see {log}")
+    assert out.stdout.count("MindScale: restart ") == 1
+    assert commit.committed_steps(tmp_path / "gives_up" / "checkpoints")[-1] == 4
+    summary = goodput_adds_up(tmp_path / "gives_up")
+    assert summary["lost_steps"] == 2 and len(summary["restarts"]) == 1
+
+
+def test_a_stalled_rank_is_named_and_its_stacks_are_in_its_log(tmp_path):
+    """Rank 1 sleeps before step 3: within run.hang_timeout_s + 10 s the launcher names it (rank 0, waiting
+    in step 3's all-reduce, is a step ahead), dumps its stacks into its log, and nothing is left running."""
+    timeout = 8
+    out = launch(tmp_path, "stalled", "--set", f"run.hang_timeout_s={timeout}", fault="hang:1:3")
+    returned = time.time()
+    run = tmp_path / "stalled"
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    log = run / "logs" / "worker_1.log"
+    assert re.fullmatch(rf"error: rank 1 stalled: no heartbeat for \d+ s, the last one after step 1 "
+                        rf"\(run.hang_timeout_s={timeout}\); its Python stacks are in {re.escape(str(log))}",
+                        out.stderr.splitlines()[-1]), out.stderr[-2000:]
+    hung = (run / ".fault-hang-1-3").stat().st_mtime  # written as the rank began to sleep
+    assert returned - hung < timeout + 10, f"named {returned - hung:.1f} s after the hang began"
+    dump = log.read_text().split("fault: rank 1 hangs before step 3", 1)[1]
+    assert "most recent call first" in dump and "in before_step" in dump and "in train" in dump
+    assert _processes_naming(str(run)) == []
+
+
+def test_resume_prefers_the_newest_healthy_checkpoint(tmp_path):
+    """Steps 2 and 4 are healthy; steps 5-8 run in fp16 with a loss scale that overflows every step, so
+    the save at 8 is unhealthy (4 skipped updates in a row). A resume passes over it on one line and takes
+    step 4; checkpoint.resume_step=8 still takes 8."""
+    common = ("checkpoint.save_interval=4", "checkpoint.keep_last=3")
+    train(tmp_path, "run", "train.steps=4", "checkpoint.save_interval=2", "checkpoint.keep_last=3")
+    train(tmp_path, "run", "train.steps=8", "model.compute_dtype=float16", "train.loss_scale=1.0e+30",
+          "train.max_skipped_steps=0", *common)
+    root = tmp_path / "run" / "checkpoints"
+    assert commit.committed_steps(root) == [2, 4, 8]
+    state = json.loads((root / "step_00000008" / "state.json").read_text())
+    assert state["healthy"] is False and state["health"]["longest_skip_streak"] == 4
+    assert json.loads((root / "step_00000004" / "state.json").read_text())["healthy"] is True
+
+    exact = train(tmp_path, "run", "train.steps=8", "checkpoint.resume_step=8", *common)
+    assert "step_00000008 at step 8" in exact.stdout and "unhealthy" not in exact.stdout
+    resumed = train(tmp_path, "run", "train.steps=10", *common)
+    lines = [line for line in resumed.stdout.splitlines() if "unhealthy" in line]
+    assert lines == ["checkpoint: passing over unhealthy step 8 (0 non-finite loss(es), 4 update(s) in a row skipped "
+                     "in the 4 steps before it); resuming from healthy step 4 (checkpoint.resume_step=8 takes it "
+                     "anyway)"], resumed.stdout
+    assert "step_00000004 at step 4" in resumed.stdout
+    assert commit.committed_steps(root) == [4, 8, 10]  # the unhealthy 8 left the history; 8 saved anew
+    assert json.loads((root / "step_00000008" / "state.json").read_text())["healthy"] is True

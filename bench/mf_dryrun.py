@@ -13,14 +13,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 from mindscale.config import ConfigError
 from mindscale.launch import dryrun
-from mindscale.launch.dryrun import describe_compiled, first_error_line
+from mindscale.launch.dryrun import compile_step
 
 
 @contextlib.contextmanager
@@ -87,33 +86,18 @@ def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
     from mindspore import Tensor
     from mindspore.nn.utils import no_init_parameters
 
-    from mindscale.train.runtime import set_input_layout, setup
+    from mindscale.train.runtime import setup
 
     if packed:
         raise ConfigError("--packed: the MindFormers comparison feeds plain token ids only")
     os.environ.setdefault("LOG_MF_PATH", str(Path.cwd() / "mindformers_log"))
     rt = setup(cfg)
-    layout = rt.layout
-    report = {"compiled": False, "error": None, "rank": rt.rank, "stage": layout.stage_of_rank(rt.rank),
-              "devices": layout.devices, "local_shapes": {}, "bytes": {}, "groups": {}, "collectives": [],
-              "compile_s": None}
     with no_init_parameters():
-        network = mindformers_llama(cfg, layout)
-        step = train_cell(cfg, layout, network)
+        network = mindformers_llama(cfg, rt.layout)
+        step = train_cell(cfg, rt.layout, network)
     # MindFormers' LLaMA takes [rows, seq + 1] ids and shifts them into inputs and labels itself
-    ids = Tensor(np.zeros((layout.rows_per_step, cfg.model.seq_length + 1), np.int32))
-    set_input_layout(layout, 1)
-    began = time.perf_counter()
-    try:
-        step.compile(ids)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        report["error"] = first_error_line(exc)
-        return report
-    finally:
-        report["compile_s"] = round(time.perf_counter() - began, 2)
-    report["compiled"] = True
-    report.update(describe_compiled(step, network, network, ir_dir, rt.rank))
-    return report
+    ids = Tensor(np.zeros((rt.layout.rows_per_step, cfg.model.seq_length + 1), np.int32))
+    return compile_step(step, (ids,), network, network, rt, ir_dir)
 
 
 if __name__ == "__main__":

@@ -215,34 +215,43 @@ def describe_compiled(step, model, network, ir_dir: Path | None, rank: int) -> d
     return report
 
 
-def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
-    """Compile this process's rank (RANK_ID of RANK_SIZE) and report what the compiled graph holds."""
-    from mindspore.nn.utils import no_init_parameters
+def compile_step(step, inputs: tuple, model, network, rt, ir_dir: Path | None = None) -> dict:
+    """Compile a train step on `inputs` for this process's rank (`rt`: its Runtime) and report what the
+    compiled graph holds (describe_compiled), or MindSpore's error."""
+    from mindscale.train.runtime import set_input_layout
 
-    from mindscale.train.runtime import set_input_layout, setup
-    from mindscale.train.step import build_train_graph
-
-    rt = setup(cfg)
     layout = rt.layout
     report = {"compiled": False, "error": None, "rank": rt.rank, "stage": layout.stage_of_rank(rt.rank),
               "devices": layout.devices, "local_shapes": {}, "bytes": {}, "groups": {}, "collectives": [],
               "compile_s": None}
-    with no_init_parameters():
-        graph = build_train_graph(cfg, layout)
-    inputs = example_inputs(cfg, layout, packed)
     set_input_layout(layout, len(inputs))
     began = time.perf_counter()
     try:
-        graph.step.compile(*inputs)
+        step.compile(*inputs)
     except (RuntimeError, ValueError, TypeError) as exc:
         report["error"] = first_error_line(exc)
         return report
     finally:
         report["compile_s"] = round(time.perf_counter() - began, 2)
     report["compiled"] = True
-    report.update(describe_compiled(graph.step, graph.model, graph.network, ir_dir, rt.rank))
-    if cfg.train.eval_interval:  # after the step's IR was read: the validation graph writes IR files too
-        _compile_validation(cfg, graph, layout, packed, report)
+    report.update(describe_compiled(step, model, network, ir_dir, rt.rank))
+    return report
+
+
+def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
+    """Compile this process's rank (RANK_ID of RANK_SIZE) of the training graph run_train.py trains (and
+    its validation graph with train.eval_interval)."""
+    from mindspore.nn.utils import no_init_parameters
+
+    from mindscale.train.runtime import setup
+    from mindscale.train.step import build_train_graph
+
+    rt = setup(cfg)
+    with no_init_parameters():
+        graph = build_train_graph(cfg, rt.layout)
+    report = compile_step(graph.step, example_inputs(cfg, rt.layout, packed), graph.model, graph.network, rt, ir_dir)
+    if report["compiled"] and cfg.train.eval_interval:  # after the step's IR was read: its IR files come too
+        _compile_validation(cfg, graph, rt.layout, packed, report)
     return report
 
 

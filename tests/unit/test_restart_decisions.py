@@ -31,6 +31,22 @@ def test_the_stalled_rank_is_the_one_behind_once_any_timed_rank_is_late():
     assert find_stall({0: beat(0, 5000, compiling=True), 1: beat(0, 5000, compiling=True)}, 1000.0, 10) is None
 
 
+def test_a_rank_still_compiling_behind_timed_peers_is_the_stalled_one(tmp_path):
+    # rank 1 wrote only its first (compiling) beat; rank 0 finished step 1 and waits in step 2's collective
+    watch = HangWatch(tmp_path, world=2, local_ranks=range(0, 2), timeout_s=10)
+    peer, stuck = Heartbeat(heartbeat_file(tmp_path, 0), rank=0), Heartbeat(heartbeat_file(tmp_path, 1), rank=1)
+    peer.beat(0)
+    stuck.beat(0)
+    assert watch.stalled(now=time.time() + 60) is None  # nobody timed: a long compile is not a hang
+    peer.beat(1)
+    assert watch.stalled(now=time.time() + 5) is None
+    stall = watch.stalled(now=time.time() + 60)
+    assert (stall.ranks, stall.step) == ([1], 0) and stall.describe().startswith("rank 1 stalled")
+    # resumed at step 4: the compiling rank counts as at the step it started from
+    beats = {0: beat(5, 11), 1: beat(4, 30, compiling=True), 2: beat(5, 11)}
+    assert find_stall(beats, 1000.0, timeout_s=10).ranks == [1]
+
+
 def test_hccl_timeouts_wait_longer_than_the_launcher():
     assert hccl_timeouts(1800) == {"HCCL_CONNECT_TIMEOUT": "7200", "HCCL_EXEC_TIMEOUT": "7200"}  # the floor
     assert hccl_timeouts(0)["HCCL_EXEC_TIMEOUT"] == "7200"

@@ -106,8 +106,8 @@ def test_resume_prefers_the_newest_healthy_checkpoint(tmp_path):
     resumed = train(tmp_path, "run", "train.steps=10", *common)
     lines = [line for line in resumed.stdout.splitlines() if "unhealthy" in line]
     assert lines == ["checkpoint: passing over unhealthy step 8 (0 non-finite loss(es), 4 update(s) in a row skipped "
-                     "in the 4 steps before it); resuming from healthy step 4 (checkpoint.resume_step=8 takes it "
-                     "anyway)"], resumed.stdout
+                     "in the 4 steps before it); resuming from healthy step 4; the later steps leave the run's "
+                     "history (their folders are removed at the next save)"], resumed.stdout
     assert "step_00000004 at step 4" in resumed.stdout
     assert commit.committed_steps(root) == [4, 8, 10]  # the unhealthy 8 left the history; 8 saved anew
     assert json.loads((root / "step_00000008" / "state.json").read_text())["healthy"] is True

@@ -129,12 +129,15 @@ class Evaluator:
             raise ConfigError(f"data.valid_path={where} holds {manifest['fields']} but data.path holds {trained}; "
                               "preprocess both the same way (tools/preprocess_data.py --valid-fraction writes a "
                               "matching split)")
-        needed = t.eval_steps * self.cfg.global_batch_size
-        if manifest["num_samples"] < needed:
-            raise ConfigError(f"data.valid_path={where} holds {manifest['num_samples']} sequences but "
-                              f"train.eval_steps={t.eval_steps} x global batch {self.cfg.global_batch_size} needs "
-                              f"{needed}; set train.eval_steps <= {manifest['num_samples'] // self.cfg.global_batch_size}"
-                              " or hold out more (tools/preprocess_data.py --valid-fraction)")
+        held, batch = manifest["num_samples"], self.cfg.global_batch_size
+        needed = t.eval_steps * batch
+        if held < needed:
+            # train.eval_steps must be >= 1 (validate.py): below one global batch only more held-out data helps
+            fix = f"set train.eval_steps <= {held // batch} or hold out more" if held >= batch else \
+                f"hold out at least {batch} sequences, one global batch"
+            raise ConfigError(f"data.valid_path={where} holds {held} sequences but train.eval_steps={t.eval_steps} "
+                              f"x global batch {batch} needs {needed}; {fix} (raise tools/preprocess_data.py "
+                              "--valid-fraction)")
 
     def due(self, step: int) -> bool:
         """After optimizer step `step` (1-based): every train.eval_interval steps and after the last."""

@@ -47,7 +47,8 @@ class RunConfig:
         "scripts/run_distribute.sh: seconds without a worker heartbeat (written after every step) after which "
         "the launcher names the stalled rank and its last step, dumps that rank's Python stacks into its "
         "log and stops the job (exit 1, or a restart under max_restarts). Must exceed the longest step plus "
-        "a checkpoint save; a rank's first step (the compile) is not timed. On Ascend HCCL_EXEC_TIMEOUT is "
+        "a checkpoint save, and the longest validation batch (the first compiles the validation graph; a pass "
+        "beats at each batch); a rank's first step (the compile) is not timed. On Ascend HCCL_EXEC_TIMEOUT is "
         "derived from it (docs/launch.md). 0 = off.", 1800.0)
 
 

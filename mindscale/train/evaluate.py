@@ -111,8 +111,9 @@ class EvalStep(nn.Cell):
 class Evaluator:
     """Validation passes of one rank; every rank runs each pass (it holds collectives)."""
 
-    def __init__(self, cfg: Config, layout: Layout, model: nn.Cell, data_rank: int):
+    def __init__(self, cfg: Config, layout: Layout, model: nn.Cell, data_rank: int, alive=lambda: None):
         self.cfg = cfg
+        self.alive = alive  # Heartbeat.alive: a pass runs between two training heartbeats
         self.layout = layout
         self.data_rank = data_rank
         self.held_out = held_out_config(cfg)
@@ -160,11 +161,14 @@ class Evaluator:
 
     def validate(self, train_step: nn.Cell) -> tuple[float, float]:
         """(token-weighted mean loss over the held-out set, seconds the pass took). `train_step` is set back
-        to training mode afterwards: the model's cells are shared, and their mode is per cell."""
+        to training mode afterwards: the model's cells are shared, and their mode is per cell. A heartbeat
+        (`alive`) before each call and after the last keeps the hang watch from taking the pass for a hang."""
         began = time.perf_counter()
         self.step.set_train(False)
         total = np.zeros(2, np.float64)
         for batch in self.batches():
+            self.alive()  # before each call: the first compiles the graph (unsharded layouts)
             total += self.step(*batch).asnumpy()
+        self.alive()
         train_step.set_train(True)
         return float(total[0] / max(total[1], 1.0)), time.perf_counter() - began

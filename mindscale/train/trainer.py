@@ -63,7 +63,7 @@ class Trainer:
         # Read (and verify) what the run starts from before compiling: a bad checkpoint fails in seconds
         start = self._read_start(latest)
         self.spikes = LossSpikes(cfg.train.loss_spike_factor, (start[2] or {}).get("loss_history", ()))
-        self.evaluator = Evaluator(cfg, layout, self.model, layout.data_rank(rt.rank)) \
+        self.evaluator = Evaluator(cfg, layout, self.model, layout.data_rank(rt.rank), self.heartbeat.alive) \
             if cfg.train.eval_interval else None
         self.batches = self._batches()
         self.first_batch = next(self.batches) if self.start_step < cfg.train.steps else None
@@ -193,13 +193,16 @@ class Trainer:
         return blocked
 
     def finish_saving(self) -> None:
-        """Commit the pending save, after its background write if it has one."""
+        """Commit the pending save, after its background write if it has one (a heartbeat before and after
+        the join: it may come after the last beat, at the end or on a divergence)."""
         if self.pending is None:
             return
         step, writes, job = self.pending
         self.pending = None
         if job is not None:
+            self.heartbeat.alive()
             job.join()
+            self.heartbeat.alive()
         commit.commit(self.ckpt_root, self.ckpt_dir if writes else None, step, self.vote, self.rt.rank,
                       self.cfg.checkpoint.keep_last)
 

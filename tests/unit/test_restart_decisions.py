@@ -73,6 +73,28 @@ def test_a_heartbeat_ledger_separates_compile_steps_and_saves(tmp_path, monkeypa
     assert Heartbeat(None, 0).beat(1) is None  # outside the launcher: nothing written
 
 
+def test_alive_refreshes_the_time_only(tmp_path, monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    path = heartbeat_file(tmp_path, 0)
+    watch = HangWatch(tmp_path, world=1, local_ranks=range(0, 1), timeout_s=30)
+    hb = Heartbeat(path, rank=0)
+    hb.alive()
+    assert not path.exists()  # before the first beat: no record to refresh
+    hb.beat(0)
+    now[0] = 110.0
+    hb.beat(1)
+    before = json.loads(path.read_text())
+    now[0] = 150.0
+    hb.alive()             # a validation batch 40 s after the step's beat
+    record = json.loads(path.read_text())
+    assert record["time"] == 150.0 and {**record, "time": before["time"]} == before
+    assert watch.stalled(now=170.0) is None and watch.stalled(now=181.0).ranks == [0]
+    now[0] = 160.0
+    hb.beat(2)             # the step's interval still counts from the beat, not from alive()
+    assert json.loads(path.read_text())["steps_s"] == pytest.approx(50.0)
+
+
 def ledger(first_step, step, started, first_step_s, steps_s, steps, save_s):
     return dict(first_step=first_step, step=step, started=started, first_step_s=first_step_s, steps_s=steps_s,
                 steps=steps, save_s=save_s)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -53,6 +54,22 @@ class LauncherSignals:
         if signum == signal.SIGINT or self.graceful is not None:
             raise Interrupted(signum)
         self.graceful = signum
+
+    def _kept(self, signum, _frame):
+        if self.graceful is None:
+            self.graceful = signum
+
+    @contextmanager
+    def deferred(self):
+        """While a tree is stopped: no signal cuts the teardown short, but the first one (Ctrl+C too) is
+        kept in `graceful`, so a failed attempt ends the job instead of being restarted (restarts.run's
+        `stopping`). The handlers are restored afterwards, for the next attempt."""
+        previous = {sig: signal.signal(sig, self._kept) for sig in (signal.SIGINT, *GRACEFUL)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def ask_workers_to_stop(proc: subprocess.Popen, signum: int, asked: set[int]) -> None:
@@ -112,11 +129,10 @@ def first_failure(plan: LaunchPlan, stale: dict[Path, int]) -> tuple[Path, int] 
     return min(failed)[1:] if failed else None
 
 
-def stop_tree(proc: subprocess.Popen) -> None:
-    """kill_tree, uninterruptible: a second Ctrl+C must not cut it short."""
-    for sig in (signal.SIGINT, *GRACEFUL):
-        signal.signal(sig, signal.SIG_IGN)
-    kill_tree(proc)
+def stop_tree(proc: subprocess.Popen, signals: LauncherSignals) -> None:
+    """kill_tree, uninterruptible: a second Ctrl+C must not cut it short (LauncherSignals.deferred)."""
+    with signals.deferred():
+        kill_tree(proc)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -163,11 +179,12 @@ def report_failure(log: Path, code: int, ledger: dict | None) -> Ended:
                  log=log)
 
 
-def report_stall(plan: LaunchPlan, watch: HangWatch, stall, proc: subprocess.Popen) -> Ended:
+def report_stall(plan: LaunchPlan, watch: HangWatch, stall, proc: subprocess.Popen,
+                 signals: LauncherSignals) -> Ended:
     """A stalled rank: its stacks into its log (faulthandler), the tree stopped, the dump shown."""
     dumped = watch.dump_stacks(stall, proc.pid)
     ledger = watch.beats().get(plan.first_rank)
-    stop_tree(proc)
+    stop_tree(proc, signals)
     for rank in dumped:
         show_tail(plan.worker_log(rank), lines_shown=30)
     where = f"; its Python stacks are in {plan.worker_log(dumped[0])}" if len(dumped) == 1 else \
@@ -224,11 +241,11 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
             failure = first_failure(plan, stale)
             if failure:
                 ledger = watch.beats().get(plan.first_rank)
-                stop_tree(proc)
+                stop_tree(proc, signals)
                 return report_failure(*failure, ledger)
             stall = watch.stalled() if forwarded is None else None
             if stall:
-                return report_stall(plan, watch, stall, proc)
+                return report_stall(plan, watch, stall, proc, signals)
             code = proc.poll()
             if code is not None:
                 ledger = watch.beats().get(plan.first_rank)
@@ -241,7 +258,7 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
                 return Ended(0, stopped_by=forwarded, ledger=ledger)
             time.sleep(POLL_S)
     except Interrupted as exc:
-        stop_tree(proc)
+        stop_tree(proc, signals)
         return Ended(128 + exc.signum, f"{signal.Signals(exc.signum).name}: stopped all workers; logs in {plan.log_dir}",
                      interrupted=True)
 

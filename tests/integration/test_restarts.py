@@ -3,6 +3,7 @@ two CPU workers training a tiny LLaMA, faults injected by MINDSCALE_FAULT (minds
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -10,7 +11,7 @@ import pytest
 
 from mindscale.config import REPO_ROOT
 from mindscale.launch.goodput import GOODPUT_FILE
-from mindscale.train import commit
+from mindscale.train import checkpoint as ckpt, commit
 from tests.integration.test_training import TINY, _digests, _processes_naming, sets, train
 
 SAVE = ("train.micro_batch_size=2", "train.steps=6", "checkpoint.save_interval=2", "checkpoint.keep_last=3")
@@ -52,6 +53,34 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(
     assert re.search(r"^MindScale goodput: \d+% of .* lost 1 step\(s\) .* 1 restart\(s\): rank 1 was killed by SIGKILL$",
                      restarted.stdout, re.M)
     assert goodput_adds_up(tmp_path / "straight")["restarts"] == []
+
+
+def test_after_a_restart_sigterm_still_stops_the_job_gracefully(tmp_path):
+    """The launcher's signal handlers outlive a restart's teardown: rank 1 dies before step 4, the job
+    restarts, and a SIGTERM to the launcher during the second attempt stops every worker after one step,
+    committed, exit 0, naming the checkpoint (it used to be ignored from the first teardown on)."""
+    argv = ["bash", "scripts/run_distribute.sh", TINY, "2", *sets(f"run.output_dir={tmp_path}", "run.name=run",
+                                                                  *SAVE, "train.steps=100000"), "--max-restarts", "1"]
+    with open(tmp_path / "stderr", "w") as err:
+        job = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
+                               env={**os.environ, "MINDSCALE_FAULT": "kill:1:4"})
+        try:
+            lines = []
+            while not lines or "resumed from" not in lines[-1]:  # the second attempt's rank 0 is training
+                lines.append(job.stdout.readline())
+                assert lines[-1], "".join(lines)[-2000:] + (tmp_path / "stderr").read_text()[-2000:]
+            assert any(line.startswith("MindScale: restart 1 of 1: rank 1 was killed by SIGKILL") for line in lines)
+            job.send_signal(signal.SIGTERM)
+            out, _ = job.communicate(timeout=120)
+        finally:
+            job.kill()
+    assert job.returncode == 0, out[-2000:] + (tmp_path / "stderr").read_text()[-2000:]
+    root = tmp_path / "run" / "checkpoints"
+    stop = commit.committed_steps(root)[-1]
+    assert stop > 2 and f"stopping after step {stop} of 100000" in out
+    assert out.splitlines()[-1].startswith(f"MindScale: all 2 worker(s) on this node stopped on SIGTERM; newest "
+                                           f"committed checkpoint: {root / ckpt.step_dir_name(stop)}; logs in ")
+    assert _processes_naming(str(tmp_path / "run")) == []
 
 
 def test_restarts_give_up_after_max_restarts_naming_the_cause(tmp_path):

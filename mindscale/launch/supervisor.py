@@ -27,6 +27,7 @@ from mindscale.launch.plan import POLL_S, LaunchPlan
 from mindscale.launch.restarts import Ended
 from mindscale.launch.worker import die_with_parent
 from mindscale.train.committed import newest_committed
+from mindscale.train.heartbeat import diverged_file
 from mindscale.train.stop import GRACEFUL
 
 class Interrupted(Exception):
@@ -172,9 +173,15 @@ def show_tail(log: Path, lines_shown: int = 10) -> None:
 
 
 def report_failure(log: Path, code: int, ledger: dict | None) -> Ended:
-    """Show the end of the failed process's log; the end names it (bad input, exit 2, is not retried)."""
-    name = "the scheduler" if log.stem == "scheduler" else f"rank {log.stem.split('_')[-1]}"
+    """Show the end of the failed process's log; the end names it. Not retried: bad input (exit 2), and a
+    health guard's stop (exit 1 with its cause in the rank's .diverged file): both would fail again."""
+    rank = None if log.stem == "scheduler" else int(log.stem.split("_")[-1])
+    name = "the scheduler" if rank is None else f"rank {rank}"
     show_tail(log)
+    diverged = diverged_file(log.parent, rank) if code == 1 and rank is not None else None
+    if diverged is not None and diverged.is_file():
+        return Ended(1, f"{name} stopped by a health guard, not restarted: {diverged.read_text().strip()}",
+                     ledger=ledger, log=log)
     return Ended(2 if code == 2 else 1, f"{name} {describe_exit(code)}", restartable=code != 2, ledger=ledger,
                  log=log)
 
@@ -218,6 +225,7 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     for rank in plan.local_ranks:
         (plan.log_dir / f"worker_{rank}.exit").unlink(missing_ok=True)
+        diverged_file(plan.log_dir, rank).unlink(missing_ok=True)
     if plan.node.node_rank == 0:
         (plan.log_dir / "scheduler.exit").unlink(missing_ok=True)
     stale = exit_files(plan.log_dir)

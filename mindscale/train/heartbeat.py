@@ -103,6 +103,19 @@ class Heartbeat:
             self._size = len(data)
 
 
+def diverged_file(log_dir: str | Path, rank: int) -> Path:
+    return Path(log_dir) / f"worker_{rank}.diverged"
+
+
+def record_divergence(rank: int, cause: str) -> None:
+    """Under the launcher, before a health guard's exit 1 (DESIGN.md keeps 0, 2 and 1 for anything
+    else): its one line, in `<logs>/worker_<rank>.diverged`. The launcher does not restart such a
+    failure: from the same checkpoint the run would diverge again (mindscale/launch/supervisor.py)."""
+    log_dir = os.environ.get(LOG_DIR_ENV)
+    if log_dir:
+        diverged_file(log_dir, rank).write_text(cause + "\n")
+
+
 def read_heartbeat(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())

@@ -97,6 +97,18 @@ def test_restarts_give_up_after_max_restarts_naming_the_cause(tmp_path):
     assert summary["lost_steps"] == 2 and len(summary["restarts"]) == 1
 
 
+def test_a_health_guard_stop_is_not_restarted(tmp_path):
+    """fp16 with a loss scale that overflows every step: the health guard stops both ranks after step 3,
+    exit 1; --max-restarts 1 does not replay the divergence, and the last line names the guard's cause."""
+    out = launch(tmp_path, "diverged", "--max-restarts", "1", "--set", "model.compute_dtype=float16",
+                 "--set", "train.loss_scale=1.0e+30", "--set", "train.max_skipped_steps=3")
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "MindScale: restart " not in out.stdout
+    assert re.fullmatch(r"error: rank \d stopped by a health guard, not restarted: step 3: 3 steps in a row skipped "
+                        r"for non-finite gradients or loss spikes \(train.max_skipped_steps=3.*; see \S+worker_\d.log",
+                        out.stderr.splitlines()[-1]), out.stderr[-2000:]
+
+
 def test_a_stalled_rank_is_named_and_its_stacks_are_in_its_log(tmp_path):
     """Rank 1 sleeps before step 3: within run.hang_timeout_s + 10 s the launcher names it (rank 0, waiting
     in step 3's all-reduce, is a step ahead), dumps its stacks into its log, and nothing is left running."""

@@ -4,7 +4,8 @@
 
 Under msrun (scripts/run_distribute.sh) every worker runs this file. Exit status: 0 success,
 2 bad input (config, data, checkpoint, worker count) with one line on stderr, 1 anything else.
-A health guard (mindscale/train/health.py) stops a diverged run with one line, exit 1.
+A health guard (mindscale/train/health.py) stops a diverged run with one line, exit 1; under the
+launcher it leaves that line in logs/worker_<rank>.diverged too, so the run is not restarted.
 SIGTERM or SIGUSR1 finishes the step, saves a committed checkpoint and exits 0 (a second signal stops
 at once): mindscale/train/stop.py.
 """
@@ -15,6 +16,7 @@ import sys
 from mindscale.config import UserError
 from mindscale.cli import add_config_arguments, config_from_args, fail
 from mindscale.train.health import TrainingDiverged
+from mindscale.train.heartbeat import record_divergence
 from mindscale.launch.runlock import HOLDER_ENV
 from mindscale.train.stop import StopRequest
 
@@ -38,6 +40,7 @@ def main(argv=None) -> int:
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     except TrainingDiverged as exc:  # a health guard stopped the run: one line, exit 1
+        record_divergence(runtime.rank, str(exc))
         fail(str(exc), code=1)
     return 0
 

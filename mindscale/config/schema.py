@@ -41,13 +41,15 @@ class RunConfig:
     max_restarts: int = doc(
         "scripts/run_distribute.sh (--max-restarts N overrides it): after a worker fails or stalls, relaunch "
         "every worker from the newest committed (healthy) checkpoint, at most this many times, then give up "
-        "with exit 1. A worker's exit status 2 (bad input) is never retried. One node only (refused with "
+        "with exit 1. A worker's exit status 2 (bad input) and a health guard's stop (train.max_skipped_steps, "
+        "a non-finite loss) are never retried. One node only (refused with "
         "NNODES > 1). Needs checkpoint.resume=true. 0 = no restarts.", 0)
     hang_timeout_s: float = doc(
         "scripts/run_distribute.sh: seconds without a worker heartbeat (written after every step) after which "
         "the launcher names the stalled rank and its last step, dumps that rank's Python stacks into its "
         "log and stops the job (exit 1, or a restart under max_restarts). Must exceed the longest step plus "
-        "a checkpoint save; a rank's first step (the compile) is not timed. On Ascend HCCL_EXEC_TIMEOUT is "
+        "a checkpoint save, and the longest validation batch (the first compiles the validation graph; a pass "
+        "beats at each batch); a rank's first step (the compile) is not timed. On Ascend HCCL_EXEC_TIMEOUT is "
         "derived from it (docs/launch.md). 0 = off.", 1800.0)
 
 

@@ -4,8 +4,9 @@ The launcher reads this node's heartbeats at each poll, and every rank's (all no
 folder is shared) once one of its own is late. When a timed rank has been silent for more than
 run.hang_timeout_s, the stalled ranks are those at the lowest completed step: a rank stuck in host
 code falls behind, while its peers finish the step they share with it and wait in the next one's
-collective. The launcher sends the local ones STACK_SIGNAL, on which faulthandler writes every
-thread's Python stack into the rank's log, then stops the job. A rank that never reaches its first
+collective (a rank whose heartbeat still says `compiling` counts as at its first step). The launcher
+sends the local ones STACK_SIGNAL, on which faulthandler writes every thread's Python stack into the
+rank's log, then stops the job. A rank that never reaches its first
 collective is left to msrun's --cluster_time_out and, on Ascend, HCCL's timeouts.
 """
 from __future__ import annotations
@@ -94,11 +95,13 @@ class HangWatch:
 
 
 def find_stall(beats: dict[int, dict], now: float, timeout_s: float) -> Stall | None:
-    """Ranks past their first step whose heartbeat is older than `timeout_s`: None, or the ranks at
-    the lowest completed step among all timed ranks."""
-    timed = {rank: b for rank, b in beats.items() if not b["compiling"]}
-    if not any(now - b["time"] > timeout_s for b in timed.values()):
+    """Once a rank past its first step (timed) has a heartbeat older than `timeout_s`: the ranks at the
+    lowest completed step, else None. A rank still `compiling` then counts as at its first step (its
+    heartbeat's step): stuck before its first timed beat, it holds its timed peers in their next
+    collective, so it is the one behind."""
+    timed = [b for b in beats.values() if not b["compiling"]]
+    if not any(now - b["time"] > timeout_s for b in timed):
         return None
-    lowest = min(b["step"] for b in timed.values())
-    behind = sorted(rank for rank, b in timed.items() if b["step"] == lowest)
-    return Stall(behind, lowest, now - max(timed[r]["time"] for r in behind), timeout_s)
+    lowest = min(b["step"] for b in beats.values())
+    behind = sorted(rank for rank, b in beats.items() if b["step"] == lowest)
+    return Stall(behind, lowest, now - max(beats[r]["time"] for r in behind), timeout_s)

@@ -4,10 +4,11 @@ run-folder lock throughout. The workers resume from the newest committed checkpo
 healthy one, mindscale/train/commit.py); a `checkpoint.resume_step` of the first launch is dropped, or
 every restart would go back to it.
 
-Not restarted: success, a graceful stop, Ctrl+C, and a worker's exit status 2 (bad input: a restart
-would fail the same way). Each restart is said on one line with its cause; the failed attempt's logs
-move to `<logs>/attempt_<k>/` (msrun truncates the log files it opens). After max_restarts the job
-gives up with exit 1, naming the last cause.
+Not restarted: success, a graceful stop, Ctrl+C, a worker's exit status 2 (bad input: a restart
+would fail the same way) and a health guard's stop (exit 1 with a .diverged file: the same checkpoint
+would diverge again; supervisor.report_failure). Each restart is said on one line with its cause;
+the failed attempt's logs move to `<logs>/attempt_<k>/` (msrun truncates the log files it opens).
+After max_restarts the job gives up with exit 1, naming the last cause.
 
 One node only: the other nodes' launchers cannot learn that node 0 restarted, so a restart with
 NNODES > 1 is refused before anything starts (plan.py); requeue the whole job with the scheduler.

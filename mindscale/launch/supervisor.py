@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -26,6 +27,7 @@ from mindscale.launch.plan import POLL_S, LaunchPlan
 from mindscale.launch.restarts import Ended
 from mindscale.launch.worker import die_with_parent
 from mindscale.train.committed import newest_committed
+from mindscale.train.heartbeat import diverged_file
 from mindscale.train.stop import GRACEFUL
 
 class Interrupted(Exception):
@@ -53,6 +55,22 @@ class LauncherSignals:
         if signum == signal.SIGINT or self.graceful is not None:
             raise Interrupted(signum)
         self.graceful = signum
+
+    def _kept(self, signum, _frame):
+        if self.graceful is None:
+            self.graceful = signum
+
+    @contextmanager
+    def deferred(self):
+        """While a tree is stopped: no signal cuts the teardown short, but the first one (Ctrl+C too) is
+        kept in `graceful`, so a failed attempt ends the job instead of being restarted (restarts.run's
+        `stopping`). The handlers are restored afterwards, for the next attempt."""
+        previous = {sig: signal.signal(sig, self._kept) for sig in (signal.SIGINT, *GRACEFUL)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def ask_workers_to_stop(proc: subprocess.Popen, signum: int, asked: set[int]) -> None:
@@ -112,11 +130,10 @@ def first_failure(plan: LaunchPlan, stale: dict[Path, int]) -> tuple[Path, int] 
     return min(failed)[1:] if failed else None
 
 
-def stop_tree(proc: subprocess.Popen) -> None:
-    """kill_tree, uninterruptible: a second Ctrl+C must not cut it short."""
-    for sig in (signal.SIGINT, *GRACEFUL):
-        signal.signal(sig, signal.SIG_IGN)
-    kill_tree(proc)
+def stop_tree(proc: subprocess.Popen, signals: LauncherSignals) -> None:
+    """kill_tree, uninterruptible: a second Ctrl+C must not cut it short (LauncherSignals.deferred)."""
+    with signals.deferred():
+        kill_tree(proc)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -156,18 +173,25 @@ def show_tail(log: Path, lines_shown: int = 10) -> None:
 
 
 def report_failure(log: Path, code: int, ledger: dict | None) -> Ended:
-    """Show the end of the failed process's log; the end names it (bad input, exit 2, is not retried)."""
-    name = "the scheduler" if log.stem == "scheduler" else f"rank {log.stem.split('_')[-1]}"
+    """Show the end of the failed process's log; the end names it. Not retried: bad input (exit 2), and a
+    health guard's stop (exit 1 with its cause in the rank's .diverged file): both would fail again."""
+    rank = None if log.stem == "scheduler" else int(log.stem.split("_")[-1])
+    name = "the scheduler" if rank is None else f"rank {rank}"
     show_tail(log)
+    diverged = diverged_file(log.parent, rank) if code == 1 and rank is not None else None
+    if diverged is not None and diverged.is_file():
+        return Ended(1, f"{name} stopped by a health guard, not restarted: {diverged.read_text().strip()}",
+                     ledger=ledger, log=log)
     return Ended(2 if code == 2 else 1, f"{name} {describe_exit(code)}", restartable=code != 2, ledger=ledger,
                  log=log)
 
 
-def report_stall(plan: LaunchPlan, watch: HangWatch, stall, proc: subprocess.Popen) -> Ended:
+def report_stall(plan: LaunchPlan, watch: HangWatch, stall, proc: subprocess.Popen,
+                 signals: LauncherSignals) -> Ended:
     """A stalled rank: its stacks into its log (faulthandler), the tree stopped, the dump shown."""
     dumped = watch.dump_stacks(stall, proc.pid)
     ledger = watch.beats().get(plan.first_rank)
-    stop_tree(proc)
+    stop_tree(proc, signals)
     for rank in dumped:
         show_tail(plan.worker_log(rank), lines_shown=30)
     where = f"; its Python stacks are in {plan.worker_log(dumped[0])}" if len(dumped) == 1 else \
@@ -201,6 +225,7 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     for rank in plan.local_ranks:
         (plan.log_dir / f"worker_{rank}.exit").unlink(missing_ok=True)
+        diverged_file(plan.log_dir, rank).unlink(missing_ok=True)
     if plan.node.node_rank == 0:
         (plan.log_dir / "scheduler.exit").unlink(missing_ok=True)
     stale = exit_files(plan.log_dir)
@@ -224,11 +249,11 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
             failure = first_failure(plan, stale)
             if failure:
                 ledger = watch.beats().get(plan.first_rank)
-                stop_tree(proc)
+                stop_tree(proc, signals)
                 return report_failure(*failure, ledger)
             stall = watch.stalled() if forwarded is None else None
             if stall:
-                return report_stall(plan, watch, stall, proc)
+                return report_stall(plan, watch, stall, proc, signals)
             code = proc.poll()
             if code is not None:
                 ledger = watch.beats().get(plan.first_rank)
@@ -241,7 +266,7 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
                 return Ended(0, stopped_by=forwarded, ledger=ledger)
             time.sleep(POLL_S)
     except Interrupted as exc:
-        stop_tree(proc)
+        stop_tree(proc, signals)
         return Ended(128 + exc.signum, f"{signal.Signals(exc.signum).name}: stopped all workers; logs in {plan.log_dir}",
                      interrupted=True)
 

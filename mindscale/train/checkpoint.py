@@ -64,9 +64,11 @@ def save_checkpoint(root: str | Path, step: int, weights: dict[str, np.ndarray],
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
+    # a save killed mid-write (a restart, the hang watch, kill -9) left its .tmp folder behind: this
+    # folder has one writer (the run lock), so every one of them is stale
+    for stale in root.glob(".tmp-step_*"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
     tmp.mkdir()
     save_file(_contiguous(weights), str(tmp / WEIGHTS))
     _fault_point("checkpoint_write", step)

@@ -6,7 +6,9 @@ sharded one. Then, per save:
 
   1. every rank reaches a barrier (its part is on disk, or it writes nothing);
   2. rank 0 adds the step to `checkpoints/COMMITTED` (written atomically), keeping the newest
-     `checkpoint.keep_last` committed steps;
+     `checkpoint.keep_last` committed steps and, beyond them, the newest healthy one (the ranks' vote
+     at the barrier says whether every rank saved this step healthy), so that a run which keeps
+     saving while unhealthy can still go back to its last healthy step;
   3. after a second barrier every writing rank removes its folders of steps no longer listed.
 
 A rank that dies before the first barrier leaves its step uncommitted, whatever the other ranks
@@ -35,7 +37,7 @@ from mindspore import Tensor, nn, ops
 from mindscale.io import CheckpointError, verify_folder
 from mindscale.train.checkpoint import STATE, checkpoint_step, complete_checkpoints
 from mindscale.train.health import describe_health
-from mindscale.train.committed import COMMITTED, committed_steps, record_steps, step_dir_name
+from mindscale.train.committed import COMMITTED, committed_steps, record_steps, step_dir_name, unhealthy_steps
 
 __all__ = ["COMMITTED", "RankVote", "commit", "committed_steps", "record_steps", "resume_point"]
 
@@ -87,14 +89,19 @@ def _fault_point(step: int, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def commit(root: Path, own_dir: Path | None, step: int, vote: RankVote, rank: int, keep_last: int) -> None:
+def commit(root: Path, own_dir: Path | None, step: int, vote: RankVote, rank: int, keep_last: int,
+           healthy: bool = True) -> None:
     """Steps 1-3 above, called by every rank after writing its part of `step` into `own_dir` (None:
-    this rank writes nothing, as the data-parallel ranks besides 0)."""
+    this rank writes nothing, as the data-parallel ranks besides 0); `healthy`: this rank's part was
+    saved healthy (state.json)."""
     _fault_point(step, rank)
-    vote.barrier()
+    all_healthy = vote.count(healthy)[0] == vote.world  # also the barrier
     if rank == 0:
+        unhealthy = {s for s in unhealthy_steps(root) if s < step} | (set() if all_healthy else {step})
         steps = [s for s in committed_steps(root) or [] if s < step] + [step]
-        record_steps(root, steps[-keep_last:] if keep_last else steps)
+        kept = steps[-keep_last:] if keep_last else steps
+        last_healthy = [s for s in steps if s not in unhealthy][-1:]
+        record_steps(root, sorted(set(kept) | set(last_healthy)), unhealthy)
     vote.barrier()
     recorded = committed_steps(root)
     if own_dir is None or not recorded or step not in recorded:
@@ -140,7 +147,8 @@ def resume_point(root: Path, own_dir: Path, vote: RankVote, rank: int, wanted: i
                 if unhealthy and rank == 0:
                     newer, _, why = unhealthy[0]
                     say(f"checkpoint: passing over unhealthy step {newer} ({describe_health(why)}); resuming "
-                        f"from healthy step {step} (checkpoint.resume_step={newer} takes it anyway)")
+                        f"from healthy step {step}; the later steps leave the run's history (their folders are removed "
+                        "at the next save)")
                 return _take(root, recorded, rank, step, folder)
             unhealthy.append((step, folder, health or {}))
             continue
@@ -172,5 +180,5 @@ def _health(folder: Path) -> dict | None:
 def _take(root: Path, recorded: list[int] | None, rank: int, step: int, folder: Path) -> Path:
     """Resume from `step`: later steps leave the run's history (rank 0 rewrites the record)."""
     if rank == 0 and recorded is not None and recorded[-1] != step:
-        record_steps(root, [s for s in recorded if s <= step])
+        record_steps(root, [s for s in recorded if s <= step], unhealthy_steps(root))
     return folder

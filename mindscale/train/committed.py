@@ -3,7 +3,8 @@ writes them (mindscale/train/commit.py has the protocol), the resharder too, and
 them to say where a run saved.
 
 `<run>/checkpoints/step_XXXXXXXX/` (a sharded run: `checkpoints/rank_<r>/step_XXXXXXXX/`), and
-`checkpoints/COMMITTED`, `{"steps": [...]}`, the steps every rank has written, oldest first.
+`checkpoints/COMMITTED`, `{"steps": [...], "unhealthy": [...]}`: the steps every rank has written,
+oldest first, and those of them some rank saved unhealthy (mindscale/train/health.py SaveWindow).
 """
 from __future__ import annotations
 
@@ -31,9 +32,16 @@ def committed_steps(root: Path) -> list[int] | None:
         raise CheckpointError(f"{record} is corrupt; delete it to resume from the newest complete folders")
 
 
-def record_steps(root: Path, steps: list[int]) -> None:
-    """Rank 0 only: the committed steps, replaced atomically."""
-    write_atomically(Path(root) / COMMITTED, json.dumps({"steps": sorted(steps)}) + "\n")
+def unhealthy_steps(root: Path) -> set[int]:
+    """The committed steps recorded as saved unhealthy (none in records written before the flag)."""
+    record = Path(root) / COMMITTED
+    return set(json.loads(record.read_text()).get("unhealthy", [])) if committed_steps(root) else set()
+
+
+def record_steps(root: Path, steps: list[int], unhealthy=()) -> None:
+    """Rank 0 only: the committed steps and which of them are unhealthy, replaced atomically."""
+    record = {"steps": sorted(steps), "unhealthy": sorted(set(unhealthy) & set(steps))}
+    write_atomically(Path(root) / COMMITTED, json.dumps(record) + "\n")
 
 
 def newest_committed(root: Path) -> str | None:

@@ -111,8 +111,9 @@ class EvalStep(nn.Cell):
 class Evaluator:
     """Validation passes of one rank; every rank runs each pass (it holds collectives)."""
 
-    def __init__(self, cfg: Config, layout: Layout, model: nn.Cell, data_rank: int):
+    def __init__(self, cfg: Config, layout: Layout, model: nn.Cell, data_rank: int, alive=lambda: None):
         self.cfg = cfg
+        self.alive = alive  # Heartbeat.alive: a pass runs between two training heartbeats
         self.layout = layout
         self.data_rank = data_rank
         self.held_out = held_out_config(cfg)
@@ -129,12 +130,15 @@ class Evaluator:
             raise ConfigError(f"data.valid_path={where} holds {manifest['fields']} but data.path holds {trained}; "
                               "preprocess both the same way (tools/preprocess_data.py --valid-fraction writes a "
                               "matching split)")
-        needed = t.eval_steps * self.cfg.global_batch_size
-        if manifest["num_samples"] < needed:
-            raise ConfigError(f"data.valid_path={where} holds {manifest['num_samples']} sequences but "
-                              f"train.eval_steps={t.eval_steps} x global batch {self.cfg.global_batch_size} needs "
-                              f"{needed}; set train.eval_steps <= {manifest['num_samples'] // self.cfg.global_batch_size}"
-                              " or hold out more (tools/preprocess_data.py --valid-fraction)")
+        held, batch = manifest["num_samples"], self.cfg.global_batch_size
+        needed = t.eval_steps * batch
+        if held < needed:
+            # train.eval_steps must be >= 1 (validate.py): below one global batch only more held-out data helps
+            fix = f"set train.eval_steps <= {held // batch} or hold out more" if held >= batch else \
+                f"hold out at least {batch} sequences, one global batch"
+            raise ConfigError(f"data.valid_path={where} holds {held} sequences but train.eval_steps={t.eval_steps} "
+                              f"x global batch {batch} needs {needed}; {fix} (raise tools/preprocess_data.py "
+                              "--valid-fraction)")
 
     def due(self, step: int) -> bool:
         """After optimizer step `step` (1-based): every train.eval_interval steps and after the last."""
@@ -157,11 +161,14 @@ class Evaluator:
 
     def validate(self, train_step: nn.Cell) -> tuple[float, float]:
         """(token-weighted mean loss over the held-out set, seconds the pass took). `train_step` is set back
-        to training mode afterwards: the model's cells are shared, and their mode is per cell."""
+        to training mode afterwards: the model's cells are shared, and their mode is per cell. A heartbeat
+        (`alive`) before each call and after the last keeps the hang watch from taking the pass for a hang."""
         began = time.perf_counter()
         self.step.set_train(False)
         total = np.zeros(2, np.float64)
         for batch in self.batches():
+            self.alive()  # before each call: the first compiles the graph (unsharded layouts)
             total += self.step(*batch).asnumpy()
+        self.alive()
         train_step.set_train(True)
         return float(total[0] / max(total[1], 1.0)), time.perf_counter() - began

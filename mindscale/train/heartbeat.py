@@ -4,7 +4,8 @@ stalled rank (mindscale/launch/hangwatch.py, run.hang_timeout_s) and account for
 
 Under the launcher every training process writes `<logs>/worker_<rank>.heartbeat` (one JSON record,
 padded to a fixed size and rewritten in place) before each optimizer step and after each checkpoint
-save: the steps it has completed, the time, its pid, and a small ledger of where its time went. The
+save, and as a sign of life during a validation pass and a background save's join (`alive`): the
+steps it has completed, the time, its pid, and a small ledger of where its time went. The
 first heartbeat of a process is written before its first step, which compiles the graph: until the
 second one (`compiling` true) the rank is not timed, so a long compile is not a hang. faulthandler
 writes every thread's Python stack into the rank's log on STACK_SIGNAL (SIGTERM/SIGUSR1 are the
@@ -74,6 +75,14 @@ class Heartbeat:
         self._last, self._saves_since_last, self.step = now, 0.0, completed
         self._write(now)
 
+    def alive(self) -> None:
+        """A sign of life between two beats (each validation batch, around a background save's join): the
+        time only, no step counted, the ledger unchanged. A validation pass longer than run.hang_timeout_s
+        is then not taken for a hang, only one of its parts would be. Nothing before the first beat."""
+        if self.path is None or self._last is None:
+            return
+        self._write(time.time())
+
     def saved(self, seconds: float) -> None:
         """A checkpoint save blocked training for `seconds` (a sign of life too)."""
         if self.path is None:
@@ -92,6 +101,19 @@ class Heartbeat:
         if len(data) != self._size:  # only if a record outgrew RECORD_BYTES
             os.ftruncate(self._fd, len(data))
             self._size = len(data)
+
+
+def diverged_file(log_dir: str | Path, rank: int) -> Path:
+    return Path(log_dir) / f"worker_{rank}.diverged"
+
+
+def record_divergence(rank: int, cause: str) -> None:
+    """Under the launcher, before a health guard's exit 1 (DESIGN.md keeps 0, 2 and 1 for anything
+    else): its one line, in `<logs>/worker_<rank>.diverged`. The launcher does not restart such a
+    failure: from the same checkpoint the run would diverge again (mindscale/launch/supervisor.py)."""
+    log_dir = os.environ.get(LOG_DIR_ENV)
+    if log_dir:
+        diverged_file(log_dir, rank).write_text(cause + "\n")
 
 
 def read_heartbeat(path: Path) -> dict | None:

@@ -55,7 +55,7 @@ class Trainer:
         self.ckpt_dir = self.ckpt_root / f"rank_{rt.rank}" if layout.sharded else self.ckpt_root
         self.vote = commit.RankVote(rt.world, layout.sharded)
         self.heartbeat = Heartbeat.of_worker(rt.rank)  # under the launcher: hang watch and goodput
-        self.pending = None  # (step, this rank writes, its write) of a save not yet committed
+        self.pending = None  # (step, this rank writes, its write, saved healthy) of a save not yet committed
         graph = build_train_graph(cfg, layout)
         self.model, self.network, self.optimizer, self.step_cell = graph.model, graph.network, graph.optimizer, graph.step
         latest = self._resume_point()
@@ -63,7 +63,7 @@ class Trainer:
         # Read (and verify) what the run starts from before compiling: a bad checkpoint fails in seconds
         start = self._read_start(latest)
         self.spikes = LossSpikes(cfg.train.loss_spike_factor, (start[2] or {}).get("loss_history", ()))
-        self.evaluator = Evaluator(cfg, layout, self.model, layout.data_rank(rt.rank)) \
+        self.evaluator = Evaluator(cfg, layout, self.model, layout.data_rank(rt.rank), self.heartbeat.alive) \
             if cfg.train.eval_interval else None
         self.batches = self._batches()
         self.first_batch = next(self.batches) if self.start_step < cfg.train.steps else None
@@ -169,7 +169,7 @@ class Trainer:
         self.finish_saving()
         writes = self.rt.is_main or self.layout.sharded
         background = self.cfg.checkpoint.async_save
-        job = None
+        job, healthy = None, True
         if writes:
             state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
                      "samples_consumed": step * self.cfg.global_batch_size,
@@ -177,6 +177,7 @@ class Trainer:
             if self.spikes.enabled:
                 state["loss_history"] = list(self.spikes.history)
             state.update(self.guard.window.close())  # "healthy" since the previous save
+            healthy = state["healthy"]
             if self.layout.sharded:
                 state["layouts"] = self.compiled_layouts([*self.saved_params, *self.optimizer_params])
             args = (self.ckpt_dir, step, parameters_as_numpy(self.saved_params, copy=background),
@@ -185,7 +186,7 @@ class Trainer:
                 job = ckpt.BackgroundSave(*args)
             else:
                 ckpt.save_checkpoint(*args)
-        self.pending = (step, writes, job)
+        self.pending = (step, writes, job, healthy)
         if not background:
             self.finish_saving()
         blocked = time.perf_counter() - began
@@ -193,15 +194,18 @@ class Trainer:
         return blocked
 
     def finish_saving(self) -> None:
-        """Commit the pending save, after its background write if it has one."""
+        """Commit the pending save, after its background write if it has one (a heartbeat before and after
+        the join: it may come after the last beat, at the end or on a divergence)."""
         if self.pending is None:
             return
-        step, writes, job = self.pending
+        step, writes, job, healthy = self.pending
         self.pending = None
         if job is not None:
+            self.heartbeat.alive()
             job.join()
+            self.heartbeat.alive()
         commit.commit(self.ckpt_root, self.ckpt_dir if writes else None, step, self.vote, self.rt.rank,
-                      self.cfg.checkpoint.keep_last)
+                      self.cfg.checkpoint.keep_last, healthy)
 
     def _stop_votes(self, stop: StopRequest | None) -> int:
         """After a step: how many ranks were asked to stop (0: train on). Every rank votes at every step,

@@ -136,8 +136,8 @@ def test_resume_prefers_a_healthy_step_and_takes_the_newest_readable_when_none_i
     said = []
     assert commit.resume_point(tmp_path, tmp_path, vote, 0, None, said.append).name == "step_00000020"
     assert said == ["checkpoint: passing over unhealthy step 30 (2 non-finite loss(es), 0 update(s) in a row skipped "
-                    "in the 10 steps before it); resuming from healthy step 20 (checkpoint.resume_step=30 takes it "
-                    "anyway)"]
+                    "in the 10 steps before it); resuming from healthy step 20; the later steps leave the run's "
+                    "history (their folders are removed at the next save)"]
     assert commit.committed_steps(tmp_path) == [10, 20]  # the passed-over step left the run's history
     none_healthy = tmp_path / "none_healthy"
     for step in (10, 20):
@@ -182,3 +182,28 @@ def test_a_sharded_rank_reads_only_its_slice_of_full_weights(tmp_path):
         if how == "slice":
             assert float(out[0]) == 2 * 1024 * 8192 and int(out[1]) == 1024  # rank 2's rows start at 2048
     assert added["whole"] >= 250 and added["slice"] <= 40, added  # MiB
+
+
+def test_pruning_keeps_the_newest_healthy_step_beyond_keep_last(tmp_path):
+    """A run that keeps saving while unhealthy must still be able to go back to its last healthy step."""
+    vote = commit.RankVote(1, sharded=False)
+    bad = {"healthy": False, "health": {"steps": 10, "non_finite_losses": 1, "longest_skip_streak": 0}}
+    for step in (10, 20, 30, 40):
+        healthy = step <= 20
+        ckpt.save_checkpoint(tmp_path, step, tensors(step), state={"healthy": True} if healthy else bad)
+        commit.commit(tmp_path, tmp_path, step, vote, 0, keep_last=2, healthy=healthy)
+    assert commit.committed_steps(tmp_path) == [20, 30, 40]  # keep_last 2, and the newest healthy one
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000020", "step_00000030", "step_00000040"]
+    assert commit.resume_point(tmp_path, tmp_path, vote, 0, None, lambda line: None).name == "step_00000020"
+    assert commit.committed_steps(tmp_path) == [20]
+    ckpt.save_checkpoint(tmp_path, 30, tensors(30), state={"healthy": True})
+    commit.commit(tmp_path, tmp_path, 30, vote, 0, keep_last=2)
+    assert commit.committed_steps(tmp_path) == [20, 30]  # healthy again: keep_last alone
+
+
+def test_a_save_removes_temporary_folders_a_killed_save_left(tmp_path):
+    stale = tmp_path / ".tmp-step_00000010-99999999"  # the pid of a process killed mid-write
+    stale.mkdir(parents=True)
+    (stale / ckpt.WEIGHTS).write_bytes(b"partial")
+    ckpt.save_checkpoint(tmp_path, 20, tensors(20), state={})
+    assert not stale.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["step_00000020"]

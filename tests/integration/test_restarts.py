@@ -3,6 +3,7 @@ two CPU workers training a tiny LLaMA, faults injected by MINDSCALE_FAULT (minds
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -10,7 +11,7 @@ import pytest
 
 from mindscale.config import REPO_ROOT
 from mindscale.launch.goodput import GOODPUT_FILE
-from mindscale.train import commit
+from mindscale.train import checkpoint as ckpt, commit
 from tests.integration.test_training import TINY, _digests, _processes_naming, sets, train
 
 SAVE = ("train.micro_batch_size=2", "train.steps=6", "checkpoint.save_interval=2", "checkpoint.keep_last=3")
@@ -54,6 +55,34 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(
     assert goodput_adds_up(tmp_path / "straight")["restarts"] == []
 
 
+def test_after_a_restart_sigterm_still_stops_the_job_gracefully(tmp_path):
+    """The launcher's signal handlers outlive a restart's teardown: rank 1 dies before step 4, the job
+    restarts, and a SIGTERM to the launcher during the second attempt stops every worker after one step,
+    committed, exit 0, naming the checkpoint (it used to be ignored from the first teardown on)."""
+    argv = ["bash", "scripts/run_distribute.sh", TINY, "2", *sets(f"run.output_dir={tmp_path}", "run.name=run",
+                                                                  *SAVE, "train.steps=100000"), "--max-restarts", "1"]
+    with open(tmp_path / "stderr", "w") as err:
+        job = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
+                               env={**os.environ, "MINDSCALE_FAULT": "kill:1:4"})
+        try:
+            lines = []
+            while not lines or "resumed from" not in lines[-1]:  # the second attempt's rank 0 is training
+                lines.append(job.stdout.readline())
+                assert lines[-1], "".join(lines)[-2000:] + (tmp_path / "stderr").read_text()[-2000:]
+            assert any(line.startswith("MindScale: restart 1 of 1: rank 1 was killed by SIGKILL") for line in lines)
+            job.send_signal(signal.SIGTERM)
+            out, _ = job.communicate(timeout=120)
+        finally:
+            job.kill()
+    assert job.returncode == 0, out[-2000:] + (tmp_path / "stderr").read_text()[-2000:]
+    root = tmp_path / "run" / "checkpoints"
+    stop = commit.committed_steps(root)[-1]
+    assert stop > 2 and f"stopping after step {stop} of 100000" in out
+    assert out.splitlines()[-1].startswith(f"MindScale: all 2 worker(s) on this node stopped on SIGTERM; newest "
+                                           f"committed checkpoint: {root / ckpt.step_dir_name(stop)}; logs in ")
+    assert _processes_naming(str(tmp_path / "run")) == []
+
+
 def test_restarts_give_up_after_max_restarts_naming_the_cause(tmp_path):
     """Rank 1 dies before step 4, and after the restart before step 6: with run.max_restarts=1 the job gives
     up, exit 1, naming the last cause; each attempt lost the one step after its last save."""
@@ -66,6 +95,18 @@ def test_restarts_give_up_after_max_restarts_naming_the_cause(tmp_path):
     assert commit.committed_steps(tmp_path / "gives_up" / "checkpoints")[-1] == 4
     summary = goodput_adds_up(tmp_path / "gives_up")
     assert summary["lost_steps"] == 2 and len(summary["restarts"]) == 1
+
+
+def test_a_health_guard_stop_is_not_restarted(tmp_path):
+    """fp16 with a loss scale that overflows every step: the health guard stops both ranks after step 3,
+    exit 1; --max-restarts 1 does not replay the divergence, and the last line names the guard's cause."""
+    out = launch(tmp_path, "diverged", "--max-restarts", "1", "--set", "model.compute_dtype=float16",
+                 "--set", "train.loss_scale=1.0e+30", "--set", "train.max_skipped_steps=3")
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "MindScale: restart " not in out.stdout
+    assert re.fullmatch(r"error: rank \d stopped by a health guard, not restarted: step 3: 3 steps in a row skipped "
+                        r"for non-finite gradients or loss spikes \(train.max_skipped_steps=3.*; see \S+worker_\d.log",
+                        out.stderr.splitlines()[-1]), out.stderr[-2000:]
 
 
 def test_a_stalled_rank_is_named_and_its_stacks_are_in_its_log(tmp_path):
@@ -106,8 +147,8 @@ def test_resume_prefers_the_newest_healthy_checkpoint(tmp_path):
     resumed = train(tmp_path, "run", "train.steps=10", *common)
     lines = [line for line in resumed.stdout.splitlines() if "unhealthy" in line]
     assert lines == ["checkpoint: passing over unhealthy step 8 (0 non-finite loss(es), 4 update(s) in a row skipped "
-                     "in the 4 steps before it); resuming from healthy step 4 (checkpoint.resume_step=8 takes it "
-                     "anyway)"], resumed.stdout
+                     "in the 4 steps before it); resuming from healthy step 4; the later steps leave the run's "
+                     "history (their folders are removed at the next save)"], resumed.stdout
     assert "step_00000004 at step 4" in resumed.stdout
     assert commit.committed_steps(root) == [4, 8, 10]  # the unhealthy 8 left the history; 8 saved anew
     assert json.loads((root / "step_00000008" / "state.json").read_text())["healthy"] is True

@@ -140,6 +140,9 @@ def test_validation_changes_no_training_number_nor_the_resumed_data_position(tmp
 @pytest.mark.parametrize("overrides, message", [
     (["train.eval_steps=20"], "holds 52 sequences but train.eval_steps=20 x global batch 4 needs 80; set "
                               "train.eval_steps <= 13"),
+    (["train.micro_batch_size=64", "train.eval_steps=1"],
+     "holds 52 sequences but train.eval_steps=1 x global batch 64 needs 64; hold out at least 64 sequences, one "
+     "global batch (raise tools/preprocess_data.py --valid-fraction)"),
     (["train.eval_interval=2", "data.valid_path=null"], "train.eval_interval=2 needs data.valid_path"),
 ])
 def test_a_held_out_split_that_cannot_serve_is_one_line_and_exit_2(tmp_path, corpus, overrides, message):

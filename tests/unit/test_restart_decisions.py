@@ -31,6 +31,22 @@ def test_the_stalled_rank_is_the_one_behind_once_any_timed_rank_is_late():
     assert find_stall({0: beat(0, 5000, compiling=True), 1: beat(0, 5000, compiling=True)}, 1000.0, 10) is None
 
 
+def test_a_rank_still_compiling_behind_timed_peers_is_the_stalled_one(tmp_path):
+    # rank 1 wrote only its first (compiling) beat; rank 0 finished step 1 and waits in step 2's collective
+    watch = HangWatch(tmp_path, world=2, local_ranks=range(0, 2), timeout_s=10)
+    peer, stuck = Heartbeat(heartbeat_file(tmp_path, 0), rank=0), Heartbeat(heartbeat_file(tmp_path, 1), rank=1)
+    peer.beat(0)
+    stuck.beat(0)
+    assert watch.stalled(now=time.time() + 60) is None  # nobody timed: a long compile is not a hang
+    peer.beat(1)
+    assert watch.stalled(now=time.time() + 5) is None
+    stall = watch.stalled(now=time.time() + 60)
+    assert (stall.ranks, stall.step) == ([1], 0) and stall.describe().startswith("rank 1 stalled")
+    # resumed at step 4: the compiling rank counts as at the step it started from
+    beats = {0: beat(5, 11), 1: beat(4, 30, compiling=True), 2: beat(5, 11)}
+    assert find_stall(beats, 1000.0, timeout_s=10).ranks == [1]
+
+
 def test_hccl_timeouts_wait_longer_than_the_launcher():
     assert hccl_timeouts(1800) == {"HCCL_CONNECT_TIMEOUT": "7200", "HCCL_EXEC_TIMEOUT": "7200"}  # the floor
     assert hccl_timeouts(0)["HCCL_EXEC_TIMEOUT"] == "7200"
@@ -55,6 +71,28 @@ def test_a_heartbeat_ledger_separates_compile_steps_and_saves(tmp_path, monkeypa
     assert (record["first_step_s"], record["steps"], record["save_s"]) == (10.0, 1, 1.5)
     assert record["steps_s"] == pytest.approx(1.0)
     assert Heartbeat(None, 0).beat(1) is None  # outside the launcher: nothing written
+
+
+def test_alive_refreshes_the_time_only(tmp_path, monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    path = heartbeat_file(tmp_path, 0)
+    watch = HangWatch(tmp_path, world=1, local_ranks=range(0, 1), timeout_s=30)
+    hb = Heartbeat(path, rank=0)
+    hb.alive()
+    assert not path.exists()  # before the first beat: no record to refresh
+    hb.beat(0)
+    now[0] = 110.0
+    hb.beat(1)
+    before = json.loads(path.read_text())
+    now[0] = 150.0
+    hb.alive()             # a validation batch 40 s after the step's beat
+    record = json.loads(path.read_text())
+    assert record["time"] == 150.0 and {**record, "time": before["time"]} == before
+    assert watch.stalled(now=170.0) is None and watch.stalled(now=181.0).ranks == [0]
+    now[0] = 160.0
+    hb.beat(2)             # the step's interval still counts from the beat, not from alive()
+    assert json.loads(path.read_text())["steps_s"] == pytest.approx(50.0)
 
 
 def ledger(first_step, step, started, first_step_s, steps_s, steps, save_s):

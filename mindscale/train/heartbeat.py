@@ -108,7 +108,7 @@ def diverged_file(log_dir: str | Path, rank: int) -> Path:
 
 
 def record_divergence(rank: int, cause: str) -> None:
-    """Under the launcher, before a health guard's exit 1 (DESIGN.md keeps 0, 2 and 1 for anything
+    """Under the launcher, before a health guard's exit 1 (docs/launch.md: exit 0, 2, and 1 for anything
     else): its one line, in `<logs>/worker_<rank>.diverged`. The launcher does not restart such a
     failure: from the same checkpoint the run would diverge again (mindscale/launch/supervisor.py)."""
     log_dir = os.environ.get(LOG_DIR_ENV)

@@ -90,8 +90,8 @@ class KVCacheDecoder(nn.Cell):
             probs = ops.softmax(scores.reshape(b, kv, g, s, self.max_length) + mask, -1)
             out = ops.matmul(ops.cast(probs, self.compute_dtype).reshape(b, kv, g * s, self.max_length), values)
             out = ops.transpose(out.reshape(b, n, s, d), (0, 2, 1, 3)).reshape(b * s, n * d)
-            x = x + ops.cast(att.wo(out), ms.float32)
-            x = x + ops.cast(layer.feed_forward(layer.ffn_norm(x)), ms.float32)
+            x = x + ops.cast(att.wo(out), layer.residual_dtype)
+            x = x + ops.cast(layer.feed_forward(layer.ffn_norm(x)), layer.residual_dtype)
         last = model.norm(x).reshape(b, s, -1)[:, s - 1]
         return model.logits(last), ops.stack(new_k), ops.stack(new_v)
 

@@ -16,8 +16,9 @@ models/transformer.py.
 
 Tensors flow as 2-D [tokens, features] (tokens = batch x sequence) between layers: MatMul is 2-D
 and a flat layout needs no reshapes around every projection. Only attention views them per head.
-Dtypes: parameters are stored in `param_dtype`; matmuls run in `compute_dtype`; norms, softmax and
-the residual stream stay fp32 (the residual in fp32 is Megatron's `fp32_residual_connection`).
+Dtypes: parameters are stored in `param_dtype` and read in `compute_dtype` (matmuls, lookups); the
+residual stream is in `ModelConfig.residual_dtype` (the compute dtype unless Megatron's
+`fp32_residual_connection`); norms, softmax and the loss compute in fp32.
 """
 from __future__ import annotations
 
@@ -88,18 +89,29 @@ class Linear(nn.Cell):
         return rules
 
 class Embedding(nn.Cell):
-    """Token (or position) lookup table [num, dim]; the lookup result is returned in fp32."""
+    """Token (or position) lookup table [num, dim]: read in `read_dtype` (the compute dtype, like every
+    weight, so the rows a vocabulary-split lookup finds on each rank are summed across tensor parallel
+    in it), rows returned in `out_dtype` (the residual stream's).
 
-    def __init__(self, num: int, dim: int, std: float, param_dtype=ms.float32):
+    Under sequence parallel Megatron reduce-scatters that sum along tokens; MindSpore 2.9 accepts the
+    gather's reduce-scatter output strategy only for [B*S, 1] indices and then mis-lays the output
+    (the next reshape fails to infer), so the lookup all-reduces and the stream's first op takes its
+    token slice (docs/dryrun.md#against-mindformers).
+    """
+
+    def __init__(self, num: int, dim: int, std: float, param_dtype=ms.float32, read_dtype=ms.float32,
+                 out_dtype=ms.float32):
         super().__init__()
         self.weight = param((num, dim), param_dtype, Normal(std))
         self.gather = ops.Gather()
         self.cast = ops.Cast()
-        self.to_fp32 = param_dtype != ms.float32
+        self.read_dtype, self.out_dtype = read_dtype, out_dtype
+        self.cast_table, self.cast_out = param_dtype != read_dtype, read_dtype != out_dtype
 
     def construct(self, ids):
-        out = self.gather(self.weight, ids, 0)
-        return self.cast(out, ms.float32) if self.to_fp32 else out
+        table = self.cast(self.weight, self.read_dtype) if self.cast_table else self.weight
+        out = self.gather(table, ids, 0)
+        return self.cast(out, self.out_dtype) if self.cast_out else out
 
 
     PARAMETER_INPUTS = {"weight": ("gather", 0)}
@@ -139,7 +151,7 @@ class OutputHead(nn.Cell):
         return {"matmul": (((layout.dp, 1), (rows, 1)), None)}
 
 class RMSNorm(nn.Cell):
-    """x / sqrt(mean(x^2) + eps) * g in fp32 (LLaMA); output in the compute dtype."""
+    """x / sqrt(mean(x^2) + eps) * g in fp32 whatever x's dtype (LLaMA); output in the compute dtype."""
 
     def __init__(self, dim: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32):
         super().__init__()
@@ -157,6 +169,8 @@ class RMSNorm(nn.Cell):
         self.cast_weight = param_dtype != ms.float32
 
     def construct(self, x):
+        if x.dtype != ms.float32:  # a residual stream in the compute dtype
+            x = self.cast(x, ms.float32)
         weight = self.cast(self.weight, ms.float32) if self.cast_weight else self.weight
         y = self.mul_weight(self.mul(x, self.rsqrt(self.add(self.mean(self.square(x), -1), self.eps))), weight)
         return self.cast(y, self.compute_dtype) if self.cast_out else y
@@ -181,6 +195,8 @@ class FusedRMSNorm(nn.Cell):
         self.cast_weight = param_dtype != ms.float32
 
     def construct(self, x):
+        if x.dtype != ms.float32:
+            x = self.cast(x, ms.float32)
         weight = self.cast(self.weight, ms.float32) if self.cast_weight else self.weight
         y, _ = self.norm(x, weight)
         return self.cast(y, self.compute_dtype)
@@ -192,7 +208,7 @@ class FusedRMSNorm(nn.Cell):
         return {"norm": (((token_split(layout, style), 1), (1,)), None)}
 
 class LayerNorm(nn.Cell):
-    """LayerNorm with weight and bias in fp32 (GPT); output in the compute dtype."""
+    """LayerNorm in fp32 whatever x's dtype, weight and bias too (GPT); output in the compute dtype."""
 
     def __init__(self, dim: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32):
         super().__init__()
@@ -208,6 +224,8 @@ class LayerNorm(nn.Cell):
         weight, bias = self.weight, self.bias
         if self.cast_weight:
             weight, bias = self.cast(weight, ms.float32), self.cast(bias, ms.float32)
+        if x.dtype != ms.float32:
+            x = self.cast(x, ms.float32)
         y, _, _ = self.norm(x, weight, bias)
         return self.cast(y, self.compute_dtype) if self.cast_out else y
 

@@ -86,11 +86,12 @@ def mark_selective_recompute(block: nn.Cell) -> None:
 
 
 class TransformerBlock(nn.Cell):
-    """x + attention(norm(x)), then + feed_forward(norm(.)); residual stream in fp32."""
+    """x + attention(norm(x)), then + feed_forward(norm(.)); the residual stream x in m.residual_dtype."""
 
     def __init__(self, m: ModelConfig, spec: ArchSpec, layout: Layout):
         super().__init__()
         pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
+        self.residual_dtype = DTYPES[m.residual_dtype]
         out_std = m.init_std / math.sqrt(2 * m.num_layers)
         norm = spec.norm_class(layout.fused_norm)
         self.attention_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
@@ -102,13 +103,13 @@ class TransformerBlock(nn.Cell):
         self.attention_residual = ops.Add()
         self.ffn_residual = ops.Add()
         self.cast = ops.Cast()
-        self.cast_out = cdt != ms.float32
+        self.cast_out = cdt != self.residual_dtype
 
     def construct(self, x, batch: int, seq: int, segment_ids):
         a = self.attention(self.attention_norm(x), batch, seq, segment_ids)
-        h = self.attention_residual(x, self.cast(a, ms.float32) if self.cast_out else a)
+        h = self.attention_residual(x, self.cast(a, self.residual_dtype) if self.cast_out else a)
         f = self.feed_forward(self.ffn_norm(h))
-        return self.ffn_residual(h, self.cast(f, ms.float32) if self.cast_out else f)
+        return self.ffn_residual(h, self.cast(f, self.residual_dtype) if self.cast_out else f)
 
     def shard_strategies(self, style: str, layout: Layout) -> dict:
         x = (token_split(layout, style), 1)
@@ -147,10 +148,11 @@ class CausalLM(nn.Cell):
         spec = ARCHS[m.arch]
         pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
         self.arch = m.arch
-        self.tok_embeddings = Embedding(m.vocab_size, m.hidden_size, m.init_std, pdt)
+        rdt = DTYPES[m.residual_dtype]
+        self.tok_embeddings = Embedding(m.vocab_size, m.hidden_size, m.init_std, pdt, cdt, rdt)
         self.pos_embeddings = None
         if spec.learned_positions:
-            self.pos_embeddings = Embedding(m.seq_length, m.hidden_size, m.init_std, pdt)
+            self.pos_embeddings = Embedding(m.seq_length, m.hidden_size, m.init_std, pdt, cdt, rdt)
             self.positions = Tensor(np.arange(m.seq_length, dtype=np.int32))
             self.pos_add = ops.Add()
         if layout.graph_reuse == "layer":

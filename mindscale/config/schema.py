@@ -99,9 +99,18 @@ class ModelConfig:
         "Attention kernel: flash (Ascend A2 FlashAttentionScore), composite (matmul+softmax), "
         "auto = flash where the hardware profile has it.", "auto")
     compute_dtype: Literal["float32", "float16", "bfloat16"] = doc(
-        "Dtype of matmuls; norms, softmax and the loss stay fp32.", "float32")
+        "Dtype of matmuls and of the residual stream (see fp32_residual_connection); norms, softmax and the "
+        "loss compute in fp32.", "float32")
     param_dtype: Literal["float32", "float16", "bfloat16"] = doc("Dtype of stored weights.", "float32")
+    fp32_residual_connection: bool = doc(
+        "Keep the residual stream (embedding rows, residual adds, what pipeline stages send) in fp32, "
+        "Megatron-Core's key; off, it is in compute_dtype, as in Megatron-Core and MindFormers, and with "
+        "bf16 the stage sends move half the bytes. Norms compute in fp32 either way.", False)
     init_std: float = doc("Std of the normal weight init.", 0.02)
+
+    @property
+    def residual_dtype(self) -> str:
+        return "float32" if self.fp32_residual_connection else self.compute_dtype
 
     @property
     def kv_heads(self) -> int:

@@ -63,7 +63,8 @@ def text(result: dict) -> str:
                  f"(memory_margin of what the reserve leaves): {verdict}")
     lines.append(f"communication per device per step: data-parallel gradients {_bytes(comm['dp_grad_reduce'])}, "
                  f"tensor-parallel {_bytes(comm['tp'])} ({_bytes(comm['tp_per_layer'])} per layer and micro "
-                 f"batch), pipeline send/recv {_bytes(comm['pp_send_recv'])}")
+                 f"batch; {_bytes(comm['tp_vocab'])} at the vocabulary lookup and head), pipeline send/recv "
+                 f"{_bytes(comm['pp_send_recv'])}")
     lines.append(f"predicted: step {pred['step_time_s']:.3g} s, {pred['tokens_per_s']:,.0f} tokens/s "
                  f"({pred['tokens_per_s_per_device']:,.1f}/device), MFU {pred['mfu']:.1%}, HFU {pred['hfu']:.1%} "
                  f"(peak {pred['peak_tflops']:g} TFLOP/s per device; bubble {pred['bubble_fraction']:.1%}, "

@@ -23,7 +23,8 @@ How MindSpore differs from the paper, and what the planner does about it
   returns them) are kept. Selective recompute then saves no further activation memory.
 * Norm inputs are kept in fp32 (the norm casts up), so they cost 4 bytes per element, not 2.
 * MindScale's models have no dropout: no dropout masks (the paper's 1-byte terms).
-* Activations are stored in model.compute_dtype (4 bytes in fp32 runs, 2 in fp16/bf16).
+* Activations are stored in model.compute_dtype (4 bytes in fp32 runs, 2 in fp16/bf16); pipeline
+  stages send the residual stream, in model.residual_dtype.
 * SwiGLU keeps gate, SiLU(gate), up and their product (4·f per token) where GELU keeps 2·f.
 * Weights, gradients and optimizer state are exact (`stage_bytes`, checked against the dry run's
   compiled slices): the model is built without weights, each parameter's slice is its shape divided
@@ -154,6 +155,10 @@ class ParameterSlice:
         return math.prod(self.split)
 
 
+# The ops that read their weight in the compute dtype (the layer casts it first, and MindSpore's
+# parallel optimizer all-gathers the cast slice): matmuls and embedding lookups; norms read fp32.
+READ_IN_COMPUTE_DTYPE = ("matmul", "gather")
+
 _MODELS: dict[str, object] = {}
 _TABLES: dict[tuple, tuple] = {}
 _STAGE_BYTES: dict[tuple, dict] = {}
@@ -191,7 +196,7 @@ def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[Paramet
         split, reader = splits[p.name]
         stages = (layout.stage_of(p.name),) + (tied_copy if p.name == "tok_embeddings.weight" else ())
         table.append(ParameterSlice(p.name, tuple(p.shape), split, tuple(d // s for d, s in zip(p.shape, split)),
-                                    stages, p.requires_grad, pb, cb if reader.startswith("matmul") else pb))
+                                    stages, p.requires_grad, pb, cb if reader.startswith(READ_IN_COMPUTE_DTYPE) else pb))
     _TABLES[key] = tuple(table)
     return _TABLES[key]
 
@@ -349,18 +354,25 @@ def communication(cfg: Config, stage: int) -> dict:
     """Bytes one device of `stage` sends per optimizer step (ring collectives)."""
     m, layout = cfg.model, Layout.of(cfg)
     t, stages, micro_batches = layout.tp, layout.pp, layout.micro_steps
-    x = m.seq_length * cfg.train.micro_batch_size * m.hidden_size * DTYPE_BYTES[m.compute_dtype]  # a layer's hidden states
+    tokens = m.seq_length * cfg.train.micro_batch_size * m.hidden_size
+    x = tokens * DTYPE_BYTES[m.compute_dtype]            # a layer's hidden states, as its matmuls take them
     # Per layer and micro batch: 2 collectives forward, 2 backward (all-reduce, or all-gather +
     # reduce-scatter with sequence parallel: the same volume), 2(t-1)/t of the tensor each.
     collectives = 4 + (2 if layout.recompute == "full" and cfg.recompute.comm else 0)
     tp_per_layer = collectives * 2 * (t - 1) / t * x if t > 1 else 0.0
-    tp = tp_per_layer * layout.layers_per_stage[stage] * micro_batches
+    # The vocabulary-split lookup (first stage) and head (last stage), per micro batch: Megatron's
+    # all-reduce one way (the lookup's forward, the head input's backward), or under sequence parallel a
+    # reduce-scatter and an all-gather: 2(t-1)/t of the hidden states either way.
+    vocab_ends = (stage == 0) + (stage == stages - 1) if layout.vocab_parallel else 0
+    tp_vocab = vocab_ends * micro_batches * 2 * (t - 1) / t * x if t > 1 else 0.0
+    tp = tp_per_layer * layout.layers_per_stage[stage] * micro_batches + tp_vocab
     dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
     dp = dp_once + dp_micro * micro_batches
     sends = (stage > 0) + (stage < stages - 1)                              # activations out, grads back
-    pp = sends * micro_batches * x / (t if layout.sp else 1) if stages > 1 else 0.0
-    return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer, "tp": tp,
-            "pp_send_recv": pp, "total": dp + tp + pp}
+    stream = tokens * DTYPE_BYTES[m.residual_dtype]                         # what a stage sends: the residual stream
+    pp = sends * micro_batches * stream / (t if layout.sp else 1) if stages > 1 else 0.0
+    return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer,
+            "tp_vocab": tp_vocab, "tp": tp, "pp_send_recv": pp, "total": dp + tp + pp}
 
 
 def _stage_flops_per_token(cfg: Config, stage: int) -> float:
@@ -382,7 +394,7 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
     for k in range(stages):
         c = communication(cfg, k)
         compute = tokens_per_micro_batch * _stage_flops_per_token(cfg, k) / t / flop_rate
-        slots.append(compute + c["tp_per_layer"] * layout.layers_per_stage[k] / tp_bw)
+        slots.append(compute + (c["tp_per_layer"] * layout.layers_per_stage[k] + c["tp_vocab"] / micro_steps) / tp_bw)
         comm.append(c)
     slot = max(slots)
     # 1F1B over a pipeline's micro batches; accumulation steps run one after another

@@ -25,6 +25,7 @@ from safetensors.numpy import save_file
 
 from mindscale.config import REPO_ROOT, Layout, load_config
 from mindscale.io import CheckpointError
+from mindscale.perf import planner
 from mindscale.train import checkpoint as ckpt
 from mindscale.perf.plan_text import SCALE_DIRS
 from models.weights import SlicedWeights, load_weights, merge_slices, take_slice
@@ -119,6 +120,24 @@ def test_pipeline_stages_send_activations_and_reduce_the_norm_across_stages():
     first, last = (set(r["local_shapes"]) for r in reports)
     assert "layers.0.attention.wq.weight" in first and "layers.0.attention.wq.weight" not in last
     assert "layers.3.attention.wq.weight" in last and "tok_embeddings.weight" in first & last
+
+
+@pytest.mark.parametrize("fp32_residual", [False, True], ids=["bf16_stream", "fp32_stream"])
+def test_stages_send_the_residual_stream_and_reduce_in_the_compute_dtype(fp32_residual):
+    """bf16 compute, tp2·pp2: the first stage sends each micro batch's [tokens, h] in the residual dtype,
+    as the planner counts (half the bytes unless model.fp32_residual_connection), and every tensor-parallel
+    all-reduce there, the vocabulary-split lookup's included, moves bf16 (its table is read in the
+    compute dtype, like every weight)."""
+    sets = [*SMALL, "model.compute_dtype=bfloat16", f"model.fp32_residual_connection={str(fp32_residual).lower()}",
+            "parallel.data_parallel=1", "parallel.model_parallel=2", "parallel.pipeline_stage=2",
+            "parallel.micro_batch_num=2"]
+    cfg = load_config(TINY_LLAMA, sets)
+    rows = dryrun(TINY_LLAMA, *sets, ranks="0")[0]["collectives"]
+    hidden = cfg.train.micro_batch_size * cfg.model.seq_length * cfg.model.hidden_size
+    sent = sum(row["bytes"] for row in rows if row["kind"] == "Send")
+    assert sent == planner.communication(cfg, 0)["pp_send_recv"] == 2 * hidden * (4 if fp32_residual else 2)
+    reductions = [row for row in rows if row["kind"] == "AllReduce" and row["purpose"] == "operator"]
+    assert reductions and all(row["bytes"] == row["count"] * hidden * 2 for row in reductions)
 
 
 def test_lora_under_model_parallel_trains_only_the_adapters():

@@ -156,6 +156,9 @@ def test_data_parallel_gradient_bytes_follow_the_compiled_collectives(cfg70):
                                                                                   rel=1e-3)
     x = 4096 * 1 * 8192 * 2
     assert planner.communication(cfg70, 1)["tp_per_layer"] == pytest.approx(4 * 2 * 3 / 4 * x)
+    # the vocabulary-split lookup and head: 2(t-1)/t of the hidden states per micro batch, at the two ends
+    assert planner.communication(cfg70, 0)["tp_vocab"] == pytest.approx(micro * 2 * 3 / 4 * x)
+    assert planner.communication(cfg70, 1)["tp_vocab"] == 0
 
 
 def test_replan_devices_changes_data_parallel_and_keeps_global_batch(cfg70):

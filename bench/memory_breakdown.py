@@ -28,8 +28,11 @@ The `tensors` lines are what the model's own state needs: parameters, gradients,
 moments (4 bytes each in fp32), and an activation estimate for one micro batch
 (mindscale.perf.planner.layer_activation_bytes times layers, plus the logits and their gradient).
 
-Memory: on this machine (one core, peer config, MindSpore 2.9.0) MindScale's peak is the step's,
-not the compile's; see bench/changes.md for the measured table and what it consists of.
+Memory: on this machine (one core, peer config, MindSpore 2.9.0) MindScale's peak is the first
+step's (3.63 GiB; compile ends at 0.88), and 1.84 GiB of it are the broadcast kernels' index vectors
+that `--kernels` lists; with CPU graph-kernel fusion (mindscale/train/runtime.py, needs akg's
+`decorator` package) the peak is 1.49 GiB plus akg's 0.48 GiB build server, a separate process
+this tool does not count. bench/changes.md has the measurements.
 """
 from __future__ import annotations
 

@@ -30,9 +30,10 @@ moments (4 bytes each in fp32), and an activation estimate for one micro batch
 
 Memory: on this machine (one core, peer config, MindSpore 2.9.0) MindScale's peak is the first
 step's (3.63 GiB; compile ends at 0.88), and 1.84 GiB of it are the broadcast kernels' index vectors
-that `--kernels` lists; with CPU graph-kernel fusion (mindscale/train/runtime.py, needs akg's
-`decorator` package) the peak is 1.49 GiB plus akg's 0.48 GiB build server, a separate process
-this tool does not count. bench/changes.md has the measurements.
+that `--kernels` lists; with MindSpore's CPU graph-kernel fusion (`context: {enable_graph_kernel:
+true}` in a config, and akg's missing `decorator` package installed) the peak is 1.49 GiB plus
+akg's 0.48 GiB build server, a separate process this tool does not count. bench/changes.md has the
+measurements.
 """
 from __future__ import annotations
 

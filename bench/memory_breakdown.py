@@ -44,11 +44,9 @@ import shutil
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
-from bench import SYSTEMS
-from bench.bench_train import PEER_CONFIG, WORK_DIR, pin, stdout_to_stderr
-from mindscale.cli import OneLineParser, add_config_arguments, config_from_args, emit, fail
+from bench.bench_train import WORK_DIR, add_peer_arguments, enter_peer_process, settle_peer_arguments, stdout_to_stderr
+from mindscale.cli import OneLineParser, emit, fail
 
 GIB = 2 ** 30
 # Which train cell and inputs each builder's step() closes over (bench/systems.py), to compile it on its own
@@ -57,25 +55,16 @@ CELLS = {"mindscale": ("step_cell", ("input_ids", "labels", "loss_mask")), "mind
 
 def parse_args(argv):
     parser = OneLineParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--system", required=True, choices=SYSTEMS)
-    add_config_arguments(parser, required=False)
+    add_peer_arguments(parser)
     parser.add_argument("--steps", type=int, default=2, help="steps after the first (default 2)")
-    parser.add_argument("--core", type=int, help="core to pin to (default: the lowest this process may use)")
     parser.add_argument("--maps", type=int, default=0, help="print the N largest /proc/self/smaps groups at the end")
     parser.add_argument("--kernels", action="store_true",
                         help="MindSpore: dump the kernel graph and sum the CPU broadcast kernels' index buffers")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
+    args = settle_peer_arguments(parser.parse_args(argv))
     if args.kernels and args.system == "hf":
         fail("--kernels: only for the MindSpore systems (mindscale, mindformers)")
-    args.config = str(Path(args.config).absolute()) if args.config else str(PEER_CONFIG)
     if args.steps < 0 or args.maps < 0:
         fail(f"--steps {args.steps} --maps {args.maps}: must be >= 0")
-    allowed = sorted(os.sched_getaffinity(0))
-    if args.core is None:
-        args.core = allowed[0]
-    elif args.core not in allowed:
-        fail(f"--core {args.core}: this process may only use cores {allowed}; pick one of them")
     return args
 
 
@@ -317,11 +306,7 @@ def render(result: dict, maps: dict | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    pin(args.core)
-    cfg = config_from_args(args)
-    WORK_DIR.mkdir(parents=True, exist_ok=True)
-    os.chdir(WORK_DIR)
-    cfg.train.steps = max(cfg.train.steps, 1 + args.steps)
+    cfg = enter_peer_process(args, 1 + args.steps)
     ir_dir = WORK_DIR / "memory_breakdown_ir"
     if args.kernels:  # read when MindSpore is imported
         shutil.rmtree(ir_dir, ignore_errors=True)

@@ -37,21 +37,31 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 
 def parse_args(argv):
     parser = OneLineParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--system", required=True, choices=SYSTEMS)
-    add_config_arguments(parser, required=False)
+    add_peer_arguments(parser)
     parser.add_argument("--layers", type=int, help="model.num_layers (shorthand for --set model.num_layers=N)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (default 5; 0 = compile only)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the first (default 2)")
-    parser.add_argument("--core", type=int, help="core to pin to (default: the lowest this process may use)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
-    args.config = str(Path(args.config).absolute()) if args.config else str(PEER_CONFIG)
+    args = settle_peer_arguments(parser.parse_args(argv))
     if args.layers is not None:
         if args.layers < 1:
             fail(f"--layers {args.layers}: must be >= 1")
         args.overrides.append(f"model.num_layers={args.layers}")
     if args.steps < 0 or args.warmup < 0:
         fail(f"--steps {args.steps} --warmup {args.warmup}: must be >= 0")
+    return args
+
+
+def add_peer_arguments(parser) -> None:
+    """What every one-stack measurement of the peer config takes: --system, --config/--set, --core, --json."""
+    parser.add_argument("--system", required=True, choices=SYSTEMS)
+    add_config_arguments(parser, required=False)
+    parser.add_argument("--core", type=int, help="core to pin to (default: the lowest this process may use)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def settle_peer_arguments(args):
+    """The peer config unless --config; --core checked against the cores this process may use."""
+    args.config = str(Path(args.config).absolute()) if args.config else str(PEER_CONFIG)
     allowed = sorted(os.sched_getaffinity(0))
     if args.core is None:
         args.core = allowed[0]
@@ -65,6 +75,17 @@ def pin(core: int) -> None:
     os.sched_setaffinity(0, [core])
     for name in THREAD_VARIABLES:
         os.environ[name] = "1"
+
+
+def enter_peer_process(args, steps: int):
+    """Pin to --core, load the config and work in WORK_DIR; returns the config, its train.steps covering
+    the `steps` this run takes (the trainer sizes its lr table by it)."""
+    pin(args.core)
+    cfg = config_from_args(args)
+    WORK_DIR.mkdir(parents=True, exist_ok=True)
+    os.chdir(WORK_DIR)
+    cfg.train.steps = max(cfg.train.steps, steps)
+    return cfg
 
 
 def stdout_to_stderr() -> int:
@@ -122,12 +143,7 @@ def measure(system_name: str, cfg, steps: int, warmup: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    pin(args.core)
-    cfg = config_from_args(args)
-    WORK_DIR.mkdir(parents=True, exist_ok=True)
-    os.chdir(WORK_DIR)
-    # the trainer sizes its lr table by train.steps: cover every step this run takes
-    cfg.train.steps = max(cfg.train.steps, 1 + args.warmup + args.steps)
+    cfg = enter_peer_process(args, 1 + args.warmup + args.steps)
     load = os.getloadavg()[0]
     real_stdout = stdout_to_stderr()
     result = measure(args.system, cfg, args.steps, args.warmup)

@@ -267,3 +267,37 @@ def test_dryrun_comparison_compiles_both_stacks_under_one_layout_and_renders():
     from bench.report import dryrun_compare_section
     text = "\n".join(dryrun_compare_section({"dryrun_compare": [result]}))
     assert "vs MindFormers" in text and "Targets" in text and "MindFormers |" in text
+
+
+def test_memory_breakdown_phases_of_a_tiny_mindscale_run():
+    """bench/memory_breakdown.py: every phase has its own exact peak (clear_refs), the run's peak is the
+    largest of them, the compile is its own phase, and --kernels finds the RMSNorm and rotary
+    broadcast Muls of the tiny model's kernel graph."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GLOG_v": "3"}
+    proc = subprocess.run([sys.executable, "bench/memory_breakdown.py", "--system", "mindscale", "--steps", "1",
+                           "--kernels", "--maps", "3", "--json", *[a for o in TINY for a in ("--set", o)]],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [p["phase"] for p in r["phases"]] == ["python", "import", "build", "compile", "step 1", "steps 2-2"]
+    assert r["compiled_separately"] and r["peak_per_phase_exact"]
+    assert r["peak"] == max(p["peak"] for p in r["phases"]) and all(p["peak"] >= p["rss"] > 0 for p in r["phases"])
+    assert r["phases"][2]["rss"] - r["phases"][1]["rss"] < 2 ** 30 and len(r["smaps_at_end"]) == 3
+    assert len(r["losses"]) == 2 and abs(r["losses"][0] - math.log(512)) < 0.1
+    where = " ".join(g["where"] for g in r["broadcast_kernels"]["largest"])
+    assert r["broadcast_kernels"]["bytes"] > 0 and "RMSNorm" in where
+
+
+def test_broadcast_kernels_are_the_ones_off_the_cpu_fast_paths():
+    from bench.memory_breakdown import broadcast_kernels
+
+    def node(op, a, b, out, scope):
+        sig = ", ".join(f"<Tensor[Float32], {s}>" for s in (a, b))
+        return (f"  %1(x) = PrimFunc_{op}(%0, %2) {{instance name: m}}\n      : ({sig}) -> (<Tensor[Float32], {out}>)\n"
+                f"      # Fullname with scope: ({scope})\n")
+    ir = (node("Mul", "(8, 4)", "(4)", "(8, 4)", "Default/norm-RMSNorm/Mul-op1")         # broadcast: kept
+          + node("Mul", "(8, 4)", "(8, 4)", "(8, 4)", "Default/a/Mul-op2")              # same shape: fast path
+          + node("Add", "(8, 4)", "()", "(8, 4)", "Default/b/Add-op3")                  # scalar: fast path
+          + node("MatMul", "(8, 4)", "(4, 2)", "(8, 2)", "Default/c/MatMul-op4"))       # not arithmetic
+    (k,) = broadcast_kernels(ir)
+    assert k["op"] == "Mul" and k["bytes"] == 16 * 32 and k["scope"] == "Default/norm-RMSNorm/Mul-op1"

@@ -93,10 +93,11 @@ class Embedding(nn.Cell):
     weight, so the rows a vocabulary-split lookup finds on each rank are summed across tensor parallel
     in it), rows returned in `out_dtype` (the residual stream's).
 
-    Under sequence parallel Megatron reduce-scatters that sum along tokens; MindSpore 2.9 accepts the
-    gather's reduce-scatter output strategy only for [B*S, 1] indices and then mis-lays the output
-    (the next reshape fails to infer), so the lookup all-reduces and the stream's first op takes its
-    token slice (docs/dryrun.md#against-mindformers).
+    Under sequence parallel Megatron reduce-scatters that sum along tokens. MindSpore 2.9's gather takes
+    a reduce-scatter output strategy, but on [B, S] ids it splits the batch rows (fewer than dp x tp),
+    and on [B*S, 1] ids the compiler lays the output out as the all-reduce's (the next reshape fails
+    to infer); so the lookup all-reduces and the stream's first op takes its token slice
+    (docs/dryrun.md#against-mindformers).
     """
 
     def __init__(self, num: int, dim: int, std: float, param_dtype=ms.float32, read_dtype=ms.float32,

@@ -38,6 +38,7 @@ measurements.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import re
 import shutil
@@ -49,8 +50,6 @@ from bench.bench_train import WORK_DIR, add_peer_arguments, enter_peer_process, 
 from mindscale.cli import OneLineParser, emit, fail
 
 GIB = 2 ** 30
-# Which train cell and inputs each builder's step() closes over (bench/systems.py), to compile it on its own
-CELLS = {"mindscale": ("step_cell", ("input_ids", "labels", "loss_mask")), "mindformers": ("train_cell", ("input_ids",))}
 
 
 def parse_args(argv):
@@ -170,19 +169,12 @@ def broadcast_kernels(ir_text: str) -> list[dict]:
         if len(shapes) < 3:
             continue
         a, b, out = shapes[:3]
-        if a == b or _numel(a) == 1 or _numel(b) == 1:
+        if a == b or math.prod(a) == 1 or math.prod(b) == 1:
             continue
         scope = next((re.sub(r"^.*Fullname with scope: \(", "", lines[j]).rstrip(")") for j in range(i + 1, min(i + 6, len(lines)))
                       if "Fullname with scope" in lines[j]), "")
-        found.append({"op": m.group(1), "inputs": [a, b], "output": out, "bytes": 16 * _numel(out), "scope": scope})
+        found.append({"op": m.group(1), "inputs": [a, b], "output": out, "bytes": 16 * math.prod(out), "scope": scope})
     return found
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def kernel_summary(found: list[dict], top: int = 8) -> dict:
@@ -213,9 +205,7 @@ class Phases:
         began = time.perf_counter()
         value = fn(*args)
         seconds = time.perf_counter() - began
-        s = status()
-        self.rows.append({"phase": name, "seconds": seconds, "rss": s["VmRSS"], "anon": s["RssAnon"],
-                          "file": s["RssFile"] + s["RssShmem"], "peak": s["VmHWM"], **heap()})
+        self.rows.append({"phase": name, "seconds": seconds, **_row_of(status()), **heap()})
         return value
 
 
@@ -227,20 +217,6 @@ def import_framework(system: str) -> None:
         import mindspore  # noqa: F401
         if system == "mindformers":
             import mindformers  # noqa: F401
-
-
-def _closure(fn) -> dict:
-    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
-
-
-def compile_step(system: str, step) -> bool:
-    """Compile the step's train cell on its own (MindSpore); False when the builder's closure changed."""
-    cell_name, input_names = CELLS[system]
-    scope = _closure(step)
-    if cell_name not in scope or not all(n in scope for n in input_names):
-        return False
-    scope[cell_name].compile(*(scope[n] for n in input_names))
-    return True
 
 
 def tensor_bytes(cfg, params: int) -> dict:
@@ -262,14 +238,13 @@ def measure(system_name: str, cfg, steps: int) -> dict:
     from bench.systems import BUILDERS, fixed_batch
 
     system = phases.run("build", BUILDERS[system_name], cfg, fixed_batch(cfg))
-    compiled = False
-    if system_name in CELLS:
-        compiled = phases.run("compile", compile_step, system_name, system.step)
+    if system.compile is not None:
+        phases.run("compile", system.compile)
     losses = [phases.run("step 1", system.step)]
     phases.run(f"steps 2-{steps + 1}" if steps else "steps", lambda: [losses.append(system.step()) for _ in range(steps)])
     peak = max(r["peak"] for r in phases.rows)
     return {"system": system_name, "framework": system.framework, "phases": phases.rows, "peak": peak,
-            "peak_phase": max(phases.rows, key=lambda r: r["peak"])["phase"], "compiled_separately": compiled,
+            "peak_phase": max(phases.rows, key=lambda r: r["peak"])["phase"], "compiled_separately": system.compile is not None,
             "peak_per_phase_exact": phases.resets, "losses": losses, "params": system.params,
             "tensors": tensor_bytes(cfg, system.params),
             "env": {k: os.environ[k] for k in ("MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MS_ALLOC_CONF",
@@ -316,10 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.kernels:
         found = [k for f in sorted(ir_dir.rglob("graph_build_*.ir")) for k in broadcast_kernels(f.read_text())]
         result["broadcast_kernels"] = kernel_summary(found)
-    maps = smaps_groups()
-    if args.maps:
-        maps = dict(sorted(maps.items(), key=lambda kv: -kv[1]["rss"])[:args.maps])
-    result["smaps_at_end"] = maps if args.maps else None
+    result["smaps_at_end"] = dict(sorted(smaps_groups().items(), key=lambda kv: -kv[1]["rss"])[:args.maps]) \
+        if args.maps else None
     sys.stdout.flush()
     os.dup2(real_stdout, 1)
     emit(result, args.json, render(result, result["smaps_at_end"]))

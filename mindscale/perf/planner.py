@@ -354,8 +354,8 @@ def communication(cfg: Config, stage: int) -> dict:
     """Bytes one device of `stage` sends per optimizer step (ring collectives)."""
     m, layout = cfg.model, Layout.of(cfg)
     t, stages, micro_batches = layout.tp, layout.pp, layout.micro_steps
-    tokens = m.seq_length * cfg.train.micro_batch_size * m.hidden_size
-    x = tokens * DTYPE_BYTES[m.compute_dtype]            # a layer's hidden states, as its matmuls take them
+    hidden = m.seq_length * cfg.train.micro_batch_size * m.hidden_size      # elements of one micro batch's hidden states
+    x = hidden * DTYPE_BYTES[m.compute_dtype]                               # as a layer's matmuls take them
     # Per layer and micro batch: 2 collectives forward, 2 backward (all-reduce, or all-gather +
     # reduce-scatter with sequence parallel: the same volume), 2(t-1)/t of the tensor each.
     collectives = 4 + (2 if layout.recompute == "full" and cfg.recompute.comm else 0)
@@ -369,7 +369,7 @@ def communication(cfg: Config, stage: int) -> dict:
     dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
     dp = dp_once + dp_micro * micro_batches
     sends = (stage > 0) + (stage < stages - 1)                              # activations out, grads back
-    stream = tokens * DTYPE_BYTES[m.residual_dtype]                         # what a stage sends: the residual stream
+    stream = hidden * DTYPE_BYTES[m.residual_dtype]                         # what a stage sends: the residual stream
     pp = sends * micro_batches * stream / (t if layout.sp else 1) if stages > 1 else 0.0
     return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer,
             "tp_vocab": tp_vocab, "tp": tp, "pp_send_recv": pp, "total": dp + tp + pp}

@@ -28,12 +28,10 @@ The `tensors` lines are what the model's own state needs: parameters, gradients,
 moments (4 bytes each in fp32), and an activation estimate for one micro batch
 (mindscale.perf.planner.layer_activation_bytes times layers, plus the logits and their gradient).
 
-Memory: on this machine (one core, peer config, MindSpore 2.9.0) MindScale's peak is the first
-step's (3.63 GiB; compile ends at 0.88), and 1.84 GiB of it are the broadcast kernels' index vectors
-that `--kernels` lists; with MindSpore's CPU graph-kernel fusion (`context: {enable_graph_kernel:
-true}` in a config, and akg's missing `decorator` package installed) the peak is 1.49 GiB plus
-akg's 0.48 GiB build server, a separate process this tool does not count. bench/changes.md has the
-measurements.
+Memory: on the peer config (one core, MindSpore 2.9.0) MindScale's peak is the first step's. It was
+3.63 GiB, 1.84 GiB of it the broadcast kernels' index vectors that `--kernels` listed (86 kernels);
+since models/cpu_kernels.py gives every Add/Sub/Mul equal-shape inputs, `--kernels` lists none and
+the peak is 1.96 GiB. bench/changes.md has the measurements.
 """
 from __future__ import annotations
 
@@ -177,8 +175,14 @@ def broadcast_kernels(ir_text: str) -> list[dict]:
     return found
 
 
-def kernel_summary(found: list[dict], top: int = 8) -> dict:
-    """Broadcast kernels grouped by cell (layer numbers folded) and op/shape, largest first."""
+def arithmetic_kernels(ir_text: str) -> int:
+    """How many binary arithmetic kernels (BROADCAST_OPS) a kernel-graph IR holds, on the fast paths or not."""
+    return sum(m.group(1) in BROADCAST_OPS for m in re.finditer(r"= PrimFunc_(\w+)\(", ir_text))
+
+
+def kernel_summary(found: list[dict], arithmetic: int, top: int = 8) -> dict:
+    """Broadcast kernels grouped by cell (layer numbers folded) and op/shape, largest first, among the
+    `arithmetic` kernels read."""
     groups: dict = defaultdict(lambda: {"kernels": 0, "bytes": 0})
     for k in found:
         cell = re.sub(r"/[^/]*$", "", k["scope"])
@@ -187,7 +191,7 @@ def kernel_summary(found: list[dict], top: int = 8) -> dict:
         g["kernels"] += 1
         g["bytes"] += k["bytes"]
     ordered = sorted(groups.items(), key=lambda kv: -kv[1]["bytes"])
-    return {"kernels": len(found), "bytes": sum(k["bytes"] for k in found),
+    return {"arithmetic": arithmetic, "kernels": len(found), "bytes": sum(k["bytes"] for k in found),
             "largest": [{"where": name, **v} for name, v in ordered[:top]]}
 
 
@@ -270,7 +274,8 @@ def render(result: dict, maps: dict | None = None) -> str:
         lines.append("note: /proc/self/clear_refs refused; each peak is the process's peak so far")
     if result.get("broadcast_kernels"):
         k = result["broadcast_kernels"]
-        lines.append(f"CPU broadcast kernels: {k['kernels']}, their index vectors {k['bytes'] / GIB:.3f} GiB; largest:")
+        lines.append(f"CPU arithmetic kernels: {k['arithmetic']}, of them broadcasting: {k['kernels']}, their index "
+                     f"vectors {k['bytes'] / GIB:.3f} GiB" + ("; largest:" if k["largest"] else ""))
         lines.extend(f"  {g['bytes'] / GIB:6.3f} GiB {g['kernels']:3d}x {g['where']}" for g in k["largest"])
     if maps:
         lines.append(f"{'smaps group at the end':<32}{'rss':>9}{'anon':>9}")
@@ -289,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     real_stdout = stdout_to_stderr()
     result = measure(args.system, cfg, args.steps)
     if args.kernels:
-        found = [k for f in sorted(ir_dir.rglob("graph_build_*.ir")) for k in broadcast_kernels(f.read_text())]
-        result["broadcast_kernels"] = kernel_summary(found)
+        texts = [f.read_text() for f in sorted(ir_dir.rglob("graph_build_*.ir"))]
+        result["broadcast_kernels"] = kernel_summary([k for t in texts for k in broadcast_kernels(t)],
+                                                     sum(arithmetic_kernels(t) for t in texts))
     result["smaps_at_end"] = dict(sorted(smaps_groups().items(), key=lambda kv: -kv[1]["rss"])[:args.maps]) \
         if args.maps else None
     sys.stdout.flush()

@@ -31,7 +31,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from models.attention import Attention, CompositeAttention, FlashAttention
-from models.cpu_kernels import SplitCausalAttention
+from models.cpu_kernels import SplitCausalAttention, expand_broadcasts
 from models.layers import (DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, OutputHead, RMSNorm, SwiGLU,
                            token_split)
 from mindscale.config import Layout, ModelConfig
@@ -167,6 +167,8 @@ class CausalLM(nn.Cell):
         self.vocab_size = m.vocab_size
         self.seq_length = m.seq_length
         self.cast = ops.Cast()
+        if layout.cpu_kernels:
+            expand_broadcasts(self)
 
     def hidden_states(self, input_ids, segment_ids=None):
         """Final-norm output [B*S, h] in the compute dtype; `segment_ids` [B, S] keeps attention within

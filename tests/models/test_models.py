@@ -7,7 +7,8 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 import models
-from models.cpu_kernels import SPLIT_CAUSAL_MIN, RowSumSoftmax
+from models.cpu_kernels import SPLIT_CAUSAL_MIN, EqualShapes, RowSumSoftmax
+from models import transformer
 from models.transformer import ShardedCrossEntropy, layer_graph_keys
 from mindscale.train.checkpoint import CheckpointError, save_checkpoint
 from mindscale.config import Layout, load_config
@@ -264,6 +265,20 @@ def test_cpu_softmax_backward_matches_the_softmax_primitive(llama, llama_referen
     assert loss == pytest.approx(plain_loss, rel=1e-6)
     for g, p in zip(grads, plain_grads):
         np.testing.assert_allclose(g, p, rtol=1e-4, atol=1e-7)
+
+
+def test_cpu_equal_shape_arithmetic_matches_the_broadcasting_primitives(llama, llama_reference, monkeypatch):
+    """EqualShapes (every Add/Sub/Mul of a CPU stand-alone model) computes the primitives' numbers."""
+    cfg, model, _ = llama
+    assert isinstance(model.layers[0].attention_norm.mul_weight, EqualShapes)
+    assert isinstance(model.layers[0].attention.rotary.mul_cos, EqualShapes)
+    weights, loss, grads = llama_reference
+    monkeypatch.setattr(transformer, "expand_broadcasts", lambda network: None)
+    assert not isinstance(models.build_model(cfg).layers[0].attention_norm.mul_weight, EqualShapes)
+    _, plain_loss, plain_grads = loss_and_grads(cfg, weights)
+    assert plain_loss == pytest.approx(loss, rel=1e-6)
+    for g, p in zip(grads, plain_grads):
+        np.testing.assert_allclose(g, p, rtol=1e-5, atol=1e-8)
 
 
 def test_sharded_loss_matches_the_fused_loss(llama, llama_reference):

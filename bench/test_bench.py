@@ -145,6 +145,14 @@ def test_ratios_are_medians_of_per_repetition_ratios():
     assert summary["compile_by_depth"][32]["ratio"]["median"] == pytest.approx(0.5)
 
 
+def rank(sent: float, planned: float, compile_s: float, as_planned: bool) -> dict:
+    """One compiled rank of a dry-run comparison, as bench/dryrun_compare.summary gives it."""
+    return {"rank": 0, "stage": 0, "compiled": True, "compile_s": compile_s, "sent_bytes": sent,
+            "planned_sent_bytes": planned, "bytes": dict(weights=1, grads=1, optimizer=2),
+            "planned_bytes": dict(weights=1, grads=1, optimizer=2 if as_planned else 4),
+            "collectives": {}}
+
+
 def test_report_states_targets_and_failed_peers():
     results = synthetic_results(hf_error="ImportError: No module named 'transformers'")
     results["summary"] = summarize(results)
@@ -155,6 +163,18 @@ def test_report_states_targets_and_failed_peers():
     assert "linearity ≥ 0.95 (2 workers) | 0.950 | met" in text   # the lower of 190/2/100 and 190/2/95
     assert "- nothing changed yet" in text and "How to rerun" in text
     assert "Gradient all-reduce" not in text   # results from before bench/allreduce.py still render
+    assert "tokens/s ≥ 1.3× MindFormers 1.9.0 | 1.231 (1.200–1.250)× | **not met**" in text
+    assert "peak host RSS ≤" not in text   # no HF run, no memory ratio
+    results = synthetic_results()
+    results["summary"] = summarize(results)
+    results["dryrun_compare"] = [{"config": "c.yaml", "devices": 8, "layout": {"dp": 8, "tp": 1, "sp": False, "pp": 1},
+                                  "mindscale": [rank(0.9e9, 1.0e9, 10.0, True)],
+                                  "mindformers": [rank(1.0e9, 1.0e9, 20.0, False)]}]
+    text = render(results, "")
+    assert "peak host RSS ≤ 1.5× HF transformers / torch's | 1.00× (1.00 / 1.00 GiB, medians) | met" in text
+    assert "bytes sent ≤ 1.0× MindFormers' | 0.90× | met" in text
+    assert "stage compile ≤ 1/3 of MindFormers' | 0.50× | **not met**" in text
+    assert "weights / grads / AdamW = the planner's | 1 of 1 ranks | met" in text
     results["linearity"]["allreduce"] = {"error": "worker_0.log: RuntimeError: boom", "command": "msrun ..."}
     text = render(results, "")
     assert "Gradient all-reduce (`bench/allreduce.py`): failed: `worker_0.log: RuntimeError: boom`" in text

@@ -38,7 +38,8 @@ WAIT_RATIO_ABOVE = 0.5          # collectives mostly waiting for other ranks
 LAYOUT_OPS_ABOVE = 0.20         # slicing/transposes/casts share of op time (CPU rule)
 OPTIMIZER_OPS_ABOVE = 0.20      # optimizer update share of op time
 
-COMM_PATTERN = re.compile(r"allreduce|allgather|reducescatter|broadcast|alltoall|send|receive|recv|hcom_|hccl",
+# "broadcast" the collective, not BroadcastTo (an elementwise copy)
+COMM_PATTERN = re.compile(r"allreduce|allgather|reducescatter|broadcast(?!to)|alltoall|send|receive|recv|hcom_|hccl",
                           re.IGNORECASE)
 LAYOUT_OPS = {"StridedSlice", "StridedSliceGrad", "Slice", "SliceGrad", "Transpose", "Cast", "Concat", "Split",
               "Gather", "GatherD", "BroadcastTo", "Tile", "OneHot", "ScatterNd", "TensorScatterUpdate",

@@ -13,7 +13,7 @@ import pytest
 
 from tests.run_folder import ROOT
 from tools import profile_report
-from mindscale.perf.profile import Report, Split, analyse, diagnose
+from mindscale.perf.profile import Report, Split, analyse, diagnose, is_communication
 from mindscale.config import Config
 
 ASCEND = ROOT / "tests" / "fixtures" / "ascend_profile"
@@ -77,6 +77,11 @@ def test_cpu_top_ops_match_framework_csv(cpu_profile):
         op = next(o for o in report.top_ops if o["type"] == r["op_type"])
         assert op["ms_per_step"] == pytest.approx(float(r["total_compute_time"]) / PROFILED_STEPS)
         assert op["share"] == pytest.approx(float(r["total_compute_time"]) / total)
+
+
+def test_collectives_are_told_from_local_ops_by_name():
+    assert all(map(is_communication, ["AllReduce", "hcom_allGather_1", "Broadcast", "Send", "Receive"]))
+    assert not any(map(is_communication, ["BroadcastTo", "MatMul", "ReduceSum"]))
 
 
 def test_ascend_fixture(capsys):

@@ -151,12 +151,30 @@ class OutputHead(nn.Cell):
         rows = layout.tp if style == VOCAB and layout.vocab_parallel else 1
         return {"matmul": (((layout.dp, 1), (rows, 1)), None)}
 
-class RMSNorm(nn.Cell):
-    """x / sqrt(mean(x^2) + eps) * g in fp32 whatever x's dtype (LLaMA); output in the compute dtype."""
 
-    def __init__(self, dim: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32):
+class Fp32Norm(nn.Cell):
+    """A norm that computes in fp32 whatever the input's and the parameters' dtypes, and returns the
+    compute dtype: the scale `weight` [dim], the casts in and out, shared by the three norms below."""
+
+    def __init__(self, dim: int, param_dtype, compute_dtype):
         super().__init__()
         self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
+        self.cast = ops.Cast()
+        self.compute_dtype = compute_dtype
+
+    def fp32(self, x):
+        """x in fp32 (a residual stream or a parameter in the compute dtype is cast)."""
+        return x if x.dtype == ms.float32 else self.cast(x, ms.float32)
+
+    def out(self, y):
+        return y if self.compute_dtype == ms.float32 else self.cast(y, self.compute_dtype)
+
+
+class RMSNorm(Fp32Norm):
+    """x / sqrt(mean(x^2) + eps) * g (LLaMA)."""
+
+    def __init__(self, dim: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32):
+        super().__init__(dim, param_dtype, compute_dtype)
         self.eps = eps
         self.square = ops.Square()
         self.mean = ops.ReduceMean(keep_dims=True)
@@ -164,18 +182,11 @@ class RMSNorm(nn.Cell):
         self.rsqrt = ops.Rsqrt()
         self.mul = ops.Mul()
         self.mul_weight = ops.Mul()
-        self.cast = ops.Cast()
-        self.compute_dtype = compute_dtype
-        self.cast_out = compute_dtype != ms.float32
-        self.cast_weight = param_dtype != ms.float32
 
     def construct(self, x):
-        if x.dtype != ms.float32:  # a residual stream in the compute dtype
-            x = self.cast(x, ms.float32)
-        weight = self.cast(self.weight, ms.float32) if self.cast_weight else self.weight
-        y = self.mul_weight(self.mul(x, self.rsqrt(self.add(self.mean(self.square(x), -1), self.eps))), weight)
-        return self.cast(y, self.compute_dtype) if self.cast_out else y
-
+        x = self.fp32(x)
+        return self.out(self.mul_weight(self.mul(x, self.rsqrt(self.add(self.mean(self.square(x), -1), self.eps))),
+                                        self.fp32(self.weight)))
 
     PARAMETER_INPUTS = {"weight": ("mul_weight", 1)}
 
@@ -184,57 +195,41 @@ class RMSNorm(nn.Cell):
         return {"square": ((x,), None), "mean": ((x,), None), "add": ((x, ()), None), "rsqrt": ((x,), None),
                 "mul": ((x, x), None), "mul_weight": ((x, (1,)), None)}
 
-class FusedRMSNorm(nn.Cell):
+
+class FusedRMSNorm(Fp32Norm):
     """The same RMSNorm as one RmsNorm kernel (Atlas A2 only; never executed on CPU here)."""
 
     def __init__(self, dim: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32):
-        super().__init__()
-        self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
+        super().__init__(dim, param_dtype, compute_dtype)
         self.norm = ops.RmsNorm(epsilon=eps)
-        self.cast = ops.Cast()
-        self.compute_dtype = compute_dtype
-        self.cast_weight = param_dtype != ms.float32
 
     def construct(self, x):
-        if x.dtype != ms.float32:
-            x = self.cast(x, ms.float32)
-        weight = self.cast(self.weight, ms.float32) if self.cast_weight else self.weight
-        y, _ = self.norm(x, weight)
-        return self.cast(y, self.compute_dtype)
-
+        y, _ = self.norm(self.fp32(x), self.fp32(self.weight))
+        return self.out(y)
 
     PARAMETER_INPUTS = {"weight": ("norm", 1)}
 
     def shard_strategies(self, style: str, layout) -> dict:
         return {"norm": (((token_split(layout, style), 1), (1,)), None)}
 
-class LayerNorm(nn.Cell):
-    """LayerNorm in fp32 whatever x's dtype, weight and bias too (GPT); output in the compute dtype."""
+
+class LayerNorm(Fp32Norm):
+    """LayerNorm with a bias (GPT)."""
 
     def __init__(self, dim: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32):
-        super().__init__()
-        self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
+        super().__init__(dim, param_dtype, compute_dtype)
         self.bias = Parameter(initializer(Zero(), (dim,), param_dtype), name="bias")
         self.norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)
-        self.cast = ops.Cast()
-        self.compute_dtype = compute_dtype
-        self.cast_out = compute_dtype != ms.float32
-        self.cast_weight = param_dtype != ms.float32
 
     def construct(self, x):
-        weight, bias = self.weight, self.bias
-        if self.cast_weight:
-            weight, bias = self.cast(weight, ms.float32), self.cast(bias, ms.float32)
-        if x.dtype != ms.float32:
-            x = self.cast(x, ms.float32)
-        y, _, _ = self.norm(x, weight, bias)
-        return self.cast(y, self.compute_dtype) if self.cast_out else y
-
+        y, _, _ = self.norm(self.fp32(x), self.fp32(self.weight), self.fp32(self.bias))
+        return self.out(y)
 
     PARAMETER_INPUTS = {"weight": ("norm", 1), "bias": ("norm", 2)}
 
     def shard_strategies(self, style: str, layout) -> dict:
         return {"norm": (((token_split(layout, style), 1), (1,), (1,)), None)}
+
 
 def rope_frequencies(head_dim: int, theta: float, scaling: tuple | None = None) -> np.ndarray:
     """RoPE's inverse frequencies theta^(-2i/d); with `scaling` = (factor, low_freq_factor,

@@ -325,7 +325,7 @@ def test_fp16_compute_keeps_fp32_parameters_norms_softmax_and_logits(llama):
     model16 = models.build_model(cfg)
     models.load_weights_into(model16, {p.name: p.asnumpy() for p in model32.get_parameters()})
     assert {p.dtype for p in model16.get_parameters()} == {ms.float32}
-    assert model16.layers[0].attention.core.cast_scores and model16.norm.cast_out
+    assert model16.layers[0].attention.core.cast_scores and model16.norm.compute_dtype == ms.float16
     ids, _, _ = batch()
     logits16, logits32 = model16(Tensor(ids)).asnumpy(), model32(Tensor(ids)).asnumpy()
     assert logits16.dtype == np.float32

@@ -149,6 +149,7 @@ def smaps_groups() -> dict:
     return dict(groups)
 
 
+KERNEL = re.compile(r"= PrimFunc_(\w+)\(")  # a kernel node of a kernel-graph IR, and its op
 BROADCAST_OPS = {"Mul", "Add", "AddV2", "Sub", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum", "Pow",
                  "SquaredDifference", "FloorDiv", "Mod", "FloorMod", "Atan2"}
 
@@ -159,7 +160,7 @@ def broadcast_kernels(ir_text: str) -> list[dict]:
     lines = ir_text.splitlines()
     found = []
     for i, line in enumerate(lines):
-        m = re.search(r"= PrimFunc_(\w+)\(", line)
+        m = KERNEL.search(line)
         if not m or m.group(1) not in BROADCAST_OPS or i + 1 >= len(lines):
             continue
         shapes = [tuple(int(d) for d in s.split(",") if d.strip())
@@ -177,7 +178,7 @@ def broadcast_kernels(ir_text: str) -> list[dict]:
 
 def arithmetic_kernels(ir_text: str) -> int:
     """How many binary arithmetic kernels (BROADCAST_OPS) a kernel-graph IR holds, on the fast paths or not."""
-    return sum(m.group(1) in BROADCAST_OPS for m in re.finditer(r"= PrimFunc_(\w+)\(", ir_text))
+    return sum(m.group(1) in BROADCAST_OPS for m in KERNEL.finditer(ir_text))
 
 
 def kernel_summary(found: list[dict], arithmetic: int, top: int = 8) -> dict:

@@ -241,10 +241,6 @@ def _mib(n: float) -> str:
     return f"{n / 2 ** 20:,.1f}"
 
 
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "**missed**"
-
-
 def dryrun_targets(layouts: list[dict]) -> list[tuple[str, str, bool]]:
     """Issue 17's targets over every rank both stacks compiled: (target, worst measured value, met)."""
     pairs = [(o, p) for r in layouts if not r.get("error") for o, p in zip(r["mindscale"], r["mindformers"])
@@ -295,7 +291,7 @@ def dryrun_compare_section(results: dict) -> list[str]:
     targets = dryrun_targets(layouts)
     if targets:
         targets = ["", "Targets (every rank above, worst rank shown): "
-                   + "; ".join(f"{label} {measured}: {_verdict(ok)}" for label, measured, ok in targets) + "."]
+                   + "; ".join(f"{label} {measured}: {verdict(ok)}" for label, measured, ok in targets) + "."]
     sets = " ".join(f"`{o}`" for o in layouts[0].get("overrides", [])) if layouts else ""
     return ["## 6. Sharded training step under MindSpore's dry run: MindScale vs MindFormers", "",
             "Each stack's training step compiled by MindSpore's dry run (docs/dryrun.md) for the first rank of "

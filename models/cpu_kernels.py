@@ -127,5 +127,5 @@ def expand_broadcasts(network: nn.Cell) -> None:
     found = [(cell, name, prim) for _, cell in network.cells_and_names()
              for name, prim in cell._primitives.items() if type(prim) in BROADCASTING]
     for cell, name, prim in found:
-        del cell._primitives[name]
+        del cell._primitives[name]  # Cell.__setattr__ refuses a cell under a name that holds a primitive
         setattr(cell, name, EqualShapes(prim))

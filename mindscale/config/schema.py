@@ -51,6 +51,12 @@ class RunConfig:
         "a checkpoint save, and the longest validation batch (the first compiles the validation graph; a pass "
         "beats at each batch); a rank's first step (the compile) is not timed. On Ascend HCCL_EXEC_TIMEOUT is "
         "derived from it (docs/launch.md). 0 = off.", 1800.0)
+    stop_vote_interval: Optional[int] = doc(
+        "Sharded layouts: the ranks vote on a graceful stop (SIGTERM/SIGUSR1) every this many steps, so all stop "
+        "after the same step; a vote is a collective of its own. null = agreed by the ranks from measured costs: "
+        "the fewest steps that keep a vote under 0.1% of the training time, at most 10 s of steps "
+        "(mindscale/train/stop.py). Data-parallel runs vote at every step inside the loss's all-reduce, at no "
+        "cost, whatever this says.", None)
 
 
 @dataclass

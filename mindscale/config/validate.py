@@ -29,6 +29,7 @@ def _positive(cfg: Config) -> None:
                      "gradient_accumulation_steps"],
         "train": ["micro_batch_size", "steps", "log_interval"],
         "checkpoint": ["keep_last", "resume_step"],
+        "run": ["stop_vote_interval"],
     }.items():
         for name in names:
             value = getattr(getattr(cfg, section), name)

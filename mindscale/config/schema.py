@@ -51,6 +51,12 @@ class RunConfig:
         "a checkpoint save, and the longest validation batch (the first compiles the validation graph; a pass "
         "beats at each batch); a rank's first step (the compile) is not timed. On Ascend HCCL_EXEC_TIMEOUT is "
         "derived from it (docs/launch.md). 0 = off.", 1800.0)
+    stop_vote_interval: Optional[int] = doc(
+        "Sharded layouts: the ranks vote on a graceful stop (SIGTERM/SIGUSR1) every this many steps, so all stop "
+        "after the same step; a vote is a collective of its own. null = agreed by the ranks from measured costs: "
+        "the fewest steps that keep a vote under 0.1% of the training time, at most 10 s of steps "
+        "(mindscale/train/stop.py). Data-parallel runs vote at every step inside the loss's all-reduce, at no "
+        "cost, whatever this says.", None)
 
 
 @dataclass
@@ -62,11 +68,23 @@ class HardwareConfig:
     memory_gib: float = doc("Device memory per device in GiB.", 16.0)
     memory_reserve_gib: float = doc("Memory the framework/runtime keeps for itself per device.", 0.0)
     memory_margin: float = doc("Fraction of usable memory a plan may fill (planner 'fits' test).", 0.9)
+    max_device_memory_gib: Optional[float] = doc(
+        "The ceiling of MindSpore's device memory pool per device (mindspore.runtime.set_memory max_size, set at "
+        "start on Ascend/GPU and logged); null = memory_gib - memory_reserve_gib, leaving the reserve to the "
+        "runtime and HCCL buffers. The planner's budget is memory_margin of the same number.", None)
     devices_per_node: int = doc("Devices per server (intra-node vs inter-node links).", 1)
     intra_node_gbps: float = doc("Per-device intra-node collective bandwidth, GB/s.", 10.0)
     inter_node_gbps: float = doc("Per-device inter-node bandwidth, GB/s.", 10.0)
     flash_attention: bool = doc("Whether ops.flash_attention_score exists on this device.", False)
     source: str = doc("Where the numbers come from.", "")
+
+    @property
+    def memory_pool_gib(self) -> float:
+        """What MindSpore's memory pool may take per device: the one number the runtime sets and the planner
+        budgets (docs/launch.md "Day one on a cluster")."""
+        if self.max_device_memory_gib is not None:
+            return self.max_device_memory_gib
+        return self.memory_gib - self.memory_reserve_gib
 
 
 @dataclass
@@ -302,7 +320,8 @@ class Config:
     profile: ProfileConfig = doc("Profiler window.", factory=ProfileConfig)
     finetune: FinetuneConfig = doc("Fine-tuning: LoRA adapters, model dims from a Hugging Face checkpoint, "
                                    "the generation prompt template.", factory=FinetuneConfig)
-    context: dict = doc("Passed to mindspore.set_context as is (jit_level, max_device_memory, ...).",
+    context: dict = doc("Passed to mindspore.set_context as is (jit_level, ...; the memory pool's ceiling is "
+                        "hardware.max_device_memory_gib).",
                         factory=dict)
 
     @property

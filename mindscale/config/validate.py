@@ -9,6 +9,19 @@ from mindscale.config.layout import Layout, stage_layer_counts
 from mindscale.config.schema import LORA_TARGETS, TEMPLATE_NAMES, Config, ModelConfig
 
 
+def _memory_pool(cfg: Config) -> None:
+    hw = cfg.hardware
+    if not 0 <= hw.memory_reserve_gib < hw.memory_gib:
+        raise ConfigError(f"hardware.memory_reserve_gib={hw.memory_reserve_gib}: must be in [0, memory_gib="
+                          f"{hw.memory_gib})")
+    if hw.max_device_memory_gib is not None and not 0 < hw.max_device_memory_gib <= hw.memory_gib:
+        raise ConfigError(f"hardware.max_device_memory_gib={hw.max_device_memory_gib}: must be in (0, memory_gib="
+                          f"{hw.memory_gib}], or null for memory_gib - memory_reserve_gib")
+    if "max_device_memory" in cfg.context:
+        raise ConfigError(f"context.max_device_memory={cfg.context['max_device_memory']!r}: the pool's ceiling is "
+                          "hardware.max_device_memory_gib (the planner budgets the same number); set that instead")
+
+
 def _positive(cfg: Config) -> None:
     for section, names in {
         "model": ["vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_hidden_size", "seq_length"],
@@ -16,6 +29,7 @@ def _positive(cfg: Config) -> None:
                      "gradient_accumulation_steps"],
         "train": ["micro_batch_size", "steps", "log_interval"],
         "checkpoint": ["keep_last", "resume_step"],
+        "run": ["stop_vote_interval"],
     }.items():
         for name in names:
             value = getattr(getattr(cfg, section), name)
@@ -38,6 +52,7 @@ def _positive(cfg: Config) -> None:
     for key, value in [("train.adam_beta1", cfg.train.adam_beta1), ("train.adam_beta2", cfg.train.adam_beta2)]:
         if not 0 <= value < 1:
             raise ConfigError(f"{key}={value}: must be in [0, 1)")
+    _memory_pool(cfg)
     if not 0 < cfg.hardware.memory_margin <= 1:
         raise ConfigError(f"hardware.memory_margin={cfg.hardware.memory_margin}: must be in (0, 1]")
     if cfg.hardware.peak_tflops is not None and cfg.hardware.peak_tflops <= 0:

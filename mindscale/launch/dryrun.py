@@ -16,6 +16,7 @@ What the report holds, and where it comes from:
   bytes         weights, grads, optimizer on this rank (docs/dryrun.md defines each)
   collectives   from the compiled graph (the `validate` IR): kind, group size, count and bytes per step
   groups        the communication groups those collectives use
+  memory_pool_gib  the ceiling the runtime set on MindSpore's device memory pool (None if MindSpore holds none)
 What it cannot tell: whether kernels exist and run, numerics, speed, device memory.
 """
 from __future__ import annotations
@@ -215,6 +216,12 @@ def describe_compiled(step, model, network, ir_dir: Path | None, rank: int) -> d
     return report
 
 
+def _memory_pool_set(rt) -> float | None:
+    """The pool ceiling the runtime gave MindSpore (train/runtime.py), if MindSpore reports it configured."""
+    from mindspore._c_expression import RuntimeConf
+    return rt.memory_pool_gib if RuntimeConf.get_instance().is_memory_configured() else None
+
+
 def compile_step(step, inputs: tuple, model, network, rt, ir_dir: Path | None = None) -> dict:
     """Compile a train step on `inputs` for this process's rank (`rt`: its Runtime) and report what the
     compiled graph holds (describe_compiled), or MindSpore's error."""
@@ -223,7 +230,7 @@ def compile_step(step, inputs: tuple, model, network, rt, ir_dir: Path | None = 
     layout = rt.layout
     report = {"compiled": False, "error": None, "rank": rt.rank, "stage": layout.stage_of_rank(rt.rank),
               "devices": layout.devices, "local_shapes": {}, "bytes": {}, "groups": {}, "collectives": [],
-              "compile_s": None}
+              "compile_s": None, "memory_pool_gib": _memory_pool_set(rt)}
     set_input_layout(layout, len(inputs))
     began = time.perf_counter()
     try:

@@ -302,16 +302,17 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None) -> dict
         # the logits in the compute dtype (whole vocabulary on each rank unless the head is split), and
         # the loss's fp32 work on its vocabulary split over t
         activations += sb * m.vocab_size * (cb / (t if layout.vocab_parallel else 1) + 8 / t)
-    reserve = hw.memory_reserve_gib * GIB
+    reserve = (hw.memory_gib - hw.memory_pool_gib) * GIB  # outside MindSpore's pool: runtime, HCCL buffers
     parts = {**stored, "transient": transient, "activations": activations, "reserve": reserve}
     parts["total"] = sum(parts.values())
     return parts
 
 
 def memory_budget_gib(cfg: Config) -> float:
-    """What a plan may fill: memory_margin of the memory left after the framework reserve (+ the reserve)."""
+    """What a plan may fill: memory_margin of MindSpore's memory pool (hardware.memory_pool_gib, the ceiling
+    the runtime sets), plus what is left outside the pool."""
     hw = cfg.hardware
-    return hw.memory_reserve_gib + (hw.memory_gib - hw.memory_reserve_gib) * hw.memory_margin
+    return hw.memory_gib - hw.memory_pool_gib + hw.memory_pool_gib * hw.memory_margin
 
 
 # ----------------------------------------------------------------------------------------------
@@ -465,6 +466,7 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
         "memory_stage": worst,
         "memory_gib_per_stage": [s["total"] / GIB for s in stages],
         "device_memory_gib": cfg.hardware.memory_gib,
+        "memory_pool_gib": cfg.hardware.memory_pool_gib,
         "memory_budget_gib": budget,
         "fits": total_gib <= budget,
         "comm_bytes_per_step": comm,

@@ -29,12 +29,13 @@ import json
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from mindscale.io import CheckpointError, verify_folder
+from mindscale.io import MARKER, CheckpointError, verify_folder
 from mindscale.train.checkpoint import STATE, checkpoint_step, complete_checkpoints
 from mindscale.train.health import describe_health
 from mindscale.train.committed import COMMITTED, committed_steps, record_steps, step_dir_name, unhealthy_steps
@@ -69,8 +70,8 @@ class RankVote:
 
             self._sum = (lambda x: comm_func.all_reduce(x, op="sum")) if sharded else _SumCell()
 
-    def count(self, *flags: bool) -> list[int]:
-        """How many ranks raised each flag."""
+    def count(self, *flags: bool | int) -> list[int]:
+        """How many ranks raised each flag (the sum over ranks of each value: small integers stay exact)."""
         votes = Tensor(np.array([float(f) for f in flags], np.float32))
         if self._sum is not None:
             votes = self._sum(votes)
@@ -81,12 +82,20 @@ class RankVote:
         self.count(True)
 
 
-def _fault_point(step: int, rank: int) -> None:
-    """Fault injection for the tests: MINDSCALE_FAULT=checkpoint_commit:STEP[@RANK] makes that rank
-    (every rank without @RANK) SIGKILL itself after writing its part of STEP, before the commit."""
+def _fault_point(root: Path, step: int, rank: int, world: int) -> None:
+    """Fault injection for the crash-safety tests: MINDSCALE_FAULT=checkpoint_commit:STEP[@RANK] makes that rank
+    (every rank without @RANK) SIGKILL itself after every writing rank's part of STEP is on disk, before the
+    commit. (A rank that writes nothing gets here at once: killed then, the launcher would stop rank 0 in the
+    middle of its write, and the step would not be the complete-but-uncommitted one the tests need.)"""
     wanted = os.environ.get("MINDSCALE_FAULT", "")
-    if wanted in (f"checkpoint_commit:{step}", f"checkpoint_commit:{step}@{rank}"):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if wanted not in (f"checkpoint_commit:{step}", f"checkpoint_commit:{step}@{rank}"):
+        return
+    name = step_dir_name(step)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not ((root / name / MARKER).is_file() or all(
+            (root / f"rank_{r}" / name / MARKER).is_file() for r in range(world))):
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def commit(root: Path, own_dir: Path | None, step: int, vote: RankVote, rank: int, keep_last: int,
@@ -94,7 +103,7 @@ def commit(root: Path, own_dir: Path | None, step: int, vote: RankVote, rank: in
     """Steps 1-3 above, called by every rank after writing its part of `step` into `own_dir` (None:
     this rank writes nothing, as the data-parallel ranks besides 0); `healthy`: this rank's part was
     saved healthy (state.json)."""
-    _fault_point(step, rank)
+    _fault_point(Path(root), step, rank, vote.world)
     all_healthy = vote.count(healthy)[0] == vote.world  # also the barrier
     if rank == 0:
         unhealthy = {s for s in unhealthy_steps(root) if s < step} | (set() if all_healthy else {step})

@@ -25,6 +25,7 @@ class Runtime:
     rank: int
     world: int
     layout: Layout
+    memory_pool_gib: float | None = None  # the ceiling set on MindSpore's device memory pool (None on CPU)
 
     @property
     def is_main(self) -> bool:
@@ -90,6 +91,7 @@ def setup(cfg: Config) -> Runtime:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"context={cfg.context}: mindspore.set_context refused it ({str(exc).splitlines()[0]}); "
                               "fix or remove the key")
+    pool = _bound_device_memory(cfg, device)
     ms.set_seed(cfg.run.seed)
     rank = 0
     if world > 1:
@@ -100,7 +102,23 @@ def setup(cfg: Config) -> Runtime:
         rank, world = get_rank(), get_group_size()
     layout = Layout.of(cfg, device, world)
     _set_parallel_context(cfg, layout, rank)
-    return Runtime(device_target=device, rank=rank, world=world, layout=layout)
+    if rank == 0 and pool is not None:
+        hw = cfg.hardware
+        print(f"device memory: MindSpore's pool may take {pool:g} of {hw.memory_gib:g} GiB per device (hardware."
+              f"max_device_memory_gib; {hw.memory_gib - pool:g} GiB left to the runtime and HCCL); the planner's "
+              f"budget is memory_margin={hw.memory_margin:g} of the pool", flush=True)
+    return Runtime(device_target=device, rank=rank, world=world, layout=layout, memory_pool_gib=pool)
+
+
+def _bound_device_memory(cfg: Config, device: str) -> float | None:
+    """Cap MindSpore's device memory pool at hardware.memory_pool_gib (else it may take the whole device and
+    leave HCCL's buffers to chance); the planner budgets the same number. Host memory (CPU) is not capped.
+    MindSpore's "GB" here is 2**30 bytes."""
+    if device == "CPU":
+        return None
+    pool = cfg.hardware.memory_pool_gib
+    ms.runtime.set_memory(max_size=f"{pool:.2f}GB")
+    return pool
 
 
 def _set_parallel_context(cfg: Config, layout: Layout, rank: int) -> None:

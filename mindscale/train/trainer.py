@@ -29,7 +29,7 @@ from mindscale.train.profiling import ProfileWindow
 from mindscale.config import Layout
 from mindscale.train.runtime import Runtime, set_input_layout
 from mindscale.train.step import CONTROL, build_train_graph
-from mindscale.train.stop import StopRequest
+from mindscale.train.stop import StopRequest, StopVotes
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -54,6 +54,7 @@ class Trainer:
         self.ckpt_root = self.run_dir / "checkpoints"
         self.ckpt_dir = self.ckpt_root / f"rank_{rt.rank}" if layout.sharded else self.ckpt_root
         self.vote = commit.RankVote(rt.world, layout.sharded)
+        self.stop_schedule = StopVotes(self.vote, cfg.run.stop_vote_interval)  # sharded runs' stop votes
         self.heartbeat = Heartbeat.of_worker(rt.rank)  # under the launcher: hang watch and goodput
         self.pending = None  # (step, this rank writes, its write, saved healthy) of a save not yet committed
         graph = build_train_graph(cfg, layout)
@@ -207,15 +208,17 @@ class Trainer:
         commit.commit(self.ckpt_root, self.ckpt_dir if writes else None, step, self.vote, self.rt.rank,
                       self.cfg.checkpoint.keep_last, healthy)
 
-    def _stop_votes(self, stop: StopRequest | None) -> int:
-        """After a step: how many ranks were asked to stop (0: train on). Every rank votes at every step,
-        so a signal to any of them stops all after the same one. Data parallel: the step summed the flags
-        raised before it (TrainStep.stop_flag); otherwise a RankVote now."""
+    def _stop_votes(self, stop: StopRequest | None, step_s: float) -> int:
+        """After a step: how many ranks were asked to stop (0: train on). A signal to any rank stops all
+        after the same step. Data parallel: the step summed the flags raised before it (TrainStep.stop_flag);
+        sharded: a vote every run.stop_vote_interval steps (StopVotes); one process asks itself."""
         if stop is None:
             return 0
-        if not self.layout.data_parallel_mode:
-            return self.vote.count(stop.requested)[0]
-        return int(round(float(self.step_cell.stop_votes.asnumpy()[0])))
+        if self.rt.world == 1:
+            return int(stop.requested)
+        if self.layout.data_parallel_mode:
+            return int(round(float(self.step_cell.stop_votes.asnumpy()[0])))
+        return self.stop_schedule.after_step(stop.requested, step_s)
 
     def _raise_stop_flag(self, stop: StopRequest | None) -> None:
         """Before a data-parallel step: this rank's vote for the step's sum (once)."""
@@ -279,7 +282,7 @@ class Trainer:
             elapsed = time.perf_counter() - began
             profile.after(step)
             scale = float(scale.asnumpy())
-            asked, overflow = self._stop_votes(stop), bool(overflow.asnumpy())
+            asked, overflow = self._stop_votes(stop, elapsed), bool(overflow.asnumpy())
             spiked = self._spiked(step + 1, loss, limit, overflow)
             self._validate(step + 1, logger)
             record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, overflow,

@@ -405,6 +405,36 @@ def test_sigusr1_to_one_worker_stops_every_rank_after_the_same_step(tmp_path):
                                            f"checkpoint: {run / 'checkpoints' / ckpt.step_dir_name(stop)}")
 
 
+@pytest.mark.parametrize("interval", [None, 7], ids=["auto", "every_7"])
+def test_sharded_stop_votes_every_n_steps_and_every_rank_stops_after_the_same_step(tmp_path, interval):
+    """StopVotes (the sharded layouts' vote) over two msrun workers with a real all-reduce: rank 1 alone
+    is signalled in step 5; both ranks vote at the same steps, agree on each interval, stop after the
+    same step, at the first vote after the request. Auto: after the first three votes the ranks vote
+    every many steps, and the stop waits at most MAX_VOTE_DELAY_S."""
+    from mindscale.train.stop import MAX_VOTE_DELAY_S
+    overrides = [f"run.output_dir={tmp_path}", "run.name=votes",
+                 f"run.stop_vote_interval={'null' if interval is None else interval}"]
+    probe = subprocess.run(["bash", "scripts/run_distribute.sh", TINY, "2", *sets(*overrides)], cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "MINDSCALE_ENTRY": "tests/fixtures/stop_vote_probe.py"})
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    lines = [json.loads(line.split("PROBE ", 1)[1]) for log in sorted((tmp_path / "votes" / "logs").glob("worker_*.log"))
+             for line in log.read_text().splitlines() if line.startswith("PROBE ")]
+    assert [r["rank"] for r in lines] == [0, 1]
+    first, second = lines
+    assert {k: first[k] for k in ("stopped_after", "voted_at", "intervals")} == \
+        {k: second[k] for k in ("stopped_after", "voted_at", "intervals")}
+    stopped, voted = first["stopped_after"], first["voted_at"]
+    assert stopped == voted[-1] and [v for v in voted if v >= 5] == [stopped]  # the first vote after step 5
+    if interval:
+        assert voted == [7] and stopped == 7
+    else:
+        assert voted[:3] == [1, 2, 3] and stopped > 5
+        # a vote of milliseconds (measured ~7 ms here) against 20 ms steps: far fewer votes than steps,
+        # each interval within the delay cap
+        assert len(voted) < stopped / 10 and all(1 < n and 0.02 * n <= MAX_VOTE_DELAY_S for n in first["intervals"][3:])
+
+
 def test_health_guards_stop_a_run_that_cannot_recover_with_exit_1(tmp_path):
     """fp16 with a fixed loss scale that overflows every step stops after train.max_skipped_steps; a
     non-finite loss without a dynamic scale stops at once. One line each, exit 1."""

@@ -131,6 +131,11 @@ def test_round_trip_through_yaml():
     (["model.compute_dtype=bfloat16"], "bfloat16 is not supported by MindSpore's CPU MatMul"),
     (["profile.enable=true", "profile.start_step=5", "profile.stop_step=5"], "need 0 <= start_step < stop_step"),
     (["train.steps"], "expected dotted.key=value"),
+    (["hardware=ascend910b", "hardware.max_device_memory_gib=80"],
+     "hardware.max_device_memory_gib=80.0: must be in (0, memory_gib=64.0]"),
+    (["hardware=ascend910b", "hardware.memory_reserve_gib=64"], "hardware.memory_reserve_gib=64.0: must be in [0"),
+    (["context.max_device_memory=58GB"], "context.max_device_memory='58GB': the pool's ceiling is "
+                                         "hardware.max_device_memory_gib"),
     (["train.eval_interval=10"], "train.eval_interval=10 needs data.valid_path"),
     (["train.eval_steps=0"], "train.eval_steps=0: must be >= 1"),
     (["train.eval_interval=10", "data.valid_path=/v", "hardware=ascend910b", "parallel.model_parallel=2",

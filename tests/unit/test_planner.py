@@ -125,6 +125,18 @@ def test_fits_compares_against_the_margin_of_memory_after_the_reserve(cfg70):
     assert planner.plan(cfg70)["fits"] and not planner.plan(tight)["fits"]
 
 
+def test_the_pool_ceiling_the_runtime_sets_is_what_the_planner_budgets(cfg70):
+    """hardware.max_device_memory_gib (default memory_gib - memory_reserve_gib) is MindSpore's pool ceiling
+    (train/runtime.py sets it) and the planner's basis: what lies outside it is counted as the reserve."""
+    plan = planner.plan(cfg70)
+    assert plan["memory_pool_gib"] == cfg70.hardware.memory_gib - cfg70.hardware.memory_reserve_gib == 61
+    capped = planner.with_overrides(cfg70, ["hardware.max_device_memory_gib=40"])
+    small = planner.plan(capped)
+    assert small["memory_pool_gib"] == 40 and small["memory_gib"]["reserve"] == pytest.approx(24)
+    assert small["memory_budget_gib"] == pytest.approx(24 + 40 * cfg70.hardware.memory_margin)
+    assert plan["fits"] and not small["fits"]  # the 70B stage needs more than 90% of a 40 GiB pool
+
+
 def test_prediction_without_parallelism_is_flops_over_efficient_peak():
     cfg = load_config(TINY, ["hardware=ascend910b", "parallel.data_parallel=1"])
     pred = planner.plan(cfg, efficiency=0.5)["predicted"]

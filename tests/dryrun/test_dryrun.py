@@ -361,7 +361,9 @@ def test_bad_input_is_one_line_and_exit_2():
     for argv, needle in ((["--config", str(TINY_LLAMA)], "hardware='cpu'"),
                          (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--ranks", "0,9"], "rank 9"),
                          (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--set", "model.num_heads=3"],
-                          "num_heads")):
+                          "num_heads"),
+                         (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910a", "--set",
+                           "model.compute_dtype=bfloat16"], "no bf16 matmul")):
         proc = subprocess.run([sys.executable, "tools/dryrun.py", *argv], cwd=REPO_ROOT, capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, \

@@ -18,7 +18,7 @@ grad_norm) must cover every shard. Under semi-auto parallel it is written as Min
 compiler expects: Square, ReduceSum, Cast, and ExpandDims marked `grad_scale`; the compiler divides
 each replicated parameter's share by its replica count and all-reduces the sum over the stage's
 ranks and across stages. On CPU the squared norm is a 1 x n . n x 1 MatMul (6x faster there than
-Square + ReduceSum, measured on the peer config).
+Square + ReduceSum, measured on the peer config). Either squares in fp32.
 
 A step overflows when that norm is not finite, or, where fp16 saturates instead of giving inf
 (an Ascend 910A: `saturates_fp16`), when the device's float status says so (`FloatStatus`).
@@ -103,8 +103,9 @@ def _dot_squared_norm_of(dot, grad):
 
 @_grad_scale_squared_norm.register("Tensor")
 def _grad_scale_squared_norm_of(grad):
-    """sum(g²) of this rank's slice, shape [1], in the pattern the parallel compiler completes over shards."""
-    return _grad_scale_expand(ops.cast(ops.reduce_sum(ops.square(grad)), ms.float32), 0)
+    """sum(g²) of this rank's slice, shape [1], in the pattern the parallel compiler completes over shards.
+    Squared in fp32: an fp16 gradient's square overflows from |g| > 255 and its sum soon after."""
+    return _grad_scale_expand(ops.reduce_sum(ops.square(ops.cast(grad, ms.float32))), 0)
 
 
 @_unscale_and_clear.register("Tensor", "Bool", "Tensor", "Tensor")

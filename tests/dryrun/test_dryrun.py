@@ -192,17 +192,21 @@ def ancestors(nodes: dict, node: str) -> set[str]:
 
 @pytest.mark.parametrize("layout", [["parallel.model_parallel=2"],
                                     ["parallel.model_parallel=2", "parallel.pipeline_stage=2",
-                                     "parallel.micro_batch_num=2", "parallel.optimizer_shard=true"]],
-                         ids=["dp2_tp2", "dp2_tp2_pp2"])
+                                     "parallel.micro_batch_num=2", "parallel.optimizer_shard=true",
+                                     "model.param_dtype=float16"]],
+                         ids=["dp2_tp2", "dp2_tp2_pp2_fp16_params"])
 def test_a_910a_step_ors_the_float_status_of_every_rank_into_its_overflow(layout, tmp_path):
     """hardware=ascend910a saturates fp16 overflow instead of giving inf, so the norm test alone would apply
     saturated gradients: the compiled step reads NPUGetFloatStatusV2 after the gradient norm, sums it over
     all ranks (every stage too), clears it once summed, and ORs it with the norm test into the overflow
-    that drives the dynamic loss scale and the skip."""
+    that drives the dynamic loss scale and the skip. With fp16 parameters the fp32 AdamW moments are sliced
+    and sharded like their parameters, as the planner counts them."""
     sets = [*SMALL, "hardware=ascend910a", "model.compute_dtype=float16", "train.loss_scale=dynamic",
             "model.num_kv_heads=2", "parallel.data_parallel=2", *layout]
     devices = load_config(TINY_LLAMA, sets).devices
     for report in dryrun(TINY_LLAMA, *sets, ranks="stages", ir_dir=tmp_path):
+        assert report["planned"]["shape_mismatches"] == {}
+        assert report["bytes"] == {k: report["planned"][k] for k in ("weights", "grads", "optimizer")}
         graphs = ir_nodes(read_validate_ir(tmp_path / f"rank{report['rank']}"))
         nodes = next((g for g in graphs.values() if any(op == "NPUGetFloatStatusV2" for op, _, _ in g.values())), None)
         assert nodes, f"rank {report['rank']}: no NPUGetFloatStatusV2 in the compiled step"

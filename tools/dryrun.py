@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="ranks compiled at once (each in its own process)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per rank")
     parser.add_argument("--log-dir", help="where each rank's compile log goes (default: a temporary folder)")
+    parser.add_argument("--ir-dir", help="keep each rank's compiled graph (the validate IR) in DIR/rank<R>/ "
+                                         "(default: read for the collectives, then deleted)")
     parser.add_argument("--json", action="store_true", help="one JSON object per rank, one per line")
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
@@ -55,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--rank {args.rank} is outside 0..{layout.devices - 1} (the config's {layout.devices} devices)")
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="mindscale-dryrun-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    job = Job(args.config, tuple(args.overrides), log_dir, args.packed, not args.no_collectives, args.timeout)
+    if args.ir_dir and args.no_collectives:
+        fail("--ir-dir keeps the compiled graph that --no-collectives does not dump; drop one of them")
+    job = Job(args.config, tuple(args.overrides), log_dir, args.packed, not args.no_collectives, args.timeout,
+              ir_dir=Path(args.ir_dir).resolve() if args.ir_dir else None)
     failed = False
     try:
         for report in compile_ranks(cfg, job, ranks, args.jobs):

@@ -76,6 +76,11 @@ class HardwareConfig:
     intra_node_gbps: float = doc("Per-device intra-node collective bandwidth, GB/s.", 10.0)
     inter_node_gbps: float = doc("Per-device inter-node bandwidth, GB/s.", 10.0)
     flash_attention: bool = doc("Whether ops.flash_attention_score exists on this device.", False)
+    soc_version: Optional[Literal["ascend910", "ascend910b", "ascend910_93", "ascend950"]] = doc(
+        "The chip as MindSpore names it (its get_ascend_soc_version()); null off Ascend. ascend910 (910A) has no "
+        "bf16 matmul (refused) and saturates fp16 overflow instead of giving inf/nan, so the train step reads "
+        "the device's float status to detect overflow (docs/models.md); the profile decides, so the dry run "
+        "compiles what that chip runs.", None)
     source: str = doc("Where the numbers come from.", "")
 
     @property

@@ -201,6 +201,11 @@ def _backend(cfg: Config) -> None:
     if cfg.hardware.device_target == "CPU" and cfg.model.compute_dtype == "bfloat16":
         raise ConfigError("model.compute_dtype=bfloat16 is not supported by MindSpore's CPU MatMul; "
                           "use float32 or float16 on CPU")
+    bf16 = [f"model.{key}=bfloat16" for key in ("compute_dtype", "param_dtype") if getattr(cfg.model, key) == "bfloat16"]
+    if bf16 and cfg.hardware.soc_version == "ascend910":
+        raise ConfigError(f"{' and '.join(bf16)} with hardware {cfg.hardware.name!r} (hardware.soc_version=ascend910): "
+                          "the Ascend 910A has no bf16 matmul; use float16 (train.loss_scale=auto makes the loss "
+                          "scale dynamic) or a 910B profile (hardware=ascend910b)")
 
 
 def _finetune(cfg: Config) -> None:

@@ -41,6 +41,7 @@ class Job:
     collectives: bool = True        # dump the compiled graph to read its collectives
     timeout: float = DEFAULT_TIMEOUT_S
     worker: str = "mindscale.launch.dryrun"  # the module compiling a rank (bench/mf_dryrun.py: MindFormers')
+    ir_dir: Path | None = None      # keep each rank's validate IR in <ir_dir>/rank<R> (default: read, then deleted)
 
 
 def for_ascend(cfg: Config) -> tuple[Config, Layout]:
@@ -112,7 +113,8 @@ def run_rank(job: Job, rank: int, devices: int) -> dict:
     """Compile `rank` of `devices` in a worker process; its report, or why the process failed. Bad input
     the worker found comes back as {"compiled": False, "rank": rank, "bad_input": <its one line>}."""
     env = dryrun_environment(dict(os.environ), rank, devices)
-    with tempfile.TemporaryDirectory(prefix=f"mindscale-ir-rank{rank}-") as ir:
+    with tempfile.TemporaryDirectory(prefix=f"mindscale-ir-rank{rank}-") as scratch:
+        ir = str(job.ir_dir / f"rank{rank}") if job.ir_dir else scratch
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         if job.collectives:  # the compiled graph as text: MindSpore writes only this pass's IR
             env.update({"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_SAVE_GRAPHS_PATH": ir, "MS_DEV_DUMP_IR_PASSES": "validate"})

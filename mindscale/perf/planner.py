@@ -30,7 +30,7 @@ How MindSpore differs from the paper, and what the planner does about it
   compiled slices): the model is built without weights, each parameter's slice is its shape divided
   by the plan's split (models.sharding.parameter_splits), and MindSpore's parallel optimizer cuts the
   first dimension of every trained parameter of at least 64 KiB over the ranks holding the same slice
-  (`optimizer_shard`). nn.AdamWeightDecay keeps two moments in the parameter dtype; with param_dtype
+  (`optimizer_shard`). AdamW keeps two fp32 moments whatever the parameter dtype; with param_dtype
   float32 the parameter is the master copy. Gradient accumulation and pipelines keep accumulation
   buffers of the model-parallel slice, or of the optimizer's shard of it with
   parallel.gradient_accumulation_shard (then reduce-scattered every micro batch).
@@ -63,6 +63,7 @@ from mindscale.config import OPTIMIZER_SHARD_MIN_KIB, Layout
 
 GIB = 2 ** 30
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+MOMENT_BYTES = 4  # AdamW's moments are fp32 whatever param_dtype (mindscale/train/optim.py)
 # Fraction of the peak the hardware FLOPs are assumed to run at (matmul-bound training step).
 DEFAULT_EFFICIENCY = {"Ascend": 0.55, "GPU": 0.55, "CPU": 0.3}
 FLASH_STATS_WIDTH = 8  # FlashAttentionScore returns softmax max and sum as (B, N, S, 8) fp32
@@ -242,7 +243,8 @@ def stage_bytes(cfg: Config, stage: int, layout: Layout | None = None) -> dict:
     if key in _STAGE_BYTES:  # the search asks for every recompute variant of a layout
         return dict(_STAGE_BYTES[key])
     itemsize = DTYPE_BYTES[cfg.model.param_dtype]
-    size = {name: math.prod(shape) * itemsize for name, shape in stored_shapes(cfg, stage, layout).items()}
+    size = {name: math.prod(shape) * (MOMENT_BYTES if name.startswith("adam_") else itemsize)
+            for name, shape in stored_shapes(cfg, stage, layout).items()}
     trained = {p.name for p in parameter_slices(cfg, layout) if p.trainable}
     kind = {"adam_m": "optimizer", "adam_v": "optimizer", "accu_grads": "grads"}
     out = {"weights": 0, "grads": 0, "optimizer": 0}

@@ -18,16 +18,21 @@ grad_norm) must cover every shard. Under semi-auto parallel it is written as Min
 compiler expects: Square, ReduceSum, Cast, and ExpandDims marked `grad_scale`; the compiler divides
 each replicated parameter's share by its replica count and all-reduces the sum over the stage's
 ranks and across stages. On CPU the squared norm is a 1 x n . n x 1 MatMul (6x faster there than
-Square + ReduceSum, measured on the peer config).
+Square + ReduceSum, measured on the peer config). Either squares in fp32.
+
+A step overflows when that norm is not finite, or, where fp16 saturates instead of giving inf
+(an Ascend 910A: `saturates_fp16`), when the device's float status says so (`FloatStatus`).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.communication import get_group_size
 from mindspore.ops.composite import add_flags
+from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2, NPUGetFloatStatusV2
 from mindspore.parallel.nn import GradAccumulation, Pipeline
 
 import models
@@ -37,6 +42,7 @@ from mindscale.train.optim import build_optimizer
 DYNAMIC_SCALE_START = 2.0 ** 16
 CONTROL = "control"  # prefix of the step's parameters the host sets each step: control, not state
 DYNAMIC_SCALE_WINDOW = 1000
+SATURATION_MODE = "SATURATION_MODE"  # MS_ASCEND_CHECK_OVERFLOW_MODE's value that makes a 910B saturate fp16 too
 
 
 def _loss_scale(cfg: Config) -> tuple[float, bool]:
@@ -47,6 +53,38 @@ def _loss_scale(cfg: Config) -> tuple[float, bool]:
     if value == "dynamic":
         return DYNAMIC_SCALE_START, True
     return (1.0 if value is None else float(value)), False
+
+
+def saturates_fp16(cfg: Config, layout: Layout, environ=os.environ) -> bool:
+    """Whether fp16 overflow on the step's device saturates (to ±65504) instead of giving inf/nan, so that a
+    finite gradient norm does not prove there was none and the step reads the device's float status too: an
+    Ascend 910A (hardware.soc_version ascend910), or any Ascend under MS_ASCEND_CHECK_OVERFLOW_MODE=
+    SATURATION_MODE (MindSpore's own test in amp.all_finite and nn.TrainOneStepWithLossScaleCell). The hardware
+    profile decides, not the chip MindSpore reports (none under the dry run), so the dry run compiles what a
+    910A runs."""
+    return layout.device == "Ascend" and (cfg.hardware.soc_version == "ascend910" or
+                                          environ.get("MS_ASCEND_CHECK_OVERFLOW_MODE") == SATURATION_MODE)
+
+
+class FloatStatus(nn.Cell):
+    """Whether any op overflowed since the last read, from Ascend's float-status register; with `reduce`, on
+    any rank (summed over all of them, so that every rank skips the same step). Read after `after` and
+    cleared once read, for the next step, in MindSpore's order (nn.TrainOneStepWithLossScaleCell): the clear
+    after the all-reduce, so that an overflow of the all-reduce itself does not count against the next step."""
+
+    def __init__(self, reduce: bool):
+        super().__init__()
+        self.zeros = Tensor([0] * 8, ms.int32)  # the primitives' input: it only orders them
+        self.read = NPUGetFloatStatusV2()
+        self.clear = NPUClearFloatStatusV2()
+        self.sum = ops.AllReduce() if reduce else None
+
+    def construct(self, after):
+        status = self.read(ops.depend(self.zeros, after))
+        if self.sum is not None:
+            status = self.sum(status)
+        cleared = self.clear(ops.depend(self.zeros, status))
+        return ops.depend(ops.not_equal(status, 0).any(), cleared)
 
 
 _dot_squared_norm = ops.MultitypeFuncGraph("dot_squared_norm")
@@ -65,8 +103,9 @@ def _dot_squared_norm_of(dot, grad):
 
 @_grad_scale_squared_norm.register("Tensor")
 def _grad_scale_squared_norm_of(grad):
-    """sum(g²) of this rank's slice, shape [1], in the pattern the parallel compiler completes over shards."""
-    return _grad_scale_expand(ops.cast(ops.reduce_sum(ops.square(grad)), ms.float32), 0)
+    """sum(g²) of this rank's slice, shape [1], in the pattern the parallel compiler completes over shards.
+    Squared in fp32: an fp16 gradient's square overflows from |g| > 255 and its sum soon after."""
+    return _grad_scale_expand(ops.reduce_sum(ops.square(ops.cast(grad, ms.float32))), 0)
 
 
 @_unscale_and_clear.register("Tensor", "Bool", "Tensor", "Tensor")
@@ -118,6 +157,8 @@ class TrainStep(nn.Cell):
         if self.accumulated:
             self.accu_grads = self.weights.clone(prefix="accu_grads", init="zeros")
         self.cpu_norm = layout.cpu_kernels
+        self.float_status = FloatStatus(reduce=layout.sharded or layout.data_parallel_mode) \
+            if saturates_fp16(cfg, layout) else None
         self.dot = ops.MatMul(transpose_b=True)
         # train.loss_spike_factor: the host sets the step's limit (factor x recent median, health.LossSpikes);
         # the step compares its global loss with it before the update, so a spiking batch never updates
@@ -158,6 +199,8 @@ class TrainStep(nn.Cell):
             factor = inverse
         grad_norm = ops.sqrt(ops.addn(self.squared_norms(grads))).reshape(()) * factor
         overflow = ops.logical_not(ops.isfinite(grad_norm))
+        if self.float_status is not None:  # read after the norm: the whole backward (and the norm) ran
+            overflow = ops.logical_or(overflow, self.float_status(grad_norm))
         if self.scale_update is not None:
             overflow = self.scale_update(self.loss_scale, overflow)
         if self.grad_clip > 0:

@@ -16,6 +16,7 @@ executes, so these tests prove what the compiler accepts and what the compiled g
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -24,6 +25,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from mindscale.config import REPO_ROOT, Layout, load_config
+from mindscale.launch.dryrun import read_validate_ir
 from mindscale.io import CheckpointError
 from mindscale.perf import planner
 from mindscale.train import checkpoint as ckpt
@@ -38,10 +40,12 @@ SMALL = ["hardware=ascend910b", "model.hidden_size=64", "model.num_heads=4", "mo
          "model.vocab_size=256", "model.seq_length=64", "model.num_layers=4", "train.global_batch_size=null"]
 
 
-def dryrun(config, *overrides, ranks="first,last", packed=False, check=True):
-    """tools/dryrun.py --json as a user runs it: one report per rank."""
+def dryrun(config, *overrides, ranks="first,last", packed=False, check=True, ir_dir=None):
+    """tools/dryrun.py --json as a user runs it: one report per rank (with `ir_dir`, each rank's validate IR
+    kept in <ir_dir>/rank<R>)."""
     argv = [sys.executable, "tools/dryrun.py", "--config", str(config), "--ranks", ranks, "--jobs", "2", "--json",
-            *[a for o in overrides for a in ("--set", o)], *(["--packed"] if packed else [])]
+            *[a for o in overrides for a in ("--set", o)], *(["--packed"] if packed else []),
+            *(["--ir-dir", str(ir_dir)] if ir_dir else [])]
     proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     if check:
@@ -161,6 +165,62 @@ def test_the_loss_spike_guard_compiles_in_a_sharded_step():
     report = dryrun(TINY_LLAMA, *SMALL, "model.num_kv_heads=2", "parallel.data_parallel=2", "parallel.model_parallel=2",
                     "train.loss_spike_factor=2", ranks="0")[0]
     assert report["compiled"] and report["planned"]["shape_mismatches"] == {}
+
+
+_IR_NODE = re.compile(r"^\s+%(\d+)\(\S*?\) = (?:PrimFunc_)?(\w+)\((.*)$")
+
+
+def ir_nodes(text: str) -> dict[str, dict[str, tuple]]:
+    """{graph: {node id: (op, input ids, line)}} of a validate IR file."""
+    graphs, current = {}, None
+    for line in text.splitlines():
+        if line.startswith("subgraph @"):
+            current = graphs.setdefault(line.split("@", 1)[1].split("(", 1)[0], {})
+        elif current is not None and (node := _IR_NODE.match(line)):
+            args = re.split(r"\) \{| primitive_attrs:| cnode_attrs:", node.group(3))[0]
+            current[node.group(1)] = (node.group(2), re.findall(r"%(\d+)", args), line)
+    return graphs
+
+
+def ancestors(nodes: dict, node: str) -> set[str]:
+    """The ops `node` depends on within its graph (itself included)."""
+    seen, todo = set(), [node]
+    while todo:
+        if (n := todo.pop()) in nodes and n not in seen:
+            seen.add(n)
+            todo += nodes[n][1]
+    return {nodes[n][0] for n in seen}
+
+
+@pytest.mark.parametrize("layout", [["parallel.model_parallel=2"],
+                                    ["parallel.model_parallel=2", "parallel.pipeline_stage=2",
+                                     "parallel.micro_batch_num=2", "parallel.optimizer_shard=true",
+                                     "model.param_dtype=float16"]],
+                         ids=["dp2_tp2", "dp2_tp2_pp2_fp16_params"])
+def test_a_910a_step_ors_the_float_status_of_every_rank_into_its_overflow(layout, tmp_path):
+    """hardware=ascend910a saturates fp16 overflow instead of giving inf, so the norm test alone would apply
+    saturated gradients: the compiled step reads NPUGetFloatStatusV2 after the gradient norm, sums it over
+    all ranks (every stage too), clears it once summed, and ORs it with the norm test into the overflow
+    that drives the dynamic loss scale and the skip. With fp16 parameters the fp32 AdamW moments are sliced
+    and sharded like their parameters, as the planner counts them."""
+    sets = [*SMALL, "hardware=ascend910a", "model.compute_dtype=float16", "train.loss_scale=dynamic",
+            "model.num_kv_heads=2", "parallel.data_parallel=2", *layout]
+    devices = load_config(TINY_LLAMA, sets).devices
+    for report in dryrun(TINY_LLAMA, *sets, ranks="stages", ir_dir=tmp_path):
+        assert report["planned"]["shape_mismatches"] == {}
+        assert report["bytes"] == {k: report["planned"][k] for k in ("weights", "grads", "optimizer")}
+        graphs = ir_nodes(read_validate_ir(tmp_path / f"rank{report['rank']}"))
+        nodes = next((g for g in graphs.values() if any(op == "NPUGetFloatStatusV2" for op, _, _ in g.values())), None)
+        assert nodes, f"rank {report['rank']}: no NPUGetFloatStatusV2 in the compiled step"
+        by_op = {}
+        for n, (op, _, _) in nodes.items():
+            by_op.setdefault(op, []).append(n)
+        [read], [clear] = by_op["NPUGetFloatStatusV2"], by_op["NPUClearFloatStatusV2"]
+        [summed] = [n for n in by_op["AllReduce"] if read in nodes[n][1]]
+        assert f"group_rank_ids: ({', '.join(map(str, range(devices)))})" in nodes[summed][2]
+        assert "Sqrt" in ancestors(nodes, read) and "AllReduce" in ancestors(nodes, clear)
+        decided = [n for n in by_op["LogicalOr"] if {"IsFinite", "NPUGetFloatStatusV2"} <= ancestors(nodes, n)]
+        assert decided, "the float status is not OR-ed with the norm test"
 
 
 LLAMA3_2_1B = REPO_ROOT / "configs" / "llama3_2" / "llama3_2_1b.yaml"
@@ -363,7 +423,9 @@ def test_bad_input_is_one_line_and_exit_2():
     for argv, needle in ((["--config", str(TINY_LLAMA)], "hardware='cpu'"),
                          (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--ranks", "0,9"], "rank 9"),
                          (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--set", "model.num_heads=3"],
-                          "num_heads")):
+                          "num_heads"),
+                         (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910a", "--set",
+                           "model.compute_dtype=bfloat16"], "no bf16 matmul")):
         proc = subprocess.run([sys.executable, "tools/dryrun.py", *argv], cwd=REPO_ROOT, capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, \

@@ -129,6 +129,10 @@ def test_round_trip_through_yaml():
     (["train.global_batch_size=7"], "train.global_batch_size=7 != train.micro_batch_size=4 x parallel.data_parallel=2"),
     (["model.attention=flash"], "model.attention=flash but hardware 'cpu' has no FlashAttentionScore"),
     (["model.compute_dtype=bfloat16"], "bfloat16 is not supported by MindSpore's CPU MatMul"),
+    (["hardware=ascend910a", "model.compute_dtype=bfloat16"],
+     "model.compute_dtype=bfloat16 with hardware 'ascend910a' (hardware.soc_version=ascend910): the Ascend 910A has "
+     "no bf16 matmul; use float16"),
+    (["hardware=ascend910a", "model.param_dtype=bfloat16"], "model.param_dtype=bfloat16 with hardware 'ascend910a'"),
     (["profile.enable=true", "profile.start_step=5", "profile.stop_step=5"], "need 0 <= start_step < stop_step"),
     (["train.steps"], "expected dotted.key=value"),
     (["hardware=ascend910b", "hardware.max_device_memory_gib=80"],

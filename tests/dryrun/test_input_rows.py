@@ -7,15 +7,15 @@ and global rows, an AllGather of it (its group in concatenation order), the micr
 range and split), and `row_groups`, the ranks the loss's scalar sums are all-reduced over: the ranks whose
 rows are distinct blocks of the global batch, block = position in the group (the order an AllGather of
 the input concatenates them in). Ranks at the same position of their groups hold the same block (the
-tensor-parallel ranks of one data-parallel index). The groups of every rank of a stage follow from one
-compiled rank's by translation, and a second compiled rank of the stage is checked against them.
+tensor-parallel ranks of one data-parallel index). The groups of every rank follow from the last stage's
+compiled group by translation; every other compiled rank's own groups (the loss's, an AllGather's) are
+checked against them.
 
 The rows fed come from the trainer's own batching (Trainer._batches) on synthetic data, identified by
 content against the stream of a one-worker run (its global batch in stream order).
 """
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from mindscale.config import REPO_ROOT, Layout, load_config

@@ -86,12 +86,13 @@ def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
     from mindspore import Tensor
     from mindspore.nn.utils import no_init_parameters
 
-    from mindscale.train.runtime import setup
+    from mindscale.train.runtime import PIPELINE_OWN_ROWS, setup
 
     if packed:
         raise ConfigError("--packed: the MindFormers comparison feeds plain token ids only")
     os.environ.setdefault("LOG_MF_PATH", str(Path.cwd() / "mindformers_log"))
     rt = setup(cfg)
+    os.environ.pop(PIPELINE_OWN_ROWS, None)  # MindFormers' trainer slices its micro batches as MindSpore's default
     with no_init_parameters():
         network = mindformers_llama(cfg, rt.layout)
         step = train_cell(cfg, rt.layout, network)

@@ -13,8 +13,9 @@ pipeline split, optimizer shard) and reports the compiled layouts and collective
 verify kernels, numerics, speed or device memory (docs/dryrun.md).
 
 --json prints one JSON object per rank, one per line: compiled, error, rank, stage, devices,
-local_shapes, bytes, groups, collectives, compile_s, host_peak_rss_gib, and `planned` (the planner's
-bytes for that rank's stage and its predicted communication, with ratios to the compiled ones).
+local_shapes, bytes, groups, collectives, inputs, row_groups, compile_s, host_peak_rss_gib, and
+`planned` (the planner's bytes for that rank's stage and its predicted communication, with ratios to
+the compiled ones).
 Exit status: 0 every rank compiled, 1 a compile failed, 2 bad input.
 """
 from __future__ import annotations

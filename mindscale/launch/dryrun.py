@@ -16,6 +16,8 @@ What the report holds, and where it comes from:
   bytes         weights, grads, optimizer on this rank (docs/dryrun.md defines each)
   collectives   from the compiled graph (the `validate` IR): kind, group size, count and bytes per step
   groups        the communication groups those collectives use
+  inputs        how the step's inputs reach the computation: gathered over which ranks, sliced into
+  row_groups    which micro-batch rows, and the ranks whose rows are distinct parts of the batch (input_rows)
   memory_pool_gib  the ceiling the runtime set on MindSpore's device memory pool (None if MindSpore holds none)
 What it cannot tell: whether kernels exist and run, numerics, speed, device memory.
 """
@@ -153,6 +155,65 @@ def collectives_of(graphs: dict) -> tuple[list[dict], dict[str, list[int]]]:
     return rows, groups
 
 
+# ----------------------------------------------------------------------------------------------
+# The compiled graph: which rows of the step's inputs a rank computes on
+
+
+_INPUT_PARAM = re.compile(r"^%(para\d+_inputs(\d+)): <Tensor\[\w+\], \((\d+)[^>]*> : \[(\d+)")
+_OPERAND = re.compile(r"^(?:AllGather|Depend|PrimFunc_StridedSlice)\((%[\w.]+)")
+_ROW_RANGE = re.compile(r"^PrimFunc_StridedSlice\(%[\w.]+, \(I64\((\d+)\)(?:, I64\(\d+\))*\), \(I64\((\d+)\)")
+
+
+def input_rows(text: str) -> dict:
+    """How the step's inputs (input_ids, labels, loss_mask[, segment_ids]) reach the computation in one
+    rank's compiled graph, from its IR (the `validate` pass):
+
+      inputs      per input: its local and global rows, the ranks an AllGather of it concatenates (in
+                  group order; empty when none does), and per micro batch the row range its micro-batch
+                  StridedSlice takes [begin, end] with that slice's split of the rows (1: it slices the
+                  global batch every rank then holds; dp: it slices the rank's own rows, and the range is
+                  the local one). No micro batches: the rows are used whole.
+      row_groups  the ranks over which the loss's scalar sums (token losses, token count) are all-reduced:
+                  the ranks whose rows are distinct parts of the global batch (the last stage only).
+    """
+    inputs: dict[str, dict] = {}
+    carries: dict[str, str] = {}  # a node whose value is an input's rows (its AllGather, a Depend) -> the input
+    row_groups: set[tuple] = set()
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if _GRAPH.match(line):
+            carries = {}  # node names are a graph's own
+            continue
+        param = _INPUT_PARAM.match(line)
+        if param:
+            inputs[f"%{param.group(1)}"] = {"input": int(param.group(2)), "rows": int(param.group(3)),
+                                            "global_rows": int(param.group(4)), "gathered_over": [], "micro": {}}
+            continue
+        node = _NODE.match(line)
+        if not node:
+            continue
+        rhs = node.group(1)
+        operand = _OPERAND.match(rhs)
+        source = operand and (operand.group(1) if operand.group(1) in inputs else carries.get(operand.group(1)))
+        if source and rhs.startswith(("AllGather", "Depend")):
+            carries[line.split("(", 1)[0].strip()] = source
+            if rhs.startswith("AllGather"):
+                inputs[source]["gathered_over"] = [int(r) for r in re.findall(r"\d+", _attr(line, "group_rank_ids"))]
+        elif source and _attr(line, "micro") is not None:
+            begin, end = map(int, _ROW_RANGE.match(rhs).groups())
+            split = re.search(r"\{in_strategy: \(\((\d+)", line)
+            micro = int(re.search(r"\((\d+)\)", _attr(line, "micro")).group(1))  # I64(3)
+            inputs[source]["micro"][micro] = [begin, end, int(split.group(1)) if split else 1]
+        elif rhs.startswith("AllReduce") and "forward_op" in (_attr(line, "instance name") or ""):
+            types, scope = (lines[i + 1] if i + 1 < len(lines) else ""), (lines[i + 2] if i + 2 < len(lines) else "")
+            if "], ()>) ->" in types and "/loss-" in scope and "Gradients" not in scope:
+                row_groups.add(tuple(int(r) for r in re.findall(r"\d+", _attr(line, "group_rank_ids"))))
+    return {"inputs": [{**{k: v for k, v in info.items() if k != "micro"},
+                        "micro_batches": [info["micro"][m] for m in sorted(info["micro"])]}
+                       for info in sorted(inputs.values(), key=lambda info: info["input"])],
+            "row_groups": sorted(list(group) for group in row_groups)}
+
+
 def read_validate_ir(folder: Path) -> str:
     files = sorted(folder.rglob(f"*{IR_PASS}*.ir"))
     return files[-1].read_text() if files else ""
@@ -212,7 +273,9 @@ def describe_compiled(step, model, network, ir_dir: Path | None, rank: int) -> d
         "optimizer": sum(_nbytes(p) for p in params if p.name.startswith(("adam_m.", "adam_v."))),
     }
     if ir_dir is not None:
-        report["collectives"], report["groups"] = collectives_of(parse_ir(read_validate_ir(ir_dir), rank))
+        text = read_validate_ir(ir_dir)
+        report["collectives"], report["groups"] = collectives_of(parse_ir(text, rank))
+        report.update(input_rows(text))
     return report
 
 

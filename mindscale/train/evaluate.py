@@ -25,10 +25,11 @@ import time
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
+from mindspore.nn.wrap.cell_wrapper import _MicroBatch
 
 from mindscale.config import Config, ConfigError, Layout
 from mindscale.train.data import SYNTHETIC, build_dataset, read_manifest, step_rows
-from mindscale.train.step import micro_batched
+from mindscale.train.step import micro_batched, slice_own_rows
 from models.transformer import CausalLMLoss
 
 
@@ -68,18 +69,21 @@ class PipelineInference(nn.Cell):
     """Pipeline stages, forward only: the step's rows sliced into micro batches in a plain loop, each through
     the (lazy_inline) loss network, their outputs added; MindSpore 2.9's pattern for pipeline inference
     (the example of mindspore.parallel.sync_pipeline_shared_parameters). Its Pipeline cell is for training
-    only. The sums are those of the last stage, whose first rank logs them."""
+    only. The micro batches are sliced as the training step's are (MindSpore's _MicroBatch, a rank's own
+    rows: step.slice_own_rows). The sums are those of the last stage, whose first rank logs them."""
 
-    def __init__(self, network: nn.Cell, micro_batches: int):
+    def __init__(self, network: nn.Cell, layout: Layout):
         super().__init__(auto_prefix=False)
         self.network = network
-        self.micro_batches = micro_batches
+        self.micro_batches = layout.micro_steps
+        self.micro_inputs = nn.CellList([_MicroBatch(self.micro_batches) for _ in range(self.micro_batches)])
+        for micro in self.micro_inputs:
+            slice_own_rows(micro.strided_slice, layout.dp)
 
     def construct(self, *inputs):
-        rows = inputs[0].shape[0] // self.micro_batches
-        sums = self.network(*[x[:rows] for x in inputs])
+        sums = self.network(*self.micro_inputs[0](0, *inputs))
         for i in range(1, self.micro_batches):
-            sums = sums + self.network(*[x[i * rows:(i + 1) * rows] for x in inputs])
+            sums = sums + self.network(*self.micro_inputs[i](i, *inputs))
         return sums
 
 
@@ -95,7 +99,7 @@ class EvalStep(nn.Cell):
         super().__init__(auto_prefix=False)
         if layout.pp > 1:
             loss = (ReusedHeldOutLoss if layout.graph_reuse == "model" else HeldOutLoss)(model, layout)
-            self.network = PipelineInference(loss, layout.micro_steps)
+            self.network = PipelineInference(loss, layout)
         else:
             self.network = micro_batched(HeldOutLoss(model, layout), layout)
         self.data_parallel = layout.data_parallel_mode

@@ -17,6 +17,9 @@ from mindscale.devices import detect_device
 
 
 MAX_CALL_DEPTH = 10000
+# MindSpore's switch (read once, at the first pipeline compile): a pipeline's micro-batch StridedSlice is split
+# by its `out_shard_size` attribute and not redistributed, instead of strategy (1, 1) on an all-gathered batch
+PIPELINE_OWN_ROWS = "PIPELINE_SLICE_SKIP_REDISTRIBUTION"
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,10 @@ def _set_parallel_context(cfg: Config, layout: Layout, rank: int) -> None:
     if not layout.sharded:
         return
     # Ascend/GPU or the dry run (check_runnable refused this on CPU): the model's .shard() plan is honoured.
-    # Each rank feeds its data-parallel share; the input strategy is set per input by set_input_layout.
+    # Each rank feeds its data-parallel share; the input strategy is set per input by set_input_layout, and
+    # a pipeline's micro-batch slices take rows of that share (step.slice_own_rows).
+    if layout.pp > 1:
+        os.environ[PIPELINE_OWN_ROWS] = "1"
     # gradients_mean=False: the sharded loss is the global batch's mean on every rank (its token sums are
     # all-reduced), and the compiler's loss divisor (_VirtualDiv over the stage's devices) with the
     # all-reduce bprops already makes each mirror's sum the exact gradient; a mean would divide it again

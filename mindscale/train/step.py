@@ -124,12 +124,30 @@ def _unscale_and_clear_buffer(inverse, read_buffer, grad, buffer):
 
 def micro_batched(loss_network: nn.Cell, layout: Layout) -> nn.Cell:
     """The loss network the step differentiates: wrapped in MindSpore's micro-batch cell when a step
-    has several micro batches (it slices the stacked rows and sums the micro-batch losses)."""
+    has several micro batches (it slices the stacked rows and sums the micro-batch losses). Sharded,
+    micro batch i of a rank is rows [i*mbs, (i+1)*mbs) of its own feed (slice_own_rows)."""
     if layout.pp > 1:
-        return Pipeline(loss_network, layout.micro_steps)
-    if layout.micro_steps > 1:
-        return GradAccumulation(loss_network, layout.micro_steps)
-    return loss_network
+        cell = Pipeline(loss_network, layout.micro_steps)
+    elif layout.micro_steps > 1:
+        cell = GradAccumulation(loss_network, layout.micro_steps)
+    else:
+        return loss_network
+    if layout.sharded:
+        for micro in cell.micro_inputs:
+            slice_own_rows(micro.strided_slice, layout.dp)
+    return cell
+
+
+def slice_own_rows(slice_op: ops.Primitive, dp: int) -> None:
+    """Make a micro-batch StridedSlice take the rank's own rows. Unmarked, MindSpore gives it strategy (1, 1):
+    every rank all-gathers the step's whole global batch of each input and slices the micro batch from it
+    (docs/dryrun.md, "Which rows a rank computes on"). Split (dp, 1) and not redistributed, the compiler
+    divides the row range by dp instead, and no row moves. A pipeline stage's slices take their strategy
+    from the pipeline pass, which reads `out_shard_size` under PIPELINE_SLICE_SKIP_REDISTRIBUTION=1
+    (train/runtime.py sets it)."""
+    slice_op.shard(((dp, 1),))
+    slice_op.add_prim_attr("skip_redistribution", True)
+    slice_op.add_prim_attr("out_shard_size", dp)
 
 
 class TrainStep(nn.Cell):

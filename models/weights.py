@@ -239,7 +239,7 @@ def load_pretrained(path: str | Path, cfg: Config, sliced: bool = False) -> Mapp
     if is_mindformers_checkpoint(path):
         return mf_to_mindscale(read_mindformers(path), cfg.model.num_heads, cfg.model.kv_heads)
     if is_hf_folder(path):
-        hf_model, views = hf_views(*read_hf_folder(path, mapped=True))
+        hf_model, views = hf_views(*read_hf_folder(path, lazy=True))
         differ = model_config_differences(hf_model, cfg.model)
         if differ:
             raise WeightsMismatch(f"{path}: the Hugging Face model differs from the config: {_first(differ)}; "

@@ -60,7 +60,7 @@ def _write_checkpoint(args, progress: Progress, weights: dict, cfg: Config):
 
 
 def hf2ms(args, progress: Progress) -> dict:
-    stored, hf_config = read_hf_folder(args.input, mapped=True)  # read below, tensor by tensor
+    stored, hf_config = read_hf_folder(args.input, lazy=True)  # read below, tensor by tensor
     hf_state = {name: tensor[...] for name, tensor in
                 progress.track(stored.items(), f"reading {args.input}", len(stored), "tensor")}
     with progress.single("converting", "model"):

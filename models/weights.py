@@ -24,7 +24,7 @@ from mindscale.config import Config, ConfigError, config_from_tree
 from mindscale.io import CheckpointError, read_tensors, verify_folder
 from models.hf_convert import (HFConversionError, hf_views, is_hf_folder, model_config_differences,
                                model_config_from_hf, read_hf_folder)
-from models.mf_convert import is_mindformers_checkpoint, mf_to_mindscale, read_mindformers
+from models.mf_convert import is_mindformers_checkpoint, mf_views, read_mindformers
 from models.tensor_file import open_tensors
 from models.lora import is_adapter, merge, split_adapters, without_lora
 
@@ -232,12 +232,14 @@ def load_weights_into(model: nn.Cell, weights: dict, layouts: dict | None = None
 
 def load_pretrained(path: str | Path, cfg: Config, sliced: bool = False) -> Mapping[str, np.ndarray]:
     """MindScale-named weights from a MindScale checkpoint (folder or .safetensors), a Hugging Face
-    model folder (config.json + safetensors) or a MindFormers checkpoint. `sliced` (a sharded run): the weights of a whole checkpoint
-    or an HF folder come as SlicedWeights, from which each rank reads only its slices; a sharded step's
-    folder is merged whole; a MindFormers LLaMA .ckpt/.safetensors file (models/mf_convert.py, split by
-    the config's head counts) is read whole. Raises CheckpointError / WeightsMismatch (one line)."""
+    model folder (config.json + safetensors) or a MindFormers checkpoint. `sliced` (a sharded run): the
+    weights of a whole checkpoint, an HF folder or a MindFormers LLaMA .ckpt/.safetensors file
+    (models/mf_convert.py, split by the config's head counts) come as SlicedWeights, from which each
+    rank reads only its slices; a sharded step's folder is merged whole. Raises CheckpointError /
+    WeightsMismatch (one line)."""
     if is_mindformers_checkpoint(path):
-        return mf_to_mindscale(read_mindformers(path), cfg.model.num_heads, cfg.model.kv_heads)
+        weights = SlicedWeights(mf_views(read_mindformers(path), cfg.model.num_heads, cfg.model.kv_heads))
+        return weights if sliced else {name: weights[name] for name in weights}
     if is_hf_folder(path):
         hf_model, views = hf_views(*read_hf_folder(path, lazy=True))
         differ = model_config_differences(hf_model, cfg.model)

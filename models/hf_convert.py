@@ -212,7 +212,7 @@ def _strip_prefix(hf_state: dict, arch: str) -> dict:
 
 
 class RuleView:
-    """MindScale tensor `rule.ours` as a view of HF tensor `theirs` (an array or a mapped StoredTensor):
+    """MindScale tensor `rule.ours` as a view of HF tensor `theirs` (an array or a lazy StoredTensor):
     its `shape`, and `[index]` reads that part alone, the index mapped through the row split and the
     transpose. A sharded rank reads its slice of a fused or transposed HF tensor without the rest."""
 
@@ -281,9 +281,9 @@ def is_hf_folder(path: str | Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file()
 
 
-def read_hf_folder(path: str | Path, mapped: bool = False) -> tuple[dict, dict]:
+def read_hf_folder(path: str | Path, lazy: bool = False) -> tuple[dict, dict]:
     """(tensors, config) of a Hugging Face model folder: config.json + model.safetensors, or the
-    shards listed in model.safetensors.index.json. BF16 widens to fp32. `mapped`: the tensors are
+    shards listed in model.safetensors.index.json. BF16 widens to fp32. `lazy`: the tensors are
     StoredTensors (models/tensor_file.py), read only where indexed."""
     path = Path(path)
     if not is_hf_folder(path):
@@ -305,7 +305,7 @@ def read_hf_folder(path: str | Path, mapped: bool = False) -> tuple[dict, dict]:
         if not (path / name).is_file():
             raise HFConversionError(f"{path / name} listed in the index is missing")
         tensors.update(open_tensors(path / name))
-    return (tensors if mapped else {name: t[...] for name, t in tensors.items()}), config
+    return (tensors if lazy else {name: t[...] for name, t in tensors.items()}), config
 
 
 def write_hf_folder(path: str | Path, hf_state: dict[str, np.ndarray], hf_config: dict) -> Path:

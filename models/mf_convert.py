@@ -13,6 +13,10 @@ With `qkv_concat: True` it stores two fused matrices, laid out as its forward sp
 Its rotary embedding is the rotate-half form of Hugging Face and ours, so nothing is permuted (the
 test checks logits against MindFormers' own forward). A .ckpt also holds optimizer state and
 counters (adam_m., global_step, ...): only the model's tensors are read.
+
+Both files are read lazily (models/tensor_file.py): opening one reads its headers, and a fused
+tensor's parts are views of its rows (RowsOf), so a sharded rank reads only its slices of them and a
+.ckpt's optimizer state is never read.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import numpy as np
 import yaml
 
 from mindscale.io import CheckpointError
-from models.tensor_file import open_tensors
+from models.tensor_file import full_index, open_ckpt, open_tensors
 
 EMBEDDING = "model.tok_embeddings.embedding_weight"
 RENAMES = {EMBEDDING: "tok_embeddings.weight", "model.norm_out.weight": "norm.weight", "lm_head.weight": "output.weight"}
@@ -44,38 +48,54 @@ def is_mindformers_checkpoint(path: str | Path) -> bool:
     return path.suffix == ".safetensors" and EMBEDDING in open_tensors(path)
 
 
-def read_mindformers(path: str | Path) -> dict[str, np.ndarray]:
-    """The model tensors (named `model.*` or `lm_head.*`) of a MindFormers .ckpt or .safetensors file."""
+def _is_model_tensor(name: str) -> bool:
+    return name.startswith(("model.", "lm_head."))
+
+
+def read_mindformers(path: str | Path) -> dict:
+    """The model tensors (named `model.*` or `lm_head.*`) of a MindFormers .ckpt or .safetensors file, as
+    lazy tensors (models/tensor_file.py): nothing read but headers."""
     path = Path(path)
     if not path.is_file():
         raise MindFormersError(f"{path} does not exist; give a MindFormers .ckpt or .safetensors file")
     if path.suffix == ".ckpt":
-        import mindspore as ms
-        try:
-            params = ms.load_checkpoint(str(path))
-        except (ValueError, RuntimeError, OSError) as exc:
-            raise MindFormersError(f"{path} cannot be read as a MindSpore checkpoint "
-                                   f"({str(exc).splitlines()[0][:160]}); it is truncated or not a .ckpt")
-        tensors = {name: (p.astype(ms.float32) if p.dtype == ms.bfloat16 else p).asnumpy()
-                   for name, p in params.items() if name.startswith(("model.", "lm_head."))}
+        tensors = open_ckpt(path, _is_model_tensor)
     else:
-        tensors = {name: t[...] for name, t in open_tensors(path).items() if name.startswith(("model.", "lm_head."))}
+        tensors = {name: t for name, t in open_tensors(path).items() if _is_model_tensor(name)}
     if EMBEDDING not in tensors:
         raise MindFormersError(f"{path} has no {EMBEDDING}; it is not a MindFormers LLaMA checkpoint")
     return tensors
 
 
-def _split_qkv(w_qkv: np.ndarray, heads: int, kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+class RowsOf:
+    """A MindScale tensor that is rows `rows` of a fused MindFormers tensor `source` (a lazy tensor or an
+    array): its `shape`, and `[index]` reads only the rows and columns it selects."""
+
+    def __init__(self, source, rows: np.ndarray):
+        self.source, self.rows = source, rows
+        self.shape = (len(rows), *source.shape[1:])
+
+    def __getitem__(self, index) -> np.ndarray:
+        index = full_index(index, self.shape)
+        return self.source[(self.rows[index[0]], *index[1:])]
+
+
+def _qkv_rows(rows: int, heads: int, kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of w_qkv that are wq, wk and wv: per kv head g, its heads/kv query heads, its key head,
+    its value head, d rows each."""
     per_group = heads // kv_heads + 2
-    d = w_qkv.shape[0] // (kv_heads * per_group)
-    groups = w_qkv.reshape(kv_heads, per_group, d, -1)
-    q, k, v = groups[:, :-2], groups[:, -2], groups[:, -1]
-    return (np.ascontiguousarray(q.reshape(heads * d, -1)), np.ascontiguousarray(k.reshape(kv_heads * d, -1)),
-            np.ascontiguousarray(v.reshape(kv_heads * d, -1)))
+    d = rows // (kv_heads * per_group)
+    blocks = np.arange(kv_heads * per_group).reshape(kv_heads, per_group)  # head-sized row blocks by group
+
+    def rows_of(picked: np.ndarray) -> np.ndarray:
+        return (picked.reshape(-1, 1) * d + np.arange(d)).reshape(-1)
+
+    return rows_of(blocks[:, :-2]), rows_of(blocks[:, -2]), rows_of(blocks[:, -1])
 
 
-def mf_to_mindscale(mf_state: dict[str, np.ndarray], num_heads: int, num_kv_heads: int) -> dict[str, np.ndarray]:
-    """MindScale LLaMA weights from MindFormers tensors (read_mindformers); the head counts split w_qkv."""
+def mf_views(mf_state: dict, num_heads: int, num_kv_heads: int) -> dict:
+    """MindScale LLaMA weights as views of MindFormers tensors (read_mindformers), nothing read: renamed
+    ones as they are, the fused ones' parts as RowsOf them; the head counts split w_qkv."""
     weights = {}
     for name, value in mf_state.items():
         ours = RENAMES.get(name) or name.removeprefix("model.")
@@ -84,15 +104,16 @@ def mf_to_mindscale(mf_state: dict[str, np.ndarray], num_heads: int, num_kv_head
             weights[ours] = value
             continue
         layer, kind = fused.groups()
+        rows = value.shape[0]
         if kind == "attention.w_qkv":
-            if value.shape[0] % (num_heads + 2 * num_kv_heads):
-                raise MindFormersError(f"{name} has {value.shape[0]} rows, not a multiple of heads + 2 kv heads = "
+            if rows % (num_heads + 2 * num_kv_heads):
+                raise MindFormersError(f"{name} has {rows} rows, not a multiple of heads + 2 kv heads = "
                                        f"{num_heads + 2 * num_kv_heads}; give the checkpoint's head counts")
-            parts = zip(("wq", "wk", "wv"), _split_qkv(value, num_heads, num_kv_heads))
-            weights.update({f"layers.{layer}.attention.{w}.weight": part for w, part in parts})
-        else:
-            weights[f"layers.{layer}.feed_forward.w1.weight"] = np.ascontiguousarray(value[0::2])
-            weights[f"layers.{layer}.feed_forward.w3.weight"] = np.ascontiguousarray(value[1::2])
+            parts = zip(("wq", "wk", "wv"), _qkv_rows(rows, num_heads, num_kv_heads))
+            weights.update({f"layers.{layer}.attention.{w}.weight": RowsOf(value, part) for w, part in parts})
+        else:  # gate (w1) and up (w3) rows interleaved
+            weights[f"layers.{layer}.feed_forward.w1.weight"] = RowsOf(value, np.arange(0, rows, 2))
+            weights[f"layers.{layer}.feed_forward.w3.weight"] = RowsOf(value, np.arange(1, rows, 2))
     return weights
 
 

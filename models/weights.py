@@ -9,6 +9,8 @@ the ranks of every pipeline stage map alike. With the optimizer shard (opt_shard
 first dimension of that slice is cut again among the ranks that hold it (the device-matrix axes the
 tensor map does not use), in rank order. MindSpore's own loader (mindspore.parallel._tensor) slices
 a full tensor the same way; this gives the index ranges instead, so a reader takes only its slice.
+A pipeline stage's graph holds only its own parameters (`held`: what a rank loads, saves and
+resumes), so full weights are checked against the whole model and read only where a rank holds them.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ from mindscale.config import Config, ConfigError, config_from_tree
 from mindscale.io import CheckpointError, read_tensors, verify_folder
 from models.hf_convert import (HFConversionError, hf_views, is_hf_folder, model_config_differences,
                                model_config_from_hf, read_hf_folder)
-from models.mf_convert import is_mindformers_checkpoint, mf_to_mindscale, read_mindformers
-from models.tensor_file import open_tensors
+from models.mf_convert import is_mindformers_checkpoint, mf_views, read_mindformers
+from models.tensor_file import extent, full_index, open_tensors
 from models.lora import is_adapter, merge, split_adapters, without_lora
 
 WEIGHTS = "model.safetensors"  # a checkpoint folder's weights file
@@ -75,30 +77,75 @@ def take_slice(full: np.ndarray, layout: tuple | None, rank: int) -> np.ndarray:
     return np.ascontiguousarray(full.reshape(layout[6])[local_slice(layout, rank)])
 
 
+class Merged:
+    """The full tensor `name` as ranks' slices, each (rank, its compiled layout, its slice: an array or a
+    lazy tensor) where local_slice puts it, nothing read yet: the inverse of take_slice over the ranks
+    that hold it. `[index]` reads from each slice only its part of `index`, from one of equal replicas.
+    A part of the tensor no slice covers (a rank's folder missing) is an error when it is read."""
+
+    def __init__(self, name: str, parts: list[tuple[int, tuple | None, object]]):
+        self.name, (_, layout, piece) = name, parts[0]
+        if layout is None or not layout[1]:  # not sharded: every part is the whole tensor
+            self.shape, self.slices = tuple(piece.shape), [(full_index(Ellipsis, piece.shape), piece)]
+            return
+        self.shape, self.slices, seen = tuple(layout[6]), [], set()
+        for rank, layout, piece in parts:
+            where = local_slice(layout, rank)
+            key = tuple((s.start, s.stop) for s in where)  # slices are not hashable
+            if key not in seen:
+                seen.add(key)
+                self.slices.append((where, piece))
+
+    def __getitem__(self, index) -> np.ndarray:
+        index = full_index(index, self.shape)
+        part, covered = None, np.zeros(tuple(extent(s) for s in index), bool)
+        for where, piece in self.slices:
+            overlap = _overlap(index, where)
+            if overlap is None:
+                continue
+            into, within = overlap
+            shape = tuple(s.stop - s.start for s in where)
+            value = (piece if tuple(piece.shape) == shape else np.reshape(piece[...], shape))[within]
+            if part is None:
+                part = np.empty(covered.shape, value.dtype)
+            part[into] = value
+            covered[into] = True
+        if part is None or not covered.all():
+            raise CheckpointError(f"{self.name}: the ranks' slices cover {covered.mean():.0%} of the part read; "
+                                  "a rank's checkpoint part is missing")
+        return part
+
+
+def _overlap(index: tuple, where: tuple[slice, ...]) -> tuple[tuple, tuple] | None:
+    """Where slice `where` of a tensor meets `index`: (positions in the part read, in the slice), or None."""
+    into, within = [], []
+    for s, w in zip(index, where):
+        if isinstance(s, slice):
+            low, high = max(s.start, w.start), min(s.stop, w.stop)
+            if low >= high:
+                return None
+            into.append(slice(low - s.start, high - s.start))
+            within.append(slice(low - w.start, high - w.start))
+        else:
+            hits = np.flatnonzero((s >= w.start) & (s < w.stop))
+            if not hits.size:
+                return None
+            into.append(hits)
+            within.append(s[hits] - w.start)
+    return tuple(into), tuple(within)
+
+
 def merge_slices(name: str, parts: list[tuple[int, tuple | None, np.ndarray]]) -> np.ndarray:
-    """The full tensor `name` from ranks' slices, each (rank, its compiled layout, its slice) put where
-    local_slice says; the inverse of take_slice over the ranks that hold it. Replicas overwrite with
-    their equal copies. A part of the tensor no slice covers (a rank's folder missing) is an error."""
-    rank, layout, piece = parts[0]
-    if layout is None or not layout[1]:
-        return piece
-    full = np.empty(layout[6], piece.dtype)
-    covered = np.zeros(layout[6], bool)
-    for rank, layout, piece in parts:
-        index = local_slice(layout, rank)
-        full[index] = piece.reshape(full[index].shape)
-        covered[index] = True
-    if not covered.all():
-        raise CheckpointError(f"{name}: the ranks' slices cover {covered.mean():.0%} of it; a rank's checkpoint "
-                              "part is missing")
-    return full
+    """The full tensor `name` from ranks' slices (Merged), read whole."""
+    return Merged(name, parts)[...]
 
 
 class SlicedWeights(Mapping):
-    """Weights read only when asked, from lazy tensors (models/tensor_file.py's StoredTensor of a mapped
-    safetensors file, or hf_convert's RuleView of an HF tensor renamed, transposed or split): `[name]`
-    reads one whole, `local(name, layout, rank)` only `rank`'s slice of it, so a sharded rank loading
-    full weights never holds a whole tensor it does not need. Shapes come from the headers."""
+    """Weights read only when asked, from lazy tensors (models/tensor_file.py's StoredTensor of a
+    safetensors or .ckpt file, a sharded step's slices `Merged`, hf_convert's RuleView of an HF
+    tensor renamed, transposed or split, mf_convert's RowsOf a fused MindFormers tensor): `[name]` reads
+    one whole, `local(name, layout, rank)` only `rank`'s slice of it, so a sharded rank loading full
+    weights never holds a whole tensor it does not need. Shapes come from the headers."""
 
     def __init__(self, tensors: dict):
         self.tensors = tensors
@@ -110,6 +157,9 @@ class SlicedWeights(Mapping):
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.tensors[name][...]
+
+    def __contains__(self, name) -> bool:  # Mapping's own would read the tensor
+        return name in self.shapes
 
     def __iter__(self):
         return iter(self.shapes)
@@ -166,20 +216,26 @@ def load_weights(path: str | Path) -> dict[str, np.ndarray]:
 
 
 def read_step_tensors(folder: Path, file: str) -> dict[str, np.ndarray]:
-    """The tensors of `file` in a checkpoint folder (verified). A sharded run's rank folder
-    (`checkpoints/rank_<r>/step_X`, whose state.json holds its compiled layouts) stands for the whole
-    step: the slices of every rank_*/step_X beside it are merged into full tensors."""
+    """The tensors of `file` in a checkpoint folder (verified), read whole (step_tensors)."""
+    return {name: tensor[...] for name, tensor in step_tensors(folder, file).items()}
+
+
+def step_tensors(folder: Path, file: str) -> dict:
+    """The tensors of `file` in a checkpoint folder (verified) as lazy tensors, nothing read but headers.
+    A sharded run's rank folder (`checkpoints/rank_<r>/step_X`, whose state.json holds its compiled
+    layouts) stands for the whole step: each tensor is the slices of every rank_*/step_X beside it,
+    merged (a read takes from each rank's file only what it needs)."""
     verify_folder(folder)
     if _layouts(folder) is None:
-        return read_tensors(folder / file) if (folder / file).is_file() else {}
+        return open_tensors(folder / file) if (folder / file).is_file() else {}
     parts = {}
     for rank_folder in folder.parent.parent.glob(f"rank_*/{folder.name}"):
         verify_folder(rank_folder)
-        held = read_tensors(rank_folder / file) if (rank_folder / file).is_file() else {}
+        held = open_tensors(rank_folder / file) if (rank_folder / file).is_file() else {}
         parts[int(rank_folder.parent.name[len("rank_"):])] = (_layouts(rank_folder), held)
     names = {n for _, tensors in parts.values() for n in tensors}
-    return {n: merge_slices(n, [(r, layouts.get(n), tensors[n]) for r, (layouts, tensors) in sorted(parts.items())
-                                if n in tensors])
+    return {n: Merged(n, [(r, layouts.get(n), tensors[n]) for r, (layouts, tensors) in sorted(parts.items())
+                          if n in tensors])
             for n in sorted(names)}
 
 
@@ -223,37 +279,51 @@ def check_weights(model: nn.Cell, weights: dict, layouts: dict | None = None) ->
                               "); use the config the checkpoint was trained with")
 
 
-def load_weights_into(model: nn.Cell, weights: dict, layouts: dict | None = None, rank: int = 0) -> None:
-    """Copy full weights into the model after checking all names and shapes (no partial loads). A
-    compiled sharded model takes `rank`'s slice of each, cut by its compiled layout (`layouts`)."""
+def held(params, layouts: dict | None, pp: int = 1) -> list:
+    """The parameters of `params` a rank's compiled graph holds: every one without a pipeline; a pipeline
+    stage compiles only its own, which its compiled layouts (`layouts`, the step's parameter_layout_dict)
+    name. What a rank loads, saves and resumes (mindscale/train/trainer.py)."""
+    params = list(params)
+    return params if pp == 1 else [p for p in params if p.name in (layouts or {})]
+
+
+def load_weights_into(model: nn.Cell, weights: dict, layouts: dict | None = None, rank: int = 0,
+                      pp: int = 1) -> None:
+    """Copy full weights into the model after checking all names and shapes against the whole model (no
+    partial loads). A compiled sharded model takes `rank`'s slice of each, cut by its compiled layout
+    (`layouts`); a pipeline stage (`pp` > 1) only the parameters it holds (`held`): from lazy weights
+    (SlicedWeights) the other stages' tensors are never read."""
     check_weights(model, weights, layouts)
-    assign([p for p in model.get_parameters() if p.name in weights], weights, "weights", layouts, rank)
+    assign([p for p in held(model.get_parameters(), layouts, pp) if p.name in weights], weights, "weights",
+           layouts, rank)
 
 
 def load_pretrained(path: str | Path, cfg: Config, sliced: bool = False) -> Mapping[str, np.ndarray]:
-    """MindScale-named weights from a MindScale checkpoint (folder or .safetensors), a Hugging Face
-    model folder (config.json + safetensors) or a MindFormers checkpoint. `sliced` (a sharded run): the weights of a whole checkpoint
-    or an HF folder come as SlicedWeights, from which each rank reads only its slices; a sharded step's
-    folder is merged whole; a MindFormers LLaMA .ckpt/.safetensors file (models/mf_convert.py, split by
-    the config's head counts) is read whole. Raises CheckpointError / WeightsMismatch (one line)."""
+    """MindScale-named weights from a MindScale checkpoint (a step folder, a sharded run's rank folder, a
+    .safetensors file), a Hugging Face model folder (config.json + safetensors) or a MindFormers LLaMA
+    checkpoint (.ckpt or .safetensors, models/mf_convert.py, split by the config's head counts).
+    `sliced` (a sharded run): they come as SlicedWeights, nothing read but headers, from which a rank
+    reads only the slices of the parameters it holds (load_weights_into); else read whole. Raises
+    CheckpointError / WeightsMismatch (one line)."""
     if is_mindformers_checkpoint(path):
-        return mf_to_mindscale(read_mindformers(path), cfg.model.num_heads, cfg.model.kv_heads)
+        return _loaded(mf_views(read_mindformers(path), cfg.model.num_heads, cfg.model.kv_heads), sliced)
     if is_hf_folder(path):
-        hf_model, views = hf_views(*read_hf_folder(path, mapped=True))
+        hf_model, views = hf_views(*read_hf_folder(path, lazy=True))
         differ = model_config_differences(hf_model, cfg.model)
         if differ:
             raise WeightsMismatch(f"{path}: the Hugging Face model differs from the config: {_first(differ)}; "
                                   "set those model keys or use a matching checkpoint")
-        weights = SlicedWeights(views)
-        return weights if sliced else {name: weights[name] for name in weights}
-    if sliced:
-        file = Path(path)
-        if file.is_dir():
-            verify_folder(file)
-            file = file / WEIGHTS if _layouts(file) is None else None
-        if file is not None and file.is_file():
-            return SlicedWeights.of_file(file)
+        return _loaded(views, sliced)
+    if sliced and Path(path).is_dir():
+        return SlicedWeights(step_tensors(Path(path), WEIGHTS))
+    if sliced and Path(path).is_file():
+        return SlicedWeights.of_file(path)
     return load_weights(path)
+
+
+def _loaded(tensors: dict, sliced: bool) -> Mapping[str, np.ndarray]:
+    weights = SlicedWeights(tensors)
+    return weights if sliced else {name: weights[name] for name in weights}
 
 
 def with_hf_dims(cfg: Config, hf_folder: str | Path) -> Config:

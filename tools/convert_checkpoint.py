@@ -29,7 +29,7 @@ from models import (WeightsMismatch, build_model, check_weights, count_parameter
                     load_inference_weights)
 from models.hf_convert import (hf_to_mindscale, mindscale_to_hf, model_config_differences,
                                read_hf_folder, write_hf_folder)
-from models.mf_convert import MindFormersError, mf_to_mindscale, model_config_from_mf, read_mindformers
+from models.mf_convert import MindFormersError, mf_views, model_config_from_mf, read_mindformers
 from mindscale.train.checkpoint import CONFIG, save_checkpoint
 from mindscale.config import Config, ConfigError, UserError, config_from_tree, load_config
 from mindscale.cli import OneLineParser, add_config_arguments, emit, fail
@@ -60,7 +60,7 @@ def _write_checkpoint(args, progress: Progress, weights: dict, cfg: Config):
 
 
 def hf2ms(args, progress: Progress) -> dict:
-    stored, hf_config = read_hf_folder(args.input, mapped=True)  # read below, tensor by tensor
+    stored, hf_config = read_hf_folder(args.input, lazy=True)  # read below, tensor by tensor
     hf_state = {name: tensor[...] for name, tensor in
                 progress.track(stored.items(), f"reading {args.input}", len(stored), "tensor")}
     with progress.single("converting", "model"):
@@ -73,15 +73,16 @@ def hf2ms(args, progress: Progress) -> dict:
 
 
 def mf2ms(args, progress: Progress) -> dict:
-    with progress.single(f"reading {args.input}", "file"):
-        mf_state = read_mindformers(args.input)
+    mf_state = read_mindformers(args.input)  # headers only: read below, tensor by tensor
     found = model_config_from_mf(mf_state, args.mf_yaml)
     if "num_heads" not in found and not args.config:
         raise MindFormersError("mf2ms needs the head counts: pass --mf-yaml (the MindFormers YAML the checkpoint "
                                "was trained with) or --config")
+    cfg = _config_for_model(args, found)
+    views = mf_views(mf_state, cfg.model.num_heads, cfg.model.kv_heads)
+    weights = {name: view[...] for name, view in
+               progress.track(views.items(), f"reading {args.input}", len(views), "tensor")}
     with progress.single("converting", "model"):
-        cfg = _config_for_model(args, found)
-        weights = mf_to_mindscale(mf_state, cfg.model.num_heads, cfg.model.kv_heads)
         _check_against_model(cfg, weights)
     folder = _write_checkpoint(args, progress, weights, cfg)
     return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(weights),

@@ -78,11 +78,8 @@ class Trainer:
 
     # -- what a rank holds and saves ------------------------------------------------------------------
     def _held(self, params) -> list:
-        """The parameters this rank's graph holds: a pipeline stage compiles only its own."""
-        if self.layout.pp == 1:
-            return list(params)
-        held = self.step_cell.parameter_layout_dict
-        return [p for p in params if p.name in held]
+        """The parameters this rank's graph holds: a pipeline stage compiles only its own (models.weights.held)."""
+        return models.weights.held(params, self.step_cell.parameter_layout_dict, self.layout.pp)
 
     @property
     def saved_params(self) -> list:
@@ -132,7 +129,7 @@ class Trainer:
         weights, optimizer_state, state, pretrained = start
         layouts, rank = self.step_cell.parameter_layout_dict, self.rt.rank
         if pretrained is not None:
-            models.load_weights_into(self.model, pretrained, layouts, rank)
+            models.load_weights_into(self.model, pretrained, layouts, rank, self.layout.pp)
         if latest is not None:
             ckpt.assign(self.saved_params, weights, str(latest), layouts, rank)
             if self.step_cell.scale_update is not None:

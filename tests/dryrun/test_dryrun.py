@@ -31,6 +31,7 @@ from mindscale.io import CheckpointError
 from mindscale.perf import planner
 from mindscale.train import checkpoint as ckpt
 from mindscale.perf.plan_text import SCALE_DIRS
+from models import mf_convert
 from models.weights import SlicedWeights, load_weights, merge_slices, take_slice
 
 SHIPPED = sorted(p for d in (*SCALE_DIRS, "finetune") for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
@@ -118,11 +119,30 @@ def test_accumulation_reduces_each_gradient_once_per_step():
     assert all(f"accu_grads.{name[7:]}" in twice["local_shapes"] for name in trained)
 
 
-def test_pipeline_stages_send_activations_and_reduce_the_norm_across_stages():
-    sets = [*SMALL, "parallel.data_parallel=2", "parallel.model_parallel=2", "parallel.pipeline_stage=2",
-            "parallel.micro_batch_num=4", "parallel.optimizer_shard=true", "model.tie_embeddings=true"]
+# Pipelines at widths whose weights (67 and 77 MB of fp32) make one stage's share of them measurable
+GPT_PP2 = [*SMALL, "model.hidden_size=512", "model.num_heads=8", "model.ffn_hidden_size=2048", "model.vocab_size=8192",
+           "parallel.data_parallel=2", "parallel.model_parallel=2", "parallel.pipeline_stage=2",
+           "parallel.micro_batch_num=4", "parallel.optimizer_shard=true", "model.tie_embeddings=true"]
+LLAMA_PP4 = [*SMALL, "model.hidden_size=384", "model.num_heads=8", "model.num_kv_heads=4", "model.ffn_hidden_size=1024",
+             "model.vocab_size=8192", "model.num_layers=8", "parallel.data_parallel=1", "parallel.model_parallel=2",
+             "parallel.pipeline_stage=4", "parallel.micro_batch_num=4"]
+
+
+@pytest.fixture(scope="module")
+def gpt_pp2():
+    """(config, overrides, a report per stage): GPT dp2·mp2·pp2, optimizer shard, tied embeddings."""
+    return TINY_GPT, GPT_PP2, dryrun(TINY_GPT, *GPT_PP2, ranks="stages")
+
+
+@pytest.fixture(scope="module")
+def llama_pp4():
+    """(config, overrides, a report per stage): LLaMA (GQA) mp2·pp4."""
+    return TINY_LLAMA, LLAMA_PP4, dryrun(TINY_LLAMA, *LLAMA_PP4, ranks="stages")
+
+
+def test_pipeline_stages_send_activations_and_reduce_the_norm_across_stages(gpt_pp2):
+    _, sets, reports = gpt_pp2
     layout = Layout.of(load_config(TINY_GPT, sets))
-    reports = dryrun(TINY_GPT, *sets, ranks="stages")
     for report, peer in zip(reports, (4, 0)):
         rows = report["collectives"]
         norm = {tuple(row["ranks"]) for row in rows if row["purpose"] == "grad_norm"}
@@ -317,6 +337,16 @@ def _merge(parts):
     return {n: merge_slices(n, [(r, *held[n]) for r, held in sorted(parts.items()) if n in held]) for n in names}
 
 
+def _write_sharded_step(run, step, parts, config_yaml):
+    """A sharded run's step as the trainer writes it: rank_<r>/step_X with its weight slices and the
+    compiled layouts of all it holds. Returns rank 0's folder."""
+    for rank, held in parts.items():
+        weights = {n: piece for n, (_, piece) in held.items() if not n.startswith("adam_")}
+        layouts = {n: lay for n, (lay, _) in held.items()}
+        ckpt.save_checkpoint(run / f"rank_{rank}", step, weights, state={"layouts": layouts}, config=config_yaml)
+    return run / "rank_0" / ckpt.step_dir_name(step)
+
+
 def test_resharding_round_trips_through_compiled_layouts(tmp_path):
     """Weights and AdamW moments cut into every rank's slices by compiled layouts and merged back are
     bit-identical: dp2 x mp2 x pp2 with optimizer shard, then across an mp and pp change (dp2 x mp4,
@@ -341,10 +371,7 @@ def test_resharding_round_trips_through_compiled_layouts(tmp_path):
     cfg_yaml = load_config(TINY_LLAMA, [*common, "parallel.model_parallel=2", "parallel.pipeline_stage=2",
                                         "parallel.micro_batch_num=2"]).to_yaml()
     run = tmp_path / "checkpoints"
-    for rank, held in parts.items():
-        weights = {n: piece for n, (_, piece) in held.items() if not n.startswith("adam_")}
-        ckpt.save_checkpoint(run / f"rank_{rank}", 6, weights, state={"layouts": {n: lay for n, (lay, _) in held.items()}},
-                             config=cfg_yaml)
+    _write_sharded_step(run, 6, parts, cfg_yaml)
     merged = load_weights(run / "rank_5" / "step_00000006")  # any rank's folder stands for the step
     assert merged.keys() == {n for n in full if not n.startswith("adam_")}
     assert all(np.array_equal(merged[n], full[n]) for n in merged)
@@ -355,6 +382,110 @@ def test_resharding_round_trips_through_compiled_layouts(tmp_path):
     del parts[1]
     with pytest.raises(CheckpointError, match="a rank's checkpoint part is missing"):
         _merge(parts)
+
+
+def _bf16_exact(rng, shape):
+    """Random fp32 values that BF16 holds exactly, so every checkpoint format stores the same tensor."""
+    return (rng.standard_normal(shape).astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
+
+
+def _write_hf_bf16(folder, full, cfg):
+    """A Hugging Face folder of the weights `full`, in BF16, written by transformers' save_pretrained."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_utils import no_init_weights
+    from models.hf_convert import mindscale_to_hf
+    state, config = mindscale_to_hf(full, cfg.model)
+    with no_init_weights():  # every weight is set below
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.bfloat16)
+    result = model.load_state_dict({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in state.items()},
+                                   strict=False)
+    assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}  # tied to the embedding
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def _write_mindformers_ckpt(file, full, m):
+    """A MindFormers LLaMA .ckpt (qkv_concat: fused w_qkv and w_gate_hidden, laid out as models/mf_convert.py
+    describes) with AdamW moments beside the weights, written by MindSpore's save_checkpoint."""
+    import mindspore as ms
+    fused = re.compile(r"layers\.\d+\.(attention\.w[qkv]|feed_forward\.w[13])\.weight")
+    renames = {ours: theirs for theirs, ours in mf_convert.RENAMES.items()}
+    tensors = {renames.get(n, f"model.{n}"): v for n, v in full.items() if not fused.fullmatch(n)}
+    for i in range(m.num_layers):
+        def per_group(w):  # [kv heads, heads of the group, head dim, hidden]
+            return full[f"layers.{i}.attention.{w}.weight"].reshape(m.kv_heads, -1, m.hidden_size // m.num_heads,
+                                                                   m.hidden_size)
+        qkv = np.concatenate([per_group("wq"), per_group("wk"), per_group("wv")], axis=1)
+        tensors[f"model.layers.{i}.attention.w_qkv.weight"] = qkv.reshape(-1, m.hidden_size)
+        gate, up = (full[f"layers.{i}.feed_forward.{w}.weight"] for w in ("w1", "w3"))
+        interleaved = np.stack([gate, up], axis=1).reshape(-1, m.hidden_size)
+        tensors[f"model.layers.{i}.feed_forward.w_gate_hidden.weight"] = interleaved
+    state = {**tensors, **{f"adam_m.{n}": v for n, v in tensors.items()}, "global_step": np.array([7], np.int32)}
+    ms.save_checkpoint([{"name": n, "data": ms.Tensor(v)} for n, v in state.items()], str(file))
+    return file
+
+
+def _model_shapes(cfg) -> dict:
+    from mindspore.nn.utils import no_init_parameters
+    import models
+    with no_init_parameters():
+        return {p.name: list(p.shape) for p in models.build_model(cfg).get_parameters()}
+
+
+STORED = {"mindscale": 4, "hf": 2, "rank_folders": 4, "mindformers": 4}  # bytes per element in each checkpoint
+READ_SLACK = 1 << 20  # headers (safetensors, state.json, COMPLETE, config.json, a .ckpt's keys), library code first run
+HELD_SLACK = 6 << 20  # resident memory beyond the values held: Python objects, one tensor's transient copy
+
+
+@pytest.mark.parametrize("staged", ["gpt_pp2", "llama_pp4"])
+def test_a_pipeline_stage_reads_and_holds_only_its_share_of_full_weights(staged, request, tmp_path):
+    """checkpoint.load_path under a pipeline (issue 26): each stage's first rank, with the layouts the dry
+    run compiled for it, loads full weights in a plain CPU process (tests/fixtures/load_stage.py) from a
+    MindScale step folder, a BF16 Hugging Face folder written by transformers, and a sharded run's rank
+    folders (GPT) or a MindFormers .ckpt with its optimizer state (LLaMA). Measured by the kernel: the
+    bytes read are exactly its slices of the tensors its stage holds (its embedding or head included)
+    plus headers, so at most the stage's share of the file, and its resident memory grows by what it
+    holds, not by the other stages' tensors; every value equals the slice of the full tensor."""
+    config, overrides, reports = request.getfixturevalue(staged)
+    cfg = load_config(config, overrides)
+    shapes = {n: lay[2] for r in reports for n, lay in r["layouts"].items() if not n.startswith(("adam_", "accu_"))}
+    assert shapes == _model_shapes(cfg)  # the stages together hold the whole model
+    rng = np.random.default_rng(0)
+    full = {n: _bf16_exact(rng, shape) for n, shape in sorted(shapes.items())}
+    paths = {"mindscale": ckpt.save_checkpoint(tmp_path / "ms", 0, full),
+             "hf": _write_hf_bf16(tmp_path / "hf", full, cfg)}
+    if cfg.model.arch == "gpt":
+        parts = _cut(full, reports, cfg.devices)
+        paths["rank_folders"] = _write_sharded_step(tmp_path / "run", 4, parts, cfg.to_yaml())
+    else:
+        paths["mindformers"] = _write_mindformers_ckpt(tmp_path / "mf.ckpt", full, cfg.model)
+    loads = [{"rank": r["rank"], "layouts": r["layouts"], "local_shapes": r["local_shapes"], "path": str(paths[form]),
+              "output": str(tmp_path / f"{form}_{r['rank']}.npz"), "form": form} for r in reports for form in paths]
+    (tmp_path / "spec.json").write_text(json.dumps({"config": str(config), "overrides": overrides, "loads": loads}))
+    proc = subprocess.run([sys.executable, "tests/fixtures/load_stage.py", str(tmp_path / "spec.json")], cwd=REPO_ROOT,
+                          env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    measured = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(measured) == len(loads)
+    by_rank = {r["rank"]: r for r in reports}
+    for job, m in zip(loads, measured):
+        report, stored = by_rank[job["rank"]], STORED[job["form"]]
+        names = [n for n in report["layouts"] if n in full]  # the stage's weights
+        local = sum(math.prod(report["local_shapes"][n]) for n in names)
+        share = sum(full[n].size for n in names) * stored
+        read = m["rchar"] + m["mapped"]
+        assert local * stored <= read <= min(share, local * stored + READ_SLACK), job["form"]
+        assert m["held"] <= local * 4 + HELD_SLACK, job["form"]
+        values = np.load(job["output"])
+        assert sorted(values.files) == sorted(names)
+        for n in names:
+            np.testing.assert_array_equal(values[n], take_slice(full[n], _raw(report["layouts"][n]), report["rank"]),
+                                          err_msg=f"{job['form']} {n}")
+        print(f"{staged} stage {report['stage']} rank {report['rank']} {job['form']}: holds {local * 4} B, read "
+              f"{read} B of its stage's {share} B (whole model {sum(v.nbytes for v in full.values())} B fp32), "
+              f"resident +{m['held']} B")
 
 
 CPU_RUN = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",

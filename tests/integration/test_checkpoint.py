@@ -160,9 +160,9 @@ def test_a_run_without_a_commit_record_resumes_from_its_complete_folders(tmp_pat
 
 def test_a_sharded_rank_reads_only_its_slice_of_full_weights(tmp_path):
     """checkpoint.load_path in a sharded run (models.SlicedWeights): one rank's eighth of a 256 MiB tensor
-    is read without the rest. Measured as the process's own resident memory (RssAnon: the mapped file's
-    pages are page cache, not held) before and after the read, with the result held: a whole read adds
-    the whole tensor, a slice read about its eighth."""
+    is read without the rest. Measured by the kernel before and after the read, with the result held:
+    the bytes read (/proc/self/io rchar) and the process's own resident memory (RssAnon: page cache is
+    not held) grow by the whole tensor for a whole read, by about its eighth for a slice."""
     from safetensors.numpy import save_file
     file = tmp_path / "model.safetensors"
     save_file({"w": np.arange(8192 * 8192, dtype=np.float32).reshape(8192, 8192)}, str(file))
@@ -170,18 +170,20 @@ def test_a_sharded_rank_reads_only_its_slice_of_full_weights(tmp_path):
     script = ("import os, sys\n"
               "from models.weights import SlicedWeights\n"
               "rss = lambda: int(next(l for l in open('/proc/self/status') if l.startswith('RssAnon')).split()[1]) >> 10\n"
+              "rchar = lambda: int(next(l for l in open('/proc/self/io') if l.startswith('rchar')).split()[1])\n"
               f"lazy = SlicedWeights.of_file({str(file)!r})\n"
-              "before = rss()\n"
+              "before, read = rss(), rchar()\n"
               f"part = lazy.local('w', {layout!r}, 2) if sys.argv[1] == 'slice' else lazy['w']\n"
-              "print(float(part[0, 0]), part.shape[0], rss() - before)\n")
-    added = {}
+              "print(float(part[0, 0]), part.shape[0], rss() - before, (rchar() - read) >> 20)\n")
+    added, read = {}, {}
     for how in ("slice", "whole"):
         out = subprocess.run([sys.executable, "-c", script, how], cwd=ckpt.Path(__file__).parents[2],
                              capture_output=True, text=True, timeout=300, check=True).stdout.split()
-        added[how] = int(out[2])
+        added[how], read[how] = int(out[2]), int(out[3])
         if how == "slice":
             assert float(out[0]) == 2 * 1024 * 8192 and int(out[1]) == 1024  # rank 2's rows start at 2048
     assert added["whole"] >= 250 and added["slice"] <= 40, added  # MiB
+    assert read == {"slice": 32, "whole": 256}, read
 
 
 def test_pruning_keeps_the_newest_healthy_step_beyond_keep_last(tmp_path):

@@ -13,7 +13,9 @@ from mindspore import Tensor
 
 import models
 from mindscale.config import REPO_ROOT, config_from_tree
-from models.mf_convert import is_mindformers_checkpoint, mf_to_mindscale, model_config_from_mf, read_mindformers
+from mindscale.io import CheckpointError
+from models.mf_convert import is_mindformers_checkpoint, mf_views, model_config_from_mf, read_mindformers
+from models.tensor_file import open_ckpt
 
 ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
 os.environ.setdefault("LOG_MF_PATH", str(REPO_ROOT / "output" / "mindformers_log"))
@@ -62,10 +64,72 @@ def test_logits_equal_mindformers_forward(saved):
                     "tie_embeddings": False, "num_heads": 4, "num_kv_heads": 2, "rope_theta": 20000.0,
                     "norm_eps": 1e-5, "seq_length": 16}
     cfg = config_from_tree({"model": keys})
-    weights = mf_to_mindscale(state, 4, 2)
+    weights = models.weights.SlicedWeights(mf_views(state, 4, 2))
     np.testing.assert_allclose(ours(cfg, weights, ids), mf_logits, atol=1e-5)
     # checkpoint.load_path takes the file as it is, split by the run config's head counts
     np.testing.assert_allclose(ours(cfg, models.load_pretrained(ckpt, cfg), ids), mf_logits, atol=1e-5)
+
+
+LAYOUTS = {1: [[0], [-1]], 2: [[1, 0], [0, 1], [1, -1], [-1, 0]]}  # tensor maps over a 2 x 2 device matrix
+
+
+def test_a_sharded_rank_reads_its_slices_of_the_fused_tensors(saved):
+    """load_pretrained(..., sliced=True) of a MindFormers .ckpt (a sharded run's checkpoint.load_path):
+    every rank's slice, read through the rows of the fused w_qkv and w_gate_hidden, equals the same slice
+    of the whole conversion, for splits of each dimension, with and without the optimizer shard."""
+    ckpt = saved[0]
+    cfg = config_from_tree({"model": model_config_from_mf(read_mindformers(ckpt), saved[1])})
+    whole = models.load_pretrained(ckpt, cfg)
+    lazy = models.load_pretrained(ckpt, cfg, sliced=True)
+    assert isinstance(lazy, models.weights.SlicedWeights) and lazy.keys() == whole.keys()
+    for name, full in whole.items():
+        for tensor_map in LAYOUTS[full.ndim]:
+            for group in ("", "dp"):
+                layout = ([2, 2], tensor_map, None, 1, True, group, list(full.shape))
+                for rank in range(4):
+                    np.testing.assert_array_equal(lazy.local(name, layout, rank),
+                                                  models.weights.take_slice(full, layout, rank), err_msg=name)
+
+
+def _rchar() -> int:
+    return next(int(line.split()[1]) for line in open("/proc/self/io") if line.startswith("rchar:"))
+
+
+def test_a_ckpt_is_read_lazily_as_mindspore_wrote_it(tmp_path, monkeypatch):
+    """models/tensor_file.py's .ckpt reader against MindSpore's own: a BF16 tensor, a scalar, an int
+    counter, a CRC trailer, and tensors MindSpore writes in several pieces (its 512 MB piece size lowered
+    to 16 KB here, so a small tensor is cut as a large one is) read to the same values, whole and in
+    parts; opening the file reads headers only (the optimizer moments' bytes are never read)."""
+    import mindspore.train.serialization as serialization
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((300, 70)).astype(np.float32)
+    tensors = {"model.big": Tensor(big),
+               "model.half": Tensor(rng.standard_normal((6, 4)).astype(np.float32), ms.bfloat16),
+               "model.scale": Tensor(np.float32(2.5)), "global_step": Tensor(np.array([7], np.int32)),
+               "adam_m.big": Tensor(rng.standard_normal((3000, 70)).astype(np.float32))}
+    monkeypatch.setattr(serialization, "SLICE_SIZE", 16)  # KB
+    ms.save_checkpoint([{"name": n, "data": t} for n, t in tensors.items()], str(tmp_path / "x.ckpt"), crc_check=True)
+    theirs = ms.load_checkpoint(str(tmp_path / "x.ckpt"))
+    ours = open_ckpt(tmp_path / "x.ckpt", lambda name: True)
+    assert ours.keys() == theirs.keys() and len(ours["model.big"].extents) > 1
+    for name, value in theirs.items():
+        expected = (value.astype(ms.float32) if value.dtype == ms.bfloat16 else value).asnumpy()
+        np.testing.assert_array_equal(ours[name][...], expected, err_msg=name)
+    np.testing.assert_array_equal(ours["model.big"][(slice(40, 250), slice(3, 9))], big[40:250, 3:9])
+    np.testing.assert_array_equal(ours["model.big"][(np.array([0, 5, 299]), slice(0, 70))], big[[0, 5, 299]])
+    before = _rchar()
+    model_only = open_ckpt(tmp_path / "x.ckpt", lambda name: name.startswith("model."))
+    assert sorted(model_only) == ["model.big", "model.half", "model.scale"]
+    assert _rchar() - before < (tmp_path / "x.ckpt").stat().st_size // 20  # 256-byte headers, no contents
+
+
+def test_a_foreign_or_truncated_ckpt_is_one_line(tmp_path, saved):
+    (tmp_path / "junk.ckpt").write_bytes(b"\x0a\xff\xff\xff\x0fnot a checkpoint")
+    (tmp_path / "cut.ckpt").write_bytes(saved[0].read_bytes()[:1000])
+    for name in ("junk.ckpt", "cut.ckpt"):
+        with pytest.raises(CheckpointError, match=f"{name} cannot be read as a MindSpore checkpoint") as error:
+            read_mindformers(tmp_path / name)
+        assert "\n" not in str(error.value)
 
 
 @pytest.mark.integration

@@ -96,8 +96,9 @@ class ModelConfig:
     norm_eps: float = doc("Epsilon of RMSNorm/LayerNorm.", 1e-5)
     tie_embeddings: bool = doc("Share the input embedding with the output projection.", False)
     attention: Literal["auto", "flash", "composite"] = doc(
-        "Attention kernel: flash (Ascend A2 FlashAttentionScore), composite (matmul+softmax), "
-        "auto = flash where the hardware profile has it.", "auto")
+        "Attention kernel: flash (Ascend A2 FlashAttentionScore, float16 or bfloat16 compute only), composite "
+        "(matmul+softmax), auto = flash where the hardware profile has it and compute_dtype is one it takes "
+        "(docs/models.md).", "auto")
     compute_dtype: Literal["float32", "float16", "bfloat16"] = doc(
         "Dtype of matmuls and of the residual stream (see fp32_residual_connection); norms, softmax and the "
         "loss compute in fp32.", "float32")

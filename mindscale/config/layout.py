@@ -53,10 +53,15 @@ class Layout:
         p, m = cfg.parallel, cfg.model
         device = device or cfg.hardware.device_target
         world = cfg.devices if world is None else world
-        sharded = world > 1 and (p.model_parallel > 1 or p.pipeline_stage > 1 or
-                                 (p.optimizer_shard and p.data_parallel > 1))
-        a2_kernels = cfg.hardware.flash_attention and device == "Ascend"
         micro_steps = p.micro_batch_num if p.pipeline_stage > 1 else p.gradient_accumulation_steps
+        # Accumulation with several workers on an accelerator compiles sharded too, with data-parallel
+        # strategies only: the parallel passes make each micro batch's backward end before the next one's
+        # forward starts, and reduce the accumulated gradients once. Under DATA_PARALLEL nothing orders the
+        # micro batches (docs/launch.md, "Gradient accumulation with several workers"); CPU has only that.
+        sharded = world > 1 and (p.model_parallel > 1 or p.pipeline_stage > 1 or
+                                 (p.optimizer_shard and p.data_parallel > 1) or
+                                 (micro_steps > 1 and device != "CPU"))
+        a2_kernels = cfg.hardware.flash_attention and device == "Ascend"
         counts = stage_layer_counts(m.num_layers, p.pipeline_stage, p.stage_offset)
         flash = m.attention == "flash" or (m.attention == "auto" and a2_kernels and
                                            m.compute_dtype in FLASH_ATTENTION_DTYPES)

@@ -16,6 +16,8 @@ What the report holds, and where it comes from:
   bytes         weights, grads, optimizer on this rank (docs/dryrun.md defines each)
   collectives   from the compiled graph (the `validate` IR): kind, group size, count and bytes per step
   groups        the communication groups those collectives use
+  ordered_micro_batches  the accumulation micro batches whose backward the graph finishes before the
+                next one's forward starts (ordered_micro_batches below)
 What it cannot tell: whether kernels exist and run, numerics, speed, device memory.
 """
 from __future__ import annotations
@@ -56,6 +58,7 @@ _GRAPH = re.compile(r"^subgraph @(\S+?)\(")
 _NODE = re.compile(r"^\s+%\d+\(\S+\) = (.*)$")
 _TENSOR = re.compile(r"Tensor\[(\w+)\]\]?, \(([\d, ]*)\)")  # Tensor[F32], (..) or Ref[Tensor[F32]], (..)
 _REF = re.compile(r"@([^\s(),\[\]]+)")
+_REORDERED = re.compile(r"grad_accu_reorder2: I64\((\d+)\)")
 
 
 def _tensor_bytes(text: str) -> int:
@@ -152,6 +155,14 @@ def collectives_of(graphs: dict) -> tuple[list[dict], dict[str, list[int]]]:
     return rows, groups
 
 
+def ordered_micro_batches(text: str) -> list[int]:
+    """The micro batches m whose backward must end before micro batch m + 1's forward begins: under gradient
+    accumulation MindSpore's parallel passes make the next micro batch's input slices depend on the previous
+    one's backward (its ReorderGradAccumulation; each such Depend carries `grad_accu_reorder2: m`), so one
+    micro batch's activations are live at a time. Empty where nothing orders them (a DATA_PARALLEL graph)."""
+    return sorted({int(m) for m in _REORDERED.findall(text)})
+
+
 def read_validate_ir(folder: Path) -> str:
     files = sorted(folder.rglob(f"*{IR_PASS}*.ir"))
     return files[-1].read_text() if files else ""
@@ -211,7 +222,9 @@ def describe_compiled(step, model, network, ir_dir: Path | None, rank: int) -> d
         "optimizer": sum(_nbytes(p) for p in params if p.name.startswith(("adam_m.", "adam_v."))),
     }
     if ir_dir is not None:
-        report["collectives"], report["groups"] = collectives_of(parse_ir(read_validate_ir(ir_dir), rank))
+        text = read_validate_ir(ir_dir)
+        report["collectives"], report["groups"] = collectives_of(parse_ir(text, rank))
+        report["ordered_micro_batches"] = ordered_micro_batches(text)
     return report
 
 

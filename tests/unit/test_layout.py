@@ -34,6 +34,10 @@ def test_stage_of_cells_and_parameters():
     (["parallel.data_parallel=2", "parallel.model_parallel=2"], "Ascend", 4, True, False),
     (["parallel.data_parallel=2", "parallel.optimizer_shard=true"], "Ascend", 2, True, False),
     (["parallel.data_parallel=2", "parallel.model_parallel=2"], "CPU", 1, False, False),  # generate: one process
+    (["parallel.data_parallel=2"], "Ascend", 2, False, True),
+    # accumulation with several workers: semi-auto on an accelerator (its passes order the micro batches)
+    (["parallel.data_parallel=2", "parallel.gradient_accumulation_steps=4"], "Ascend", 2, True, False),
+    (["parallel.data_parallel=2", "parallel.gradient_accumulation_steps=4"], "CPU", 2, False, True),
 ])
 def test_sharded_means_semi_auto_parallel_with_several_workers(overrides, device, world, sharded, mode):
     lay = layout(*overrides, device=device, world=world)

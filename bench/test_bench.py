@@ -308,6 +308,22 @@ def test_memory_breakdown_phases_of_a_tiny_mindscale_run():
     assert k["arithmetic"] > 50 and k["kernels"] == 0 and k["bytes"] == 0 and k["largest"] == []
 
 
+def test_accumulation_memory_splits_the_compiled_graph_from_the_step():
+    """bench/accumulation_memory.py (one process, the cheap case): per accumulation count, the memory after the
+    compile, its peak, and the difference; the unrolled micro batches make the compiled graph larger."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GLOG_v": "3"}
+    proc = subprocess.run([sys.executable, "bench/accumulation_memory.py", "--config", "configs/tiny/llama_tiny.yaml",
+                           "--accumulation", "1,2", "--workers", "1", "--json",
+                           *[a for o in TINY for a in ("--set", o)]],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
+    assert [r["accumulation"] for r in rows] == [1, 2] and all(r["rank"] == 0 for r in rows)
+    assert all(r["peak_gib"] > r["compiled_gib"] > 0 and abs(r["loss"] - math.log(512)) < 0.2 for r in rows)
+    assert rows[1]["compiled_gib"] > rows[0]["compiled_gib"]
+    assert all(r["step_gib"] == pytest.approx(r["peak_gib"] - r["compiled_gib"], abs=2e-3) for r in rows)
+
+
 def test_broadcast_kernels_are_the_ones_off_the_cpu_fast_paths():
     from bench.memory_breakdown import broadcast_kernels
 

@@ -16,6 +16,9 @@ from mindscale.config.schema import Config
 # MindSpore's parallel optimizer keeps parameters smaller than this whole (its parallel_optimizer_threshold,
 # default 64 KB; passed to it explicitly so the planner and the compiler share one number)
 OPTIMIZER_SHARD_MIN_KIB = 64
+# The compute dtypes FlashAttentionScore takes for query, key and value, as MindSpore 2.9 documents the op
+# (docs/models.md, "Ascend-only kernels"); the dry run does not check kernel dtypes
+FLASH_ATTENTION_DTYPES = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class Layout:
     optimizer_shard: bool
     accumulation_shard: bool    # gradient-accumulation buffers sharded like the optimizer state
     vocab_parallel: bool        # embedding and output head split over the vocabulary (tp > 1, not vocab_emb_dp)
-    attention: str              # flash | composite
+    attention: str              # flash | composite (auto: flash on Atlas A2 in a dtype FlashAttentionScore takes)
     fused_norm: bool            # the RmsNorm kernel (Atlas A2) instead of composite RMSNorm
     cpu_kernels: bool           # CPU-only fast paths (models/cpu_kernels.py; the train step's MatMul norm)
     stages_of_layers: tuple     # pipeline stage of each decoder layer
@@ -50,12 +53,18 @@ class Layout:
         p, m = cfg.parallel, cfg.model
         device = device or cfg.hardware.device_target
         world = cfg.devices if world is None else world
-        sharded = world > 1 and (p.model_parallel > 1 or p.pipeline_stage > 1 or
-                                 (p.optimizer_shard and p.data_parallel > 1))
-        a2_kernels = cfg.hardware.flash_attention and device == "Ascend"
         micro_steps = p.micro_batch_num if p.pipeline_stage > 1 else p.gradient_accumulation_steps
+        # Accumulation with several workers on an accelerator compiles sharded too, with data-parallel
+        # strategies only: the parallel passes make each micro batch's backward end before the next one's
+        # forward starts, and reduce the accumulated gradients once. Under DATA_PARALLEL nothing orders the
+        # micro batches (docs/launch.md, "Gradient accumulation with several workers"); CPU has only that.
+        sharded = world > 1 and (p.model_parallel > 1 or p.pipeline_stage > 1 or
+                                 (p.optimizer_shard and p.data_parallel > 1) or
+                                 (micro_steps > 1 and device != "CPU"))
+        a2_kernels = cfg.hardware.flash_attention and device == "Ascend"
         counts = stage_layer_counts(m.num_layers, p.pipeline_stage, p.stage_offset)
-        flash = m.attention == "flash" or (m.attention == "auto" and a2_kernels)
+        flash = m.attention == "flash" or (m.attention == "auto" and a2_kernels and
+                                           m.compute_dtype in FLASH_ATTENTION_DTYPES)
         return cls(
             device=device, dp=p.data_parallel, tp=p.model_parallel, pp=p.pipeline_stage,
             micro_batch_size=cfg.train.micro_batch_size,

@@ -119,8 +119,9 @@ class ModelConfig:
     norm_eps: float = doc("Epsilon of RMSNorm/LayerNorm.", 1e-5)
     tie_embeddings: bool = doc("Share the input embedding with the output projection.", False)
     attention: Literal["auto", "flash", "composite"] = doc(
-        "Attention kernel: flash (Ascend A2 FlashAttentionScore), composite (matmul+softmax), "
-        "auto = flash where the hardware profile has it.", "auto")
+        "Attention kernel: flash (Ascend A2 FlashAttentionScore, float16 or bfloat16 compute only), composite "
+        "(matmul+softmax), auto = flash where the hardware profile has it and compute_dtype is one it takes "
+        "(docs/models.md).", "auto")
     compute_dtype: Literal["float32", "float16", "bfloat16"] = doc(
         "Dtype of matmuls and of the residual stream (see fp32_residual_connection); norms, softmax and the "
         "loss compute in fp32.", "float32")
@@ -183,7 +184,11 @@ class ParallelConfig:
     sequence_parallel: bool = doc("Shard norms/dropout activations along the sequence (needs t > 1).", False)
     vocab_emb_dp: bool = doc("Keep the embedding data-parallel instead of vocab-sharded over t.", True)
     optimizer_shard: bool = doc("Shard optimizer states (and master weights) over data parallel.", False)
-    gradient_accumulation_steps: int = doc("Micro steps accumulated per optimizer step.", 1)
+    gradient_accumulation_steps: int = doc(
+        "Micro steps accumulated per optimizer step, in one compiled graph. With several workers on Ascend/GPU "
+        "it compiles under semi-auto parallel (data-parallel strategies only, if that is all the layout has), "
+        "which ends each micro batch's backward before the next one's forward and reduces the gradients once "
+        "per step; on CPU under DATA_PARALLEL, which does not order them (docs/launch.md).", 1)
     gradient_accumulation_shard: bool = doc(
         "With optimizer_shard and a pipeline (pipeline_stage > 1; without one MindSpore's compile of it grows "
         "exponentially with the layer count, docs/dryrun.md): keep the "

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from mindscale.config.errors import ConfigError
-from mindscale.config.layout import Layout, stage_layer_counts
+from mindscale.config.layout import FLASH_ATTENTION_DTYPES, Layout, stage_layer_counts
 from mindscale.config.schema import LORA_TARGETS, TEMPLATE_NAMES, Config, ModelConfig
 
 
@@ -208,6 +208,16 @@ def _backend(cfg: Config) -> None:
                           "scale dynamic) or a 910B profile (hardware=ascend910b)")
 
 
+def _kernel_dtypes(cfg: Config) -> None:
+    """The Ascend-only kernels a config can force, in a dtype they do not take (docs/models.md,
+    "Ascend-only kernels"). The fused RmsNorm is not here: every norm feeds it fp32, which it takes."""
+    m = cfg.model
+    if m.attention == "flash" and cfg.hardware.flash_attention and m.compute_dtype not in FLASH_ATTENTION_DTYPES:
+        raise ConfigError(f"model.attention=flash with model.compute_dtype={m.compute_dtype}: FlashAttentionScore "
+                          f"takes {' or '.join(FLASH_ATTENTION_DTYPES)} only (docs/models.md); set "
+                          "model.compute_dtype=bfloat16, or model.attention=auto (composite attention under float32)")
+
+
 def _finetune(cfg: Config) -> None:
     f, lora = cfg.finetune, cfg.finetune.lora
     if lora.rank < 0:
@@ -238,4 +248,5 @@ def validate(cfg: Config) -> None:
     _model_shapes(cfg.model)
     _parallel(cfg)
     _evaluation(cfg)
+    _kernel_dtypes(cfg)
     _backend(cfg)

@@ -19,6 +19,8 @@ What the report holds, and where it comes from:
   inputs        how the step's inputs reach the computation: gathered over which ranks, sliced into
   row_groups    which micro-batch rows, and the ranks whose rows are distinct parts of the batch (input_rows)
   memory_pool_gib  the ceiling the runtime set on MindSpore's device memory pool (None if MindSpore holds none)
+  ordered_micro_batches  the accumulation micro batches whose backward the graph finishes before the
+                next one's forward starts (ordered_micro_batches below)
 What it cannot tell: whether kernels exist and run, numerics, speed, device memory.
 """
 from __future__ import annotations
@@ -59,6 +61,7 @@ _GRAPH = re.compile(r"^subgraph @(\S+?)\(")
 _NODE = re.compile(r"^\s+%\d+\(\S+\) = (.*)$")
 _TENSOR = re.compile(r"Tensor\[(\w+)\]\]?, \(([\d, ]*)\)")  # Tensor[F32], (..) or Ref[Tensor[F32]], (..)
 _REF = re.compile(r"@([^\s(),\[\]]+)")
+_REORDERED = re.compile(r"grad_accu_reorder2: I64\((\d+)\)")
 
 
 def _tensor_bytes(text: str) -> int:
@@ -214,6 +217,14 @@ def input_rows(text: str) -> dict:
             "row_groups": sorted(list(group) for group in row_groups)}
 
 
+def ordered_micro_batches(text: str) -> list[int]:
+    """The micro batches m whose backward must end before micro batch m + 1's forward begins: under gradient
+    accumulation MindSpore's parallel passes make the next micro batch's input slices depend on the previous
+    one's backward (its ReorderGradAccumulation; each such Depend carries `grad_accu_reorder2: m`), so one
+    micro batch's activations are live at a time. Empty where nothing orders them (a DATA_PARALLEL graph)."""
+    return sorted({int(m) for m in _REORDERED.findall(text)})
+
+
 def read_validate_ir(folder: Path) -> str:
     files = sorted(folder.rglob(f"*{IR_PASS}*.ir"))
     return files[-1].read_text() if files else ""
@@ -276,6 +287,7 @@ def describe_compiled(step, model, network, ir_dir: Path | None, rank: int) -> d
         text = read_validate_ir(ir_dir)
         report["collectives"], report["groups"] = collectives_of(parse_ir(text, rank))
         report.update(input_rows(text))
+        report["ordered_micro_batches"] = ordered_micro_batches(text)
     return report
 
 

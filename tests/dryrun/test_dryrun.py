@@ -140,6 +140,22 @@ def llama_pp4():
     return TINY_LLAMA, LLAMA_PP4, dryrun(TINY_LLAMA, *LLAMA_PP4, ranks="stages")
 
 
+def test_data_parallel_accumulation_orders_its_micro_batches_and_reduces_once():
+    """Data parallel only, 4 accumulation steps: compiled under semi-auto parallel (Layout.sharded), the
+    graph finishes each micro batch's backward before the next one's forward starts, so it holds one micro
+    batch's activations at a time, and reduces each gradient once per step out of its accumulation buffer.
+    (Compiled under DATA_PARALLEL, as before, nothing ordered the micro batches: docs/launch.md.)"""
+    report = dryrun(TINY_LLAMA, *SMALL, "parallel.data_parallel=2", "parallel.gradient_accumulation_steps=4",
+                    ranks="0")[0]
+    assert report["ordered_micro_batches"] == [0, 1, 2]
+    trained = [name[7:] for name in report["local_shapes"] if name.startswith("adam_m.")]
+    assert trained and all(f"accu_grads.{name}" in report["local_shapes"] for name in trained)
+    reduced = [row for row in report["collectives"] if row["purpose"] == "grad_reduce"]
+    assert sum(row["count"] for row in reduced) == len(trained)
+    assert sum(row["bytes"] for row in reduced) == report["bytes"]["grads"]  # every gradient, once
+    assert report["planned"]["shape_mismatches"] == {}
+
+
 def test_pipeline_stages_send_activations_and_reduce_the_norm_across_stages(gpt_pp2):
     _, sets, reports = gpt_pp2
     layout = Layout.of(load_config(TINY_GPT, sets))

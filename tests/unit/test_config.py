@@ -128,6 +128,8 @@ def test_round_trip_through_yaml():
     (["recompute.mode=full", "recompute.layers=[3]"], "stage 0 recomputes 3 layers but holds 2"),
     (["train.global_batch_size=7"], "train.global_batch_size=7 != train.micro_batch_size=4 x parallel.data_parallel=2"),
     (["model.attention=flash"], "model.attention=flash but hardware 'cpu' has no FlashAttentionScore"),
+    (["hardware=ascend910b", "model.attention=flash"],
+     "model.attention=flash with model.compute_dtype=float32: FlashAttentionScore takes float16 or bfloat16"),
     (["model.compute_dtype=bfloat16"], "bfloat16 is not supported by MindSpore's CPU MatMul"),
     (["hardware=ascend910a", "model.compute_dtype=bfloat16"],
      "model.compute_dtype=bfloat16 with hardware 'ascend910a' (hardware.soc_version=ascend910): the Ascend 910A has "

@@ -34,6 +34,10 @@ def test_stage_of_cells_and_parameters():
     (["parallel.data_parallel=2", "parallel.model_parallel=2"], "Ascend", 4, True, False),
     (["parallel.data_parallel=2", "parallel.optimizer_shard=true"], "Ascend", 2, True, False),
     (["parallel.data_parallel=2", "parallel.model_parallel=2"], "CPU", 1, False, False),  # generate: one process
+    (["parallel.data_parallel=2"], "Ascend", 2, False, True),
+    # accumulation with several workers: semi-auto on an accelerator (its passes order the micro batches)
+    (["parallel.data_parallel=2", "parallel.gradient_accumulation_steps=4"], "Ascend", 2, True, False),
+    (["parallel.data_parallel=2", "parallel.gradient_accumulation_steps=4"], "CPU", 2, False, True),
 ])
 def test_sharded_means_semi_auto_parallel_with_several_workers(overrides, device, world, sharded, mode):
     lay = layout(*overrides, device=device, world=world)
@@ -42,11 +46,19 @@ def test_sharded_means_semi_auto_parallel_with_several_workers(overrides, device
 
 
 def test_attention_and_norm_kernels_follow_the_device_and_the_profile():
-    assert layout("hardware=ascend910b", device="Ascend").attention == "flash"
+    for dtype in ("bfloat16", "float16"):
+        assert layout("hardware=ascend910b", f"model.compute_dtype={dtype}", device="Ascend").attention == "flash"
     assert layout("hardware=ascend910b", device="Ascend").fused_norm
     assert layout("hardware=ascend910b", device="CPU").attention == "composite"  # auto off Ascend
     assert layout("hardware=ascend910a", device="Ascend").attention == "composite"  # 910A has no FlashAttentionScore
     assert layout("hardware=ascend910b", "model.attention=composite", device="Ascend").attention == "composite"
+
+
+def test_auto_attention_is_composite_where_flash_attention_score_refuses_the_dtype():
+    """FlashAttentionScore takes float16 and bfloat16 only (docs/models.md): under fp32 compute, llama_tiny
+    at dp2 x tp2 on 910B gets the composite core; the RmsNorm kernel (fed fp32 by every norm) stays."""
+    lay = layout("hardware=ascend910b", "parallel.data_parallel=2", "parallel.model_parallel=2", device="Ascend")
+    assert lay.attention == "composite" and lay.fused_norm
 
 
 def test_graph_reuse_is_per_layer_or_per_micro_batch():

@@ -74,6 +74,23 @@ def check_runnable(cfg: Config, device: str, world: int) -> None:
             f"{cfg.devices} workers or --set parallel.data_parallel={max(world // (p.model_parallel * p.pipeline_stage), 1)}")
 
 
+# the hardware profile that describes each chip MindSpore names (configs/hardware/)
+PROFILE_OF_CHIP = {"ascend910": "ascend910a", "ascend910b": "ascend910b"}
+
+
+def check_chip(cfg: Config, reported: str) -> None:
+    """Refuse a hardware profile that describes another chip than the one MindSpore reports on this host
+    (its get_ascend_soc_version(); empty under the dry run): the profile decides the MFU peak, the memory
+    ceiling, bf16 and how overflow is detected (a 910A saturates fp16: train/step.py saturates_fp16)."""
+    wanted = cfg.hardware.soc_version
+    if not reported or not wanted or reported == wanted:
+        return
+    fix = f"--set hardware={PROFILE_OF_CHIP[reported]}" if reported in PROFILE_OF_CHIP else \
+        f"a hardware profile with soc_version: {reported}"
+    raise ConfigError(f"this host's NPUs are {reported} (MindSpore) but hardware={cfg.hardware.name!r} describes "
+                      f"{wanted}; use {fix} (the peak, memory ceiling, bf16 and overflow rules follow the profile)")
+
+
 def setup(cfg: Config) -> Runtime:
     """Set the MindSpore context, start communication and set the parallel context."""
     device = resolve_device(cfg.run.device_target)
@@ -84,6 +101,9 @@ def setup(cfg: Config) -> Runtime:
     # depth of 1000, measured); MindFormers runs with 10000 as well. context: may still override it.
     ms.set_context(mode=mode, max_call_depth=MAX_CALL_DEPTH)
     ms.set_device(device)
+    if device == "Ascend" and not dry_run():
+        from mindspore._c_expression import MSContext  # what MindSpore's own loss-scale cells ask
+        check_chip(cfg, MSContext.get_instance().get_ascend_soc_version())
     if device == "CPU":
         # MindSpore's CPU kernels size their own thread pool (25 threads) regardless of OMP_NUM_THREADS;
         # on a worker pinned to one core that oversubscribes it (measured 1.5-1.9x slower steps).

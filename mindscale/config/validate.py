@@ -218,6 +218,18 @@ def _kernel_dtypes(cfg: Config) -> None:
                           "model.compute_dtype=bfloat16, or model.attention=auto (composite attention under float32)")
 
 
+def _accumulation_on_one_device(cfg: Config) -> None:
+    """One Ascend/GPU device with gradient accumulation: nothing orders the micro batches (semi-auto
+    parallel, which does, needs several devices), so the step holds them all at once, as one batch of
+    g x the rows would (docs/launch.md, "Gradient accumulation with several workers")."""
+    g, mbs = cfg.parallel.gradient_accumulation_steps, cfg.train.micro_batch_size
+    if g > 1 and cfg.devices == 1 and cfg.hardware.device_target != "CPU":
+        raise ConfigError(f"parallel.gradient_accumulation_steps={g} on one {cfg.hardware.device_target} device: "
+                          f"its {g} micro batches would be live at once (only semi-auto parallel, on 2+ devices, "
+                          f"orders them); set train.micro_batch_size={mbs * g} and gradient_accumulation_steps=1 "
+                          "(the same memory and numbers, one graph), or use 2+ devices")
+
+
 def _finetune(cfg: Config) -> None:
     f, lora = cfg.finetune, cfg.finetune.lora
     if lora.rank < 0:
@@ -249,4 +261,5 @@ def validate(cfg: Config) -> None:
     _parallel(cfg)
     _evaluation(cfg)
     _kernel_dtypes(cfg)
+    _accumulation_on_one_device(cfg)
     _backend(cfg)

@@ -140,6 +140,8 @@ def test_round_trip_through_yaml():
     (["hardware=ascend910b", "hardware.max_device_memory_gib=80"],
      "hardware.max_device_memory_gib=80.0: must be in (0, memory_gib=64.0]"),
     (["hardware=ascend910b", "hardware.memory_reserve_gib=64"], "hardware.memory_reserve_gib=64.0: must be in [0"),
+    (["hardware=ascend910b", "parallel.data_parallel=1", "parallel.gradient_accumulation_steps=4"],
+     "parallel.gradient_accumulation_steps=4 on one Ascend device: its 4 micro batches would be live at once"),
     (["context.max_device_memory=58GB"], "context.max_device_memory='58GB': the pool's ceiling is "
                                          "hardware.max_device_memory_gib"),
     (["train.eval_interval=10"], "train.eval_interval=10 needs data.valid_path"),

@@ -23,6 +23,7 @@ from models.hf_convert import HFConversionError, hf_to_mindscale, mindscale_to_h
 from models.tensor_file import open_tensors
 from tools import convert_checkpoint
 from mindscale.config import config_from_tree
+from tests.slices import LAYOUTS, assert_every_slice_matches
 
 ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
 
@@ -154,7 +155,6 @@ def test_sharded_index_and_bf16_tensors_are_read(tmp_path):
                                   values.to(torch.bfloat16).float().numpy())
 
 
-LAYOUTS = {1: [[0], [-1]], 2: [[1, 0], [0, 1], [1, -1], [-1, 0]]}  # tensor maps over a 2 x 2 device matrix
 
 
 def test_a_sharded_rank_reads_its_slices_of_a_bf16_hf_folder(converted, tmp_path):
@@ -171,16 +171,7 @@ def test_a_sharded_rank_reads_its_slices_of_a_bf16_hf_folder(converted, tmp_path
     widened = {k: v.to(torch.bfloat16).float().numpy() for k, v in hf.state_dict().items()}
     _, reference = hf_to_mindscale(widened, hf.config.to_dict())
     assert all(np.array_equal(whole[k], reference[k]) for k in reference)
-    checked = 0
-    for name, full in whole.items():
-        for tensor_map in LAYOUTS[full.ndim]:
-            for group in ("", "dp"):
-                layout = ([2, 2], tensor_map, None, 1, True, group, list(full.shape))
-                for rank in range(4):
-                    np.testing.assert_array_equal(lazy.local(name, layout, rank),
-                                                  models.weights.take_slice(full, layout, rank), err_msg=name)
-                    checked += 1
-    assert checked == 8 * sum(len(LAYOUTS[v.ndim]) for v in whole.values())
+    assert assert_every_slice_matches(lazy, whole) == 8 * sum(len(LAYOUTS[v.ndim]) for v in whole.values())
 
 
 def test_unsupported_and_incomplete_checkpoints_are_refused():

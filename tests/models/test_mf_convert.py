@@ -16,6 +16,7 @@ from mindscale.config import REPO_ROOT, config_from_tree
 from mindscale.io import CheckpointError
 from models.mf_convert import is_mindformers_checkpoint, mf_views, model_config_from_mf, read_mindformers
 from models.tensor_file import open_ckpt
+from tests.slices import assert_every_slice_matches
 
 ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
 os.environ.setdefault("LOG_MF_PATH", str(REPO_ROOT / "output" / "mindformers_log"))
@@ -70,7 +71,6 @@ def test_logits_equal_mindformers_forward(saved):
     np.testing.assert_allclose(ours(cfg, models.load_pretrained(ckpt, cfg), ids), mf_logits, atol=1e-5)
 
 
-LAYOUTS = {1: [[0], [-1]], 2: [[1, 0], [0, 1], [1, -1], [-1, 0]]}  # tensor maps over a 2 x 2 device matrix
 
 
 def test_a_sharded_rank_reads_its_slices_of_the_fused_tensors(saved):
@@ -82,13 +82,7 @@ def test_a_sharded_rank_reads_its_slices_of_the_fused_tensors(saved):
     whole = models.load_pretrained(ckpt, cfg)
     lazy = models.load_pretrained(ckpt, cfg, sliced=True)
     assert isinstance(lazy, models.weights.SlicedWeights) and lazy.keys() == whole.keys()
-    for name, full in whole.items():
-        for tensor_map in LAYOUTS[full.ndim]:
-            for group in ("", "dp"):
-                layout = ([2, 2], tensor_map, None, 1, True, group, list(full.shape))
-                for rank in range(4):
-                    np.testing.assert_array_equal(lazy.local(name, layout, rank),
-                                                  models.weights.take_slice(full, layout, rank), err_msg=name)
+    assert_every_slice_matches(lazy, whole)
 
 
 def _rchar() -> int:

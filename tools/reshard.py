@@ -13,9 +13,11 @@ plain lines: mindscale/progress.py). Exit 2 with one line for bad input.
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 from mindscale.cli import OneLineParser, add_config_arguments, config_from_args, emit, fail
 from mindscale.config import UserError
+from mindscale.launch.dryrun_ranks import rank_layouts
 from mindscale.progress import Progress
 from mindscale.train.reshard import reshard
 
@@ -31,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(args)
     try:
         with Progress("reshard") as progress:
-            result = reshard(args.input, args.config, args.overrides, cfg, args.output, args.jobs, progress)
+            layouts = partial(rank_layouts, args.config, args.overrides, cfg, args.jobs)
+            result = reshard(args.input, cfg, args.output, layouts, progress)
     except UserError as exc:
         fail(str(exc))
     emit(result, args.json, f"wrote step {result['step']} for {result['ranks']} rank folder(s) under "

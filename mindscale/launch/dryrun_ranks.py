@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Iterator
 
 from mindscale.config import REPO_ROOT, Config, ConfigError, Layout
+from mindscale.io import CheckpointError
 from mindscale.launch.standins import cann_lib64, dryrun_environment, libgomp
 from mindscale.perf import planner
+from mindscale.progress import Progress
 
 DEFAULT_TIMEOUT_S = 3600
 ASCEND = "run.device_target=Ascend"  # the dry run compiles for Ascend whatever the host
@@ -182,3 +184,19 @@ def line(report: dict) -> str:
             f"(planner {p['weights'] / gib:.3f}, {p['grads'] / gib:.3f}, {p['optimizer'] / gib:.3f})  "
             f"collectives: {comm or 'none'}; sent {p['compiled_comm_bytes_per_step'] / 1e9:.3g} GB/step"
             + (f" ({ratio:.2f}x the planner's)" if ratio else ""))
+
+
+def rank_layouts(config: str, overrides: list[str], cfg: Config, jobs: int, progress: Progress) -> dict[int, dict]:
+    """Every rank's compiled layout of each tensor it holds, from a dry run of each stage's first rank."""
+    cfg, layout = for_ascend(cfg)
+    job = Job(config, tuple(overrides), Path(tempfile.mkdtemp(prefix="mindscale-reshard-")), collectives=False)
+    by_rank = {}
+    firsts = choose_ranks("stages", layout)
+    compiled = compile_ranks(cfg, job, firsts, jobs)
+    for report in progress.track(compiled, "compiling the target layout (dry run)", len(firsts), "stage"):
+        if not report["compiled"]:
+            raise CheckpointError(f"the target layout does not compile: {report['error']}")
+        raw = {n: (dev, tmap, None, 1, True, group, shape) for n, (dev, tmap, shape, group) in report["layouts"].items()}
+        for rank in layout.stage_ranks(report["stage"]):
+            by_rank[rank] = raw
+    return by_rank

@@ -12,9 +12,9 @@ once.
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from mindscale.config import Config, Layout
 from mindscale.io import CheckpointError
@@ -36,24 +36,6 @@ def read_step(folder: Path) -> tuple[dict, dict, dict]:
     return read_step_tensors(folder, WEIGHTS), read_step_tensors(folder, OPTIMIZER), state
 
 
-def compiled_layouts(config: str, overrides: list[str], cfg: Config, jobs: int, progress: Progress) -> dict[int, dict]:
-    """Every rank's compiled layout of each tensor it holds, from a dry run of each stage's first rank."""
-    from mindscale.launch.dryrun_ranks import Job, choose_ranks, compile_ranks, for_ascend
-
-    cfg, layout = for_ascend(cfg)
-    job = Job(config, tuple(overrides), Path(tempfile.mkdtemp(prefix="mindscale-reshard-")), collectives=False)
-    by_rank = {}
-    firsts = choose_ranks("stages", layout)
-    compiled = compile_ranks(cfg, job, firsts, jobs)
-    for report in progress.track(compiled, "compiling the target layout (dry run)", len(firsts), "stage"):
-        if not report["compiled"]:
-            raise CheckpointError(f"the target layout does not compile: {report['error']}")
-        raw = {n: (dev, tmap, None, 1, True, group, shape) for n, (dev, tmap, shape, group) in report["layouts"].items()}
-        for rank in layout.stage_ranks(report["stage"]):
-            by_rank[rank] = raw
-    return by_rank
-
-
 def _rank_part(tensors: dict, layouts: dict, everywhere: set, rank: int) -> dict:
     """What `rank` holds of `tensors`: its slice of each tensor its stage holds, and the tensors no stage
     has a layout for (optimizer counters)."""
@@ -61,10 +43,11 @@ def _rank_part(tensors: dict, layouts: dict, everywhere: set, rank: int) -> dict
             for n, v in tensors.items() if n in layouts or n in everywhere}
 
 
-def reshard(source: Path, config: str, overrides: list[str], cfg: Config, output: Path, jobs: int = 1,
+def reshard(source: Path, cfg: Config, output: Path, rank_layouts: Callable[[Progress], dict[int, dict]],
             progress: Progress | None = None) -> dict:
     """Write the step of `source` under `output` (a run's checkpoints folder) for `cfg`'s layout, its stages
-    reported to `progress` (mindscale/progress.py)."""
+    reported to `progress` (mindscale/progress.py). A sharded target is cut by `rank_layouts(progress)`:
+    every rank's compiled layout of each tensor it holds (mindscale.launch.dryrun_ranks.rank_layouts)."""
     progress = progress or quiet()
     output = Path(output)
     if output.exists() and any(output.iterdir()):
@@ -86,7 +69,7 @@ def reshard(source: Path, config: str, overrides: list[str], cfg: Config, output
         folders = [output / step_dir_name(step)]
     else:
         compiling = time.perf_counter()
-        by_rank = compiled_layouts(config, overrides, cfg, jobs, progress)
+        by_rank = rank_layouts(progress)
         compile_s = time.perf_counter() - compiling
         laid_out = {n for layouts in by_rank.values() for n in layouts}
         everywhere = {n for n in [*weights, *optimizer] if n not in laid_out}

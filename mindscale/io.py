@@ -27,6 +27,10 @@ class CheckpointError(UserError):
     """A checkpoint or weights file is missing, incomplete or does not match. The message is one line."""
 
 
+class DataError(UserError):
+    """Training data that cannot be used; the message is one line naming the problem and the fix."""
+
+
 def write_atomically(path: Path, text: str) -> None:
     """Write through a temporary file and rename: a kill mid-write leaves the old file whole."""
     tmp = path.with_name(path.name + ".tmp")

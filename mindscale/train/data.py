@@ -29,7 +29,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from mindscale.config import Config, UserError
-from mindscale.io import sha256
+from mindscale.io import DataError, sha256
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -37,14 +37,6 @@ SYNTHETIC = "synthetic"
 MANIFEST_KEYS = ("format_version", "mode", "seq_length", "num_samples", "vocab_size", "eos_id", "pad_id",
                  "tokenizer", "fields", "shards")
 PREPROCESS_HINT = "tools/preprocess_data.py --input ... --tokenizer ... --output DIR"
-
-
-class DataError(UserError):
-    """Training data that cannot be used; the message is one line naming the problem and the fix."""
-
-
-def sha256_file(path: str | Path) -> str:
-    return sha256(Path(path))
 
 
 def read_manifest(path: str | Path) -> dict:

@@ -28,11 +28,12 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from mindscale.io import publish_folder
+from mindscale.io import DataError, publish_folder
 from mindscale.train import text_tokenizer
 from mindscale.train.heldout import VALID_DIR, split_documents
-from mindscale.train.data import FORMAT_VERSION, MANIFEST_NAME, DataError, Source, column, read_batches
-from mindscale.train.templates import RecordError, encode_examples, get_template
+from mindscale.train.data import FORMAT_VERSION, MANIFEST_NAME, Source, column, read_batches
+from mindscale.train.chat_template import get_template
+from mindscale.train.templates import RecordError, encode_examples
 
 WRITE_BATCH = 1024  # samples per FileWriter.write_raw_data call
 

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-from mindscale.train.data import DataError, sha256_file
+from mindscale.io import DataError, sha256
 
 HF_FILE = "tokenizer.json"
 HF_CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")  # later files override earlier ones
@@ -57,7 +57,7 @@ class SentencePieceTokenizer:
 
     @property
     def sha256(self) -> str:
-        return sha256_file(self.path)
+        return sha256(Path(self.path))
 
 
 class HFTokenizer:
@@ -98,7 +98,7 @@ class HFTokenizer:
     @property
     def sha256(self) -> str:
         """One digest over the folder's files that shape the ids (name and sha256 of each present one)."""
-        lines = [f"{name} {sha256_file(self.folder / name)}\n" for name in HF_FINGERPRINT_FILES
+        lines = [f"{name} {sha256(self.folder / name)}\n" for name in HF_FINGERPRINT_FILES
                  if (self.folder / name).is_file()]
         return hashlib.sha256("".join(lines).encode()).hexdigest()
 

@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from mindscale.train.data import DataError, Source, column, read_batches, sha256_file
+from mindscale.io import DataError, sha256
+from mindscale.train.data import Source, column, read_batches
 
 SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "eos_id": 2, "bos_id": 3}
 BYTE_PIECES = 256
@@ -64,5 +65,5 @@ def train(sources: list[Source], output: str, vocab_size: int, model_type: str =
     processor = sentencepiece.SentencePieceProcessor(model_file=f"{prefix}.model")
     return {"model": f"{prefix}.model", "vocab": f"{prefix}.vocab", "vocab_size": processor.vocab_size(),
             "model_type": model_type, "pad_id": processor.pad_id(), "unk_id": processor.unk_id(),
-            "eos_id": processor.eos_id(), "bos_id": processor.bos_id(), "sha256": sha256_file(f"{prefix}.model"),
+            "eos_id": processor.eos_id(), "bos_id": processor.bos_id(), "sha256": sha256(Path(f"{prefix}.model")),
             "sources": [s.path for s in sources]}

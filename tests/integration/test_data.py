@@ -14,7 +14,8 @@ import pytest
 import sentencepiece
 
 from mindscale.config import config_from_tree
-from mindscale.train.data import DataError, build_dataset, read_manifest
+from mindscale.io import DataError
+from mindscale.train.data import build_dataset, read_manifest
 from mindscale.train.templates import TEMPLATES, encode_examples, encode_prompt
 from mindscale.train.text_tokenizer import load_tokenizer
 
@@ -191,9 +192,9 @@ def test_valid_fraction_holds_out_whole_documents_evenly_and_deterministically(w
 
 def test_manifest_records_tokenizer_ids_and_shards(pretrain_folder, tokenizer, sp):
     manifest = read_manifest(pretrain_folder)
-    from mindscale.train.data import sha256_file
+    from mindscale.io import sha256
 
-    assert manifest["tokenizer"]["sha256"] == sha256_file(tokenizer)
+    assert manifest["tokenizer"]["sha256"] == sha256(Path(tokenizer))
     assert (manifest["vocab_size"], manifest["eos_id"], manifest["pad_id"], manifest["bos_id"]) == (VOCAB, 2, 0, 3)
     assert manifest["seq_length"] == SEQ and manifest["mode"] == "pretrain" and manifest["fields"] == ["input_ids"]
     sizes = [s["samples"] for s in manifest["shards"]]

@@ -16,8 +16,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import AutoTokenizer
 
 from mindscale.config import REPO_ROOT, config_from_tree, load_config
-from mindscale.train.data import DataError, build_dataset, read_manifest
-from mindscale.train.templates import RecordError, encode_examples, encode_prompt, get_template
+from mindscale.io import DataError
+from mindscale.train.data import build_dataset, read_manifest
+from mindscale.train.chat_template import get_template
+from mindscale.train.templates import RecordError, encode_examples, encode_prompt
 from mindscale.train.text_tokenizer import load_tokenizer
 
 SPECIALS = ["<|pad|>", "<|begin|>", "<|end|>", "<|im_start|>", "<|im_end|>"]

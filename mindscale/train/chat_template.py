@@ -16,10 +16,12 @@ the whole string would straddle a prompt/answer boundary (a template that ends t
 prompt with a space, say), the split keeps the mask exact and the prompt's tokens identical to
 what generation feeds. Elsewhere (the usual case: special tokens or newlines at the boundaries)
 the ids equal `apply_chat_template(..., tokenize=True)`.
+
+`get_template` picks a template by name, built-in or `hf`; it lives here, above both kinds.
 """
 from __future__ import annotations
 
-from mindscale.train.templates import HF_TEMPLATE, RecordError, check_turns
+from mindscale.train.templates import HF_TEMPLATE, TEMPLATE_CHOICES, TEMPLATES, RecordError, check_turns
 
 NO_TEMPLATE_FIX = "add a chat_template to its tokenizer_config.json or use --template alpaca, llama2 or llama3"
 
@@ -88,3 +90,13 @@ class ChatTemplate:
         if content.strip() not in answer:
             return False
         return answer.lstrip().startswith(content.strip()) or before != self.text(earlier, False)
+
+
+def get_template(name: str, tokenizer=None):
+    """The template called `name`; `hf` needs the tokenizer (mindscale/train/text_tokenizer.py) whose
+    folder holds the chat_template."""
+    if name == HF_TEMPLATE:
+        return ChatTemplate.of(tokenizer)
+    if name not in TEMPLATES:
+        raise RecordError(f"unknown template {name!r}; use one of {list(TEMPLATE_CHOICES)}")
+    return TEMPLATES[name]

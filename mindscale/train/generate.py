@@ -58,7 +58,8 @@ def prompt_ids(cfg: Config, tokenizer, prompt: str | None, ids_text: str | None)
         raise ConfigError("--prompt needs a tokenizer: set data.tokenizer or put tokenizer.model or tokenizer.json "
                           "in the checkpoint folder, or pass --prompt-ids")
     if cfg.finetune.template:
-        from mindscale.train.templates import encode_prompt, get_template
+        from mindscale.train.chat_template import get_template
+        from mindscale.train.templates import encode_prompt
         return encode_prompt([{"role": "user", "content": prompt}], get_template(cfg.finetune.template, tokenizer),
                              tokenizer)
     return ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + tokenizer.encode([prompt])[0]

@@ -93,17 +93,6 @@ HF_TEMPLATE = "hf"  # the tokenizer folder's own chat_template
 TEMPLATE_CHOICES = (*sorted(TEMPLATES), HF_TEMPLATE)
 
 
-def get_template(name: str, tokenizer=None):
-    """The template called `name`; `hf` needs the tokenizer (mindscale/train/text_tokenizer.py) whose
-    folder holds the chat_template."""
-    if name == HF_TEMPLATE:
-        from mindscale.train.chat_template import ChatTemplate
-        return ChatTemplate.of(tokenizer)
-    if name not in TEMPLATES:
-        raise RecordError(f"unknown template {name!r}; use one of {list(TEMPLATE_CHOICES)}")
-    return TEMPLATES[name]
-
-
 def _text(record: dict, key: str) -> str:
     value = record.get(key)
     if value is None:
@@ -199,7 +188,7 @@ def _encode(rendered: list[list[tuple]], tokenizer, num_threads: int) -> list[tu
 
 def encode_examples(records: list[dict], template, tokenizer, num_threads: int = 1
                     ) -> list[tuple[list[int], list[int]]]:
-    """(token ids, loss mask) per SFT record, mask 1 on assistant tokens; `template` is a get_template()
+    """(token ids, loss mask) per SFT record, mask 1 on assistant tokens; `template` is a get_template() (mindscale/train/chat_template.py)
     result, `tokenizer` a mindscale.train.text_tokenizer one.
 
     A bad record raises RecordError with its position in `records` as `.index`.

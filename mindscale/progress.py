@@ -10,6 +10,7 @@ stderr. stdout stays the tool's answer (--json).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import os
 import sys
@@ -17,9 +18,13 @@ import time
 from typing import Iterable, Iterator, TextIO
 
 from mindscale.config import UserError
-from mindscale.train.metrics import clock
 
 EVERY_ENV, PLAIN_EVERY_S = "MINDSCALE_PROGRESS_EVERY_S", 10.0
+
+
+def clock(seconds: float | None) -> str:
+    """0:01:05 for 65 s, '1 day, 2:00:00'; '?' when unknown."""
+    return "?" if seconds is None else str(datetime.timedelta(seconds=round(seconds)))
 
 
 def plain_every_s() -> float:

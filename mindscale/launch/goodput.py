@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mindscale.io import write_atomically
-from mindscale.train.metrics import clock
+from mindscale.progress import clock
 
 GOODPUT_FILE = "goodput.json"
 

@@ -6,7 +6,6 @@ tools/mfu.py uses, so a logged MFU can be reproduced from the logged step time b
 """
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import os
@@ -20,6 +19,7 @@ from mindscale.perf import flops
 from mindscale.config import Config
 from mindscale.perf.gemm_peak import device_peak_tflops
 from mindscale.config import Layout
+from mindscale.progress import clock
 from mindscale.train.tensorboard import TensorBoardLog
 
 
@@ -34,11 +34,6 @@ def memory_gib(device_target: str) -> float:
 def perplexity(loss: float) -> float:
     """exp(loss) of a validation loss; inf where it overflows a float."""
     return math.exp(loss) if loss < 709 else float("inf")
-
-
-def clock(seconds: float | None) -> str:
-    """0:01:05 for 65 s, '1 day, 2:00:00'; '?' when unknown."""
-    return "?" if seconds is None else str(datetime.timedelta(seconds=round(seconds)))
 
 
 class MetricsLogger:

@@ -5,7 +5,8 @@ import time
 import pytest
 
 from mindscale.config import load_config
-from mindscale.train.metrics import MetricsLogger, clock
+from mindscale.progress import clock
+from mindscale.train.metrics import MetricsLogger
 from tests.run_folder import PEAK_TFLOPS, TINY
 
 

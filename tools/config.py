@@ -1,13 +1,19 @@
-"""`python -m mindscale.config --config C [--set K=V]` prints the resolved config; `--doc` the key reference."""
+"""Resolve and validate a config, or print the key reference (docs/config.md).
+
+    python tools/config.py --config configs/tiny/llama_tiny.yaml [--set k=v ...]   # the resolved YAML
+    python tools/config.py --doc                                                  # the key reference
+"""
+from __future__ import annotations
+
 import argparse
 import sys
 
 from mindscale.cli import add_config_arguments, config_from_args, fail
-from mindscale.config.load import reference_markdown
+from mindscale.config import reference_markdown
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mindscale.config",
+    parser = argparse.ArgumentParser(prog="python tools/config.py",
                                      description="Resolve and validate a MindScale config.")
     add_config_arguments(parser, required=False)
     parser.add_argument("--doc", action="store_true", help="print the key reference as Markdown")

@@ -1,7 +1,7 @@
 """Every key a user can write, in one documented dataclass per section (Megatron-Core style).
 
 The meaning of each key is the field's `doc`; docs/config.md is generated from it
-(`python -m mindscale.config --doc`). Loading, typing and validation live in mindscale/config/load.py
+(`python tools/config.py --doc`). Loading, typing and validation live in mindscale/config/load.py
 and validate.py; decisions derived from the parallel keys, in mindscale/config/layout.py.
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ finetune-demo: $(VENV)/.runtime
 	bash scripts/finetune_demo.sh
 
 test: $(VENV)/.dev
-	$(PY) -m pytest -q tests bench/test_bench.py
+	$(PY) -m pytest -q --durations=15 tests bench/test_bench.py
 
 test-quick: $(VENV)/.dev  # no processes: unit and model tests (under 2 minutes)
 	$(PY) -m pytest -q -m "not integration" tests

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from mindscale.cli import OneLineParser, add_config_arguments, config_from_args, emit, fail
-from mindscale.launch.plan import free_port
+from mindscale.launch.msrun import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 2 ** 30

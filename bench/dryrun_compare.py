@@ -31,7 +31,7 @@ LAYOUTS = ("configs/llama2/llama2_13b.yaml", "configs/llama2/llama2_70b.yaml")
 MICRO_PER_STAGE = 2
 # 2 layers per stage at a quarter of LLaMA-2 7B's width; 70B's grouped-query attention kept (8 KV heads)
 SCALED = {"model.hidden_size": 1024, "model.num_heads": 16, "model.ffn_hidden_size": 2816}
-WORKERS = {"mindscale": "mindscale.launch.dryrun", "mindformers": "bench.mf_dryrun"}
+WORKERS = {"mindscale": "mindscale.launch.dryrun_worker", "mindformers": "bench.mf_dryrun"}
 TIMEOUT_S = 1800
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from mindscale.config import ConfigError
-from mindscale.launch import dryrun
-from mindscale.launch.dryrun import compile_step
+from mindscale.launch import dryrun_worker as dryrun
+from mindscale.launch.dryrun_worker import compile_step
 
 
 @contextlib.contextmanager

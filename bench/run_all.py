@@ -46,7 +46,7 @@ from mindscale.config import ConfigError, load_config
 from mindscale.cli import OneLineParser, fail
 from mindscale.io import write_atomically
 from mindscale.perf.gemm_peak import measure as mindspore_gemm_tflops
-from mindscale.launch.plan import free_port
+from mindscale.launch.msrun import free_port
 from mindscale.launch.supervisor import kill_tree
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@
     python tools/dryrun.py --config C --ranks stages                               # the first rank of every stage
     python tools/dryrun.py --config C --ranks 0,7 --packed                         # packed SFT inputs (segment_ids)
 
-Each rank compiles in its own process (mindscale.launch.dryrun, driven by mindscale.launch.dryrun_ranks) with
+Each rank compiles in its own process (mindscale.launch.dryrun_worker, driven by mindscale.launch.dryrun_ranks) with
 MS_SIMULATION_LEVEL=0 and, where CANN is not installed, the stand-in libraries of mindscale.launch.standins
 (built once; needs gcc and binutils).
 A dry run verifies that MindSpore's parallel compiler accepts the graph (strategies, redistribution,

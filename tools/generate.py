@@ -6,7 +6,7 @@
 PATH: a MindScale step folder (LoRA adapters are merged into their base), a .safetensors file, or a
 Hugging Face folder. A text prompt is wrapped in finetune.template when set, else encoded after BOS;
 generation stops at the EOS id or after N tokens (the choices are described in
-mindscale/train/generate.py, which does the work). --json prints {"ids": [...new ids], "text": ...,
+mindscale/train/inference.py, which does the work). --json prints {"ids": [...new ids], "text": ...,
 "prompt_ids": [...]}; text is null without a tokenizer. Exit 2 with one line for bad input.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from mindscale.cli import OneLineParser, add_config_arguments, config_from_args, emit, fail
-from mindscale.train.generate import generate_from_checkpoint
+from mindscale.train.inference import generate_from_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@
     python -m mindscale.launch standalone CONFIG [--set k=v ...]
     python -m mindscale.launch worker ENTRY [ARGS ...]     (what msrun starts in every process)
 
-`distribute` plans the workers (plan.py: cores, nodes, the msrun line; its docstring lists the
+`distribute` plans the workers (msrun.py: cores, nodes, the msrun line; its docstring lists the
 environment variables) and runs msrun under the supervisor (supervisor.py), which stops the whole
 job at the first dead worker and names its log; every process msrun starts runs through `worker`
 (worker.py), which records its exit status for the supervisor.
@@ -21,7 +21,7 @@ import typing
 from mindscale.cli import OneLineParser, fail
 from mindscale.devices import detect_device
 from mindscale.config import UserError, load_config
-from mindscale.launch.plan import LaunchError, fit_data_parallel, plan_distribute, resolve_entry, with_repo_on_path
+from mindscale.launch.msrun import LaunchError, fit_data_parallel, plan_distribute, resolve_entry, with_repo_on_path
 from mindscale.launch.supervisor import supervise
 from mindscale.launch.worker import pin_to_core, run_worker
 

@@ -2,7 +2,7 @@
 planner says of the same ranks (tools/dryrun.py prints it; docs/dryrun.md says what a dry run does and
 does not verify).
 
-Each rank runs mindscale.launch.dryrun (the per-rank worker) with MS_SIMULATION_LEVEL=0 and, where CANN
+Each rank runs mindscale.launch.dryrun_worker (the per-rank worker) with MS_SIMULATION_LEVEL=0 and, where CANN
 is not installed, the stand-in libraries of mindscale.launch.standins. A rank's report is the worker's
 JSON, or {"compiled": False, "error": ...} when its process failed; a compiled one gets `planned`: the
 planner's bytes for that rank's stage and its predicted communication, with ratios to the compiled ones.
@@ -42,7 +42,7 @@ class Job:
     packed: bool = False            # inputs carry segment_ids (packed SFT data)
     collectives: bool = True        # dump the compiled graph to read its collectives
     timeout: float = DEFAULT_TIMEOUT_S
-    worker: str = "mindscale.launch.dryrun"  # the module compiling a rank (bench/mf_dryrun.py: MindFormers')
+    worker: str = "mindscale.launch.dryrun_worker"  # the module compiling a rank (bench/mf_dryrun.py: MindFormers')
     ir_dir: Path | None = None      # keep each rank's validate IR in <ir_dir>/rank<R> (default: read, then deleted)
 
 

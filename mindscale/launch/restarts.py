@@ -11,7 +11,7 @@ the failed attempt's logs move to `<logs>/attempt_<k>/` (msrun truncates the log
 After max_restarts the job gives up with exit 1, naming the last cause.
 
 One node only: the other nodes' launchers cannot learn that node 0 restarted, so a restart with
-NNODES > 1 is refused before anything starts (plan.py); requeue the whole job with the scheduler.
+NNODES > 1 is refused before anything starts (msrun.py); requeue the whole job with the scheduler.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Callable
 
 from mindscale.config import UserError
 from mindscale.launch import goodput
-from mindscale.launch.plan import LaunchPlan, free_port
+from mindscale.launch.msrun import LaunchPlan, free_port
 from mindscale.train.committed import committed_steps
 
 

@@ -23,7 +23,7 @@ import psutil
 from mindscale.config import UserError
 from mindscale.launch import restarts, runlock
 from mindscale.launch.hangwatch import HangWatch
-from mindscale.launch.plan import POLL_S, LaunchPlan
+from mindscale.launch.msrun import POLL_S, LaunchPlan
 from mindscale.launch.restarts import Ended
 from mindscale.launch.worker import die_with_parent
 from mindscale.train.committed import newest_committed

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from mindscale.io import write_atomically
-from mindscale.launch.plan import CORES_ENV, LOG_DIR_ENV
+from mindscale.launch.msrun import CORES_ENV, LOG_DIR_ENV
 from mindscale.train.stop import GRACEFUL
 
 

@@ -93,7 +93,7 @@ class ChatTemplate:
 
 
 def get_template(name: str, tokenizer=None):
-    """The template called `name`; `hf` needs the tokenizer (mindscale/train/text_tokenizer.py) whose
+    """The template called `name`; `hf` needs the tokenizer (mindscale/train/tokenizers.py) whose
     folder holds the chat_template."""
     if name == HF_TEMPLATE:
         return ChatTemplate.of(tokenizer)

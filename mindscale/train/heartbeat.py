@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-LOG_DIR_ENV = "MINDSCALE_LOG_DIR"  # set by the launcher (mindscale/launch/plan.py): the workers' log folder
+LOG_DIR_ENV = "MINDSCALE_LOG_DIR"  # set by the launcher (mindscale/launch/msrun.py): the workers' log folder
 STACK_SIGNAL = signal.SIGUSR2
 RECORD_BYTES = 512  # every record padded to this size: a rewrite in place leaves no tail of a longer one
 

@@ -29,7 +29,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from mindscale.io import DataError, publish_folder
-from mindscale.train import text_tokenizer
+from mindscale.train import tokenizers
 from mindscale.train.heldout import VALID_DIR, split_documents
 from mindscale.train.data import FORMAT_VERSION, MANIFEST_NAME, Source, column, read_batches
 from mindscale.train.chat_template import get_template
@@ -52,9 +52,9 @@ class Options:
 
 
 def load_tokenizer(path: str, vocab_limit: int | None):
-    """The tokenizer at `path` (mindscale/train/text_tokenizer.py), refused when larger than `vocab_limit`
+    """The tokenizer at `path` (mindscale/train/tokenizers.py), refused when larger than `vocab_limit`
     or without EOS."""
-    tokenizer = text_tokenizer.load_tokenizer(path, "--tokenizer")
+    tokenizer = tokenizers.load_tokenizer(path, "--tokenizer")
     if vocab_limit is not None and tokenizer.vocab_size > vocab_limit:
         raise DataError(f"tokenizer {path} has {tokenizer.vocab_size} tokens, more than the model's vocabulary of "
                         f"{vocab_limit}; train a smaller tokenizer or raise model.vocab_size / --vocab-size")

@@ -189,7 +189,7 @@ def _encode(rendered: list[list[tuple]], tokenizer, num_threads: int) -> list[tu
 def encode_examples(records: list[dict], template, tokenizer, num_threads: int = 1
                     ) -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) per SFT record, mask 1 on assistant tokens; `template` is a get_template() (mindscale/train/chat_template.py)
-    result, `tokenizer` a mindscale.train.text_tokenizer one.
+    result, `tokenizer` a mindscale.train.tokenizers one.
 
     A bad record raises RecordError with its position in `records` as `.index`.
     """

@@ -26,7 +26,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from mindscale.config import REPO_ROOT, Layout, load_config
-from mindscale.launch.dryrun import read_validate_ir
+from mindscale.launch.dryrun_worker import read_validate_ir
 from mindscale.io import CheckpointError
 from mindscale.perf import planner
 from mindscale.train import checkpoint as ckpt
@@ -557,7 +557,7 @@ def test_a_bad_strategy_is_refused_by_the_compiler():
     code = f"""
 from models.layers import Linear
 from mindscale.config import load_config
-from mindscale.launch.dryrun import compile_rank
+from mindscale.launch.dryrun_worker import compile_rank
 good = Linear.shard_strategies
 def bad(cell, style, layout):
     rules = good(cell, style, layout)

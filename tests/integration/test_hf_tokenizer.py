@@ -20,7 +20,7 @@ from mindscale.io import DataError
 from mindscale.train.data import build_dataset, read_manifest
 from mindscale.train.chat_template import get_template
 from mindscale.train.templates import RecordError, encode_examples, encode_prompt
-from mindscale.train.text_tokenizer import load_tokenizer
+from mindscale.train.tokenizers import load_tokenizer
 
 SPECIALS = ["<|pad|>", "<|begin|>", "<|end|>", "<|im_start|>", "<|im_end|>"]
 CHATML = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mindscale.launch.plan import assign_cores
+from mindscale.launch.msrun import assign_cores
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = "tests/fixtures/allreduce_probe.py"

@@ -102,7 +102,7 @@ def test_no_modules_import_each_other():
 def test_the_checks_find_an_upward_import_and_a_loop():
     order = layer_order()
     graph = {"mindscale.progress": {"mindscale.train.metrics"}, "mindscale.train.metrics": set(),
-             "mindscale.train.data": {"mindscale.train.text_tokenizer"},
-             "mindscale.train.text_tokenizer": {"mindscale.train.data"}}
+             "mindscale.train.data": {"mindscale.train.tokenizers"},
+             "mindscale.train.tokenizers": {"mindscale.train.data"}}
     assert upward_imports(graph, order) == ["mindscale.progress imports mindscale.train.metrics"]
-    assert cycles(graph) == [["mindscale.train.data", "mindscale.train.text_tokenizer"]]
+    assert cycles(graph) == [["mindscale.train.data", "mindscale.train.tokenizers"]]

@@ -10,7 +10,7 @@ import pytest
 from mindscale.launch.goodput import Attempt, summarise
 from mindscale.launch.hangwatch import HangWatch, find_stall
 from mindscale.train.heartbeat import Heartbeat, heartbeat_file
-from mindscale.launch.plan import hccl_timeouts
+from mindscale.launch.msrun import hccl_timeouts
 from mindscale.train.health import SaveWindow
 
 
@@ -145,7 +145,7 @@ def test_the_hang_watch_ignores_an_earlier_launch_and_keeps_the_last_whole_heart
 
 
 def test_a_restart_plan_drops_the_pinned_resume_step(tmp_path):
-    from mindscale.launch.plan import plan_distribute
+    from mindscale.launch.msrun import plan_distribute
     from mindscale.launch.restarts import for_restart
     from tests.run_folder import TINY
 

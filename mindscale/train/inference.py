@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from mindscale.config import Config, ConfigError
-from mindscale.train import text_tokenizer
+from mindscale.train import tokenizers
 from mindscale.train.runtime import resolve_device
 
 
@@ -22,12 +22,12 @@ def load_tokenizer(cfg: Config, checkpoint: str):
     """The tokenizer of data.tokenizer, else of the checkpoint folder (its tokenizer.model, else its
     tokenizer.json), else None."""
     if cfg.data.tokenizer:
-        return text_tokenizer.load_tokenizer(cfg.data.tokenizer)
+        return tokenizers.load_tokenizer(cfg.data.tokenizer)
     folder = Path(checkpoint)
     if (folder / "tokenizer.model").is_file():
-        return text_tokenizer.load_tokenizer(folder / "tokenizer.model", "--load_checkpoint")
-    if (folder / text_tokenizer.HF_FILE).is_file():
-        return text_tokenizer.load_tokenizer(folder, "--load_checkpoint")
+        return tokenizers.load_tokenizer(folder / "tokenizer.model", "--load_checkpoint")
+    if (folder / tokenizers.HF_FILE).is_file():
+        return tokenizers.load_tokenizer(folder, "--load_checkpoint")
     return None
 
 

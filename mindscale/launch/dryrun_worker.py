@@ -1,6 +1,6 @@
 """MindSpore's dry run of one rank's training graph, and what its compiled graph shows.
 
-    python -m mindscale.launch.dryrun --config C [--set k=v ...] [--packed]   # rank RANK_ID, JSON on stdout
+    python -m mindscale.launch.dryrun_worker --config C [--set k=v ...] [--packed]   # rank RANK_ID, JSON on stdout
 
 Run inside the environment of mindscale.launch.standins.dryrun_environment (tools/dryrun.py starts one
 such process per rank). With MS_SIMULATION_LEVEL=0 MindSpore compiles rank R's semi-auto-parallel

@@ -177,7 +177,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "mindscale.config", *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "tools/config.py", *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

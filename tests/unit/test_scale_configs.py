@@ -102,7 +102,7 @@ def test_uneven_layers_use_stage_offsets_and_per_stage_recompute(configs):
 @pytest.mark.integration
 def test_validates_through_the_config_cli():
     path = REPO_ROOT / "configs" / "llama3" / "llama3_405b.yaml"
-    proc = subprocess.run([sys.executable, "-m", "mindscale.config", "--config", str(path)], cwd=REPO_ROOT,
+    proc = subprocess.run([sys.executable, "tools/config.py", "--config", str(path)], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "hidden_size: 16384" in proc.stdout

@@ -28,7 +28,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from mindscale.config import Config, UserError
+from mindscale.config import Config
 from mindscale.io import DataError, sha256
 
 MANIFEST_NAME = "manifest.json"

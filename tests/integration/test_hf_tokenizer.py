@@ -15,7 +15,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer
 
-from mindscale.config import REPO_ROOT, config_from_tree, load_config
+from mindscale.config import REPO_ROOT, config_from_tree
 from mindscale.io import DataError
 from mindscale.train.data import build_dataset, read_manifest
 from mindscale.train.chat_template import get_template

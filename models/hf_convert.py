@@ -1,10 +1,5 @@
-"""Hugging Face <-> MindScale weights: one name/shape table per architecture.
-
-LLaMA  <-> transformers `LlamaForCausalLM`: same [out, in] matrices, renamed. HF's q/k weights are
-           already in the rotate-half layout our RotaryEmbedding uses, so nothing is permuted.
-Qwen2  <-> transformers `Qwen2ForCausalLM`: LLaMA's table plus the q/k/v biases.
-GPT    <-> transformers `GPT2LMHeadModel`: GPT-2's Conv1D stores weights [in, out] (transposed), and
-           c_attn is the fused [q; k; v] projection, split here into wq/wk/wv (and joined back).
+"""Hugging Face <-> MindScale weights and configs, run from each architecture's adapter (the
+`hf` of its entry in models/archs/: its tensor table and its config.json mapping).
 
 Every conversion is a pure re-arrangement (rename, transpose, split, concatenate) so a round trip
 reproduces the original tensors bit for bit.
@@ -15,71 +10,20 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
 
 from mindscale.io import CheckpointError, publish_folder
+from models.archs import ARCHS
+from models.spec import HFUnsupported, Rule
 from models.tensor_file import full_index, open_tensors
 
 
 class HFConversionError(CheckpointError):
     """The Hugging Face checkpoint cannot be converted. One line; the CLIs exit 2."""
 
-
-@dataclass(frozen=True)
-class Rule:
-    """MindScale tensor `ours` is (part `part[0]` of `part[1]` equal row blocks of) HF tensor `theirs`,
-    transposed first when HF stores it [in, out]."""
-    ours: str
-    theirs: str
-    transpose: bool = False
-    part: tuple[int, int] | None = None
-
-
-LLAMA_TABLE = [
-    Rule("tok_embeddings.weight", "model.embed_tokens.weight"),
-    Rule("layers.{i}.attention_norm.weight", "model.layers.{i}.input_layernorm.weight"),
-    Rule("layers.{i}.attention.wq.weight", "model.layers.{i}.self_attn.q_proj.weight"),
-    Rule("layers.{i}.attention.wk.weight", "model.layers.{i}.self_attn.k_proj.weight"),
-    Rule("layers.{i}.attention.wv.weight", "model.layers.{i}.self_attn.v_proj.weight"),
-    Rule("layers.{i}.attention.wo.weight", "model.layers.{i}.self_attn.o_proj.weight"),
-    Rule("layers.{i}.ffn_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
-    Rule("layers.{i}.feed_forward.w1.weight", "model.layers.{i}.mlp.gate_proj.weight"),
-    Rule("layers.{i}.feed_forward.w3.weight", "model.layers.{i}.mlp.up_proj.weight"),
-    Rule("layers.{i}.feed_forward.w2.weight", "model.layers.{i}.mlp.down_proj.weight"),
-    Rule("norm.weight", "model.norm.weight"),
-    Rule("output.weight", "lm_head.weight"),
-]
-
-QWEN2_TABLE = [*LLAMA_TABLE, *[Rule(f"layers.{{i}}.attention.{w}.bias", f"model.layers.{{i}}.self_attn.{hf}_proj.bias")
-                              for w, hf in (("wq", "q"), ("wk", "k"), ("wv", "v"))]]
-
-GPT_TABLE = [
-    Rule("tok_embeddings.weight", "transformer.wte.weight"),
-    Rule("pos_embeddings.weight", "transformer.wpe.weight"),
-    Rule("layers.{i}.attention_norm.weight", "transformer.h.{i}.ln_1.weight"),
-    Rule("layers.{i}.attention_norm.bias", "transformer.h.{i}.ln_1.bias"),
-    *[Rule(f"layers.{{i}}.attention.{w}.weight", "transformer.h.{i}.attn.c_attn.weight", True, (n, 3))
-      for n, w in enumerate(("wq", "wk", "wv"))],
-    *[Rule(f"layers.{{i}}.attention.{w}.bias", "transformer.h.{i}.attn.c_attn.bias", False, (n, 3))
-      for n, w in enumerate(("wq", "wk", "wv"))],
-    Rule("layers.{i}.attention.wo.weight", "transformer.h.{i}.attn.c_proj.weight", True),
-    Rule("layers.{i}.attention.wo.bias", "transformer.h.{i}.attn.c_proj.bias"),
-    Rule("layers.{i}.ffn_norm.weight", "transformer.h.{i}.ln_2.weight"),
-    Rule("layers.{i}.ffn_norm.bias", "transformer.h.{i}.ln_2.bias"),
-    Rule("layers.{i}.feed_forward.w1.weight", "transformer.h.{i}.mlp.c_fc.weight", True),
-    Rule("layers.{i}.feed_forward.w1.bias", "transformer.h.{i}.mlp.c_fc.bias"),
-    Rule("layers.{i}.feed_forward.w2.weight", "transformer.h.{i}.mlp.c_proj.weight", True),
-    Rule("layers.{i}.feed_forward.w2.bias", "transformer.h.{i}.mlp.c_proj.bias"),
-    Rule("norm.weight", "transformer.ln_f.weight"),
-    Rule("norm.bias", "transformer.ln_f.bias"),
-    Rule("output.weight", "lm_head.weight"),
-]
-
-TABLES = {"llama": LLAMA_TABLE, "qwen2": QWEN2_TABLE, "gpt": GPT_TABLE}
 
 # HF tensors that are buffers, not weights (older checkpoints store them).
 IGNORED_HF = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.attn\.masked_bias)$")
@@ -89,112 +33,42 @@ IGNORED_HF = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.attn\.masked_bias
 # Configs
 
 
-def _rope_scaling_from_hf(c: dict) -> dict:
-    """Our rope_* keys from config.json's rope_scaling: none, or LLaMA-3.1's rope_type llama3."""
-    scaling = c.get("rope_scaling")
-    if not scaling:
-        return {"rope_scaling": "none"}
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind != "llama3" or c.get("model_type") != "llama":
-        raise HFConversionError(f"rope_scaling={scaling} is not supported (LLaMA's rope_type llama3 only); "
-                                "use a checkpoint without that RoPE scaling")
-    return {"rope_scaling": "llama3", "rope_scaling_factor": float(scaling["factor"]),
-            "rope_low_freq_factor": float(scaling["low_freq_factor"]),
-            "rope_high_freq_factor": float(scaling["high_freq_factor"]),
-            "rope_original_max_positions": int(scaling["original_max_position_embeddings"])}
-
-
-def _model_from_llama(c: dict, arch: str = "llama") -> dict:
-    """LLaMA and Qwen2 (which adds fixed q/k/v biases and may use a sliding window, not supported)."""
-    if c.get("attention_bias") or c.get("mlp_bias"):
-        raise HFConversionError("LLaMA checkpoints with attention_bias/mlp_bias are not supported")
-    if c.get("use_sliding_window"):
-        raise HFConversionError("use_sliding_window=true is not supported (full causal attention only); "
-                                "use a checkpoint without a sliding window")
-    if c.get("hidden_act", "silu") != "silu":
-        raise HFConversionError(f"hidden_act={c['hidden_act']!r} is not supported (SwiGLU with silu only)")
-    heads = c["num_attention_heads"]
-    if c.get("head_dim") not in (None, c["hidden_size"] // heads):
-        raise HFConversionError(f"head_dim={c['head_dim']} != hidden_size/num_attention_heads; not supported")
-    return {"arch": arch, "vocab_size": c["vocab_size"], "hidden_size": c["hidden_size"],
-            "num_layers": c["num_hidden_layers"], "num_heads": heads,
-            "num_kv_heads": c.get("num_key_value_heads") or heads,
-            "ffn_hidden_size": c["intermediate_size"], "seq_length": c.get("max_position_embeddings", 4096),
-            "rope_theta": float(c.get("rope_theta", 10000.0)), "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
-            "tie_embeddings": bool(c.get("tie_word_embeddings", False)), **_rope_scaling_from_hf(c)}
-
-
-def _model_from_gpt2(c: dict) -> dict:
-    act = c.get("activation_function", "gelu_new")
-    if act not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise HFConversionError(f"activation_function={act!r}: MindScale's GPT uses the tanh GELU "
-                                "(gelu_new); convert a checkpoint trained with it")
-    if c.get("scale_attn_by_inverse_layer_idx") or c.get("scale_attn_weights") is False:
-        raise HFConversionError("GPT-2 attention-scaling variants are not supported (need 1/sqrt(d) scaling)")
-    hidden = c["n_embd"]
-    return {"arch": "gpt", "vocab_size": c["vocab_size"], "hidden_size": hidden, "num_layers": c["n_layer"],
-            "num_heads": c["n_head"], "num_kv_heads": c["n_head"], "ffn_hidden_size": c.get("n_inner") or 4 * hidden,
-            "seq_length": c["n_positions"], "norm_eps": float(c.get("layer_norm_epsilon", 1e-5)),
-            "tie_embeddings": bool(c.get("tie_word_embeddings", True))}
-
-
 def model_config_from_hf(hf_config: dict) -> dict:
-    """MindScale `model:` keys from a Hugging Face config.json."""
+    """MindScale `model:` keys from a Hugging Face config.json, by the adapter of its model_type."""
     kind = hf_config.get("model_type")
+    spec = next((s for s in ARCHS.values() if s.hf.model_type == kind), None)
+    if spec is None:
+        known = ", ".join(s.hf.model_type for s in ARCHS.values())
+        raise HFConversionError(f"model_type={kind!r} is not supported; convert a checkpoint of {known}")
     try:
-        if kind == "llama":
-            return _model_from_llama(hf_config)
-        if kind == "qwen2":
-            return _model_from_llama(hf_config, "qwen2")
-        if kind == "gpt2":
-            return _model_from_gpt2(hf_config)
+        return spec.hf.config_from_hf(hf_config)
     except KeyError as exc:
         raise HFConversionError(f"config.json lacks {exc.args[0]!r}; it is not a complete {kind} config")
-    raise HFConversionError(f"model_type={kind!r} is not supported; convert a llama, qwen2 or gpt2 checkpoint")
+    except HFUnsupported as exc:
+        raise HFConversionError(str(exc))
 
 
 def model_config_differences(hf_model: dict, m) -> list[str]:
     """Keys where the HF model (model_config_from_hf) and ModelConfig `m` disagree, as `key=theirs (ours)`.
-    LLaMA's and Qwen2's max_position_embeddings is a limit, not the training length, so seq_length is not
-    compared."""
+    With rotary positions max_position_embeddings is a limit, not the training length, so seq_length is
+    then not compared."""
     ours = {key: getattr(m, key) for key in hf_model}
     ours["num_kv_heads"] = m.kv_heads
-    skip = {"seq_length"} if hf_model["arch"] != "gpt" else set()
+    skip = set() if ARCHS[hf_model["arch"]].learned_positions else {"seq_length"}
     return [f"model.{key}={hf_model[key]!r} (config has {ours[key]!r})"
             for key in hf_model if key not in skip and hf_model[key] != ours[key]]
 
 
 def hf_config_from_model(m) -> dict:
     """A transformers config.json for MindScale model config `m` (mindscale.config.ModelConfig)."""
-    if m.arch == "gpt":
-        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": m.vocab_size,
-                "n_embd": m.hidden_size, "n_layer": m.num_layers, "n_head": m.num_heads,
-                "n_inner": m.ffn_hidden_size, "n_positions": m.seq_length, "n_ctx": m.seq_length,
-                "layer_norm_epsilon": m.norm_eps, "activation_function": "gelu_new",
-                "tie_word_embeddings": m.tie_embeddings, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-                "attn_pdrop": 0.0, "torch_dtype": "float32"}
-    config = {"architectures": ["LlamaForCausalLM" if m.arch == "llama" else "Qwen2ForCausalLM"],
-              "model_type": m.arch, "vocab_size": m.vocab_size, "hidden_size": m.hidden_size,
-              "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads,
-              "num_key_value_heads": m.kv_heads, "intermediate_size": m.ffn_hidden_size,
-              "max_position_embeddings": m.seq_length, "rope_theta": m.rope_theta, "rms_norm_eps": m.norm_eps,
-              "hidden_act": "silu", "tie_word_embeddings": m.tie_embeddings, "torch_dtype": "float32"}
-    if m.arch == "llama":
-        config |= {"attention_bias": False, "mlp_bias": False}
-    else:
-        config |= {"use_sliding_window": False, "max_window_layers": m.num_layers}
-    if m.rope_scaling_params:
-        factor, low, high, original = m.rope_scaling_params
-        config["rope_scaling"] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
-                                  "high_freq_factor": high, "original_max_position_embeddings": original}
-    return config
+    return ARCHS[m.arch].hf.config_to_hf(m)
 
 
 # ---------------------------------------------------------------------------------------------
 # Weights
 
 
-def _expand(table: list[Rule], num_layers: int, tied: bool) -> list[Rule]:
+def _expand(table: tuple[Rule, ...], num_layers: int, tied: bool) -> list[Rule]:
     rules = []
     for rule in table:
         if tied and rule.ours == "output.weight":
@@ -204,11 +78,12 @@ def _expand(table: list[Rule], num_layers: int, tied: bool) -> list[Rule]:
     return rules
 
 
-def _strip_prefix(hf_state: dict, arch: str) -> dict:
-    """GPT-2 checkpoints exist with and without the `transformer.` prefix; use the prefixed names."""
-    if arch != "gpt" or any(k.startswith("transformer.") for k in hf_state):
+def _add_prefix(hf_state: dict, prefix: str) -> dict:
+    """Checkpoints of some families exist with and without a prefix (GPT-2's `transformer.`); use the
+    prefixed names."""
+    if not prefix or any(k.startswith(prefix) for k in hf_state):
         return hf_state
-    return {(k if k.startswith("lm_head.") else f"transformer.{k}"): v for k, v in hf_state.items()}
+    return {(k if k.startswith("lm_head.") else prefix + k): v for k, v in hf_state.items()}
 
 
 class RuleView:
@@ -235,9 +110,9 @@ def hf_views(hf_state: dict, hf_config: dict) -> tuple[dict, dict[str, RuleView]
     """(MindScale model-config dict, MindScale weights as RuleViews: nothing read yet) from HF tensors
     (arrays or StoredTensors) and config.json contents."""
     model = model_config_from_hf(hf_config)
-    arch = model["arch"]
-    state = {k: v for k, v in _strip_prefix(hf_state, arch).items() if not IGNORED_HF.search(k)}
-    rules = _expand(TABLES[arch], model["num_layers"], model["tie_embeddings"])
+    adapter = ARCHS[model["arch"]].hf
+    state = {k: v for k, v in _add_prefix(hf_state, adapter.unprefixed).items() if not IGNORED_HF.search(k)}
+    rules = _expand(adapter.table, model["num_layers"], model["tie_embeddings"])
     needed = {r.theirs for r in rules}
     missing = sorted(needed - set(state))
     unused = sorted(set(state) - needed - ({"lm_head.weight"} if model["tie_embeddings"] else set()))
@@ -256,7 +131,7 @@ def hf_to_mindscale(hf_state: dict, hf_config: dict) -> tuple[dict, dict[str, np
 
 def mindscale_to_hf(weights: dict[str, np.ndarray], m) -> tuple[dict[str, np.ndarray], dict]:
     """(HF tensors, config.json contents) from MindScale weights and model config `m`."""
-    rules = _expand(TABLES[m.arch], m.num_layers, m.tie_embeddings)
+    rules = _expand(ARCHS[m.arch].hf.table, m.num_layers, m.tie_embeddings)
     missing = [r.ours for r in rules if r.ours not in weights]
     if missing:
         raise HFConversionError(f"MindScale weights lack {len(missing)} tensors (first: {', '.join(missing[:3])}); "

@@ -10,9 +10,9 @@ layer that holds it says, next to it, how it is split:
     SELECTIVE_RECOMPUTE              the primitives selective recompute recomputes (large outputs,
                                      cheap to recompute; Korthikanti et al. 2022)
 
-models/sharding.py holds the per-model plans (cell path -> style) and applies them; a strategy naming
-an attribute the layer does not have is an error there, and so is such a recompute mark in
-models/transformer.py.
+The per-model plans (cell path -> style) are in models/archs/, and models/sharding.py applies them;
+a strategy naming an attribute the layer does not have is an error there, and so is such a
+recompute mark in models/transformer.py.
 
 Tensors flow as 2-D [tokens, features] (tokens = batch x sequence) between layers: MatMul is 2-D
 and a flat layout needs no reshapes around every projection. Only attention views them per head.
@@ -30,15 +30,9 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, One, Zero, initializer
 from mindspore.ops.auto_generate import SiLU
 
+from models.spec import COLWISE, ROWWISE, SEQUENCE, VOCAB
+
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
-
-# Plan styles (torchtitan's ParallelStyle). Activations are [tokens, features] between layers.
-COLWISE = "colwise"      # output features split over tp (wq/wk/wv, w1/w3, and the per-head ops after them)
-ROWWISE = "rowwise"      # input features split, partial sums reduced (wo, w2); a reduce-scatter under sp
-VOCAB = "vocab"          # vocabulary split over tp (embedding, head, loss) unless parallel.vocab_emb_dp
-SEQUENCE = "sequence"    # tokens split over dp x tp under sp (norms, residual adds), over dp otherwise
-REPLICATE = "replicate"  # data parallel only (the position table)
-
 
 def token_split(layout, style: str) -> int:
     """Into how many parts an op of `style` splits the token dimension: sequence parallel is this."""

@@ -23,7 +23,8 @@ import numpy as np
 from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import HeUniform, Zero, initializer
 
-from models.layers import COLWISE, ROWWISE, SEQUENCE, Linear, token_split
+from models.layers import Linear, token_split
+from models.spec import COLWISE, ROWWISE, SEQUENCE
 from mindscale.config import Config, LoraConfig
 
 ADAPTERS = ("lora_a", "lora_b")

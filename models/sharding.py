@@ -1,6 +1,6 @@
 """Per-model tensor-parallel plans as data, and the one function that applies them.
 
-A plan maps cell paths (`*` = one path component, e.g. a layer index) to a parallel style, like
+A plan (the `plan` of an architecture's entry in models/archs/) maps cell paths (`*` = one path component, e.g. a layer index) to a parallel style, like
 torchtitan's `parallelize_plan`; the styles are defined in models/layers.py, and every layer class
 says next to its primitives how a style splits them (`shard_strategies(style, layout)`):
 
@@ -31,40 +31,8 @@ from operator import attrgetter
 from mindspore.ops import Primitive
 from mindspore.nn.utils import no_init_parameters
 
-from models.layers import COLWISE, REPLICATE, ROWWISE, SEQUENCE, VOCAB
 from models.transformer import CausalLM
 from mindscale.config import Config, Layout
-
-LLAMA_PLAN = {
-    "tok_embeddings": VOCAB,
-    "layers.*": SEQUENCE,
-    "layers.*.attention_norm": SEQUENCE,
-    "layers.*.attention.wq": COLWISE,
-    "layers.*.attention.wk": COLWISE,
-    "layers.*.attention.wv": COLWISE,
-    "layers.*.attention.rotary": COLWISE,
-    "layers.*.attention.core": COLWISE,
-    "layers.*.attention.wo": ROWWISE,
-    "layers.*.ffn_norm": SEQUENCE,
-    "layers.*.feed_forward": COLWISE,
-    "layers.*.feed_forward.w1": COLWISE,
-    "layers.*.feed_forward.w3": COLWISE,
-    "layers.*.feed_forward.w2": ROWWISE,
-    "norm": SEQUENCE,
-    "output": VOCAB,
-    "loss": VOCAB,
-}
-
-# GPT: LLaMA's plan without rotary and the SwiGLU gate, plus learned positions added at the root
-GPT_PLAN = {
-    **{path: style for path, style in LLAMA_PLAN.items()
-       if path not in ("layers.*.attention.rotary", "layers.*.feed_forward.w3")},
-    "": REPLICATE,
-    "pos_embeddings": REPLICATE,
-}
-
-PLANS = {"llama": LLAMA_PLAN, "qwen2": LLAMA_PLAN, "gpt": GPT_PLAN}  # Qwen2's q/k/v biases split with q/k/v
-
 
 def _pattern(path: str) -> re.Pattern:
     return re.compile("^" + re.escape(path).replace(r"\*", r"[^.]+") + "$")
@@ -84,7 +52,7 @@ def _op(cell, attr: str, path: str):
 
 def planned_strategies(model: CausalLM, cfg: Config, layout: Layout) -> list[tuple[str, str, str, tuple, tuple | None]]:
     """(cell path, style, primitive attribute, in_strategy, out_strategy) for every planned op."""
-    plan = PLANS[cfg.model.arch]
+    plan = cfg.model.spec.plan
     patterns = [(_pattern(path), path, style) for path, style in plan.items()]
     matched, rows = set(), []
     for path, cell in model.cells_and_names():

@@ -1,11 +1,5 @@
-"""GPT, LLaMA and Qwen2: one pre-norm decoder, three architecture specs.
-
-    GPT   (Radford et al. 2019; Brown et al. 2020): LayerNorm, learned positions, GELU MLP of 4h,
-          biases everywhere, tied input/output embeddings optional.
-    LLaMA (Touvron et al. 2023, LLaMA-2 and LLaMA-3): RMSNorm, rotary embeddings (LLaMA-3.1's
-          frequency scaling optional), SwiGLU, GQA, no biases, untied output (tied: LLaMA-3.2).
-    Qwen2 (Qwen Team 2024, Qwen2 and Qwen2.5): LLaMA with biases on the q/k/v projections only;
-          tied embeddings in the small sizes.
+"""One pre-norm decoder for every architecture; what a family changes is the traits of its entry in
+models/archs/ (models/spec.py's ArchSpec: norm, MLP, biases, positions).
 
 Parameter names (stable; checkpoints and the Hugging Face table in models/hf_convert.py use them):
 
@@ -24,7 +18,6 @@ Init: normal(0, init_std) for every matrix; the projections that write into the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import mindspore as ms
@@ -34,28 +27,15 @@ from models.attention import Attention, CompositeAttention, FlashAttention
 from models.cpu_kernels import SplitCausalAttention, expand_broadcasts
 from models.layers import (DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, OutputHead, RMSNorm, SwiGLU,
                            token_split)
+from models.spec import ArchSpec
 from mindscale.config import Layout, ModelConfig
 
 
-@dataclass(frozen=True)
-class ArchSpec:
-    norm: type
-    mlp: type
-    bias: bool  # on every linear layer
-    qkv_bias: bool  # on the q/k/v projections
-    rotary: bool
-    learned_positions: bool
-
-    def norm_class(self, fused: bool) -> type:
-        """The fused RmsNorm kernel in place of RMSNorm where the hardware has it."""
-        return FusedRMSNorm if fused and self.norm is RMSNorm else self.norm
-
-
-ARCHS = {
-    "gpt": ArchSpec(norm=LayerNorm, mlp=GeluMLP, bias=True, qkv_bias=True, rotary=False, learned_positions=True),
-    "llama": ArchSpec(norm=RMSNorm, mlp=SwiGLU, bias=False, qkv_bias=False, rotary=True, learned_positions=False),
-    "qwen2": ArchSpec(norm=RMSNorm, mlp=SwiGLU, bias=False, qkv_bias=True, rotary=True, learned_positions=False),
-}
+def norm_class(spec: ArchSpec, fused: bool) -> type:
+    """The family's norm; the fused RmsNorm kernel in place of RMSNorm where the hardware has it."""
+    if not spec.rms_norm:
+        return LayerNorm
+    return FusedRMSNorm if fused else RMSNorm
 
 
 def layer_graph_keys(layout: Layout) -> list[str]:
@@ -93,13 +73,13 @@ class TransformerBlock(nn.Cell):
         pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
         self.residual_dtype = DTYPES[m.residual_dtype]
         out_std = m.init_std / math.sqrt(2 * m.num_layers)
-        norm = spec.norm_class(layout.fused_norm)
+        norm = norm_class(spec, layout.fused_norm)
         self.attention_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
         self.attention = Attention(m.hidden_size, m.num_heads, m.kv_heads, m.seq_length, bias=spec.bias,
                                    qkv_bias=spec.qkv_bias, rope=(m.rope_theta, m.rope_scaling_params) if spec.rotary else None,
                                    core=attention_core(m, layout), std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
         self.ffn_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
-        self.feed_forward = spec.mlp(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt)
+        self.feed_forward = (SwiGLU if spec.gated_mlp else GeluMLP)(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt)
         self.attention_residual = ops.Add()
         self.ffn_residual = ops.Add()
         self.cast = ops.Cast()
@@ -145,7 +125,7 @@ class CausalLM(nn.Cell):
 
     def __init__(self, m: ModelConfig, layout: Layout):
         super().__init__()
-        spec = ARCHS[m.arch]
+        spec = m.spec
         pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
         self.arch = m.arch
         rdt = DTYPES[m.residual_dtype]
@@ -160,7 +140,7 @@ class CausalLM(nn.Cell):
         else:
             blocks = [TransformerBlock(m, spec, layout) for _ in range(m.num_layers)]
         self.layers = nn.CellList(blocks)
-        self.norm = spec.norm_class(layout.fused_norm)(m.hidden_size, m.norm_eps, pdt, cdt)
+        self.norm = norm_class(spec, layout.fused_norm)(m.hidden_size, m.norm_eps, pdt, cdt)
         self.output = OutputHead(m.hidden_size, m.vocab_size, m.tie_embeddings, m.init_std, pdt, cdt)
         # used by CausalLMLoss; lives here to be sharded with the model
         self.loss = (ShardedCrossEntropy if layout.sharded else MaskedCrossEntropy)(m.vocab_size)

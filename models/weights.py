@@ -24,6 +24,7 @@ from mindspore import nn
 
 from mindscale.config import Config, ConfigError, config_from_tree
 from mindscale.io import CheckpointError, read_tensors, verify_folder
+from models.archs import ARCHS
 from models.hf_convert import (HFConversionError, hf_views, is_hf_folder, model_config_differences,
                                model_config_from_hf, read_hf_folder)
 from models.mf_convert import is_mindformers_checkpoint, mf_views, read_mindformers
@@ -327,8 +328,9 @@ def _loaded(tensors: dict, sliced: bool) -> Mapping[str, np.ndarray]:
 
 
 def with_hf_dims(cfg: Config, hf_folder: str | Path) -> Config:
-    """`cfg` with its model dims taken from a Hugging Face folder's config.json. LLaMA and Qwen2 keep the config's
-    seq_length (max_position_embeddings is a limit, not the training length); dtypes stay the config's."""
+    """`cfg` with its model dims taken from a Hugging Face folder's config.json. Families with rotary positions
+    keep the config's seq_length (max_position_embeddings is a limit, not the training length); dtypes stay
+    the config's."""
     if not is_hf_folder(hf_folder):
         raise HFConversionError(f"{hf_folder} is not a Hugging Face folder (no config.json); "
                                 "finetune.hf_dims and generate's HF mode need one")
@@ -336,7 +338,7 @@ def with_hf_dims(cfg: Config, hf_folder: str | Path) -> Config:
         hf_model = model_config_from_hf(json.loads((Path(hf_folder) / "config.json").read_text()))
     except json.JSONDecodeError as exc:
         raise HFConversionError(f"{Path(hf_folder) / 'config.json'} is not valid JSON ({exc.msg})")
-    if hf_model["arch"] != "gpt":
+    if not ARCHS[hf_model["arch"]].learned_positions:
         hf_model.pop("seq_length")
     tree = cfg.to_dict()
     tree["model"].update(hf_model)

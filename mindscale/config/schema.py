@@ -12,6 +12,12 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
+from models.archs import ARCHS
+from models.spec import ArchSpec
+
+ArchName = Literal[tuple(ARCHS)]  # the registered architectures
+
+
 def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING):
     """A dataclass field carrying its documentation."""
     if factory is not dataclasses.MISSING:
@@ -94,9 +100,9 @@ class HardwareConfig:
 
 @dataclass
 class ModelConfig:
-    arch: Literal["gpt", "llama", "qwen2"] = doc(
-        "Model family: gpt (LayerNorm, learned positions, GELU, biases), llama (RMSNorm, RoPE, SwiGLU, no "
-        "biases), qwen2 (LLaMA with biases on the q/k/v projections; Qwen2 and Qwen2.5).", "llama")
+    arch: ArchName = doc(
+        "Model family (one entry each in models/archs/): "
+        + ", ".join(f"{spec.name} ({spec.summary})" for spec in ARCHS.values()) + ".", "llama")
     vocab_size: int = doc("Vocabulary size.", 32000)
     hidden_size: int = doc("Model width h.", 4096)
     num_layers: int = doc("Transformer layers L.", 32)
@@ -140,24 +146,10 @@ class ModelConfig:
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_heads
 
-    # What the families differ in (GPT: learned positions, GELU MLP, LayerNorm; LLaMA and Qwen2 not)
     @property
-    def rotary(self) -> bool:
-        return self.arch != "gpt"
-
-    @property
-    def gated_mlp(self) -> bool:
-        """SwiGLU: gate, up and down projections."""
-        return self.arch != "gpt"
-
-    @property
-    def rms_norm(self) -> bool:
-        return self.arch != "gpt"
-
-    @property
-    def qkv_bias(self) -> bool:
-        """Biases on the q/k/v projections (GPT: on every linear layer)."""
-        return self.arch in ("gpt", "qwen2")
+    def spec(self) -> ArchSpec:
+        """What the family is: traits, sharding plan, HF adapter, LoRA targets (models/archs/)."""
+        return ARCHS[self.arch]
 
     @property
     def rope_scaling_params(self) -> tuple | None:
@@ -284,11 +276,6 @@ class ProfileConfig:
     enable: bool = doc("Profile steps [start_step, stop_step) with mindspore.profiler.", False)
     start_step: int = doc("First profiled step.", 2)
     stop_step: int = doc("Step after the last profiled step.", 4)
-
-
-# Linear layers that can carry LoRA adapters, per architecture (their attribute names in models/).
-LORA_TARGETS = {"llama": ("wq", "wk", "wv", "wo", "w1", "w2", "w3"), "qwen2": ("wq", "wk", "wv", "wo", "w1", "w2", "w3"),
-                "gpt": ("wq", "wk", "wv", "wo", "w1", "w2")}
 
 
 # SFT prompt templates (mindscale/train/templates.py registers one per name).

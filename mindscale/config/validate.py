@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mindscale.config.errors import ConfigError
 from mindscale.config.layout import FLASH_ATTENTION_DTYPES, Layout, stage_layer_counts
-from mindscale.config.schema import LORA_TARGETS, TEMPLATE_NAMES, Config, ModelConfig
+from mindscale.config.schema import TEMPLATE_NAMES, Config, ModelConfig
 
 
 def _memory_pool(cfg: Config) -> None:
@@ -104,12 +104,13 @@ def _model_shapes(m: ModelConfig) -> None:
     if m.num_heads % m.kv_heads:
         raise ConfigError(f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.kv_heads}; "
                           "GQA needs a whole number of query heads per kv head")
-    if m.head_dim % 2 and m.rotary:
+    if m.head_dim % 2 and m.spec.rotary:
         raise ConfigError(f"model.hidden_size/num_heads={m.head_dim} is odd; rotary embeddings need an even head dim")
-    if m.arch == "gpt" and m.num_kv_heads not in (None, m.num_heads):
-        raise ConfigError(f"model.num_kv_heads={m.num_kv_heads}: GPT uses multi-head attention; remove it")
-    if m.rope_scaling != "none" and not m.rotary:
-        raise ConfigError(f"model.rope_scaling={m.rope_scaling}: GPT has learned positions, not RoPE; remove it")
+    if not m.spec.grouped_query and m.num_kv_heads not in (None, m.num_heads):
+        raise ConfigError(f"model.num_kv_heads={m.num_kv_heads}: {m.arch} uses multi-head attention; remove it")
+    if m.rope_scaling != "none" and not m.spec.rotary:
+        raise ConfigError(f"model.rope_scaling={m.rope_scaling}: {m.arch} has learned positions, not RoPE; "
+                          "remove it")
     if m.rope_scaling == "llama3" and not (m.rope_scaling_factor >= 1 and 0 < m.rope_low_freq_factor
                                            < m.rope_high_freq_factor and m.rope_original_max_positions > 0):
         raise ConfigError(f"model.rope_scaling=llama3 needs rope_scaling_factor >= 1, 0 < rope_low_freq_factor < "
@@ -238,7 +239,7 @@ def _finetune(cfg: Config) -> None:
         raise ConfigError(f"finetune.lora.alpha={lora.alpha}: must be > 0")
     if not 0 <= lora.dropout < 1:
         raise ConfigError(f"finetune.lora.dropout={lora.dropout}: must be in [0, 1)")
-    allowed = LORA_TARGETS[cfg.model.arch]
+    allowed = cfg.model.spec.lora_targets
     wrong = [t for t in lora.target_modules if t not in allowed]
     if wrong or (lora.rank and not lora.target_modules):
         raise ConfigError(f"finetune.lora.target_modules={lora.target_modules}: use a non-empty subset of "

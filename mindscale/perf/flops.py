@@ -48,7 +48,7 @@ def layer_matmul_params(m) -> int:
     """Matmul weights of one transformer layer (no biases, no norms)."""
     h, kv_width = m.hidden_size, m.kv_heads * m.head_dim
     attention = 2 * h * attention_width(m) + 2 * h * kv_width          # q, o; k, v
-    mlp_matrices = 3 if m.gated_mlp else 2                                 # SwiGLU gate/up/down; GELU up/down
+    mlp_matrices = 3 if m.spec.gated_mlp else 2                                 # SwiGLU gate/up/down; GELU up/down
     return attention + mlp_matrices * h * m.ffn_hidden_size
 
 
@@ -65,8 +65,8 @@ def matmul_param_count(m) -> int:
 def layer_other_params(m) -> int:
     """Per-layer weights that are not matmuls: norms and biases (GPT: every linear layer's; Qwen2: q/k/v)."""
     h = m.hidden_size
-    qkv_bias = attention_width(m) + 2 * m.kv_heads * m.head_dim if m.qkv_bias else 0
-    if m.rms_norm:
+    qkv_bias = attention_width(m) + 2 * m.kv_heads * m.head_dim if m.spec.qkv_bias else 0
+    if m.spec.rms_norm:
         return qkv_bias + 2 * h                                         # two RMSNorm scales
     return qkv_bias + h + m.ffn_hidden_size + h + 2 * 2 * h             # biases; 2 LayerNorms (w, b)
 
@@ -77,8 +77,8 @@ def param_count(m) -> int:
     h = m.hidden_size
     embedding = m.vocab_size * h
     output = 0 if m.tie_embeddings else output_params(m)
-    final_norm = h if m.rms_norm else 2 * h
-    positions = 0 if m.rotary else m.seq_length * h
+    final_norm = h if m.spec.rms_norm else 2 * h
+    positions = 0 if m.spec.rotary else m.seq_length * h
     layers = m.num_layers * (layer_matmul_params(m) + layer_other_params(m))
     return embedding + positions + layers + final_norm + output
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.perf import flops, planner
+from models.archs import ARCHS
 
-SCALE_DIRS = ("gpt3", "llama2", "llama3", "llama3_1", "llama3_2", "qwen2")
+SCALE_DIRS = tuple(d for spec in ARCHS.values() for d in spec.config_dirs)
 
 
 def shipped_configs() -> list[Path]:

@@ -130,7 +130,7 @@ def layer_activation_bytes(seq: int, batch: int, hidden: int, heads: int, kv_hea
 def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool) -> float:
     m, p = cfg.model, cfg.parallel
     return layer_activation_bytes(m.seq_length, cfg.train.micro_batch_size, m.hidden_size, m.num_heads, m.kv_heads,
-                                  m.ffn_hidden_size, mlp="swiglu" if m.gated_mlp else "gelu",
+                                  m.ffn_hidden_size, mlp="swiglu" if m.spec.gated_mlp else "gelu",
                                   t=p.model_parallel, sp=p.sequence_parallel, recompute=recompute, flash=flash,
                                   dtypes=mindspore_dtypes(m.compute_dtype))
 

@@ -17,7 +17,8 @@ from mindspore.ops.operations.nn_ops import FlashAttentionScore
 import models
 from models.attention import CompositeAttention, FlashAttention
 from models.layers import FusedRMSNorm
-from models.sharding import PLANS, planned_strategies
+from models.archs import ARCHS
+from models.sharding import planned_strategies
 from models.transformer import ShardedCrossEntropy
 from mindscale.config import Layout, load_config
 
@@ -177,4 +178,4 @@ def test_describe_plan_prints_a_table_with_stages():
     layout = Layout.of(cfg)
     rows = planned_strategies(models.build_model(cfg, layout), cfg, layout)
     matched = {re.sub(r"^layers\.\d+", "layers.*", row[0]) for row in rows}
-    assert matched == set(PLANS["llama"])
+    assert matched == set(ARCHS["llama"].plan)

@@ -21,7 +21,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.ops.operations.nn_ops import FlashAttentionScore
 
-from models.layers import Linear, RotaryEmbedding
+from models.layers import HeadRMSNorm, Linear, RotaryEmbedding
 
 MASKED = -1.0e9  # additive mask value; finite so an fp32 softmax row never computes inf - inf
 FLASH_MASK_SIZE = 2048  # sparse_mode 2 takes a compressed 2048 x 2048 causal mask
@@ -157,24 +157,36 @@ class FlashAttention(nn.Cell):
 class Attention(nn.Cell):
     """Multi-head (GQA when kv_heads < heads) causal self-attention on [tokens, hidden]."""
 
-    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, seq_length: int, *, bias: bool,
-                 qkv_bias: bool, rope: tuple | None, core: nn.Cell, std: float, out_std: float, param_dtype,
-                 compute_dtype):
-        """bias: on wo too (GPT); qkv_bias: on wq/wk/wv; rope: (theta, scaling params) or None."""
+    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, seq_length: int, *,
+                 bias: bool, qkv_bias: bool, qk_norm_eps: float | None, rope: tuple | None, core: nn.Cell,
+                 std: float, out_std: float, param_dtype, compute_dtype):
+        """bias: on wo too (GPT); qkv_bias: on wq/wk/wv; qk_norm_eps: RMSNorm of each q and k head (Qwen3)
+        with that epsilon, or None; rope: (theta, scaling params) or None."""
         super().__init__()
-        head_dim = hidden // num_heads
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.wq = Linear(hidden, num_heads * head_dim, qkv_bias, std, param_dtype, compute_dtype)
         self.wk = Linear(hidden, num_kv_heads * head_dim, qkv_bias, std, param_dtype, compute_dtype)
         self.wv = Linear(hidden, num_kv_heads * head_dim, qkv_bias, std, param_dtype, compute_dtype)
         self.wo = Linear(num_heads * head_dim, hidden, bias, out_std, param_dtype, compute_dtype)
+        self.q_norm = self.k_norm = None
+        if qk_norm_eps is not None:
+            self.q_norm = HeadRMSNorm(head_dim, qk_norm_eps, param_dtype, compute_dtype)
+            self.k_norm = HeadRMSNorm(head_dim, qk_norm_eps, param_dtype, compute_dtype)
         self.rotary = None if rope is None else RotaryEmbedding(seq_length, head_dim, *rope, compute_dtype)
         self.core = core
 
-    def construct(self, x, batch: int, seq: int, segment_ids=None):
+    def qkv(self, x, batch: int, seq: int):
+        """q [B, S, heads, d] and k, v [B, S, kv_heads, d] before the rotary embedding (the KV-cache
+        decoder of models/generation.py rotates them at its own positions)."""
         q = self.wq(x).reshape(batch, seq, self.num_heads, self.head_dim)
         k = self.wk(x).reshape(batch, seq, self.num_kv_heads, self.head_dim)
         v = self.wv(x).reshape(batch, seq, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def construct(self, x, batch: int, seq: int, segment_ids=None):
+        q, k, v = self.qkv(x, batch, seq)
         if self.rotary is not None:
             q = self.rotary(q)
             k = self.rotary(k)

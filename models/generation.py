@@ -39,14 +39,14 @@ class KVCacheDecoder(nn.Cell):
                              "learned positions of this GPT; shorten the prompt or --max_new_tokens")
         self.model = model
         self.max_length = max_length
-        self.num_heads, self.num_kv_heads, self.head_dim = m.num_heads, m.kv_heads, m.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = m.num_heads, m.kv_heads, m.head_size
         self.group = m.num_heads // m.kv_heads
-        self.rotary = m.rotary
+        self.rotary = m.spec.rotary
         dtype = DTYPES[m.compute_dtype]
         self.compute_dtype = dtype
-        self.cos, self.sin = rotary_tables(max_length, m.head_dim, m.rope_theta, m.rope_scaling_params, dtype)
-        self.half = m.head_dim // 2
-        self.scale = 1.0 / math.sqrt(m.head_dim)
+        self.cos, self.sin = rotary_tables(max_length, m.head_size, m.rope_theta, m.rope_scaling_params, dtype)
+        self.half = m.head_size // 2
+        self.scale = 1.0 / math.sqrt(m.head_size)
         self.slots = Tensor(np.arange(max_length, dtype=np.int32).reshape(1, max_length))
 
     def cache_shape(self, batch: int) -> tuple:
@@ -76,9 +76,7 @@ class KVCacheDecoder(nn.Cell):
         for i, layer in enumerate(model.layers):
             att = layer.attention
             h = layer.attention_norm(x)
-            q = att.wq(h).reshape(b, s, n, d)
-            k = att.wk(h).reshape(b, s, kv, d)
-            v = att.wv(h).reshape(b, s, kv, d)
+            q, k, v = att.qkv(h, b, s)
             if self.rotary:
                 q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             keys = k_cache[i] + ops.matmul(write, ops.transpose(k, (0, 2, 1, 3)))      # [B, kv, T, d]

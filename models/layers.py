@@ -184,10 +184,22 @@ class RMSNorm(Fp32Norm):
 
     PARAMETER_INPUTS = {"weight": ("mul_weight", 1)}
 
+    def split(self, style: str, layout) -> tuple:
+        """The strategy of x [tokens, dim]."""
+        return token_split(layout, style), 1
+
     def shard_strategies(self, style: str, layout) -> dict:
-        x = (token_split(layout, style), 1)
+        x = self.split(style, layout)
         return {"square": ((x,), None), "mean": ((x,), None), "add": ((x, ()), None), "rsqrt": ((x,), None),
                 "mul": ((x, x), None), "mul_weight": ((x, (1,)), None)}
+
+
+class HeadRMSNorm(RMSNorm):
+    """RMSNorm over head_dim of q or k [B, S, heads, head_dim] (Qwen3's q_norm and k_norm): the heads
+    stay split over tp as the projection before it split them."""
+
+    def split(self, style: str, layout) -> tuple:
+        return layout.dp, 1, layout.tp, 1
 
 
 class FusedRMSNorm(Fp32Norm):

@@ -3,7 +3,7 @@
 An entry holds everything the rest of MindScale needs to know about a family (torchtitan's ModelSpec):
 
     traits        what the one pre-norm decoder (models/transformer.py) builds: norm, MLP, biases,
-                  positions, per-head q/k norm
+                  positions, GQA, head width, per-head q/k norm
     plan          its tensor-parallel plan, cell path -> style (models/sharding.py applies it)
     hf            its Hugging Face adapter: the tensor table and the config.json mapping both ways
                   (models/hf_convert.py runs it)
@@ -67,6 +67,7 @@ class ArchSpec:
     lora_targets: tuple[str, ...]
     config_dirs: tuple[str, ...]
     grouped_query: bool = True  # num_kv_heads may be below num_heads (GQA)
+    free_head_dim: bool = True  # model.head_dim may differ from hidden_size / num_heads
     qk_norm: bool = False       # RMSNorm over head_dim on q and k before the rotary embedding (Qwen3)
 
     @property

@@ -47,7 +47,7 @@ def layer_graph_keys(layout: Layout) -> list[str]:
 
 def attention_core(m: ModelConfig, layout: Layout) -> nn.Cell:
     """The attention kernel of the layout: flash, the composite one, or its CPU fast path."""
-    head_dim = m.hidden_size // m.num_heads
+    head_dim = m.head_size
     if layout.attention == "flash":
         return FlashAttention(m.num_heads, m.kv_heads, head_dim)
     core = SplitCausalAttention if layout.cpu_kernels else CompositeAttention
@@ -75,8 +75,9 @@ class TransformerBlock(nn.Cell):
         out_std = m.init_std / math.sqrt(2 * m.num_layers)
         norm = norm_class(spec, layout.fused_norm)
         self.attention_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
-        self.attention = Attention(m.hidden_size, m.num_heads, m.kv_heads, m.seq_length, bias=spec.bias,
-                                   qkv_bias=spec.qkv_bias, rope=(m.rope_theta, m.rope_scaling_params) if spec.rotary else None,
+        self.attention = Attention(m.hidden_size, m.num_heads, m.kv_heads, m.head_size, m.seq_length, bias=spec.bias,
+                                   qkv_bias=spec.qkv_bias, qk_norm_eps=m.norm_eps if spec.qk_norm else None,
+                                   rope=(m.rope_theta, m.rope_scaling_params) if spec.rotary else None,
                                    core=attention_core(m, layout), std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
         self.ffn_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
         self.feed_forward = (SwiGLU if spec.gated_mlp else GeluMLP)(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt)

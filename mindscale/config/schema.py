@@ -108,6 +108,8 @@ class ModelConfig:
     num_layers: int = doc("Transformer layers L.", 32)
     num_heads: int = doc("Attention heads a.", 32)
     num_kv_heads: Optional[int] = doc("Key/value heads (GQA); null = num_heads.", None)
+    head_dim: Optional[int] = doc("Width of one attention head; null = hidden_size / num_heads (Qwen3 32B: 128, "
+                                  "with hidden_size 5120 and 64 heads).", None)
     ffn_hidden_size: int = doc("MLP inner width (SwiGLU: per gate).", 11008)
     seq_length: int = doc("Training sequence length s (GPT: also the number of learned positions).", 4096)
     rope_theta: float = doc("RoPE base (LLaMA, Qwen2).", 10000.0)
@@ -160,8 +162,9 @@ class ModelConfig:
                 self.rope_original_max_positions)
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def head_size(self) -> int:
+        """The width of one attention head: model.head_dim, or hidden_size / num_heads when it is null."""
+        return self.head_dim or self.hidden_size // self.num_heads
 
 
 @dataclass

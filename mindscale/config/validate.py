@@ -98,14 +98,17 @@ def _evaluation(cfg: Config) -> None:
 
 
 def _model_shapes(m: ModelConfig) -> None:
-    if m.hidden_size % m.num_heads:
+    if m.head_dim is not None and not m.spec.free_head_dim:
+        raise ConfigError(f"model.head_dim={m.head_dim}: {m.arch} heads are hidden_size/num_heads wide; remove it")
+    if m.head_dim is None and m.hidden_size % m.num_heads:
         raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; "
                           "pick a head count that divides the width")
     if m.num_heads % m.kv_heads:
         raise ConfigError(f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.kv_heads}; "
                           "GQA needs a whole number of query heads per kv head")
-    if m.head_dim % 2 and m.spec.rotary:
-        raise ConfigError(f"model.hidden_size/num_heads={m.head_dim} is odd; rotary embeddings need an even head dim")
+    if m.head_size % 2 and m.spec.rotary:
+        raise ConfigError(f"the head width {m.head_size} (model.head_dim, or hidden_size/num_heads) is odd; rotary "
+                          "embeddings need an even head dim")
     if not m.spec.grouped_query and m.num_kv_heads not in (None, m.num_heads):
         raise ConfigError(f"model.num_kv_heads={m.num_kv_heads}: {m.arch} uses multi-head attention; remove it")
     if m.rope_scaling != "none" and not m.spec.rotary:

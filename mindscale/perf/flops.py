@@ -41,12 +41,12 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 
 def attention_width(m) -> int:
     """H·Q: the width of the query (and attention output) projection."""
-    return m.num_heads * m.head_dim
+    return m.num_heads * m.head_size
 
 
 def layer_matmul_params(m) -> int:
     """Matmul weights of one transformer layer (no biases, no norms)."""
-    h, kv_width = m.hidden_size, m.kv_heads * m.head_dim
+    h, kv_width = m.hidden_size, m.kv_heads * m.head_size
     attention = 2 * h * attention_width(m) + 2 * h * kv_width          # q, o; k, v
     mlp_matrices = 3 if m.spec.gated_mlp else 2                                 # SwiGLU gate/up/down; GELU up/down
     return attention + mlp_matrices * h * m.ffn_hidden_size
@@ -63,11 +63,13 @@ def matmul_param_count(m) -> int:
 
 
 def layer_other_params(m) -> int:
-    """Per-layer weights that are not matmuls: norms and biases (GPT: every linear layer's; Qwen2: q/k/v)."""
+    """Per-layer weights that are not matmuls: norms and biases (GPT: every linear layer's; Qwen2: q/k/v;
+    Qwen3: the q and k head norms)."""
     h = m.hidden_size
-    qkv_bias = attention_width(m) + 2 * m.kv_heads * m.head_dim if m.spec.qkv_bias else 0
+    qkv_bias = attention_width(m) + 2 * m.kv_heads * m.head_size if m.spec.qkv_bias else 0
+    qk_norm = 2 * m.head_size if m.spec.qk_norm else 0
     if m.spec.rms_norm:
-        return qkv_bias + 2 * h                                         # two RMSNorm scales
+        return qkv_bias + qk_norm + 2 * h                               # two RMSNorm scales
     return qkv_bias + h + m.ffn_hidden_size + h + 2 * 2 * h             # biases; 2 LayerNorms (w, b)
 
 
@@ -99,7 +101,7 @@ def attention_core_flops_per_token(m) -> float:
 
 def model_flops_per_token(m) -> float:
     """Model FLOPs per token, 6N + 12·L·H·Q·T (PaLM App. B)."""
-    return palm_flops_per_token(matmul_param_count(m), m.num_layers, m.num_heads, m.head_dim, m.seq_length)
+    return palm_flops_per_token(matmul_param_count(m), m.num_layers, m.num_heads, m.head_size, m.seq_length)
 
 
 def _mode_and_layers(m, recompute) -> tuple[str, int]:

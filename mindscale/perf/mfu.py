@@ -98,7 +98,7 @@ def text(r: dict, cfg: Config) -> str:
              f"devices), model TFLOP/s per device {r['tflops_per_device']:.4g}, step time {r['step_time_s']:.4g} s, "
              f"global batch {r['global_batch']} x {m.seq_length} tokens",
              f"model FLOPs per token {r['flops_per_token']:.4g} = 6N + 12·L·H·Q·T with N = {r['matmul_params']:,} "
-             f"matmul parameters ({r['params']:,} in all), L={m.num_layers}, H={m.num_heads}, Q={m.head_dim}, "
+             f"matmul parameters ({r['params']:,} in all), L={m.num_layers}, H={m.num_heads}, Q={m.head_size}, "
              f"T={m.seq_length}",
              f"hardware FLOPs per token {r['hflops_per_token']:.4g} (recompute {r['recompute']}, "
              f"{r['recomputed_layers']} layers)",

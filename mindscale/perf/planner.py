@@ -96,14 +96,14 @@ def mindspore_dtypes(compute_dtype: str) -> ActivationDtypes:
 
 def layer_activation_bytes(seq: int, batch: int, hidden: int, heads: int, kv_heads: int, ffn: int, *,
                            mlp: str = "gelu", t: int = 1, sp: bool = False, recompute: str = "none",
-                           flash: bool = False, dtypes: ActivationDtypes = PAPER) -> float:
+                           flash: bool = False, dtypes: ActivationDtypes = PAPER, head_dim: int | None = None) -> float:
     """Bytes one transformer layer keeps for backward, for one micro batch of `batch` sequences.
 
     With MHA, a 4h GELU MLP and `PAPER` dtypes: sbh(34 + 5as/h) (t = 1), sbh(10 + 24/t + 5as/(ht))
     (tensor parallel), sbh/t(34 + 5as/h) (+ sequence parallel), 34sbh/t (selective, with sp),
-    2sbh (full)."""
+    2sbh (full). `head_dim`: the width of a head where it is not hidden / heads (Qwen3)."""
     sbh = seq * batch * hidden
-    head_dim = hidden // heads
+    head_dim = head_dim or hidden // heads
     if recompute == "full":
         return sbh * dtypes.act / (t if sp else 1)      # only the layer input is kept
     mask = 1 if dtypes.dropout else 0
@@ -113,7 +113,7 @@ def layer_activation_bytes(seq: int, batch: int, hidden: int, heads: int, kv_hea
     # Split over t (inside the column/row-parallel pair): Q, K, V, attention output, MLP inner.
     qk = seq * batch * (heads + kv_heads) * head_dim * dtypes.act
     v = seq * batch * kv_heads * head_dim * dtypes.act
-    attention_out = sbh * dtypes.act
+    attention_out = seq * batch * heads * head_dim * dtypes.act
     mlp_inner = seq * batch * ffn * dtypes.act * (4 if mlp == "swiglu" else 2)
     split = qk + v + attention_out + mlp_inner
     if flash:
@@ -132,7 +132,7 @@ def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool) -> f
     return layer_activation_bytes(m.seq_length, cfg.train.micro_batch_size, m.hidden_size, m.num_heads, m.kv_heads,
                                   m.ffn_hidden_size, mlp="swiglu" if m.spec.gated_mlp else "gelu",
                                   t=p.model_parallel, sp=p.sequence_parallel, recompute=recompute, flash=flash,
-                                  dtypes=mindspore_dtypes(m.compute_dtype))
+                                  dtypes=mindspore_dtypes(m.compute_dtype), head_dim=m.head_size)
 
 
 # ----------------------------------------------------------------------------------------------

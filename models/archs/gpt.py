@@ -66,5 +66,6 @@ def config_to_hf(m) -> dict:
 SPEC = ArchSpec(
     name="gpt", summary="LayerNorm, learned positions, GELU, biases",
     rms_norm=False, gated_mlp=False, bias=True, qkv_bias=True, rotary=False, grouped_query=False,
+    free_head_dim=False,
     plan=PLAN, hf=HFAdapter("gpt2", TABLE, config_from_hf, config_to_hf, unprefixed="transformer."),
     lora_targets=("wq", "wk", "wv", "wo", "w1", "w2"), config_dirs=("gpt3",))

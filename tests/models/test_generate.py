@@ -1,5 +1,6 @@
 """Generation: KV-cache decoding of converted tiny random Hugging Face models against transformers: LLaMA,
-LLaMA-3.1 RoPE scaling (positions past the original context) and Qwen2 with tied embeddings."""
+LLaMA-3.1 RoPE scaling (positions past the original context), Qwen2 with tied embeddings and Qwen3
+(qk-norm, heads wider than hidden/heads)."""
 import json
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 import models
 from models.generation import KVCacheDecoder, Sampler, generate
@@ -37,6 +38,12 @@ def save_hf_model(kind: str, tmp_path_factory):
             for name, p in model.named_parameters():
                 if name.endswith("bias"):
                     p.normal_(0, 0.2)
+    elif kind == "qwen3":  # the head norms start at one in transformers: make them count
+        model = Qwen3ForCausalLM(Qwen3Config(**dims, head_dim=24, rope_theta=1e6)).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "q_norm" in name or "k_norm" in name:
+                    p.normal_(1, 0.2)
     else:
         scaling = SCALING if kind == "llama31" else None
         model = LlamaForCausalLM(LlamaConfig(**dims, rope_theta=500.0, rope_scaling=scaling)).eval()
@@ -45,7 +52,7 @@ def save_hf_model(kind: str, tmp_path_factory):
     return folder, model
 
 
-@pytest.fixture(scope="module", params=["llama", "llama31", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "llama31", "qwen2", "qwen3"])
 def hf_folder(tmp_path_factory, request):
     return save_hf_model(request.param, tmp_path_factory)
 

@@ -1,5 +1,5 @@
 """Hugging Face interop: tiny random HF LLaMA (plain and with LLaMA-3.1 RoPE scaling), Qwen2 (tied and
-untied) and GPT-2 models (torch, CPU) against ours.
+untied), Qwen3 (qk-norm, heads wider than hidden/heads) and GPT-2 models (torch, CPU) against ours.
 
 Converted weights must give the same fp32 logits (1e-4) and loss, and converting back must
 reproduce the HF tensors bit for bit, through the library and through tools/convert_checkpoint.py.
@@ -16,7 +16,7 @@ import torch
 from mindspore import Tensor
 from safetensors.torch import save_file as torch_save_file
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM)
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 import models
 from models.hf_convert import HFConversionError, hf_to_mindscale, mindscale_to_hf, read_hf_folder, write_hf_folder
@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # blended, the rest divided by the factor; SEQ = 16 positions reach past the original 14.
 LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
                    "original_max_position_embeddings": 14}
-ARCHS = ["llama", "llama31", "qwen2", "qwen2_tied", "gpt"]
-HF_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "gpt": GPT2LMHeadModel}
+ARCHS = ["llama", "llama31", "qwen2", "qwen2_tied", "qwen3", "gpt"]
+HF_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "gpt": GPT2LMHeadModel}
 
 
 def hf_model(arch: str):
@@ -52,6 +52,9 @@ def hf_model(arch: str):
     elif arch.startswith("qwen2"):
         model = Qwen2ForCausalLM(Qwen2Config(**dims, rope_theta=1e6, rms_norm_eps=1e-6,
                                              tie_word_embeddings=arch == "qwen2_tied"))
+    elif arch == "qwen3":  # 4 heads of 24 on a width of 64, as Qwen3 32B's 64 heads of 128 on 5120
+        model = Qwen3ForCausalLM(Qwen3Config(**dims, head_dim=24, rope_theta=1e6, rms_norm_eps=1e-6,
+                                             tie_word_embeddings=False))
     else:
         model = GPT2LMHeadModel(GPT2Config(
             vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=SEQ, resid_pdrop=0.0,

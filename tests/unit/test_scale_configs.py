@@ -9,7 +9,7 @@ from mindscale.perf.plan_text import shipped_configs
 from mindscale.perf import flops, planner
 from mindscale.config import REPO_ROOT, load_config, stage_layer_counts
 
-# File names are an interface. Published parameter counts: LLaMA and Qwen2.5 exact (released
+# File names are an interface. Published parameter counts: LLaMA, Qwen2.5 and Qwen3 exact (released
 # checkpoints: their safetensors index's total_size / 2 bytes); GPT to the label's significant figures (GPT-3 Table 2.1; Narayanan et al. 2021: 1008.0B).
 EXPECTED = {
     "gpt3/gpt3_125m.yaml": (125e6, 3), "gpt3/gpt3_1.3b.yaml": (1.3e9, 2), "gpt3/gpt3_13b.yaml": (13e9, 2),
@@ -22,9 +22,12 @@ EXPECTED = {
     "llama3_2/llama3_2_1b.yaml": 1_235_814_400, "llama3_2/llama3_2_3b.yaml": 3_212_749_824,
     "qwen2/qwen2_5_7b.yaml": 7_615_616_512, "qwen2/qwen2_5_14b.yaml": 14_770_033_664,
     "qwen2/qwen2_5_32b.yaml": 32_763_876_352, "qwen2/qwen2_5_72b.yaml": 72_706_203_648,
+    "qwen3/qwen3_8b.yaml": 8_190_735_360, "qwen3/qwen3_14b.yaml": 14_768_307_200,
+    "qwen3/qwen3_32b.yaml": 32_762_123_264,
 }
 EIGHT_CARDS = ("gpt3/gpt3_1.3b.yaml", "llama2/llama2_7b.yaml", "llama3/llama3_8b.yaml", "llama3_1/llama3_1_8b.yaml",
-               "llama3_2/llama3_2_1b.yaml", "llama3_2/llama3_2_3b.yaml", "qwen2/qwen2_5_7b.yaml")
+               "llama3_2/llama3_2_1b.yaml", "llama3_2/llama3_2_3b.yaml", "qwen2/qwen2_5_7b.yaml",
+               "qwen3/qwen3_8b.yaml")
 
 
 def rel(path):

@@ -26,11 +26,10 @@ forward), attention core 12·L·h·s (24 with selective — the term Korthikanti
 16 with full), output projection 6·V·h (never recomputed). With N_layers and the attention width
 H·Q read from the model, the same decomposition covers GQA (smaller k/v matrices) and SwiGLU
 (three MLP matrices), and with MHA + 4h MLP it is exactly the papers' formulas (tests pin that).
-When only some layers recompute, the extra FLOPs scale with the number of recomputed layers.
+When only some layers recompute, the extra FLOPs scale with the number of recomputed layers, which
+callers take from the Layout (mindscale/config/layout.py decides which layers recompute).
 """
 from __future__ import annotations
-
-from typing import Optional, Union
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -104,32 +103,10 @@ def model_flops_per_token(m) -> float:
     return palm_flops_per_token(matmul_param_count(m), m.num_layers, m.num_heads, m.head_size, m.seq_length)
 
 
-def _mode_and_layers(m, recompute) -> tuple[str, int]:
-    """(mode, recomputed layers) from a mode string or a RecomputeConfig.
-
-    `recompute.layers`: None = all layers, a list = per pipeline stage (summed), an int = the first
-    n of each stage. Without the pipeline layout an int is read as n layers in all; callers with
-    pipeline_stage > 1 and an int should pass `recomputed_layers=len(Layout.of(cfg).recomputed)`.
-    """
-    if recompute is None:
-        return "none", 0
-    if isinstance(recompute, str):
-        mode, layers = recompute, None
-    else:
-        mode, layers = recompute.mode, recompute.layers
-    if mode not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute mode {mode!r} is not one of {RECOMPUTE_MODES}")
-    if mode == "none":
-        return mode, 0
-    if layers is None:
-        return mode, m.num_layers
-    if isinstance(layers, int):
-        return mode, min(layers, m.num_layers)
-    return mode, min(sum(layers), m.num_layers)
-
-
-def recompute_flops_per_token(m, recompute, recomputed_layers: Optional[int] = None) -> float:
-    """FLOPs per token that recompute adds on top of the model FLOPs.
+def recompute_flops_per_token(m, recompute: str, recomputed_layers: int) -> float:
+    """FLOPs per token that recompute adds on top of the model FLOPs, for `recomputed_layers` layers
+    recomputed in mode `recompute` ('none'|'selective'|'full'). Which layers those are is the Layout's
+    decision (`len(Layout.of(cfg).recomputed)`, or `recomputed_in(stage)` for one stage).
 
     selective: the attention core once more, 12·H·Q·T per recomputed layer (Korthikanti et al. 2022:
     s/(3h) instead of s/(6h) in their per-iteration formula).
@@ -137,21 +114,22 @@ def recompute_flops_per_token(m, recompute, recomputed_layers: Optional[int] = N
     2021, eq. 3: 96 = 72 + 24 and 16·L·h·s = 12 + 4 for the attention; the output layer is not
     recomputed: V/(16hL) x 96 = V/(12hL) x 72).
     """
-    mode, layers = _mode_and_layers(m, recompute)
-    if recomputed_layers is not None:
-        layers = recomputed_layers if mode != "none" else 0
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute mode {recompute!r} is not one of {RECOMPUTE_MODES}")
+    if not 0 <= recomputed_layers <= m.num_layers or (recompute == "none" and recomputed_layers):
+        raise ValueError(f"{recomputed_layers} recomputed layers with recompute mode {recompute!r} and "
+                         f"{m.num_layers} layers: need 0 to {m.num_layers}, and 0 when the mode is none")
     per_layer_core = 12 * attention_width(m) * m.seq_length
-    if mode == "selective":
-        return layers * per_layer_core
-    if mode == "full":
-        return layers * (2 * layer_matmul_params(m) + per_layer_core / 3)
+    if recompute == "selective":
+        return recomputed_layers * per_layer_core
+    if recompute == "full":
+        return recomputed_layers * (2 * layer_matmul_params(m) + per_layer_core / 3)
     return 0.0
 
 
-def hardware_flops_per_token(m, recompute=None, recomputed_layers: Optional[int] = None) -> float:
-    """Hardware FLOPs per token: model FLOPs plus recompute (see the module docstring).
-
-    `recompute` is a mode string ('none'|'selective'|'full') or a config.RecomputeConfig."""
+def hardware_flops_per_token(m, recompute: str, recomputed_layers: int) -> float:
+    """Hardware FLOPs per token: model FLOPs plus recompute (see the module docstring and
+    `recompute_flops_per_token` for the arguments)."""
     return model_flops_per_token(m) + recompute_flops_per_token(m, recompute, recomputed_layers)
 
 
@@ -190,8 +168,7 @@ def mfu(tokens_per_s: float, devices: int, peak_tflops: float, m) -> float:
     return utilization(tokens_per_s, model_flops_per_token(m), devices, peak_tflops)
 
 
-def hfu(tokens_per_s: float, devices: int, peak_tflops: float, m,
-        recompute: Union[str, object, None] = None, recomputed_layers: Optional[int] = None) -> float:
+def hfu(tokens_per_s: float, devices: int, peak_tflops: float, m, recompute: str, recomputed_layers: int) -> float:
     """Hardware FLOPs utilisation: recompute counted (docs/mfu.md)."""
     return utilization(tokens_per_s, hardware_flops_per_token(m, recompute, recomputed_layers), devices, peak_tflops)
 

@@ -28,12 +28,12 @@ def peak_and_source(cfg: Config, override: float | None, logged: float | None) -
 
 def flop_counts(cfg: Config) -> dict:
     """Parameter counts and FLOPs per token of `cfg`'s model, recompute counted as its layout runs it."""
-    m = cfg.model
-    recomputed = len(Layout.of(cfg).recomputed)
+    m, layout = cfg.model, Layout.of(cfg)
+    recomputed = len(layout.recomputed)
     return {"flops_per_token": flops.model_flops_per_token(m),
-            "hflops_per_token": flops.hardware_flops_per_token(m, cfg.recompute.mode, recomputed),
+            "hflops_per_token": flops.hardware_flops_per_token(m, layout.recompute, recomputed),
             "params": flops.param_count(m), "matmul_params": flops.matmul_param_count(m),
-            "recompute": cfg.recompute.mode, "recomputed_layers": recomputed}
+            "recompute": layout.recompute, "recomputed_layers": recomputed}
 
 
 def utilisation(cfg: Config, step_time_s: float, global_batch: int, devices: int, peak: float) -> dict:

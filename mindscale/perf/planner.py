@@ -383,7 +383,7 @@ def _stage_flops_per_token(cfg: Config, stage: int) -> float:
     m, layout = cfg.model, Layout.of(cfg)
     output = 6 * flops.output_params(m)
     per_layer = (flops.model_flops_per_token(m) - output) / m.num_layers
-    extra = flops.recompute_flops_per_token(m, layout.recompute, recomputed_layers=layout.recomputed_in(stage))
+    extra = flops.recompute_flops_per_token(m, layout.recompute, layout.recomputed_in(stage))
     return layout.layers_per_stage[stage] * per_layer + extra + (output if stage == layout.pp - 1 else 0)
 
 
@@ -417,7 +417,7 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
         "samples_per_s_per_device": cfg.global_batch_size / step / devices,
         "tflops_per_device": tokens_per_s * flops.model_flops_per_token(m) / devices / 1e12,
         "mfu": flops.mfu(tokens_per_s, devices, peak_tflops, m),
-        "hfu": flops.hfu(tokens_per_s, devices, peak_tflops, m, cfg.recompute.mode, recomputed),
+        "hfu": flops.hfu(tokens_per_s, devices, peak_tflops, m, layout.recompute, recomputed),
         "bubble_fraction": (stages - 1) / micro_steps if stages > 1 else 0.0,
         "compute_s": micro_steps * slot,
         "comm_exposed_s": pp_time + dp_exposed,
@@ -463,7 +463,7 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
         "params": flops.param_count(cfg.model),
         "matmul_params": flops.matmul_param_count(cfg.model),
         "flops_per_token": flops.model_flops_per_token(cfg.model),
-        "hflops_per_token": flops.hardware_flops_per_token(cfg.model, cfg.recompute.mode, sum(recomputed)),
+        "hflops_per_token": flops.hardware_flops_per_token(cfg.model, layout.recompute, len(layout.recomputed)),
         "memory_gib": {k: v / GIB for k, v in stages[worst].items()},
         "memory_stage": worst,
         "memory_gib_per_stage": [s["total"] / GIB for s in stages],

@@ -46,8 +46,8 @@ class MetricsLogger:
         self.path = run_dir / "metrics.jsonl"
         self.tokens_per_step = cfg.global_batch_size * cfg.model.seq_length
         self.flops_per_token = flops.model_flops_per_token(cfg.model)
-        self.hflops_per_token = flops.hardware_flops_per_token(cfg.model, cfg.recompute,
-                                                               len(Layout.of(cfg).recomputed))
+        layout = Layout.of(cfg)
+        self.hflops_per_token = flops.hardware_flops_per_token(cfg.model, layout.recompute, len(layout.recomputed))
         # an unpinned `python run_train.py` on a 2-core host is measured against both cores
         self.peak = device_peak_tflops(cfg, cores=len(os.sched_getaffinity(0)))
         self.window: list[tuple[float, float, float]] = []  # (loss, grad_norm, step_time)

@@ -8,7 +8,7 @@ import pytest
 from tests.run_folder import ROOT, write_run
 from tools import compare_runs, linearity
 from mindscale.perf import flops
-from mindscale.config import load_config
+from mindscale.config import Layout, load_config
 
 BASE_TIMES = [5.0, 1.0, 1.0, 1.0]
 FAST_TIMES = [5.0, 0.6, 0.6, 0.6]      # 40% less step time, +66.7% throughput
@@ -43,7 +43,9 @@ def test_recompute_off_vs_on_pair(runs, capsys):
     assert r["throughput"]["change"] == pytest.approx(1 / 1.2 - 1) and r["throughput"]["met"] is False
     # MFU falls with the throughput; HFU counts the recomputed forward
     cfg = load_config(runs["full"] / "config.yaml")
-    ratio = flops.hardware_flops_per_token(cfg.model, cfg.recompute) / flops.model_flops_per_token(cfg.model)
+    layout = Layout.of(cfg)
+    ratio = (flops.hardware_flops_per_token(cfg.model, layout.recompute, len(layout.recomputed))
+             / flops.model_flops_per_token(cfg.model))
     assert 1.2 < ratio < 4 / 3 + 1e-9
     assert r["MFU"]["optimized"] == pytest.approx(r["MFU"]["baseline"] / 1.2)
     assert r["HFU"]["baseline"] == pytest.approx(r["MFU"]["baseline"])

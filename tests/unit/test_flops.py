@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from mindscale.perf import flops
-from mindscale.config import ModelConfig, RecomputeConfig
+from mindscale.perf import flops, mfu, planner
+from mindscale.config import REPO_ROOT, Layout, ModelConfig, load_config
 
 
 def llama(vocab, h, layers, heads, ffn, kv=None, seq=4096):
@@ -80,7 +80,7 @@ def test_generalised_flops_equal_the_papers_formulas_for_mha_gpt(name):
              ("selective", flops.korthikanti_selective_flops_per_iteration),
              ("full", flops.narayanan_full_flops_per_iteration)]
     for mode, paper in cases:
-        ours = flops.hardware_flops_per_token(m, mode) * tokens
+        ours = flops.hardware_flops_per_token(m, mode, 0 if mode == "none" else layers) * tokens
         assert ours == pytest.approx(paper(batch, layers, seq, h, vocab), rel=1e-12), mode
     assert flops.model_flops_per_token(m) * tokens == pytest.approx(
         flops.megatron_model_flops_per_iteration(batch, layers, seq, h, vocab), rel=1e-12)
@@ -93,17 +93,39 @@ def test_gqa_and_swiglu_generalise_through_the_matmul_count():
     assert flops.model_flops_per_token(m) == 6 * n + attention
     # full recompute: one more forward of every layer (2·N_layers + 4·H·Q·T each), output layer not redone
     layer_n = n - 32000 * 8192
-    assert flops.hardware_flops_per_token(m, "full") == pytest.approx(8 * layer_n + 6 * 32000 * 8192 + attention * 16 / 12)
-    assert flops.hardware_flops_per_token(m, "selective") == pytest.approx(6 * n + 2 * attention)
+    full = flops.hardware_flops_per_token(m, "full", 80)
+    assert full == pytest.approx(8 * layer_n + 6 * 32000 * 8192 + attention * 16 / 12)
+    assert flops.hardware_flops_per_token(m, "selective", 80) == pytest.approx(6 * n + 2 * attention)
 
 
 def test_partial_recompute_scales_with_recomputed_layers():
     m = LLAMA["llama2_7b"][0]
-    extra_all = flops.recompute_flops_per_token(m, "full")
-    assert flops.recompute_flops_per_token(m, RecomputeConfig(mode="full", layers=8)) == pytest.approx(extra_all / 4)
-    assert flops.recompute_flops_per_token(m, RecomputeConfig(mode="full", layers=[3, 5])) == pytest.approx(extra_all / 4)
-    assert flops.recompute_flops_per_token(m, RecomputeConfig(mode="none", layers=8)) == 0
-    assert flops.hardware_flops_per_token(m, "full", recomputed_layers=0) == flops.model_flops_per_token(m)
+    extra_all = flops.recompute_flops_per_token(m, "full", 32)
+    assert flops.recompute_flops_per_token(m, "full", 8) == pytest.approx(extra_all / 4)
+    assert flops.recompute_flops_per_token(m, "none", 0) == 0
+    assert flops.hardware_flops_per_token(m, "full", 0) == flops.model_flops_per_token(m)
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_int_recompute_layers_count_per_pipeline_stage(mode):
+    """recompute.layers: 1 over 4 stages of 2 layers recomputes the first layer of every stage: the
+    Layout says 4 layers, and HFU counts 4 (not 1). Tiny LLaMA: h 128, 4 heads of 32, 2 kv heads, SwiGLU
+    352, vocab 2048, seq 128, 8 layers."""
+    cfg = load_config(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml", [
+        "hardware=ascend910b", "model.num_layers=8", "parallel.data_parallel=1", "parallel.pipeline_stage=4",
+        "parallel.micro_batch_num=4", f"recompute.mode={mode}", "recompute.layers=1", "train.global_batch_size=null"])
+    layout = Layout.of(cfg)
+    assert layout.layers_per_stage == (2, 2, 2, 2) and layout.recomputed == (0, 2, 4, 6)
+    layer_n = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 352          # q, o; k, v; gate, up, down
+    core = 12 * 128 * 128                                            # 12·H·Q·T of one layer
+    model = 6 * (8 * layer_n + 128 * 2048) + 8 * core
+    extra = 4 * (core if mode == "selective" else 2 * layer_n + core / 3)
+    by_hand = model + extra
+    assert flops.hardware_flops_per_token(cfg.model, layout.recompute, len(layout.recomputed)) == pytest.approx(by_hand)
+    # tools/mfu.py and the planner count the same layers
+    assert mfu.flop_counts(cfg)["hflops_per_token"] == pytest.approx(by_hand)
+    assert mfu.flop_counts(cfg)["recomputed_layers"] == 4
+    assert planner.plan(cfg)["hflops_per_token"] == pytest.approx(by_hand)
 
 
 # Korthikanti et al. 2022, Table 5 (selective recompute + sequence parallel, A100 peak 312 TFLOP/s):
@@ -120,8 +142,10 @@ def published_mfu_bracket(name, recompute):
     tokens_per_step = batch * 2048
     values = []
     for t in (seconds - 0.005, seconds + 0.005):
-        fn = flops.mfu if recompute is None else (lambda *a: flops.hfu(*a, recompute))
-        values.append(100 * fn(tokens_per_step / t, gpus, 312.0, m))
+        if recompute is None:
+            values.append(100 * flops.mfu(tokens_per_step / t, gpus, 312.0, m))
+        else:
+            values.append(100 * flops.hfu(tokens_per_step / t, gpus, 312.0, m, recompute, layers))
     return min(values), max(values)
 
 
@@ -147,10 +171,15 @@ def test_palm_540b_mfu():
 
 
 def test_utilization_rejects_meaningless_input():
+    m = LLAMA["llama2_7b"][0]
     with pytest.raises(ValueError):
         flops.utilization(1.0, 1.0, 0, 312.0)
-    with pytest.raises(ValueError):
-        flops.hardware_flops_per_token(LLAMA["llama2_7b"][0], "sometimes")
+    with pytest.raises(ValueError, match="'sometimes' is not one of"):
+        flops.hardware_flops_per_token(m, "sometimes", 32)
+    with pytest.raises(ValueError, match="33 recomputed layers"):
+        flops.hardware_flops_per_token(m, "full", 33)
+    with pytest.raises(ValueError, match="0 when the mode is none"):
+        flops.hardware_flops_per_token(m, "none", 8)
 
 
 def test_mfu_matches_hand_arithmetic():

@@ -87,7 +87,7 @@ def test_round_trip_through_yaml():
 @pytest.mark.parametrize("overrides, message", [
     (["train.stesp=3"], "unknown key train.stesp; did you mean 'steps'?"),
     (["modle.arch=gpt"], "unknown key modle; did you mean 'model'?"),
-    (["model.arch=bert"], "model.arch: 'bert' is not one of ['gpt', 'llama', 'qwen2']"),
+    (["model.arch=bert"], "model.arch: 'bert' is not one of ['gpt', 'llama', 'qwen2', 'qwen3']"),
     (["train.steps=ten"], "train.steps: expected an integer, got 'ten'"),
     (["train.lr=fast"], "train.lr: expected a number"),
     (["model.tie_embeddings=3"], "model.tie_embeddings: expected true/false"),

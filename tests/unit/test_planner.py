@@ -238,7 +238,7 @@ def test_readme_table_lists_every_shipped_config(capsys):
     assert code == 0
     for path in plan_cli.shipped_configs():
         assert f"`{path.relative_to(REPO_ROOT)}`" in out.out
-    assert len(plan_cli.shipped_configs()) == 20
+    assert len(plan_cli.shipped_configs()) == 23
 
 
 @pytest.mark.parametrize("argv,needle", [

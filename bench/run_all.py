@@ -21,7 +21,7 @@ as failed with its last error line, never dropped):
 6. the sharded training step of MindScale and MindFormers under MindSpore's dry run, for the LLaMA-2 13B
    and 70B layouts at scaled widths (bench/dryrun_compare.py): collectives and bytes sent per step,
    compile seconds, per-rank weights/gradients/optimizer bytes, next to the planner's analytic volume.
-Results go to output/bench/results.json and, rendered by bench/report.py, to --out.
+Results go to output/bench/results.json and, rendered by bench/benchmarks_md.py, to --out.
 `--set` overrides reach every throughput, linearity and checkpoint run (e.g. a tiny model for a smoke test);
 phase 6 keeps its own scaled widths.
 """
@@ -41,7 +41,7 @@ from pathlib import Path
 from bench import SYSTEMS, dryrun_compare
 from bench.checkpoint_io import checkpoint_io
 from bench.machine import describe, torch_gemm_tflops
-from bench.report import lower_sweep, render
+from bench.benchmarks_md import lower_sweep, render
 from mindscale.config import ConfigError, load_config
 from mindscale.cli import OneLineParser, fail
 from mindscale.io import write_atomically

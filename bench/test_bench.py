@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench import SYSTEMS
-from bench.report import render
+from bench.benchmarks_md import render
 from bench.run_all import allreduce, best_gemm_peaks, ceiling, error_line, paired_ratios, summarize
 
 REPO = Path(__file__).resolve().parent.parent
@@ -284,7 +284,7 @@ def test_dryrun_comparison_compiles_both_stacks_under_one_layout_and_renders():
         assert rank["collectives"]["Send"]["sent_bytes"] > 0 and rank["compile_s"] > 0
         assert rank["bytes"]["weights"] > 0 and rank["bytes"]["optimizer"] == 2 * rank["bytes"]["grads"]
     assert result["mindscale"][0]["bytes"] == result["mindscale"][0]["planned_bytes"]
-    from bench.report import dryrun_compare_section
+    from bench.benchmarks_md import dryrun_compare_section
     text = "\n".join(dryrun_compare_section({"dryrun_compare": [result]}))
     assert "vs MindFormers" in text and "Targets" in text and "MindFormers |" in text
 

@@ -1,5 +1,5 @@
 """One self-contained HTML report of a run folder, with its plots also written as PNG files
-(built by mindscale/perf/report.py).
+(built by mindscale/perf/run_report.py).
 
     python tools/report.py RUN_DIR [--output RUN_DIR/report.html] [--warmup 1]
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from mindscale.cli import fail
 from mindscale.config import UserError
 from mindscale.perf.metrics_io import add_warmup_argument
-from mindscale.perf.report import build
+from mindscale.perf.run_report import build
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""BENCHMARKS.md from bench/run_all.py's results (also: `python bench/report.py [results.json]`)."""
+"""BENCHMARKS.md from bench/run_all.py's results (also: `python bench/benchmarks_md.py [results.json]`)."""
 from __future__ import annotations
 
 import json
@@ -352,7 +352,7 @@ def render(results: dict, changes: str) -> str:
             "python bench/bench_train.py --system mindscale --json      # one system, one number",
             "python bench/bench_train.py --system mindformers --layers 32 --steps 0 --json",
             "python bench/bench_train.py --system hf --json",
-            "python bench/report.py output/bench/results.json          # re-render this file", "```", "",
+            "python bench/benchmarks_md.py output/bench/results.json          # re-render this file", "```", "",
             f"This run: `{results['command']}`; per-run commands are in `output/bench/results.json`; "
             "linearity: " + "; ".join(f"`{c}`" for c in results["linearity"]["commands"]) + ".", "",
             "## Changes and their effect", "", changes.strip(), ""]

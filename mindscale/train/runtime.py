@@ -34,6 +34,11 @@ class Runtime:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def say(self, text: str) -> None:
+        """A line for the whole job, printed once (by rank 0)."""
+        if self.is_main:
+            print(text, flush=True)
+
 
 def resolve_device(device_target: str) -> str:
     """The device this process runs on: run.device_target, or the one the launcher also picked

@@ -244,6 +244,16 @@ class TrainGraph:
     optimizer: nn.Optimizer
     step: TrainStep
 
+    def optimizer_state(self) -> list:
+        """The step's parameters a checkpoint saves as optimizer state: moments, step counter, a dynamic
+        loss scale and its counters; not the weights, nor the LR table, which comes from the config (so a
+        resumed run may change train.steps or the schedule), nor the accumulation buffers (empty between
+        steps), nor what the host sets each step (control.*)."""
+        not_state = ({p.name for p in self.model.get_parameters()}
+                     | {p.name for p in self.optimizer.learning_rate.get_parameters()})
+        return [p for p in self.step.get_parameters() if p.name not in not_state
+                and not p.name.startswith(("accu_grads.", f"{CONTROL}."))]
+
 
 def build_train_graph(cfg: Config, layout: Layout) -> TrainGraph:
     """The graph run_train.py trains and tools/dryrun.py compiles: one function, so they cannot differ."""

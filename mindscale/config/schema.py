@@ -55,7 +55,7 @@ class RunConfig:
         "Sharded layouts: the ranks vote on a graceful stop (SIGTERM/SIGUSR1) every this many steps, so all stop "
         "after the same step; a vote is a collective of its own. null = agreed by the ranks from measured costs: "
         "the fewest steps that keep a vote under 0.1% of the training time, at most 10 s of steps "
-        "(mindscale/train/stop.py). Data-parallel runs vote at every step inside the loss's all-reduce, at no "
+        "(mindscale/train/resilience/stop.py). Data-parallel runs vote at every step inside the loss's all-reduce, at no "
         "cost, whatever this says.", None)
 
 
@@ -291,7 +291,7 @@ LORA_TARGETS = {"llama": ("wq", "wk", "wv", "wo", "w1", "w2", "w3"), "qwen2": ("
                 "gpt": ("wq", "wk", "wv", "wo", "w1", "w2")}
 
 
-# SFT prompt templates (mindscale/train/templates.py registers one per name).
+# SFT prompt templates (mindscale/train/data/templates.py registers one per name).
 TEMPLATE_NAMES = ("alpaca", "llama2", "llama3", "hf")  # hf: the tokenizer folder's own chat_template
 
 

@@ -101,8 +101,8 @@ def test_no_modules_import_each_other():
 
 def test_the_checks_find_an_upward_import_and_a_loop():
     order = layer_order()
-    graph = {"mindscale.progress": {"mindscale.train.metrics"}, "mindscale.train.metrics": set(),
-             "mindscale.train.data": {"mindscale.train.tokenizers"},
-             "mindscale.train.tokenizers": {"mindscale.train.data"}}
-    assert upward_imports(graph, order) == ["mindscale.progress imports mindscale.train.metrics"]
-    assert cycles(graph) == [["mindscale.train.data", "mindscale.train.tokenizers"]]
+    graph = {"mindscale.progress": {"mindscale.train.loop.metrics"}, "mindscale.train.loop.metrics": set(),
+             "mindscale.train.data.dataset": {"mindscale.train.data.tokenizers"},
+             "mindscale.train.data.tokenizers": {"mindscale.train.data.dataset"}}
+    assert upward_imports(graph, order) == ["mindscale.progress imports mindscale.train.loop.metrics"]
+    assert cycles(graph) == [["mindscale.train.data.dataset", "mindscale.train.data.tokenizers"]]

@@ -2,7 +2,7 @@
 the resume at start, a save every checkpoint.save_interval steps (written in the background with
 checkpoint.async_save), its commit by every rank and the pruning to checkpoint.keep_last.
 
-Start order: the newest committed checkpoint in the run folder (mindscale/train/commit.py; a full
+Start order: the newest committed checkpoint in the run folder (mindscale/train/checkpoints/commit.py; a full
 resume: weights, optimizer, loss scale, data position) -> `checkpoint.load_path` (weights only, for
 fine-tuning) -> fresh init.
 With LoRA (finetune.lora.rank > 0) checkpoints hold only the adapters: the frozen base always comes
@@ -19,7 +19,7 @@ import numpy as np
 
 import models
 from mindscale.config import Config, Layout
-from mindscale.train import checkpoint as ckpt, commit
+from mindscale.train.checkpoints import folder as ckpt, commit
 
 
 def parameters_as_numpy(params, copy: bool = False) -> dict[str, np.ndarray]:
@@ -54,7 +54,7 @@ class Checkpointer:
         self.heartbeat, self.vote, self.trainer_state = heartbeat, vote, trainer_state
         # Sharded layouts (Ascend/GPU semi-auto parallel): every rank holds slices, so every rank writes
         # its own checkpoints (with MindSpore's strategy file in <run>/strategy/) and resumes from them.
-        # A step is saved once every rank has written its part (mindscale/train/commit.py).
+        # A step is saved once every rank has written its part (mindscale/train/checkpoints/commit.py).
         self.root = root
         self.own_dir = root / f"rank_{rt.rank}" if layout.sharded else root
         self.pending = None  # (step, this rank writes, its write, saved healthy) of a save not yet committed

@@ -1,5 +1,5 @@
 """The pretraining / fine-tuning loop behind run_train.py. What it starts from, and every save, commit
-and prune of its checkpoints: mindscale/train/checkpointer.py.
+and prune of its checkpoints: mindscale/train/checkpoints/checkpointer.py.
 """
 from __future__ import annotations
 
@@ -12,20 +12,21 @@ import numpy as np
 from mindspore import Tensor
 
 import models
-from mindscale.train import commit, faults
-from mindscale.train.checkpointer import Checkpointer, parameters_as_numpy
-from mindscale.train.heartbeat import Heartbeat
+from mindscale.train.checkpoints import commit
+from mindscale.train.resilience import faults
+from mindscale.train.checkpoints.checkpointer import Checkpointer, parameters_as_numpy
+from mindscale.train.resilience.heartbeat import Heartbeat
 from mindscale.config import Config, ConfigError
-from mindscale.train.data import build_dataset, step_rows
-from mindscale.train.evaluate import Evaluator
-from mindscale.train.health import HealthGuard, LossSpikes, TrainingDiverged
-from mindscale.train.metrics import MetricsLogger
-from mindscale.train.schedule import lr_at
-from mindscale.train.profiling import ProfileWindow
+from mindscale.train.data.dataset import build_dataset, step_rows
+from mindscale.train.loop.evaluate import Evaluator
+from mindscale.train.resilience.health import HealthGuard, LossSpikes, TrainingDiverged
+from mindscale.train.loop.metrics import MetricsLogger
+from mindscale.train.loop.schedule import lr_at
+from mindscale.train.loop.profiling import ProfileWindow
 from mindscale.config import Layout
-from mindscale.train.runtime import Runtime, set_input_layout
-from mindscale.train.step import build_train_graph
-from mindscale.train.stop import StopRequest, StopVotes
+from mindscale.train.loop.runtime import Runtime, set_input_layout
+from mindscale.train.loop.step import build_train_graph
+from mindscale.train.resilience.stop import StopRequest, StopVotes
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -121,7 +122,7 @@ class Trainer:
     def _injected_fault(self, step: int, batch: tuple) -> tuple:
         """Fault injection for the tests: MINDSCALE_FAULT=loss_spike:STEP replaces that step's (1-based)
         labels by random ids, a batch no training has seen: its loss spikes. kill:RANK:STEP and
-        hang:RANK:STEP: mindscale/train/faults.py."""
+        hang:RANK:STEP: mindscale/train/resilience/faults.py."""
         faults.before_step(self.run_dir, self.rt.rank, step)
         if os.environ.get("MINDSCALE_FAULT") != f"loss_spike:{step}":
             return batch
@@ -130,7 +131,7 @@ class Trainer:
 
     def train(self, stop: StopRequest | None = None) -> list[dict]:
         """Train to train.steps, or, when `stop` is requested on any rank, to the end of the step then
-        running, and save there (mindscale/train/stop.py)."""
+        running, and save there (mindscale/train/resilience/stop.py)."""
         cfg = self.cfg
         if self.rt.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)

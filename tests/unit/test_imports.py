@@ -106,3 +106,6 @@ def test_the_checks_find_an_upward_import_and_a_loop():
              "mindscale.train.data.tokenizers": {"mindscale.train.data.dataset"}}
     assert upward_imports(graph, order) == ["mindscale.progress imports mindscale.train.loop.metrics"]
     assert cycles(graph) == [["mindscale.train.data.dataset", "mindscale.train.data.tokenizers"]]
+    # mindscale.train's subpackages are layers of their own: checkpoints sit below the loop
+    inside = {"mindscale.train.checkpoints.commit": {"mindscale.train.loop.step"}, "mindscale.train.loop.step": set()}
+    assert upward_imports(inside, order) == ["mindscale.train.checkpoints.commit imports mindscale.train.loop.step"]

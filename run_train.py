@@ -4,10 +4,10 @@
 
 Under msrun (scripts/run_distribute.sh) every worker runs this file. Exit status: 0 success,
 2 bad input (config, data, checkpoint, worker count) with one line on stderr, 1 anything else.
-A health guard (mindscale/train/health.py) stops a diverged run with one line, exit 1; under the
+A health guard (mindscale/train/resilience/health.py) stops a diverged run with one line, exit 1; under the
 launcher it leaves that line in logs/worker_<rank>.diverged too, so the run is not restarted.
 SIGTERM or SIGUSR1 finishes the step, saves a committed checkpoint and exits 0 (a second signal stops
-at once): mindscale/train/stop.py.
+at once): mindscale/train/resilience/stop.py.
 """
 import argparse
 import os
@@ -15,10 +15,10 @@ import sys
 
 from mindscale.config import UserError
 from mindscale.cli import add_config_arguments, config_from_args, fail
-from mindscale.train.health import TrainingDiverged
-from mindscale.train.heartbeat import record_divergence
+from mindscale.train.resilience.health import TrainingDiverged
+from mindscale.train.resilience.heartbeat import record_divergence
 from mindscale.launch.runlock import HOLDER_ENV
-from mindscale.train.stop import StopRequest
+from mindscale.train.resilience.stop import StopRequest
 
 
 def main(argv=None) -> int:
@@ -30,8 +30,8 @@ def main(argv=None) -> int:
     cfg = config_from_args(args)
 
     from mindscale.launch import runlock
-    from mindscale.train.runtime import setup
-    from mindscale.train.trainer import Trainer, run_dir_of
+    from mindscale.train.loop.runtime import setup
+    from mindscale.train.loop.trainer import Trainer, run_dir_of
     try:
         runtime = setup(cfg)
         # the launcher holds this run folder's lock for its workers; run without it, rank 0 takes it

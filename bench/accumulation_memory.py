@@ -4,7 +4,7 @@ micro batch: how much of the growth is the compiled graph and how much the step'
     python bench/accumulation_memory.py --config C [--set k=v ...] [--workers 2] [--accumulation 1,2,4,8] [--json]
 
 For each accumulation count g, `--workers` data-parallel workers (msrun; 1 = one process, no msrun) build
-the step run_train.py trains (mindscale.train.step.build_train_graph) with the config's
+the step run_train.py trains (mindscale.train.loop.step.build_train_graph) with the config's
 train.micro_batch_size and g micro batches per step, compile it on random tokens, then run two steps.
 Rank 0 reports `compiled_gib` (its resident memory after the compile: the graph, its kernels, weights
 and optimizer state) and `peak_gib` (its peak resident memory, VmHWM, after the steps); `step_gib` =
@@ -35,8 +35,8 @@ def measure_rank() -> dict:
     import mindspore as ms
     import psutil
 
-    from mindscale.train.runtime import setup
-    from mindscale.train.step import build_train_graph
+    from mindscale.train.loop.runtime import setup
+    from mindscale.train.loop.step import build_train_graph
 
     cfg = config_from_args(parse_args(sys.argv[1:]))
     rt = setup(cfg)

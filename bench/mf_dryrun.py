@@ -64,7 +64,7 @@ def train_cell(cfg, layout, network):
     from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell  # what MindFormers' trainer wraps
     from mindformers.wrapper.wrapper import MFPipelineWithLossScaleCell, MFTrainOneStepCell
 
-    from mindscale.train.optim import build_optimizer
+    from mindscale.train.loop.optim import build_optimizer
 
     network.set_train(True)
     # MindFormers' pipeline cell copies the optimizer's learning rate: a schedule cell as MindFormers' own
@@ -86,7 +86,7 @@ def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
     from mindspore import Tensor
     from mindspore.nn.utils import no_init_parameters
 
-    from mindscale.train.runtime import PIPELINE_OWN_ROWS, setup
+    from mindscale.train.loop.runtime import PIPELINE_OWN_ROWS, setup
 
     if packed:
         raise ConfigError("--packed: the MindFormers comparison feeds plain token ids only")

@@ -5,7 +5,7 @@ same initialisation scale, optimizer hyper-parameters (AdamW: lr table, betas, e
 decay on matrices only, global-norm clip) and batch, and returns a `System` whose `step()` runs one
 optimizer step and returns the loss as a Python float (which waits for the step to finish).
 
-* mindscale:   `mindscale.train.trainer.Trainer`'s own TrainStep (what `run_train.py` runs), via its runtime setup.
+* mindscale:   `mindscale.train.loop.trainer.Trainer`'s own TrainStep (what `run_train.py` runs), via its runtime setup.
 * mindformers: mindformers 1.9.0 `LlamaForCausalLM` in graph mode (`use_rope_slice=True,
   fused_rms_norm=False, use_flash_attention=False`) with MindSpore's AdamWeightDecay and a
   TrainOneStepCell that clips the global gradient norm (MindFormers' own MFTrainOneStepCell needs
@@ -55,8 +55,8 @@ def build_mindscale(cfg: Config, batch: np.ndarray) -> System:
     import mindspore as ms
     from mindspore import Tensor
 
-    from mindscale.train.runtime import setup
-    from mindscale.train.trainer import Trainer
+    from mindscale.train.loop.runtime import setup
+    from mindscale.train.loop.trainer import Trainer
 
     trainer = Trainer(cfg, setup(cfg))  # setup: graph mode, CPU, threads_num = cores of this process
     step_cell = trainer.step_cell
@@ -107,7 +107,7 @@ def build_mindformers(cfg: Config, batch: np.ndarray) -> System:
     from mindspore import Tensor
     from mindspore.common.initializer import Normal, initializer
 
-    from mindscale.train.optim import build_optimizer
+    from mindscale.train.loop.optim import build_optimizer
 
     # MindFormers logs to ./output/log unless told otherwise; keep its files in the bench folder.
     os.environ.setdefault("LOG_MF_PATH", str(REPO_ROOT / "output" / "bench" / "mindformers_log"))
@@ -148,9 +148,9 @@ def build_mindformers(cfg: Config, batch: np.ndarray) -> System:
 
 
 def optimizer_rules() -> tuple[Callable, Callable]:
-    """`lr_at` and `decays`, MindScale's schedule and decay rule (mindscale/train/schedule.py imports no
+    """`lr_at` and `decays`, MindScale's schedule and decay rule (mindscale/train/loop/schedule.py imports no
     MindSpore, which would add ~350 MB to the hf process's peak RSS)."""
-    from mindscale.train.schedule import decays, lr_at
+    from mindscale.train.loop.schedule import decays, lr_at
     return lr_at, decays
 
 

@@ -71,7 +71,7 @@ def test_hf_process_does_not_load_mindspore(tiny_runs):
 def test_optimizer_rules_are_training_optims():
     from bench.systems import optimizer_rules
     from mindscale.config import TrainConfig
-    from mindscale.train import optim
+    from mindscale.train.loop import optim
 
     lr_at, decays = optimizer_rules()
     t = TrainConfig(steps=50, lr=1.0, min_lr=0.1, warmup_steps=5)

@@ -1,6 +1,6 @@
 """Which accelerator this host has, decided one way for the launcher and for every worker: the
 *_VISIBLE_DEVICES list, else the device files. Pure Python (no MindSpore import), so the launcher
-stays fast; a worker then checks that MindSpore's backend for it is installed (train/runtime.py)."""
+stays fast; a worker then checks that MindSpore's backend for it is installed (train/loop/runtime.py)."""
 from __future__ import annotations
 
 import glob

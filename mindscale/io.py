@@ -4,7 +4,7 @@ checksum marker, safetensors read with one-line errors.
 A committed folder holds a `COMPLETE` marker, written last, with the sha256 and size of every other
 file; the folder is written under a hidden temporary name, fsynced and renamed into place, so a
 process killed at any moment leaves either the previous folder or the new one, and a folder without
-a valid marker (a kill, a truncated copy) is never read (mindscale/train/checkpoint.py, docs/checkpoints.md).
+a valid marker (a kill, a truncated copy) is never read (mindscale/train/checkpoints/folder.py, docs/checkpoints.md).
 """
 from __future__ import annotations
 

@@ -283,7 +283,7 @@ def check_weights(model: nn.Cell, weights: dict, layouts: dict | None = None) ->
 def held(params, layouts: dict | None, pp: int = 1) -> list:
     """The parameters of `params` a rank's compiled graph holds: every one without a pipeline; a pipeline
     stage compiles only its own, which its compiled layouts (`layouts`, the step's parameter_layout_dict)
-    name. What a rank loads, saves and resumes (mindscale/train/trainer.py)."""
+    name. What a rank loads, saves and resumes (mindscale/train/checkpoints/checkpointer.py)."""
     params = list(params)
     return params if pp == 1 else [p for p in params if p.name in (layouts or {})]
 

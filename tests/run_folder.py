@@ -1,7 +1,7 @@
 """Test helper: a run folder as the trainer leaves it (docs/design.md: the run folder), from chosen step times.
 
 The config is configs/tiny/llama_tiny.yaml resolved through mindscale.config; every metric of a
-record follows from its step time the way mindscale/train/metrics.py derives it (mindscale/perf/flops.py), with
+record follows from its step time the way mindscale/train/loop/metrics.py derives it (mindscale/perf/flops.py), with
 a fixed peak instead of the measured CPU one, so tests can predict the tools' answers by hand.
 """
 from __future__ import annotations

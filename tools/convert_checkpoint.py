@@ -30,7 +30,7 @@ from models import (WeightsMismatch, build_model, check_weights, count_parameter
 from models.hf_convert import (hf_to_mindscale, mindscale_to_hf, model_config_differences,
                                read_hf_folder, write_hf_folder)
 from models.mf_convert import MindFormersError, mf_views, model_config_from_mf, read_mindformers
-from mindscale.train.checkpoint import CONFIG, save_checkpoint
+from mindscale.train.checkpoints.folder import CONFIG, save_checkpoint
 from mindscale.config import Config, ConfigError, UserError, config_from_tree, load_config
 from mindscale.cli import OneLineParser, add_config_arguments, emit, fail
 from mindscale.progress import Progress

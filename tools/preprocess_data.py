@@ -12,7 +12,7 @@ dropped and counted in the manifest. sft: records rendered with a prompt templat
 and an answer-only loss mask, one example per sample or with --pack several per sample with
 segment_ids. The output folder appears only when complete. The samples written are counted on
 stderr: a bar on a terminal, else a line every 10 s (mindscale/progress.py). The layout of the samples
-is described in mindscale/train/preprocess.py (which does the work) and docs/data.md.
+is described in mindscale/train/data/preprocess.py (which does the work) and docs/data.md.
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from pathlib import Path
 from mindscale.cli import add_config_arguments, config_from_args, emit, fail
 from mindscale.config import Config, UserError
 from mindscale.progress import Progress
-from mindscale.train.data import check_special_ids, resolve_sources
-from mindscale.train.preprocess import Options, check_output, load_tokenizer, pad_id_of, preprocess
-from mindscale.train.templates import TEMPLATE_CHOICES
+from mindscale.train.data.dataset import check_special_ids, resolve_sources
+from mindscale.train.data.preprocess import Options, check_output, load_tokenizer, pad_id_of, preprocess
+from mindscale.train.data.templates import TEMPLATE_CHOICES
 
 
 def parse_args(argv):

@@ -19,7 +19,7 @@ from mindscale.cli import OneLineParser, add_config_arguments, config_from_args,
 from mindscale.config import UserError
 from mindscale.launch.dryrun_ranks import rank_layouts
 from mindscale.progress import Progress
-from mindscale.train.reshard import reshard
+from mindscale.train.checkpoints.reshard import reshard
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ succeeded (and only with --overwrite).
 Ids: pad=0, unk=1, eos=2, bos=3, so pad and eos agree with the config defaults data.pad_id=0 and
 data.eos_id=2. byte_fallback is on (any text encodes: unknown characters become byte pieces),
 digits are split, and whitespace is kept as written (identity normalisation), as for LLaMA.
-The training is mindscale/train/tokenizer_training.py.
+The training is mindscale/train/data/tokenizer_training.py.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from mindscale.cli import emit, fail
 from mindscale.config import UserError
-from mindscale.train.data import resolve_sources
-from mindscale.train.tokenizer_training import RESERVED_IDS, train
+from mindscale.train.data.dataset import resolve_sources
+from mindscale.train.data.tokenizer_training import RESERVED_IDS, train
 
 
 def parse_args(argv):

@@ -61,7 +61,7 @@ class RunConfig:
         "Sharded layouts: the ranks vote on a graceful stop (SIGTERM/SIGUSR1) every this many steps, so all stop "
         "after the same step; a vote is a collective of its own. null = agreed by the ranks from measured costs: "
         "the fewest steps that keep a vote under 0.1% of the training time, at most 10 s of steps "
-        "(mindscale/train/stop.py). Data-parallel runs vote at every step inside the loss's all-reduce, at no "
+        "(mindscale/train/resilience/stop.py). Data-parallel runs vote at every step inside the loss's all-reduce, at no "
         "cost, whatever this says.", None)
 
 
@@ -281,7 +281,7 @@ class ProfileConfig:
     stop_step: int = doc("Step after the last profiled step.", 4)
 
 
-# SFT prompt templates (mindscale/train/templates.py registers one per name).
+# SFT prompt templates (mindscale/train/data/templates.py registers one per name).
 TEMPLATE_NAMES = ("alpaca", "llama2", "llama3", "hf")  # hf: the tokenizer folder's own chat_template
 
 

@@ -6,7 +6,7 @@ Run inside the environment of mindscale.launch.standins.dryrun_environment (tool
 such process per rank). With MS_SIMULATION_LEVEL=0 MindSpore compiles rank R's semi-auto-parallel
 graph, frontend and parallel passes (strategy checks, redistribution, pipeline split, optimizer
 shard), creates dummy communication groups, and runs nothing. The graph is built by
-mindscale.train.step.build_train_graph, the function run_train.py trains with, under
+mindscale.train.loop.step.build_train_graph, the function run_train.py trains with, under
 no_init_parameters: no weight is allocated.
 
 What the report holds, and where it comes from:
@@ -292,7 +292,7 @@ def describe_compiled(step, model, network, ir_dir: Path | None, rank: int) -> d
 
 
 def _memory_pool_set(rt) -> float | None:
-    """The pool ceiling the runtime gave MindSpore (train/runtime.py), if MindSpore reports it configured."""
+    """The pool ceiling the runtime gave MindSpore (train/loop/runtime.py), if MindSpore reports it configured."""
     from mindspore._c_expression import RuntimeConf
     return rt.memory_pool_gib if RuntimeConf.get_instance().is_memory_configured() else None
 
@@ -300,7 +300,7 @@ def _memory_pool_set(rt) -> float | None:
 def compile_step(step, inputs: tuple, model, network, rt, ir_dir: Path | None = None) -> dict:
     """Compile a train step on `inputs` for this process's rank (`rt`: its Runtime) and report what the
     compiled graph holds (describe_compiled), or MindSpore's error."""
-    from mindscale.train.runtime import set_input_layout
+    from mindscale.train.loop.runtime import set_input_layout
 
     layout = rt.layout
     report = {"compiled": False, "error": None, "rank": rt.rank, "stage": layout.stage_of_rank(rt.rank),
@@ -325,8 +325,8 @@ def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
     its validation graph with train.eval_interval)."""
     from mindspore.nn.utils import no_init_parameters
 
-    from mindscale.train.runtime import setup
-    from mindscale.train.step import build_train_graph
+    from mindscale.train.loop.runtime import setup
+    from mindscale.train.loop.step import build_train_graph
 
     rt = setup(cfg)
     with no_init_parameters():
@@ -338,9 +338,9 @@ def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
 
 
 def _compile_validation(cfg, graph, layout, packed: bool, report: dict) -> None:
-    """The forward-only validation graph of train.eval_interval (mindscale/train/evaluate.py), compiled as
+    """The forward-only validation graph of train.eval_interval (mindscale/train/loop/evaluate.py), compiled as
     the trainer compiles it: after the step, on the same (sliced) weights, a step's rows per call."""
-    from mindscale.train.evaluate import EvalStep
+    from mindscale.train.loop.evaluate import EvalStep
 
     step = EvalStep(graph.model, layout)
     step.set_train(False)

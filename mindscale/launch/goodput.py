@@ -1,7 +1,7 @@
 """The goodput summary a launch ends with: where the job's wall time went, restarts included.
 
 From the launcher's clock (each attempt's start and end) and, per attempt, the heartbeat ledger of
-this node's first rank (mindscale/train/heartbeat.py), the wall time is split into buckets that add
+this node's first rank (mindscale/train/resilience/heartbeat.py), the wall time is split into buckets that add
 up to it exactly:
 
     start-up     attempt start -> the rank's first heartbeat (imports, cluster join, graph build,

@@ -1,4 +1,4 @@
-"""The launcher's hang watch (run.hang_timeout_s) over the workers' heartbeats (mindscale/train/heartbeat.py).
+"""The launcher's hang watch (run.hang_timeout_s) over the workers' heartbeats (mindscale/train/resilience/heartbeat.py).
 
 The launcher reads this node's heartbeats at each poll, and every rank's (all nodes' when the run
 folder is shared) once one of its own is late. When a timed rank has been silent for more than
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from mindscale.train.heartbeat import STACK_SIGNAL, heartbeat_file, read_heartbeat
+from mindscale.train.resilience.heartbeat import STACK_SIGNAL, heartbeat_file, read_heartbeat
 
 DUMP_WAIT_S = 1.0  # faulthandler writes from its signal handler; time to reach the log before teardown
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from mindscale.config import REPO_ROOT, Config, UserError, load_config
 from mindscale.devices import count_devices, detect_device
 from mindscale.launch.runlock import HOLDER_ENV, LOCK_NAME
-from mindscale.train.heartbeat import LOG_DIR_ENV
+from mindscale.train.resilience.heartbeat import LOG_DIR_ENV
 
 CPU_WORKERS_DEFAULT = 2
 CLUSTER_TIMEOUT_DEFAULT = {"CPU": 600, "GPU": 7200, "Ascend": 7200}

@@ -1,7 +1,7 @@
 """Restarts (run.max_restarts, --max-restarts N): a job whose worker failed or stalled (hangwatch.py)
 is relaunched, every local worker, by a new msrun after the old tree is gone; the launcher keeps the
 run-folder lock throughout. The workers resume from the newest committed checkpoint as any rerun does (preferring a
-healthy one, mindscale/train/commit.py); a `checkpoint.resume_step` of the first launch is dropped, or
+healthy one, mindscale/train/checkpoints/commit.py); a `checkpoint.resume_step` of the first launch is dropped, or
 every restart would go back to it.
 
 Not restarted: success, a graceful stop, Ctrl+C, a worker's exit status 2 (bad input: a restart
@@ -25,7 +25,7 @@ from typing import Callable
 from mindscale.config import UserError
 from mindscale.launch import goodput
 from mindscale.launch.msrun import LaunchPlan, free_port
-from mindscale.train.committed import committed_steps
+from mindscale.train.checkpoints.committed import committed_steps
 
 
 @dataclass

@@ -26,9 +26,9 @@ from mindscale.launch.hangwatch import HangWatch
 from mindscale.launch.msrun import POLL_S, LaunchPlan
 from mindscale.launch.restarts import Ended
 from mindscale.launch.worker import die_with_parent
-from mindscale.train.committed import newest_committed
-from mindscale.train.heartbeat import diverged_file
-from mindscale.train.stop import GRACEFUL
+from mindscale.train.checkpoints.committed import newest_committed
+from mindscale.train.resilience.heartbeat import diverged_file
+from mindscale.train.resilience.stop import GRACEFUL
 
 class Interrupted(Exception):
     """Ctrl+C, or a second stop signal, reached the launcher: stop the job at once."""

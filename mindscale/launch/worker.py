@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mindscale.io import write_atomically
 from mindscale.launch.msrun import CORES_ENV, LOG_DIR_ENV
-from mindscale.train.stop import GRACEFUL
+from mindscale.train.resilience.stop import GRACEFUL
 
 
 def exit_file(log_dir: str | Path, env: dict) -> Path:
@@ -65,7 +65,7 @@ def run_worker(entry_argv: list[str]) -> int:
         local_rank = int(os.environ.get("DEVICE_ID", "0"))  # msrun sets DEVICE_ID to the local rank
         pin_to_core(cores[local_rank % len(cores)], os.environ)
     # Blocked until the handlers forward them, so none is lost or kills us before there is a child;
-    # the child inherits the mask: the entry point takes them when it is ready (mindscale/train/stop.py).
+    # the child inherits the mask: the entry point takes them when it is ready (mindscale/train/resilience/stop.py).
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     child = subprocess.Popen([sys.executable, *entry_argv], preexec_fn=_child_start)
     for sig in FORWARDED:

@@ -1,6 +1,6 @@
 """Parameter counts, FLOPs per token and MFU/HFU (defined in docs/mfu.md). Pure Python: no MindSpore.
 
-The trainer's logged MFU/HFU (mindscale/train/metrics.py), tools/mfu.py and the planner all call the
+The trainer's logged MFU/HFU (mindscale/train/loop/metrics.py), tools/mfu.py and the planner all call the
 functions here, so a number printed by one can be reproduced by the others and by hand.
 
 Definitions

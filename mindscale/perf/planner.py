@@ -63,7 +63,7 @@ from mindscale.config import OPTIMIZER_SHARD_MIN_KIB, Layout
 
 GIB = 2 ** 30
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-MOMENT_BYTES = 4  # AdamW's moments are fp32 whatever param_dtype (mindscale/train/optim.py)
+MOMENT_BYTES = 4  # AdamW's moments are fp32 whatever param_dtype (mindscale/train/loop/optim.py)
 # Fraction of the peak the hardware FLOPs are assumed to run at (matmul-bound training step).
 DEFAULT_EFFICIENCY = {"Ascend": 0.55, "GPU": 0.55, "CPU": 0.3}
 FLASH_STATS_WIDTH = 8  # FlashAttentionScore returns softmax max and sum as (B, N, S, 8) fp32

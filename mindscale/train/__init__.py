@@ -1,1 +1,2 @@
-"""Training: the compiled train step, the trainer loop, optimizer, schedule, data and checkpoints."""
+"""Training, by what a reader looks for: loop/ (the trainer and its compiled step), data/, checkpoints/,
+resilience/ (health, heartbeat, graceful stop); inference.py generates text from a checkpoint."""

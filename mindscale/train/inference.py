@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 from mindscale.config import Config, ConfigError
-from mindscale.train import tokenizers
-from mindscale.train.runtime import resolve_device
+from mindscale.train.data import tokenizers
+from mindscale.train.loop.runtime import resolve_device
 
 
 def load_tokenizer(cfg: Config, checkpoint: str):
@@ -58,8 +58,8 @@ def prompt_ids(cfg: Config, tokenizer, prompt: str | None, ids_text: str | None)
         raise ConfigError("--prompt needs a tokenizer: set data.tokenizer or put tokenizer.model or tokenizer.json "
                           "in the checkpoint folder, or pass --prompt-ids")
     if cfg.finetune.template:
-        from mindscale.train.chat_template import get_template
-        from mindscale.train.templates import encode_prompt
+        from mindscale.train.data.chat_template import get_template
+        from mindscale.train.data.templates import encode_prompt
         return encode_prompt([{"role": "user", "content": prompt}], get_template(cfg.finetune.template, tokenizer),
                              tokenizer)
     return ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + tokenizer.encode([prompt])[0]

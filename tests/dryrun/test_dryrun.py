@@ -29,7 +29,7 @@ from mindscale.config import REPO_ROOT, Layout, load_config
 from mindscale.launch.dryrun_worker import read_validate_ir
 from mindscale.io import CheckpointError
 from mindscale.perf import planner
-from mindscale.train import checkpoint as ckpt
+from mindscale.train.checkpoints import folder as ckpt
 from mindscale.perf.plan_text import SCALE_DIRS
 from models import mf_convert
 from models.weights import SlicedWeights, load_weights, merge_slices, take_slice
@@ -279,7 +279,7 @@ LLAMA3_2_1B = REPO_ROOT / "configs" / "llama3_2" / "llama3_2_1b.yaml"
     (TINY_LLAMA, (*SMALL, "parallel.data_parallel=2", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2")),
 ], ids=["llama3_2_1b_twin_no_accumulation", "tiny_dp2_mp2_sp", "tiny_dp2_pp2"])
 def test_the_validation_graph_compiles_next_to_the_sharded_step(config, overrides):
-    """train.eval_interval: the forward-only validation graph (mindscale/train/evaluate.py) compiles after
+    """train.eval_interval: the forward-only validation graph (mindscale/train/loop/evaluate.py) compiles after
     the step, on its sliced weights, with the step's own report unchanged by it."""
     for plain, report in zip(dryrun(config, *overrides, ranks="stages"),
                              dryrun(config, *overrides, "train.eval_interval=100",

@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import pytest
 
 from mindscale.config import REPO_ROOT, Layout, load_config
-from mindscale.train.data import build_dataset, step_rows
-from mindscale.train.trainer import Trainer
+from mindscale.train.data.dataset import build_dataset, step_rows
+from mindscale.train.loop.trainer import Trainer
 from test_dryrun import SMALL, TINY_GPT, dryrun, twin
 
 LLAMA3_405B = REPO_ROOT / "configs" / "llama3" / "llama3_405b.yaml"

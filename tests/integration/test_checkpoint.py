@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from mindscale.train import checkpoint as ckpt, commit
+from mindscale.train.checkpoints import folder as ckpt, commit
 
 
 def tensors(seed):
@@ -62,7 +62,7 @@ def test_garbage_safetensors_file_is_a_one_line_error(tmp_path):
 def test_sigkill_during_write_leaves_previous_checkpoint(tmp_path):
     script = (
         "import numpy as np\n"
-        "from mindscale.train import checkpoint as ckpt\n"
+        "from mindscale.train.checkpoints import folder as ckpt\n"
         f"root = {str(tmp_path)!r}\n"
         "for step in (1, 2):\n"
         "    ckpt.save_checkpoint(root, step, {'w': np.full(1000, step, np.float32)})\n")
@@ -78,7 +78,7 @@ def test_sigkill_during_write_leaves_previous_checkpoint(tmp_path):
     assert ckpt.latest_checkpoint(tmp_path).name == "step_00000002"
 
 
-# -- the run-level commit (mindscale/train/commit.py), one rank ---------------------------------------
+# -- the run-level commit (mindscale/train/checkpoints/commit.py), one rank ---------------------------------------
 def saved_and_committed(root, steps, keep_last=2):
     vote = commit.RankVote(1, sharded=False)
     for step in steps:

@@ -13,8 +13,8 @@ import pytest
 
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.progress import EVERY_ENV
-from mindscale.train.checkpoint import save_checkpoint
-from mindscale.train.commit import record_steps
+from mindscale.train.checkpoints.folder import save_checkpoint
+from mindscale.train.checkpoints.commit import record_steps
 from tests.integration.test_data import TRAIN_TOKENIZER, make_documents
 from tests.run_folder import TINY
 from tests.unit.test_progress import read_all, terminal_size

@@ -15,9 +15,9 @@ import sentencepiece
 
 from mindscale.config import config_from_tree
 from mindscale.io import DataError
-from mindscale.train.data import build_dataset, read_manifest
-from mindscale.train.templates import TEMPLATES, encode_examples, encode_prompt
-from mindscale.train.tokenizers import load_tokenizer
+from mindscale.train.data.dataset import build_dataset, read_manifest
+from mindscale.train.data.templates import TEMPLATES, encode_examples, encode_prompt
+from mindscale.train.data.tokenizers import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQ = 16

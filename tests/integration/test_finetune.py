@@ -16,9 +16,9 @@ from mindspore import Tensor, ops
 from transformers import LlamaForCausalLM
 
 import models
-from mindscale.train import checkpoint as ckpt
+from mindscale.train.checkpoints import folder as ckpt
 from mindscale.config import REPO_ROOT, load_config
-from mindscale.train.data import build_dataset
+from mindscale.train.data.dataset import build_dataset
 
 ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
 TINY = str(REPO_ROOT / "configs" / "finetune" / "tiny_sft.yaml")

@@ -17,10 +17,10 @@ from transformers import AutoTokenizer
 
 from mindscale.config import REPO_ROOT, config_from_tree
 from mindscale.io import DataError
-from mindscale.train.data import build_dataset, read_manifest
-from mindscale.train.chat_template import get_template
-from mindscale.train.templates import RecordError, encode_examples, encode_prompt
-from mindscale.train.tokenizers import load_tokenizer
+from mindscale.train.data.dataset import build_dataset, read_manifest
+from mindscale.train.data.chat_template import get_template
+from mindscale.train.data.templates import RecordError, encode_examples, encode_prompt
+from mindscale.train.data.tokenizers import load_tokenizer
 
 SPECIALS = ["<|pad|>", "<|begin|>", "<|end|>", "<|im_start|>", "<|im_end|>"]
 CHATML = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

@@ -22,7 +22,7 @@ PROFILED_STEPS = 4
 
 @pytest.fixture(scope="module")
 def cpu_profile(tmp_path_factory):
-    """Profile a few training steps of a small MindSpore MLP on CPU, the way mindscale/train/profiling.py does."""
+    """Profile a few training steps of a small MindSpore MLP on CPU, the way mindscale/train/loop/profiling.py does."""
     import mindspore as ms
     from mindspore import nn
     from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler

@@ -1,5 +1,5 @@
 """Restarts, hang detection and healthy checkpoints with real processes: scripts/run_distribute.sh with
-two CPU workers training a tiny LLaMA, faults injected by MINDSCALE_FAULT (mindscale/train/faults.py)."""
+two CPU workers training a tiny LLaMA, faults injected by MINDSCALE_FAULT (mindscale/train/resilience/faults.py)."""
 import json
 import os
 import re
@@ -11,7 +11,7 @@ import pytest
 
 from mindscale.config import REPO_ROOT
 from mindscale.launch.goodput import GOODPUT_FILE
-from mindscale.train import checkpoint as ckpt, commit
+from mindscale.train.checkpoints import folder as ckpt, commit
 from tests.integration.test_training import TINY, _digests, _processes_naming, sets, train
 
 SAVE = ("train.micro_batch_size=2", "train.steps=6", "checkpoint.save_interval=2", "checkpoint.keep_last=3")

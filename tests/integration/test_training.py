@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindscale.train import checkpoint as ckpt, commit
+from mindscale.train.checkpoints import folder as ckpt, commit
 from mindscale.config import REPO_ROOT
 from mindscale.launch import runlock
 
@@ -412,7 +412,7 @@ def test_sharded_stop_votes_every_n_steps_and_every_rank_stops_after_the_same_st
     is signalled in step 5; both ranks vote at the same steps, agree on each interval, stop after the
     same step, at the first vote after the request. Auto: after the first three votes the ranks vote
     every many steps, and the stop waits at most MAX_VOTE_DELAY_S."""
-    from mindscale.train.stop import MAX_VOTE_DELAY_S
+    from mindscale.train.resilience.stop import MAX_VOTE_DELAY_S
     overrides = [f"run.output_dir={tmp_path}", "run.name=votes",
                  f"run.stop_vote_interval={'null' if interval is None else interval}"]
     probe = subprocess.run(["bash", "scripts/run_distribute.sh", TINY, "2", *sets(*overrides)], cwd=REPO_ROOT,

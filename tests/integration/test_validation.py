@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from mindscale.config import REPO_ROOT, load_config
-from mindscale.train import checkpoint as ckpt
-from mindscale.train.data import read_manifest
+from mindscale.train.checkpoints import folder as ckpt
+from mindscale.train.data.dataset import read_manifest
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
 SMALL = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",

@@ -10,7 +10,7 @@ import models
 from models.cpu_kernels import SPLIT_CAUSAL_MIN, EqualShapes, RowSumSoftmax
 from models import transformer
 from models.transformer import ShardedCrossEntropy, layer_graph_keys
-from mindscale.train.checkpoint import CheckpointError, save_checkpoint
+from mindscale.train.checkpoints.folder import CheckpointError, save_checkpoint
 from mindscale.config import Layout, load_config
 
 

@@ -7,7 +7,7 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 from mindscale.config import Layout, load_config
-from mindscale.train.step import (SATURATION_MODE, _dot_squared_norm, _grad_scale_squared_norm, build_train_graph,
+from mindscale.train.loop.step import (SATURATION_MODE, _dot_squared_norm, _grad_scale_squared_norm, build_train_graph,
                                   saturates_fp16)
 
 TINY = "configs/tiny/llama_tiny.yaml"

@@ -205,5 +205,5 @@ def test_reference_doc_lists_every_key():
 def test_template_names_are_the_templates_the_data_pipeline_has():
     """The config validates data.template against TEMPLATE_NAMES without importing the templates."""
     from mindscale.config import TEMPLATE_NAMES
-    from mindscale.train.templates import TEMPLATE_CHOICES
+    from mindscale.train.data.templates import TEMPLATE_CHOICES
     assert set(TEMPLATE_NAMES) == set(TEMPLATE_CHOICES)

@@ -17,10 +17,10 @@ def test_an_explicit_device_target_is_taken_as_given():
 
 
 def test_a_profile_for_another_chip_than_the_hosts_is_refused_in_one_line():
-    """train/runtime.py asks MindSpore which chip this host has (get_ascend_soc_version) before anything is
+    """train/loop/runtime.py asks MindSpore which chip this host has (get_ascend_soc_version) before anything is
     built; a 910A host under the 910B profile would take its bf16, peak and overflow rules (no float status)."""
     from mindscale.config import REPO_ROOT, ConfigError, load_config
-    from mindscale.train.runtime import check_chip
+    from mindscale.train.loop.runtime import check_chip
     tiny = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
     b = load_config(tiny, ["hardware=ascend910b"])
     check_chip(b, "ascend910b")

@@ -101,8 +101,11 @@ def test_no_modules_import_each_other():
 
 def test_the_checks_find_an_upward_import_and_a_loop():
     order = layer_order()
-    graph = {"mindscale.progress": {"mindscale.train.metrics"}, "mindscale.train.metrics": set(),
-             "mindscale.train.data": {"mindscale.train.tokenizers"},
-             "mindscale.train.tokenizers": {"mindscale.train.data"}}
-    assert upward_imports(graph, order) == ["mindscale.progress imports mindscale.train.metrics"]
-    assert cycles(graph) == [["mindscale.train.data", "mindscale.train.tokenizers"]]
+    graph = {"mindscale.progress": {"mindscale.train.loop.metrics"}, "mindscale.train.loop.metrics": set(),
+             "mindscale.train.data.dataset": {"mindscale.train.data.tokenizers"},
+             "mindscale.train.data.tokenizers": {"mindscale.train.data.dataset"}}
+    assert upward_imports(graph, order) == ["mindscale.progress imports mindscale.train.loop.metrics"]
+    assert cycles(graph) == [["mindscale.train.data.dataset", "mindscale.train.data.tokenizers"]]
+    # mindscale.train's subpackages are layers of their own: checkpoints sit below the loop
+    inside = {"mindscale.train.checkpoints.commit": {"mindscale.train.loop.step"}, "mindscale.train.loop.step": set()}
+    assert upward_imports(inside, order) == ["mindscale.train.checkpoints.commit imports mindscale.train.loop.step"]

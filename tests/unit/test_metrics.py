@@ -1,4 +1,4 @@
-"""The step line's elapsed time and ETA (mindscale/train/metrics.py), driven with real time."""
+"""The step line's elapsed time and ETA (mindscale/train/loop/metrics.py), driven with real time."""
 import json
 import time
 
@@ -6,7 +6,7 @@ import pytest
 
 from mindscale.config import load_config
 from mindscale.progress import clock
-from mindscale.train.metrics import MetricsLogger
+from mindscale.train.loop.metrics import MetricsLogger
 from tests.run_folder import PEAK_TFLOPS, TINY
 
 

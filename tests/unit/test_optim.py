@@ -4,7 +4,7 @@ import math
 import pytest
 
 from mindscale.config import TrainConfig
-from mindscale.train.schedule import decays, lr_at
+from mindscale.train.loop.schedule import decays, lr_at
 
 
 def test_warmup_then_cosine_reaches_min_lr():

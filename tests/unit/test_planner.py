@@ -127,7 +127,7 @@ def test_fits_compares_against_the_margin_of_memory_after_the_reserve(cfg70):
 
 def test_the_pool_ceiling_the_runtime_sets_is_what_the_planner_budgets(cfg70):
     """hardware.max_device_memory_gib (default memory_gib - memory_reserve_gib) is MindSpore's pool ceiling
-    (train/runtime.py sets it) and the planner's basis: what lies outside it is counted as the reserve."""
+    (train/loop/runtime.py sets it) and the planner's basis: what lies outside it is counted as the reserve."""
     plan = planner.plan(cfg70)
     assert plan["memory_pool_gib"] == cfg70.hardware.memory_gib - cfg70.hardware.memory_reserve_gib == 61
     capped = planner.with_overrides(cfg70, ["hardware.max_device_memory_gib=40"])

@@ -9,9 +9,9 @@ import pytest
 
 from mindscale.launch.goodput import Attempt, summarise
 from mindscale.launch.hangwatch import HangWatch, find_stall
-from mindscale.train.heartbeat import Heartbeat, heartbeat_file
+from mindscale.train.resilience.heartbeat import Heartbeat, heartbeat_file
 from mindscale.launch.msrun import hccl_timeouts
-from mindscale.train.health import SaveWindow
+from mindscale.train.resilience.health import SaveWindow
 
 
 def beat(step, age, compiling=False, now=1000.0):

@@ -1,4 +1,4 @@
-"""run.tensorboard (mindscale/train/tensorboard.py): the event files, read back with TensorBoard's own
+"""run.tensorboard (mindscale/train/loop/tensorboard.py): the event files, read back with TensorBoard's own
 reader, hold the scalars of metrics.jsonl, also while the run goes on and after a resume: driven with
 real time through MetricsLogger, and once through run_train.py (a real run resumed from an earlier step)."""
 import json
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from mindscale.config import ConfigError, load_config
-from mindscale.train.metrics import MetricsLogger
-from mindscale.train.tensorboard import FLUSH_SECS, FOLDER, scalars
+from mindscale.train.loop.metrics import MetricsLogger
+from mindscale.train.loop.tensorboard import FLUSH_SECS, FOLDER, scalars
 from tests.integration.test_training import train
 from tests.run_folder import PEAK_TFLOPS, TINY
 
@@ -97,7 +97,7 @@ def test_a_real_run_resumed_from_an_earlier_step_shows_what_metrics_jsonl_holds(
 @pytest.mark.integration
 def test_a_process_that_exits_without_closing_still_writes_its_queued_events(tmp_path):
     """What a health guard's exit (SystemExit before MetricsLogger.close) leaves: the atexit close."""
-    script = ("import sys; from mindscale.train.tensorboard import TensorBoardLog; log = TensorBoardLog(sys.argv[1], 0)\n"
+    script = ("import sys; from mindscale.train.loop.tensorboard import TensorBoardLog; log = TensorBoardLog(sys.argv[1], 0)\n"
               "for step in range(1, 301): log.write({'step': step, 'loss': step / 2})\n"
               "raise SystemExit(1)")
     assert subprocess.run([sys.executable, "-c", script, str(tmp_path)], timeout=60).returncode == 1

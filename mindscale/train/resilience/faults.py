@@ -1,6 +1,6 @@
 """Test-only fault hooks for restarts and hang detection, in the MINDSCALE_FAULT variable that the other
-hooks use (checkpoint_write:STEP in checkpoint.py, checkpoint_commit:STEP[@RANK] in commit.py,
-loss_spike:STEP in the trainer).
+hooks use (checkpoint_write:STEP in checkpoints/folder.py, checkpoint_commit:STEP[@RANK] in
+checkpoints/commit.py, loss_spike:STEP in the trainer).
 
     MINDSCALE_FAULT=kill:RANK:STEP     that rank SIGKILLs itself just before optimizer step STEP (1-based)
     MINDSCALE_FAULT=hang:RANK:STEP     that rank sleeps there, writing no more heartbeats, until killed

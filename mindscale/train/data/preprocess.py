@@ -5,10 +5,10 @@ pretrain: documents are tokenized, each followed by EOS, joined into one stream 
 samples of seq_length + 1 tokens; sample k holds stream tokens [k*S, k*S + S] (consecutive
 samples share one boundary token, as in Megatron's GPTDataset), so every token but the first is a
 training target exactly once. The tail of fewer than S tokens after the last sample is dropped and
-counted in the manifest. With a valid fraction, whole documents are held out (mindscale/train/heldout.py)
+counted in the manifest. With a valid fraction, whole documents are held out (mindscale/train/data/heldout.py)
 and packed the same way into <output>/valid, a data folder of its own.
 sft: Alpaca (instruction/input/output) or chat (messages) records are rendered with a prompt
-template (mindscale/train/templates.py) into token ids and a loss mask that is 1 only on answer tokens;
+template (mindscale/train/data/templates.py) into token ids and a loss mask that is 1 only on answer tokens;
 one example per sample padded with pad_id (mask 0), or packed: several examples per sample with
 segment_ids (1, 2, ... per example, 0 on padding). Examples longer than S + 1 are truncated and
 counted; examples left without answer tokens are dropped and counted.
@@ -29,11 +29,11 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from mindscale.io import DataError, publish_folder
-from mindscale.train import tokenizers
-from mindscale.train.heldout import VALID_DIR, split_documents
-from mindscale.train.data import FORMAT_VERSION, MANIFEST_NAME, Source, column, read_batches
-from mindscale.train.chat_template import get_template
-from mindscale.train.templates import RecordError, encode_examples
+from mindscale.train.data import tokenizers
+from mindscale.train.data.heldout import VALID_DIR, split_documents
+from mindscale.train.data.dataset import FORMAT_VERSION, MANIFEST_NAME, Source, column, read_batches
+from mindscale.train.data.chat_template import get_template
+from mindscale.train.data.templates import RecordError, encode_examples
 
 WRITE_BATCH = 1024  # samples per FileWriter.write_raw_data call
 
@@ -48,11 +48,11 @@ class Options:
     text_key: str = "text"          # pretrain: column holding the text
     text_unit: str = "document"     # text files: document (a whole file) | paragraph | line
     workers: int = 1                # tokenizer threads
-    valid_fraction: float = 0.0     # pretrain: documents held out into <output>/valid (mindscale/train/heldout.py)
+    valid_fraction: float = 0.0     # pretrain: documents held out into <output>/valid (mindscale/train/data/heldout.py)
 
 
 def load_tokenizer(path: str, vocab_limit: int | None):
-    """The tokenizer at `path` (mindscale/train/tokenizers.py), refused when larger than `vocab_limit`
+    """The tokenizer at `path` (mindscale/train/data/tokenizers.py), refused when larger than `vocab_limit`
     or without EOS."""
     tokenizer = tokenizers.load_tokenizer(path, "--tokenizer")
     if vocab_limit is not None and tokenizer.vocab_size > vocab_limit:
@@ -272,7 +272,7 @@ def write(folder: Path, options: Options, sources: list[Source], tokenizer, seq_
 
 
 class HeldOutWriter:
-    """The documents --valid-fraction holds out (mindscale/train/heldout.py), packed and written into their
+    """The documents --valid-fraction holds out (mindscale/train/data/heldout.py), packed and written into their
     own folder as they come, so the training stream never holds them."""
 
     def __init__(self, folder: Path, schema: dict, shard_size: int, seq_length: int, progress=None):

@@ -21,7 +21,7 @@ the ids equal `apply_chat_template(..., tokenize=True)`.
 """
 from __future__ import annotations
 
-from mindscale.train.templates import HF_TEMPLATE, TEMPLATE_CHOICES, TEMPLATES, RecordError, check_turns
+from mindscale.train.data.templates import HF_TEMPLATE, TEMPLATE_CHOICES, TEMPLATES, RecordError, check_turns
 
 NO_TEMPLATE_FIX = "add a chat_template to its tokenizer_config.json or use --template alpaca, llama2 or llama3"
 
@@ -93,7 +93,7 @@ class ChatTemplate:
 
 
 def get_template(name: str, tokenizer=None):
-    """The template called `name`; `hf` needs the tokenizer (mindscale/train/tokenizers.py) whose
+    """The template called `name`; `hf` needs the tokenizer (mindscale/train/data/tokenizers.py) whose
     folder holds the chat_template."""
     if name == HF_TEMPLATE:
         return ChatTemplate.of(tokenizer)

@@ -1,10 +1,10 @@
 """The checkpoints folder's names and its record of committed steps, without MindSpore: the trainer
-writes them (mindscale/train/commit.py has the protocol), the resharder too, and the launcher reads
+writes them (mindscale/train/checkpoints/commit.py has the protocol), the resharder too, and the launcher reads
 them to say where a run saved.
 
 `<run>/checkpoints/step_XXXXXXXX/` (a sharded run: `checkpoints/rank_<r>/step_XXXXXXXX/`), and
 `checkpoints/COMMITTED`, `{"steps": [...], "unhealthy": [...]}`: the steps every rank has written,
-oldest first, and those of them some rank saved unhealthy (mindscale/train/health.py SaveWindow).
+oldest first, and those of them some rank saved unhealthy (mindscale/train/resilience/health.py SaveWindow).
 """
 from __future__ import annotations
 

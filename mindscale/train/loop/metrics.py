@@ -20,7 +20,7 @@ from mindscale.config import Config
 from mindscale.perf.gemm_peak import device_peak_tflops
 from mindscale.config import Layout
 from mindscale.progress import clock
-from mindscale.train.tensorboard import TensorBoardLog
+from mindscale.train.loop.tensorboard import TensorBoardLog
 
 
 def memory_gib(device_target: str) -> float:
@@ -129,7 +129,7 @@ class MetricsLogger:
         return (now - last[1]) / (step - last[0]) * (self.cfg.train.steps - step)
 
     def validated(self, loss: float, seconds: float) -> None:
-        """A validation pass (mindscale/train/evaluate.py) ran after the coming step: its record holds
+        """A validation pass (mindscale/train/loop/evaluate.py) ran after the coming step: its record holds
         val_loss, val_ppl and val_time_s, and is written whatever train.log_interval says."""
         self.validation = (loss, seconds)
 

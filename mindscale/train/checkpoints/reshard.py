@@ -19,9 +19,9 @@ from typing import Callable
 from mindscale.config import Config, Layout
 from mindscale.io import CheckpointError
 from mindscale.progress import Progress, quiet
-from mindscale.train.checkpoint import (CONFIG, OPTIMIZER, STATE, WEIGHTS, layout_record, save_checkpoint,
+from mindscale.train.checkpoints.folder import (CONFIG, OPTIMIZER, STATE, WEIGHTS, layout_record, save_checkpoint,
                                         step_dir_name)
-from mindscale.train.commit import record_steps
+from mindscale.train.checkpoints.commit import record_steps
 from models.weights import read_step_tensors, saved_layout, take_slice
 
 

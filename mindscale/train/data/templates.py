@@ -15,7 +15,7 @@ the tokenizer defines them (tools/train_tokenizer.py --user-defined-symbols); a 
 tokenizer folder defines them.
 
 The template `hf` is not data here: it is a Hugging Face tokenizer folder's own chat_template,
-rendered by transformers (mindscale/train/chat_template.py); it renders into the same (piece,
+rendered by transformers (mindscale/train/data/chat_template.py); it renders into the same (piece,
 trained) pairs, so encoding and masking are the same code for every template.
 """
 from __future__ import annotations
@@ -188,8 +188,8 @@ def _encode(rendered: list[list[tuple]], tokenizer, num_threads: int) -> list[tu
 
 def encode_examples(records: list[dict], template, tokenizer, num_threads: int = 1
                     ) -> list[tuple[list[int], list[int]]]:
-    """(token ids, loss mask) per SFT record, mask 1 on assistant tokens; `template` is a get_template() (mindscale/train/chat_template.py)
-    result, `tokenizer` a mindscale.train.tokenizers one.
+    """(token ids, loss mask) per SFT record, mask 1 on assistant tokens; `template` is a get_template() (mindscale/train/data/chat_template.py)
+    result, `tokenizer` a mindscale.train.data.tokenizers one.
 
     A bad record raises RecordError with its position in `records` as `.index`.
     """

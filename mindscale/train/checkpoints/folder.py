@@ -24,7 +24,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from mindscale.io import MARKER, CheckpointError, commit_folder, read_tensors, verify_folder
-from mindscale.train.committed import step_dir_name
+from mindscale.train.checkpoints.committed import step_dir_name
 from models.weights import WEIGHTS, assign, load_weights
 
 __all__ = ["MARKER", "WEIGHTS", "OPTIMIZER", "STATE", "CONFIG", "CheckpointError", "assign", "load_weights",
@@ -59,7 +59,7 @@ def save_checkpoint(root: str | Path, step: int, weights: dict[str, np.ndarray],
                     optimizer: dict[str, np.ndarray] | None = None, state: dict | None = None,
                     config: str | None = None) -> Path:
     """Write `<root>/step_XXXXXXXX/` atomically (pruning old ones is the run-level commit's job,
-    mindscale/train/commit.py). `config` is the resolved config as YAML text. Returns the final folder.
+    mindscale/train/checkpoints/commit.py). `config` is the resolved config as YAML text. Returns the final folder.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -84,7 +84,7 @@ def save_checkpoint(root: str | Path, step: int, weights: dict[str, np.ndarray],
 class BackgroundSave:
     """save_checkpoint(*args) on a thread (checkpoint.async_save): training goes on while the folder is
     written; join() waits for it and re-raises what it raised. The tensors must be copies that training
-    does not change. The commit (mindscale/train/commit.py) stays on the training thread, after join."""
+    does not change. The commit (mindscale/train/checkpoints/commit.py) stays on the training thread, after join."""
 
     def __init__(self, *args):
         self.error: BaseException | None = None

@@ -34,6 +34,11 @@ class Runtime:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def say(self, text: str) -> None:
+        """A line for the whole job, printed once (by rank 0)."""
+        if self.is_main:
+            print(text, flush=True)
+
 
 def resolve_device(device_target: str) -> str:
     """The device this process runs on: run.device_target, or the one the launcher also picked
@@ -81,7 +86,7 @@ PROFILE_OF_CHIP = {"ascend910": "ascend910a", "ascend910b": "ascend910b"}
 def check_chip(cfg: Config, reported: str) -> None:
     """Refuse a hardware profile that describes another chip than the one MindSpore reports on this host
     (its get_ascend_soc_version(); empty under the dry run): the profile decides the MFU peak, the memory
-    ceiling, bf16 and how overflow is detected (a 910A saturates fp16: train/step.py saturates_fp16)."""
+    ceiling, bf16 and how overflow is detected (a 910A saturates fp16: train/loop/step.py saturates_fp16)."""
     wanted = cfg.hardware.soc_version
     if not reported or not wanted or reported == wanted:
         return

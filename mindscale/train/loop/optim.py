@@ -7,7 +7,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn
 from mindspore.common.initializer import initializer
 
 from mindscale.config import TrainConfig
-from mindscale.train.schedule import decays, lr_at
+from mindscale.train.loop.schedule import decays, lr_at
 
 
 def lr_table(t: TrainConfig) -> Tensor:

@@ -1,6 +1,6 @@
 """The run-level commit: a step counts as saved only when every rank has written its part.
 
-Each writing rank commits its own folder atomically (mindscale/train/checkpoint.py): rank 0's
+Each writing rank commits its own folder atomically (mindscale/train/checkpoints/folder.py): rank 0's
 `checkpoints/step_X/` in a data-parallel run, every rank's `checkpoints/rank_<r>/step_X/` in a
 sharded one. Then, per save:
 
@@ -16,7 +16,7 @@ wrote, and no rank prunes an older step for it. On resume every rank checks its 
 newest committed step (checksums included) and the ranks vote: the step is taken only if every rank
 can read its part, else the next older committed step is tried, each unusable folder named on one
 line. Among the readable steps the newest healthy one is taken (state.json "healthy",
-mindscale/train/health.py SaveWindow), a newer unhealthy one passed over on one line; with none
+mindscale/train/resilience/health.py SaveWindow), a newer unhealthy one passed over on one line; with none
 healthy, the newest readable. `checkpoint.resume_step` asks for one step and refuses instead of falling back. When no
 committed step is readable by every rank the resume refuses rather than starting over. The run
 folder must be on storage every node shares (rank 0 writes the record the others read). Runs saved
@@ -36,9 +36,10 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindscale.io import MARKER, CheckpointError, verify_folder
-from mindscale.train.checkpoint import STATE, checkpoint_step, complete_checkpoints
-from mindscale.train.health import describe_health
-from mindscale.train.committed import COMMITTED, committed_steps, record_steps, step_dir_name, unhealthy_steps
+from mindscale.train.checkpoints.folder import STATE, checkpoint_step, complete_checkpoints
+from mindscale.train.resilience.health import describe_health
+from mindscale.train.checkpoints.committed import (COMMITTED, committed_steps, record_steps, step_dir_name,
+                                                   unhealthy_steps)
 
 __all__ = ["COMMITTED", "RankVote", "commit", "committed_steps", "record_steps", "resume_point"]
 

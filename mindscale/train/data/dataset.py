@@ -69,7 +69,7 @@ def check_tokenizer(cfg: Config) -> Optional[str]:
     the model (None when unset)."""
     if not cfg.data.tokenizer:
         return None
-    from mindscale.train.tokenizers import load_tokenizer
+    from mindscale.train.data.tokenizers import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     if tokenizer.vocab_size > cfg.model.vocab_size:

@@ -6,7 +6,7 @@
 The held-out set is the first train.eval_steps x global_batch_size sequences of data.valid_path in
 stored order (never shuffled). A pass feeds them as training feeds its steps: eval_steps calls of a
 step's rows per data-parallel rank (its micro batches stacked, sliced in the graph: EvalStep), in the
-stream order of mindscale/train/data.py (shuffle off, from position 0), so
+stream order of mindscale/train/data/dataset.py (shuffle off, from position 0), so
 rank r reads its share of every micro batch and the set is the same whatever the world size. Each
 micro batch gives the sum of its token losses and its token count; a call adds them over its micro
 batches and its ranks (data parallel: one all-reduce; sharded: the loss is already the global micro
@@ -28,8 +28,8 @@ from mindspore import Tensor, nn, ops
 from mindspore.nn.wrap.cell_wrapper import _MicroBatch
 
 from mindscale.config import Config, ConfigError, Layout
-from mindscale.train.data import SYNTHETIC, build_dataset, read_manifest, step_rows
-from mindscale.train.step import micro_batched, slice_own_rows
+from mindscale.train.data.dataset import SYNTHETIC, build_dataset, read_manifest, step_rows
+from mindscale.train.loop.step import micro_batched, slice_own_rows
 from models.transformer import CausalLMLoss
 
 
@@ -90,7 +90,7 @@ class PipelineInference(nn.Cell):
 class EvalStep(nn.Cell):
     """A step's rows (input_ids, labels, loss_mask[, segment_ids]) -> [sum of token losses, token count] over
     all ranks, float32 [2]. The micro batches go through the micro-batch cell the training step uses
-    (mindscale.train.step.micro_batched), which adds their sums, or with pipeline stages through
+    (mindscale.train.loop.step.micro_batched), which adds their sums, or with pipeline stages through
     PipelineInference. Sharded layouts with gradient accumulation are refused (validate.py): under the dry
     run MindSpore 2.9 compiled such a forward graph neither plainly ("Cannot find micro info for node") nor
     in GradAccumulation or a loop ("Current not support predict with grad_accu")."""

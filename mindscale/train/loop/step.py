@@ -37,7 +37,7 @@ from mindspore.parallel.nn import GradAccumulation, Pipeline
 
 import models
 from mindscale.config import Config, Layout
-from mindscale.train.optim import build_optimizer
+from mindscale.train.loop.optim import build_optimizer
 
 DYNAMIC_SCALE_START = 2.0 ** 16
 CONTROL = "control"  # prefix of the step's parameters the host sets each step: control, not state
@@ -144,7 +144,7 @@ def slice_own_rows(slice_op: ops.Primitive, dp: int) -> None:
     (docs/dryrun.md, "Which rows a rank computes on"). Split (dp, 1) and not redistributed, the compiler
     divides the row range by dp instead, and no row moves. A pipeline stage's slices take their strategy
     from the pipeline pass, which reads `out_shard_size` under PIPELINE_SLICE_SKIP_REDISTRIBUTION=1
-    (train/runtime.py sets it)."""
+    (train/loop/runtime.py sets it)."""
     slice_op.shard(((dp, 1),))
     slice_op.add_prim_attr("skip_redistribution", True)
     slice_op.add_prim_attr("out_shard_size", dp)
@@ -187,7 +187,7 @@ class TrainStep(nn.Cell):
         if self.data_parallel:
             self.loss_sum = ops.AllReduce()
             self.world = get_group_size()
-            # The graceful-stop vote (mindscale/train/stop.py) rides on the loss's all-reduce: the host
+            # The graceful-stop vote (mindscale/train/resilience/stop.py) rides on the loss's all-reduce: the host
             # raises stop_flag, the step sums it over the ranks into stop_votes. A vote graph of its own
             # after every step cost ~9 ms of host time per step on the 2-worker CPU tests (25-60 ms steps).
             # (Sharded graphs vote with RankVote: their step holds no all-reduce of its own to share.)
@@ -243,6 +243,16 @@ class TrainGraph:
     network: nn.Cell        # what the step differentiates (the loss network, micro-batched)
     optimizer: nn.Optimizer
     step: TrainStep
+
+    def optimizer_state(self) -> list:
+        """The step's parameters a checkpoint saves as optimizer state: moments, step counter, a dynamic
+        loss scale and its counters; not the weights, nor the LR table, which comes from the config (so a
+        resumed run may change train.steps or the schedule), nor the accumulation buffers (empty between
+        steps), nor what the host sets each step (control.*)."""
+        not_state = ({p.name for p in self.model.get_parameters()}
+                     | {p.name for p in self.optimizer.learning_rate.get_parameters()})
+        return [p for p in self.step.get_parameters() if p.name not in not_state
+                and not p.name.startswith(("accu_grads.", f"{CONTROL}."))]
 
 
 def build_train_graph(cfg: Config, layout: Layout) -> TrainGraph:

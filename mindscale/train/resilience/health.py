@@ -2,7 +2,7 @@
 cause, instead of training on garbage until its allocation ends.
 
 - `train.max_skipped_steps` consecutive steps skipped for non-finite gradients (the step skips the
-  optimizer update then, mindscale/train/step.py): a fixed fp16 loss scale that overflows every
+  optimizer update then, mindscale/train/loop/step.py): a fixed fp16 loss scale that overflows every
   step, or a dynamic one that halves without finding a usable scale, or a diverged run.
 - A non-finite loss without a dynamic loss scale: nothing will bring it back. Checked only without
   pipeline stages: with them only the last stage holds the loss (the others see 0), and a guard that
@@ -14,7 +14,7 @@ cause, instead of training on garbage until its allocation ends.
   before its update; the host sets the limit and, comparing the same float32 values, names the step.
 
 Each checkpoint's state.json says whether the run was healthy since the previous save (SaveWindow),
-and a resume prefers a healthy checkpoint (mindscale/train/commit.py).
+and a resume prefers a healthy checkpoint (mindscale/train/checkpoints/commit.py).
 
 All are decided from values every rank shares (the gradient norm is global, and so is the loss
 without pipeline stages), so every rank acts at the same step without a vote; the weights are those

@@ -1,0 +1,1 @@
+"""Training data: preprocessing, the MindRecord dataset, held-out splits, SFT templates, tokenizers."""

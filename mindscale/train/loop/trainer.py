@@ -1,0 +1,193 @@
+"""The pretraining / fine-tuning loop behind run_train.py. What it starts from, and every save, commit
+and prune of its checkpoints: mindscale/train/checkpoints/checkpointer.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from mindspore import Tensor
+
+import models
+from mindscale.train.checkpoints import commit
+from mindscale.train.resilience import faults
+from mindscale.train.checkpoints.checkpointer import Checkpointer, parameters_as_numpy
+from mindscale.train.resilience.heartbeat import Heartbeat
+from mindscale.config import Config, ConfigError
+from mindscale.train.data.dataset import build_dataset, step_rows
+from mindscale.train.loop.evaluate import Evaluator
+from mindscale.train.resilience.health import HealthGuard, LossSpikes, TrainingDiverged
+from mindscale.train.loop.metrics import MetricsLogger
+from mindscale.train.loop.schedule import lr_at
+from mindscale.train.loop.profiling import ProfileWindow
+from mindscale.config import Layout
+from mindscale.train.loop.runtime import Runtime, set_input_layout
+from mindscale.train.loop.step import build_train_graph
+from mindscale.train.resilience.stop import StopRequest, StopVotes
+
+
+def run_dir_of(cfg: Config) -> Path:
+    return Path(cfg.run.output_dir) / cfg.run.name
+
+
+class Trainer:
+    def __init__(self, cfg: Config, rt: Runtime):
+        self.cfg = cfg = models.resolve_model_dims(cfg)  # finetune.hf_dims
+        self.rt = rt
+        # the layout of the resolved dims (the runtime's parallel context depends on degrees only)
+        self.layout = layout = Layout.of(cfg, rt.device_target, rt.world)
+        self.run_dir = run_dir_of(cfg)
+        vote = commit.RankVote(rt.world, layout.sharded)  # a save's commit, and sharded runs' stop votes
+        self.stop_schedule = StopVotes(vote, cfg.run.stop_vote_interval)
+        self.heartbeat = Heartbeat.of_worker(rt.rank)  # under the launcher: hang watch and goodput
+        graph = build_train_graph(cfg, layout)
+        self.model, self.network, self.optimizer, self.step_cell = graph.model, graph.network, graph.optimizer, graph.step
+        self.checkpoints = Checkpointer(cfg, layout, rt, graph, self.run_dir / "checkpoints", self.heartbeat, vote,
+                                        self._saved_state)
+        start = self.checkpoints.read_start()
+        self.start_step = start.step
+        self.spikes = LossSpikes(cfg.train.loss_spike_factor, start.state.get("loss_history", ()))
+        self.evaluator = Evaluator(cfg, layout, self.model, layout.data_rank(rt.rank), self.heartbeat.alive) \
+            if cfg.train.eval_interval else None
+        self.batches = self._batches()
+        self.first_batch = next(self.batches) if self.start_step < cfg.train.steps else None
+        if layout.sharded and self.first_batch is not None:
+            # sharded parameters take their local shapes when the step compiles: assign after that
+            set_input_layout(layout, len(self.first_batch))
+            self.step_cell.compile(*self.first_batch)
+            if self.evaluator is not None:
+                self.evaluator.compile(self.step_cell)
+        self.checkpoints.assign_start(start)
+
+    def _saved_state(self) -> dict:
+        """The trainer's entries of a save's state.json: the loss-spike history, health since the previous save."""
+        spikes = {"loss_history": list(self.spikes.history)} if self.spikes.enabled else {}
+        return {**spikes, **self.guard.window.close()}
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _batches(self):
+        """[rows, seq] tensors for each optimizer step, this rank's micro batches stacked (+ segment_ids
+        when packed). Ranks read by their data-parallel index (Layout.data_rank)."""
+        g = self.cfg.parallel.gradient_accumulation_steps
+        source = iter(build_dataset(self.cfg, self.layout.data_rank(self.rt.rank), self.layout.dp, self.start_step))
+        while True:
+            micro = [next(source) for _ in range(g)]
+            if "segment_ids" in micro[0] and self.layout.attention == "flash":
+                raise ConfigError("packed SFT data (segment_ids) needs model.attention=composite: flash attention "
+                                  "here has no per-example mask; set it, or preprocess without --pack")
+            yield tuple(Tensor(rows) for rows in step_rows(micro))
+
+    def _stop_votes(self, stop: StopRequest | None, step_s: float) -> int:
+        """After a step: how many ranks were asked to stop (0: train on). A signal to any rank stops all
+        after the same step. Data parallel: the step summed the flags raised before it (TrainStep.stop_flag);
+        sharded: a vote every run.stop_vote_interval steps (StopVotes); one process asks itself."""
+        if stop is None:
+            return 0
+        if self.rt.world == 1:
+            return int(stop.requested)
+        if self.layout.data_parallel_mode:
+            return int(round(float(self.step_cell.stop_votes.asnumpy()[0])))
+        return self.stop_schedule.after_step(stop.requested, step_s)
+
+    def _raise_stop_flag(self, stop: StopRequest | None) -> None:
+        """Before a data-parallel step: this rank's vote for the step's sum (once)."""
+        if stop is not None and stop.requested and self.layout.data_parallel_mode \
+                and not self.step_cell.stop_flag.asnumpy()[0]:
+            self.step_cell.stop_flag.set_data(Tensor(np.ones(1, np.float32)))
+
+    def _set_loss_limit(self) -> np.float32 | None:
+        """Before a step, with train.loss_spike_factor: the limit its loss is compared with in the graph."""
+        if not self.spikes.enabled:
+            return None
+        limit = self.spikes.limit()
+        self.step_cell.loss_limit.set_data(Tensor(limit))
+        return limit
+
+    def _spiked(self, step: int, loss: float, limit: np.float32 | None, overflow: bool) -> bool:
+        """After a step: whether the graph skipped its update for a loss over `limit` (said on one line)."""
+        if limit is None or not self.spikes.after(loss, limit, overflow):
+            return False
+        self.rt.say(f"step {step}: loss {loss:.4f} > train.loss_spike_factor={self.spikes.factor} x the median of the "
+                  f"last {len(self.spikes.history)} updated steps = {limit:.4f}: optimizer update skipped")
+        return True
+
+    def _validate(self, step: int, logger: MetricsLogger) -> None:
+        """After step `step`, when train.eval_interval says so: a validation pass, logged with the step."""
+        if self.evaluator is not None and self.evaluator.due(step):
+            logger.validated(*self.evaluator.validate(self.step_cell))
+
+    def _injected_fault(self, step: int, batch: tuple) -> tuple:
+        """Fault injection for the tests: MINDSCALE_FAULT=loss_spike:STEP replaces that step's (1-based)
+        labels by random ids, a batch no training has seen: its loss spikes. kill:RANK:STEP and
+        hang:RANK:STEP: mindscale/train/resilience/faults.py."""
+        faults.before_step(self.run_dir, self.rt.rank, step)
+        if os.environ.get("MINDSCALE_FAULT") != f"loss_spike:{step}":
+            return batch
+        labels = np.random.default_rng(step).integers(0, self.cfg.model.vocab_size, batch[1].shape, np.int32)
+        return (batch[0], Tensor(labels), *batch[2:])
+
+    def train(self, stop: StopRequest | None = None) -> list[dict]:
+        """Train to train.steps, or, when `stop` is requested on any rank, to the end of the step then
+        running, and save there (mindscale/train/resilience/stop.py)."""
+        cfg = self.cfg
+        if self.rt.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+        # the loss exists on the last pipeline stage (the others compute zeros): its first rank logs
+        logs = self.rt.rank == self.layout.stage_ranks(self.layout.pp - 1)[0]
+        logger = MetricsLogger(cfg, self.run_dir, self.rt.device_target, logs, self.start_step)
+        profile = ProfileWindow(cfg.profile, self.run_dir / "profile")
+        self.guard = guard = HealthGuard(cfg, dynamic_scale=self.step_cell.scale_update is not None)
+        records, scale, stopped = [], 0.0, None
+        for step in range(self.start_step, cfg.train.steps):
+            batch = self._injected_fault(step + 1, self.first_batch if step == self.start_step else next(self.batches))
+            self.heartbeat.beat(step)
+            profile.before(step)
+            self._raise_stop_flag(stop)
+            limit = self._set_loss_limit()
+            began = time.perf_counter()
+            loss, grad_norm, overflow, scale = self.step_cell(*batch)
+            loss = float(loss.asnumpy())
+            elapsed = time.perf_counter() - began
+            profile.after(step)
+            scale = float(scale.asnumpy())
+            asked, overflow = self._stop_votes(stop, elapsed), bool(overflow.asnumpy())
+            spiked = self._spiked(step + 1, loss, limit, overflow)
+            self._validate(step + 1, logger)
+            record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, overflow,
+                                 lr_at(step, cfg.train), scale, force=bool(asked), spiked=spiked)
+            if record:
+                records.append(record)
+            try:
+                guard.check(step + 1, loss, overflow, scale, spiked)
+            except TrainingDiverged:
+                self.checkpoints.finish_saving()  # an earlier save in flight was healthy: commit it
+                raise
+            if asked:
+                stopped = step + 1
+                by = f"{stop.reason} here" if stop.requested else "a signal to another rank"
+                self.rt.say(f"stopping after step {stopped} of {cfg.train.steps}: asked on {asked} of "
+                          f"{self.rt.world} rank(s) ({by}); the same command resumes from the checkpoint")
+                break
+            blocked = self.checkpoints.after_step(step + 1, scale)
+            if blocked is not None:
+                logger.saved(blocked)
+        profile.close()
+        logger.close()
+        last = stopped or cfg.train.steps
+        self.heartbeat.beat(last)
+        self.checkpoints.end(last, scale, save=bool(stopped or cfg.checkpoint.save_at_end)
+                             and self.start_step < cfg.train.steps)
+        print(f"rank {self.rt.rank}: weights sha256 {self.weights_digest()}", flush=True)
+        return records
+
+    def weights_digest(self) -> str:
+        """A digest of every weight, printed by each rank: data-parallel ranks must agree."""
+        digest = hashlib.sha256()
+        for name, value in sorted(parameters_as_numpy(self.checkpoints.held(self.model.get_parameters())).items()):
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(value).tobytes())
+        return digest.hexdigest()[:16]

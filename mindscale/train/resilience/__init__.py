@@ -1,0 +1,1 @@
+"""Surviving faults: health guards, the heartbeat, graceful stop, test-only fault hooks."""

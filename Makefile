@@ -21,11 +21,15 @@ demo: $(VENV)/.runtime
 finetune-demo: $(VENV)/.runtime
 	bash scripts/finetune_demo.sh
 
+# two pytest-xdist workers, one per core, a module at a time (tests/conftest.py: work_unit);
+# `pytest FILE` alone still runs in one process
+XDIST := -n 2
+
 test: $(VENV)/.dev
-	$(PY) -m pytest -q --durations=15 tests bench/test_bench.py
+	$(PY) -m pytest -q $(XDIST) --durations=15 tests bench/test_bench.py
 
 test-quick: $(VENV)/.dev  # no processes: unit and model tests (under 2 minutes)
-	$(PY) -m pytest -q -m "not integration" tests
+	$(PY) -m pytest -q $(XDIST) -m "not integration" tests
 
 bench: $(VENV)/.dev
 	$(PY) bench/run_all.py

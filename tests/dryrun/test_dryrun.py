@@ -13,7 +13,6 @@ executes, so these tests prove what the compiler accepts and what the compiled g
   one gradient reduction per step under accumulation, the gradient norm's all-reduce within and
   across stages, pipeline sends, and a bad strategy refused.
 """
-import copy
 import json
 import math
 import os
@@ -33,6 +32,8 @@ from mindscale.train.checkpoints import folder as ckpt
 from mindscale.perf.plan_text import SCALE_DIRS
 from models import mf_convert
 from models.weights import SlicedWeights, load_weights, merge_slices, take_slice
+from tests import shared
+from tests.cores import one_core
 
 SHIPPED = sorted(p for d in (*SCALE_DIRS, "finetune") for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
                  if p.name != "base.yaml" and load_config(p).hardware.device_target == "Ascend")
@@ -42,26 +43,22 @@ SMALL = ["hardware=ascend910b", "model.hidden_size=64", "model.num_heads=4", "mo
          "model.vocab_size=256", "model.seq_length=64", "model.num_layers=4", "train.global_batch_size=null"]
 
 
-_COMPILED: dict[tuple, list] = {}  # the session's successful compiles, by their arguments
-
-
-def dryrun(config, *overrides, ranks="first,last", packed=False, check=True, ir_dir=None):
+def dryrun(config, *overrides, ranks="first,last", packed=False, ir_dir=None):
     """tools/dryrun.py --json as a user runs it: one report per rank (with `ir_dir`, each rank's validate IR
-    kept in <ir_dir>/rank<R>). A successful compile without `ir_dir` is reused by later calls with the same
-    arguments in the session (test_input_rows.py reads the shipped twins' compiles)."""
-    key = (str(config), overrides, ranks, packed)
-    if check and ir_dir is None and key in _COMPILED:
-        return copy.deepcopy(_COMPILED[key])
-    argv = [sys.executable, "tools/dryrun.py", "--config", str(config), "--ranks", ranks, "--jobs", "2", "--json",
-            *[a for o in overrides for a in ("--set", o)], *(["--packed"] if packed else []),
-            *(["--ir-dir", str(ir_dir)] if ir_dir else [])]
-    proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
-    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    if check:
+    kept in <ir_dir>/rank<R>). A successful compile without `ir_dir` is compiled once in the session and
+    shared by every test (and xdist worker) asking for the same arguments (tests/shared.py;
+    test_input_rows.py reads the shipped twins' compiles)."""
+    def compile_ranks():
+        argv = [sys.executable, "tools/dryrun.py", "--config", str(config), "--ranks", ranks, "--jobs", "2", "--json",
+                *[a for o in overrides for a in ("--set", o)], *(["--packed"] if packed else []),
+                *(["--ir-dir", str(ir_dir)] if ir_dir else [])]
+        proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+        reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
         assert proc.returncode == 0 and all(r["compiled"] for r in reports), \
             [r.get("error") for r in reports] or proc.stderr[-2000:]
-        _COMPILED[key] = copy.deepcopy(reports)
-    return reports
+        return reports
+
+    return compile_ranks() if ir_dir else shared.once(["dryrun", str(config), overrides, ranks, packed], compile_ranks)
 
 
 def twin(path) -> list[str]:
@@ -514,7 +511,7 @@ def _train(output, name, *overrides):
             *[a for o in [*CPU_RUN, f"run.output_dir={output}", f"run.name={name}", "train.steps=6", *overrides]
               for a in ("--set", o)]]
     proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                          preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+                          preexec_fn=one_core)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout, {r["step"]: r["loss"] for r in map(json.loads, (output / name / "metrics.jsonl").open())}
 

@@ -20,12 +20,20 @@ from mindscale.train.checkpoints import folder as ckpt
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.train.data.dataset import build_dataset
 
-ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
 TINY = str(REPO_ROOT / "configs" / "finetune" / "tiny_sft.yaml")
 SMALL = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",
          "model.ffn_hidden_size=128", "model.vocab_size=512", "model.seq_length=64", "train.log_interval=1",
          "train.warmup_steps=0", "checkpoint.save_interval=0", "train.micro_batch_size=4"]
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jokes".split()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pynative_mode():
+    """Set per module, not at import: pytest imports every test module before running any (and an xdist
+    worker runs the modules in any order)."""
+    ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=ms.GRAPH_MODE)
 
 
 def run(*args, tool="run_train.py", check=True, env=None):

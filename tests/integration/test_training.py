@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +19,8 @@ import pytest
 from mindscale.train.checkpoints import folder as ckpt, commit
 from mindscale.config import REPO_ROOT
 from mindscale.launch import runlock
+from tests import shared
+from tests.cores import one_core
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
 SMALL = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",
@@ -29,10 +32,6 @@ def sets(*overrides):
     return [arg for o in (*SMALL, *overrides) for arg in ("--set", o)]
 
 
-def one_core():
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-
-
 def train(tmp_path, name, *overrides, env=None, check=True):
     """run_train.py as one device: pinned to one core, as scripts/run_standalone.sh does."""
     args = [sys.executable, "run_train.py", "--config", TINY,
@@ -42,6 +41,17 @@ def train(tmp_path, name, *overrides, env=None, check=True):
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+def one_worker_run() -> dict:
+    """{"stdout", "run"}: run_train.py on one worker, micro batch 4, 6 steps, the uninterrupted run the
+    data-parallel tests compare with; trained once a session (tests/shared.py), they only read it."""
+    def run():
+        parent = Path(tempfile.mkdtemp(dir=shared.ROOT, prefix="one_worker-"))
+        return {"stdout": train(parent, "dp1", "train.micro_batch_size=4", "train.steps=6").stdout,
+                "run": str(parent / "dp1")}
+
+    return shared.once(["one_worker_run"], run)
 
 
 def metrics(run_dir):
@@ -62,13 +72,13 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path, accum
                f"parallel.gradient_accumulation_steps={accumulation}", "train.steps=6")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-2000:]
-    single = train(tmp_path, "dp1", "train.micro_batch_size=4", "train.steps=6")
+    single = one_worker_run()
 
     logs = tmp_path / "dp2" / "logs"
     digests = {re.search(r"weights sha256 (\w+)", (logs / f"worker_{r}.log").read_text()).group(1) for r in (0, 1)}
     assert len(digests) == 1, "data-parallel ranks ended with different weights"
 
-    two, one = losses(tmp_path / "dp2"), losses(tmp_path / "dp1")
+    two, one = losses(tmp_path / "dp2"), losses(single["run"])
     assert sorted(two) == sorted(one) == list(range(1, 7))
     np.testing.assert_allclose([two[s] for s in two], [one[s] for s in two], rtol=2e-4)
     record = metrics(tmp_path / "dp2")[-1]
@@ -77,7 +87,7 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(tmp_path, accum
         assert key in record
     assert record["devices"] == 2
     assert record["tokens_per_s_per_device"] == pytest.approx(record["tokens_per_s"] / 2)
-    assert single.stdout.count("weights sha256") == 1
+    assert single["stdout"].count("weights sha256") == 1
 
 
 @pytest.fixture(scope="module")
@@ -259,8 +269,7 @@ def test_a_rank_killed_before_the_commit_leaves_its_step_uncommitted(tmp_path):
     assert "step_00000002 at step 2" in resumed.stdout
     assert commit.committed_steps(root) == [4, 6]
     assert sorted(p.name for p in root.glob("step_*")) == ["step_00000004", "step_00000006"]
-    train(tmp_path, "dp1", "train.micro_batch_size=4", "train.steps=6")
-    two_then_one, one = losses(tmp_path / "dp2"), losses(tmp_path / "dp1")
+    two_then_one, one = losses(tmp_path / "dp2"), losses(one_worker_run()["run"])
     assert sorted(two_then_one) == sorted(one) == list(range(1, 7))
     np.testing.assert_allclose([two_then_one[s] for s in one], list(one.values()), rtol=2e-4)
 

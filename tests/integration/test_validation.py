@@ -5,7 +5,6 @@ scripts/run_distribute.sh processes. The validation loss is checked against an o
 of the final checkpoint over the held-out sequences (numpy cross entropy in float64, in this process).
 """
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.train.checkpoints import folder as ckpt
 from mindscale.train.data.dataset import read_manifest
+from tests.cores import one_core
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
 SMALL = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",
@@ -47,10 +47,6 @@ def data_args(corpus):
 
 def sets(*overrides):
     return [arg for o in (*SMALL, *overrides) for arg in ("--set", o)]
-
-
-def one_core():
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 
 def train(tmp_path, name, *overrides, check=True):

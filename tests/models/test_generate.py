@@ -15,7 +15,6 @@ import models
 from models.generation import KVCacheDecoder, Sampler, generate
 from mindscale.config import REPO_ROOT, load_config
 
-ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
 PROMPT = [1, 5, 9, 33, 40, 7]
 NEW = 20
@@ -23,6 +22,15 @@ NEW = 20
 
 SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
            "original_max_position_embeddings": 14}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pynative_mode():
+    """Set per module, not at import: pytest imports every test module before running any (and an xdist
+    worker runs the modules in any order)."""
+    ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=ms.GRAPH_MODE)
 
 
 def save_hf_model(kind: str, tmp_path_factory):

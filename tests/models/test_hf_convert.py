@@ -25,7 +25,6 @@ from tools import convert_checkpoint
 from mindscale.config import config_from_tree
 from tests.slices import LAYOUTS, assert_every_slice_matches
 
-ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
 
 VOCAB, SEQ, BATCH = 128, 16, 2
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +36,15 @@ LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                    "original_max_position_embeddings": 14}
 ARCHS = ["llama", "llama31", "qwen2", "qwen2_tied", "qwen3", "gpt"]
 HF_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "gpt": GPT2LMHeadModel}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def graph_mode():
+    """Set per module, not at import: pytest imports every test module before running any (and an xdist
+    worker runs the modules in any order)."""
+    ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=ms.GRAPH_MODE)
 
 
 def hf_model(arch: str):

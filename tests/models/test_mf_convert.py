@@ -18,12 +18,20 @@ from models.mf_convert import is_mindformers_checkpoint, mf_views, model_config_
 from models.tensor_file import open_ckpt
 from tests.slices import assert_every_slice_matches
 
-ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
 os.environ.setdefault("LOG_MF_PATH", str(REPO_ROOT / "output" / "mindformers_log"))
 
 DIMS = dict(hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=96, vocab_size=128,
             seq_length=16, rms_norm_eps=1e-5, theta=20000.0)
 MF_YAML = {"model": {"model_config": {"type": "LlamaConfig", **DIMS}, "arch": {"type": "LlamaForCausalLM"}}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pynative_mode():
+    """Set per module, not at import: pytest imports every test module before running any (and an xdist
+    worker runs the modules in any order)."""
+    ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=ms.GRAPH_MODE)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["separate", "qkv_concat"])

@@ -230,7 +230,7 @@ def tensor_bytes(cfg, params: int) -> dict:
 
     m, b = cfg.model, cfg.train.micro_batch_size
     act = m.num_layers * layer_activation_bytes(m.seq_length, b, m.hidden_size, m.num_heads, m.kv_heads,
-                                                m.ffn_hidden_size, mlp="swiglu" if m.gated_mlp else "gelu",
+                                                m.ffn_hidden_size, mlp="swiglu" if m.spec.gated_mlp else "gelu",
                                                 dtypes=mindspore_dtypes("float32"))
     logits = b * m.seq_length * m.vocab_size * 4 * 2  # the logits and their softmax/gradient
     return {"params": 4 * params, "grads_and_adam_moments": 3 * 4 * params, "activations_estimate": act + logits}

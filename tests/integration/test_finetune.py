@@ -19,6 +19,7 @@ import models
 from mindscale.train.checkpoints import folder as ckpt
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.train.data.dataset import build_dataset
+from tests.modes import cpu_mode
 
 TINY = str(REPO_ROOT / "configs" / "finetune" / "tiny_sft.yaml")
 SMALL = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",
@@ -27,13 +28,7 @@ SMALL = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "mod
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jokes".split()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def pynative_mode():
-    """Set per module, not at import: pytest imports every test module before running any (and an xdist
-    worker runs the modules in any order)."""
-    ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=ms.GRAPH_MODE)
+pynative_mode = cpu_mode("pynative")
 
 
 def run(*args, tool="run_train.py", check=True, env=None):

@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 import models
 from models.generation import KVCacheDecoder, Sampler, generate
 from mindscale.config import REPO_ROOT, load_config
+from tests.modes import cpu_mode
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
 PROMPT = [1, 5, 9, 33, 40, 7]
@@ -24,13 +25,7 @@ SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_f
            "original_max_position_embeddings": 14}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def pynative_mode():
-    """Set per module, not at import: pytest imports every test module before running any (and an xdist
-    worker runs the modules in any order)."""
-    ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=ms.GRAPH_MODE)
+pynative_mode = cpu_mode("pynative")
 
 
 def save_hf_model(kind: str, tmp_path_factory):

@@ -24,6 +24,7 @@ from models.tensor_file import open_tensors
 from tools import convert_checkpoint
 from mindscale.config import config_from_tree
 from tests.slices import LAYOUTS, assert_every_slice_matches
+from tests.modes import cpu_mode
 
 
 VOCAB, SEQ, BATCH = 128, 16, 2
@@ -38,13 +39,7 @@ ARCHS = ["llama", "llama31", "qwen2", "qwen2_tied", "qwen3", "gpt"]
 HF_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "gpt": GPT2LMHeadModel}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    """Set per module, not at import: pytest imports every test module before running any (and an xdist
-    worker runs the modules in any order)."""
-    ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=ms.GRAPH_MODE)
+graph_mode = cpu_mode("graph")
 
 
 def hf_model(arch: str):

@@ -7,15 +7,9 @@ from mindspore import Tensor
 import models
 from models.lora import LoraLinear, merge, split_adapters, without_lora
 from mindscale.config import REPO_ROOT, ConfigError, Layout, load_config
+from tests.modes import cpu_mode
 
-
-
-@pytest.fixture(scope="module", autouse=True)
-def pynative_mode():
-    """Set per module, not at import: pytest imports every test module before running any."""
-    ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=ms.GRAPH_MODE)
+pynative_mode = cpu_mode("pynative")
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
 SMALL = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=8", "model.num_kv_heads=4",
          "model.ffn_hidden_size=128", "model.vocab_size=128", "model.seq_length=16", "parallel.data_parallel=1",

@@ -17,6 +17,7 @@ from mindscale.io import CheckpointError
 from models.mf_convert import is_mindformers_checkpoint, mf_views, model_config_from_mf, read_mindformers
 from models.tensor_file import open_ckpt
 from tests.slices import assert_every_slice_matches
+from tests.modes import cpu_mode
 
 os.environ.setdefault("LOG_MF_PATH", str(REPO_ROOT / "output" / "mindformers_log"))
 
@@ -25,13 +26,7 @@ DIMS = dict(hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, intermediat
 MF_YAML = {"model": {"model_config": {"type": "LlamaConfig", **DIMS}, "arch": {"type": "LlamaForCausalLM"}}}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def pynative_mode():
-    """Set per module, not at import: pytest imports every test module before running any (and an xdist
-    worker runs the modules in any order)."""
-    ms.set_context(device_target="CPU", mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=ms.GRAPH_MODE)
+pynative_mode = cpu_mode("pynative")
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["separate", "qkv_concat"])

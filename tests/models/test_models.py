@@ -12,15 +12,11 @@ from models import transformer
 from models.transformer import ShardedCrossEntropy, layer_graph_keys
 from mindscale.train.checkpoints.folder import CheckpointError, save_checkpoint
 from mindscale.config import Layout, load_config
+from tests.modes import cpu_mode
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    """Set per module, not at import: pytest imports every test module before running any."""
-    ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=ms.GRAPH_MODE)
+graph_mode = cpu_mode("graph")
 
 VOCAB, SEQ, BATCH = 128, 16, 2
 

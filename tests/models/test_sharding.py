@@ -21,15 +21,11 @@ from models.archs import ARCHS
 from models.sharding import planned_strategies
 from models.transformer import ShardedCrossEntropy
 from mindscale.config import Layout, load_config
+from tests.modes import cpu_mode
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    """Set per module, not at import: pytest imports every test module before running any."""
-    ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=ms.GRAPH_MODE)
+graph_mode = cpu_mode("graph")
 
 
 def config(arch: str, *overrides: str):

@@ -9,16 +9,14 @@ from mindspore import Tensor, nn, ops
 from mindscale.config import Layout, load_config
 from mindscale.train.loop.step import (SATURATION_MODE, _dot_squared_norm, _grad_scale_squared_norm, build_train_graph,
                                   saturates_fp16)
+from tests.modes import cpu_mode
 
 TINY = "configs/tiny/llama_tiny.yaml"
 SMALL = ["model.hidden_size=64", "model.ffn_hidden_size=96", "model.vocab_size=128", "model.seq_length=16",
          "parallel.data_parallel=1", "train.micro_batch_size=2"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
-    yield
+graph_mode = cpu_mode("graph")
 
 
 class SquaredNorms(nn.Cell):

@@ -56,7 +56,7 @@ def model_config_differences(hf_model: dict, m) -> list[str]:
     ours["num_kv_heads"] = m.kv_heads
     if "head_dim" in hf_model:
         ours["head_dim"] = m.head_size
-        hf_model = hf_model | {"head_dim": hf_model["head_dim"] or m.hidden_size // m.num_heads}
+        hf_model = hf_model | {"head_dim": hf_model["head_dim"] or hf_model["hidden_size"] // hf_model["num_heads"]}
     skip = set() if ARCHS[hf_model["arch"]].learned_positions else {"seq_length"}
     return [f"model.{key}={hf_model[key]!r} (config has {ours[key]!r})"
             for key in hf_model if key not in skip and hf_model[key] != ours[key]]

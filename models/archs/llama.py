@@ -72,22 +72,17 @@ def decoder_from_hf(c: dict, arch: str) -> dict:
     if c.get("hidden_act", "silu") != "silu":
         raise HFUnsupported(f"hidden_act={c['hidden_act']!r} is not supported (SwiGLU with silu only)")
     heads = c["num_attention_heads"]
+    head_dim = c.get("head_dim")
     return {"arch": arch, "vocab_size": c["vocab_size"], "hidden_size": c["hidden_size"],
             "num_layers": c["num_hidden_layers"], "num_heads": heads,
             "num_kv_heads": c.get("num_key_value_heads") or heads,
+            "head_dim": None if head_dim in (None, c["hidden_size"] // heads) else head_dim,
             "ffn_hidden_size": c["intermediate_size"], "seq_length": c.get("max_position_embeddings", 4096),
             "rope_theta": float(c.get("rope_theta", 10000.0)), "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
             "tie_embeddings": bool(c.get("tie_word_embeddings", False)), **rope_scaling_from_hf(c)}
 
 
-def equal_head_dim(c: dict) -> None:
-    """LLaMA and Qwen2 derive head_dim from the width; a config.json that says otherwise is refused."""
-    if c.get("head_dim") not in (None, c["hidden_size"] // c["num_attention_heads"]):
-        raise HFUnsupported(f"head_dim={c['head_dim']} != hidden_size/num_attention_heads; not supported")
-
-
 def config_from_hf(c: dict) -> dict:
-    equal_head_dim(c)
     return decoder_from_hf(c, "llama")
 
 
@@ -95,7 +90,7 @@ def decoder_to_hf(m, architecture: str) -> dict:
     """The config.json keys LLaMA-shaped families share, for ModelConfig `m`."""
     config = {"architectures": [architecture], "model_type": m.arch, "vocab_size": m.vocab_size,
               "hidden_size": m.hidden_size, "num_hidden_layers": m.num_layers,
-              "num_attention_heads": m.num_heads, "num_key_value_heads": m.kv_heads,
+              "num_attention_heads": m.num_heads, "num_key_value_heads": m.kv_heads, "head_dim": m.head_size,
               "intermediate_size": m.ffn_hidden_size, "max_position_embeddings": m.seq_length,
               "rope_theta": m.rope_theta, "rms_norm_eps": m.norm_eps, "hidden_act": "silu",
               "tie_word_embeddings": m.tie_embeddings, "torch_dtype": "float32"}

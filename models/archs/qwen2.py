@@ -10,7 +10,6 @@ TABLE = (*llama.TABLE, *(Rule(f"layers.{{i}}.attention.{w}.bias", f"model.layers
 
 
 def config_from_hf(c: dict) -> dict:
-    llama.equal_head_dim(c)
     return llama.decoder_from_hf(c, "qwen2")
 
 

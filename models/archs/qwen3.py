@@ -15,14 +15,11 @@ TABLE = (*llama.TABLE, *(Rule(f"layers.{{i}}.attention.{n}.weight", f"model.laye
 
 
 def config_from_hf(c: dict) -> dict:
-    model = llama.decoder_from_hf(c, "qwen3")
-    head_dim = c.get("head_dim")
-    return model | {"head_dim": None if head_dim in (None, c["hidden_size"] // c["num_attention_heads"]) else head_dim}
+    return llama.decoder_from_hf(c, "qwen3")
 
 
 def config_to_hf(m) -> dict:
-    return llama.decoder_to_hf(m, "Qwen3ForCausalLM") | {"head_dim": m.head_size, "attention_bias": False,
-                                                        "use_sliding_window": False,
+    return llama.decoder_to_hf(m, "Qwen3ForCausalLM") | {"attention_bias": False, "use_sliding_window": False,
                                                         "max_window_layers": m.num_layers}
 
 

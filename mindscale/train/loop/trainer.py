@@ -12,20 +12,19 @@ import numpy as np
 from mindspore import Tensor
 
 import models
+from mindscale.config import Config, ConfigError, Layout
 from mindscale.train.checkpoints import commit
-from mindscale.train.resilience import faults
 from mindscale.train.checkpoints.checkpointer import Checkpointer, parameters_as_numpy
-from mindscale.train.resilience.heartbeat import Heartbeat
-from mindscale.config import Config, ConfigError
 from mindscale.train.data.dataset import build_dataset, step_rows
 from mindscale.train.loop.evaluate import Evaluator
-from mindscale.train.resilience.health import HealthGuard, LossSpikes, TrainingDiverged
 from mindscale.train.loop.metrics import MetricsLogger
-from mindscale.train.loop.schedule import lr_at
 from mindscale.train.loop.profiling import ProfileWindow
-from mindscale.config import Layout
 from mindscale.train.loop.runtime import Runtime, set_input_layout
+from mindscale.train.loop.schedule import lr_at
 from mindscale.train.loop.step import build_train_graph
+from mindscale.train.resilience import faults
+from mindscale.train.resilience.health import HealthGuard, LossSpikes, TrainingDiverged
+from mindscale.train.resilience.heartbeat import Heartbeat
 from mindscale.train.resilience.stop import StopRequest, StopVotes
 
 

@@ -28,6 +28,12 @@ __all__ = list(_HOME)
 
 
 def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'models' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOME[name]), name)
+    """A name of _HOME, or a submodule (`models.weights.held` after a bare `import models`)."""
+    if name in _HOME:
+        return getattr(importlib.import_module(_HOME[name]), name)
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module 'models' has no attribute {name!r}") from None

@@ -39,7 +39,10 @@ class Layout:
     attention: str              # flash | composite (auto: flash on Atlas A2 in a dtype FlashAttentionScore takes)
     fused_norm: bool            # the RmsNorm kernel (Atlas A2) instead of composite RMSNorm
     cpu_kernels: bool           # CPU-only fast paths (models/cpu_kernels.py; the train step's MatMul norm)
+    interleave: int             # model chunks per stage v (parallel.pipeline_interleave)
+    scheduler: str              # MindSpore's pipeline scheduler (parallel.pipeline_scheduler)
     stages_of_layers: tuple     # pipeline stage of each decoder layer
+    chunks_of_layers: tuple     # which of its stage's v chunks each decoder layer is in (0 .. v-1)
     layers_per_stage: tuple
     recomputed: tuple           # indices of the recomputed decoder layers
     recompute: str              # none | selective | full
@@ -62,7 +65,10 @@ class Layout:
                                  (p.optimizer_shard and p.data_parallel > 1) or
                                  (micro_steps > 1 and device != "CPU"))
         a2_kernels = cfg.hardware.flash_attention and device == "Ascend"
-        counts = stage_layer_counts(m.num_layers, p.pipeline_stage, p.stage_offset)
+        chunks = chunk_layer_counts_of(cfg)
+        counts = stage_totals(chunks)
+        placed = [(stage, chunk) for chunk, per_stage in enumerate(chunks)
+                  for stage, n in enumerate(per_stage) for _ in range(n)]
         flash = m.attention == "flash" or (m.attention == "auto" and a2_kernels and
                                            m.compute_dtype in FLASH_ATTENTION_DTYPES)
         return cls(
@@ -77,9 +83,11 @@ class Layout:
             attention="flash" if flash else "composite",
             fused_norm=a2_kernels or flash,  # the RmsNorm kernel where the model has RMSNorm
             cpu_kernels=device == "CPU" and not sharded,
-            stages_of_layers=tuple(stage for stage, n in enumerate(counts) for _ in range(n)),
+            interleave=p.pipeline_interleave, scheduler=p.pipeline_scheduler,
+            stages_of_layers=tuple(stage for stage, _ in placed),
+            chunks_of_layers=tuple(chunk for _, chunk in placed),
             layers_per_stage=tuple(counts),
-            recomputed=tuple(_recomputed_layers(cfg, counts)), recompute=cfg.recompute.mode,
+            recomputed=tuple(_recomputed_layers(cfg, [stage for stage, _ in placed])), recompute=cfg.recompute.mode,
             recompute_comm=cfg.recompute.comm,
             graph_reuse=_graph_reuse(cfg, sharded, micro_steps))
 
@@ -117,6 +125,10 @@ class Layout:
     def stage_ranks(self, stage: int) -> range:
         return range(stage * self.stage_devices, (stage + 1) * self.stage_devices)
 
+    def layers_of_stage(self, stage: int) -> list[int]:
+        """The decoder layers `stage` holds, in order: one block, or with interleave v chunks p apart."""
+        return [i for i, s in enumerate(self.stages_of_layers) if s == stage]
+
     def stage_of(self, path: str) -> int:
         """The stage of a cell or parameter path: embeddings on the first stage, layer i on its stage,
         final norm, head and loss on the last."""
@@ -134,13 +146,12 @@ def _graph_reuse(cfg: Config, sharded: bool, micro_steps: int) -> str:
     return "model" if sharded and micro_steps > 1 else "layer"
 
 
-def _recomputed_layers(cfg: Config, per_stage: list[int]) -> list[int]:
-    """Global indices of the recomputed layers: the first n of each pipeline stage."""
-    chosen, start = [], 0
-    for held, n in zip(per_stage, recompute_layer_counts(cfg)):
-        chosen += range(start, start + n)
-        start += held
-    return chosen
+def _recomputed_layers(cfg: Config, stages_of_layers: list[int]) -> list[int]:
+    """Global indices of the recomputed layers: the first n that each pipeline stage holds."""
+    chosen = []
+    for stage, n in enumerate(recompute_layer_counts(cfg)):
+        chosen += [i for i, s in enumerate(stages_of_layers) if s == stage][:n]
+    return sorted(chosen)
 
 
 def stage_layer_counts(num_layers: int, stages: int, offset: int | list) -> list[int]:
@@ -149,9 +160,29 @@ def stage_layer_counts(num_layers: int, stages: int, offset: int | list) -> list
     return [num_layers // stages + o for o in offsets]
 
 
+def chunk_layer_counts(num_layers: int, stages: int, interleave: int, offset: int | list) -> list[list[int]]:
+    """Layers per model chunk, [chunk][stage]; layers fill chunk 0 of stages 0..p-1, then chunk 1, and so on
+    (Megatron's and MindFormers' round-robin). An offset of v lists of p ints is per chunk, on top of
+    num_layers // (p x v); an int or p ints is per stage, each stage's layers split evenly over its chunks
+    (validate.py refuses a stage count that v does not divide)."""
+    if isinstance(offset, list) and offset and isinstance(offset[0], list):
+        return [[num_layers // (stages * interleave) + o for o in row] for row in offset]
+    return [[n // interleave for n in stage_layer_counts(num_layers, stages, offset)]] * interleave
+
+
+def chunk_layer_counts_of(cfg: Config) -> list[list[int]]:
+    p = cfg.parallel
+    return chunk_layer_counts(cfg.model.num_layers, p.pipeline_stage, p.pipeline_interleave, p.stage_offset)
+
+
+def stage_totals(chunks: list[list[int]]) -> list[int]:
+    """Layers each stage holds, over its chunks."""
+    return [sum(column) for column in zip(*chunks)]
+
+
 def recompute_layer_counts(cfg: Config) -> list[int]:
     """Number of recomputed layers in each pipeline stage (0 everywhere when mode is none)."""
-    per_stage = stage_layer_counts(cfg.model.num_layers, cfg.parallel.pipeline_stage, cfg.parallel.stage_offset)
+    per_stage = stage_totals(chunk_layer_counts_of(cfg))
     if cfg.recompute.mode == "none":
         return [0] * len(per_stage)
     layers = cfg.recompute.layers

@@ -175,7 +175,15 @@ class ParallelConfig:
     micro_batch_num: int = doc("Micro batches per step through the pipeline (pipeline_stage > 1).", 1)
     stage_offset: Union[int, list] = doc(
         "Extra layers per stage on top of num_layers // pipeline_stage (int for all stages or "
-        "one per stage, MindFormers' `offset`).", 0)
+        "one per stage, MindFormers' `offset`). With pipeline_interleave v > 1 also a list of v lists of "
+        "pipeline_stage ints: extra layers per chunk on top of num_layers // (pipeline_stage x v).", 0)
+    pipeline_interleave: int = doc(
+        "Model chunks per stage v (Megatron's virtual pipeline, MindFormers' pp_interleave_num): each "
+        "stage's layers split into v chunks, placed round-robin (chunk k on stage k mod p), so the "
+        "bubble shrinks to (p-1)/(v x m) at the cost of v chunks' activations in flight.", 1)
+    pipeline_scheduler: Literal["1f1b", "gpipe", "seqpipe", "seqvpp", "seqsmartvpp", "zero_bubble_v"] = doc(
+        "MindSpore's pipeline scheduler (pipeline_config): 1f1b, gpipe, seqpipe, seqvpp, seqsmartvpp or "
+        "zero_bubble_v; anything but 1f1b needs pipeline_interleave > 1 (MindSpore 2.9 refuses it).", "1f1b")
     sequence_parallel: bool = doc("Shard norms/dropout activations along the sequence (needs t > 1).", False)
     vocab_emb_dp: bool = doc("Keep the embedding data-parallel instead of vocab-sharded over t.", True)
     optimizer_shard: bool = doc("Shard optimizer states (and master weights) over data parallel.", False)

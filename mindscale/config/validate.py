@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 from mindscale.config.errors import ConfigError
-from mindscale.config.layout import FLASH_ATTENTION_DTYPES, Layout, stage_layer_counts
+from mindscale.config.layout import (FLASH_ATTENTION_DTYPES, Layout, chunk_layer_counts_of, stage_layer_counts,
+                                     stage_totals)
 from mindscale.config.schema import TEMPLATE_NAMES, Config, ModelConfig
 
 
@@ -26,7 +27,7 @@ def _positive(cfg: Config) -> None:
     for section, names in {
         "model": ["vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_hidden_size", "seq_length"],
         "parallel": ["data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
-                     "gradient_accumulation_steps"],
+                     "pipeline_interleave", "gradient_accumulation_steps"],
         "train": ["micro_batch_size", "steps", "log_interval"],
         "checkpoint": ["keep_last", "resume_step"],
         "run": ["stop_vote_interval"],
@@ -164,18 +165,45 @@ def _parallel(cfg: Config) -> None:
     if pp > 1 and p.micro_batch_num < pp:
         raise ConfigError(f"parallel.micro_batch_num={p.micro_batch_num} < parallel.pipeline_stage={pp}: "
                           "the pipeline would idle; use at least as many micro batches as stages")
-    if isinstance(p.stage_offset, list):
-        if len(p.stage_offset) != pp or not all(isinstance(o, int) and not isinstance(o, bool) for o in p.stage_offset):
+    v = p.pipeline_interleave
+    if v > 1 and pp == 1:
+        raise ConfigError(f"parallel.pipeline_interleave={v} needs parallel.pipeline_stage > 1 (it splits each "
+                          "stage into chunks); set it to 1")
+    if p.pipeline_scheduler != "1f1b" and v == 1:
+        raise ConfigError(f"parallel.pipeline_scheduler={p.pipeline_scheduler} needs parallel.pipeline_interleave > 1 "
+                          "(MindSpore 2.9 allows only 1f1b without interleave); set the scheduler to 1f1b")
+    per_chunk = isinstance(p.stage_offset, list) and any(isinstance(o, list) for o in p.stage_offset)
+    rows = p.stage_offset if per_chunk else [p.stage_offset]
+    if per_chunk and len(rows) != v:
+        raise ConfigError(f"parallel.stage_offset={p.stage_offset}: a list of lists is per chunk and needs "
+                          f"{v} lists (parallel.pipeline_interleave) of {pp} integers")
+    for row in rows:
+        if isinstance(row, list) and (len(row) != pp or not all(isinstance(o, int) and not isinstance(o, bool)
+                                                                for o in row)):
             raise ConfigError(f"parallel.stage_offset={p.stage_offset}: needs {pp} integers "
-                              f"(one per parallel.pipeline_stage)")
+                              f"(one per parallel.pipeline_stage){' in each list' if per_chunk else ''}")
     if pp > m.num_layers:
         raise ConfigError(f"parallel.pipeline_stage={pp} > model.num_layers={m.num_layers}; use fewer stages")
-    counts = stage_layer_counts(m.num_layers, pp, p.stage_offset)
-    if sum(counts) != m.num_layers or min(counts) < 1:
-        raise ConfigError(f"parallel.stage_offset={p.stage_offset} gives layers per stage {counts} "
-                          f"(sum {sum(counts)}) for model.num_layers={m.num_layers} over "
-                          f"parallel.pipeline_stage={pp}; offsets must add {m.num_layers - (m.num_layers // pp) * pp} "
-                          "layers in all and leave every stage at least one")
+    if not per_chunk:
+        counts = stage_layer_counts(m.num_layers, pp, p.stage_offset)
+        if sum(counts) != m.num_layers or min(counts) < 1:
+            raise ConfigError(f"parallel.stage_offset={p.stage_offset} gives layers per stage {counts} "
+                              f"(sum {sum(counts)}) for model.num_layers={m.num_layers} over "
+                              f"parallel.pipeline_stage={pp}; offsets must add "
+                              f"{m.num_layers - (m.num_layers // pp) * pp} layers in all and leave every stage "
+                              "at least one")
+        if any(n % v for n in counts):
+            raise ConfigError(f"parallel.pipeline_interleave={v} does not divide the layers per stage {counts} "
+                              f"(model.num_layers={m.num_layers}, parallel.stage_offset={p.stage_offset}); pick "
+                              "a v that divides them, or give parallel.stage_offset per chunk (v lists)")
+    chunks = chunk_layer_counts_of(cfg)
+    if sum(map(sum, chunks)) != m.num_layers or min(map(min, chunks)) < 1:
+        raise ConfigError(f"parallel.stage_offset={p.stage_offset} gives layers per chunk {chunks} "
+                          f"(sum {sum(map(sum, chunks))}) for model.num_layers={m.num_layers} over "
+                          f"parallel.pipeline_stage={pp} x parallel.pipeline_interleave={v}; offsets must add "
+                          f"{m.num_layers - (m.num_layers // (pp * v)) * pp * v} layers in all and leave every "
+                          "chunk at least one")
+    counts = stage_totals(chunks)
 
     r = cfg.recompute
     if isinstance(r.layers, list):

@@ -1,4 +1,6 @@
 """mindscale/config/layout.py: every decision derived from a config's layout, computed in one place."""
+import re
+
 import pytest
 
 from mindscale.config import REPO_ROOT, Layout, load_config
@@ -75,3 +77,39 @@ def test_recomputed_layers_are_the_first_of_each_stage():
                  "parallel.micro_batch_num=2", "parallel.stage_offset=[1,-1]", "recompute.mode=full",
                  "recompute.layers=[2,1]")
     assert lay.layers_per_stage == (5, 3) and lay.recomputed == (0, 1, 5)
+
+
+def test_interleave_places_chunks_round_robin_and_recomputes_the_first_layers_a_stage_holds():
+    """v=2 over 2 stages: chunk k of the p x v chunks goes to stage k mod p (Megatron's, MindFormers' order)."""
+    lay = layout("hardware=ascend910b", "model.num_layers=8", "parallel.pipeline_stage=2",
+                 "parallel.micro_batch_num=2", "parallel.pipeline_interleave=2", "recompute.mode=full",
+                 "recompute.layers=3")
+    assert lay.stages_of_layers == (0, 0, 1, 1, 0, 0, 1, 1)
+    assert lay.chunks_of_layers == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert lay.layers_of_stage(1) == [2, 3, 6, 7] and lay.layers_per_stage == (4, 4)
+    assert lay.recomputed == (0, 1, 2, 3, 4, 6)
+
+
+def test_stage_offset_per_chunk_with_interleave():
+    lay = layout("hardware=ascend910b", "model.num_layers=10", "parallel.pipeline_stage=2",
+                 "parallel.micro_batch_num=2", "parallel.pipeline_interleave=2",
+                 "parallel.stage_offset=[[1,0],[0,1]]")
+    assert lay.stages_of_layers == (0, 0, 0, 1, 1, 0, 0, 1, 1, 1) and lay.layers_per_stage == (5, 5)
+    assert lay.chunks_of_layers == (0,) * 5 + (1,) * 5
+
+
+@pytest.mark.parametrize("overrides,names", [
+    (["parallel.pipeline_interleave=2"], "parallel.pipeline_interleave=2 needs parallel.pipeline_stage > 1"),
+    (["parallel.pipeline_scheduler=gpipe"], "parallel.pipeline_scheduler=gpipe needs parallel.pipeline_interleave"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "parallel.pipeline_interleave=3"],
+     "parallel.pipeline_interleave=3 does not divide the layers per stage [2, 2]"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "parallel.pipeline_interleave=2",
+      "parallel.stage_offset=[[1,0]]"], "needs 2 lists (parallel.pipeline_interleave)"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "parallel.pipeline_interleave=2",
+      "parallel.stage_offset=[[1,0],[0,0]]"], "gives layers per chunk [[2, 1], [1, 1]] (sum 5)"),
+    (["parallel.pipeline_interleave=0"], "parallel.pipeline_interleave=0: must be >= 1"),
+])
+def test_interleave_refusals_name_the_keys(overrides, names):
+    from mindscale.config import ConfigError
+    with pytest.raises(ConfigError, match=re.escape(names)):
+        layout("hardware=ascend910b", *overrides)

@@ -126,14 +126,27 @@ def _fmt(strategy) -> str:
     return "-" if strategy is None else str(strategy).replace(" ", "")
 
 
+def _chunk_ranges(layout: Layout, stage: int) -> list[str]:
+    """`a-b` per chunk the stage holds, in chunk order: one range without interleave, v ranges p chunks apart
+    with it (8 layers, pp2, v2: stage 0 holds 0-1 and 4-5)."""
+    ranges = []
+    for chunk in range(layout.interleave):
+        held = [i for i in layout.layers_of_stage(stage) if layout.chunks_of_layers[i] == chunk]
+        ranges.append(f"{held[0]}-{held[-1]}" if len(held) > 1 else str(held[0]))
+    return ranges
+
+
 def describe_plan(cfg: Config) -> str:
     """The plan a run of `cfg` on its hardware compiles, as a table: cell, style, op, in_strategy,
     out_strategy, pipeline stage(s). Every layer shares one plan, so layers are shown once as
-    `layers.*` with their stage range."""
+    `layers.*` with their stage range; then the layers each stage holds, chunk by chunk."""
     layout = Layout.of(cfg)
     p = cfg.parallel
     header = (f"sharding plan: {cfg.model.arch}, data_parallel={p.data_parallel} model_parallel={p.model_parallel} "
-              f"pipeline_stage={p.pipeline_stage} sequence_parallel={p.sequence_parallel} "
+              f"pipeline_stage={p.pipeline_stage} "
+              f"{f'pipeline_interleave={p.pipeline_interleave} ' if p.pipeline_interleave > 1 else ''}"
+              f"{f'pipeline_scheduler={p.pipeline_scheduler} ' if p.pipeline_scheduler != '1f1b' else ''}"
+              f"sequence_parallel={p.sequence_parallel} "
               f"vocab_emb_dp={p.vocab_emb_dp}")
     if not layout.sharded:
         return header + "\n(not sharded: stand-alone or data-parallel, no strategies are compiled)"
@@ -150,10 +163,9 @@ def describe_plan(cfg: Config) -> str:
         table.append((shown, style, attr, _fmt(in_strategy), _fmt(out_strategy), stage))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = [header] + ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
-    first = 0
     for stage, n in enumerate(layout.layers_per_stage):
-        lines.append(f"stage {stage}: layers {first}-{first + n - 1} ({n})")
-        first += n
+        lines.append(f"stage {stage}: layers {', '.join(_chunk_ranges(layout, stage))} ({n}"
+                     f"{f' in {layout.interleave} chunks' if layout.interleave > 1 else ''})")
     lines.append("comm_fusion: 1 = embeddings, 2+i = layer i, "
                  f"{cfg.model.num_layers + 2} = final norm and output")
     return "\n".join(lines)

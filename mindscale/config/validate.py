@@ -172,6 +172,16 @@ def _parallel(cfg: Config) -> None:
     if p.pipeline_scheduler != "1f1b" and v == 1:
         raise ConfigError(f"parallel.pipeline_scheduler={p.pipeline_scheduler} needs parallel.pipeline_interleave > 1 "
                           "(MindSpore 2.9 allows only 1f1b without interleave); set the scheduler to 1f1b")
+    if v > 1 and not cfg.run.reuse_layer_graph:
+        # MindSpore 2.9 (dry run): "Using pipeline parallel with interleave, should enable lazy_inline."
+        raise ConfigError(f"parallel.pipeline_interleave={v} needs run.reuse_layer_graph=true (MindSpore "
+                          "interleaves only a lazy_inline graph); set it to true or pipeline_interleave to 1")
+    if p.pipeline_scheduler == "zero_bubble_v":
+        # MindSpore 2.9's ZBV check (dry run): "When the segment is 1, the stage must be configured in
+        # descending order"; Layout places chunks round-robin, not in the V it needs (docs/dryrun.md)
+        raise ConfigError("parallel.pipeline_scheduler=zero_bubble_v needs its chunks placed in a V (the second "
+                          "chunk on the stages in descending order), which MindScale does not build; use 1f1b, "
+                          "gpipe, seqpipe, seqvpp or seqsmartvpp")
     per_chunk = isinstance(p.stage_offset, list) and any(isinstance(o, list) for o in p.stage_offset)
     rows = p.stage_offset if per_chunk else [p.stage_offset]
     if per_chunk and len(rows) != v:

@@ -18,7 +18,10 @@ What the report holds, and where it comes from:
   groups        the communication groups those collectives use
   inputs        how the step's inputs reach the computation: gathered over which ranks, sliced into
   row_groups    which micro-batch rows, and the ranks whose rows are distinct parts of the batch (input_rows)
+  pipeline_config  MindSpore's pipeline_interleave and pipeline_scheduler, as the runtime set them
   memory_pool_gib  the ceiling the runtime set on MindSpore's device memory pool (None if MindSpore holds none)
+  pipeline_chunks  per forward Send and Receive between stages, how many the compiled graph holds of each
+                model chunk (the chunk MindSpore derived for it; pipeline_chunks below)
   ordered_micro_batches  the accumulation micro batches whose backward the graph finishes before the
                 next one's forward starts (ordered_micro_batches below)
 What it cannot tell: whether kernels exist and run, numerics, speed, device memory.
@@ -62,6 +65,8 @@ _NODE = re.compile(r"^\s+%\d+\(\S+\) = (.*)$")
 _TENSOR = re.compile(r"Tensor\[(\w+)\]\]?, \(([\d, ]*)\)")  # Tensor[F32], (..) or Ref[Tensor[F32]], (..)
 _REF = re.compile(r"@([^\s(),\[\]]+)")
 _REORDERED = re.compile(r"grad_accu_reorder2: I64\((\d+)\)")
+_FORWARD_BORDER = re.compile(r"^\s+%\d+\(\S+\) = (Send|Receive)\(.*cnode_primal_attrs: \{(.*)\}\s*$")
+_CHUNK = re.compile(r"\bchunk: I64\((\d+)\)")
 
 
 def _tensor_bytes(text: str) -> int:
@@ -225,6 +230,24 @@ def ordered_micro_batches(text: str) -> list[int]:
     return sorted({int(m) for m in _REORDERED.findall(text)})
 
 
+def pipeline_chunks(text: str) -> dict[str, dict[str, int]]:
+    """{"Send": {chunk: count}, "Receive": {chunk: count}} over the forward pass's stage borders: the Sends
+    that end a chunk on this stage (primal attribute pipeline_end) and the Receives that begin one
+    (pipeline_begin), excluding the backward pass's (which name their forward node). MindSpore numbers the
+    chunks from the data flow (a stage receiving from a later stage starts its next chunk), so with
+    interleave v stage s holds v chunks' borders, one per micro batch each, except the first stage's first
+    chunk (fed by the embedding) and the last stage's last (feeding the head)."""
+    counts = {"Send": defaultdict(int), "Receive": defaultdict(int)}
+    for line in text.splitlines():
+        node = _FORWARD_BORDER.match(line)
+        if not node or "forward_node_name" in node.group(2):
+            continue
+        kind, attrs = node.groups()
+        if ("pipeline_end" if kind == "Send" else "pipeline_begin") in attrs and (chunk := _CHUNK.search(attrs)):
+            counts[kind][chunk.group(1)] += 1
+    return {kind: dict(sorted(by_chunk.items())) for kind, by_chunk in counts.items()}
+
+
 def read_validate_ir(folder: Path) -> str:
     files = sorted(folder.rglob(f"*{IR_PASS}*.ir"))
     return files[-1].read_text() if files else ""
@@ -288,6 +311,7 @@ def describe_compiled(step, model, network, ir_dir: Path | None, rank: int) -> d
         report["collectives"], report["groups"] = collectives_of(parse_ir(text, rank))
         report.update(input_rows(text))
         report["ordered_micro_batches"] = ordered_micro_batches(text)
+        report["pipeline_chunks"] = pipeline_chunks(text)
     return report
 
 
@@ -295,6 +319,12 @@ def _memory_pool_set(rt) -> float | None:
     """The pool ceiling the runtime gave MindSpore (train/loop/runtime.py), if MindSpore reports it configured."""
     from mindspore._c_expression import RuntimeConf
     return rt.memory_pool_gib if RuntimeConf.get_instance().is_memory_configured() else None
+
+
+def _pipeline_config() -> dict:
+    """MindSpore's pipeline_config as the runtime left it (train/loop/runtime.py)."""
+    import mindspore as ms
+    return {key: ms.get_auto_parallel_context(key) for key in ("pipeline_interleave", "pipeline_scheduler")}
 
 
 def compile_step(step, inputs: tuple, model, network, rt, ir_dir: Path | None = None) -> dict:
@@ -305,7 +335,7 @@ def compile_step(step, inputs: tuple, model, network, rt, ir_dir: Path | None = 
     layout = rt.layout
     report = {"compiled": False, "error": None, "rank": rt.rank, "stage": layout.stage_of_rank(rt.rank),
               "devices": layout.devices, "local_shapes": {}, "bytes": {}, "groups": {}, "collectives": [],
-              "compile_s": None, "memory_pool_gib": _memory_pool_set(rt)}
+              "compile_s": None, "memory_pool_gib": _memory_pool_set(rt), "pipeline_config": _pipeline_config()}
     set_input_layout(layout, len(inputs))
     began = time.perf_counter()
     try:

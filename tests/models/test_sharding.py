@@ -117,6 +117,19 @@ def test_pipeline_stages_follow_stage_offset_and_comm_fusion_is_per_layer():
     assert fusion["output.weight"] == fusion["norm.weight"] == 6
 
 
+def test_interleaved_stages_go_round_robin_chunk_by_chunk_and_the_plan_prints_each_chunk():
+    """pp2 x v2 over 8 layers: chunk k of the 4 on stage k mod 2 (Layout), set as each layer's pipeline_stage;
+    MindSpore numbers the chunks itself from the data flow (a stage fed by a later one starts its next chunk)."""
+    cfg = config("llama", "model.num_layers=8", "parallel.data_parallel=2", "parallel.pipeline_stage=2",
+                 "parallel.micro_batch_num=4", "parallel.pipeline_interleave=2")
+    model, _ = planned(cfg)
+    assert [layer.pipeline_stage for layer in model.layers] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert model.tok_embeddings.pipeline_stage == 0 and model.output.pipeline_stage == 1
+    lines = models.describe_plan(cfg).splitlines()
+    assert "pipeline_stage=2 pipeline_interleave=2 sequence_parallel" in lines[0]
+    assert "stage 0: layers 0-1, 4-5 (4 in 2 chunks)" in lines and "stage 1: layers 2-3, 6-7 (4 in 2 chunks)" in lines
+
+
 def test_plan_is_not_applied_outside_sharded_layouts_and_numbers_do_not_change():
     cfg = config("llama", "model.num_layers=1")
     ms.set_seed(1)

@@ -108,6 +108,11 @@ def test_stage_offset_per_chunk_with_interleave():
     (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "parallel.pipeline_interleave=2",
       "parallel.stage_offset=[[1,0],[0,0]]"], "gives layers per chunk [[2, 1], [1, 1]] (sum 5)"),
     (["parallel.pipeline_interleave=0"], "parallel.pipeline_interleave=0: must be >= 1"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "parallel.pipeline_interleave=2",
+      "run.reuse_layer_graph=false"], "parallel.pipeline_interleave=2 needs run.reuse_layer_graph=true"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "parallel.pipeline_interleave=2",
+      "parallel.pipeline_scheduler=zero_bubble_v"], "parallel.pipeline_scheduler=zero_bubble_v needs its chunks "
+                                                    "placed in a V"),
 ])
 def test_interleave_refusals_name_the_keys(overrides, names):
     from mindscale.config import ConfigError

@@ -170,6 +170,11 @@ def _set_parallel_context(cfg: Config, layout: Layout, rank: int) -> None:
         full_batch=False, pipeline_stages=layout.pp, enable_parallel_optimizer=layout.optimizer_shard,
         parallel_optimizer_config={"parallel_optimizer_threshold": OPTIMIZER_SHARD_MIN_KIB,
                                    "gradient_accumulation_shard": layout.accumulation_shard})
+    if layout.interleave > 1 or layout.scheduler != "1f1b":
+        # MindSpore derives each layer's chunk from the data flow (a stage receiving from a later stage starts
+        # its next chunk), so the round-robin pipeline_stage per cell (models/sharding.py) is all it needs
+        ms.set_auto_parallel_context(pipeline_config={"pipeline_interleave": layout.interleave > 1,
+                                                      "pipeline_scheduler": layout.scheduler})
     if not dry_run():  # a dry run must not overwrite the strategy files of a real run of the config
         ms.set_auto_parallel_context(strategy_ckpt_config={
             "save_file": os.path.join(cfg.run.output_dir, cfg.run.name, "strategy", f"strategy_rank{rank}.ckpt")})

@@ -180,10 +180,13 @@ class ParallelConfig:
     pipeline_interleave: int = doc(
         "Model chunks per stage v (Megatron's virtual pipeline, MindFormers' pp_interleave_num): each "
         "stage's layers split into v chunks, placed round-robin (chunk k on stage k mod p), so the "
-        "bubble shrinks to (p-1)/(v x m) at the cost of v chunks' activations in flight.", 1)
+        "bubble shrinks to (p-1)/(v x m) at the cost of v chunks' activations in flight. Needs "
+        "run.reuse_layer_graph (MindSpore interleaves only a lazy_inline graph).", 1)
     pipeline_scheduler: Literal["1f1b", "gpipe", "seqpipe", "seqvpp", "seqsmartvpp", "zero_bubble_v"] = doc(
         "MindSpore's pipeline scheduler (pipeline_config): 1f1b, gpipe, seqpipe, seqvpp, seqsmartvpp or "
-        "zero_bubble_v; anything but 1f1b needs pipeline_interleave > 1 (MindSpore 2.9 refuses it).", "1f1b")
+        "zero_bubble_v; anything but 1f1b needs pipeline_interleave > 1 (MindSpore 2.9 refuses it). "
+        "zero_bubble_v is refused: it needs the chunks placed in a V, which MindScale does not build "
+        "(docs/dryrun.md, interleaved pipeline).", "1f1b")
     sequence_parallel: bool = doc("Shard norms/dropout activations along the sequence (needs t > 1).", False)
     vocab_emb_dp: bool = doc("Keep the embedding data-parallel instead of vocab-sharded over t.", True)
     optimizer_shard: bool = doc("Shard optimizer states (and master weights) over data parallel.", False)

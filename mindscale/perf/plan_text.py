@@ -62,6 +62,7 @@ def text(result: dict) -> str:
     verdict = "FITS" if result["fits"] else "DOES NOT FIT"
     lines.append(f"  budget      {_gib(result['memory_budget_gib'])} of {result['device_memory_gib']:g} GiB "
                  f"(memory_margin of what the reserve leaves): {verdict}")
+    lines.append(pipeline_line(result))
     lines.append(f"communication per device per step: data-parallel gradients {_bytes(comm['dp_grad_reduce'])}, "
                  f"tensor-parallel {_bytes(comm['tp'])} ({_bytes(comm['tp_per_layer'])} per layer and micro "
                  f"batch; {_bytes(comm['tp_vocab'])} at the vocabulary lookup and head), pipeline send/recv "
@@ -75,6 +76,23 @@ def text(result: dict) -> str:
     return "\n".join(lines)
 
 
+def pipeline_line(result: dict) -> str:
+    """The schedule's terms: bubble, chunk forwards in flight and their activations, stage-boundary sends."""
+    lay, pred, comm = result["layout"], result["predicted"], result["comm_bytes_per_step"]
+    p, v, m = lay["pipeline_stage"], lay["pipeline_interleave"], lay["micro_batch_num"]
+    if p == 1:
+        return "pipeline: none (one stage)"
+    worst = result["memory_stage"]
+    forwards = result["in_flight_forwards_per_stage"]
+    schedule = "1F1B" if v == 1 else f"interleaved 1F1B, {v} chunks per stage ({lay['pipeline_scheduler']})"
+    held = f"{forwards[worst]} micro batches" if v == 1 else \
+        f"{forwards[worst]} chunk forwards ({forwards[worst] / v:.3g} micro batches of its layers)"
+    ratio = f"(p-1)/m = {p - 1}/{m}" if v == 1 else f"(p-1)/(v·m) = {p - 1}/({v}·{m})"
+    return (f"pipeline: {schedule}; bubble {pred['bubble_fraction']:.1%} = {ratio}; worst stage {worst} holds {held} in flight: activations "
+            f"{result['memory_gib']['activations']:.1f} GiB (stage 0: {forwards[0]}); "
+            f"{comm['pp_sends_per_micro_batch']} stage-boundary sends per micro batch on stage {worst}")
+
+
 def set_line(overrides: list[str]) -> str:
     """Overrides as the `--set` arguments of a command line (quoted where the shell needs it)."""
     return " ".join(f"--set '{o}'" if "[" in o else f"--set {o}" for o in overrides)
@@ -86,12 +104,13 @@ def search_text(devices: int, found: list[dict]) -> str:
     for rank, entry in enumerate(found, 1):
         p, pred = entry["plan"], entry["plan"]["predicted"]
         lay = p["layout"]
-        lines.append(f"{rank}. dp {lay['data_parallel']} mp {lay['model_parallel']} pp {lay['pipeline_stage']}, "
+        lines.append(f"{rank}. dp {lay['data_parallel']} mp {lay['model_parallel']} pp {lay['pipeline_stage']}"
+                     + (f" x {lay['pipeline_interleave']} chunks" if lay["pipeline_interleave"] > 1 else "") + ", "
                      f"micro batches {lay['micro_batch_num'] * lay['gradient_accumulation_steps']} x "
                      f"{lay['micro_batch_size']}, recompute {lay['recompute']} {lay['recompute_layers']}"
                      + (", accumulation buffers sharded" if lay["gradient_accumulation_shard"] else "")
                      + f": {pred['tokens_per_s']:,.0f} tokens/s, "
-                     f"MFU {pred['mfu']:.1%}, memory {p['memory_gib']['total']:.1f} of "
+                     f"MFU {pred['mfu']:.1%}, bubble {pred['bubble_fraction']:.1%}, memory {p['memory_gib']['total']:.1f} of "
                      f"{p['memory_budget_gib']:.1f} GiB")
         lines.append(f"   {set_line(entry['overrides'])}")
     return "\n".join(lines)
@@ -120,7 +139,8 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
         recompute = lay["recompute"] if lay["recompute"] != "full" or cfg.recompute.layers is None else \
             f"full {lay['recompute_layers']}"
         rows.append(f"| `{path.relative_to(REPO_ROOT)}` | {_count(result['params'])} | {result['devices']} "
-                    f"({cfg.hardware.name}) | {lay['data_parallel']}/{lay['model_parallel']}/{lay['pipeline_stage']} "
+                    f"({cfg.hardware.name}) | {lay['data_parallel']}/{lay['model_parallel']}/{lay['pipeline_stage']}"
+                    f"{f' x {v} chunks' if (v := lay['pipeline_interleave']) > 1 else ''} "
                     f"| {micro} x {lay['micro_batch_size']} | {recompute} | "
                     f"{result['memory_gib']['total']:.1f} of {result['device_memory_gib']:g} | "
                     f"{result['predicted']['mfu']:.1%} |")

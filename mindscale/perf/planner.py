@@ -8,7 +8,9 @@ Sources of the formulas
   Models", §4: per layer and micro batch ``s·b·h·(34 + 5·a·s/h)`` bytes without parallelism,
   ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` with tensor parallel t, ``s·b·h/t·(34 + 5·a·s/h)`` with tensor
   + sequence parallel, ``34·s·b·h/t`` with selective recompute, ``2·s·b·h`` with full recompute;
-  under 1F1B stage k holds ``p - k`` micro batches in flight (stage 0 holds p).
+  under 1F1B stage k holds ``p - k`` micro batches in flight (stage 0 holds p); interleaved 1F1B with v
+  chunks per stage (Narayanan et al. 2021, §2.2.2, as Megatron-LM schedules it) holds
+  ``min(2(p-k-1) + (v-1)p + 1, v·m)`` chunk forwards, stage 0 ``v·p + p - 1`` (`in_flight_forwards`).
   `layer_activation_bytes` builds those numbers term by term (which tensor, which dtype, which are
   split by t), so with the paper's settings (`PAPER`) it returns the paper's formulas exactly and
   with the model's settings it covers GQA, SwiGLU and MindSpore's dtypes.
@@ -44,7 +46,8 @@ Predicted step time (assumptions are returned with the prediction)
 ------------------------------------------------------------------
 Hardware FLOPs of the busiest pipeline stage at `efficiency` x peak, plus tensor-parallel
 collectives (on the critical path), times ``(m + p - 1)`` micro-batch slots (1F1B bubble
-``(p-1)/m``), plus pipeline send/recv, plus the part of the data-parallel gradient reduction that
+``(p-1)/m``; interleaved ``m + (p-1)/v`` slots, bubble ``(p-1)/(v·m)``), plus pipeline send/recv (v times
+as many with v chunks, not overlapped), plus the part of the data-parallel gradient reduction that
 does not overlap the last micro batch's backward (2/3 of its compute). Bandwidths come from the
 hardware profile: a group inside one node uses intra_node_gbps, otherwise inter_node_gbps; ranks
 are ordered tensor-parallel innermost, then data parallel, then pipeline.
@@ -267,9 +270,33 @@ def stage_params(cfg: Config) -> list[float]:
     return out
 
 
-def _in_flight(layout: Layout, stage: int) -> int:
-    """Micro batches whose activations stage `stage` holds under 1F1B (stage 0 the most)."""
-    return min(layout.pp - stage, layout.micro_steps) if layout.pp > 1 else 1
+def in_flight_forwards(pp: int, interleave: int, micro_batches: int, stage: int) -> int:
+    """Chunk forwards (one model chunk, one micro batch) whose activations `stage` holds at its peak.
+
+    Without interleave, 1F1B: min(p - k, m) micro batches of the whole stage. Interleaved 1F1B
+    (Narayanan et al. 2021, §2.2.2; Megatron-LM's forward_backward_pipelining_with_interleaving): stage
+    k runs 2(p - k - 1) + (v - 1)p warm-up chunk forwards, then one more before its first backward,
+    so it holds min(2(p - k - 1) + (v - 1)p + 1, v·m) of them; the first stage v·p + p - 1, i.e.
+    p·(1 + (p - 1)/(p·v)) micro batches' worth of its layers when chunks are even (Korthikanti et al.
+    2022, §4.2.3)."""
+    if interleave == 1:
+        return min(pp - stage, micro_batches) if pp > 1 else 1
+    return min(2 * (pp - stage - 1) + (interleave - 1) * pp + 1, interleave * micro_batches)
+
+
+def forward_chunk(pp: int, interleave: int, k: int) -> int:
+    """The model chunk of a stage's k-th forward (from 0) under interleaved 1F1B: groups of p micro
+    batches run chunk 0, then chunk 1, ... (Megatron's get_model_chunk_id)."""
+    return k // pp % interleave
+
+
+def _chunk_activations(layout: Layout, stage: int, r: int, kept: float, recomputed_bytes: float) -> list[float]:
+    """Activation bytes of one micro batch in each of the stage's v chunks; the first `r` layers the
+    stage holds (chunk 0 first) are recomputed."""
+    out = [0.0] * layout.interleave
+    for i, layer in enumerate(layout.layers_of_stage(stage)):
+        out[layout.chunks_of_layers[layer]] += recomputed_bytes if i < r else kept
+    return out
 
 
 def stage_memory(cfg: Config, stage: int, recomputed: int | None = None) -> dict:
@@ -293,8 +320,12 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None) -> dict
     flash = layout.attention == "flash"
     kept = _model_layer_activation_bytes(cfg, "none", flash)
     recomputed_bytes = _model_layer_activation_bytes(cfg, layout.recompute, flash) if r else 0.0
-    per_micro_batch = (layers - r) * kept + r * recomputed_bytes
-    activations = _in_flight(layout, stage) * per_micro_batch
+    in_flight = in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, stage)
+    if layout.interleave == 1:      # whole-stage micro batches
+        activations = in_flight * ((layers - r) * kept + r * recomputed_bytes)
+    else:                           # the chunk forwards in flight at the stage's peak, each with its chunk's layers
+        chunks = _chunk_activations(layout, stage, r, kept, recomputed_bytes)
+        activations = sum(chunks[forward_chunk(layout.pp, layout.interleave, k)] for k in range(in_flight))
     if r and layout.recompute == "full":
         activations += kept        # one layer rematerialised at a time during backward
     if stage == layout.pp - 1:
@@ -371,11 +402,20 @@ def communication(cfg: Config, stage: int) -> dict:
     tp = tp_per_layer * layout.layers_per_stage[stage] * micro_batches + tp_vocab
     dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
     dp = dp_once + dp_micro * micro_batches
-    sends = (stage > 0) + (stage < stages - 1)                              # activations out, grads back
+    sends = pipeline_sends(stages, layout.interleave, stage)                # activations out, grads back
     stream = hidden * DTYPE_BYTES[m.residual_dtype]                         # what a stage sends: the residual stream
     pp = sends * micro_batches * stream / (t if layout.sp else 1) if stages > 1 else 0.0
     return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer,
-            "tp_vocab": tp_vocab, "tp": tp, "pp_send_recv": pp, "total": dp + tp + pp}
+            "tp_vocab": tp_vocab, "tp": tp, "pp_send_recv": pp, "pp_sends_per_micro_batch": sends if stages > 1 else 0,
+            "total": dp + tp + pp}
+
+
+def pipeline_sends(pp: int, interleave: int, stage: int) -> int:
+    """Stage-boundary sends of one stage per micro batch (activations forward, gradients back). Each of
+    its v chunks sends its output to the next stage and its input gradient to the previous one, except
+    the model's first chunk (stage 0, chunk 0: nothing to send back) and its last (stage p-1, chunk v-1:
+    the loss): 2v - [k = 0] - [k = p-1]; v = 1 gives 1 at the ends, 2 in the middle."""
+    return 2 * interleave - (stage == 0) - (stage == pp - 1)
 
 
 def _stage_flops_per_token(cfg: Config, stage: int) -> float:
@@ -400,8 +440,11 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
         slots.append(compute + (c["tp_per_layer"] * layout.layers_per_stage[k] + c["tp_vocab"] / micro_steps) / tp_bw)
         comm.append(c)
     slot = max(slots)
-    # 1F1B over a pipeline's micro batches; accumulation steps run one after another
-    pipeline = (micro_steps + stages - 1 if stages > 1 else micro_steps) * slot
+    # 1F1B over a pipeline's micro batches; accumulation steps run one after another. Interleaved 1F1B:
+    # the warm-up and cool-down run chunks of 1/v of a stage, so the bubble is (p-1)/v slots
+    v = layout.interleave
+    pipeline = (micro_steps + stages - 1 if stages > 1 else micro_steps) * slot if v == 1 else \
+        (micro_steps + (stages - 1) / v) * slot
     pp_time = max(c["pp_send_recv"] for c in comm) / pp_bw
     # the once-per-step part overlaps the last micro batch's backward; a per-micro-batch reduce-scatter
     # (gradient_accumulation_shard) overlaps its own micro batch's
@@ -418,7 +461,8 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
         "tflops_per_device": tokens_per_s * flops.model_flops_per_token(m) / devices / 1e12,
         "mfu": flops.mfu(tokens_per_s, devices, peak_tflops, m),
         "hfu": flops.hfu(tokens_per_s, devices, peak_tflops, m, layout.recompute, recomputed),
-        "bubble_fraction": (stages - 1) / micro_steps if stages > 1 else 0.0,
+        "bubble_fraction": bubble_fraction(stages, v, micro_steps),
+        "pipeline_interleave": v,
         "compute_s": micro_steps * slot,
         "comm_exposed_s": pp_time + dp_exposed,
         "peak_tflops": peak_tflops, "efficiency": efficiency,
@@ -426,13 +470,27 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
             f"hardware FLOPs run at {efficiency:.0%} of the {peak_tflops:g} TFLOP/s peak",
             "tensor-parallel collectives are on the critical path (not overlapped)",
             f"1F1B pipeline: {micro_steps + stages - 1} micro-batch slots of the busiest stage per step "
-            f"(bubble (p-1)/m = {(stages - 1) / micro_steps:.1%})" if stages > 1 else "no pipeline bubble",
+            f"(bubble (p-1)/m = {(stages - 1) / micro_steps:.1%})" if stages > 1 and v == 1 else
+            f"interleaved 1F1B pipeline (Narayanan et al. 2021), v={v} chunks per stage: {micro_steps} + "
+            f"{stages - 1}/{v} micro-batch slots of the busiest stage per step (bubble (p-1)/(v·m) = "
+            f"{bubble_fraction(stages, v, micro_steps):.1%}); assumed: MindSpore's {layout.scheduler} scheduler "
+            "orders chunks as Megatron-LM does and keeps each stage's work balanced per chunk (a dry run "
+            "compiles the chunk placement, never the timing)" if stages > 1 else "no pipeline bubble",
+            *([f"pipeline sends: {pipeline_sends(stages, v, 1 if stages > 2 else 0)} per micro batch on a middle "
+               "stage (2v), counted in full on the critical path (not overlapped with compute)"] if v > 1 else []),
             "data-parallel gradient reduction overlaps the last micro batch's backward (2/3 of its compute), "
             "a per-micro-batch reduce-scatter its own micro batch's; the rest is exposed",
             "bandwidths: hardware profile, intra-node for groups within devices_per_node, else inter-node",
             "optimizer update, data loading and host overhead are not counted",
         ],
     }
+
+
+def bubble_fraction(pp: int, interleave: int, micro_batches: int) -> float:
+    """Idle share of the ideal step: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved (Narayanan et al. 2021, §2.2)."""
+    if pp == 1:
+        return 0.0
+    return (pp - 1) / micro_batches if interleave == 1 else (pp - 1) / (interleave * micro_batches)
 
 
 def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None = None) -> dict:
@@ -459,6 +517,7 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
                    "gradient_accumulation_shard": cfg.parallel.gradient_accumulation_shard,
                    "recompute": cfg.recompute.mode,
                    "recompute_layers": recomputed, "layers_per_stage": list(layout.layers_per_stage),
+                   "pipeline_interleave": layout.interleave, "pipeline_scheduler": layout.scheduler,
                    "attention": layout.attention},
         "params": flops.param_count(cfg.model),
         "matmul_params": flops.matmul_param_count(cfg.model),
@@ -467,6 +526,8 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
         "memory_gib": {k: v / GIB for k, v in stages[worst].items()},
         "memory_stage": worst,
         "memory_gib_per_stage": [s["total"] / GIB for s in stages],
+        "in_flight_forwards_per_stage": [in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, k)
+                                         for k in range(layout.pp)],
         "device_memory_gib": cfg.hardware.memory_gib,
         "memory_pool_gib": cfg.hardware.memory_pool_gib,
         "memory_budget_gib": budget,
@@ -540,6 +601,32 @@ def balanced_offset(layers: int, stages: int) -> list[int] | int:
     return [0] + [1] * extra + [0] * (stages - 1 - extra)
 
 
+def interleaved_offset(layers: int, stages: int, interleave: int) -> list | int:
+    """stage_offset for v chunks per stage: the stage totals of `balanced_offset`, each split over its
+    chunks as evenly as it goes, the extra layers in its later chunks (stage 0 holds its chunk 0 for
+    2p - 1 of its v·p + p - 1 forwards in flight, the others p times: the lighter chunk 0, the less
+    memory). Per stage (an int or p ints) when v divides every stage's layers, else per chunk (v lists
+    of p ints on top of layers // (p·v))."""
+    offset = balanced_offset(layers, stages)
+    if interleave == 1:
+        return offset
+    per_stage = [layers // stages + o for o in ([offset] * stages if isinstance(offset, int) else offset)]
+    if all(n % interleave == 0 for n in per_stage):
+        return offset
+    base = layers // (stages * interleave)
+    return [[n // interleave + (chunk >= interleave - n % interleave) - base for n in per_stage]
+            for chunk in range(interleave)]
+
+
+def interleave_choices(layers: int, stages: int, micro_batches: int, largest: int = 8) -> list[int]:
+    """Chunks per stage the search tries: 1, and with a pipeline every v <= `largest` that leaves each
+    chunk a layer (p·v <= layers) where the micro batches come in groups of p (Megatron-LM's interleaved
+    schedule needs m to be a multiple of p; Narayanan et al. 2021, §2.2.2)."""
+    if stages == 1 or micro_batches % stages:
+        return [1]
+    return [v for v in range(1, largest + 1) if stages * v <= layers]
+
+
 def _fit_full_recompute(cfg: Config) -> list[int] | None:
     """Fewest fully recomputed layers per stage that make every stage fit, or None."""
     budget = memory_budget_gib(cfg) * GIB
@@ -552,7 +639,7 @@ def _fit_full_recompute(cfg: Config) -> list[int] | None:
     return out
 
 
-def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int) -> list[str] | None:
+def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int, v: int = 1) -> list[str] | None:
     m = cfg.model
     if any(x % tp for x in (m.num_heads, m.kv_heads, m.ffn_hidden_size, m.vocab_size)) or tp > cfg.hardware.devices_per_node:
         return None
@@ -561,52 +648,54 @@ def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int) -> list[
     batch = _batch_overrides(cfg, dp, pp, mbs)
     if batch is None:
         return None
-    offset = balanced_offset(m.num_layers, pp)
+    offset = interleaved_offset(m.num_layers, pp, v)
     return [f"parallel.data_parallel={dp}", f"parallel.model_parallel={tp}", f"parallel.pipeline_stage={pp}",
             *batch, f"train.micro_batch_size={mbs}", f"train.global_batch_size={cfg.global_batch_size}",
+            f"parallel.pipeline_interleave={v}", "parallel.pipeline_scheduler=1f1b",
             f"parallel.stage_offset={_yaml(offset)}", f"parallel.sequence_parallel={str(tp > 1).lower()}",
             f"parallel.optimizer_shard={str(dp > 1).lower()}", "parallel.gradient_accumulation_shard=false"]
 
 
 def _yaml(value) -> str:
     if isinstance(value, list):
-        return "[" + ",".join(str(v) for v in value) + "]"
+        return "[" + ",".join(_yaml(v) for v in value) + "]"
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = None,
            efficiency: float | None = None, micro_batch_sizes: tuple = (1, 2, 4)) -> list[dict]:
-    """Valid (dp, mp, pp, micro batches, recompute) layouts for `devices` keeping the global batch,
-    ranked by predicted tokens/s among those that fit. Each entry: overrides, plan."""
+    """Valid (dp, mp, pp, interleave, micro batches, recompute) layouts for `devices` keeping the global
+    batch, ranked by predicted tokens/s among those that fit. Each entry: overrides, plan."""
     peak = peak_tflops if peak_tflops is not None else device_peak_tflops(cfg)
     found = []
-    for tp in _divisors(devices):
-        for pp in _divisors(devices // tp):
-            dp = devices // (tp * pp)
-            for mbs in micro_batch_sizes:
-                layout = _layout_overrides(cfg, dp, tp, pp, mbs)
-                if layout is None:
-                    continue
+    shapes = [(tp, pp, mbs) for tp in _divisors(devices) for pp in _divisors(devices // tp) for mbs in micro_batch_sizes]
+    for tp, pp, mbs in shapes:
+        dp = devices // (tp * pp)
+        micro = cfg.global_batch_size // (dp * mbs)
+        for v in interleave_choices(cfg.model.num_layers, pp, micro):
+            layout = _layout_overrides(cfg, dp, tp, pp, mbs, v)
+            if layout is None:
+                continue
+            try:
+                base = with_overrides(cfg, layout + ["recompute.mode=none", "recompute.layers=null"])
+            except ConfigError:
+                continue
+            candidates = [[], ["recompute.mode=selective"]]
+            full = _fit_full_recompute(with_overrides(base, ["recompute.mode=full"]))
+            if full is not None and any(full):
+                candidates.append(["recompute.mode=full", f"recompute.layers={_yaml(full)}"])
+            if Layout.of(base).accumulates_in_graph and Layout.of(base).optimizer_shard and cfg.run.reuse_layer_graph:
+                candidates += [c + ["parallel.gradient_accumulation_shard=true"] for c in candidates]
+            for extra in candidates:
                 try:
-                    base = with_overrides(cfg, layout + ["recompute.mode=none", "recompute.layers=null"])
-                except ConfigError:
+                    candidate = with_overrides(base, extra) if extra else base
+                except ConfigError:  # e.g. an accumulation shard the layout cannot take
                     continue
-                candidates = [[], ["recompute.mode=selective"]]
-                full = _fit_full_recompute(with_overrides(base, ["recompute.mode=full"]))
-                if full is not None and any(full):
-                    candidates.append(["recompute.mode=full", f"recompute.layers={_yaml(full)}"])
-                if Layout.of(base).accumulates_in_graph and Layout.of(base).optimizer_shard and cfg.run.reuse_layer_graph:
-                    candidates += [c + ["parallel.gradient_accumulation_shard=true"] for c in candidates]
-                for extra in candidates:
-                    try:
-                        candidate = with_overrides(base, extra) if extra else base
-                    except ConfigError:  # e.g. an accumulation shard the layout cannot take
-                        continue
-                    result = plan(candidate, peak, efficiency)
-                    if result["fits"]:
-                        keeps = [] if any(x.startswith("recompute.mode=") for x in extra) else ["recompute.mode=none"]
-                        sets = list({o.split("=", 1)[0]: o for o in layout + keeps + extra}.values())  # last wins
-                        found.append({"overrides": sets, "plan": result})
+                result = plan(candidate, peak, efficiency)
+                if result["fits"]:
+                    keeps = [] if any(x.startswith("recompute.mode=") for x in extra) else ["recompute.mode=none"]
+                    sets = list({o.split("=", 1)[0]: o for o in layout + keeps + extra}.values())  # last wins
+                    found.append({"overrides": sets, "plan": result})
     if not found:
         raise PlanError(f"no layout of {cfg.run.name} fits {devices} x {cfg.hardware.name} "
                         f"({cfg.hardware.memory_gib:g} GiB) at global batch {cfg.global_batch_size}; "

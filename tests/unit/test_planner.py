@@ -153,6 +153,99 @@ def test_pipeline_bubble_adds_p_minus_1_slots(cfg70):
     assert pred["compute_s"] * 39 / 32 == pytest.approx(pred["step_time_s"] - pred["comm_exposed_s"])
 
 
+# ---------------------------------------------------------------------------------------------
+# Interleaved 1F1B (Narayanan et al. 2021, §2.2.2; Megatron-LM's interleaved schedule)
+
+LLAMA3_405B = REPO_ROOT / "configs" / "llama3" / "llama3_405b.yaml"
+# 126 layers over 16 stages x 2 chunks: 126 // 32 = 3 per chunk, plus one in every chunk but chunk 0 of
+# the first stage and chunk 1 of the last: stages of 7, 8 x 14, 7 (chunks [3, 4], [4, 4], [4, 3])
+V2_OFFSET = "parallel.stage_offset=[[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]]"
+
+
+@pytest.fixture(scope="module")
+def cfg405():
+    """The shipped layout as plain 1F1B: 16 stages of 7, 8 x 14, 7 layers, no recompute."""
+    return load_config(LLAMA3_405B, ["recompute.mode=none", "recompute.layers=null", "parallel.pipeline_interleave=1",
+                                     "parallel.stage_offset=[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]"])
+
+
+@pytest.fixture(scope="module")
+def cfg405_v2(cfg405):
+    return planner.with_overrides(cfg405, ["parallel.pipeline_interleave=2", V2_OFFSET])
+
+
+def test_interleaved_bubble_is_p_minus_1_over_v_m(cfg405, cfg405_v2):
+    """p = 16, m = 32: 1F1B idles 15/32 of the ideal step (47 slots for 32); with v = 2 the warm-up and
+    cool-down run half-stage chunks, 15/(2·32) = 15/64 (32 + 7.5 = 39.5 slots)."""
+    assert planner.bubble_fraction(16, 1, 32) == 15 / 32
+    assert planner.bubble_fraction(16, 2, 32) == 15 / 64
+    assert planner.bubble_fraction(1, 1, 8) == 0.0
+    for cfg, slots in ((cfg405, 47), (cfg405_v2, 39.5)):
+        pred = planner.plan(cfg)["predicted"]
+        assert pred["bubble_fraction"] == pytest.approx(15 / (32 if slots == 47 else 64))
+        assert pred["compute_s"] * slots / 32 == pytest.approx(pred["step_time_s"] - pred["comm_exposed_s"])
+
+
+def test_in_flight_forwards_follow_megatrons_warm_up():
+    """p = 4, v = 2, m = 8: stage k warms up with 2(p-k-1) + (v-1)p chunk forwards and runs one more
+    before its first backward: stage 0 2·3 + 4 + 1 = 11 = v·p + p - 1, stage 3 0 + 4 + 1 = 5; 1F1B
+    (v = 1) holds p - k = 4 on stage 0. With m = 2 there are only v·m = 4 chunk forwards in all.
+    Even chunks: stage 0 holds 11 / 2 = 5.5 micro batches of its layers, p·(1 + (p-1)/(p·v)) = 4 · 1.375
+    (Korthikanti et al. 2022, §4.2.3)."""
+    assert [planner.in_flight_forwards(4, 2, 8, k) for k in range(4)] == [11, 9, 7, 5]
+    assert [planner.in_flight_forwards(4, 1, 8, k) for k in range(4)] == [4, 3, 2, 1]
+    assert planner.in_flight_forwards(4, 2, 2, 0) == 4
+    assert planner.in_flight_forwards(4, 2, 8, 0) / 2 == 4 * (1 + 3 / (4 * 2))
+    assert [planner.forward_chunk(4, 2, k) for k in range(11)] == [0] * 4 + [1] * 4 + [0] * 3
+
+
+def test_interleaved_activations_sum_the_chunks_in_flight(cfg405, cfg405_v2):
+    """Without recompute every layer keeps `kept` bytes per micro batch. v = 1: stage 0 holds 16 micro
+    batches x 7 layers = 112 layer-micro-batches, stage 9 holds 16 - 9 = 7 x 8 = 56. v = 2: stage 0
+    holds 2·15 + 16 + 1 = 47 chunk forwards, 16 of chunk 0 (3 layers), 16 of chunk 1 (4), then 15
+    of chunk 0 again: 31·3 + 16·4 = 157; stage 9 holds 2·6 + 16 + 1 = 29, 16 + 13 chunks of 4 layers:
+    116."""
+    kept = planner._model_layer_activation_bytes(cfg405, "none", True)
+    for cfg, expected in ((cfg405, {0: 112, 9: 56}), (cfg405_v2, {0: 157, 9: 116})):
+        for stage, layer_micro_batches in expected.items():
+            assert planner.stage_memory(cfg, stage)["activations"] == pytest.approx(layer_micro_batches * kept)
+
+
+def test_interleave_sends_v_times_per_stage_boundary(cfg405, cfg405_v2):
+    """Each chunk sends its output on and its input gradient back, except the model's first and last
+    chunk: 2v - 1 on the first and last stage, 2v in the middle (v = 1: 1 and 2)."""
+    assert [planner.pipeline_sends(16, 1, k) for k in (0, 5, 15)] == [1, 2, 1]
+    assert [planner.pipeline_sends(16, 2, k) for k in (0, 5, 15)] == [3, 4, 3]
+    one, two = planner.communication(cfg405, 5), planner.communication(cfg405_v2, 5)
+    assert two["pp_send_recv"] == 2 * one["pp_send_recv"] and two["pp_sends_per_micro_batch"] == 4
+
+
+def test_interleave_leaves_weights_and_memory_of_v1_untouched(cfg405, cfg405_v2):
+    """The chunks change which layers a stage holds, not how many: stage_bytes (the compiled figures)
+    of a stage with the same layer count are equal."""
+    for stage in (0, 5, 15):
+        assert planner.stage_bytes(cfg405, stage) == planner.stage_bytes(cfg405_v2, stage)
+
+
+def test_interleaved_offset_splits_each_stage_over_its_chunks():
+    assert planner.interleaved_offset(126, 16, 1) == [0] + [1] * 14 + [0]
+    assert planner.interleaved_offset(96, 16, 2) == 0                        # 6 layers a stage: per stage
+    assert planner.interleaved_offset(126, 16, 2) == [[0] + [1] * 14 + [0], [1] * 16]
+    assert planner.interleaved_offset(80, 8, 4) == [[0] * 8, [0] * 8, [1] * 8, [1] * 8]   # 10 = 2 + 2 + 3 + 3
+    assert planner.interleave_choices(126, 16, 32) == [1, 2, 3, 4, 5, 6, 7]
+    assert planner.interleave_choices(126, 16, 24) == [1]                    # m not a multiple of p
+    assert planner.interleave_choices(126, 1, 32) == [1]
+
+
+def test_search_interleaves_llama3_405b(cfg405):
+    """15/32 of a 1F1B step idles on 16 stages: the search prefers chunks (v > 1), within memory."""
+    best = planner.search(cfg405, 8192, top=1, micro_batch_sizes=(1,))[0]
+    assert best["plan"]["layout"]["pipeline_interleave"] > 1 and best["plan"]["fits"]
+    assert best["plan"]["predicted"]["mfu"] > 0.33 > planner.plan(load_config(
+        LLAMA3_405B, ["parallel.pipeline_interleave=1", "parallel.stage_offset=[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]",
+                      "recompute.layers=[4,5,5,4,4,3,3,2,1,0,0,0,0,0,0,0]"]))["predicted"]["mfu"]
+
+
 def test_data_parallel_gradient_bytes_follow_the_compiled_collectives(cfg70):
     """Ring bytes per step: an fp32 all-reduce without the optimizer shard; with it an fp32 reduce-scatter
     and a bf16 all-gather of the weights (MindSpore gathers after the cast), the reduce-scatter once per

@@ -7,7 +7,7 @@ import pytest
 
 from mindscale.perf.plan_text import shipped_configs
 from mindscale.perf import flops, planner
-from mindscale.config import REPO_ROOT, load_config, stage_layer_counts
+from mindscale.config import REPO_ROOT, Layout, load_config
 
 # File names are an interface. Published parameter counts: LLaMA, Qwen2.5 and Qwen3 exact (released
 # checkpoints: their safetensors index's total_size / 2 bytes); GPT to the label's significant figures (GPT-3 Table 2.1; Narayanan et al. 2021: 1008.0B).
@@ -97,8 +97,8 @@ def test_published_batch_and_learning_rates(configs):
 
 def test_uneven_layers_use_stage_offsets_and_per_stage_recompute(configs):
     cfg = configs["llama3/llama3_405b.yaml"]
-    counts = stage_layer_counts(126, 16, cfg.parallel.stage_offset)
-    assert sum(counts) == 126 and counts[0] == counts[-1] == 7
+    counts = Layout.of(cfg).layers_per_stage          # stage_offset per chunk (interleaved pipeline)
+    assert sum(counts) == 126 and counts[0] == counts[-1] == 7 and cfg.parallel.pipeline_interleave > 1
     assert isinstance(cfg.recompute.layers, list) and cfg.recompute.layers[0] > cfg.recompute.layers[-1]
 
 

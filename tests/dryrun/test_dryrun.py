@@ -68,13 +68,19 @@ def twin(path) -> list[str]:
     mp, pp = p.model_parallel, p.pipeline_stage
     gqa = m.kv_heads < m.num_heads
     heads = 2 * mp if gqa else max(2, mp)
-    offsets = p.stage_offset if isinstance(p.stage_offset, list) else [p.stage_offset] * pp
-    layers = max(2, pp) + sum(offsets) if pp > 1 else 2
+    # an interleaved pipeline keeps interleaving in its twin, with 2 one-layer chunks per stage and no offsets
+    # (p x v layers at the shipped v would make the largest twins' compiles several times longer)
+    chunks = min(p.pipeline_interleave, 2)
+    offsets = [0] * pp if chunks > 1 else \
+        p.stage_offset if isinstance(p.stage_offset, list) else [p.stage_offset] * pp
+    layers = pp * chunks if chunks > 1 else max(2, pp) + sum(offsets) if pp > 1 else 2
     out = [f"model.num_heads={heads}", f"model.num_kv_heads={mp if gqa else 'null'}", f"model.hidden_size={16 * heads}",
            f"model.ffn_hidden_size={32 * heads}", f"model.vocab_size={128 * mp}", "model.seq_length=64",
            f"model.num_layers={layers}", "train.global_batch_size=null",
            f"parallel.micro_batch_num={pp if pp > 1 else 1}",
            f"parallel.gradient_accumulation_steps={min(p.gradient_accumulation_steps, 2)}"]
+    if chunks > 1:
+        out += [f"parallel.pipeline_interleave={chunks}", "parallel.stage_offset=0"]
     if isinstance(r.layers, list):
         held = [layers // pp + o for o in offsets]
         out.append(f"recompute.layers=[{','.join(str(min(n, h)) for n, h in zip(r.layers, held))}]")

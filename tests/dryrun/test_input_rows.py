@@ -31,7 +31,8 @@ ACCUMULATE = ["parallel.gradient_accumulation_steps=2"]
 
 def _one_stage(path) -> list[str]:
     """The twin of `path` without pipeline stages: two layers, two accumulated micro batches."""
-    return [*twin(path), "parallel.pipeline_stage=1", "parallel.stage_offset=0", "parallel.micro_batch_num=1",
+    return [*twin(path), "parallel.pipeline_stage=1", "parallel.pipeline_interleave=1", "parallel.stage_offset=0",
+            "parallel.micro_batch_num=1",
             "parallel.gradient_accumulation_shard=false", "model.num_layers=2", "recompute.layers=null", *ACCUMULATE]
 
 

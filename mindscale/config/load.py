@@ -132,9 +132,14 @@ def _hardware_tree(value: Any) -> dict:
 # Typing: raw tree -> dataclasses, with unknown-key and type errors
 
 
+def _close_match(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def _suggest(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(choices)}"
+    choices = list(choices)
+    return _close_match(word, choices) or f"; known keys: {', '.join(choices)}"
 
 
 def _check_type(key: str, value: Any, hint: Any) -> Any:
@@ -154,7 +159,7 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
-            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}; pick one{_suggest(str(value), map(str, choices)) if isinstance(value, str) else ''}")
+            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}; pick one{_close_match(value, [str(c) for c in choices]) if isinstance(value, str) else ''}")
         return value
     if hint is bool:
         if not isinstance(value, bool):

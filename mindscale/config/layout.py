@@ -69,6 +69,7 @@ class Layout:
         counts = stage_totals(chunks)
         placed = [(stage, chunk) for chunk, per_stage in enumerate(chunks)
                   for stage, n in enumerate(per_stage) for _ in range(n)]
+        stages = [stage for stage, _ in placed]
         flash = m.attention == "flash" or (m.attention == "auto" and a2_kernels and
                                            m.compute_dtype in FLASH_ATTENTION_DTYPES)
         return cls(
@@ -84,10 +85,10 @@ class Layout:
             fused_norm=a2_kernels or flash,  # the RmsNorm kernel where the model has RMSNorm
             cpu_kernels=device == "CPU" and not sharded,
             interleave=p.pipeline_interleave, scheduler=p.pipeline_scheduler,
-            stages_of_layers=tuple(stage for stage, _ in placed),
+            stages_of_layers=tuple(stages),
             chunks_of_layers=tuple(chunk for _, chunk in placed),
             layers_per_stage=tuple(counts),
-            recomputed=tuple(_recomputed_layers(cfg, [stage for stage, _ in placed])), recompute=cfg.recompute.mode,
+            recomputed=tuple(_recomputed_layers(cfg, stages)), recompute=cfg.recompute.mode,
             recompute_comm=cfg.recompute.comm,
             graph_reuse=_graph_reuse(cfg, sharded, micro_steps))
 

@@ -207,7 +207,7 @@ def _parallel(cfg: Config) -> None:
                               f"(model.num_layers={m.num_layers}, parallel.stage_offset={p.stage_offset}); pick "
                               "a v that divides them, or give parallel.stage_offset per chunk (v lists)")
     chunks = chunk_layer_counts_of(cfg)
-    if sum(map(sum, chunks)) != m.num_layers or min(map(min, chunks)) < 1:
+    if per_chunk and (sum(map(sum, chunks)) != m.num_layers or min(map(min, chunks)) < 1):
         raise ConfigError(f"parallel.stage_offset={p.stage_offset} gives layers per chunk {chunks} "
                           f"(sum {sum(map(sum, chunks))}) for model.num_layers={m.num_layers} over "
                           f"parallel.pipeline_stage={pp} x parallel.pipeline_interleave={v}; offsets must add "

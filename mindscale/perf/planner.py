@@ -443,8 +443,7 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
     # 1F1B over a pipeline's micro batches; accumulation steps run one after another. Interleaved 1F1B:
     # the warm-up and cool-down run chunks of 1/v of a stage, so the bubble is (p-1)/v slots
     v = layout.interleave
-    pipeline = (micro_steps + stages - 1 if stages > 1 else micro_steps) * slot if v == 1 else \
-        (micro_steps + (stages - 1) / v) * slot
+    pipeline = (micro_steps + (stages - 1) / v) * slot
     pp_time = max(c["pp_send_recv"] for c in comm) / pp_bw
     # the once-per-step part overlaps the last micro batch's backward; a per-micro-batch reduce-scatter
     # (gradient_accumulation_shard) overlaps its own micro batch's
@@ -488,9 +487,7 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
 
 def bubble_fraction(pp: int, interleave: int, micro_batches: int) -> float:
     """Idle share of the ideal step: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved (Narayanan et al. 2021, §2.2)."""
-    if pp == 1:
-        return 0.0
-    return (pp - 1) / micro_batches if interleave == 1 else (pp - 1) / (interleave * micro_batches)
+    return (pp - 1) / (interleave * micro_batches)
 
 
 def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None = None) -> dict:

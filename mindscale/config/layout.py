@@ -149,10 +149,13 @@ def _graph_reuse(cfg: Config, sharded: bool, micro_steps: int) -> str:
 
 def _recomputed_layers(cfg: Config, stages_of_layers: list[int]) -> list[int]:
     """Global indices of the recomputed layers: the first n that each pipeline stage holds."""
+    left = recompute_layer_counts(cfg)
     chosen = []
-    for stage, n in enumerate(recompute_layer_counts(cfg)):
-        chosen += [i for i, s in enumerate(stages_of_layers) if s == stage][:n]
-    return sorted(chosen)
+    for i, stage in enumerate(stages_of_layers):
+        if left[stage]:
+            chosen.append(i)
+            left[stage] -= 1
+    return chosen
 
 
 def stage_layer_counts(num_layers: int, stages: int, offset: int | list) -> list[int]:

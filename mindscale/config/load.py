@@ -5,8 +5,10 @@ raises `ConfigError` whose message is one line naming the key(s), the value(s) a
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import functools
 import re
 import typing
 from pathlib import Path
@@ -37,6 +39,14 @@ _Loader.add_implicit_resolver(
 
 
 def parse_yaml(text: str):
+    """The YAML value of `text`, a fresh copy each time (callers merge into it)."""
+    return copy.deepcopy(_parse_yaml(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_yaml(text: str):
+    # PyYAML is pure Python: the planner's search re-reads the same hardware profile and --set values
+    # thousands of times
     return yaml.load(text, Loader=_Loader)
 
 
@@ -188,11 +198,16 @@ def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
+@functools.lru_cache(maxsize=None)
+def _fields(cls) -> tuple[dict, list]:
+    """A section's type hints and key names (get_type_hints evaluates every annotation anew)."""
+    return typing.get_type_hints(cls), [f.name for f in dataclasses.fields(cls)]
+
+
 def _build(cls, tree: Any, prefix: str):
     if not isinstance(tree, dict):
         raise ConfigError(f"{prefix}: must be a mapping, got {tree!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    hints, names = _fields(cls)
     for key in tree:
         if key not in names:
             where = f"{prefix}.{key}" if prefix else key

@@ -166,12 +166,26 @@ READ_IN_COMPUTE_DTYPE = ("matmul", "gather")
 _MODELS: dict[str, object] = {}
 _TABLES: dict[tuple, tuple] = {}
 _STAGE_BYTES: dict[tuple, dict] = {}
+_GRADIENT_BYTES: dict[tuple, tuple] = {}
+_STAGE_PARAMS: dict[tuple, list] = {}
 
 
 def _model_key(cfg: Config) -> str:
     """What the model's parameters depend on (dataclass reprs: a fifth of the search's time went to
     dataclasses.asdict + json before)."""
     return repr((cfg.model, cfg.finetune.lora))
+
+
+def _slices_key(cfg: Config, layout: Layout) -> tuple:
+    """What parameter_slices depends on."""
+    return (_model_key(cfg), layout.sharded, layout.tp, layout.vocab_parallel, layout.pp, layout.stages_of_layers)
+
+
+def _stored_key(cfg: Config, layout: Layout, stage: int) -> tuple:
+    """What a stage's stored bytes and gradient traffic depend on: not recompute, which the search varies
+    most (the tables are asked for every recompute variant of a layout)."""
+    return (_slices_key(cfg, layout), layout.dp, layout.optimizer_shard, layout.accumulation_shard,
+            layout.accumulates_in_graph, stage)
 
 
 def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[ParameterSlice, ...]:
@@ -182,8 +196,8 @@ def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[Paramet
     from models.sharding import parameter_splits
 
     layout = layout or Layout.of(cfg)
-    model_key = _model_key(cfg)
-    key = (model_key, layout.sharded, layout.tp, layout.vocab_parallel, layout.pp, layout.stages_of_layers)
+    key = _slices_key(cfg, layout)
+    model_key = key[0]
     if key in _TABLES:
         return _TABLES[key]
     if model_key not in _MODELS:  # its parameters do not depend on the layout; "none" builds no lazy_inline cells
@@ -242,8 +256,8 @@ def stage_bytes(cfg: Config, stage: int, layout: Layout | None = None) -> dict:
     and optimizer (AdamW's two moments); the same three figures tools/dryrun.py reads from the
     compiled graph, and equal to them (tests/dryrun/test_dryrun.py)."""
     layout = layout or Layout.of(cfg)
-    key = (_model_key(cfg), layout, stage)
-    if key in _STAGE_BYTES:  # the search asks for every recompute variant of a layout
+    key = _stored_key(cfg, layout, stage)
+    if key in _STAGE_BYTES:
         return dict(_STAGE_BYTES[key])
     itemsize = DTYPE_BYTES[cfg.model.param_dtype]
     size = {name: math.prod(shape) * (MOMENT_BYTES if name.startswith("adam_") else itemsize)
@@ -260,14 +274,17 @@ def stage_bytes(cfg: Config, stage: int, layout: Layout | None = None) -> dict:
     return dict(out)
 
 
-def stage_params(cfg: Config) -> list[float]:
+def stage_params(cfg: Config, layout: Layout | None = None) -> list[float]:
     """Parameters of one rank's model-parallel slices in each pipeline stage (before the optimizer shard)."""
-    layout = Layout.of(cfg)
-    out = [0] * layout.pp
-    for p in parameter_slices(cfg, layout):
-        for stage in p.stages:
-            out[stage] += math.prod(p.local)
-    return out
+    layout = layout or Layout.of(cfg)
+    key = _slices_key(cfg, layout)
+    if key not in _STAGE_PARAMS:
+        out = [0] * layout.pp
+        for p in parameter_slices(cfg, layout):
+            for stage in p.stages:
+                out[stage] += math.prod(p.local)
+        _STAGE_PARAMS[key] = out
+    return list(_STAGE_PARAMS[key])
 
 
 def in_flight_forwards(pp: int, interleave: int, micro_batches: int, stage: int) -> int:
@@ -310,7 +327,7 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None) -> dict
     layout = Layout.of(cfg)
     stored = stage_bytes(cfg, stage, layout)
     pb, cb = DTYPE_BYTES[m.param_dtype], DTYPE_BYTES[m.compute_dtype]
-    params = stage_params(cfg)[stage]
+    params = stage_params(cfg, layout)[stage]
     largest_layer = flops.layer_matmul_params(m) / layout.tp + flops.layer_other_params(m)
     transient = (params * cb if (cb != pb or layout.optimizer_shard) else 0) + \
         (largest_layer * pb if layout.optimizer_shard else 0)
@@ -367,6 +384,9 @@ def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
     weight in the compute dtype: MindSpore gathers after the cast). Returns (bytes once per step,
     bytes per micro batch)."""
     layout = Layout.of(cfg)
+    key = _stored_key(cfg, layout, stage)
+    if key in _GRADIENT_BYTES:
+        return _GRADIENT_BYTES[key]
     once = per_micro = 0.0
     for p in parameter_slices(cfg, layout):
         ranks = layout.stage_devices // p.replicas
@@ -381,6 +401,7 @@ def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
             per_micro += share * elements * p.itemsize
         else:
             once += share * elements * p.itemsize
+    _GRADIENT_BYTES[key] = once, per_micro
     return once, per_micro
 
 
@@ -629,10 +650,17 @@ def _fit_full_recompute(cfg: Config) -> list[int] | None:
     budget = memory_budget_gib(cfg) * GIB
     out = []
     for k, n in enumerate(Layout.of(cfg).layers_per_stage):
-        r = next((r for r in range(n + 1) if stage_memory(cfg, k, r)["total"] <= budget), None)
-        if r is None:
+        fits = lambda r: stage_memory(cfg, k, r)["total"] <= budget  # noqa: E731
+        if fits(0):
+            out.append(0)
+            continue
+        if not fits(n):
             return None
-        out.append(r)
+        low, high = 1, n   # from one recomputed layer on, memory falls with each more: bisect
+        while low < high:
+            mid = (low + high) // 2
+            low, high = (low, mid) if fits(mid) else (mid + 1, high)
+        out.append(low)
     return out
 
 

@@ -102,16 +102,20 @@ def test_random_weights_keep_the_bound_and_every_draw_once():
             assert (draw[source == s] == np.arange(starts[-1, s])).all()
 
 
-def test_long_epoch_shuffle_in_buckets_is_a_permutation_and_a_longer_run_extends_a_shorter(monkeypatch):
-    monkeypatch.setattr(index_module, "CHUNK", 1000)  # 25 buckets of a 25000-sample epoch
-    out = np.empty(2 * 25000, np.uint32)
-    index_module._fill_orders(out, 25000, 1, 0)
-    epochs = out.reshape(2, 25000)
+def orders(tmp_path, name, n, epochs, seed=1):
+    out = index_module.NpyFile(tmp_path / f"{name}.npy", np.uint32, (epochs * n,))
+    index_module._fill_orders(out, n, seed, 0)
+    out.close()
+    return np.load(tmp_path / f"{name}.npy").reshape(epochs, n)
+
+
+def test_long_epoch_shuffle_in_buckets_is_a_permutation_and_a_longer_run_extends_a_shorter(tmp_path, monkeypatch):
+    monkeypatch.setattr(index_module, "CHUNK", 3000)  # 9 chunks, 25 buckets of a 25000-sample epoch
+    monkeypatch.setattr(index_module, "BUCKET", 1000)
+    epochs = orders(tmp_path, "long", 25000, 2)
     assert (np.sort(epochs, axis=1) == np.arange(25000)).all() and (epochs[0] != epochs[1]).any()
-    longer, shorter = np.empty(9 * 300, np.uint32), np.empty(4 * 300, np.uint32)  # 300: whole epochs per draw
-    index_module._fill_orders(longer, 300, 1, 0)
-    index_module._fill_orders(shorter, 300, 1, 0)
-    assert (longer[:len(shorter)] == shorter).all()
+    longer, shorter = orders(tmp_path, "longer", 300, 9), orders(tmp_path, "shorter", 300, 4)
+    assert (np.sort(longer, axis=1) == np.arange(300)).all() and (longer[:4] == shorter).all()
 
 
 # ----------------------------------------------------------------------------------------------

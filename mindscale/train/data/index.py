@@ -267,6 +267,9 @@ class SampleIndex:
             if handle is not None:
                 handle.close()
 
+    def __del__(self):  # a validation pass opens a stream per pass: its files close with it
+        self.close()
+
 
 def _read_key(folder: Path) -> Optional[dict]:
     try:

@@ -174,9 +174,8 @@ class DataStream:
         return {source.path: int(n) for source, n in zip(self.sources, self.index.drawn(step))}
 
     def describe(self) -> str:
-        """One line for the run log: each source's share, samples and epochs over the indexed steps."""
-        if self.index is None:
-            return "data: synthetic (seeded random ids)"
+        """One line for the run log: each source's share, samples and epochs over the indexed steps (MindRecord
+        data only)."""
         total = self.drawn(self.index.steps)
         parts = [f"{s.path} {s.weight / sum(x.weight for x in self.sources):.1%} ({total[s.path]} samples of "
                  f"{s.manifest['num_samples']}, {total[s.path] / s.manifest['num_samples']:.2f} epochs)"

@@ -53,7 +53,7 @@ class Trainer:
             if cfg.train.eval_interval else None
         self.stream = build_dataset(cfg, layout.data_rank(rt.rank), layout.dp, self.start_step) \
             if self.start_step < cfg.train.steps else None
-        if self.stream is not None:
+        if self.stream is not None and self.stream.sources:
             rt.say(self.stream.describe())  # the run log's header: each source's share
         self.batches = self._batches()
         self.first_batch = next(self.batches) if self.stream is not None else None

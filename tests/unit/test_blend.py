@@ -146,6 +146,8 @@ def test_order_is_seeded_and_the_same_for_any_worker_count_accumulation_and_resu
     assert global_steps(make_cfg(tmp_path, sources, dp=2, micro=1, accumulation=2), world=2) == one
     assert global_steps(make_cfg(tmp_path, sources, micro=4), start=27) == one[27:]
     assert global_steps(make_cfg(tmp_path, sources, dp=2, micro=2), world=2, start=13) == one[13:]
+    # a longer run (train.steps raised on resume: a new index) starts with the shorter run's steps
+    assert global_steps(make_cfg(tmp_path, sources, micro=4, steps=70))[:40] == one
 
 
 def test_a_single_path_is_a_blend_of_one_in_stored_order_without_shuffle(tmp_path, sources):

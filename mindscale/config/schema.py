@@ -246,12 +246,14 @@ class TrainConfig:
         "50 updated steps (once there are 10), and say so; decided inside the compiled step from the global "
         "loss, before the update. null = off. Not with pipeline stages (only the last holds the loss).", None)
     eval_interval: int = doc(
-        "Steps between validation passes over data.valid_path (and after the last step); 0 = off. A pass is "
+        "Steps between validation passes over data.valid_path or data.valid_blend (and after the last step); "
+        "0 = off. A pass is "
         "a forward-only graph, compiled once, over the same held-out batches every time (docs/monitoring.md). "
         "Not with gradient accumulation in a sharded layout.", 0)
     eval_steps: int = doc(
         "Batches of train.global_batch_size sequences per validation pass: the first eval_steps x "
-        "global_batch_size sequences of data.valid_path, in stored order, whatever the world size.", 10)
+        "global_batch_size sequences of data.valid_path (or data.valid_blend), in stored order, whatever the "
+        "world size.", 10)
 
 
 @dataclass

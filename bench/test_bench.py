@@ -337,3 +337,20 @@ def test_broadcast_kernels_are_the_ones_off_the_cpu_fast_paths():
           + node("MatMul", "(8, 4)", "(4, 2)", "(8, 2)", "Default/c/MatMul-op4"))       # not arithmetic
     (k,) = broadcast_kernels(ir)
     assert k["op"] == "Mul" and k["bytes"] == 16 * 32 and k["scope"] == "Default/norm-RMSNorm/Mul-op1"
+
+
+def test_data_index_phase_builds_reads_and_renders():
+    """Phase 7 for real at a small size: the build and the resuming rank run in their own processes, report
+    their times and memory, and the section renders them (and splices into BENCHMARKS.md's text)."""
+    from bench import data_index
+
+    results = data_index.run(lambda text: None, sizes=(2 * 10 ** 5,))
+    size = results["sizes"][0]
+    assert "error" not in size, size
+    assert size["build_s"] > 0 and size["peak_mib"] > size["baseline_mib"] > 0 and size["rows_read"] > 0
+    assert size["disk_bytes"] >= 4 * 2 * 10 ** 5 and size["rank_peak_mib"] < 64
+    lines = data_index.section({"data_index": results})
+    assert lines[0].startswith("## 7. Sample index") and f"| 2e+05 | {size['build_s']:.1f} |" in "\n".join(lines)
+    text = data_index.splice("# B\n\n## 6. x\n\n## How to rerun\n", lines)
+    assert text.index("## 7.") < text.index("## How to rerun") and data_index.splice(text, lines) == text
+    assert data_index.section({}) == []

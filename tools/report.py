@@ -7,7 +7,9 @@ Contents: loss and learning rate, throughput, MFU/HFU and memory over steps; the
 medians next to the planner's prediction for the same config (mindscale/perf/planner.py); the MFU/HFU
 formula with the FLOPs per token and the peak used, so the numbers can be redone by hand; the
 profiler summary when the run has a profile; the resolved config. The PNGs are embedded as
-base64 and written next to the HTML as <stem>_<plot>.png.
+base64 and written next to the HTML as <stem>_<plot>.png. A run on MindRecord data also gets one line on
+stdout, the data mix: the tokens each source (data.path, or each data.blend entry) gave by the last
+logged step, from metrics.jsonl's data_tokens.
 """
 from __future__ import annotations
 
@@ -17,8 +19,19 @@ from pathlib import Path
 
 from mindscale.cli import fail
 from mindscale.config import UserError
-from mindscale.perf.metrics_io import add_warmup_argument
+from mindscale.perf.metrics_io import add_warmup_argument, load_run
 from mindscale.perf.run_report import build
+
+
+def data_mix(records: list[dict]) -> str | None:
+    """'data mix at step N: SOURCE 75.0% (T tokens), ...' from the last record with data_tokens."""
+    last = next((r for r in reversed(records) if r.get("data_tokens")), None)
+    if last is None:
+        return None
+    tokens = last["data_tokens"]
+    total = sum(tokens.values())
+    parts = [f"{path} {n / total:.1%} ({n} tokens)" for path, n in tokens.items()]
+    return f"data mix at step {last['step']}: " + ", ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,9 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         output, pngs = build(args.run_dir, args.output, args.warmup)
+        mix = data_mix(load_run(args.run_dir).metrics.records)
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     print(output)
+    if mix:
+        print(mix)
     for path in pngs:
         print(path)
     return 0

@@ -158,6 +158,9 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
         args = typing.get_args(hint)
         if value is None and type(None) in args:
             return None
+        listed = [a for a in args if typing.get_origin(a) is list]
+        if isinstance(value, list) and listed:  # a list's own errors (an entry's unknown key) say more
+            return _check_type(key, value, listed[0])
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
@@ -171,6 +174,10 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
         if value not in choices:
             raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}; pick one{_close_match(value, [str(c) for c in choices]) if isinstance(value, str) else ''}")
         return value
+    if origin is list and dataclasses.is_dataclass(typing.get_args(hint)[0]):
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list of mappings, got {value!r}")
+        return [_build(typing.get_args(hint)[0], item, f"{key}[{i}]") for i, item in enumerate(value)]
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected true/false, got {value!r}")
@@ -193,6 +200,9 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
 def _type_name(hint: Any) -> str:
     if hint is type(None):
         return "null"
+    if typing.get_origin(hint) is list:
+        fields = ", ".join(f.name for f in dataclasses.fields(typing.get_args(hint)[0]))
+        return f"list of {{{fields}}}"
     if typing.get_origin(hint) is Literal:
         return "one of " + str(list(typing.get_args(hint)))
     return getattr(hint, "__name__", str(hint))

@@ -246,20 +246,38 @@ class TrainConfig:
         "50 updated steps (once there are 10), and say so; decided inside the compiled step from the global "
         "loss, before the update. null = off. Not with pipeline stages (only the last holds the loss).", None)
     eval_interval: int = doc(
-        "Steps between validation passes over data.valid_path (and after the last step); 0 = off. A pass is "
+        "Steps between validation passes over data.valid_path or data.valid_blend (and after the last step); "
+        "0 = off. A pass is "
         "a forward-only graph, compiled once, over the same held-out batches every time (docs/monitoring.md). "
         "Not with gradient accumulation in a sharded layout.", 0)
     eval_steps: int = doc(
         "Batches of train.global_batch_size sequences per validation pass: the first eval_steps x "
-        "global_batch_size sequences of data.valid_path, in stored order, whatever the world size.", 10)
+        "global_batch_size sequences of data.valid_path (or data.valid_blend), in stored order, whatever the "
+        "world size.", 10)
+
+
+@dataclass
+class BlendSource:
+    path: Optional[str] = doc("MindRecord folder from tools/preprocess_data.py (required).", None)
+    weight: Optional[float] = doc("Relative share of the samples (required, > 0; a blend's weights are normalised).",
+                                  None)
 
 
 @dataclass
 class DataConfig:
     path: str = doc("MindRecord folder from tools/preprocess_data.py, or 'synthetic'.", "synthetic")
+    blend: Optional[list[BlendSource]] = doc(
+        "Weighted blend of MindRecord folders instead of data.path: a list of {path, weight}. After every step "
+        "the samples drawn from each source are within one of weight share x samples so far; a source drawn "
+        "past its end starts its next epoch, shuffled anew. All sources need the same tokenizer, fields and "
+        "sequence length. The order is an index in <run>/index/ built once (docs/data.md). null = data.path.",
+        None)
     valid_path: Optional[str] = doc(
         "Held-out MindRecord folder for train.eval_interval: tools/preprocess_data.py --valid-fraction writes "
         "it as <output>/valid. null = no validation.", None)
+    valid_blend: Optional[list[BlendSource]] = doc(
+        "Weighted blend of held-out folders instead of data.valid_path (a list of {path, weight}, as data.blend); "
+        "each source is read in stored order and must hold its share of the pass.", None)
     tokenizer: Optional[str] = doc("SentencePiece .model file or Hugging Face tokenizer folder (tokenizer.json, "
                                    "tokenizer_config.json); checked against vocab_size and the data's manifest.", None)
     shuffle: bool = doc("Shuffle samples deterministically by run.seed.", True)

@@ -78,6 +78,37 @@ def _positive(cfg: Config) -> None:
                           "need 0 <= start_step < stop_step")
 
 
+def _blends(cfg: Config) -> None:
+    """data.blend / data.valid_blend: a non-empty list of {path, weight > 0}, distinct paths, not next to the
+    single-folder key it replaces."""
+    for blend, single, unset in (("blend", "path", "synthetic"), ("valid_blend", "valid_path", None)):
+        entries = getattr(cfg.data, blend)
+        if entries is None:
+            continue
+        if not entries:
+            raise ConfigError(f"data.{blend} is an empty list; list {{path, weight}} sources or set it to null")
+        if getattr(cfg.data, single) != unset:
+            raise ConfigError(f"data.{blend} and data.{single}={getattr(cfg.data, single)} are both set; a blend "
+                              f"replaces data.{single}: remove one (a single folder is a blend of one)")
+        seen = {}
+        for i, entry in enumerate(entries):
+            where = f"data.{blend}[{i}]"
+            if not entry.path:
+                raise ConfigError(f"{where} has no path; give each source {{path: FOLDER, weight: W}}")
+            if entry.path == "synthetic":
+                raise ConfigError(f"{where}.path=synthetic: synthetic data cannot be blended; use MindRecord "
+                                  "folders, or data.path=synthetic alone")
+            if entry.weight is None:
+                raise ConfigError(f"{where} ({entry.path}) has no weight; give each source a weight > 0")
+            if not entry.weight > 0 or entry.weight == float("inf"):
+                raise ConfigError(f"{where}.weight={entry.weight}: must be a finite number > 0 (a share of the "
+                                  "samples; drop the source to leave it out)")
+            if entry.path in seen:
+                raise ConfigError(f"{where}.path={entry.path} repeats data.{blend}[{seen[entry.path]}]; list a "
+                                  "folder once and add the weights")
+            seen[entry.path] = i
+
+
 def _evaluation(cfg: Config) -> None:
     t = cfg.train
     if t.eval_interval < 0:
@@ -86,7 +117,7 @@ def _evaluation(cfg: Config) -> None:
         raise ConfigError(f"train.eval_steps={t.eval_steps}: must be >= 1")
     if not t.eval_interval:
         return
-    if not cfg.data.valid_path or cfg.data.valid_path == "synthetic":
+    if (not cfg.data.valid_path or cfg.data.valid_path == "synthetic") and not cfg.data.valid_blend:
         raise ConfigError(f"train.eval_interval={t.eval_interval} needs data.valid_path (a held-out MindRecord "
                           "folder: tools/preprocess_data.py --valid-fraction writes <output>/valid); set it, or "
                           "set train.eval_interval=0")
@@ -301,6 +332,7 @@ def validate(cfg: Config) -> None:
     _finetune(cfg)
     _model_shapes(cfg.model)
     _parallel(cfg)
+    _blends(cfg)
     _evaluation(cfg)
     _kernel_dtypes(cfg)
     _accumulation_on_one_device(cfg)

@@ -73,7 +73,8 @@ def fed_positions(cfg, layout, ranks) -> dict[int, list[int]]:
     assert len(position) == cfg.global_batch_size  # rows told apart by content
     fed = {}
     for rank in ranks:
-        trainer = SimpleNamespace(cfg=cfg, layout=layout, rt=SimpleNamespace(rank=rank), start_step=0)
+        stream = build_dataset(cfg, layout.data_rank(rank), layout.dp)  # as Trainer.__init__ opens it
+        trainer = SimpleNamespace(cfg=cfg, layout=layout, rt=SimpleNamespace(rank=rank), start_step=0, stream=stream)
         input_ids = next(Trainer._batches(trainer))[0].asnumpy()
         fed[rank] = [position[row.tobytes()] for row in input_ids]
     return fed

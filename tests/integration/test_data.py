@@ -105,13 +105,13 @@ def stored(folder):
 
 
 def make_cfg(path, vocab=VOCAB, seq=SEQ, dp=1, micro=2, accumulation=1, seed=7, shuffle=True, tokenizer=None,
-             **data):
+             steps=100, **data):
     return config_from_tree({
         "run": {"seed": seed},
         "model": {"vocab_size": vocab, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "ffn_hidden_size": 64,
                   "seq_length": seq},
         "parallel": {"data_parallel": dp, "gradient_accumulation_steps": accumulation},
-        "train": {"micro_batch_size": micro},
+        "train": {"micro_batch_size": micro, "steps": steps},  # the data stream covers train.steps
         "data": {"path": str(path), "shuffle": shuffle, "tokenizer": str(tokenizer) if tokenizer else None, **data},
     })
 
@@ -277,7 +277,7 @@ def test_resume_skips_exactly_the_consumed_steps(pretrain_folder):
 def test_epochs_cycle_through_every_sample_in_a_new_order(pretrain_folder):
     index = sample_ids(pretrain_folder)
     n = len(index)
-    cfg = make_cfg(pretrain_folder, micro=3)
+    cfg = make_cfg(pretrain_folder, micro=3, steps=(2 * n) // 3 + 1)
     order = [i for b in steps(cfg, count=(2 * n) // 3 + 1) for i in which(b, index)]
     first, second = order[:n], order[n:2 * n]
     assert sorted(first) == sorted(second) == list(range(n))

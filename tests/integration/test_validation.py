@@ -146,3 +146,30 @@ def test_a_held_out_split_that_cannot_serve_is_one_line_and_exit_2(tmp_path, cor
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
     assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
+def test_a_blend_trains_validates_and_logs_the_tokens_of_each_source(tmp_path, corpus):
+    """data.blend of two folders (the corpus and a second one preprocessed with the same tokenizer) and
+    data.valid_blend: the run log's header names each share, metrics.jsonl counts the tokens each source gave
+    (3:1 of G=4 samples of 32 tokens per step) and tools/report.py prints the mix. Index reuse, rebuilds and
+    the order: tests/unit/test_blend.py."""
+    other = tmp_path / "other"
+    text = tmp_path / "other.txt"
+    text.write_text("\n".join(f"seven lazy wizards jump over {n} brown foxes." for n in range(300)))
+    subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", str(text), "--text-unit", "line",
+                    "--tokenizer", str(corpus / "tok.model"), "--seq-length", "32", "--output", str(other)],
+                   cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
+    blend = f"data.blend=[{{path: {corpus / 'mr'}, weight: 3}}, {{path: {other}, weight: 1}}]"
+    valid = f"data.valid_blend=[{{path: {corpus / 'mr' / 'valid'}, weight: 1}}]"
+    args = [blend, valid, "data.valid_path=null", f"data.tokenizer={corpus / 'tok.model'}", *EVAL]
+    run = train(tmp_path, "blend", *args)
+    assert f"data: blend of {corpus / 'mr'} 75.0% (12 samples of" in run.stdout
+    assert f"{other} 25.0% (4 samples of" in run.stdout
+    assert "data index (train): no index yet; building" in run.stdout
+    logged = records(tmp_path / "blend")
+    assert [r["data_tokens"] for r in logged if r["step"] == 4] == [{str(corpus / "mr"): 12 * 32, str(other): 4 * 32}]
+    assert sorted(val_losses(tmp_path / "blend")) == [2, 4]
+    report = subprocess.run([sys.executable, "tools/report.py", str(tmp_path / "blend")], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert f"data mix at step 4: {corpus / 'mr'} 75.0% (384 tokens), {other} 25.0% (128 tokens)" in report.stdout

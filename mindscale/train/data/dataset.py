@@ -6,17 +6,20 @@ A data folder written by tools/preprocess_data.py holds MindRecord shards of fix
 `input_ids`, `labels` (the tokens shifted by one), `loss_mask` (float32) and, for packed SFT data,
 `segment_ids`, each [rows, seq_length].
 
-Sample order (see docs/data.md): every sample has a position in one global stream. Epoch e of the
-stream is a permutation of all stored samples drawn from numpy's PCG64 seeded by (run.seed, e)
-(identity when data.shuffle is false). Optimizer step s takes stream positions
-[s*G, (s+1)*G) with G = the global batch size; micro step m of that step takes the next
-world*rows of them and rank r takes rows [r*rows, (r+1)*rows) of those. Hence the order depends
-only on the seed, the data and G: one worker with a big batch, several workers with small ones,
-or gradient accumulation see the same samples in the same steps, and resuming at step k is the
-same as running through k steps. Sharding is done here rather than by MindDataset's
-num_shards/shard_id, whose shard split would not have this property; MindSpore's dataset API
-reads the chosen records (MindDataset with a SubsetSampler), in the given order whatever its
-number of parallel workers.
+Sample order (see docs/data.md): every sample has a position in one global stream. The stream draws from
+one folder (data.path) or a weighted blend of folders (data.blend); mindscale/train/data/blend.py decides
+which source each position draws from (per step of G = the global batch size: counts within one sample of
+weight x position at every step boundary), and source k's draws walk through its epochs, epoch e a
+permutation of its stored samples seeded by (run.seed, k, e) (the stored order when data.shuffle is
+false). Both are built once into memory-mapped index files in the run folder (mindscale/train/data/index.py)
+and read a window of steps at a time. Optimizer step s takes stream positions [s*G, (s+1)*G); micro step
+m of that step takes the next world*rows of them and rank r takes rows [r*rows, (r+1)*rows) of those.
+Hence the order depends only on the seed, the data and G: one worker with a big batch, several workers
+with small ones, or gradient accumulation see the same samples in the same steps, and resuming at step k
+is the same as running through k steps. Sharding is done here rather than by MindDataset's
+num_shards/shard_id, whose shard split would not have this property; MindSpore's dataset API reads the
+chosen records (MindDataset with a SubsetSampler over one window's indices), in the given order whatever
+its number of parallel workers.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import numpy as np
 
 from mindscale.config import Config
 from mindscale.io import DataError, sha256
+from mindscale.train.data.index import IndexSource, SampleIndex, fingerprint
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -39,15 +43,16 @@ MANIFEST_KEYS = ("format_version", "mode", "seq_length", "num_samples", "vocab_s
 PREPROCESS_HINT = "tools/preprocess_data.py --input ... --tokenizer ... --output DIR"
 
 
-def read_manifest(path: str | Path) -> dict:
-    """The manifest of a data folder (or of the manifest file itself), checked for its keys."""
+def read_manifest(path: str | Path, key: str = "data.path") -> dict:
+    """The manifest of a data folder (or of the manifest file itself), checked for its keys; `key` names the
+    config key that gave the folder in errors."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"data.path={path} does not exist; create it with {PREPROCESS_HINT} "
-                        "or set data.path=synthetic")
+        raise DataError(f"{key}={path} does not exist; create it with {PREPROCESS_HINT}"
+                        + (" or set data.path=synthetic" if key == "data.path" else ""))
     manifest_path = path / MANIFEST_NAME if path.is_dir() else path
     if path.is_dir() and not any(path.iterdir()):
-        raise DataError(f"data.path={path} is empty; create it with {PREPROCESS_HINT}")
+        raise DataError(f"{key}={path} is empty; create it with {PREPROCESS_HINT}")
     if not manifest_path.is_file():
         raise DataError(f"{manifest_path} is missing; {path} was not written by tools/preprocess_data.py "
                         "(re-run it into an empty folder)")
@@ -146,24 +151,37 @@ def batch_plan(cfg: Config, rank: int, world: int) -> BatchPlan:
     return BatchPlan(cfg.global_batch_size, cfg.global_batch_size // (world * accumulation), world, rank)
 
 
-def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """Stored sample index at each position of epoch `epoch`."""
-    if not shuffle:
-        return np.arange(num_samples)
-    return np.random.default_rng([seed, epoch]).permutation(num_samples)
-
-
 class DataStream:
-    """Iterable of batches for one rank, starting at optimizer step `start_step`; endless (epochs cycle)."""
+    """Iterable of batches for one rank, starting at optimizer step `start_step`, to the end of the steps
+    its index covers. `sources` (empty for synthetic data) and `index` say what it draws."""
 
-    def __init__(self, plan: BatchPlan, rows: Iterator[dict], manifest: Optional[dict]):
+    def __init__(self, plan: BatchPlan, rows: Iterator[dict], manifest: Optional[dict],
+                 sources: tuple = (), index: Optional[SampleIndex] = None):
         self.plan = plan
-        self.manifest = manifest  # None for synthetic data
+        self.manifest = manifest  # None for synthetic data; the first source's with a blend
+        self.sources = sources
+        self.index = index
         self._rows = rows
 
     def __iter__(self) -> Iterator[dict]:
         while True:
             yield make_batch([next(self._rows) for _ in range(self.plan.rows)])
+
+    def drawn(self, step: int) -> dict[str, int]:
+        """Samples drawn from each source (by its config path) in steps 1..`step`; {} for synthetic data."""
+        if self.index is None:
+            return {}
+        return {source.path: int(n) for source, n in zip(self.sources, self.index.drawn(step))}
+
+    def describe(self) -> str:
+        """One line for the run log: each source's share, samples and epochs over the indexed steps (MindRecord
+        data only)."""
+        total = self.drawn(self.index.steps)
+        parts = [f"{s.path} {s.weight / sum(x.weight for x in self.sources):.1%} ({total[s.path]} samples of "
+                 f"{s.manifest['num_samples']}, {total[s.path] / s.manifest['num_samples']:.2f} epochs)"
+                 for s in self.sources]
+        kind = "blend of " if len(self.sources) > 1 else ""
+        return f"data: {kind}{'; '.join(parts)} over {self.index.steps} steps; index {self.index.note}"
 
 
 def make_batch(rows: list[dict]) -> dict:
@@ -207,15 +225,84 @@ def _open_mindrecord(files: list[str], fields: list[str], indices: Optional[np.n
                           num_parallel_workers=1)
 
 
-def _mindrecord_rows(files: list[str], fields: list[str], num_samples: int, plan: BatchPlan, start: int,
-                     seed: int, shuffle: bool) -> Iterator[dict]:
-    for epoch in count(start // num_samples):
-        low = max(start, epoch * num_samples)
-        positions = plan.mine(np.arange(low, (epoch + 1) * num_samples))
-        if not len(positions):
-            continue
-        indices = epoch_order(num_samples, seed, epoch, shuffle)[positions - epoch * num_samples]
-        yield from _open_mindrecord(files, fields, indices).create_dict_iterator(output_numpy=True, num_epochs=1)
+@dataclass(frozen=True)
+class DataSource:
+    """One MindRecord folder of a stream, checked against the config."""
+    key: str  # the config key that names it: data.path, data.blend[1].path, ...
+    path: str  # as configured
+    weight: float
+    manifest: dict
+    files: tuple
+
+    def index_source(self) -> IndexSource:
+        folder = Path(self.files[0]).parent
+        return IndexSource(str(folder.resolve()), self.weight, self.manifest["num_samples"],
+                           fingerprint(folder, folder / MANIFEST_NAME, list(self.files)))
+
+
+def configured_sources(cfg: Config, split: str = "train") -> list[tuple[str, str, float]]:
+    """(config key, path, weight) of each source of a split: data.blend / data.valid_blend entries, or the
+    single folder data.path / data.valid_path with weight 1."""
+    blend, single = ("blend", "path") if split == "train" else ("valid_blend", "valid_path")
+    entries = getattr(cfg.data, blend)
+    if entries:
+        return [(f"data.{blend}[{i}].path", e.path, e.weight) for i, e in enumerate(entries)]
+    return [(f"data.{single}", getattr(cfg.data, single), 1.0)]
+
+
+def open_sources(cfg: Config, split: str = "train") -> list[DataSource]:
+    """The split's sources, each checked against the config and, in a blend, against the first."""
+    sources = []
+    for key, path, weight in configured_sources(cfg, split):
+        folder = Path(path)
+        manifest = read_manifest(folder, key)
+        folder = folder if folder.is_dir() else folder.parent
+        files = _verified_shards(cfg, folder, manifest)
+        if sources:
+            _check_blendable(sources[0], key, path, manifest)
+        sources.append(DataSource(key, path, weight, manifest, tuple(files)))
+    return sources
+
+
+def _check_blendable(first: DataSource, key: str, path: str, manifest: dict) -> None:
+    """Sources of one blend must be made alike: mode, fields, sequence length and tokenizer."""
+    for name, what in (("mode", "mode"), ("fields", "fields"), ("seq_length", "seq_length"),
+                       ("vocab_size", "vocab_size")):
+        if manifest[name] != first.manifest[name]:
+            raise DataError(f"{key}={path} has {what} {manifest[name]} but {first.key}={first.path} has "
+                            f"{first.manifest[name]}; preprocess every source of a blend the same way")
+    ours, theirs = manifest["tokenizer"].get("sha256"), first.manifest["tokenizer"].get("sha256")
+    if ours != theirs:
+        raise DataError(f"{key}={path} was tokenized with {manifest['tokenizer'].get('path')} but {first.key}="
+                        f"{first.path} with {first.manifest['tokenizer'].get('path')} (sha256 differs); "
+                        "preprocess every source of a blend with one tokenizer")
+
+
+def _read_records(files: list[str], fields: list[str], indices: np.ndarray, num_samples: int) -> Iterator[dict]:
+    """The records at `indices`, in that order; MindRecord's sampler takes at most num_samples indices per
+    dataset (a small source wraps several times within a window)."""
+    for low in range(0, len(indices), num_samples):
+        dataset = _open_mindrecord(files, fields, indices[low:low + num_samples])
+        yield from dataset.create_dict_iterator(output_numpy=True, num_epochs=1)
+
+
+WINDOW = 1 << 16  # stream positions per index window (a few steps): what a rank maps and reads at a time
+
+
+def _indexed_rows(sources: list[DataSource], index: SampleIndex, plan: BatchPlan, start_step: int) -> Iterator[dict]:
+    """This rank's stored rows in stream order from `start_step`: a window of steps at a time, each source's
+    records of the window read by one MindDataset (SubsetSampler over those indices), merged by position."""
+    columns = plan.mine(np.arange(plan.global_batch))
+    steps = max(1, WINDOW // plan.global_batch)
+    fields = list(sources[0].manifest["fields"])
+    for low in range(start_step, index.steps, steps):
+        source, stored = index.window(low, min(low + steps, index.steps), columns)
+        readers = [_read_records(list(s.files), fields, stored[source == k], s.manifest["num_samples"])
+                   for k, s in enumerate(sources)]
+        for k in source:
+            yield next(readers[k])
+    raise DataError(f"the data stream ends after the {index.steps} steps its index covers; raise train.steps "
+                    "(the index is rebuilt for the new length)")
 
 
 def _verified_shards(cfg: Config, folder: Path, manifest: dict) -> list[str]:
@@ -231,20 +318,26 @@ def _verified_shards(cfg: Config, folder: Path, manifest: dict) -> list[str]:
     return files
 
 
-def build_dataset(cfg: Config, rank: int = 0, world: int = 1, start_step: int = 0) -> DataStream:
-    """This rank's batches from optimizer step `start_step` on; checks the data against the config first."""
+def index_root(cfg: Config) -> Path:
+    """Where a run's sample indexes live: <run.output_dir>/<run.name>/index."""
+    return Path(cfg.run.output_dir) / cfg.run.name / "index"
+
+
+def build_dataset(cfg: Config, rank: int = 0, world: int = 1, start_step: int = 0, split: str = "train",
+                  say=print) -> DataStream:
+    """This rank's batches from optimizer step `start_step` on; checks the data against the config first.
+    split "train" reads data.path / data.blend for train.steps steps, "valid" data.valid_path /
+    data.valid_blend for train.eval_steps (the caller turns shuffling off: evaluate.held_out_config)."""
     plan = batch_plan(cfg, rank, world)
-    start = start_step * plan.global_batch
-    if cfg.data.path == SYNTHETIC:
+    if split == "train" and cfg.data.path == SYNTHETIC and not cfg.data.blend:
         check_tokenizer(cfg)
-        return DataStream(plan, _synthetic_rows(cfg, plan, start), None)
-    folder = Path(cfg.data.path)
-    manifest = read_manifest(folder)
-    folder = folder if folder.is_dir() else folder.parent
-    files = _verified_shards(cfg, folder, manifest)
-    rows = _mindrecord_rows(files, list(manifest["fields"]), manifest["num_samples"], plan, start,
-                            cfg.run.seed, cfg.data.shuffle)
-    return DataStream(plan, rows, manifest)
+        return DataStream(plan, _synthetic_rows(cfg, plan, start_step * plan.global_batch), None)
+    sources = open_sources(cfg, split)
+    steps = cfg.train.steps if split == "train" else cfg.train.eval_steps
+    index = SampleIndex.ensure(index_root(cfg), split, [s.index_source() for s in sources], cfg.run.seed,
+                               cfg.data.shuffle, plan.global_batch, steps, say)
+    rows = _indexed_rows(sources, index, plan, start_step)
+    return DataStream(plan, rows, sources[0].manifest, tuple(sources), index)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
     if evaluator.due(step): val_loss, seconds = evaluator.validate(train_step)
 
 The held-out set is the first train.eval_steps x global_batch_size sequences of data.valid_path in
-stored order (never shuffled). A pass feeds them as training feeds its steps: eval_steps calls of a
+stored order (never shuffled), or of data.valid_blend's sources, each in stored order, interleaved by the
+blend's rule. A pass feeds them as training feeds its steps: eval_steps calls of a
 step's rows per data-parallel rank (its micro batches stacked, sliced in the graph: EvalStep), in the
 stream order of mindscale/train/data/dataset.py (shuffle off, from position 0), so
 rank r reads its share of every micro batch and the set is the same whatever the world size. Each
@@ -28,14 +29,15 @@ from mindspore import Tensor, nn, ops
 from mindspore.nn.wrap.cell_wrapper import _MicroBatch
 
 from mindscale.config import Config, ConfigError, Layout
-from mindscale.train.data.dataset import SYNTHETIC, build_dataset, read_manifest, step_rows
+from mindscale.train.data.dataset import SYNTHETIC, build_dataset, configured_sources, read_manifest, step_rows
 from mindscale.train.loop.step import micro_batched, slice_own_rows
 from models.transformer import CausalLMLoss
 
 
 def held_out_config(cfg: Config) -> Config:
-    """The config whose data stream is the held-out set: data.valid_path, in stored order."""
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=cfg.data.valid_path, shuffle=False))
+    """The config whose "valid" data stream is the held-out set: data.valid_path or data.valid_blend, in
+    stored order."""
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, shuffle=False))
 
 
 class HeldOutLoss(nn.Cell):
@@ -125,24 +127,33 @@ class Evaluator:
         self.step = EvalStep(model, layout)
 
     def _check_data(self) -> None:
-        """The held-out folder matches the model (build_dataset's checks), holds the training data's fields
-        and enough sequences: a short pass would silently change what val_loss means."""
-        manifest = build_dataset(self.held_out, self.data_rank, self.layout.dp).manifest
-        where, t = self.cfg.data.valid_path, self.cfg.train
-        trained = manifest["fields"] if self.cfg.data.path == SYNTHETIC else read_manifest(self.cfg.data.path)["fields"]
-        if trained != manifest["fields"]:
-            raise ConfigError(f"data.valid_path={where} holds {manifest['fields']} but data.path holds {trained}; "
-                              "preprocess both the same way (tools/preprocess_data.py --valid-fraction writes a "
-                              "matching split)")
-        held, batch = manifest["num_samples"], self.cfg.global_batch_size
+        """The held-out folders match the model (build_dataset's checks), hold the training data's fields
+        and enough sequences: a short pass (or a source read past its end) would silently change what
+        val_loss means."""
+        stream = build_dataset(self.held_out, self.data_rank, self.layout.dp, split="valid")
+        t, batch = self.cfg.train, self.cfg.global_batch_size
+        trained = stream.manifest["fields"] if self.cfg.data.path == SYNTHETIC and not self.cfg.data.blend else \
+            read_manifest(configured_sources(self.cfg)[0][1])["fields"]
+        first = stream.sources[0]
+        if trained != first.manifest["fields"]:
+            raise ConfigError(f"{first.key}={first.path} holds {first.manifest['fields']} but the training data "
+                              f"holds {trained}; preprocess both the same way (tools/preprocess_data.py "
+                              "--valid-fraction writes a matching split)")
         needed = t.eval_steps * batch
-        if held < needed:
+        for source in stream.sources:
+            held, drawn = source.manifest["num_samples"], stream.drawn(t.eval_steps)[source.path]
+            if held >= drawn:
+                continue
+            if len(stream.sources) > 1:
+                raise ConfigError(f"{source.key}={source.path} holds {held} sequences but its share of train."
+                                  f"eval_steps={t.eval_steps} x global batch {batch} is {drawn}; lower train."
+                                  "eval_steps or its weight, or hold out more")
             # train.eval_steps must be >= 1 (validate.py): below one global batch only more held-out data helps
             fix = f"set train.eval_steps <= {held // batch} or hold out more" if held >= batch else \
                 f"hold out at least {batch} sequences, one global batch"
-            raise ConfigError(f"data.valid_path={where} holds {held} sequences but train.eval_steps={t.eval_steps} "
-                              f"x global batch {batch} needs {needed}; {fix} (raise tools/preprocess_data.py "
-                              "--valid-fraction)")
+            raise ConfigError(f"{source.key}={source.path} holds {held} sequences but train.eval_steps="
+                              f"{t.eval_steps} x global batch {batch} needs {needed}; {fix} (raise "
+                              "tools/preprocess_data.py --valid-fraction)")
 
     def due(self, step: int) -> bool:
         """After optimizer step `step` (1-based): every train.eval_interval steps and after the last."""
@@ -152,7 +163,7 @@ class Evaluator:
     def batches(self):
         """The held-out calls of this rank, from the start of the split every time: a step's micro batches
         stacked, as the trainer feeds them."""
-        source = iter(build_dataset(self.held_out, self.data_rank, self.layout.dp))
+        source = iter(build_dataset(self.held_out, self.data_rank, self.layout.dp, split="valid"))
         for _ in range(self.cfg.train.eval_steps):
             micro = [next(source) for _ in range(self.cfg.parallel.gradient_accumulation_steps)]  # as the trainer
             yield tuple(Tensor(rows) for rows in step_rows(micro))

@@ -39,8 +39,10 @@ def perplexity(loss: float) -> float:
 class MetricsLogger:
     """Collects per-step values and writes one record every `train.log_interval` steps (rank 0)."""
 
-    def __init__(self, cfg: Config, run_dir: Path, device_target: str, write: bool, first_step: int):
+    def __init__(self, cfg: Config, run_dir: Path, device_target: str, write: bool, first_step: int,
+                 drawn=None):
         self.cfg = cfg
+        self.drawn = drawn  # step -> samples drawn per data source so far (DataStream.drawn), or None
         self.device_target = device_target
         self.write = write
         self.path = run_dir / "metrics.jsonl"
@@ -163,7 +165,16 @@ class MetricsLogger:
             "steps_in_window": n, "skipped_steps": self.skipped,
             "spike_skipped_steps": self.spike_skipped, "loss_scale": loss_scale,
             "save_blocked_s": self.save_blocked, "elapsed_s": now - self.started, "eta_s": self._eta(step, now),
+            **self._data_tokens(step),
         }
+
+    def _data_tokens(self, step: int) -> dict:
+        """data_tokens: tokens drawn from each data source (its config path) in steps 1..step, from the
+        sample index (samples x model.seq_length); none for synthetic data."""
+        drawn = self.drawn(step) if self.drawn is not None else {}
+        if not drawn:
+            return {}
+        return {"data_tokens": {path: n * self.cfg.model.seq_length for path, n in drawn.items()}}
 
     def close(self) -> None:
         if self.bar is not None:

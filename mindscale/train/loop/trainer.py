@@ -51,8 +51,12 @@ class Trainer:
         self.spikes = LossSpikes(cfg.train.loss_spike_factor, start.state.get("loss_history", ()))
         self.evaluator = Evaluator(cfg, layout, self.model, layout.data_rank(rt.rank), self.heartbeat.alive) \
             if cfg.train.eval_interval else None
+        self.stream = build_dataset(cfg, layout.data_rank(rt.rank), layout.dp, self.start_step) \
+            if self.start_step < cfg.train.steps else None
+        if self.stream is not None and self.stream.sources:
+            rt.say(self.stream.describe())  # the run log's header: each source's share
         self.batches = self._batches()
-        self.first_batch = next(self.batches) if self.start_step < cfg.train.steps else None
+        self.first_batch = next(self.batches) if self.stream is not None else None
         if layout.sharded and self.first_batch is not None:
             # sharded parameters take their local shapes when the step compiles: assign after that
             set_input_layout(layout, len(self.first_batch))
@@ -71,7 +75,7 @@ class Trainer:
         """[rows, seq] tensors for each optimizer step, this rank's micro batches stacked (+ segment_ids
         when packed). Ranks read by their data-parallel index (Layout.data_rank)."""
         g = self.cfg.parallel.gradient_accumulation_steps
-        source = iter(build_dataset(self.cfg, self.layout.data_rank(self.rt.rank), self.layout.dp, self.start_step))
+        source = iter(self.stream)
         while True:
             micro = [next(source) for _ in range(g)]
             if "segment_ids" in micro[0] and self.layout.attention == "flash":
@@ -137,7 +141,8 @@ class Trainer:
             (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
         # the loss exists on the last pipeline stage (the others compute zeros): its first rank logs
         logs = self.rt.rank == self.layout.stage_ranks(self.layout.pp - 1)[0]
-        logger = MetricsLogger(cfg, self.run_dir, self.rt.device_target, logs, self.start_step)
+        logger = MetricsLogger(cfg, self.run_dir, self.rt.device_target, logs, self.start_step,
+                               self.stream.drawn if self.stream is not None else None)
         profile = ProfileWindow(cfg.profile, self.run_dir / "profile")
         self.guard = guard = HealthGuard(cfg, dynamic_scale=self.step_cell.scale_update is not None)
         records, scale, stopped = [], 0.0, None

@@ -1,0 +1,185 @@
+"""`make bench` phase 7: sample index build and read at 10^7..10^9 samples (mindscale/train/data/index.py).
+
+    python bench/data_index.py [--samples 1e7 1e8 1e9] [--json] [--markdown]
+
+For each size n: a blend of three sources of 0.5n, 0.3n and 0.2n samples (synthetic sample counts: the
+index never opens a shard, so no terabytes are needed) with weights 0.5/0.3/0.2, global batch 1024,
+n / 1024 steps, every source shuffled: about one epoch of each.
+1. The build, in a process of its own: wall time and its peak resident memory (VmHWM), next to the same
+   process's resident memory before building (Python and numpy).
+2. A second open of the same key (what the next run does): the time to find it reusable.
+3. A rank (rank 0 of 8 data-parallel ranks) resuming at the middle step, in another process: the time to
+   its first batch's stored indices, then WINDOWS windows read on; its peak resident memory over the
+   same process before it opened the index.
+`--markdown` splices the section into BENCHMARKS.md (run_all.py renders the same section from
+results.json). Numbers are this 2-core host's disk and CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WEIGHTS = (0.5, 0.3, 0.2)
+GLOBAL_BATCH = 1024
+RANKS = 8
+WINDOWS = 200
+TIMEOUT_S = 1800
+TARGET_BUILD_S, TARGET_RANK_MIB = 300.0, 64.0  # issue 31, at 10^9 samples
+
+
+def _status_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _sources(samples: int):
+    from mindscale.train.data.index import IndexSource
+
+    return [IndexSource(f"synthetic-{k}", w, max(1, int(samples * w)), {"manifest_sha256": "-", "shards": []})
+            for k, w in enumerate(WEIGHTS)]
+
+
+def _ensure(root: Path, samples: int):
+    from mindscale.train.data.index import SampleIndex
+
+    return SampleIndex.ensure(root, "train", _sources(samples), 1234, True, GLOBAL_BATCH, samples // GLOBAL_BATCH,
+                              say=lambda line: None)
+
+
+def child_build(root: Path, samples: int) -> dict:
+    import numpy  # noqa: F401  (in the baseline)
+
+    before = _status_mib("VmRSS")
+    began = time.perf_counter()
+    _ensure(root, samples).close()
+    build_s = time.perf_counter() - began
+    began = time.perf_counter()
+    _ensure(root, samples).close()
+    return {"build_s": build_s, "peak_mib": _status_mib("VmHWM"), "baseline_mib": before,
+            "reuse_s": time.perf_counter() - began,
+            "disk_bytes": sum(p.stat().st_size for p in root.rglob("*.npy"))}
+
+
+def child_rank(root: Path, samples: int) -> dict:
+    import numpy as np
+
+    from mindscale.train.data.dataset import BatchPlan
+
+    before = _status_mib("VmRSS")
+    plan = BatchPlan(GLOBAL_BATCH, GLOBAL_BATCH // RANKS, RANKS, 0)
+    columns = plan.mine(np.arange(GLOBAL_BATCH))
+    began = time.perf_counter()
+    index = _ensure(root, samples)
+    start = index.steps // 2
+    index.window(start, start + 1, columns)  # the first step after the resume: its batch's stored indices
+    first_s = time.perf_counter() - began
+    steps = max(1, (1 << 16) // GLOBAL_BATCH)  # dataset.WINDOW
+    began = time.perf_counter()
+    read = 0
+    for w in range(WINDOWS):
+        low = start + w * steps
+        if low >= index.steps:
+            break
+        source, _ = index.window(low, min(low + steps, index.steps), columns)
+        read += len(source)
+    return {"first_batch_s": first_s, "rank_peak_mib": _status_mib("VmHWM") - before, "rows_read": read,
+            "read_s": time.perf_counter() - began}
+
+
+def measure(samples: int, log=print) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="mindscale-index-bench-"))
+    try:
+        out = {"samples": samples}
+        for kind in ("build", "rank"):
+            command = [sys.executable, __file__, "--child", kind, "--samples", str(samples), "--dir", str(root)]
+            proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
+            if proc.returncode:
+                lines = proc.stderr.strip().splitlines()
+                return {**out, "error": lines[-1] if lines else f"exit {proc.returncode}"}
+            out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+        out["command"] = f"python bench/data_index.py --samples {samples:.0e}"
+        log(f"index of {samples:.0e} samples: build {out['build_s']:.1f} s, peak {out['peak_mib']:.0f} MiB; "
+            f"rank {out['rank_peak_mib']:.1f} MiB")
+        return out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(log=print, sizes=(10 ** 7, 10 ** 8, 10 ** 9)) -> dict:
+    return {"sizes": [measure(n, log) for n in sizes], "weights": WEIGHTS, "global_batch": GLOBAL_BATCH,
+            "ranks": RANKS, "windows": WINDOWS}
+
+
+def section(results: dict) -> list[str]:
+    """BENCHMARKS.md section 7 (empty without results)."""
+    data = results.get("data_index")
+    if not data:
+        return []
+    rows = []
+    for r in data["sizes"]:
+        if "error" in r:
+            rows.append(f"| {r['samples']:.0e} | failed: {r['error']} | | | | | |")
+            continue
+        rows.append(f"| {r['samples']:.0e} | {r['build_s']:.1f} | {r['peak_mib']:.0f} ({r['baseline_mib']:.0f} before) "
+                    f"| {r['disk_bytes'] / 2 ** 30:.2f} | {r['reuse_s'] * 1e3:.1f} | {r['first_batch_s'] * 1e3:.1f} "
+                    f"| {r['rank_peak_mib']:.1f} |")
+    largest = data["sizes"][-1]
+    met = "error" not in largest and largest["build_s"] < TARGET_BUILD_S and largest["rank_peak_mib"] <= TARGET_RANK_MIB
+    target = (f"Targets at {largest['samples']:.0e} samples (issue 31): build under {TARGET_BUILD_S:.0f} s, a rank's "
+              f"index memory at most {TARGET_RANK_MIB:.0f} MiB: {'met' if met else 'NOT met'}.")
+    return ["## 7. Sample index build and read (mindscale/train/data/index.py)", "",
+            f"A blend of three sources of 0.5n, 0.3n and 0.2n samples, weights {'/'.join(map(str, data['weights']))}, "
+            f"global batch {data['global_batch']}, n / {data['global_batch']} steps, shuffled (about one epoch of "
+            "each): synthetic sample counts, the index never opens a shard. The builder is a process of its own "
+            "(peak resident memory VmHWM, and the same process before it built: Python and numpy); reuse is a "
+            f"second open of the same key; the rank is rank 0 of {data['ranks']} resuming at the middle step "
+            f"(time to its first batch's stored indices; its VmHWM growth over {data['windows']} windows of 64 "
+            "steps). This host's disk and 2 cores (`bench/data_index.py`).", "",
+            "| samples | build, s | builder peak MiB | index on disk, GiB | reuse check, ms | resume: first batch's "
+            "indices, ms | rank index memory, MiB |", "|---|---|---|---|---|---|---|", *rows, "", target, "",
+            "Commands: " + "; ".join(f"`{r['command']}`" for r in data["sizes"] if "command" in r) + ".", ""]
+
+
+def splice(markdown: str, lines: list[str]) -> str:
+    """BENCHMARKS.md with section 7 replaced, or inserted before 'How to rerun'."""
+    text = "\n".join(lines)
+    head, marker = "## 7. Sample index", "## How to rerun"
+    if head in markdown:
+        start = markdown.index(head)
+        end = markdown.index("\n## ", start + 1) + 1
+        return markdown[:start] + text + "\n" + markdown[end:]
+    at = markdown.index(marker)
+    return markdown[:at] + text + "\n" + markdown[at:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=float, nargs="+", default=[1e7, 1e8, 1e9])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="splice section 7 into BENCHMARKS.md")
+    parser.add_argument("--child", choices=["build", "rank"], help=argparse.SUPPRESS)
+    parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps((child_build if args.child == "build" else child_rank)(args.dir, int(args.samples[0]))))
+        return 0
+    results = run(lambda line: print(line, file=sys.stderr), [int(n) for n in args.samples])
+    if args.json:
+        print(json.dumps(results))
+    if args.markdown:
+        path = REPO / "BENCHMARKS.md"
+        path.write_text(splice(path.read_text(), section({"data_index": results})))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

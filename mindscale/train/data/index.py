@@ -1,0 +1,302 @@
+"""Sample indexes of a run: built once into memory-mapped .npy files in the run folder, read by slices.
+
+    index = SampleIndex.ensure(root, split, sources, seed, shuffle, global_batch, steps)
+    source, stored = index.window(first_step, last_step, columns)   # a rank's positions of those steps
+
+Folder `<run>/index/<split>-<digest>/` (split: train or valid; digest: of `key.json`):
+- `key.json`: what the index was built from (seed, shuffle, global batch, steps, and per source its path,
+  weight, sample count, manifest digest and each shard's size and mtime);
+- `starts.npy`: int64 [steps + 1, K], draws of each source before each step (mindscale/train/data/blend.py);
+- `order_<k>.npy` (when shuffled): uint32 (int64 past 2^32 samples), source k's whole epochs back to back (as
+  many as the steps draw from it): draw j
+  of source k reads stored sample order_k[j]. Epoch e is a permutation of the source's samples seeded by
+  (run.seed, k, e); a source drawn past its end wraps into its next epoch.
+
+One process builds (the holder of `<run>/index/.lock`, an flock; the others wait and then reuse), into a
+hidden folder renamed when complete. A key that matches is reused; a different one is built under its own
+digest, its difference named on one line, and the split's previous folder removed. Readers keep their
+files open and map only the rows they read (a window at a time), so a rank's resident index memory is
+its window, not the run's length.
+
+Permutations are generated in bounded memory: a source of up to 2^18 samples draws whole epochs at a time
+(rows of numpy's `permuted`); a larger one is shuffled per epoch in two passes (each sample to one of
+ceil(n / 2^18) random buckets, then each bucket permuted: Rao's method, uniformly random). Files are
+written and read at offsets, never mapped by the builder, so its memory is one chunk and one bucket
+(tens of MB) whatever n.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from mindscale.train.data.blend import StepCounts, assign
+
+INDEX_VERSION = 1
+CHUNK = 1 << 22  # samples per generated block: the builder's memory
+BUCKET = 1 << 18  # samples per shuffled bucket: 1 MiB of uint32 shuffles at ~30 ns a sample here, 4 MiB at ~120
+
+
+@dataclass(frozen=True)
+class IndexSource:
+    """One source as the index sees it: its folder, weight and what identifies its contents."""
+    path: str
+    weight: float
+    num_samples: int
+    fingerprint: dict  # manifest digest and shard sizes/mtimes: a changed file changes it
+
+    def key(self) -> dict:
+        return {"path": self.path, "weight": self.weight, "num_samples": self.num_samples, **self.fingerprint}
+
+
+def fingerprint(folder: Path, manifest_file: Path, shards: list[str]) -> dict:
+    """What identifies a data folder's contents cheaply: the manifest's sha256, each shard's size and mtime."""
+    stats = []
+    for name in shards:
+        for path in (Path(name), Path(f"{name}.db")):
+            st = path.stat()
+            stats.append([path.name, st.st_size, st.st_mtime_ns])
+    return {"manifest_sha256": hashlib.sha256(manifest_file.read_bytes()).hexdigest(), "shards": stats}
+
+
+def order_dtype(n: int):
+    return np.uint32 if n < 2 ** 32 else np.int64
+
+
+class NpyFile:
+    """A 1-D or 2-D .npy file written and read by rows at offsets (pwrite/pread), never mapped: the builder's
+    resident memory is the block in hand, not the file."""
+
+    def __init__(self, path: Path, dtype, shape: tuple):
+        self.dtype, self.shape = np.dtype(dtype), shape
+        self.row = int(np.prod(shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        with open(path, "wb") as handle:
+            np.lib.format.write_array_header_1_0(handle, {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                                                          "fortran_order": False, "shape": shape})
+            self.offset = handle.tell()
+            handle.truncate(self.offset + shape[0] * self.row)
+        self.fd = os.open(path, os.O_RDWR)
+
+    def write(self, row: int, values: np.ndarray) -> None:
+        data = np.ascontiguousarray(values, self.dtype).tobytes()
+        if os.pwrite(self.fd, data, self.offset + row * self.row) != len(data):
+            raise OSError(f"short write at row {row}")
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        data = os.pread(self.fd, (hi - lo) * self.row, self.offset + lo * self.row)
+        return np.frombuffer(data, self.dtype).reshape(hi - lo, *self.shape[1:]).copy()
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _fill_orders(out: NpyFile, n: int, seed: int, source: int) -> None:
+    """Whole epochs of a permutation of range(n) back to back into `out` (length a multiple of n), epoch e
+    seeded by (seed, source, e) alone, so a longer run's file starts with a shorter one's; memory bounded
+    by CHUNK samples."""
+    epochs = out.shape[0] // n
+    if n <= BUCKET:
+        group = CHUNK // n  # epochs drawn by one generator, a function of n only
+        for first in range(0, epochs, group):
+            rng = np.random.default_rng([seed, source, first // group])
+            # `permuted` shuffles row after row: the first rows do not depend on how many follow (tested)
+            count = min(group, epochs - first)
+            rows = rng.permuted(np.broadcast_to(np.arange(n, dtype=out.dtype), (count, n)), axis=1)
+            out.write(first * n, rows.reshape(-1))
+        return
+    for epoch in range(epochs):
+        _bucket_shuffle(out, epoch * n, n, seed, source, epoch)
+
+
+def _bucket_shuffle(out: NpyFile, base: int, n: int, seed: int, source: int, epoch: int) -> None:
+    """A uniformly random permutation of range(n) into rows [base, base + n) of `out` with memory O(CHUNK):
+    pass 1 sends each sample to one of ceil(n / BUCKET) random buckets (CHUNK samples at a time, the draws
+    regenerated rather than stored) and writes it into its bucket's region, pass 2 permutes each bucket in
+    place (small buckets: a shuffle within the CPU's cache)."""
+    buckets = -(-n // BUCKET)
+    chunks = range(0, n, CHUNK)
+
+    def draws(low):
+        rng = np.random.default_rng([seed, source, epoch, 0, low // CHUNK])
+        return rng.integers(0, buckets, min(CHUNK, n - low), dtype=np.uint16 if buckets < 2 ** 16 else np.int64)
+
+    counts = np.stack([np.bincount(draws(low), minlength=buckets) for low in chunks])  # [chunks, buckets]
+    bucket_start = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
+    offset = bucket_start[:-1] + np.cumsum(counts, axis=0) - counts  # where chunk c's share of bucket b goes
+    for c, low in enumerate(chunks):
+        ids = (np.argsort(draws(low), kind="stable") + low).astype(out.dtype)
+        ends = np.cumsum(counts[c])
+        for b in np.flatnonzero(counts[c]):
+            out.write(base + offset[c, b], ids[ends[b] - counts[c, b]:ends[b]])
+    for b in range(buckets):
+        rng = np.random.default_rng([seed, source, epoch, 1, b])
+        lo, hi = base + bucket_start[b], base + bucket_start[b + 1]
+        out.write(lo, rng.permutation(out.read(lo, hi)))
+
+
+def _npy_rows(handle, lo: int, hi: int) -> np.ndarray:
+    """Rows [lo, hi) of an open .npy file, mapped for the copy only."""
+    handle.seek(0)
+    version = np.lib.format.read_magic(handle)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read_header(handle)
+    row = int(np.prod(shape[1:], dtype=np.int64))
+    hi = min(hi, shape[0])
+    if hi <= lo:
+        return np.empty((0, *shape[1:]), dtype)
+    mapped = np.memmap(handle, dtype, "r", offset=handle.tell() + lo * row * dtype.itemsize,
+                       shape=(hi - lo, *shape[1:]))
+    rows = np.array(mapped)
+    del mapped
+    return rows
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _difference(old: dict, new: dict) -> str:
+    """The first thing that differs between two index keys, in words."""
+    names = {"seed": "run.seed", "shuffle": "data.shuffle", "global_batch": "the global batch",
+             "steps": "the steps indexed (train.steps or train.eval_steps)"}
+    for key, name in names.items():
+        if old.get(key) != new.get(key):
+            return f"{name} changed from {old.get(key)} to {new.get(key)}"
+    old_sources, new_sources = old.get("sources", []), new.get("sources", [])
+    if [s["path"] for s in old_sources] != [s["path"] for s in new_sources]:
+        return f"the sources changed from {[s['path'] for s in old_sources]} to {[s['path'] for s in new_sources]}"
+    for k, (a, b) in enumerate(zip(old_sources, new_sources)):
+        if a["weight"] != b["weight"]:
+            return f"source {k} ({b['path']}) weight changed from {a['weight']} to {b['weight']}"
+        if a["num_samples"] != b["num_samples"]:
+            return f"source {k} ({b['path']}) now holds {b['num_samples']} samples, not {a['num_samples']}"
+        if a["manifest_sha256"] != b["manifest_sha256"]:
+            return f"source {k} ({b['path']}): manifest.json changed"
+        for x, y in zip(a["shards"], b["shards"]):
+            if x != y:
+                return f"source {k} ({b['path']}): shard {y[0]} changed (size or modification time)"
+        if a["shards"] != b["shards"]:
+            return f"source {k} ({b['path']}): its shard list changed"
+    return "the index format changed"
+
+
+class SampleIndex:
+    """An index folder opened for reading; `window` gives a rank's stored samples step range by step range."""
+
+    def __init__(self, folder: Path, key: dict, note: str):
+        self.folder = folder
+        self.key = key
+        self.note = note  # "reused ..." or "built ..." for the run log
+        self.num_samples = [s["num_samples"] for s in key["sources"]]
+        self.global_batch = key["global_batch"]
+        self.steps = key["steps"]
+        # opened once: a rebuild elsewhere may remove the folder; open files stay readable
+        self._starts = open(folder / "starts.npy", "rb")
+        self._orders = [open(folder / f"order_{k}.npy", "rb") if key["shuffle"] else None
+                        for k in range(len(self.num_samples))]
+
+    # -- building ---------------------------------------------------------------------------------
+    @classmethod
+    def ensure(cls, root: Path, split: str, sources: list[IndexSource], seed: int, shuffle: bool,
+               global_batch: int, steps: int, say=print) -> "SampleIndex":
+        """The index of this key under `root`, built by whichever process gets the lock first."""
+        key = {"version": INDEX_VERSION, "split": split, "seed": seed, "shuffle": shuffle,
+               "global_batch": global_batch, "steps": steps, "sources": [s.key() for s in sources]}
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        folder = root / f"{split}-{digest}"
+        with _locked(root / ".lock"):
+            if _read_key(folder) == key:
+                return cls(folder, key, f"reused {folder}")
+            current = root / f"{split}.json"  # which folder is the split's newest
+            previous = json.loads(current.read_text()) if current.is_file() else None
+            began = time.perf_counter()
+            why = "no index yet" if previous is None else _difference(previous["key"], key)
+            say(f"data index ({split}): {why}; building {folder}")
+            _build(folder, key, sources)
+            current.write_text(json.dumps({"folder": folder.name, "key": key}))
+            if previous is not None and previous["folder"] != folder.name:
+                shutil.rmtree(root / previous["folder"], ignore_errors=True)
+            return cls(folder, key, f"built {folder} in {time.perf_counter() - began:.1f} s ({why})")
+
+    # -- reading ----------------------------------------------------------------------------------
+    def starts(self, lo: int, hi: int) -> np.ndarray:
+        """Draws of each source before steps lo..hi-1 (int64 [hi - lo, K])."""
+        return _npy_rows(self._starts, lo, hi)
+
+    def drawn(self, step: int) -> np.ndarray:
+        """Samples drawn from each source by the end of step `step` (1-based, i.e. before step index `step`)."""
+        return self.starts(step, step + 1)[0]
+
+    def window(self, lo: int, hi: int, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Steps [lo, hi), the in-step positions `columns`: (source, stored sample index), flat in stream order."""
+        if hi > self.steps:
+            raise IndexError(f"step {hi} is past the {self.steps} steps this index covers")
+        source, draw = assign(self.starts(lo, hi + 1), columns)
+        source, draw = source.reshape(-1), draw.reshape(-1)
+        stored = np.empty(len(draw), np.int64)
+        for k, n in enumerate(self.num_samples):
+            mine = source == k
+            if not mine.any():
+                continue
+            if self._orders[k] is None:
+                stored[mine] = draw[mine] % n
+            else:
+                first = int(draw[mine].min())
+                rows = _npy_rows(self._orders[k], first, int(draw[mine].max()) + 1)
+                stored[mine] = rows[draw[mine] - first]
+        return source, stored
+
+    def close(self) -> None:
+        for handle in [self._starts, *self._orders]:
+            if handle is not None:
+                handle.close()
+
+    def __del__(self):  # a validation pass opens a stream per pass: its files close with it
+        self.close()
+
+
+def _read_key(folder: Path) -> Optional[dict]:
+    try:
+        return json.loads((folder / "key.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _build(folder: Path, key: dict, sources: list[IndexSource]) -> None:
+    partial = folder.parent / f".{folder.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.mkdir(parents=True)
+    steps, k = key["steps"], len(sources)
+    starts = NpyFile(partial / "starts.npy", np.int64, (steps + 1, k))
+    row = 0
+    for block in StepCounts([s.weight for s in sources], key["global_batch"]).starts(steps):
+        starts.write(row, block)
+        row += len(block)
+    total = starts.read(steps, steps + 1)[0]
+    starts.close()
+    if key["shuffle"]:
+        for k, source in enumerate(sources):
+            n = source.num_samples
+            epochs = max(-(-int(total[k]) // n), 1)  # whole epochs
+            out = NpyFile(partial / f"order_{k}.npy", order_dtype(n), (epochs * n,))
+            _fill_orders(out, n, key["seed"], k)
+            out.close()
+    (partial / "key.json").write_text(json.dumps(key))
+    partial.rename(folder)

@@ -26,7 +26,7 @@ finetune-demo: $(VENV)/.runtime
 XDIST := -n 2
 
 test: $(VENV)/.dev
-	$(PY) -m pytest -q $(XDIST) --durations=15 tests bench/test_bench.py
+	MINDSCALE_TEST_DURATIONS=output/test-durations.json $(PY) -m pytest -q $(XDIST) --durations=15 tests bench/test_bench.py
 
 test-quick: $(VENV)/.dev  # no processes: unit and model tests (target under 2 minutes; 165 s at df91343, the planner searches)
 	$(PY) -m pytest -q $(XDIST) -m "not integration" tests

@@ -12,6 +12,7 @@ Both run on two pytest-xdist workers (`-n 2`, the Makefile), a worker taking a m
 (`work_unit`: a dry-run test alone), so module fixtures are built once; dry-run compiles are shared
 across workers through tests/shared.py, single-core runs pin to the worker's own core (tests/cores.py).
 """
+import json
 import os
 import sys
 from pathlib import Path
@@ -28,12 +29,6 @@ from tests import shared  # noqa: E402  (needs ROOT on sys.path)
 PROCESS_TIERS = {"integration": ("integration",), "dryrun": ("integration", "dryrun")}
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        for marker in PROCESS_TIERS.get(Path(str(item.fspath)).parent.name, ()):
-            item.add_marker(getattr(pytest.mark, marker))
-
-
 def work_unit(nodeid: str) -> str:
     """What one pytest-xdist worker runs together: a module, so its module-scoped fixtures are built once;
     in tests/dryrun, whose module fixtures only read the session's shared compiles (tests/shared.py),
@@ -46,16 +41,63 @@ def work_unit(nodeid: str) -> str:
     return nodeid
 
 
+# Seconds each work unit took in a full run (`make test` writes output/test-durations.json; copy it here to
+# refresh): the workers take the longest units first, so the two finish together instead of one waiting on
+# a long compile that happened to come last. A unit not listed counts as its tests times its tier's typical
+# seconds per test (a dry-run compile is about a minute, a process a quarter of one).
+DURATIONS = ROOT / "tests" / "durations.json"
+SECONDS_PER_TEST = {"dryrun": 60.0, "integration": 15.0, "bench": 15.0, "models": 3.0}
+
+
+def unit_costs(items) -> dict[str, float]:
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    costs: dict[str, float] = {}
+    for item in items:
+        unit = work_unit(item.nodeid)
+        tier = Path(str(item.fspath)).parent.name
+        costs[unit] = costs.get(unit, 0.0) + SECONDS_PER_TEST.get(tier, 0.5)
+    return {unit: known.get(unit, guess) for unit, guess in costs.items()}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for marker in PROCESS_TIERS.get(Path(str(item.fspath)).parent.name, ()):
+            item.add_marker(getattr(pytest.mark, marker))
+    if getattr(config.option, "numprocesses", None):  # longest units first, each unit's tests together
+        costs, first = unit_costs(items), {}
+        for i, item in enumerate(items):
+            first.setdefault(work_unit(item.nodeid), i)
+        items.sort(key=lambda it: (-costs[work_unit(it.nodeid)], first[work_unit(it.nodeid)]))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist's loadscope scheduling (the biggest units first), with the units of `work_unit`."""
+    """pytest-xdist's loadscope scheduling with the units of `work_unit`, in the collection's order (the
+    longest first, above) instead of by their number of tests."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class WorkUnits(LoadScopeScheduling):
         def _split_scope(self, nodeid):
             return work_unit(nodeid)
 
     return WorkUnits(config, log)
+
+
+_took: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _took[work_unit(report.nodeid)] = _took.get(work_unit(report.nodeid), 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """MINDSCALE_TEST_DURATIONS=<file> (`make test` sets it): each unit's seconds, for DURATIONS."""
+    target = os.environ.get("MINDSCALE_TEST_DURATIONS")
+    if target and _took and not os.environ.get("PYTEST_XDIST_WORKER"):
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_text(json.dumps({u: round(t, 1) for u, t in sorted(_took.items())}, indent=0) + "\n")
 
 
 @pytest.fixture(scope="session", autouse=True)

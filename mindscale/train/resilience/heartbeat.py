@@ -40,13 +40,16 @@ class Heartbeat:
 
     The ledger: `started` (time of the first heartbeat: imports, graph build and checkpoint read are
     done), `first_step` (the step this process started from), `first_step_s` (its first step, the
-    compile included), `steps_s` and `steps` (the later steps: seconds and count), `save_s` (seconds
-    checkpoint saves blocked training). Step intervals exclude the saves made in them."""
+    compile included when the step was not compiled before it), `steps_s` and `steps` (the later steps:
+    seconds and count), `save_s` (seconds checkpoint saves blocked training), `compile_s` and
+    `compile_cache` (the step's compile before the first heartbeat, and whether it loaded MindSpore's
+    compile cache: hit, miss or off; mindscale/train/loop/compile_cache.py). Step intervals exclude
+    the saves made in them."""
 
     def __init__(self, path: Path | None, rank: int):
         self.path, self.rank, self.step = path, rank, None
         self.ledger = {"started": None, "first_step": None, "first_step_s": None, "steps_s": 0.0, "steps": 0,
-                       "save_s": 0.0}
+                       "save_s": 0.0, "compile_s": 0.0, "compile_cache": "off"}
         self._last = None
         self._saves_since_last = 0.0
         self._fd = self._size = None
@@ -74,6 +77,10 @@ class Heartbeat:
                 self.ledger["steps"] += 1
         self._last, self._saves_since_last, self.step = now, 0.0, completed
         self._write(now)
+
+    def compiled(self, seconds: float, cache: str) -> None:
+        """The step compiled before the first heartbeat: in `seconds`, loading the compile cache or not."""
+        self.ledger.update(compile_s=seconds, compile_cache=cache)
 
     def alive(self) -> None:
         """A sign of life between two beats (each validation batch, around a background save's join): the

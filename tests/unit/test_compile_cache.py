@@ -1,6 +1,6 @@
 """The compile cache's key (mindscale/train/loop/compile_cache.py): what changes it and what does not."""
-from mindscale.config import REPO_ROOT, load_config
-from mindscale.train.loop.compile_cache import cache_key, sources_digest
+from mindscale.config import REPO_ROOT, Layout, load_config
+from mindscale.train.loop.compile_cache import CACHE_DIR, SHARDED_SKIP, CompileCache, cache_key, sources_digest
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
 
@@ -30,3 +30,18 @@ def test_the_sources_digest_sees_an_edit_of_a_model_file(tmp_path):
     before = sources_digest(tmp_path)
     (tmp_path / "models" / "a.py").write_text("x = 2\n")
     assert sources_digest(tmp_path) != before
+
+
+def test_sharded_layouts_and_pynative_are_not_cached_and_a_stale_key_of_this_rank_goes(tmp_path):
+    sharded = load_config(TINY, ["parallel.model_parallel=2", "parallel.data_parallel=1", "hardware=ascend910b"])
+    cache = CompileCache.of(sharded, Layout.of(sharded, "Ascend", 2), tmp_path, "Ascend", 0)
+    assert cache.folder is None and cache.skipped == SHARDED_SKIP
+    pynative = load_config(TINY, ["run.mode=pynative"])
+    off = CompileCache.of(pynative, Layout.of(pynative, "CPU", 2), tmp_path, "CPU", 0)
+    assert off.folder is None and off.skipped is None  # nothing compiled to cache: nothing said
+    cfg = load_config(TINY)
+    for rank in (0, 1):
+        (tmp_path / CACHE_DIR / "0123456789abcdef" / f"rank_{rank}").mkdir(parents=True)
+    cache = CompileCache.of(cfg, Layout.of(cfg, "CPU", 2), tmp_path, "CPU", 0)
+    assert cache.folder.parent == (tmp_path / CACHE_DIR).absolute() and cache.skipped is None
+    assert [p.name for p in (tmp_path / CACHE_DIR / "0123456789abcdef").iterdir()] == ["rank_1"]

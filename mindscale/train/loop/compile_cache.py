@@ -2,17 +2,19 @@
 
 A relaunch or a `--max-restarts` restart of an unchanged graph loads the step's compiled front end from
 `<run>/compile_cache/<key>/rank_<r>/graph_cache/` instead of compiling it again (MindSpore then runs
-only its backend actions). MindSpore itself checks nothing but a hash of the entry script and the
-imports outside sys.path (the repository is on it, so none of ours), and it numbers cached graphs by
-their order of compilation in the process. Hence two rules:
+only its backend actions). MindSpore itself checks only a hash of the entry script and of the files it
+finds imported from it outside sys.path (the repository is on sys.path, so none of ours), and it
+numbers cached graphs by their order of compilation in the process. Hence three rules:
 
 - The key, the folder's name, is a hash of everything the graph is made of: every source file of
   mindscale/ and models/, the resolved config less the keys that cannot reach the graph
   (NOT_IN_GRAPH), the device target and MindSpore's version. A change of any of them compiles into a
   fresh folder; this rank's folders of other keys are deleted.
-- Only the step graph is cached, compiled first and on its own (`compiled`): the small graphs compiled
+- Only the step graph is cached, compiled first and on its own (`compiling`): the small graphs compiled
   later (a save's commit vote, validation) come in an order that depends on the step a run resumes
   from, and MindSpore would hand graph n's cache to whatever is compiled n-th.
+- Not in sharded layouts (SHARDED_SKIP, said in one line): there the cached graph comes back with
+  incomplete parameter layouts.
 
 Hit or miss is read from the cache file: a compile that loaded it leaves it untouched, one that
 compiled writes it anew. docs/launch.md has the measurements.
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from mindscale.config import REPO_ROOT, Config
+from mindscale.config import REPO_ROOT, Config, Layout
 
 CACHE_DIR = "compile_cache"
 ENABLE_ENV, PATH_ENV = "MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH"
@@ -83,17 +85,26 @@ class Compiled:
     cache: str = "off"
 
 
-class CompileCache:
-    """This rank's cache folder, or none (`folder` None) when run.compile_cache is off or the mode has no
-    graph to cache (PyNative)."""
+# MindSpore 2.9.0 restores a cached sharded graph's parameter layouts without their full shapes (fields 6 and 7
+# of every parameter_layout_dict entry come back empty; measured under the dry run, docs/launch.md), and a
+# sharded restore slices full weights by them (models/weights.py assign)
+SHARDED_SKIP = ("sharded layouts compile every launch: MindSpore 2.9.0's cached graph loses the parameters' "
+                "full shapes, which a sharded restore slices full weights by")
 
-    def __init__(self, folder: Path | None, rank: int):
-        self.folder, self.rank = folder, rank
+
+class CompileCache:
+    """This rank's cache folder, or none (`folder` None) when run.compile_cache is off, the mode has no
+    graph to cache (PyNative) or the layout is sharded (`skipped` says why)."""
+
+    def __init__(self, folder: Path | None, rank: int, skipped: str | None = None):
+        self.folder, self.rank, self.skipped = folder, rank, skipped
 
     @classmethod
-    def of(cls, cfg: Config, run_dir: Path, device: str, rank: int) -> "CompileCache":
+    def of(cls, cfg: Config, layout: Layout, run_dir: Path, device: str, rank: int) -> "CompileCache":
         if not cfg.run.compile_cache or cfg.run.mode != "graph":
             return cls(None, rank)
+        if layout.sharded:
+            return cls(None, rank, SHARDED_SKIP)
         import mindspore as ms
         root = Path(run_dir).absolute() / CACHE_DIR
         key = cache_key(cfg, device, ms.__version__)

@@ -63,7 +63,10 @@ class Trainer:
             # is the process's first compile, the one MindSpore's compile cache holds (compile_cache.py)
             if layout.sharded:
                 set_input_layout(layout, len(self.first_batch))
-            with CompileCache.of(cfg, self.run_dir, rt.device_target, rt.rank).compiling() as compiled:
+            cache = CompileCache.of(cfg, layout, self.run_dir, rt.device_target, rt.rank)
+            if cache.skipped:
+                rt.say(f"compile cache off: {cache.skipped} (run.compile_cache)")
+            with cache.compiling() as compiled:
                 self.step_cell.compile(*self.first_batch)
             self.heartbeat.compiled(compiled.seconds, compiled.cache)
             if compiled.cache != "off":

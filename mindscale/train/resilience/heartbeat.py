@@ -6,8 +6,9 @@ Under the launcher every training process writes `<logs>/worker_<rank>.heartbeat
 padded to a fixed size and rewritten in place) before each optimizer step and after each checkpoint
 save, and as a sign of life during a validation pass and a background save's join (`alive`): the
 steps it has completed, the time, its pid, and a small ledger of where its time went. The
-first heartbeat of a process is written before its first step, which compiles the graph: until the
-second one (`compiling` true) the rank is not timed, so a long compile is not a hang. faulthandler
+first heartbeat of a process is written before its first step, after the step's compile in graph
+mode (a rank still compiling has written none); until the second one (`compiling` true) the rank is
+not timed, so a long compile, or a first step waiting for a peer's, is not a hang. faulthandler
 writes every thread's Python stack into the rank's log on STACK_SIGNAL (SIGTERM/SIGUSR1 are the
 graceful stop, hence SIGUSR2).
 

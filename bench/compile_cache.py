@@ -1,0 +1,116 @@
+"""The compile cache (run.compile_cache, mindscale/train/loop/compile_cache.py) measured: step compile
+seconds of a first launch against a relaunch and a --max-restarts restart, and under the dry run.
+
+    python bench/compile_cache.py [--json]                       # both parts
+    python bench/compile_cache.py --part cpu|dryrun [--micro 32,128]
+
+cpu: the 2-worker data-parallel demo (scripts/run_distribute.sh configs/tiny/llama_tiny.yaml 2, 6 steps,
+a checkpoint every 2). (a) A launch whose rank 1 SIGKILLs itself before step 4 (it compiles; the job
+fails), then the same command again (a relaunch: it resumes from step 2 in the same run folder);
+(b) in a fresh run folder the same fault under --max-restarts 1 (the restart relaunches every worker).
+Each attempt's step compile is each rank's `compile_s` in its heartbeat ledger (the compile before its
+first step, cache load included); the losses of the relaunch are compared with those the killed launch
+logged for the same steps.
+
+dryrun: tools/dryrun.py's rank 0 of the llama2_13b layout (dp4 pp4, bench/dryrun_compare.py's scaled
+widths) at each micro-batch count, compiled twice with MindSpore's cache on (MS_COMPILER_CACHE_ENABLE,
+MS_COMPILER_CACHE_PATH in a temporary folder): `compile_s` of each. The dry run compiles and runs
+nothing; tools/dryrun.py never uses the cache itself (a dry run exists to compile).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from mindscale.config import REPO_ROOT
+from mindscale.train.resilience.heartbeat import heartbeat_file
+
+TINY = "configs/tiny/llama_tiny.yaml"
+CPU_SETS = ["train.steps=6", "train.micro_batch_size=2", "checkpoint.save_interval=2", "checkpoint.keep_last=3",
+            "train.log_interval=1"]
+LAYOUT = "configs/llama2/llama2_13b.yaml"
+
+
+def distribute(out: Path, name: str, *args: str, fault: str | None = None) -> dict:
+    """One scripts/run_distribute.sh job: its exit status and each rank's last heartbeat ledger."""
+    env = {k: v for k, v in os.environ.items() if k != "MINDSCALE_FAULT"}
+    if fault:
+        env["MINDSCALE_FAULT"] = fault
+    sets = [x for o in (f"run.output_dir={out}", f"run.name={name}", *CPU_SETS) for x in ("--set", o)]
+    proc = subprocess.run(["bash", "scripts/run_distribute.sh", TINY, "2", *sets, *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, env=env, timeout=900)
+    logs = out / name / "logs"
+    ranks = {}
+    for rank in (0, 1):
+        record = json.loads(heartbeat_file(logs, rank).read_text())
+        ranks[rank] = {"compile_s": round(record["compile_s"], 2), "cache": record["compile_cache"]}
+    return {"returncode": proc.returncode, "ranks": ranks}
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """step -> loss of metrics.jsonl, the last record of a step winning (a relaunch redoes lost steps)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows}
+
+
+def cpu_part() -> dict:
+    out = Path(tempfile.mkdtemp(prefix="mindscale-ccache-"))
+    try:
+        killed = distribute(out, "relaunch", fault="kill:1:4")
+        before = losses(out / "relaunch")
+        relaunched = distribute(out, "relaunch")
+        after = losses(out / "relaunch")
+        same = all(after[s] == before[s] for s in before if s > 2)  # step 3: logged by both launches
+        restarted = distribute(out, "restart", "--max-restarts", "1", fault="kill:1:4")
+        goodput = json.loads((out / "restart" / "goodput.json").read_text())
+        return {"first_launch": killed, "relaunch": relaunched, "relaunch_losses_equal": same,
+                "restart": restarted, "restart_goodput": {k: goodput[k] for k in
+                                                          ("compile_s", "cache_load_s", "compile_cache")}}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def dryrun_part(micro: list[int]) -> dict:
+    from bench.dryrun_compare import overrides
+    rows = {}
+    for m in micro:
+        cache = tempfile.mkdtemp(prefix="mindscale-ccache-dry-")
+        env = {**os.environ, "MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": cache}
+        sets = [x for o in (*overrides(LAYOUT), f"parallel.micro_batch_num={m}") for x in ("--set", o)]
+        times = []
+        try:
+            for _ in range(2):
+                proc = subprocess.run([sys.executable, "tools/dryrun.py", "--config", LAYOUT, *sets, "--rank", "0",
+                                       "--json", "--no-collectives"], cwd=REPO_ROOT, capture_output=True, text=True,
+                                      env=env, timeout=3600)
+                report = json.loads(proc.stdout.splitlines()[-1])
+                times.append(report["compile_s"] if report["compiled"] else report["error"])
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        rows[m] = {"first_s": times[0], "cached_s": times[1]}
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("cpu", "dryrun", "both"), default="both")
+    parser.add_argument("--micro", default="32,128", help="dry run: micro-batch counts, comma-separated")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    result = {}
+    if args.part in ("cpu", "both"):
+        result["cpu"] = cpu_part()
+    if args.part in ("dryrun", "both"):
+        result["dryrun"] = dryrun_part([int(m) for m in args.micro.split(",")])
+    print(json.dumps(result, indent=None if args.json else 1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -86,10 +86,10 @@ class Compiled:
 
 
 # MindSpore 2.9.0 restores a cached sharded graph's parameter layouts without their full shapes (fields 6 and 7
-# of every parameter_layout_dict entry come back empty; measured under the dry run, docs/launch.md), and a
-# sharded restore slices full weights by them (models/weights.py assign)
+# of every parameter_layout_dict entry come back empty; measured under the dry run, docs/launch.md), and
+# models/weights.py computes a rank's slices from the full shapes (resume, checkpoint.load_path)
 SHARDED_SKIP = ("sharded layouts compile every launch: MindSpore 2.9.0's cached graph loses the parameters' "
-                "full shapes, which a sharded restore slices full weights by")
+                "full shapes, which a sharded restore computes its slices from")
 
 
 class CompileCache:

@@ -2,7 +2,7 @@
 seconds of a first launch against a relaunch and a --max-restarts restart, and under the dry run.
 
     python bench/compile_cache.py [--json]                       # both parts
-    python bench/compile_cache.py --part cpu|dryrun [--micro 32,128]
+    python bench/compile_cache.py --part cpu|dryrun [--micro 8,128,256]
 
 cpu: the 2-worker data-parallel demo (scripts/run_distribute.sh configs/tiny/llama_tiny.yaml 2, 6 steps,
 a checkpoint every 2). (a) A launch whose rank 1 SIGKILLs itself before step 4 (it compiles; the job
@@ -28,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mindscale.cli import OneLineParser
 from mindscale.config import REPO_ROOT
 from mindscale.train.resilience.heartbeat import heartbeat_file
 
@@ -89,7 +90,8 @@ def dryrun_part(micro: list[int]) -> dict:
                 proc = subprocess.run([sys.executable, "tools/dryrun.py", "--config", LAYOUT, *sets, "--rank", "0",
                                        "--json", "--no-collectives"], cwd=REPO_ROOT, capture_output=True, text=True,
                                       env=env, timeout=3600)
-                report = json.loads(proc.stdout.splitlines()[-1])
+                lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+                report = json.loads(lines[-1]) if lines else {"compiled": False, "error": proc.stderr[-500:]}
                 times.append(report["compile_s"] if report["compiled"] else report["error"])
         finally:
             shutil.rmtree(cache, ignore_errors=True)
@@ -97,17 +99,28 @@ def dryrun_part(micro: list[int]) -> dict:
     return rows
 
 
+def micro_counts(raw: str) -> list[int]:
+    try:
+        counts = [int(m) for m in raw.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{raw!r}: positive integers, comma-separated, e.g. 8,128")
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("cpu", "dryrun", "both"), default="both")
-    parser.add_argument("--micro", default="32,128", help="dry run: micro-batch counts, comma-separated")
+    parser.add_argument("--micro", type=micro_counts, default=[32, 128],
+                        help="dry run: micro-batch counts, comma-separated")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     result = {}
     if args.part in ("cpu", "both"):
         result["cpu"] = cpu_part()
     if args.part in ("dryrun", "both"):
-        result["dryrun"] = dryrun_part([int(m) for m in args.micro.split(",")])
+        result["dryrun"] = dryrun_part(args.micro)
     print(json.dumps(result, indent=None if args.json else 1))
     return 0
 

@@ -13,9 +13,9 @@ first step, cache load included); the losses of the relaunch are compared with t
 logged for the same steps.
 
 dryrun: tools/dryrun.py's rank 0 of the llama2_13b layout (dp4 pp4, bench/dryrun_compare.py's scaled
-widths) at each micro-batch count, compiled twice with MindSpore's cache on (MS_COMPILER_CACHE_ENABLE,
-MS_COMPILER_CACHE_PATH in a temporary folder): `compile_s` of each. The dry run compiles and runs
-nothing; tools/dryrun.py never uses the cache itself (a dry run exists to compile).
+widths) at each micro-batch count, compiled twice with MindSpore's cache on in a temporary folder
+(dryrun_ranks.Job.compile_cache): `compile_s` of each. The dry run compiles and runs nothing;
+tools/dryrun.py turns the cache off (a dry run exists to compile).
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ import tempfile
 from pathlib import Path
 
 from mindscale.cli import OneLineParser
-from mindscale.config import REPO_ROOT
+from mindscale.config import REPO_ROOT, load_config
+from mindscale.launch.dryrun_ranks import Job, compile_ranks, for_ascend
 from mindscale.train.resilience.heartbeat import heartbeat_file
 
 TINY = "configs/tiny/llama_tiny.yaml"
@@ -81,21 +82,17 @@ def dryrun_part(micro: list[int]) -> dict:
     from bench.dryrun_compare import overrides
     rows = {}
     for m in micro:
-        cache = tempfile.mkdtemp(prefix="mindscale-ccache-dry-")
-        env = {**os.environ, "MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": cache}
-        sets = [x for o in (*overrides(LAYOUT), f"parallel.micro_batch_num={m}") for x in ("--set", o)]
-        times = []
+        sets = (*overrides(LAYOUT), f"parallel.micro_batch_num={m}")
+        cfg, _ = for_ascend(load_config(REPO_ROOT / LAYOUT, list(sets)))
+        folder = Path(tempfile.mkdtemp(prefix="mindscale-ccache-dry-"))
+        job = Job(config=str(REPO_ROOT / LAYOUT), overrides=sets, log_dir=folder, collectives=False,
+                  timeout=3600, compile_cache=folder / "cache")
         try:
-            for _ in range(2):
-                proc = subprocess.run([sys.executable, "tools/dryrun.py", "--config", LAYOUT, *sets, "--rank", "0",
-                                       "--json", "--no-collectives"], cwd=REPO_ROOT, capture_output=True, text=True,
-                                      env=env, timeout=3600)
-                lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-                report = json.loads(lines[-1]) if lines else {"compiled": False, "error": proc.stderr[-500:]}
-                times.append(report["compile_s"] if report["compiled"] else report["error"])
+            times = [next(compile_ranks(cfg, job, [0])) for _ in range(2)]
         finally:
-            shutil.rmtree(cache, ignore_errors=True)
-        rows[m] = {"first_s": times[0], "cached_s": times[1]}
+            shutil.rmtree(folder, ignore_errors=True)
+        rows[m] = {name: r["compile_s"] if r["compiled"] else r["error"] for name, r in zip(("first_s", "cached_s"),
+                                                                                             times)}
     return rows
 
 

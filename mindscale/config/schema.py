@@ -40,6 +40,12 @@ class RunConfig:
         "layout with several micro batches per step, the whole loss network's, called per micro batch "
         "(needed by parallel.gradient_accumulation_shard). false compiles every layer and micro batch on "
         "its own; the numbers are the same.", True)
+    compile_cache: bool = doc(
+        "Graph mode: keep the train step's compiled graph in <run>/compile_cache/<key>/rank_<r>/ (MindSpore's "
+        "compile cache), so a relaunch or a --max-restarts restart of an unchanged graph loads it instead of "
+        "compiling again. The key hashes the sources of mindscale/ and models/, this config (less the run's "
+        "name, folders, logging and checkpoint keys), the device and MindSpore's version; a change of any "
+        "compiles afresh (docs/launch.md). false compiles at every launch.", True)
     tensorboard: bool = doc(
         "The logging rank also writes every scalar of each metrics.jsonl record (loss, lr, loss_scale, "
         "skipped_steps, throughput, MFU, ...) as TensorBoard events in <run>/tensorboard/ (needs tensorboardX); "

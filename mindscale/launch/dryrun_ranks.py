@@ -44,6 +44,9 @@ class Job:
     timeout: float = DEFAULT_TIMEOUT_S
     worker: str = "mindscale.launch.dryrun_worker"  # the module compiling a rank (bench/mf_dryrun.py: MindFormers')
     ir_dir: Path | None = None      # keep each rank's validate IR in <ir_dir>/rank<R> (default: read, then deleted)
+    # MindSpore's compile cache in this folder (bench/compile_cache.py measures it); None: off, whatever the
+    # environment says, because a rank loaded from the cache runs none of the parallel passes a dry run checks
+    compile_cache: Path | None = None
 
 
 def for_ascend(cfg: Config) -> tuple[Config, Layout]:
@@ -118,6 +121,8 @@ def run_rank(job: Job, rank: int, devices: int) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"mindscale-ir-rank{rank}-") as scratch:
         ir = str(job.ir_dir / f"rank{rank}") if job.ir_dir else scratch
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        env.update({"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(job.compile_cache)}
+                   if job.compile_cache else {"MS_COMPILER_CACHE_ENABLE": "0"})
         if job.collectives:  # the compiled graph as text: MindSpore writes only this pass's IR
             env.update({"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_SAVE_GRAPHS_PATH": ir, "MS_DEV_DUMP_IR_PASSES": "validate"})
         argv = [sys.executable, "-m", job.worker, "--config", str(Path(job.config).resolve()),

@@ -5,8 +5,11 @@ this node's first rank (mindscale/train/resilience/heartbeat.py), the wall time 
 up to it exactly:
 
     start-up     attempt start -> the rank's first heartbeat (imports, cluster join, graph build,
-                 checkpoint read)
-    compile      the first step of each attempt less one mean step (graph mode compiles there)
+                 checkpoint read), less the step's compile
+    compile      the step's compile (before the first heartbeat in graph mode) and the first step
+                 less one mean step (PyNative's first-call cost; in graph mode the wait for slower peers)
+    cache load   the same for an attempt whose step loaded MindSpore's compile cache instead of
+                 compiling (mindscale/train/loop/compile_cache.py)
     checkpoints  seconds checkpoint saves blocked training
     lost         the steps a failed attempt completed after the checkpoint the next attempt resumed
                  from (or, for the last attempt, after the newest committed step), at that attempt's
@@ -26,6 +29,8 @@ from mindscale.io import write_atomically
 from mindscale.progress import clock
 
 GOODPUT_FILE = "goodput.json"
+BUCKETS = dict(startup_s=0.0, compile_s=0.0, cache_load_s=0.0, checkpoint_s=0.0, lost_s=0.0, training_s=0.0,
+               lost_steps=0)
 
 
 @dataclass
@@ -40,18 +45,22 @@ class Attempt:
 
 def _split(attempt: Attempt, resumed_next: int | None) -> dict:
     """One attempt's seconds by bucket (without `other`) and its lost steps."""
-    out = dict(startup_s=0.0, compile_s=0.0, checkpoint_s=0.0, lost_s=0.0, training_s=0.0, lost_steps=0)
+    out = dict(BUCKETS)
     ledger = attempt.ledger
     if not ledger:
         return out
-    out["startup_s"] = max(ledger["started"] - attempt.began, 0.0)
+    before_first = max(ledger["started"] - attempt.began, 0.0)
+    compiled = min(ledger["compile_s"], before_first)
+    out["startup_s"] = before_first - compiled
     out["checkpoint_s"] = ledger["save_s"]
+    once = "cache_load_s" if ledger["compile_cache"] == "hit" else "compile_s"
+    out[once] = compiled
     first = ledger["first_step_s"]
     if first is None:
         return out
     mean = ledger["steps_s"] / ledger["steps"] if ledger["steps"] else first
-    out["compile_s"] = max(first - mean, 0.0)
-    stepped = first - out["compile_s"] + ledger["steps_s"]
+    out[once] += max(first - mean, 0.0)
+    stepped = min(first, mean) + ledger["steps_s"]
     if attempt.failed:
         kept = resumed_next if resumed_next is not None else (attempt.committed or 0)
         out["lost_steps"] = max(ledger["step"] - kept, 0)
@@ -62,21 +71,23 @@ def _split(attempt: Attempt, resumed_next: int | None) -> dict:
 
 def summarise(attempts: list[Attempt], wall_s: float) -> dict:
     """The buckets over all attempts, `other` making them add up to `wall_s`."""
-    total = dict(startup_s=0.0, compile_s=0.0, checkpoint_s=0.0, lost_s=0.0, training_s=0.0, lost_steps=0)
+    total = dict(BUCKETS)
     for i, attempt in enumerate(attempts):
         nxt = attempts[i + 1].ledger if i + 1 < len(attempts) else None
         for key, value in _split(attempt, nxt["first_step"] if nxt else None).items():
             total[key] += value
     total["other_s"] = wall_s - sum(v for k, v in total.items() if k.endswith("_s"))
     return {"wall_s": wall_s, **total, "goodput": total["training_s"] / wall_s if wall_s > 0 else 0.0,
-            "restarts": [a.cause for a in attempts[:-1]]}
+            "restarts": [a.cause for a in attempts[:-1]],
+            "compile_cache": [a.ledger["compile_cache"] if a.ledger else None for a in attempts]}
 
 
 def describe(summary: dict) -> str:
     restarts = summary["restarts"]
     why = f": {'; '.join(restarts)}" if restarts else ""
     return (f"MindScale goodput: {summary['goodput'] * 100:.0f}% of {clock(summary['wall_s'])} wall time trained "
-            f"({summary['training_s']:.1f} s); compile {summary['compile_s']:.1f} s, checkpoints "
+            f"({summary['training_s']:.1f} s); compile {summary['compile_s']:.1f} s, compile cache load "
+            f"{summary['cache_load_s']:.1f} s, checkpoints "
             f"{summary['checkpoint_s']:.1f} s, start-up {summary['startup_s']:.1f} s, lost {summary['lost_steps']} "
             f"step(s) after their last save {summary['lost_s']:.1f} s, other {summary['other_s']:.1f} s; "
             f"{len(restarts)} restart(s){why}")

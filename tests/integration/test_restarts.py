@@ -12,7 +12,7 @@ import pytest
 from mindscale.config import REPO_ROOT
 from mindscale.launch.goodput import GOODPUT_FILE
 from mindscale.train.checkpoints import folder as ckpt, commit
-from tests.integration.test_training import TINY, _digests, _processes_naming, sets, train
+from tests.integration.test_training import TINY, _digests, _processes_naming, losses, sets, train
 
 SAVE = ("train.micro_batch_size=2", "train.steps=6", "checkpoint.save_interval=2", "checkpoint.keep_last=3")
 
@@ -35,7 +35,9 @@ def goodput_adds_up(run_dir):
 
 def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(tmp_path):
     """Rank 1 SIGKILLs itself before step 4 (step 2 committed, step 3 done): --max-restarts 1 relaunches
-    both workers from step 2, and the final weights equal those of a run never killed."""
+    both workers from step 2, and the final weights equal those of a run never killed. The restart loads
+    the train step from the compile cache the first attempt left in the run folder (run.compile_cache),
+    and its losses are bit-identical to the uninterrupted run's, which compiled."""
     straight = launch(tmp_path, "straight")
     assert straight.returncode == 0, straight.stderr[-2000:]
     restarted = launch(tmp_path, "restarted", "--max-restarts", "1", fault="kill:1:4")
@@ -48,11 +50,18 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(
     assert "resumed from" in restarted.stdout and "step_00000002 at step 2" in restarted.stdout
     assert _digests(run / "logs") == _digests(tmp_path / "straight" / "logs")
     assert len(_digests(run / "logs")) == 1
+    assert losses(run) == losses(tmp_path / "straight")  # the restart's steps 3-6 overwrite the lost step 3
     summary = goodput_adds_up(run)
     assert summary["lost_steps"] == 1 and summary["restarts"] == ["rank 1 was killed by SIGKILL"]
+    assert summary["compile_cache"] == ["miss", "hit"] and summary["cache_load_s"] > 0
+    assert restarted.stdout.count("(compile cache miss)") == restarted.stdout.count("(compile cache hit)") == 1
+    for rank in (0, 1):  # each rank loaded its own cache of the step, which the restart left as it was
+        cached = list((run / "compile_cache").glob(f"*/rank_{rank}/graph_cache/*compile_cache_0.mindir"))
+        assert len(cached) == 1 and cached[0].stat().st_mtime < kept.stat().st_mtime
     assert re.search(r"^MindScale goodput: \d+% of .* lost 1 step\(s\) .* 1 restart\(s\): rank 1 was killed by SIGKILL$",
                      restarted.stdout, re.M)
-    assert goodput_adds_up(tmp_path / "straight")["restarts"] == []
+    straight_summary = goodput_adds_up(tmp_path / "straight")
+    assert straight_summary["restarts"] == [] and straight_summary["compile_cache"] == ["miss"]
 
 
 def test_after_a_restart_sigterm_still_stops_the_job_gracefully(tmp_path):

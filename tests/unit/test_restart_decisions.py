@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mindscale.launch.goodput import Attempt, summarise
+from mindscale.launch.goodput import Attempt, describe, summarise
 from mindscale.launch.hangwatch import HangWatch, find_stall
 from mindscale.train.resilience.heartbeat import Heartbeat, heartbeat_file
 from mindscale.launch.msrun import hccl_timeouts
@@ -95,9 +95,9 @@ def test_alive_refreshes_the_time_only(tmp_path, monkeypatch):
     assert json.loads(path.read_text())["steps_s"] == pytest.approx(50.0)
 
 
-def ledger(first_step, step, started, first_step_s, steps_s, steps, save_s):
+def ledger(first_step, step, started, first_step_s, steps_s, steps, save_s, compile_s=0.0, compile_cache="off"):
     return dict(first_step=first_step, step=step, started=started, first_step_s=first_step_s, steps_s=steps_s,
-                steps=steps, save_s=save_s)
+                steps=steps, save_s=save_s, compile_s=compile_s, compile_cache=compile_cache)
 
 
 def test_goodput_buckets_add_up_to_the_wall_time():
@@ -110,6 +110,19 @@ def test_goodput_buckets_add_up_to_the_wall_time():
     assert s["training_s"] == pytest.approx((1 + 2 - 1) + (1 + 3))
     assert sum(v for k, v in s.items() if k.endswith("_s") and k != "wall_s") == pytest.approx(60.0)
     assert s["goodput"] == pytest.approx(s["training_s"] / 60) and s["restarts"] == ["rank 1 died"]
+
+
+def test_goodput_counts_a_compile_cache_load_apart_from_a_compile():
+    # attempt 1 compiles its step in 20 s (of its 25 s before the first heartbeat) and dies after step 3;
+    # attempt 2 loads the step from the compile cache in 2 s; each first step waits 0.5 s more than a mean step
+    first = Attempt(0.0, 40.0, ledger(0, 3, 25.0, 1.5, 2.0, 2, 0.0, 20.0, "miss"), failed=True, committed=2,
+                    cause="rank 1 died")
+    second = Attempt(41.0, 55.0, ledger(2, 6, 47.0, 1.5, 3.0, 3, 0.0, 2.0, "hit"), failed=False, committed=6)
+    s = summarise([first, second], wall_s=55.0)
+    assert s["compile_s"] == pytest.approx(20.5) and s["cache_load_s"] == pytest.approx(2.5)
+    assert s["startup_s"] == pytest.approx(5.0 + 4.0) and s["compile_cache"] == ["miss", "hit"]
+    assert sum(v for k, v in s.items() if k.endswith("_s") and k != "wall_s") == pytest.approx(55.0)
+    assert "compile 20.5 s, compile cache load 2.5 s" in describe(s)
 
 
 def test_a_save_window_is_unhealthy_after_a_non_finite_loss_or_a_skip_streak():

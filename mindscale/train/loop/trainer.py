@@ -16,6 +16,7 @@ from mindscale.config import Config, ConfigError, Layout
 from mindscale.train.checkpoints import commit
 from mindscale.train.checkpoints.checkpointer import Checkpointer, parameters_as_numpy
 from mindscale.train.data.dataset import build_dataset, step_rows
+from mindscale.train.loop.compile_cache import CompileCache
 from mindscale.train.loop.evaluate import Evaluator
 from mindscale.train.loop.metrics import MetricsLogger
 from mindscale.train.loop.profiling import ProfileWindow
@@ -57,11 +58,20 @@ class Trainer:
             rt.say(self.stream.describe())  # the run log's header: each source's share
         self.batches = self._batches()
         self.first_batch = next(self.batches) if self.stream is not None else None
-        if layout.sharded and self.first_batch is not None:
-            # sharded parameters take their local shapes when the step compiles: assign after that
-            set_input_layout(layout, len(self.first_batch))
-            self.step_cell.compile(*self.first_batch)
-            if self.evaluator is not None:
+        if self.first_batch is not None and (layout.sharded or cfg.run.mode == "graph"):
+            # sharded parameters take their local shapes when the step compiles: assign after that. The step
+            # is the process's first compile, the one MindSpore's compile cache holds (compile_cache.py)
+            if layout.sharded:
+                set_input_layout(layout, len(self.first_batch))
+            cache = CompileCache.of(cfg, layout, self.run_dir, rt.device_target, rt.rank)
+            if cache.skipped:
+                rt.say(f"compile cache off: {cache.skipped} (run.compile_cache)")
+            with cache.compiling() as compiled:
+                self.step_cell.compile(*self.first_batch)
+            self.heartbeat.compiled(compiled.seconds, compiled.cache)
+            if compiled.cache != "off":
+                rt.say(f"compiled the train step in {compiled.seconds:.1f} s (compile cache {compiled.cache})")
+            if layout.sharded and self.evaluator is not None:
                 self.evaluator.compile(self.step_cell)
         self.checkpoints.assign_start(start)
 

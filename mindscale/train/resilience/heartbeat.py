@@ -6,8 +6,9 @@ Under the launcher every training process writes `<logs>/worker_<rank>.heartbeat
 padded to a fixed size and rewritten in place) before each optimizer step and after each checkpoint
 save, and as a sign of life during a validation pass and a background save's join (`alive`): the
 steps it has completed, the time, its pid, and a small ledger of where its time went. The
-first heartbeat of a process is written before its first step, which compiles the graph: until the
-second one (`compiling` true) the rank is not timed, so a long compile is not a hang. faulthandler
+first heartbeat of a process is written before its first step, after the step's compile in graph
+mode (a rank still compiling has written none); until the second one (`compiling` true) the rank is
+not timed, so a long compile, or a first step waiting for a peer's, is not a hang. faulthandler
 writes every thread's Python stack into the rank's log on STACK_SIGNAL (SIGTERM/SIGUSR1 are the
 graceful stop, hence SIGUSR2).
 
@@ -40,13 +41,16 @@ class Heartbeat:
 
     The ledger: `started` (time of the first heartbeat: imports, graph build and checkpoint read are
     done), `first_step` (the step this process started from), `first_step_s` (its first step, the
-    compile included), `steps_s` and `steps` (the later steps: seconds and count), `save_s` (seconds
-    checkpoint saves blocked training). Step intervals exclude the saves made in them."""
+    compile included when the step was not compiled before it), `steps_s` and `steps` (the later steps:
+    seconds and count), `save_s` (seconds checkpoint saves blocked training), `compile_s` and
+    `compile_cache` (the step's compile before the first heartbeat, and whether it loaded MindSpore's
+    compile cache: hit, miss or off; mindscale/train/loop/compile_cache.py). Step intervals exclude
+    the saves made in them."""
 
     def __init__(self, path: Path | None, rank: int):
         self.path, self.rank, self.step = path, rank, None
         self.ledger = {"started": None, "first_step": None, "first_step_s": None, "steps_s": 0.0, "steps": 0,
-                       "save_s": 0.0}
+                       "save_s": 0.0, "compile_s": 0.0, "compile_cache": "off"}
         self._last = None
         self._saves_since_last = 0.0
         self._fd = self._size = None
@@ -74,6 +78,10 @@ class Heartbeat:
                 self.ledger["steps"] += 1
         self._last, self._saves_since_last, self.step = now, 0.0, completed
         self._write(now)
+
+    def compiled(self, seconds: float, cache: str) -> None:
+        """The step compiled before the first heartbeat: in `seconds`, loading the compile cache or not."""
+        self.ledger.update(compile_s=seconds, compile_cache=cache)
 
     def alive(self) -> None:
         """A sign of life between two beats (each validation batch, around a background save's join): the

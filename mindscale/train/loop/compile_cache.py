@@ -1,0 +1,152 @@
+"""MindSpore's compile cache for the train step (run.compile_cache), per rank, inside the run folder.
+
+A relaunch or a `--max-restarts` restart of an unchanged graph loads the step's compiled front end from
+`<run>/compile_cache/<key>/rank_<r>/graph_cache/` instead of compiling it again (MindSpore then runs
+only its backend actions). MindSpore itself checks only a hash of the entry script and of the files it
+finds imported from it outside sys.path (the repository is on sys.path, so none of ours), and it
+numbers cached graphs by their order of compilation in the process. Hence three rules:
+
+- The key, the folder's name, is a hash of everything the graph is made of: every source file of
+  mindscale/ and models/, the resolved config less the keys that cannot reach the graph
+  (NOT_IN_GRAPH), the device target and MindSpore's version. A change of any of them compiles into a
+  fresh folder; this rank's folders of other keys are deleted.
+- Only the step graph is cached, compiled first and on its own (`compiling`): the small graphs compiled
+  later (a save's commit vote, validation) come in an order that depends on the step a run resumes
+  from, and MindSpore would hand graph n's cache to whatever is compiled n-th.
+- Not in sharded layouts (SHARDED_SKIP, said in one line): there the cached graph comes back with
+  incomplete parameter layouts.
+
+Hit or miss is read from the cache file: a compile that loaded it leaves it untouched, one that
+compiled writes it anew. docs/launch.md has the measurements.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from mindscale.config import REPO_ROOT, Config, Layout
+
+CACHE_DIR = "compile_cache"
+ENABLE_ENV, PATH_ENV = "MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH"
+SOURCE_PACKAGES = ("mindscale", "models")
+# config keys that cannot change the compiled step: the run's name and folder, what the launcher and the
+# loggers read, and checkpoints (the step's weights are its inputs, not its graph). Anything else counts.
+NOT_IN_GRAPH = {
+    "run": ("name", "output_dir", "tensorboard", "max_restarts", "hang_timeout_s", "stop_vote_interval",
+            "compile_cache"),
+    "train": ("log_interval",),
+    "checkpoint": None,  # the whole section
+    "profile": None,
+}
+
+
+def graph_config(cfg: Config) -> dict:
+    """The resolved config without NOT_IN_GRAPH."""
+    tree = cfg.to_dict()
+    for section, keys in NOT_IN_GRAPH.items():
+        if keys is None:
+            tree.pop(section, None)
+        else:
+            for key in keys:
+                tree[section].pop(key, None)
+    return tree
+
+
+def sources_digest(root: Path = REPO_ROOT) -> str:
+    """sha256 over every .py file of SOURCE_PACKAGES, by path and content."""
+    digest = hashlib.sha256()
+    for package in SOURCE_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(cfg: Config, device: str, mindspore_version: str, sources: str | None = None) -> str:
+    """The cache folder's name: 16 hex digits of sha256(sources, graph config, device, MindSpore version)."""
+    digest = hashlib.sha256()
+    for part in (sources or sources_digest(), yaml.safe_dump(graph_config(cfg), sort_keys=True), device,
+                 mindspore_version):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class Compiled:
+    """How the step compiled: seconds, and `cache` hit (loaded), miss (compiled and saved) or off."""
+    seconds: float = 0.0
+    cache: str = "off"
+
+
+# MindSpore 2.9.0 restores a cached sharded graph's parameter layouts without their full shapes (fields 6 and 7
+# of every parameter_layout_dict entry come back empty; measured under the dry run, docs/launch.md), and
+# models/weights.py computes a rank's slices from the full shapes (resume, checkpoint.load_path)
+SHARDED_SKIP = ("sharded layouts compile every launch: MindSpore 2.9.0's cached graph loses the parameters' "
+                "full shapes, which a sharded restore computes its slices from")
+
+
+class CompileCache:
+    """This rank's cache folder, or none (`folder` None) when run.compile_cache is off, the mode has no
+    graph to cache (PyNative) or the layout is sharded (`skipped` says why)."""
+
+    def __init__(self, folder: Path | None, rank: int, skipped: str | None = None):
+        self.folder, self.rank, self.skipped = folder, rank, skipped
+
+    @classmethod
+    def of(cls, cfg: Config, layout: Layout, run_dir: Path, device: str, rank: int) -> "CompileCache":
+        if not cfg.run.compile_cache or cfg.run.mode != "graph":
+            return cls(None, rank)
+        if layout.sharded:
+            return cls(None, rank, SHARDED_SKIP)
+        import mindspore as ms
+        root = Path(run_dir).absolute() / CACHE_DIR
+        key = cache_key(cfg, device, ms.__version__)
+        for stale in root.glob("*"):
+            if stale.name != key:  # this rank's cache of another key; its folder goes with the last rank
+                shutil.rmtree(stale / f"rank_{rank}", ignore_errors=True)
+                try:
+                    stale.rmdir()
+                except OSError:
+                    pass
+        return cls(root / key, rank)
+
+    def graph_file(self) -> Path | None:
+        """MindSpore's cache of the first graph compiled (the step), named by the process's role under
+        msrun (MS_WORKERcompile_cache_0.mindir) or not."""
+        found = sorted((self.folder / f"rank_{self.rank}" / "graph_cache").glob("*compile_cache_0.mindir"))
+        return found[0] if found else None
+
+    @contextmanager
+    def compiling(self):
+        """Around the step's compile, the first of the process: MindSpore's cache on for it alone
+        (MS_COMPILER_CACHE_ENABLE is read at each compile) and `Compiled` filled in afterwards."""
+        result = Compiled()
+        began = time.perf_counter()
+        if self.folder is None:
+            yield result
+            result.seconds = time.perf_counter() - began
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        before = _stamp(self.graph_file())
+        os.environ[PATH_ENV], os.environ[ENABLE_ENV] = str(self.folder), "1"
+        try:
+            yield result
+        finally:
+            os.environ[ENABLE_ENV] = "0"
+        result.seconds = time.perf_counter() - began
+        after = _stamp(self.graph_file())
+        result.cache = "hit" if before is not None and before == after else "miss"
+
+
+def _stamp(path: Path | None) -> tuple[int, int] | None:
+    if path is None:
+        return None
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns

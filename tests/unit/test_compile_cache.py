@@ -1,0 +1,47 @@
+"""The compile cache's key (mindscale/train/loop/compile_cache.py): what changes it and what does not."""
+from mindscale.config import REPO_ROOT, Layout, load_config
+from mindscale.train.loop.compile_cache import CACHE_DIR, SHARDED_SKIP, CompileCache, cache_key, sources_digest
+
+TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
+
+
+def key(*overrides, device="CPU", version="2.9.0", sources="s"):
+    return cache_key(load_config(TINY, list(overrides)), device, version, sources)
+
+
+def test_the_key_changes_with_the_graph_config_device_version_and_sources():
+    base = key()
+    changed = [key("model.hidden_size=256"), key("train.steps=300"), key("parallel.gradient_accumulation_steps=2"),
+               key("run.seed=1"), key(device="Ascend"), key(version="2.9.1"), key(sources="t")]
+    assert base not in changed and len(set(changed)) == len(changed)
+
+
+def test_the_key_ignores_the_run_name_folders_logging_and_checkpoints():
+    # a --max-restarts restart adds checkpoint.resume_step=null and keeps run.max_restarts: the same key
+    assert key("run.name=other", "run.output_dir=/elsewhere", "run.max_restarts=3", "run.hang_timeout_s=60",
+               "train.log_interval=1", "checkpoint.save_interval=2", "checkpoint.resume_step=null",
+               "profile.enable=true", "run.compile_cache=false") == key()
+
+
+def test_the_sources_digest_sees_an_edit_of_a_model_file(tmp_path):
+    for package in ("mindscale", "models"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "a.py").write_text("x = 1\n")
+    before = sources_digest(tmp_path)
+    (tmp_path / "models" / "a.py").write_text("x = 2\n")
+    assert sources_digest(tmp_path) != before
+
+
+def test_sharded_layouts_and_pynative_are_not_cached_and_a_stale_key_of_this_rank_goes(tmp_path):
+    sharded = load_config(TINY, ["parallel.model_parallel=2", "parallel.data_parallel=1", "hardware=ascend910b"])
+    cache = CompileCache.of(sharded, Layout.of(sharded, "Ascend", 2), tmp_path, "Ascend", 0)
+    assert cache.folder is None and cache.skipped == SHARDED_SKIP
+    pynative = load_config(TINY, ["run.mode=pynative"])
+    off = CompileCache.of(pynative, Layout.of(pynative, "CPU", 2), tmp_path, "CPU", 0)
+    assert off.folder is None and off.skipped is None  # nothing compiled to cache: nothing said
+    cfg = load_config(TINY)
+    for rank in (0, 1):
+        (tmp_path / CACHE_DIR / "0123456789abcdef" / f"rank_{rank}").mkdir(parents=True)
+    cache = CompileCache.of(cfg, Layout.of(cfg, "CPU", 2), tmp_path, "CPU", 0)
+    assert cache.folder.parent == (tmp_path / CACHE_DIR).absolute() and cache.skipped is None
+    assert [p.name for p in (tmp_path / CACHE_DIR / "0123456789abcdef").iterdir()] == ["rank_1"]

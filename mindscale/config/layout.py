@@ -143,6 +143,11 @@ class Layout:
         """Which sequence chunk (0 .. cp-1) `rank` holds: context_positions(seq, cp, this)."""
         return rank % (self.cp * self.tp) // self.tp
 
+    def context_ranks(self, rank: int) -> list[int]:
+        """The cp group of `rank`: the ranks holding the other sequence chunks of its rows, tp apart."""
+        first = rank - self.context_rank(rank) * self.tp
+        return [first + i * self.tp for i in range(self.cp)]
+
     def stage_ranks(self, stage: int) -> range:
         return range(stage * self.stage_devices, (stage + 1) * self.stage_devices)
 

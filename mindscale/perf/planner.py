@@ -580,6 +580,8 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
         "hardware": cfg.hardware.name,
         "devices": cfg.devices,
         "layout": {"data_parallel": cfg.parallel.data_parallel, "model_parallel": cfg.parallel.model_parallel,
+                   "context_parallel": cfg.parallel.context_parallel,
+                   "context_parallel_algo": cfg.parallel.context_parallel_algo,
                    "pipeline_stage": cfg.parallel.pipeline_stage, "micro_batch_num": cfg.parallel.micro_batch_num,
                    "micro_batch_size": cfg.train.micro_batch_size, "global_batch_size": cfg.global_batch_size,
                    "gradient_accumulation_steps": cfg.parallel.gradient_accumulation_steps,

@@ -586,7 +586,10 @@ def test_bad_input_is_one_line_and_exit_2():
                          (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--set", "model.num_heads=3"],
                           "num_heads"),
                          (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910a", "--set",
-                           "model.compute_dtype=bfloat16"], "no bf16 matmul")):
+                           "model.compute_dtype=bfloat16"], "no bf16 matmul"),
+                         (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--set",
+                           "parallel.context_parallel=3"], "model.seq_length=128 is not divisible by "
+                                                           "parallel.context_parallel=3")):
         proc = subprocess.run([sys.executable, "tools/dryrun.py", *argv], cwd=REPO_ROOT, capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, \

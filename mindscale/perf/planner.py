@@ -228,8 +228,8 @@ def _slices_key(cfg: Config, layout: Layout) -> tuple:
 def _stored_key(cfg: Config, layout: Layout, stage: int) -> tuple:
     """What a stage's stored bytes and gradient traffic depend on: not recompute, which the search varies
     most (the tables are asked for every recompute variant of a layout)."""
-    return (_slices_key(cfg, layout), layout.dp, layout.optimizer_shard, layout.accumulation_shard,
-            layout.accumulates_in_graph, stage)
+    return (_slices_key(cfg, layout), layout.dp, layout.cp, layout.optimizer_shard, layout.accumulation_shard,
+            layout.accumulates_in_graph, stage)  # cp: the optimizer shards over the stage's dp x cp x tp ranks
 
 
 def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[ParameterSlice, ...]:

@@ -331,7 +331,7 @@ def test_readme_table_lists_every_shipped_config(capsys):
     assert code == 0
     for path in plan_cli.shipped_configs():
         assert f"`{path.relative_to(REPO_ROOT)}`" in out.out
-    assert len(plan_cli.shipped_configs()) == 23
+    assert len(plan_cli.shipped_configs()) == 25  # with llama3_1_8b_128k and llama3_1_70b_128k
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -130,19 +130,55 @@ class FlashAttention(nn.Cell):
 
     Kept as the primitive (not ops.flash_attention_score) so the sharding plan can `.shard()` it.
     Atlas A2 only: built and inspected by the CPU tests, executed only on Ascend 910B.
+
+    Under context parallel (Layout.cp > 1) q, k and v arrive split along the sequence. colossalai_cp
+    keeps the queries split and asks for whole K and V, which the compiler all-gathers over the cp ranks;
+    MindSpore's parallel pass then turns the causal mask into each rank's band (layout.flash_causal_band).
+    ulysses_cp (`ulysses=True`) trades the sequence split for a head split before the kernel and back
+    after it: heads viewed as [tp, cp, rest], the cp factor moved in front of the tp one, and an identity
+    Transpose whose strategy moves the cp split from the sequence to that factor, which the compiler
+    lowers to an all-to-all (Jacobs et al. 2023, DeepSpeed-Ulysses; MindFormers' ulysses_cp builds it so
+    too). Rank (c, t) then holds heads t*N/tp + c*N/(tp*cp) + r, the kv heads of its query heads among
+    them, and attends over the whole sequence with the plain causal mask.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, ulysses: tuple | None = None):
+        """ulysses: (tp, cp) for the all-to-all form of context parallel, else None."""
         super().__init__()
-        self.num_kv_heads = num_kv_heads
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.causal_mask = flash_causal_mask()
         self.flash = FlashAttentionScore(head_num=num_heads, scale_value=1.0 / math.sqrt(head_dim),
                                          input_layout="BSH", sparse_mode=2)
+        self.ulysses = ulysses
+        if ulysses is not None:
+            self.swap_in = ops.Transpose()    # [B, S, tp, cp, r, d] -> [B, S, cp, tp, r, d]
+            self.all_to_all_in = ops.Transpose()   # identity: the sequence split moves to the cp factor
+            self.all_to_all_out = ops.Transpose()  # identity: back to the sequence split
+            self.swap_out = ops.Transpose()   # [B, S, cp, tp, r, d] -> [B, S, tp, cp, r, d]
+
+    def to_heads(self, x, heads: int):
+        """[B, S, heads, d] split (dp, cp, tp, 1) -> [B, S, heads * d] split (dp, 1, cp * tp)."""
+        b, s = x.shape[:2]
+        tp, cp = self.ulysses
+        x = self.swap_in(x.reshape(b, s, tp, cp, heads // (tp * cp), self.head_dim), (0, 1, 3, 2, 4, 5))
+        return self.all_to_all_in(x, (0, 1, 2, 3, 4, 5)).reshape(b, s, heads * self.head_dim)
+
+    def from_heads(self, x):
+        """to_heads' inverse for the output [B, S, heads * d]: [B*S, heads * d] split (dp*cp, tp)."""
+        b, s = x.shape[:2]
+        tp, cp = self.ulysses
+        x = self.all_to_all_out(x.reshape(b, s, cp, tp, self.num_heads // (tp * cp), self.head_dim),
+                                (0, 1, 2, 3, 4, 5))
+        return self.swap_out(x, (0, 1, 3, 2, 4, 5)).reshape(b * s, self.num_heads * self.head_dim)
 
     def construct(self, q, k, v, segment_ids=None):
         """segment_ids must be None: the trainer refuses packed data with flash attention (it would need
         sparse_mode 0 with a full mask, or the TND layout's actual_seq_qlen)."""
         b, s, n, d = q.shape
+        if self.ulysses is not None:
+            q, k, v = self.to_heads(q, n), self.to_heads(k, self.num_kv_heads), self.to_heads(v, self.num_kv_heads)
+            _, _, _, out = self.flash(q, k, v, None, None, None, self.causal_mask, None)
+            return self.from_heads(out)
         q = q.reshape(b, s, n * d)
         k = k.reshape(b, s, self.num_kv_heads * d)
         v = v.reshape(b, s, self.num_kv_heads * d)
@@ -150,8 +186,15 @@ class FlashAttention(nn.Cell):
         return out.reshape(b * s, n * d)
 
     def shard_strategies(self, style: str, layout) -> dict:
-        bsh = (layout.dp, 1, layout.tp)  # BSH layout, heads inside H
-        return {"flash": ((bsh, bsh, bsh, (1, 1)), None)}
+        dp, cp, tp = layout.dp, layout.cp, layout.tp
+        if layout.ulysses:
+            heads = (dp, 1, cp * tp)  # BSH, heads inside H split over cp x tp, the whole sequence
+            by_sequence, by_heads = (dp, cp, 1, tp, 1, 1), (dp, 1, cp, tp, 1, 1)
+            return {"flash": ((heads, heads, heads, (1, 1)), None), "swap_in": (((dp, cp, tp, 1, 1, 1),), None),
+                    "all_to_all_in": ((by_heads,), None), "all_to_all_out": ((by_sequence,), None),
+                    "swap_out": ((by_sequence,), None)}
+        # queries split along the sequence over cp, K and V whole (all-gathered over cp when cp > 1)
+        return {"flash": (((dp, cp, tp), (dp, 1, tp), (dp, 1, tp), (1, 1)), None)}
 
 
 class Attention(nn.Cell):

@@ -35,8 +35,14 @@ from models.spec import COLWISE, ROWWISE, SEQUENCE, VOCAB
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
 def token_split(layout, style: str) -> int:
-    """Into how many parts an op of `style` splits the token dimension: sequence parallel is this."""
-    return layout.dp * layout.tp if style == SEQUENCE and layout.sp else layout.dp
+    """Into how many parts an op of `style` splits the token dimension of [B*S, h]: data x context parallel
+    (Layout.token_rows), and tensor parallel too for the sequence style under sequence parallel."""
+    return layout.token_rows * (layout.tp if style == SEQUENCE and layout.sp else 1)
+
+
+def head_split(layout) -> tuple:
+    """The strategy of a per-head view [B, S, heads, d]: batch over dp, sequence over cp, heads over tp."""
+    return layout.dp, layout.cp, layout.tp, 1
 
 
 def param(shape: tuple, dtype, init) -> Parameter:
@@ -69,15 +75,15 @@ class Linear(nn.Cell):
     PARAMETER_INPUTS = {"weight": ("matmul", 1), "bias": ("bias_add", 1)}
 
     def shard_strategies(self, style: str, layout) -> dict:
-        dp, tp = layout.dp, layout.tp
+        rows, tp = layout.token_rows, layout.tp
         if style == COLWISE:
-            rules = {"matmul": (((dp, 1), (tp, 1)), None), "bias_add": (((dp, tp), (tp,)), None)}
+            rules = {"matmul": (((rows, 1), (tp, 1)), None), "bias_add": (((rows, tp), (tp,)), None)}
         elif style == ROWWISE:
-            scatter = ((dp * tp, 1),) if layout.sp else None
-            rules = {"matmul": (((dp, tp), (1, tp)), scatter),
+            scatter = ((rows * tp, 1),) if layout.sp else None
+            rules = {"matmul": (((rows, tp), (1, tp)), scatter),
                      "bias_add": (((token_split(layout, SEQUENCE), 1), (1,)), None)}
         else:
-            rules = {"matmul": (((dp, 1), (1, 1)), None), "bias_add": (((dp, 1), (1,)), None)}
+            rules = {"matmul": (((rows, 1), (1, 1)), None), "bias_add": (((rows, 1), (1,)), None)}
         if self.bias is None:
             del rules["bias_add"]
         return rules
@@ -112,9 +118,9 @@ class Embedding(nn.Cell):
     PARAMETER_INPUTS = {"weight": ("gather", 0)}
 
     def shard_strategies(self, style: str, layout) -> dict:
-        if style == VOCAB:
-            return {"gather": (((layout.tp if layout.vocab_parallel else 1, 1), (layout.dp, 1)), None)}
-        return {"gather": (((1, 1), (1,)), None)}  # the position table, indexed by [S] positions
+        if style == VOCAB:  # ids [B, S]: rows over dp, the sequence over cp
+            return {"gather": (((layout.tp if layout.vocab_parallel else 1, 1), (layout.dp, layout.cp)), None)}
+        return {"gather": (((1, 1), (layout.cp,)), None)}  # the position table, at the rank's [S/cp] positions
 
 class OutputHead(nn.Cell):
     """Logits = h E^T with its own weight `output.weight`, or with the token embedding when tied.
@@ -143,7 +149,7 @@ class OutputHead(nn.Cell):
 
     def shard_strategies(self, style: str, layout) -> dict:
         rows = layout.tp if style == VOCAB and layout.vocab_parallel else 1
-        return {"matmul": (((layout.dp, 1), (rows, 1)), None)}
+        return {"matmul": (((layout.token_rows, 1), (rows, 1)), None)}
 
 
 class Fp32Norm(nn.Cell):
@@ -199,7 +205,7 @@ class HeadRMSNorm(RMSNorm):
     stay split over tp as the projection before it split them."""
 
     def split(self, style: str, layout) -> tuple:
-        return layout.dp, 1, layout.tp, 1
+        return head_split(layout)
 
 
 class FusedRMSNorm(Fp32Norm):
@@ -299,9 +305,11 @@ class RotaryEmbedding(nn.Cell):
 
 
     def shard_strategies(self, style: str, layout) -> dict:
-        heads = (layout.dp, 1, layout.tp, 1)  # [B, S, heads, d]
+        """The tables [S, 1, d] split along the sequence as the heads are: each context-parallel rank
+        rotates by its own positions (context_positions), sliced from the constants by the compiler."""
+        heads, table = head_split(layout), (layout.cp, 1, 1)  # [B, S, heads, d]
         return {"slice_low": ((heads,), None), "slice_high": ((heads,), None), "concat": ((heads, heads), None),
-                "mul_cos": ((heads, (1, 1, 1)), None), "mul_sin": ((heads, (1, 1, 1)), None),
+                "mul_cos": ((heads, table), None), "mul_sin": ((heads, table), None),
                 "add": ((heads, heads), None)}
 
 class SwiGLU(nn.Cell):
@@ -322,7 +330,7 @@ class SwiGLU(nn.Cell):
     SELECTIVE_RECOMPUTE = ("act", "gate_mul")
 
     def shard_strategies(self, style: str, layout) -> dict:
-        x = (layout.dp, layout.tp)
+        x = (layout.token_rows, layout.tp)
         return {"act": ((x,), None), "gate_mul": ((x, x), None)}
 
 class GeluMLP(nn.Cell):
@@ -340,4 +348,4 @@ class GeluMLP(nn.Cell):
     SELECTIVE_RECOMPUTE = ("act",)
 
     def shard_strategies(self, style: str, layout) -> dict:
-        return {"act": (((layout.dp, layout.tp),), None)}
+        return {"act": (((layout.token_rows, layout.tp),), None)}

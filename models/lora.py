@@ -72,14 +72,14 @@ class LoraLinear(nn.Cell):
         input as the base matmul does (whole for colwise, split over its features for rowwise, partial
         sums reduced); B writes the output as the base does (features split for colwise, whole for
         rowwise), so the low-rank update adds to the base output without a redistribution."""
-        dp, tp = layout.dp, layout.tp
+        rows, tp = layout.token_rows, layout.tp
         rules = {f"base.{attr}": strategy for attr, strategy in self.base.shard_strategies(style, layout).items()}
         if style == COLWISE:
-            a, b, out = ((dp, 1), (1, 1)), ((dp, 1), (tp, 1)), (dp, tp)
+            a, b, out = ((rows, 1), (1, 1)), ((rows, 1), (tp, 1)), (rows, tp)
         elif style == ROWWISE:
-            a, b, out = ((dp, tp), (1, tp)), ((dp, 1), (1, 1)), (token_split(layout, SEQUENCE), 1)
+            a, b, out = ((rows, tp), (1, tp)), ((rows, 1), (1, 1)), (token_split(layout, SEQUENCE), 1)
         else:
-            a, b, out = ((dp, 1), (1, 1)), ((dp, 1), (1, 1)), (dp, 1)
+            a, b, out = ((rows, 1), (1, 1)), ((rows, 1), (1, 1)), (rows, 1)
         rules.update({"matmul_a": (a, None), "matmul_b": (b, None), "scale_mul": ((out, ()), None),
                       "lora_add": ((out, out), None)})
         return rules

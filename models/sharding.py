@@ -143,6 +143,7 @@ def describe_plan(cfg: Config) -> str:
     layout = Layout.of(cfg)
     p = cfg.parallel
     header = (f"sharding plan: {cfg.model.arch}, data_parallel={p.data_parallel} model_parallel={p.model_parallel} "
+              f"{f'context_parallel={p.context_parallel} ({p.context_parallel_algo}) ' if p.context_parallel > 1 else ''}"
               f"pipeline_stage={p.pipeline_stage} "
               f"{f'pipeline_interleave={p.pipeline_interleave} ' if p.pipeline_interleave > 1 else ''}"
               f"{f'pipeline_scheduler={p.pipeline_scheduler} ' if p.pipeline_scheduler != '1f1b' else ''}"

@@ -49,7 +49,7 @@ def attention_core(m: ModelConfig, layout: Layout) -> nn.Cell:
     """The attention kernel of the layout: flash, the composite one, or its CPU fast path."""
     head_dim = m.head_size
     if layout.attention == "flash":
-        return FlashAttention(m.num_heads, m.kv_heads, head_dim)
+        return FlashAttention(m.num_heads, m.kv_heads, head_dim, (layout.tp, layout.cp) if layout.ulysses else None)
     core = SplitCausalAttention if layout.cpu_kernels else CompositeAttention
     return core(m.num_heads, m.kv_heads, head_dim, m.seq_length, DTYPES[m.compute_dtype])
 
@@ -174,7 +174,8 @@ class CausalLM(nn.Cell):
         return self.logits(self.hidden_states(input_ids)).reshape(batch, seq, self.vocab_size)
 
     def shard_strategies(self, style: str, layout: Layout) -> dict:
-        return {"pos_add": (((layout.dp, 1, 1), (1, 1)), None)} if self.pos_embeddings is not None else {}
+        return {"pos_add": (((layout.dp, layout.cp, 1), (layout.cp, 1)), None)} if self.pos_embeddings is not None \
+            else {}
 
     def mark_recompute(self, layout: Layout) -> list[int]:
         """recompute.mode on the layers Layout.recomputed chose (the first n of every pipeline stage);
@@ -248,7 +249,7 @@ class ShardedCrossEntropy(nn.Cell):
 
     def shard_strategies(self, style: str, layout: Layout) -> dict:
         """[N, V] ops split the vocabulary over tp; the token sums reduce over dp."""
-        split, rows = (layout.dp, layout.tp), (layout.dp, 1)
+        split, rows = (layout.token_rows, layout.tp), (layout.token_rows, 1)
         return {"row_max": ((split,), None), "shift": ((split, rows), None), "exp": ((split,), None),
                 "sum_exp": ((split,), None), "log": ((rows,), None), "one_hot": ((split, (), ()), None),
                 "pick": ((split, split), None), "sum_picked": ((split,), None), "token_ce": ((rows, rows), None),

@@ -4,8 +4,9 @@
 the data pipeline and the planner ask for degrees, micro steps, stages, recomputed layers, the
 attention kernel, the CPU kernels and the loss form (sharded or not), instead of deriving them.
 
-Rank order (MindSpore's device matrix, tensor parallel innermost): rank = stage * (dp * tp) +
-dp_index * tp + tp_index. Ranks that differ only in tp_index, or only in stage, read the same rows.
+Rank order (MindSpore's device matrix, tensor parallel innermost): rank = stage * (dp * cp * tp) +
+dp_index * (cp * tp) + cp_index * tp + tp_index. Ranks that differ only in tp_index, cp_index or stage read
+the same rows; ranks that differ in cp_index hold different sequence chunks of them.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ class Layout:
     dp: int                     # data parallel
     tp: int                     # tensor parallel (parallel.model_parallel)
     pp: int                     # pipeline stages
+    cp: int                     # context parallel (parallel.context_parallel): activations split along the sequence
+    cp_algo: str                # colossalai_cp (K/V all-gathered) | ulysses_cp (all-to-all to a head split)
     micro_batch_size: int
     micro_steps: int            # micro batches per optimizer step (pipeline micro batches or accumulation)
     sharded: bool               # semi-auto parallel: the plan's .shard() strategies are compiled
@@ -61,7 +64,7 @@ class Layout:
         # strategies only: the parallel passes make each micro batch's backward end before the next one's
         # forward starts, and reduce the accumulated gradients once. Under DATA_PARALLEL nothing orders the
         # micro batches (docs/launch.md, "Gradient accumulation with several workers"); CPU has only that.
-        sharded = world > 1 and (p.model_parallel > 1 or p.pipeline_stage > 1 or
+        sharded = world > 1 and (p.model_parallel > 1 or p.pipeline_stage > 1 or p.context_parallel > 1 or
                                  (p.optimizer_shard and p.data_parallel > 1) or
                                  (micro_steps > 1 and device != "CPU"))
         a2_kernels = cfg.hardware.flash_attention and device == "Ascend"
@@ -74,6 +77,7 @@ class Layout:
                                            m.compute_dtype in FLASH_ATTENTION_DTYPES)
         return cls(
             device=device, dp=p.data_parallel, tp=p.model_parallel, pp=p.pipeline_stage,
+            cp=p.context_parallel, cp_algo=p.context_parallel_algo,
             micro_batch_size=cfg.train.micro_batch_size,
             micro_steps=micro_steps,
             sharded=sharded, data_parallel_mode=world > 1 and not sharded,
@@ -95,11 +99,23 @@ class Layout:
     # -- degrees and groups ---------------------------------------------------------------------
     @property
     def devices(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.cp * self.pp
 
     @property
     def stage_devices(self) -> int:
-        return self.dp * self.tp
+        return self.dp * self.cp * self.tp
+
+    @property
+    def token_rows(self) -> int:
+        """Into how many parts the token dimension of [B*S, h] activations is split: data parallel x context
+        parallel. With one row per data-parallel rank (validate.py asks micro_batch_size 1 under cp) part
+        dp_index * cp + cp_index is row dp_index's sequence chunk cp_index, i.e. [B, S/cp, h] per rank."""
+        return self.dp * self.cp
+
+    @property
+    def ulysses(self) -> bool:
+        """Attention on a head split: the all-to-all form of context parallel."""
+        return self.cp > 1 and self.cp_algo == "ulysses_cp"
 
     @property
     def rows_per_step(self) -> int:
@@ -121,7 +137,16 @@ class Layout:
 
     def data_rank(self, rank: int) -> int:
         """Which data-parallel share of each micro batch `rank` reads (0 .. dp-1)."""
-        return rank % self.stage_devices // self.tp
+        return rank % self.stage_devices // (self.cp * self.tp)
+
+    def context_rank(self, rank: int) -> int:
+        """Which sequence chunk (0 .. cp-1) `rank` holds: context_positions(seq, cp, this)."""
+        return rank % (self.cp * self.tp) // self.tp
+
+    def context_ranks(self, rank: int) -> list[int]:
+        """The cp group of `rank`: the ranks holding the other sequence chunks of its rows, tp apart."""
+        first = rank - self.context_rank(rank) * self.tp
+        return [first + i * self.tp for i in range(self.cp)]
 
     def stage_ranks(self, stage: int) -> range:
         return range(stage * self.stage_devices, (stage + 1) * self.stage_devices)
@@ -195,3 +220,23 @@ def recompute_layer_counts(cfg: Config) -> list[int]:
     if isinstance(layers, int):
         return [min(layers, n) for n in per_stage]
     return list(layers)
+
+
+def context_positions(seq_length: int, cp: int, index: int) -> range:
+    """The sequence positions context-parallel rank `index` holds: chunk `index` of cp equal, contiguous
+    chunks (MindSpore splits a dimension so; the compiled RoPE tables and the ids follow it). No head-tail
+    load balancing: with the causal mask, chunk c's queries see (c + 1/2) / cp of the keys on average."""
+    size = seq_length // cp
+    return range(index * size, (index + 1) * size)
+
+
+def flash_causal_band(seq_length: int, cp: int, index: int) -> tuple[int, int, int]:
+    """(sparse_mode, pre_tokens, next_tokens) of FlashAttentionScore on context-parallel rank `index` when
+    its queries are chunk `index` of a causal (sparse_mode 2) attention over all seq_length keys: what
+    MindSpore 2.9's parallel pass writes into the op (flash_attention_score_info.cc, "left-up causal to
+    right-down band"): sparse_mode 4, a band whose right-down aligned diagonal is moved back by the keys
+    after the chunk. tests/unit check that this band is the causal mask's rows of the chunk, and
+    tests/dryrun that the compiled op carries these numbers."""
+    q_len = seq_length // cp
+    after = seq_length - (index + 1) * q_len  # keys after the chunk's last query
+    return 4, seq_length + after, -after

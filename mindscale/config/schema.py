@@ -193,6 +193,17 @@ class ParallelConfig:
         "zero_bubble_v; anything but 1f1b needs pipeline_interleave > 1 (MindSpore 2.9 refuses it). "
         "zero_bubble_v is refused: it needs the chunks placed in a V, which MindScale does not build "
         "(docs/dryrun.md, interleaved pipeline).", "1f1b")
+    context_parallel: int = doc(
+        "Context-parallel degree c (MindFormers' context_parallel, Megatron's --context-parallel-size): every "
+        "activation is split along the sequence over c ranks, [B, S/c, h]; attention gathers what it needs "
+        "(context_parallel_algo). Devices = d x t x c x p. Needs flash attention, train.micro_batch_size 1 and "
+        "a seq_length that c divides (docs/dryrun.md, context parallel).", 1)
+    context_parallel_algo: Literal["colossalai_cp", "ulysses_cp"] = doc(
+        "How attention sees the whole sequence under context_parallel (MindFormers' names): colossalai_cp "
+        "all-gathers K and V over the c ranks (each rank's queries attend to the whole sequence; the "
+        "backward reduce-scatters their gradients); ulysses_cp swaps the sequence split for a head split "
+        "with an all-to-all before attention and back after it (heads and kv heads divisible by t x c).",
+        "colossalai_cp")
     sequence_parallel: bool = doc("Shard norms/dropout activations along the sequence (needs t > 1).", False)
     vocab_emb_dp: bool = doc("Keep the embedding data-parallel instead of vocab-sharded over t.", True)
     optimizer_shard: bool = doc("Shard optimizer states (and master weights) over data parallel.", False)
@@ -210,7 +221,7 @@ class ParallelConfig:
 
     @property
     def devices(self) -> int:
-        return self.data_parallel * self.model_parallel * self.pipeline_stage
+        return self.data_parallel * self.model_parallel * self.context_parallel * self.pipeline_stage
 
 
 @dataclass

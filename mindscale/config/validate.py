@@ -26,7 +26,7 @@ def _memory_pool(cfg: Config) -> None:
 def _positive(cfg: Config) -> None:
     for section, names in {
         "model": ["vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_hidden_size", "seq_length"],
-        "parallel": ["data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
+        "parallel": ["data_parallel", "model_parallel", "context_parallel", "pipeline_stage", "micro_batch_num",
                      "pipeline_interleave", "gradient_accumulation_steps"],
         "train": ["micro_batch_size", "steps", "log_interval"],
         "checkpoint": ["keep_last", "resume_step"],
@@ -171,6 +171,8 @@ def _parallel(cfg: Config) -> None:
         raise ConfigError(f"model.seq_length={m.seq_length} is not divisible by parallel.model_parallel={mp} "
                           "(sequence_parallel); change one of them")
 
+    _context_parallel(cfg)
+
     pp = p.pipeline_stage
     if pp > 1 and p.gradient_accumulation_steps > 1:
         raise ConfigError(f"parallel.gradient_accumulation_steps={p.gradient_accumulation_steps} with "
@@ -265,6 +267,42 @@ def _parallel(cfg: Config) -> None:
             f"parallel.data_parallel={p.data_parallel} x parallel.micro_batch_num={p.micro_batch_num} x "
             f"parallel.gradient_accumulation_steps={p.gradient_accumulation_steps} = {derived}; "
             "change one of them or drop global_batch_size")
+
+
+def _context_parallel(cfg: Config) -> None:
+    """parallel.context_parallel: what the sequence split needs from the other keys."""
+    m, p = cfg.model, cfg.parallel
+    cp, mp = p.context_parallel, p.model_parallel
+    if cp == 1:
+        if p.context_parallel_algo != "colossalai_cp":
+            raise ConfigError(f"parallel.context_parallel_algo={p.context_parallel_algo} needs "
+                              "parallel.context_parallel > 1; set context_parallel or drop the algorithm")
+        return
+    split = cp * mp if p.sequence_parallel else cp
+    if m.seq_length % split:
+        what = f"parallel.context_parallel={cp} x parallel.model_parallel={mp} (sequence_parallel)" \
+            if p.sequence_parallel else f"parallel.context_parallel={cp}"
+        raise ConfigError(f"model.seq_length={m.seq_length} is not divisible by {what}; pick a context_parallel "
+                          f"that divides the sequence, or a seq_length that is a multiple of {split}")
+    if cfg.hardware.device_target == "CPU":
+        raise ConfigError(f"parallel.context_parallel={cp} on CPU: it compiles under semi-auto parallel, which "
+                          "MindSpore refuses on CPU; set context_parallel=1, or use an Ascend hardware profile "
+                          "(tools/dryrun.py compiles it here)")
+    if Layout.of(cfg).attention != "flash":
+        raise ConfigError(f"parallel.context_parallel={cp} needs flash attention (FlashAttentionScore shards "
+                          "its queries along the sequence and bands the causal mask per rank); use a 910B profile "
+                          "with model.attention=auto or flash and compute_dtype bfloat16 or float16")
+    if cfg.train.micro_batch_size != 1:
+        raise ConfigError(f"parallel.context_parallel={cp} with train.micro_batch_size="
+                          f"{cfg.train.micro_batch_size}: tokens flow as [B*S, h] split over data_parallel x "
+                          "context_parallel, each rank's sequence chunk only with one row per data-parallel rank; "
+                          "set micro_batch_size=1 and raise micro_batch_num or gradient_accumulation_steps")
+    if p.context_parallel_algo == "ulysses_cp":
+        for key, value in [("model.num_heads", m.num_heads), ("model.num_kv_heads", m.kv_heads)]:
+            if value % (mp * cp):
+                raise ConfigError(f"{key}={value} is not divisible by parallel.model_parallel={mp} x "
+                                  f"parallel.context_parallel={cp} (ulysses_cp splits heads over both); use "
+                                  "context_parallel_algo=colossalai_cp or a smaller context_parallel")
 
 
 def _backend(cfg: Config) -> None:

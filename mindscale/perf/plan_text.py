@@ -37,13 +37,19 @@ def _count(n: float) -> str:
     return f"{n:.0f}"
 
 
+def _context(lay: dict, label: str) -> str:
+    """`label c x ` (header) or `label c ` (search) for a layout with context parallel, else nothing."""
+    c = lay["context_parallel"]
+    return "" if c == 1 else f"{label}{c} x " if label == "context " else f"{label}{c} "
+
+
 def text(result: dict) -> str:
     """The plan of one config: layout, parameters, FLOPs, memory per device, communication, prediction."""
     lay, mem, comm, pred = result["layout"], result["memory_gib"], result["comm_bytes_per_step"], result["predicted"]
     stages = lay["pipeline_stage"]
     lines = [
         f"{result['config']} on {result['devices']} x {result['hardware']}: data {lay['data_parallel']} x model "
-        f"{lay['model_parallel']} x pipeline {stages}; {lay['micro_batch_num']} micro batch(es) of "
+        f"{lay['model_parallel']} x {_context(lay, 'context ')}pipeline {stages}; {lay['micro_batch_num']} micro batch(es) of "
         f"{lay['micro_batch_size']} x {lay['gradient_accumulation_steps']} accumulation = global batch "
         f"{lay['global_batch_size']}; recompute {lay['recompute']} {lay['recompute_layers']}; "
         f"attention {lay['attention']}; sequence parallel {lay['sequence_parallel']}; "
@@ -65,8 +71,10 @@ def text(result: dict) -> str:
     lines.append(pipeline_line(result))
     lines.append(f"communication per device per step: data-parallel gradients {_bytes(comm['dp_grad_reduce'])}, "
                  f"tensor-parallel {_bytes(comm['tp'])} ({_bytes(comm['tp_per_layer'])} per layer and micro "
-                 f"batch; {_bytes(comm['tp_vocab'])} at the vocabulary lookup and head), pipeline send/recv "
-                 f"{_bytes(comm['pp_send_recv'])}")
+                 f"batch; {_bytes(comm['tp_vocab'])} at the vocabulary lookup and head), "
+                 + (f"context-parallel {_bytes(comm['cp'])} ({_bytes(comm['cp_per_layer'])} per layer and micro batch, "
+                    f"{lay['context_parallel_algo']}), " if lay["context_parallel"] > 1 else "")
+                 + f"pipeline send/recv {_bytes(comm['pp_send_recv'])}")
     lines.append(f"predicted: step {pred['step_time_s']:.3g} s, {pred['tokens_per_s']:,.0f} tokens/s "
                  f"({pred['tokens_per_s_per_device']:,.1f}/device), MFU {pred['mfu']:.1%}, HFU {pred['hfu']:.1%} "
                  f"(peak {pred['peak_tflops']:g} TFLOP/s per device; bubble {pred['bubble_fraction']:.1%}, "
@@ -104,7 +112,8 @@ def search_text(devices: int, found: list[dict]) -> str:
     for rank, entry in enumerate(found, 1):
         p, pred = entry["plan"], entry["plan"]["predicted"]
         lay = p["layout"]
-        lines.append(f"{rank}. dp {lay['data_parallel']} mp {lay['model_parallel']} pp {lay['pipeline_stage']}"
+        lines.append(f"{rank}. dp {lay['data_parallel']} mp {lay['model_parallel']} {_context(lay, 'cp ')}"
+                     f"pp {lay['pipeline_stage']}"
                      + (f" x {lay['pipeline_interleave']} chunks" if lay["pipeline_interleave"] > 1 else "") + ", "
                      f"micro batches {lay['micro_batch_num'] * lay['gradient_accumulation_steps']} x "
                      f"{lay['micro_batch_size']}, recompute {lay['recompute']} {lay['recompute_layers']}"
@@ -140,7 +149,8 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
             f"full {lay['recompute_layers']}"
         rows.append(f"| `{path.relative_to(REPO_ROOT)}` | {_count(result['params'])} | {result['devices']} "
                     f"({cfg.hardware.name}) | {lay['data_parallel']}/{lay['model_parallel']}/{lay['pipeline_stage']}"
-                    f"{f' x {v} chunks' if (v := lay['pipeline_interleave']) > 1 else ''} "
+                    f"{f' x {v} chunks' if (v := lay['pipeline_interleave']) > 1 else ''}"
+                    f"{f', cp {c}' if (c := lay['context_parallel']) > 1 else ''} "
                     f"| {micro} x {lay['micro_batch_size']} | {recompute} | "
                     f"{result['memory_gib']['total']:.1f} of {result['device_memory_gib']:g} | "
                     f"{result['predicted']['mfu']:.1%} |")

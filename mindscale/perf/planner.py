@@ -131,11 +131,55 @@ def layer_activation_bytes(seq: int, batch: int, hidden: int, heads: int, kv_hea
 
 
 def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool) -> float:
+    """One layer's kept bytes for one micro batch on one rank: its S/cp tokens under context parallel, and
+    the keys and values gathered from the other cp ranks, which the attention's backward reads."""
     m, p = cfg.model, cfg.parallel
-    return layer_activation_bytes(m.seq_length, cfg.train.micro_batch_size, m.hidden_size, m.num_heads, m.kv_heads,
-                                  m.ffn_hidden_size, mlp="swiglu" if m.spec.gated_mlp else "gelu",
-                                  t=p.model_parallel, sp=p.sequence_parallel, recompute=recompute, flash=flash,
-                                  dtypes=mindspore_dtypes(m.compute_dtype), head_dim=m.head_size)
+    local = layer_activation_bytes(m.seq_length // p.context_parallel, cfg.train.micro_batch_size, m.hidden_size,
+                                   m.num_heads, m.kv_heads, m.ffn_hidden_size, mlp="swiglu" if m.spec.gated_mlp else "gelu",
+                                   t=p.model_parallel, sp=p.sequence_parallel, recompute=recompute, flash=flash,
+                                   dtypes=mindspore_dtypes(m.compute_dtype), head_dim=m.head_size)
+    # full recompute rematerialises the gather only if it repeats communication (recompute.comm, MindSpore's
+    # mp_comm_recompute); otherwise the gathered K and V are kept like any communication output
+    return local + (0.0 if recompute == "full" and cfg.recompute.comm else gathered_kv_bytes(cfg))
+
+
+def local_tokens(cfg: Config) -> int:
+    """Tokens of one micro batch on one rank: micro_batch_size x seq_length / context_parallel."""
+    return cfg.train.micro_batch_size * cfg.model.seq_length // cfg.parallel.context_parallel
+
+
+def _kv_bytes(cfg: Config, tokens: int) -> float:
+    """K and V of `tokens` tokens on one rank (kv heads split over tp), in the compute dtype."""
+    m = cfg.model
+    return 2 * tokens * m.kv_heads * m.head_size / cfg.parallel.model_parallel * DTYPE_BYTES[m.compute_dtype]
+
+
+def gathered_kv_bytes(cfg: Config) -> float:
+    """colossalai_cp: per layer and micro batch, the K and V of the other cp ranks' tokens, all-gathered for
+    the rank's queries and kept for the backward (the all-gather's output is FlashAttentionScoreGrad's
+    input). 0 without context parallel and under ulysses_cp, whose all-to-all keeps the bytes it moves."""
+    p = cfg.parallel
+    if p.context_parallel == 1 or p.context_parallel_algo != "colossalai_cp":
+        return 0.0
+    return _kv_bytes(cfg, local_tokens(cfg) * (p.context_parallel - 1))
+
+
+def context_parallel_bytes_per_layer(cfg: Config) -> float:
+    """Ring bytes one rank sends per layer and micro batch for context parallel, forward and backward.
+    colossalai_cp: K and V all-gathered forward and their gradients reduce-scattered backward, (c-1)/c of the
+    whole-sequence tensors each way (again forward when full recompute repeats communication).
+    ulysses_cp: q, k, v and the attention output all-to-all forward and back in the backward, (c-1)/c of
+    the rank's own [S/c, heads/t] tensors each."""
+    m, p = cfg.model, cfg.parallel
+    c = p.context_parallel
+    if c == 1:
+        return 0.0
+    share = (c - 1) / c
+    if p.context_parallel_algo == "ulysses_cp":
+        q_and_out = 2 * local_tokens(cfg) * m.num_heads * m.head_size / p.model_parallel * DTYPE_BYTES[m.compute_dtype]
+        return 2 * share * (q_and_out + _kv_bytes(cfg, local_tokens(cfg)))
+    passes = 3 if cfg.recompute.mode == "full" and cfg.recompute.comm else 2
+    return passes * share * _kv_bytes(cfg, local_tokens(cfg) * c)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,8 +228,8 @@ def _slices_key(cfg: Config, layout: Layout) -> tuple:
 def _stored_key(cfg: Config, layout: Layout, stage: int) -> tuple:
     """What a stage's stored bytes and gradient traffic depend on: not recompute, which the search varies
     most (the tables are asked for every recompute variant of a layout)."""
-    return (_slices_key(cfg, layout), layout.dp, layout.optimizer_shard, layout.accumulation_shard,
-            layout.accumulates_in_graph, stage)
+    return (_slices_key(cfg, layout), layout.dp, layout.cp, layout.optimizer_shard, layout.accumulation_shard,
+            layout.accumulates_in_graph, stage)  # cp: the optimizer shards over the stage's dp x cp x tp ranks
 
 
 def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[ParameterSlice, ...]:
@@ -346,7 +390,7 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None) -> dict
     if r and layout.recompute == "full":
         activations += kept        # one layer rematerialised at a time during backward
     if stage == layout.pp - 1:
-        sb = m.seq_length * cfg.train.micro_batch_size
+        sb = local_tokens(cfg)
         t = layout.tp
         activations += sb * m.hidden_size * 4 / (t if layout.sp else 1)    # final norm input
         # the logits in the compute dtype (whole vocabulary on each rank unless the head is split), and
@@ -409,7 +453,7 @@ def communication(cfg: Config, stage: int) -> dict:
     """Bytes one device of `stage` sends per optimizer step (ring collectives)."""
     m, layout = cfg.model, Layout.of(cfg)
     t, stages, micro_batches = layout.tp, layout.pp, layout.micro_steps
-    hidden = m.seq_length * cfg.train.micro_batch_size * m.hidden_size      # elements of one micro batch's hidden states
+    hidden = local_tokens(cfg) * m.hidden_size      # elements of one micro batch's hidden states on the rank
     x = hidden * DTYPE_BYTES[m.compute_dtype]                               # as a layer's matmuls take them
     # Per layer and micro batch: 2 collectives forward, 2 backward (all-reduce, or all-gather +
     # reduce-scatter with sequence parallel: the same volume), 2(t-1)/t of the tensor each.
@@ -421,14 +465,16 @@ def communication(cfg: Config, stage: int) -> dict:
     vocab_ends = (stage == 0) + (stage == stages - 1) if layout.vocab_parallel else 0
     tp_vocab = vocab_ends * micro_batches * 2 * (t - 1) / t * x if t > 1 else 0.0
     tp = tp_per_layer * layout.layers_per_stage[stage] * micro_batches + tp_vocab
+    cp_per_layer = context_parallel_bytes_per_layer(cfg)
+    cp = cp_per_layer * layout.layers_per_stage[stage] * micro_batches
     dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
     dp = dp_once + dp_micro * micro_batches
     sends = pipeline_sends(stages, layout.interleave, stage)                # activations out, grads back
     stream = hidden * DTYPE_BYTES[m.residual_dtype]                         # what a stage sends: the residual stream
     pp = sends * micro_batches * stream / (t if layout.sp else 1) if stages > 1 else 0.0
     return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer,
-            "tp_vocab": tp_vocab, "tp": tp, "pp_send_recv": pp, "pp_sends_per_micro_batch": sends if stages > 1 else 0,
-            "total": dp + tp + pp}
+            "tp_vocab": tp_vocab, "tp": tp, "cp_per_layer": cp_per_layer, "cp": cp, "pp_send_recv": pp,
+            "pp_sends_per_micro_batch": sends if stages > 1 else 0, "total": dp + tp + cp + pp}
 
 
 def pipeline_sends(pp: int, interleave: int, stage: int) -> int:
@@ -450,15 +496,18 @@ def _stage_flops_per_token(cfg: Config, stage: int) -> float:
 
 def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
     m, layout = cfg.model, Layout.of(cfg)
-    d, t, stages, micro_steps = layout.dp, layout.tp, layout.pp, layout.micro_steps
-    tokens_per_micro_batch = cfg.train.micro_batch_size * m.seq_length
+    d, t, cp, stages, micro_steps = layout.dp, layout.tp, layout.cp, layout.pp, layout.micro_steps
+    tokens_per_micro_batch = local_tokens(cfg)  # on one rank: its sequence chunk under context parallel
     flop_rate = peak_tflops * 1e12 * efficiency
-    tp_bw, dp_bw, pp_bw = _bandwidth(cfg, t), _bandwidth(cfg, t * d), _bandwidth(cfg, t * d * stages)
+    # a cp group's ranks are t apart, a data-parallel group's t x cp, a pipeline's t x cp x d
+    tp_bw, cp_bw = _bandwidth(cfg, t), _bandwidth(cfg, t * cp)
+    dp_bw, pp_bw = _bandwidth(cfg, t * cp * d), _bandwidth(cfg, t * cp * d * stages)
     slots, comm = [], []
     for k in range(stages):
         c = communication(cfg, k)
         compute = tokens_per_micro_batch * _stage_flops_per_token(cfg, k) / t / flop_rate
-        slots.append(compute + (c["tp_per_layer"] * layout.layers_per_stage[k] + c["tp_vocab"] / micro_steps) / tp_bw)
+        slots.append(compute + (c["tp_per_layer"] * layout.layers_per_stage[k] + c["tp_vocab"] / micro_steps) / tp_bw
+                     + c["cp_per_layer"] * layout.layers_per_stage[k] / cp_bw)
         comm.append(c)
     slot = max(slots)
     # 1F1B over a pipeline's micro batches; accumulation steps run one after another. Interleaved 1F1B:
@@ -489,6 +538,10 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
         "assumptions": [
             f"hardware FLOPs run at {efficiency:.0%} of the {peak_tflops:g} TFLOP/s peak",
             "tensor-parallel collectives are on the critical path (not overlapped)",
+            *([f"context parallel ({layout.cp_algo}, c={cp}): its K/V all-gathers or all-to-alls are on the "
+               "critical path (not overlapped), and the causal work is balanced over the cp ranks (it is not: "
+               "without head-tail chunks the last chunk's queries see the most keys; flash skips the masked "
+               "blocks, so its rank is the slowest)"] if cp > 1 else []),
             f"1F1B pipeline: {micro_steps + stages - 1} micro-batch slots of the busiest stage per step "
             f"(bubble (p-1)/m = {(stages - 1) / micro_steps:.1%})" if stages > 1 and v == 1 else
             f"interleaved 1F1B pipeline (Narayanan et al. 2021), v={v} chunks per stage: {micro_steps} + "
@@ -527,6 +580,8 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
         "hardware": cfg.hardware.name,
         "devices": cfg.devices,
         "layout": {"data_parallel": cfg.parallel.data_parallel, "model_parallel": cfg.parallel.model_parallel,
+                   "context_parallel": cfg.parallel.context_parallel,
+                   "context_parallel_algo": cfg.parallel.context_parallel_algo,
                    "pipeline_stage": cfg.parallel.pipeline_stage, "micro_batch_num": cfg.parallel.micro_batch_num,
                    "micro_batch_size": cfg.train.micro_batch_size, "global_batch_size": cfg.global_batch_size,
                    "gradient_accumulation_steps": cfg.parallel.gradient_accumulation_steps,
@@ -582,12 +637,13 @@ def _batch_overrides(cfg: Config, dp: int, pp: int, mbs: int) -> list[str] | Non
 
 
 def replan_devices(cfg: Config, devices: int) -> Config:
-    """Same model/pipeline parallel and global batch on `devices` cards: data_parallel changes."""
+    """Same model/context/pipeline parallel and global batch on `devices` cards: data_parallel changes."""
     p = cfg.parallel
-    group = p.model_parallel * p.pipeline_stage
+    group = p.model_parallel * p.context_parallel * p.pipeline_stage
     if devices < 1 or devices % group:
-        raise PlanError(f"--devices {devices} is not a multiple of model_parallel x pipeline_stage = "
-                        f"{p.model_parallel} x {p.pipeline_stage} = {group}; pick a multiple or change them with --set")
+        raise PlanError(f"--devices {devices} is not a multiple of model_parallel x context_parallel x pipeline_stage "
+                        f"= {p.model_parallel} x {p.context_parallel} x {p.pipeline_stage} = {group}; pick a multiple "
+                        "or change them with --set")
     dp = devices // group
     batch = _batch_overrides(cfg, dp, p.pipeline_stage, cfg.train.micro_batch_size)
     if batch is None:
@@ -690,12 +746,18 @@ def _yaml(value) -> str:
 def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = None,
            efficiency: float | None = None, micro_batch_sizes: tuple = (1, 2, 4)) -> list[dict]:
     """Valid (dp, mp, pp, interleave, micro batches, recompute) layouts for `devices` keeping the global
-    batch, ranked by predicted tokens/s among those that fit. Each entry: overrides, plan."""
+    batch, ranked by predicted tokens/s among those that fit. Each entry: overrides, plan. The config's
+    context_parallel c is kept, not searched: the layouts share devices / c among dp x mp x pp."""
     peak = peak_tflops if peak_tflops is not None else device_peak_tflops(cfg)
     found = []
-    shapes = [(tp, pp, mbs) for tp in _divisors(devices) for pp in _divisors(devices // tp) for mbs in micro_batch_sizes]
+    cp = cfg.parallel.context_parallel
+    if devices % cp:
+        raise PlanError(f"--devices {devices} is not a multiple of parallel.context_parallel={cp}; pick a multiple "
+                        "or change it with --set")
+    shapes = [(tp, pp, mbs) for tp in _divisors(devices // cp) for pp in _divisors(devices // cp // tp)
+              for mbs in micro_batch_sizes]
     for tp, pp, mbs in shapes:
-        dp = devices // (tp * pp)
+        dp = devices // (tp * pp * cp)
         micro = cfg.global_batch_size // (dp * mbs)
         for v in interleave_choices(cfg.model.num_layers, pp, micro):
             layout = _layout_overrides(cfg, dp, tp, pp, mbs, v)

@@ -74,8 +74,10 @@ def twin(path) -> list[str]:
     offsets = [0] * pp if chunks > 1 else \
         p.stage_offset if isinstance(p.stage_offset, list) else [p.stage_offset] * pp
     layers = pp * chunks if chunks > 1 else max(2, pp) + sum(offsets) if pp > 1 else 2
+    # a context-parallel twin keeps 2 tokens per rank of each sequence chunk's split (cp, x tp under sp)
+    seq = max(64, 2 * p.context_parallel * (mp if p.sequence_parallel else 1))
     out = [f"model.num_heads={heads}", f"model.num_kv_heads={mp if gqa else 'null'}", f"model.hidden_size={16 * heads}",
-           f"model.ffn_hidden_size={32 * heads}", f"model.vocab_size={128 * mp}", "model.seq_length=64",
+           f"model.ffn_hidden_size={32 * heads}", f"model.vocab_size={128 * mp}", f"model.seq_length={seq}",
            f"model.num_layers={layers}", "train.global_batch_size=null",
            f"parallel.micro_batch_num={pp if pp > 1 else 1}",
            f"parallel.gradient_accumulation_steps={min(p.gradient_accumulation_steps, 2)}"]
@@ -584,7 +586,10 @@ def test_bad_input_is_one_line_and_exit_2():
                          (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--set", "model.num_heads=3"],
                           "num_heads"),
                          (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910a", "--set",
-                           "model.compute_dtype=bfloat16"], "no bf16 matmul")):
+                           "model.compute_dtype=bfloat16"], "no bf16 matmul"),
+                         (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--set",
+                           "parallel.context_parallel=3"], "model.seq_length=128 is not divisible by "
+                                                           "parallel.context_parallel=3")):
         proc = subprocess.run([sys.executable, "tools/dryrun.py", *argv], cwd=REPO_ROOT, capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, \

@@ -331,7 +331,7 @@ def test_readme_table_lists_every_shipped_config(capsys):
     assert code == 0
     for path in plan_cli.shipped_configs():
         assert f"`{path.relative_to(REPO_ROOT)}`" in out.out
-    assert len(plan_cli.shipped_configs()) == 23
+    assert len(plan_cli.shipped_configs()) == 25  # with llama3_1_8b_128k and llama3_1_70b_128k
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -355,3 +355,24 @@ def test_strategies_flag_prints_the_models_sharding_table():
     assert out.returncode == 0, out.stderr
     assert "layers.*.attention.wq      colwise   matmul              ((4,1),(4,1))" in out.stdout
     assert "stage 7: layers 70-79 (10)" in out.stdout
+
+
+LLAMA3_1_8B_128K = REPO_ROOT / "configs" / "llama3_1" / "llama3_1_8b_128k.yaml"
+
+
+def test_context_parallel_counts_its_tokens_the_gathered_kv_and_its_devices():
+    """cp 8, tp 4 with sp, bf16, flash: a layer keeps S/8 tokens' activations plus the K and V gathered from
+    the other 7 ranks; it sends (c-1)/c of the whole-sequence K and V forward and of their gradients back."""
+    cfg = load_config(LLAMA3_1_8B_128K)
+    m, c, t = cfg.model, cfg.parallel.context_parallel, cfg.parallel.model_parallel
+    local = planner.layer_activation_bytes(m.seq_length // c, 1, m.hidden_size, m.num_heads, m.kv_heads,
+                                           m.ffn_hidden_size, mlp="swiglu", t=t, sp=True, flash=True,
+                                           dtypes=planner.mindspore_dtypes("bfloat16"))
+    kv_whole = 2 * m.seq_length * m.kv_heads * m.head_size / t * 2  # K and V of the whole sequence, bf16
+    assert planner._model_layer_activation_bytes(cfg, "none", True) == local + kv_whole * (c - 1) / c
+    assert planner.communication(cfg, 0)["cp_per_layer"] == 2 * (c - 1) / c * kv_whole
+    assert cfg.devices == 8 * 4 * 8
+    wider = planner.replan_devices(cfg, 512)
+    assert (wider.parallel.data_parallel, wider.parallel.context_parallel) == (16, 8)
+    with pytest.raises(planner.PlanError, match="model_parallel x context_parallel x pipeline_stage = 4 x 8 x 1"):
+        planner.replan_devices(cfg, 48)

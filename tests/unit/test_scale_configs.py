@@ -19,6 +19,7 @@ EXPECTED = {
     "llama3/llama3_70b.yaml": 70_553_706_496, "llama3/llama3_405b.yaml": 405_853_388_800,
     "llama3_1/llama3_1_8b.yaml": 8_030_261_248, "llama3_1/llama3_1_70b.yaml": 70_553_706_496,
     "llama3_1/llama3_1_405b.yaml": 405_853_388_800,
+    "llama3_1/llama3_1_8b_128k.yaml": 8_030_261_248, "llama3_1/llama3_1_70b_128k.yaml": 70_553_706_496,
     "llama3_2/llama3_2_1b.yaml": 1_235_814_400, "llama3_2/llama3_2_3b.yaml": 3_212_749_824,
     "qwen2/qwen2_5_7b.yaml": 7_615_616_512, "qwen2/qwen2_5_14b.yaml": 14_770_033_664,
     "qwen2/qwen2_5_32b.yaml": 32_763_876_352, "qwen2/qwen2_5_72b.yaml": 72_706_203_648,

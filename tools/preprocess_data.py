@@ -45,7 +45,8 @@ def parse_args(argv):
     parser.add_argument("--text-key", default=defaults.text_key, help="pretrain: column holding the text")
     parser.add_argument("--text-unit", choices=["document", "paragraph", "line"], default=defaults.text_unit,
                         help="text files: what one document is (a whole file, a blank-line block, a line)")
-    parser.add_argument("--workers", type=int, default=defaults.workers, help="tokenizer threads")
+    parser.add_argument("--workers", type=int, default=defaults.workers,
+                        help="tokenizer processes (pretrain; the main process reads and writes) or threads (sft)")
     parser.add_argument("--vocab-size", type=int, help="refuse a tokenizer larger than this (default: "
                                                        "model.vocab_size with --config)")
     parser.add_argument("--valid-fraction", type=float, default=defaults.valid_fraction,

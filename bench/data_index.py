@@ -150,9 +150,10 @@ def section(results: dict) -> list[str]:
 
 
 def splice(markdown: str, lines: list[str]) -> str:
-    """BENCHMARKS.md with section 7 replaced, or inserted before 'How to rerun'."""
+    """BENCHMARKS.md with the section `lines` render (its heading up to the first '(': '## 7. Sample index
+    build and read ') replaced, or inserted before 'How to rerun' (phase 8 splices its own with this too)."""
     text = "\n".join(lines)
-    head, marker = "## 7. Sample index", "## How to rerun"
+    head, marker = lines[0].split("(")[0], "## How to rerun"
     if head in markdown:
         start = markdown.index(head)
         end = markdown.index("\n## ", start + 1) + 1

@@ -118,9 +118,10 @@ def child_tool(folder: Path, workers: int) -> dict:
     wall_s = time.perf_counter() - began
     manifest = json.loads((out / "manifest.json").read_text())
     shutil.rmtree(out)
+    main, workers_ = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"wall_s": wall_s, "num_tokens": manifest["num_tokens"], "num_samples": manifest["num_samples"],
-            "main_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "worker_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+            "main_peak_mib": main.ru_maxrss / 1024, "worker_peak_mib": workers_.ru_maxrss / 1024,
+            "main_cpu_s": main.ru_utime + main.ru_stime, "workers_cpu_s": workers_.ru_utime + workers_.ru_stime}
 
 
 def _child(kind: str, folder: Path, workers: int) -> dict:
@@ -182,6 +183,8 @@ def section(results: dict) -> list[str]:
             f"{t['worker_peak_mib']:.0f} largest worker |",
             f"| SentencePiece encode alone, {r['workers']} threads (ceiling) | {r['ceiling_mb_s']:.2f} | "
             f"{r['ceiling']['tokens'] / r['ceiling']['encode_s']:,.0f} | {r['ceiling']['encode_s']:.0f} | |", "",
+            f"CPU seconds of the tool: {t['main_cpu_s']:.0f} in the main process (reading, packing, writing), "
+            f"{t['workers_cpu_s']:.0f} in its tokenizer processes. "
             f"Ratio {r['ratio']:.2f} x the ceiling. Targets (issue 31): at least {TARGET_RATIO} x the ceiling and peak "
             f"RSS under {TARGET_RSS_MIB / 1024:.0f} GiB: {'met' if met else 'NOT met'}.", "",
             f"Command: `{r['command']}`.", ""]

@@ -48,6 +48,7 @@ from mindscale.train.data.templates import RecordError, encode_examples
 WRITE_BATCH = 1024  # samples per FileWriter.write_raw_data call
 READ_BATCH = 256  # records per batch read from an input (datasets' iter); documents are then chunked by size
 CHUNK_CHARS = 1 << 21  # pretrain: characters of text per tokenizer task (2 Mi: ~10 ms of pickling, ~1 s to tokenize)
+IN_FLIGHT = 4  # chunks per tokenizer process submitted ahead of the one being packed
 
 
 @dataclass(frozen=True)
@@ -178,15 +179,17 @@ def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def ordered_map(function, items: Iterable, workers: int, initializer, initargs: tuple) -> Iterator:
-    """function(item) of each item in order, computed by `workers` spawned processes with at most 2 x workers
-    items in flight. Not Pool.imap: its feeder thread reads the whole input ahead, so memory would grow with
-    the input. Spawned, not forked: the parent runs reader threads (pyarrow) that a fork could catch holding
-    a lock."""
+    """function(item) of each item in order, computed by `workers` spawned processes with at most
+    IN_FLIGHT x workers items in flight (enough that the workers keep busy while the caller imports
+    MindSpore or commits a shard). Not Pool.imap: its feeder thread reads the whole input ahead, so memory
+    would grow with the input. Spawned, not forked: the parent may run reader threads (pyarrow) that a
+    fork could catch holding a lock; so, as for any spawned pool, a script calling this needs the
+    `if __name__ == "__main__":` guard."""
     with multiprocessing.get_context("spawn").Pool(workers, initializer, initargs) as pool:
         pending: deque = deque()
         for item in items:
             pending.append(pool.apply_async(function, (item,)))
-            if len(pending) >= 2 * workers:
+            if len(pending) >= IN_FLIGHT * workers:
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()

@@ -190,27 +190,17 @@ def section(results: dict) -> list[str]:
             f"Command: `{r['command']}`.", ""]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mb", type=float, default=500.0, help="MB of text in the corpus")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--markdown", action="store_true", help="splice section 8 into BENCHMARKS.md")
-    parser.add_argument("--child", choices=["ceiling", "tool"], help=argparse.SUPPRESS)
-    parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps((child_ceiling if args.child == "ceiling" else child_tool)(args.dir, args.workers)))
-        return 0
-    results = run(lambda line: print(line, file=sys.stderr), args.mb, args.workers)
-    if args.json:
-        print(json.dumps(results))
-    if args.markdown:
-        from bench.data_index import splice
 
-        path = REPO / "BENCHMARKS.md"
-        path.write_text(splice(path.read_text(), section({"preprocess": results})))
-    return 0 if "error" not in results else 1
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.data_index import phase_main
+
+    return phase_main(argv, __doc__, "preprocess", section, _arguments,
+                      {"ceiling": lambda a: child_ceiling(a.dir, a.workers), "tool": lambda a: child_tool(a.dir, a.workers)},
+                      lambda a, log: run(log, a.mb, a.workers))
 
 
 if __name__ == "__main__":

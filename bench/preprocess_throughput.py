@@ -4,7 +4,8 @@
 
 1. A corpus of at least --mb MB of text (UTF-8 bytes of the documents): this Python's standard library
    sources, one document per file, drawn in a seeded random order (repeating) into one JSON-lines file;
-   a SentencePiece BPE tokenizer of 8000 tokens trained on a sample of them (tools/train_tokenizer.py).
+   a SentencePiece BPE tokenizer of 8000 tokens trained on 4 MB of them (1 MiB for a tiny run;
+   tools/train_tokenizer.py).
 2. The ceiling, in a process of its own: the same documents read back and handed to SentencePiece in
    the tool's chunks (preprocess.CHUNK_CHARS characters) with num_threads = --workers; only the encode
    calls are timed. It is measured before and after the tool and the faster of the two is the ceiling,
@@ -69,7 +70,7 @@ def make_corpus(folder: Path, megabytes: float) -> dict:
         for text in rng.sample(texts, len(texts)):
             out.write(text + "\n")
             size += len(text)
-            if size >= TOKENIZER_SAMPLE_BYTES:
+            if size >= min(TOKENIZER_SAMPLE_BYTES, max(megabytes * 1e6, 1 << 20)):  # a tiny run trains on 1 MiB
                 break
     subprocess.run([sys.executable, "tools/train_tokenizer.py", "--input", str(sample), "--vocab-size", str(VOCAB),
                     "--output", str(folder / "tok"), "--max-sentences", "200000"], cwd=REPO, check=True,

@@ -150,9 +150,10 @@ def section(results: dict) -> list[str]:
 
 
 def splice(markdown: str, lines: list[str]) -> str:
-    """BENCHMARKS.md with section 7 replaced, or inserted before 'How to rerun'."""
+    """BENCHMARKS.md with the section `lines` render (its heading up to the first '(': '## 7. Sample index
+    build and read ') replaced, or inserted before 'How to rerun' (phase 8 splices its own with this too)."""
     text = "\n".join(lines)
-    head, marker = "## 7. Sample index", "## How to rerun"
+    head, marker = lines[0].split("(")[0], "## How to rerun"
     if head in markdown:
         start = markdown.index(head)
         end = markdown.index("\n## ", start + 1) + 1
@@ -161,24 +162,36 @@ def splice(markdown: str, lines: list[str]) -> str:
     return markdown[:at] + text + "\n" + markdown[at:]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=float, nargs="+", default=[1e7, 1e8, 1e9])
+def phase_main(argv, doc: str, key: str, section, add_arguments, children: dict, run_phase) -> int:
+    """The command line of a bench phase module (this one, bench/preprocess_throughput.py): its own
+    arguments (`add_arguments(parser)`), a hidden `--child KIND --dir D` that prints children[KIND](args) as
+    JSON, else run_phase(args, log) with --json (print the results) and --markdown (splice `section` of
+    {key: results} into BENCHMARKS.md); exit 1 when the results hold an error."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    add_arguments(parser)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--markdown", action="store_true", help="splice section 7 into BENCHMARKS.md")
-    parser.add_argument("--child", choices=["build", "rank"], help=argparse.SUPPRESS)
+    parser.add_argument("--markdown", action="store_true", help="splice its section into BENCHMARKS.md")
+    parser.add_argument("--child", choices=sorted(children), help=argparse.SUPPRESS)
     parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps((child_build if args.child == "build" else child_rank)(args.dir, int(args.samples[0]))))
+        print(json.dumps(children[args.child](args)))
         return 0
-    results = run(lambda line: print(line, file=sys.stderr), [int(n) for n in args.samples])
+    results = run_phase(args, lambda line: print(line, file=sys.stderr))
     if args.json:
         print(json.dumps(results))
     if args.markdown:
         path = REPO / "BENCHMARKS.md"
-        path.write_text(splice(path.read_text(), section({"data_index": results})))
-    return 0
+        path.write_text(splice(path.read_text(), section({key: results})))
+    return 1 if "error" in results else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return phase_main(
+        argv, __doc__, "data_index", section,
+        lambda parser: parser.add_argument("--samples", type=float, nargs="+", default=[1e7, 1e8, 1e9]),
+        {"build": lambda a: child_build(a.dir, int(a.samples[0])), "rank": lambda a: child_rank(a.dir, int(a.samples[0]))},
+        lambda a, log: run(log, [int(n) for n in a.samples]))
 
 
 if __name__ == "__main__":

@@ -354,3 +354,20 @@ def test_data_index_phase_builds_reads_and_renders():
     text = data_index.splice("# B\n\n## 6. x\n\n## How to rerun\n", lines)
     assert text.index("## 7.") < text.index("## How to rerun") and data_index.splice(text, lines) == text
     assert data_index.section({}) == []
+
+
+def test_preprocess_phase_measures_the_tool_and_its_ceiling_and_renders():
+    """Phase 8 for real on 0.3 MB of text: the tool and the bare tokenizer run in their own processes with the
+    same corpus and report time, tokens and memory; the section renders them and splices after section 7."""
+    from bench import data_index, preprocess_throughput
+
+    r = preprocess_throughput.run(lambda text: None, megabytes=0.3, workers=2)
+    assert "error" not in r, r
+    assert r["corpus"]["text_bytes"] >= 3e5 and r["tool"]["num_samples"] > 0 and r["ratio"] > 0
+    assert abs(r["tool"]["num_tokens"] - r["corpus"]["documents"] - r["ceiling"]["tokens"]) == 0  # + one EOS each
+    assert r["tool"]["main_peak_mib"] > 0 and r["tool"]["worker_peak_mib"] > 0 and r["tool"]["workers_cpu_s"] > 0
+    lines = preprocess_throughput.section({"preprocess": r})
+    assert lines[0].startswith("## 8. Preprocessing") and f"| {r['tool_mb_s']:.2f} |" in "\n".join(lines)
+    text = data_index.splice("# B\n\n## 7. Sample index x\n\ny\n\n## How to rerun\n", lines)
+    assert text.index("## 7.") < text.index("## 8.") < text.index("## How to rerun")
+    assert data_index.splice(text, lines) == text and preprocess_throughput.section({}) == []

@@ -10,7 +10,9 @@ pretrain: documents are tokenized, each followed by EOS, joined into one stream 
 samples of seq_length + 1 tokens (consecutive samples share one boundary token); the tail is
 dropped and counted in the manifest. sft: records rendered with a prompt template into token ids
 and an answer-only loss mask, one example per sample or with --pack several per sample with
-segment_ids. The output folder appears only when complete. The samples written are counted on
+segment_ids. pretrain streams in bounded memory: --workers N processes tokenize chunks of documents
+while the main process reads, packs and writes, with the same output for any N (docs/data.md
+"Workers, memory and throughput"). The output folder appears only when complete. The samples written are counted on
 stderr: a bar on a terminal, else a line every 10 s (mindscale/progress.py). The layout of the samples
 is described in mindscale/train/data/preprocess.py (which does the work) and docs/data.md.
 """
@@ -45,7 +47,8 @@ def parse_args(argv):
     parser.add_argument("--text-key", default=defaults.text_key, help="pretrain: column holding the text")
     parser.add_argument("--text-unit", choices=["document", "paragraph", "line"], default=defaults.text_unit,
                         help="text files: what one document is (a whole file, a blank-line block, a line)")
-    parser.add_argument("--workers", type=int, default=defaults.workers, help="tokenizer threads")
+    parser.add_argument("--workers", type=int, default=defaults.workers,
+                        help="tokenizer processes (pretrain; the main process reads and writes) or threads (sft)")
     parser.add_argument("--vocab-size", type=int, help="refuse a tokenizer larger than this (default: "
                                                        "model.vocab_size with --config)")
     parser.add_argument("--valid-fraction", type=float, default=defaults.valid_fraction,

@@ -190,6 +190,62 @@ def test_valid_fraction_holds_out_whole_documents_evenly_and_deterministically(w
     assert steps(cfg, count=1)[0]["input_ids"].shape == (2, SEQ)  # a data folder the loader reads
 
 
+def test_worker_count_and_chunk_size_do_not_change_the_output(work, tokenizer, pretrain_folder):
+    """2 tokenizer processes on chunks of ~200 characters (a few documents each, many chunks in flight) write
+    byte-identical shards, the same held-out split and the same manifests as 1 process on one chunk."""
+    from mindscale.train.data.dataset import resolve_sources
+    from mindscale.train.data.preprocess import Options, load_tokenizer, preprocess as write_folder
+
+    sources, encoder = resolve_sources([str(work / "docs.jsonl")]), load_tokenizer(str(tokenizer), None)
+    folders = []
+    for workers, chunk in ((1, 1 << 21), (2, 200)):
+        folders.append(work / f"workers_{workers}")
+        write_folder(folders[-1], Options(workers=workers, chunk_chars=chunk, valid_fraction=0.25, shard_size=10),
+                     sources, encoder, SEQ)
+    for sub in ("", "valid"):
+        one, two = (read_manifest(f / sub) for f in folders)
+        assert one == two and len(one["shards"]) > 1
+        for shard in one["shards"]:
+            assert (folders[0] / sub / shard["file"]).read_bytes() == (folders[1] / sub / shard["file"]).read_bytes()
+    assert [r["input_ids"].tobytes() for r in stored(folders[1])] != []
+
+
+RSS_CHILD = """
+import json, resource, sys
+from pathlib import Path
+from mindscale.train.data.dataset import resolve_sources
+from mindscale.train.data.preprocess import Options, load_tokenizer, preprocess
+if __name__ == "__main__":
+    corpus, tokenizer, out = sys.argv[1:4]
+    preprocess(Path(out), Options(workers=2, chunk_chars=1 << 14), resolve_sources([corpus]),
+               load_tokenizer(tokenizer, None), 64)
+    print(json.dumps([resource.getrusage(who).ru_maxrss / 1024
+                      for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]))
+"""
+
+
+def test_peak_memory_does_not_grow_with_the_input(work, tokenizer):
+    """Peak RSS (ru_maxrss) of the main process and of the tokenizer processes for ~1.3 and ~8 MB of JSON lines
+    in 16 KiB chunks: the workers' within 4 MiB, the main process's by less than twice the extra input (what
+    holding the extra text and its int32 tokens would add; the reader's 1 MiB blocks and allocator cause the
+    few MiB it does grow)."""
+    script = work / "rss_child.py"
+    script.write_text(RSS_CHILD)
+    peaks = []
+    for megabytes in (1, 6):
+        corpus = work / f"rss_{megabytes}.jsonl"
+        docs = make_documents(seed=megabytes, count=megabytes * 10_000)
+        corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+        proc = subprocess.run([sys.executable, str(script), str(corpus), str(tokenizer), str(work / f"rss_out_{megabytes}")],
+                              capture_output=True, text=True, timeout=180, cwd=ROOT,
+                              env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        peaks.append(json.loads(proc.stdout.strip().splitlines()[-1]) + [corpus.stat().st_size / 2 ** 20])
+    (main, workers, size), (main_big, workers_big, size_big) = peaks
+    assert workers_big - workers < 4, peaks  # the tokenizer processes hold a few chunks
+    assert main_big - main < 2 * (size_big - size), peaks  # holding the extra text and its tokens would exceed it
+
+
 def test_manifest_records_tokenizer_ids_and_shards(pretrain_folder, tokenizer, sp):
     manifest = read_manifest(pretrain_folder)
     from mindscale.io import sha256

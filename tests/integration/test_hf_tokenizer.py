@@ -178,7 +178,7 @@ def test_pretraining_data_holds_the_library_ids_and_the_trainer_checks_the_folde
     (work / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
     out = work / "pre"
     code, _, err = run_tool("tools/preprocess_data.py", "--input", work / "docs.jsonl", "--tokenizer", folder,
-                            "--seq-length", SEQ, "--output", out)
+                            "--seq-length", SEQ, "--output", out, "--workers", 2)  # the folder loads in the workers
     assert code == 0, err
     stream = [t for d in documents for t in trained.encode(d, add_special_tokens=False).ids + [ours.eos_id]]
     rows = stored(out)

@@ -347,6 +347,7 @@ SOURCE_FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".py": "text",
                   ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 GLOB_CHARS = set("*?[")
+READ_BLOCK = 1 << 20  # text/json: bytes `datasets` reads and parses at a time; records are the same for any size
 
 
 @dataclass(frozen=True)
@@ -409,6 +410,8 @@ def _open_source(source: Source, text_unit: str):
     datasets = _quiet_datasets()
     if source.format != "disk":
         options = {"sample_by": text_unit} if source.format == "text" else {}
+        if source.format in ("text", "json"):  # bytes parsed at a time (the builders' default is 10 MiB)
+            options["chunksize"] = READ_BLOCK
         return datasets.load_dataset(source.format, data_files=[source.path], split="train", streaming=True,
                                      **options)
     loaded = datasets.load_from_disk(source.path)

@@ -16,12 +16,22 @@ counted; examples left without answer tokens are dropped and counted.
 The output folder is written under a temporary name and renamed when complete, so a failure or a
 kill never leaves a half-written or half-replaced folder. Every problem with the input raises
 DataError (one line).
+
+Streaming (pretrain): the main process reads the inputs in record batches and groups the documents into
+chunks of about CHUNK_CHARS characters; with workers > 1 a pool of that many processes tokenizes the
+chunks, at most 2 x workers of them in flight (`ordered_map`), and the main process receives each chunk's
+tokens (one int32 array) in input order, holds out, packs and writes them. Memory is therefore a few
+chunks plus the reader's and the writer's buffers, whatever the input size (one document is never split:
+a single huge document is tokenized whole). Tokenizing a document does not depend on its neighbours, so
+the samples are the same for any worker count or chunk size.
 """
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -36,6 +46,9 @@ from mindscale.train.data.chat_template import get_template
 from mindscale.train.data.templates import RecordError, encode_examples
 
 WRITE_BATCH = 1024  # samples per FileWriter.write_raw_data call
+READ_BATCH = 256  # records per batch read from an input (datasets' iter); documents are then chunked by size
+CHUNK_CHARS = 1 << 21  # pretrain: characters of text per tokenizer task (2 Mi: ~10 ms of pickling, ~1 s to tokenize)
+IN_FLIGHT = 4  # chunks per tokenizer process submitted ahead of the one being packed
 
 
 @dataclass(frozen=True)
@@ -47,8 +60,9 @@ class Options:
     shard_size: int = 16384         # samples per MindRecord file
     text_key: str = "text"          # pretrain: column holding the text
     text_unit: str = "document"     # text files: document (a whole file) | paragraph | line
-    workers: int = 1                # tokenizer threads
+    workers: int = 1                # tokenizer processes (pretrain) or threads (sft)
     valid_fraction: float = 0.0     # pretrain: documents held out into <output>/valid (mindscale/train/data/heldout.py)
+    chunk_chars: int = CHUNK_CHARS  # pretrain: characters of text per tokenizer task
 
 
 def load_tokenizer(path: str, vocab_limit: int | None):
@@ -126,16 +140,71 @@ class ShardWriter:
 # pretrain: documents joined with EOS and cut into seq_length + 1 token samples
 
 
-def documents(sources: list[Source], options: Options, tokenizer, stats: dict) -> Iterator[list[np.ndarray]]:
-    """Token ids of each non-empty document followed by EOS, in input order, one list per batch."""
+def text_chunks(sources: list[Source], options: Options, stats: dict) -> Iterator[list[str]]:
+    """The non-empty documents in input order, in lists of about `options.chunk_chars` characters (a list
+    ends after the document that reaches it; the last may be shorter)."""
+    chunk: list[str] = []
+    size = 0
     for source in sources:
-        for batch in read_batches(source, options.text_unit):
+        for batch in read_batches(source, options.text_unit, READ_BATCH):
             texts = [t for t in column(batch, options.text_key, source) if t and t.strip()]
             stats["empty_documents_skipped"] += len(batch[options.text_key]) - len(texts)
             stats["documents"] += len(texts)
-            if texts:
-                encoded = tokenizer.encode(texts, num_threads=options.workers)
-                yield [np.array(ids + [tokenizer.eos_id], np.int32) for ids in encoded]
+            for text in texts:
+                chunk.append(text)
+                size += len(text)
+                if size >= options.chunk_chars:
+                    yield chunk
+                    chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def encode_chunk(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids of every text followed by EOS, concatenated as int32; each document's end offset)."""
+    docs = [np.array(ids + [tokenizer.eos_id], np.int32) for ids in tokenizer.encode(texts)]
+    return np.concatenate(docs), np.cumsum([len(d) for d in docs])
+
+
+_worker_tokenizer = None  # the tokenizer of a pool process (_start_worker)
+
+
+def _start_worker(path: str) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizers.load_tokenizer(path, "--tokenizer")
+
+
+def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    return encode_chunk(_worker_tokenizer, texts)
+
+
+def ordered_map(function, items: Iterable, workers: int, initializer, initargs: tuple) -> Iterator:
+    """function(item) of each item in order, computed by `workers` spawned processes with at most
+    IN_FLIGHT x workers items in flight (enough that the workers keep busy while the caller imports
+    MindSpore or commits a shard). Not Pool.imap: its feeder thread reads the whole input ahead, so memory
+    would grow with the input. Spawned, not forked: the parent may run reader threads (pyarrow) that a
+    fork could catch holding a lock; so, as for any spawned pool, a script calling this needs the
+    `if __name__ == "__main__":` guard."""
+    with multiprocessing.get_context("spawn").Pool(workers, initializer, initargs) as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.apply_async(function, (item,)))
+            if len(pending) >= IN_FLIGHT * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def documents(sources: list[Source], options: Options, tokenizer, stats: dict) -> Iterator[list[np.ndarray]]:
+    """Token ids of each non-empty document followed by EOS, in input order, one list per chunk of text
+    (text_chunks), tokenized in `options.workers` processes (ordered_map) or, for one, in this one."""
+    chunks = text_chunks(sources, options, stats)
+    if options.workers == 1:
+        encoded = (encode_chunk(tokenizer, texts) for texts in chunks)
+    else:
+        encoded = ordered_map(_encode_in_worker, chunks, options.workers, _start_worker, (str(tokenizer.path),))
+    for tokens, ends in encoded:
+        yield np.split(tokens, ends[:-1])
 
 
 class Packer:

@@ -19,7 +19,7 @@ DataError (one line).
 
 Streaming (pretrain): the main process reads the inputs in record batches and groups the documents into
 chunks of about CHUNK_CHARS characters; with workers > 1 a pool of that many processes tokenizes the
-chunks, at most 2 x workers of them in flight (`ordered_map`), and the main process receives each chunk's
+chunks, at most IN_FLIGHT x workers of them in flight (`ordered_map`), and the main process receives each chunk's
 tokens (one int32 array) in input order, holds out, packs and writes them. Memory is therefore a few
 chunks plus the reader's and the writer's buffers, whatever the input size (one document is never split:
 a single huge document is tokenized whole). Tokenizing a document does not depend on its neighbours, so

@@ -17,6 +17,8 @@ batch[:, 1:], every position counted in the loss.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -58,6 +60,9 @@ def build_mindscale(cfg: Config, batch: np.ndarray) -> System:
     from mindscale.train.loop.runtime import setup
     from mindscale.train.loop.trainer import Trainer
 
+    # no compile cache: the bench times the compile (and runs from bench/work, where MindSpore could not
+    # open the entry script it hashes into the cache)
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, compile_cache=False))
     trainer = Trainer(cfg, setup(cfg))  # setup: graph mode, CPU, threads_num = cores of this process
     step_cell = trainer.step_cell
     # The trainer's batch layout: [rows, seq] (a step's micro batches stacked; one here)

@@ -14,7 +14,7 @@ chunk 0) and rank 6 (last stage, chunk 1), once per algorithm. What each rank's 
   and optimizer bytes the compiled ones.
 
 A dry run proves compiler acceptance only: not the kernels, numerics, speed or device memory
-(tests/models/test_context_parallel.py executes the per-rank arithmetic on CPU).
+(tests/models/test_context_parallel_masks.py executes the per-rank arithmetic on CPU).
 """
 import re
 

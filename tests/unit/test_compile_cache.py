@@ -45,3 +45,13 @@ def test_sharded_layouts_and_pynative_are_not_cached_and_a_stale_key_of_this_ran
     cache = CompileCache.of(cfg, Layout.of(cfg, "CPU", 2), tmp_path, "CPU", 0)
     assert cache.folder.parent == (tmp_path / CACHE_DIR).absolute() and cache.skipped is None
     assert [p.name for p in (tmp_path / CACHE_DIR / "0123456789abcdef").iterdir()] == ["rank_1"]
+
+
+def test_an_entry_script_mindspore_cannot_open_turns_the_cache_off_in_one_line(tmp_path, monkeypatch):
+    """MindSpore opens sys.argv[0] (resolved at its import) to hash it into the cache: a `python -c` run,
+    or a script that changed directory first, would fail in the compile; the cache stays off instead."""
+    cfg = load_config(TINY)
+    monkeypatch.setattr("sys.argv", ["bench/not_here.py"])
+    monkeypatch.chdir(tmp_path)
+    cache = CompileCache.of(cfg, Layout.of(cfg, "CPU", 2), tmp_path, "CPU", 0)
+    assert cache.folder is None and "'bench/not_here.py'" in cache.skipped and "\n" not in cache.skipped

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -91,6 +92,17 @@ class Compiled:
 SHARDED_SKIP = ("sharded layouts compile every launch: MindSpore 2.9.0's cached graph loses the parameters' "
                 "full shapes, which a sharded restore computes its slices from")
 
+ENTRY_SKIP = ("MindSpore hashes the entry script {script!r} into the cache and cannot open it from the working "
+              "directory it was imported in; run the script by a path valid there")
+
+
+def _unreadable_entry_script() -> str | None:
+    """sys.argv[0] when MindSpore cannot open it to hash it: it resolves it against the working directory
+    when it is imported (mindspore/graph/api.py), and a cached compile then fails on the missing file
+    (a `python -c` run, or a script that changed directory before importing MindSpore)."""
+    script = sys.argv[0] if sys.argv else ""
+    return script if script and not os.path.isfile(os.path.realpath(script)) else None
+
 
 class CompileCache:
     """This rank's cache folder, or none (`folder` None) when run.compile_cache is off, the mode has no
@@ -105,6 +117,8 @@ class CompileCache:
             return cls(None, rank)
         if layout.sharded:
             return cls(None, rank, SHARDED_SKIP)
+        if _unreadable_entry_script():
+            return cls(None, rank, ENTRY_SKIP.format(script=_unreadable_entry_script()))
         import mindspore as ms
         root = Path(run_dir).absolute() / CACHE_DIR
         key = cache_key(cfg, device, ms.__version__)

@@ -32,7 +32,8 @@ def test_the_sources_digest_sees_an_edit_of_a_model_file(tmp_path):
     assert sources_digest(tmp_path) != before
 
 
-def test_sharded_layouts_and_pynative_are_not_cached_and_a_stale_key_of_this_rank_goes(tmp_path):
+def test_sharded_layouts_and_pynative_are_not_cached_and_a_stale_key_of_this_rank_goes(tmp_path, monkeypatch):
+    monkeypatch.setattr("sys.argv", [__file__])  # an xdist worker runs as `python -c`: no entry script to hash
     sharded = load_config(TINY, ["parallel.model_parallel=2", "parallel.data_parallel=1", "hardware=ascend910b"])
     cache = CompileCache.of(sharded, Layout.of(sharded, "Ascend", 2), tmp_path, "Ascend", 0)
     assert cache.folder is None and cache.skipped == SHARDED_SKIP

@@ -5,7 +5,8 @@ separate wq/wk/wv matmuls (no slicing of a fused output), applies rotary embeddi
 uses them, and hands q, k, v to a core that returns [tokens, heads * d]:
 
 * `CompositeAttention`: BatchMatMul + fp32 softmax + additive causal mask. Runs everywhere.
-* `FlashAttention`: the FlashAttentionScore kernel (Atlas A2 only, never executed on CPU here).
+* `FlashAttention`: the FlashAttentionScore kernel (Atlas A2 only, never executed on CPU here); on packed
+  data its TND layout, each packed example a causal sequence of its own.
 * models/cpu_kernels.py: the composite core with CPU-only fast paths (Layout.cpu_kernels).
 
 GQA without copying k/v: the heads that share a kv head are laid side by side along the query
@@ -140,15 +141,39 @@ class FlashAttention(nn.Cell):
     lowers to an all-to-all (Jacobs et al. 2023, DeepSpeed-Ulysses; MindFormers' ulysses_cp builds it so
     too). Rank (c, t) then holds heads t*N/tp + c*N/(tp*cp) + r, the kv heads of its query heads among
     them, and attends over the whole sequence with the plain causal mask.
+
+    Packed data (segment_ids) takes the TND layout instead (`packed`): each data-parallel rank's rows laid end to
+    end as [T, heads, d], every packed example a causal sequence of its own, bounded by the cumulative ends
+    `sequence_ends` computes from segment_ids in the graph (docs/models.md, "Packed data under flash attention").
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, ulysses: tuple | None = None):
-        """ulysses: (tp, cp) for the all-to-all form of context parallel, else None."""
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, ulysses: tuple | None = None,
+                 packed_slots: int = 1, row_blocks: int = 1):
+        """ulysses: (tp, cp) for the all-to-all form of context parallel, else None. For packed data
+        (`sequence_ends`): packed_slots, the ends a row gives the kernel (its examples' and its padding's), and
+        Layout.row_blocks."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.causal_mask = flash_causal_mask()
         self.flash = FlashAttentionScore(head_num=num_heads, scale_value=1.0 / math.sqrt(head_dim),
                                          input_layout="BSH", sparse_mode=2)
+        # Packed data: every row's tokens one after another ([T, heads, d]), each example a causal sequence of
+        # its own, bounded by the cumulative ends actual_seq_qlen = actual_seq_kvlen. sparse_mode 3 (right-down
+        # causal per sequence; with equal query and key lengths the same mask as 2) with next_tokens 0, as
+        # MindSpore 2.9 asks of TND and MindFormers 1.9 builds it.
+        self.flash_packed = FlashAttentionScore(head_num=num_heads, scale_value=1.0 / math.sqrt(head_dim),
+                                                next_tokens=0, input_layout="TND", sparse_mode=3)
+        self.row_blocks = row_blocks
+        self.slot_shift = ops.Add()
+        self.slot_of = ops.FloorMod()
+        self.slot_numbers = Tensor(np.arange(packed_slots, dtype=np.int32).reshape(1, 1, 1, packed_slots))
+        self.in_slot = ops.LessEqual()
+        self.in_slot_cast = ops.Cast()
+        self.count_ends = ops.ReduceSum()
+        self.row_length = ops.ReduceMax(keep_dims=True)
+        self.row_start = ops.CumSum(exclusive=True)
+        self.offset_ends = ops.Add()
+        self.ends_cast = ops.Cast()
         self.ulysses = ulysses
         if ulysses is not None:
             self.swap_in = ops.Transpose()    # [B, S, tp, cp, r, d] -> [B, S, cp, tp, r, d]
@@ -171,10 +196,37 @@ class FlashAttention(nn.Cell):
                                 (0, 1, 2, 3, 4, 5))
         return self.swap_out(x, (0, 1, 3, 2, 4, 5)).reshape(b * s, self.num_heads * self.head_dim)
 
-    def construct(self, q, k, v, segment_ids=None):
-        """segment_ids must be None: the trainer refuses packed data with flash attention (it would need
-        sparse_mode 0 with a full mask, or the TND layout's actual_seq_qlen)."""
+    def sequence_ends(self, segment_ids):
+        """segment_ids [B, S] (the packed examples 1, 2, ... in order, then padding 0) -> actual_seq_qlen [B * slots]
+        int32: the cumulative end of every example as FlashAttentionScore's TND layout reads them, one list per
+        data-parallel rank over its rows (row j of a rank's block offset by j * S, MindFormers' per-row offset).
+
+        Per row, example j takes slot j - 1 and the padding the last slot; slot k ends where the tokens of slots
+        <= k end. A row's slots past its examples end where its last example does (empty sequences), its last
+        slot at S. Counted in float32 (exact to 2^24), cast to int32 once."""
+        b, s = segment_ids.shape
+        slots = self.slot_numbers.shape[-1]
+        rows = segment_ids.reshape(self.row_blocks, b // self.row_blocks, s, 1)
+        slot = self.slot_of(self.slot_shift(rows, slots - 1), slots)
+        ends = self.count_ends(self.in_slot_cast(self.in_slot(slot, self.slot_numbers), ms.float32), 2)
+        starts = self.row_start(self.row_length(ends, -1), 1)  # a row's last end is S: row j starts at j * S
+        return self.ends_cast(self.offset_ends(ends, starts), ms.int32).reshape(-1)
+
+    def packed(self, q, k, v, segment_ids):
+        """q [B, S, heads, d], k, v [B, S, kv_heads, d] of packed rows -> [B*S, heads * d]: the TND kernel."""
         b, s, n, d = q.shape
+        ends = self.sequence_ends(segment_ids)
+        q = q.reshape(b * s, n, d)
+        k = k.reshape(b * s, self.num_kv_heads, d)
+        v = v.reshape(b * s, self.num_kv_heads, d)
+        _, _, _, out = self.flash_packed(q, k, v, None, None, None, self.causal_mask, None, ends, ends)
+        return out.reshape(b * s, n * d)
+
+    def construct(self, q, k, v, segment_ids=None):
+        """segment_ids [B, S] of packed data: each example attends within itself (`packed`)."""
+        b, s, n, d = q.shape
+        if segment_ids is not None:
+            return self.packed(q, k, v, segment_ids)
         if self.ulysses is not None:
             q, k, v = self.to_heads(q, n), self.to_heads(k, self.num_kv_heads), self.to_heads(v, self.num_kv_heads)
             _, _, _, out = self.flash(q, k, v, None, None, None, self.causal_mask, None)
@@ -194,7 +246,21 @@ class FlashAttention(nn.Cell):
                     "all_to_all_in": ((by_heads,), None), "all_to_all_out": ((by_sequence,), None),
                     "swap_out": ((by_sequence,), None)}
         # queries split along the sequence over cp, K and V whole (all-gathered over cp when cp > 1)
-        return {"flash": (((dp, cp, tp), (dp, 1, tp), (dp, 1, tp), (1, 1)), None)}
+        return {"flash": (((dp, cp, tp), (dp, 1, tp), (dp, 1, tp), (1, 1)), None), **self.packed_strategies(dp, tp)}
+
+    @staticmethod
+    def packed_strategies(dp: int, tp: int) -> dict:
+        """Packed data (not under context parallel: validate.py): TND tokens [T, heads, d] split over dp (each
+        rank its own rows' tokens), heads over tp; actual_seq_qlen/kvlen over dp, each rank its block of ends
+        (MindSpore 2.9's flash_attention_score_info.cc splits them so, and rewrites their values only when
+        the tokens are split along a sequence)."""
+        tnd, rows = (dp, tp, 1), (dp, 1, 1, 1)  # rows: [blocks, rows, S, slots], one block per dp rank
+        return {"flash_packed": ((tnd, tnd, tnd, (1, 1), (dp,), (dp,)), None),
+                "slot_shift": ((rows, ()), None), "slot_of": ((rows, ()), None),
+                "in_slot": ((rows, (1, 1, 1, 1)), None), "in_slot_cast": ((rows,), None),
+                "count_ends": ((rows,), None), "row_length": (((dp, 1, 1),), None),
+                "row_start": (((dp, 1, 1),), None), "offset_ends": (((dp, 1, 1), (dp, 1, 1)), None),
+                "ends_cast": (((dp, 1, 1),), None)}
 
 
 class Attention(nn.Cell):

@@ -49,7 +49,8 @@ def attention_core(m: ModelConfig, layout: Layout) -> nn.Cell:
     """The attention kernel of the layout: flash, the composite one, or its CPU fast path."""
     head_dim = m.head_size
     if layout.attention == "flash":
-        return FlashAttention(m.num_heads, m.kv_heads, head_dim, (layout.tp, layout.cp) if layout.ulysses else None)
+        return FlashAttention(m.num_heads, m.kv_heads, head_dim, (layout.tp, layout.cp) if layout.ulysses else None,
+                              layout.packed_examples + 1, layout.row_blocks)
     core = SplitCausalAttention if layout.cpu_kernels else CompositeAttention
     return core(m.num_heads, m.kv_heads, head_dim, m.seq_length, DTYPES[m.compute_dtype])
 
@@ -153,8 +154,8 @@ class CausalLM(nn.Cell):
 
     def hidden_states(self, input_ids, segment_ids=None):
         """Final-norm output [B*S, h] in the compute dtype; `segment_ids` [B, S] keeps attention within
-        each packed example (composite attention; rotary positions are relative, so with the mask each
-        LLaMA example computes as if alone)."""
+        each packed example (the composite core's mask, the flash core's TND lengths; rotary positions are
+        relative, so each LLaMA example computes as if alone)."""
         batch, seq = input_ids.shape
         x = self.tok_embeddings(input_ids)
         if self.pos_embeddings is not None:

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from mindscale.cli import OneLineParser, add_config_arguments, config_from_args, fail
-from mindscale.config import UserError
+from mindscale.config import UserError, validate_packed
 from mindscale.launch.dryrun_ranks import DEFAULT_TIMEOUT_S, Job, choose_ranks, compile_ranks, for_ascend, line
 
 
@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, layout = for_ascend(cfg)
         ranks = [args.rank] if args.rank is not None else choose_ranks(args.ranks, layout)
+        if args.packed:
+            validate_packed(cfg, layout)
     except UserError as exc:
         fail(str(exc))
     if args.jobs < 1:

@@ -9,11 +9,11 @@ from mindscale.config.load import (HARDWARE_DIR, REPO_ROOT, apply_override, conf
 from mindscale.config.schema import (TEMPLATE_NAMES, CheckpointConfig, Config, DataConfig,
                                      FinetuneConfig, HardwareConfig, LoraConfig, ModelConfig, ParallelConfig,
                                      ProfileConfig, RecomputeConfig, RunConfig, TrainConfig)
-from mindscale.config.validate import validate
+from mindscale.config.validate import validate, validate_packed
 
 __all__ = ["ConfigError", "UserError", "OPTIMIZER_SHARD_MIN_KIB", "Layout", "recompute_layer_counts",
            "stage_layer_counts", "HARDWARE_DIR", "REPO_ROOT", "apply_override", "config_from_tree", "load_config",
            "load_yaml_tree", "parse_yaml", "reference_markdown", "TEMPLATE_NAMES",
            "CheckpointConfig", "Config", "DataConfig", "FinetuneConfig", "HardwareConfig", "LoraConfig",
            "ModelConfig", "ParallelConfig", "ProfileConfig", "RecomputeConfig", "RunConfig", "TrainConfig",
-           "validate"]
+           "validate", "validate_packed"]

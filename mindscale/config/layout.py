@@ -20,6 +20,10 @@ OPTIMIZER_SHARD_MIN_KIB = 64
 # The compute dtypes FlashAttentionScore takes for query, key and value, as MindSpore 2.9 documents the op
 # (docs/models.md, "Ascend-only kernels"); the dry run does not check kernel dtypes
 FLASH_ATTENTION_DTYPES = ("float16", "bfloat16")
+# The most sequences one FlashAttentionScore call takes in the TND layout (the length of actual_seq_qlen), as
+# MindSpore 2.9 documents the op's input_layout: a rank's micro batch of packed rows gives it
+# micro_batch_size x (Layout.packed_examples + 1) (models/attention.py, FlashAttention.sequence_ends)
+FLASH_TND_MAX_SEQUENCES = 1024
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class Layout:
     accumulation_shard: bool    # gradient-accumulation buffers sharded like the optimizer state
     vocab_parallel: bool        # embedding and output head split over the vocabulary (tp > 1, not vocab_emb_dp)
     attention: str              # flash | composite (auto: flash on Atlas A2 in a dtype FlashAttentionScore takes)
+    packed_examples: int | None # flash: the most examples a packed row may hold (data.max_packed_examples), whose
+                                # ends FlashAttentionScore's TND layout takes; composite: None (any number)
     fused_norm: bool            # the RmsNorm kernel (Atlas A2) instead of composite RMSNorm
     cpu_kernels: bool           # CPU-only fast paths (models/cpu_kernels.py; the train step's MatMul norm)
     interleave: int             # model chunks per stage v (parallel.pipeline_interleave)
@@ -86,6 +92,7 @@ class Layout:
             accumulation_shard=p.gradient_accumulation_shard,
             vocab_parallel=p.model_parallel > 1 and not p.vocab_emb_dp,
             attention="flash" if flash else "composite",
+            packed_examples=cfg.data.max_packed_examples if flash else None,
             fused_norm=a2_kernels or flash,  # the RmsNorm kernel where the model has RMSNorm
             cpu_kernels=device == "CPU" and not sharded,
             interleave=p.pipeline_interleave, scheduler=p.pipeline_scheduler,
@@ -111,6 +118,12 @@ class Layout:
         parallel. With one row per data-parallel rank (validate.py asks micro_batch_size 1 under cp) part
         dp_index * cp + cp_index is row dp_index's sequence chunk cp_index, i.e. [B, S/cp, h] per rank."""
         return self.dp * self.cp
+
+    @property
+    def row_blocks(self) -> int:
+        """Into how many data-parallel blocks of rows the batch of a compiled graph falls: dp in a sharded graph
+        (its shapes are global, each rank computing one block), 1 where every worker compiles its own rows."""
+        return self.dp if self.sharded else 1
 
     @property
     def ulysses(self) -> bool:

@@ -300,6 +300,11 @@ class DataConfig:
     shuffle: bool = doc("Shuffle samples deterministically by run.seed.", True)
     eos_id: int = doc("End-of-sequence id used to join documents.", 2)
     pad_id: int = doc("Padding id (ignored in the loss).", 0)
+    max_packed_examples: int = doc(
+        "Packed SFT data under flash attention: the most examples one packed sample may hold. FlashAttentionScore's "
+        "TND layout takes each row's example ends in this many slots plus one for its padding (MindFormers' "
+        "eod_pad_length); train.micro_batch_size x (this + 1) must stay within the kernel's 1024 sequences per "
+        "call. A sample holding more is refused. Composite attention takes any number.", 127)
 
 
 @dataclass

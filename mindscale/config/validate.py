@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 from mindscale.config.errors import ConfigError
-from mindscale.config.layout import (FLASH_ATTENTION_DTYPES, Layout, chunk_layer_counts_of, stage_layer_counts,
-                                     stage_totals)
+from mindscale.config.layout import (FLASH_ATTENTION_DTYPES, FLASH_TND_MAX_SEQUENCES, Layout, chunk_layer_counts_of,
+                                     stage_layer_counts, stage_totals)
 from mindscale.config.schema import TEMPLATE_NAMES, Config, ModelConfig
 
 
@@ -31,6 +31,7 @@ def _positive(cfg: Config) -> None:
         "train": ["micro_batch_size", "steps", "log_interval"],
         "checkpoint": ["keep_last", "resume_step"],
         "run": ["stop_vote_interval"],
+        "data": ["max_packed_examples"],
     }.items():
         for name in names:
             value = getattr(getattr(cfg, section), name)
@@ -362,6 +363,25 @@ def _finetune(cfg: Config) -> None:
                           "set finetune.hf_dims=false")
     if f.template is not None and f.template not in TEMPLATE_NAMES:
         raise ConfigError(f"finetune.template={f.template!r}: use one of {sorted(TEMPLATE_NAMES)} or null")
+
+
+def validate_packed(cfg: Config, layout: Layout) -> None:
+    """Packed SFT data (segment_ids), checked once the data is known to be packed (the trainer, the evaluator,
+    tools/dryrun.py --packed): what flash attention's TND layout needs (models/attention.py, FlashAttention)."""
+    if layout.attention != "flash":
+        return
+    if layout.cp > 1:
+        raise ConfigError(f"packed SFT data (segment_ids) with parallel.context_parallel={layout.cp}: flash "
+                          "attention's TND layout is built here for whole sequences only (MindSpore 2.9 splits "
+                          "TND tokens along a sequence only under a Layout strategy); set context_parallel=1, or "
+                          "preprocess without --pack")
+    sequences = cfg.train.micro_batch_size * (layout.packed_examples + 1)
+    if sequences > FLASH_TND_MAX_SEQUENCES:
+        mbs = cfg.train.micro_batch_size
+        raise ConfigError(f"packed SFT data with flash attention: train.micro_batch_size={mbs} x "
+                          f"(data.max_packed_examples={layout.packed_examples} + 1) = {sequences} sequences per "
+                          f"FlashAttentionScore call, over the {FLASH_TND_MAX_SEQUENCES} MindSpore 2.9 documents for "
+                          "its TND layout; lower micro_batch_size (raise micro_batch_num) or max_packed_examples")
 
 
 def validate(cfg: Config) -> None:

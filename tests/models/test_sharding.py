@@ -161,6 +161,11 @@ def test_flash_attention_and_fused_rmsnorm_are_built_for_atlas_a2():
     assert mask.shape == (2048, 2048) and mask.dtype == np.uint8
     np.testing.assert_array_equal(mask, np.triu(np.ones((2048, 2048), np.uint8), 1))  # 1 = masked (future)
     assert strategy(flash) == ((2, 1, 4), (2, 1, 4), (2, 1, 4), (1, 1))
+    packed = core.flash_packed  # packed data: TND, causal per sequence, each rank its tokens' ends
+    assert packed.attrs["input_layout"] == FlashAttentionScore(head_num=1, input_layout="TND").attrs["input_layout"]
+    assert (packed.attrs["sparse_mode"], packed.attrs["next_tokens"]) == (3, 0)
+    assert strategy(packed) == ((2, 4, 1), (2, 4, 1), (2, 4, 1), (1, 1), (2,), (2,))
+    assert core.slot_numbers.shape[-1] == cfg.data.max_packed_examples + 1 and core.row_blocks == 2
     assert model.layers[0].attention_norm.norm.attrs["epsilon"] == pytest.approx(cfg.model.norm_eps)
     assert strategy(model.layers[0].attention_norm.norm) == ((2, 1), (1,))
 

@@ -1,4 +1,5 @@
 """Config system: inheritance, overrides, typing, every validation rule, round trip, CLI exit codes."""
+import re
 import subprocess
 import sys
 import textwrap
@@ -6,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mindscale.config import (REPO_ROOT, Config, ConfigError, config_from_tree, load_config, parse_yaml,
-                              recompute_layer_counts, stage_layer_counts)
+from mindscale.config import (REPO_ROOT, Config, ConfigError, Layout, config_from_tree, load_config, parse_yaml,
+                              recompute_layer_counts, stage_layer_counts, validate_packed)
 
 TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
 
@@ -146,6 +147,7 @@ def test_round_trip_through_yaml():
                                          "hardware.max_device_memory_gib"),
     (["train.eval_interval=10"], "train.eval_interval=10 needs data.valid_path"),
     (["train.eval_steps=0"], "train.eval_steps=0: must be >= 1"),
+    (["data.max_packed_examples=0"], "data.max_packed_examples=0: must be >= 1"),
     # context parallel: the sequence split's needs (tiny llama: 4 heads, 2 kv heads, seq 128, dp 2)
     (["parallel.context_parallel=0"], "parallel.context_parallel=0: must be >= 1"),
     (["parallel.context_parallel_algo=ulysses_cp"], "parallel.context_parallel_algo=ulysses_cp needs "
@@ -174,6 +176,25 @@ def test_validation_rule_messages(overrides, message):
     text = str(info.value)
     assert message in text
     assert "\n" not in text
+
+
+def test_packed_data_is_checked_against_what_flash_attentions_tnd_layout_takes():
+    """Only once the data is packed (validate_packed: trainer, evaluator, tools/dryrun.py --packed): a config
+    with micro batches too large for TND is fine for unpacked data, and composite attention takes any."""
+    flash = ["hardware=ascend910b", "model.compute_dtype=bfloat16"]
+    for sets in ([*flash, "train.micro_batch_size=8"],
+                 [*flash, "train.micro_batch_size=2", "data.max_packed_examples=511"],  # 1024: the most it takes
+                 [*flash, "train.micro_batch_size=16", "model.attention=composite"], ["train.micro_batch_size=16"]):
+        cfg = load_config(TINY, sets)
+        validate_packed(cfg, Layout.of(cfg, "Ascend"))
+    for sets, message in [([*flash, "train.micro_batch_size=16"], "train.micro_batch_size=16 x (data.max_packed_"
+                                                                  "examples=127 + 1) = 2048 sequences"),
+                          ([*flash, "train.micro_batch_size=2", "data.max_packed_examples=512"], "= 1026 sequences"),
+                          ([*flash, "train.micro_batch_size=1", "parallel.context_parallel=2"],
+                           "packed SFT data (segment_ids) with parallel.context_parallel=2")]:
+        cfg = load_config(TINY, sets)
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            validate_packed(cfg, Layout.of(cfg, "Ascend"))
 
 
 def test_stage_and_recompute_layer_counts():

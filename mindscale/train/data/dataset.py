@@ -200,9 +200,15 @@ def make_batch(rows: list[dict]) -> dict:
     return batch
 
 
-def step_rows(micro: list[dict]) -> tuple[np.ndarray, ...]:
+def step_rows(micro: list[dict], max_examples: Optional[int] = None) -> tuple[np.ndarray, ...]:
     """A step's inputs from its micro batches, each stacked along rows, in the order the train step (and the
-    validation step) take them: input_ids, labels, loss_mask[, segment_ids]."""
+    validation step) take them: input_ids, labels, loss_mask[, segment_ids]. `max_examples`: the most packed
+    examples a row may hold (Layout.packed_examples), else any number."""
+    most = max(int(m["segment_ids"].max()) for m in micro) if "segment_ids" in micro[0] else 0
+    if max_examples is not None and most > max_examples:  # packed examples are numbered 1, 2, ... in each row
+        raise DataError(f"a packed sample holds {most} examples, more than data.max_packed_examples={max_examples} "
+                        "(the example ends flash attention's TND layout takes per row); raise it "
+                        "(train.micro_batch_size x (it + 1) <= 1024) or set model.attention=composite")
     return tuple(np.concatenate([m[key] for m in micro])
                  for key in ("input_ids", "labels", "loss_mask", "segment_ids") if key in micro[0])
 

@@ -166,7 +166,7 @@ class Evaluator:
         source = iter(build_dataset(self.held_out, self.data_rank, self.layout.dp, split="valid"))
         for _ in range(self.cfg.train.eval_steps):
             micro = [next(source) for _ in range(self.cfg.parallel.gradient_accumulation_steps)]  # as the trainer
-            yield tuple(Tensor(rows) for rows in step_rows(micro))
+            yield tuple(Tensor(rows) for rows in step_rows(micro, self.layout.packed_examples))
 
     def compile(self, train_step: nn.Cell) -> None:
         """Compile the graph now (sharded layouts, after the training step: the weights are sliced by then)."""

@@ -12,7 +12,7 @@ import numpy as np
 from mindspore import Tensor
 
 import models
-from mindscale.config import Config, ConfigError, Layout
+from mindscale.config import Config, Layout, validate_packed
 from mindscale.train.checkpoints import commit
 from mindscale.train.checkpoints.checkpointer import Checkpointer, parameters_as_numpy
 from mindscale.train.data.dataset import build_dataset, step_rows
@@ -88,10 +88,9 @@ class Trainer:
         source = iter(self.stream)
         while True:
             micro = [next(source) for _ in range(g)]
-            if "segment_ids" in micro[0] and self.layout.attention == "flash":
-                raise ConfigError("packed SFT data (segment_ids) needs model.attention=composite: flash attention "
-                                  "here has no per-example mask; set it, or preprocess without --pack")
-            yield tuple(Tensor(rows) for rows in step_rows(micro))
+            if "segment_ids" in micro[0]:
+                validate_packed(self.cfg, self.layout)
+            yield tuple(Tensor(rows) for rows in step_rows(micro, self.layout.packed_examples))
 
     def _stop_votes(self, stop: StopRequest | None, step_s: float) -> int:
         """After a step: how many ranks were asked to stop (0: train on). A signal to any rank stops all

@@ -9,6 +9,8 @@ executes, so these tests prove what the compiler accepts and what the compiled g
   sequence parallel, optimizer shard, vocabulary split, recompute per stage, attention, dtypes) and
   small widths; its first and last pipeline stage compile, and the planner's per-rank bytes and
   shapes equal the compiled ones exactly.
+* The SFT configs' twins are fed packed data (segment_ids: flash attention in its TND layout), and compile
+  the parameters and collectives of their pretraining configs' twins.
 * Extra layouts (LoRA and packed SFT under model parallel) and what the compiled graph must show:
   one gradient reduction per step under accumulation, the gradient norm's all-reduce within and
   across stages, pipeline sends, and a bad strategy refused.
@@ -24,7 +26,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from mindscale.config import REPO_ROOT, Layout, load_config
+from mindscale.config import REPO_ROOT, Layout, load_config, parse_yaml
 from mindscale.launch.dryrun_worker import read_validate_ir
 from mindscale.io import CheckpointError
 from mindscale.perf import planner
@@ -37,6 +39,7 @@ from tests.cores import one_core
 
 SHIPPED = sorted(p for d in (*SCALE_DIRS, "finetune") for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
                  if p.name != "base.yaml" and load_config(p).hardware.device_target == "Ascend")
+SFT = [p for p in SHIPPED if p.parent.name == "finetune"]  # their twins compile fed packed data, as the headers ask
 TINY_LLAMA = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
 TINY_GPT = REPO_ROOT / "configs" / "tiny" / "gpt_tiny.yaml"
 SMALL = ["hardware=ascend910b", "model.hidden_size=64", "model.num_heads=4", "model.ffn_hidden_size=128",
@@ -95,7 +98,7 @@ def twin(path) -> list[str]:
 def test_scaled_twin_of_every_shipped_config_compiles_and_matches_the_planner(path):
     cfg = load_config(path, twin(path))
     layout = Layout.of(cfg, "Ascend")
-    reports = dryrun(path, *twin(path))
+    reports = dryrun(path, *twin(path), packed=path in SFT)
     assert [r["stage"] for r in reports] == sorted({0, layout.pp - 1})
     for report in reports:
         planned = report["planned"]
@@ -292,6 +295,19 @@ def test_the_validation_graph_compiles_next_to_the_sharded_step(config, override
         assert report["compiled"] and report["eval_compile_s"] > 0 and "eval_compile_s" not in plain
         assert {k: report[k] for k in ("local_shapes", "bytes", "collectives")} == \
             {k: plain[k] for k in ("local_shapes", "bytes", "collectives")}
+
+
+@pytest.mark.parametrize("path", SFT, ids=lambda p: p.stem)
+def test_packed_sft_twins_compile_what_their_pretraining_twins_do(path):
+    """Packing adds no parameter bytes and no communication: a shipped SFT config's twin, fed segment_ids (flash
+    attention in the TND layout, tests/dryrun/test_packed_flash.py), compiles the same parameters and collectives
+    as the twin of the pretraining config it is based on, unpacked, whose layout it keeps."""
+    base = (path.parent / parse_yaml(path.read_text())["base"]).resolve()
+    assert Layout.of(load_config(path, twin(path)), "Ascend") == Layout.of(load_config(base, twin(base)), "Ascend")
+    for packed, plain in zip(dryrun(path, *twin(path), packed=True), dryrun(base, *twin(base))):
+        assert packed["rank"] == plain["rank"]
+        for key in ("local_shapes", "bytes", "collectives"):
+            assert packed[key] == plain[key], key
 
 
 def test_packed_sft_with_composite_attention_under_model_parallel():

@@ -25,6 +25,7 @@ os.environ.setdefault("PYTHONPATH", str(ROOT))
 os.environ.setdefault("GLOG_v", "3")
 
 from tests import shared  # noqa: E402  (needs ROOT on sys.path)
+from mindscale.train.loop.compile_cache import SHARED_DIR_ENV  # noqa: E402
 
 PROCESS_TIERS = {"integration": ("integration",), "dryrun": ("integration", "dryrun")}
 
@@ -105,3 +106,6 @@ def session_shared_folder(tmp_path_factory):
     """tests/shared.py's folder: the session's temporary root, which every xdist worker's own is inside."""
     base = tmp_path_factory.getbasetemp()
     shared.ROOT = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    # runs of one graph load its compile from the session's cache (compile_cache.py; a test that checks the
+    # run folder's own cache removes this from its runs' environment)
+    os.environ.setdefault(SHARED_DIR_ENV, str(shared.ROOT / "compile_cache"))

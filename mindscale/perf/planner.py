@@ -215,14 +215,15 @@ _STAGE_PARAMS: dict[tuple, list] = {}
 
 
 def _model_key(cfg: Config) -> str:
-    """What the model's parameters depend on (dataclass reprs: a fifth of the search's time went to
-    dataclasses.asdict + json before)."""
-    return repr((cfg.model, cfg.finetune.lora))
+    """What the parameters of one decoder layer and of the ends depend on (dataclass reprs: a fifth of the
+    search's time went to dataclasses.asdict + json before); not the number of layers."""
+    return repr((dataclasses.replace(cfg.model, num_layers=1), cfg.finetune.lora))
 
 
 def _slices_key(cfg: Config, layout: Layout) -> tuple:
     """What parameter_slices depends on."""
-    return (_model_key(cfg), layout.sharded, layout.tp, layout.vocab_parallel, layout.pp, layout.stages_of_layers)
+    return (_model_key(cfg), cfg.model.num_layers, layout.sharded, layout.tp, layout.vocab_parallel, layout.pp,
+            layout.stages_of_layers)
 
 
 def _stored_key(cfg: Config, layout: Layout, stage: int) -> tuple:
@@ -232,32 +233,53 @@ def _stored_key(cfg: Config, layout: Layout, stage: int) -> tuple:
             layout.accumulates_in_graph, stage)  # cp: the optimizer shards over the stage's dp x cp x tp ranks
 
 
-def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[ParameterSlice, ...]:
-    """Every parameter of the model (built once without weights, as the trainer builds it) with the
-    plan's split of it for `layout`. Cached: the search re-plans many layouts of one model."""
+def _one_layer_model(cfg: Config, layout: Layout):
+    """The model with its first decoder layer only, built without weights. CausalLM builds every decoder
+    layer from the same (model config, layout), so layer i's parameters are layer 0's with `layers.0.`
+    renamed; building the other layers cost the planner 80% of its time (126 layers of 405B)."""
     import models
     from mindspore.nn.utils import no_init_parameters
+
+    key = _model_key(cfg)
+    if key not in _MODELS:  # "none" builds no lazy_inline cells, and the one layer is recomputed by nobody
+        one = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_layers=1))
+        with no_init_parameters():
+            _MODELS[key] = models.build_model(one, dataclasses.replace(
+                layout, graph_reuse="none", sharded=True, cpu_kernels=False, stages_of_layers=(0,),
+                chunks_of_layers=(0,), layers_per_stage=(1,), recomputed=()))
+    return _MODELS[key]
+
+
+def _every_layer(names: list[str], num_layers: int) -> list[tuple[str, str]]:
+    """(name in the model, name in the one-layer model) of every parameter, in the model's order: the
+    embeddings, the layers, the final norm and head."""
+    layer = [i for i, n in enumerate(names) if n.startswith("layers.0.")]
+    before, after = names[:layer[0]], names[layer[-1] + 1:]
+    return ([(n, n) for n in before] +
+            [(f"layers.{i}.{names[j][len('layers.0.'):]}", names[j]) for i in range(num_layers) for j in layer] +
+            [(n, n) for n in after])
+
+
+def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[ParameterSlice, ...]:
+    """Every parameter of the model (as the trainer builds it, without weights) with the plan's split of it
+    for `layout`. Cached: the search re-plans many layouts of one model."""
     from models.sharding import parameter_splits
 
     layout = layout or Layout.of(cfg)
     key = _slices_key(cfg, layout)
-    model_key = key[0]
     if key in _TABLES:
         return _TABLES[key]
-    if model_key not in _MODELS:  # its parameters do not depend on the layout; "none" builds no lazy_inline cells
-        with no_init_parameters():
-            _MODELS[model_key] = models.build_model(cfg, dataclasses.replace(layout, graph_reuse="none", sharded=True,
-                                                                              cpu_kernels=False))
-    model = _MODELS[model_key]
+    model = _one_layer_model(cfg, layout)
     splits = parameter_splits(model, cfg, layout)
     # a tied output head on the last stage reads the embedding: MindSpore keeps a copy of it there
     tied_copy = (layout.pp - 1,) if cfg.model.tie_embeddings and layout.pp > 1 else ()
     pb, cb = DTYPE_BYTES[cfg.model.param_dtype], DTYPE_BYTES[cfg.model.compute_dtype]
+    params = {p.name: p for p in model.get_parameters()}
     table = []
-    for p in model.get_parameters():
-        split, reader = splits[p.name]
-        stages = (layout.stage_of(p.name),) + (tied_copy if p.name == "tok_embeddings.weight" else ())
-        table.append(ParameterSlice(p.name, tuple(p.shape), split, tuple(d // s for d, s in zip(p.shape, split)),
+    for name, built in _every_layer(list(params), cfg.model.num_layers):
+        p, (split, reader) = params[built], splits[built]
+        stages = (layout.stage_of(name),) + (tied_copy if name == "tok_embeddings.weight" else ())
+        table.append(ParameterSlice(name, tuple(p.shape), split, tuple(d // s for d, s in zip(p.shape, split)),
                                     stages, p.requires_grad, pb, cb if reader.startswith(READ_IN_COMPUTE_DTYPE) else pb))
     _TABLES[key] = tuple(table)
     return _TABLES[key]

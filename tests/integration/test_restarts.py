@@ -11,16 +11,18 @@ import pytest
 
 from mindscale.config import REPO_ROOT
 from mindscale.launch.goodput import GOODPUT_FILE
+from mindscale.train.loop.compile_cache import SHARED_DIR_ENV
 from mindscale.train.checkpoints import folder as ckpt, commit
 from tests.integration.test_training import TINY, _digests, _processes_naming, losses, sets, train
 
 SAVE = ("train.micro_batch_size=2", "train.steps=6", "checkpoint.save_interval=2", "checkpoint.keep_last=3")
 
 
-def launch(tmp_path, name, *args, fault=None, timeout=600):
+def launch(tmp_path, name, *args, fault=None, timeout=600, own_cache=False):
+    """`own_cache`: the compile cache in the run folder, as users have it, not the session's (tests/conftest.py)."""
     argv = ["bash", "scripts/run_distribute.sh", TINY, "2",
             *sets(f"run.output_dir={tmp_path}", f"run.name={name}", *SAVE), *args]
-    env = {k: v for k, v in os.environ.items() if k != "MINDSCALE_FAULT"}
+    env = {k: v for k, v in os.environ.items() if k != "MINDSCALE_FAULT" and not (own_cache and k == SHARED_DIR_ENV)}
     if fault:
         env["MINDSCALE_FAULT"] = fault
     return subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, env=env)
@@ -38,9 +40,9 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(
     both workers from step 2, and the final weights equal those of a run never killed. The restart loads
     the train step from the compile cache the first attempt left in the run folder (run.compile_cache),
     and its losses are bit-identical to the uninterrupted run's, which compiled."""
-    straight = launch(tmp_path, "straight")
+    straight = launch(tmp_path, "straight", own_cache=True)
     assert straight.returncode == 0, straight.stderr[-2000:]
-    restarted = launch(tmp_path, "restarted", "--max-restarts", "1", fault="kill:1:4")
+    restarted = launch(tmp_path, "restarted", "--max-restarts", "1", fault="kill:1:4", own_cache=True)
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
     run = tmp_path / "restarted"
     kept = run / "logs" / "attempt_1" / "worker_1.log"

@@ -1,6 +1,7 @@
 """The compile cache's key (mindscale/train/loop/compile_cache.py): what changes it and what does not."""
 from mindscale.config import REPO_ROOT, Layout, load_config
-from mindscale.train.loop.compile_cache import CACHE_DIR, SHARDED_SKIP, CompileCache, cache_key, sources_digest
+from mindscale.train.loop.compile_cache import (CACHE_DIR, SHARED_DIR_ENV, SHARDED_SKIP, CompileCache, cache_key,
+                                                sources_digest)
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
 
@@ -34,6 +35,7 @@ def test_the_sources_digest_sees_an_edit_of_a_model_file(tmp_path):
 
 def test_sharded_layouts_and_pynative_are_not_cached_and_a_stale_key_of_this_rank_goes(tmp_path, monkeypatch):
     monkeypatch.setattr("sys.argv", [__file__])  # an xdist worker runs as `python -c`: no entry script to hash
+    monkeypatch.delenv(SHARED_DIR_ENV, raising=False)  # the run folder's own cache (tests/conftest.py shares one)
     sharded = load_config(TINY, ["parallel.model_parallel=2", "parallel.data_parallel=1", "hardware=ascend910b"])
     cache = CompileCache.of(sharded, Layout.of(sharded, "Ascend", 2), tmp_path, "Ascend", 0)
     assert cache.folder is None and cache.skipped == SHARDED_SKIP
@@ -46,6 +48,28 @@ def test_sharded_layouts_and_pynative_are_not_cached_and_a_stale_key_of_this_ran
     cache = CompileCache.of(cfg, Layout.of(cfg, "CPU", 2), tmp_path, "CPU", 0)
     assert cache.folder.parent == (tmp_path / CACHE_DIR).absolute() and cache.skipped is None
     assert [p.name for p in (tmp_path / CACHE_DIR / "0123456789abcdef").iterdir()] == ["rank_1"]
+
+
+def test_a_shared_folder_holds_every_runs_keys_and_a_compiling_rank_locks_its_own(tmp_path, monkeypatch):
+    """MINDSCALE_COMPILE_CACHE_DIR: the keys' folders there, none pruned; while a rank compiles, another job's
+    same rank waits for it (its lock), another rank does not."""
+    import fcntl
+    monkeypatch.setattr("sys.argv", [__file__])
+    monkeypatch.setenv(SHARED_DIR_ENV, str(tmp_path / "shared"))
+    (tmp_path / "shared" / "0123456789abcdef" / "rank_0").mkdir(parents=True)
+    cfg = load_config(TINY)
+    cache = CompileCache.of(cfg, Layout.of(cfg, "CPU", 2), tmp_path / "run", "CPU", 0)
+    assert cache.folder.parent == tmp_path / "shared" and (tmp_path / "shared" / "0123456789abcdef").is_dir()
+    with cache.compiling():
+        for rank, free in ((0, False), (1, True)):
+            (cache.folder / f"rank_{rank}.lock").touch()
+            with open(cache.folder / f"rank_{rank}.lock") as other:
+                try:
+                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    taken = True
+                except BlockingIOError:
+                    taken = False
+            assert taken == free
 
 
 def test_an_entry_script_mindspore_cannot_open_turns_the_cache_off_in_one_line(tmp_path, monkeypatch):

@@ -1,5 +1,7 @@
 """mindscale/perf/planner.py and tools/plan.py: the Korthikanti et al. 2022 activation model, the MindSpore
 adjustments, per-stage memory, the prediction arithmetic, re-planning, search and the CLI."""
+import contextlib
+import io
 import json
 import math
 import subprocess
@@ -10,6 +12,7 @@ import pytest
 from tools import plan as plan_cli
 from mindscale.perf import flops, planner
 from mindscale.config import REPO_ROOT, load_config
+from tests import shared
 
 LLAMA2_70B = REPO_ROOT / "configs" / "llama2" / "llama2_70b.yaml"
 TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
@@ -326,11 +329,22 @@ def test_cli_cpu_config_with_explicit_peak(capsys):
     assert code == 0 and result["predicted"]["peak_tflops"] == 0.05 and result["fits"]
 
 
-def test_readme_table_lists_every_shipped_config(capsys):
-    code, out = run_cli(capsys, "--readme-table")
-    assert code == 0
+def readme_table() -> str:
+    """`tools/plan.py --readme-table`'s output (what scripts/update_docs.py puts in the README), planned once a
+    session (tests/shared.py): test_docs.py compares it with the README."""
+    def table():
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert plan_cli.main(["--readme-table"]) == 0
+        return out.getvalue().strip()
+
+    return shared.once(["plan --readme-table"], table)
+
+
+def test_readme_table_lists_every_shipped_config():
+    table = readme_table()
     for path in plan_cli.shipped_configs():
-        assert f"`{path.relative_to(REPO_ROOT)}`" in out.out
+        assert f"`{path.relative_to(REPO_ROOT)}`" in table
     assert len(plan_cli.shipped_configs()) == 25  # with llama3_1_8b_128k and llama3_1_70b_128k
 
 

@@ -18,9 +18,15 @@ numbers cached graphs by their order of compilation in the process. Hence three 
 
 Hit or miss is read from the cache file: a compile that loaded it leaves it untouched, one that
 compiled writes it anew. docs/launch.md has the measurements.
+
+MINDSCALE_COMPILE_CACHE_DIR=<folder> puts the `<key>/rank_<r>/` folders there instead of in the run folder,
+so that runs of one graph share them (a sweep of runs; the test suite shares one folder per session). Jobs
+may then compile one key at once: a rank holds an exclusive lock on its folder while it compiles, so the
+second waits and loads what the first wrote. Nothing is pruned from a shared folder.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -35,6 +41,7 @@ import yaml
 from mindscale.config import REPO_ROOT, Config, Layout
 
 CACHE_DIR = "compile_cache"
+SHARED_DIR_ENV = "MINDSCALE_COMPILE_CACHE_DIR"
 ENABLE_ENV, PATH_ENV = "MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH"
 SOURCE_PACKAGES = ("mindscale", "models")
 # config keys that cannot change the compiled step: the run's name and folder, what the launcher and the
@@ -120,9 +127,10 @@ class CompileCache:
         if _unreadable_entry_script():
             return cls(None, rank, ENTRY_SKIP.format(script=_unreadable_entry_script()))
         import mindspore as ms
-        root = Path(run_dir).absolute() / CACHE_DIR
+        shared = os.environ.get(SHARED_DIR_ENV)
+        root = Path(shared).absolute() if shared else Path(run_dir).absolute() / CACHE_DIR
         key = cache_key(cfg, device, ms.__version__)
-        for stale in root.glob("*"):
+        for stale in [] if shared else root.glob("*"):
             if stale.name != key:  # this rank's cache of another key; its folder goes with the last rank
                 shutil.rmtree(stale / f"rank_{rank}", ignore_errors=True)
                 try:
@@ -148,14 +156,16 @@ class CompileCache:
             result.seconds = time.perf_counter() - began
             return
         self.folder.mkdir(parents=True, exist_ok=True)
-        before = _stamp(self.graph_file())
-        os.environ[PATH_ENV], os.environ[ENABLE_ENV] = str(self.folder), "1"
-        try:
-            yield result
-        finally:
-            os.environ[ENABLE_ENV] = "0"
-        result.seconds = time.perf_counter() - began
-        after = _stamp(self.graph_file())
+        with open(self.folder / f"rank_{self.rank}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another job compiling this key and rank writes its cache now
+            before = _stamp(self.graph_file())
+            os.environ[PATH_ENV], os.environ[ENABLE_ENV] = str(self.folder), "1"
+            try:
+                yield result
+            finally:
+                os.environ[ENABLE_ENV] = "0"
+            result.seconds = time.perf_counter() - began
+            after = _stamp(self.graph_file())
         result.cache = "hit" if before is not None and before == after else "miss"
 
 

@@ -38,6 +38,11 @@ How MindSpore differs from the paper, and what the planner does about it
   parallel.gradient_accumulation_shard (then reduce-scattered every micro batch).
 * Transient (estimated): a compute-dtype copy of the weights when it differs from the parameter
   dtype or the optimizer shard all-gathers them, and one layer's gradients before their reduce-scatter.
+* Activation offload (offload.layers; docs/planner.md): an offloaded layer keeps its Q, K and V on the device
+  and moves the rest, plus what MindSpore keeps beyond the activation model (the all-gathered inputs of the
+  column-parallel matmuls under sequence parallel, the norms' reciprocal RMS), as the compiled graph moves it,
+  to host memory; the copies cross hardware.host_link_gbps and count where they outlast the slot's forward
+  third (out) or backward two thirds (back).
 * The output logits are kept in the compute dtype, cast to fp32 for the loss, and the fp32 softmax
   of the loss is kept for its backward: (compute bytes + 8) per logit of one micro batch on the
   last stage (vocab split over t).
@@ -834,8 +839,8 @@ def _fewest_layers_that_fit(cfg: Config, role: str) -> list[int] | None:
 
 def _memory_candidates(base: Config, shard: list[str]) -> list[list[str]]:
     """The ways the search tries to fit `base` (no recompute, no offload) with the accumulation-buffer setting
-    `shard`: as it is, selective recompute, the fewest fully recomputed layers per stage that fit, and the fewest
-    offloaded layers per stage that fit (where its hardware and mode can offload: validate.py's rules)."""
+    `shard`: as it is, selective recompute, the fewest fully recomputed layers per stage that fit, and offload
+    (`_offload_candidate`)."""
     try:
         fitted = with_overrides(base, shard) if shard else base
     except ConfigError:  # e.g. an accumulation shard the layout cannot take

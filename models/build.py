@@ -18,12 +18,14 @@ def standalone_layout(cfg: Config) -> Layout:
 
 def build_model(cfg: Config, layout: Layout | None = None) -> CausalLM:
     """The model; with finetune.lora.rank > 0 its targeted Linears carry adapters and the rest is frozen.
-    The layout's recompute marks come last, so a fully recomputed layer holds its adapters too."""
+    The layout's recompute and offload marks come last, so a fully recomputed or offloaded layer holds its
+    adapters too."""
     layout = layout or standalone_layout(cfg)
     model = CausalLM(cfg.model, layout)
     if lora_enabled(cfg):
         apply_lora(model, cfg)
     model.mark_recompute(layout)
+    model.mark_offload(layout)
     return model
 
 

@@ -39,10 +39,10 @@ def norm_class(spec: ArchSpec, fused: bool) -> type:
 
 
 def layer_graph_keys(layout: Layout) -> list[str]:
-    """Per layer, the key of the compiled graph it shares: its pipeline stage and recompute mode."""
-    recomputed = set(layout.recomputed)
+    """Per layer, the key of the compiled graph it shares: its pipeline stage, recompute mode and offload."""
+    recomputed, offloaded = set(layout.recomputed), set(layout.offloaded)
     return [f"stage {stage}, recompute {layout.recompute if i in recomputed else 'none'}"
-            for i, stage in enumerate(layout.stages_of_layers)]
+            + (", offloaded" if i in offloaded else "") for i, stage in enumerate(layout.stages_of_layers)]
 
 
 def attention_core(m: ModelConfig, layout: Layout) -> nn.Cell:
@@ -106,12 +106,18 @@ class TransformerBlock(nn.Cell):
         elif mode == "selective":
             mark_selective_recompute(self)
 
+    def mark_offload(self, backward_prefetch: int) -> None:
+        """Every op of the block offloads the activations the backward pass reads: MindSpore copies them to
+        host memory as the forward produces them and back `backward_prefetch` operators before their first
+        backward use (Cell.offload; it acts only inside a lazy_inline graph, in graph mode)."""
+        self.offload(backward_prefetch=backward_prefetch)
+
 
 class ReusedTransformerBlock(TransformerBlock):
     """A block whose compiled graph is shared by every block with the same `graph_key` (Layout.graph_reuse
     "layer"): MindSpore's lazy_inline compiles it once (type inference, autodiff) and calls or inlines it
     per layer. On CPU it is inlined at the front ("front" policy: the CPU backend rejects the kept call
-    node). What differs between layers inside the graph (the recompute marks, the pipeline stage) must
+    node). What differs between layers inside the graph (the recompute and offload marks, the pipeline stage) must
     therefore be in the key; construct takes no default arguments."""
 
     @ms.lazy_inline(attrs="graph_key")
@@ -184,6 +190,13 @@ class CausalLM(nn.Cell):
         for index in layout.recomputed:
             self.layers[index].mark_recompute(layout.recompute, layout.recompute_comm)
         return list(layout.recomputed)
+
+    def mark_offload(self, layout: Layout) -> list[int]:
+        """offload on the layers Layout.offloaded chose (the first n of every stage after its recomputed ones);
+        after LoRA, so the adapters' activations go too. Returns those layers."""
+        for index in layout.offloaded:
+            self.layers[index].mark_offload(layout.offload_prefetch)
+        return list(layout.offloaded)
 
 
 class MaskedCrossEntropy(nn.Cell):

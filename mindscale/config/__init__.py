@@ -3,17 +3,18 @@ and every decision derived from the parallel keys (layout). Of ours it imports o
 registry below it (models/spec.py, models/archs/), which is data.
 """
 from mindscale.config.errors import ConfigError, UserError
-from mindscale.config.layout import OPTIMIZER_SHARD_MIN_KIB, Layout, recompute_layer_counts, stage_layer_counts
+from mindscale.config.layout import (OPTIMIZER_SHARD_MIN_KIB, Layout, offload_layer_counts, recompute_layer_counts,
+                                     stage_layer_counts)
 from mindscale.config.load import (HARDWARE_DIR, REPO_ROOT, apply_override, config_from_tree, load_config,
                                    load_yaml_tree, parse_yaml, reference_markdown)
 from mindscale.config.schema import (TEMPLATE_NAMES, CheckpointConfig, Config, DataConfig,
-                                     FinetuneConfig, HardwareConfig, LoraConfig, ModelConfig, ParallelConfig,
-                                     ProfileConfig, RecomputeConfig, RunConfig, TrainConfig)
+                                     FinetuneConfig, HardwareConfig, LoraConfig, ModelConfig, OffloadConfig,
+                                     ParallelConfig, ProfileConfig, RecomputeConfig, RunConfig, TrainConfig)
 from mindscale.config.validate import validate, validate_packed
 
-__all__ = ["ConfigError", "UserError", "OPTIMIZER_SHARD_MIN_KIB", "Layout", "recompute_layer_counts",
-           "stage_layer_counts", "HARDWARE_DIR", "REPO_ROOT", "apply_override", "config_from_tree", "load_config",
-           "load_yaml_tree", "parse_yaml", "reference_markdown", "TEMPLATE_NAMES",
+__all__ = ["ConfigError", "UserError", "OPTIMIZER_SHARD_MIN_KIB", "Layout", "offload_layer_counts",
+           "recompute_layer_counts", "stage_layer_counts", "HARDWARE_DIR", "REPO_ROOT", "apply_override",
+           "config_from_tree", "load_config", "load_yaml_tree", "parse_yaml", "reference_markdown", "TEMPLATE_NAMES",
            "CheckpointConfig", "Config", "DataConfig", "FinetuneConfig", "HardwareConfig", "LoraConfig",
-           "ModelConfig", "ParallelConfig", "ProfileConfig", "RecomputeConfig", "RunConfig", "TrainConfig",
-           "validate", "validate_packed"]
+           "ModelConfig", "OffloadConfig", "ParallelConfig", "ProfileConfig", "RecomputeConfig", "RunConfig",
+           "TrainConfig", "validate", "validate_packed"]

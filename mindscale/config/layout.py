@@ -56,6 +56,8 @@ class Layout:
     recomputed: tuple           # indices of the recomputed decoder layers
     recompute: str              # none | selective | full
     recompute_comm: bool        # full recompute repeats the layer's tensor-parallel communication too
+    offloaded: tuple            # indices of the layers whose activations go to host memory (never recomputed ones)
+    offload_prefetch: int       # offload.backward_prefetch: operators ahead that a copy back starts
     graph_reuse: str            # layer | model | none: which compiled graph is reused (MindSpore lazy_inline)
 
     @classmethod
@@ -81,6 +83,7 @@ class Layout:
         stages = [stage for stage, _ in placed]
         flash = m.attention == "flash" or (m.attention == "auto" and a2_kernels and
                                            m.compute_dtype in FLASH_ATTENTION_DTYPES)
+        recomputed = tuple(_first_layers(recompute_layer_counts(cfg), stages))
         return cls(
             device=device, dp=p.data_parallel, tp=p.model_parallel, pp=p.pipeline_stage,
             cp=p.context_parallel, cp_algo=p.context_parallel_algo,
@@ -99,8 +102,10 @@ class Layout:
             stages_of_layers=tuple(stages),
             chunks_of_layers=tuple(chunk for _, chunk in placed),
             layers_per_stage=tuple(counts),
-            recomputed=tuple(_recomputed_layers(cfg, stages)), recompute=cfg.recompute.mode,
+            recomputed=recomputed, recompute=cfg.recompute.mode,
             recompute_comm=cfg.recompute.comm,
+            offloaded=tuple(_first_layers(offload_layer_counts(cfg), stages, skip=recomputed)),
+            offload_prefetch=cfg.offload.backward_prefetch,
             graph_reuse=_graph_reuse(cfg, sharded, micro_steps))
 
     # -- degrees and groups ---------------------------------------------------------------------
@@ -145,6 +150,10 @@ class Layout:
         """How many layers of `stage` are recomputed."""
         return sum(1 for i in self.recomputed if self.stages_of_layers[i] == stage)
 
+    def offloaded_in(self, stage: int) -> int:
+        """How many layers of `stage` offload their activations to host memory."""
+        return sum(1 for i in self.offloaded if self.stages_of_layers[i] == stage)
+
     def stage_of_rank(self, rank: int) -> int:
         return rank // self.stage_devices
 
@@ -185,12 +194,14 @@ def _graph_reuse(cfg: Config, sharded: bool, micro_steps: int) -> str:
     return "model" if sharded and micro_steps > 1 else "layer"
 
 
-def _recomputed_layers(cfg: Config, stages_of_layers: list[int]) -> list[int]:
-    """Global indices of the recomputed layers: the first n that each pipeline stage holds."""
-    left = recompute_layer_counts(cfg)
+def _first_layers(counts: list[int], stages_of_layers: list[int], skip: tuple = ()) -> list[int]:
+    """Global indices of the first counts[k] layers each stage k holds, passing over `skip`: the recomputed
+    layers (skip nothing), then the offloaded ones (skip the recomputed: a layer is never both, MindSpore ignores
+    offload on a recomputed op; validate.py refuses a list that would need it)."""
+    left, skipped = list(counts), set(skip)
     chosen = []
     for i, stage in enumerate(stages_of_layers):
-        if left[stage]:
+        if left[stage] and i not in skipped:
             chosen.append(i)
             left[stage] -= 1
     return chosen
@@ -233,6 +244,12 @@ def recompute_layer_counts(cfg: Config) -> list[int]:
     if isinstance(layers, int):
         return [min(layers, n) for n in per_stage]
     return list(layers)
+
+
+def offload_layer_counts(cfg: Config) -> list[int]:
+    """Number of layers each pipeline stage asks to offload (offload.layers per stage; an int for every stage)."""
+    layers = cfg.offload.layers
+    return list(layers) if isinstance(layers, list) else [layers] * cfg.parallel.pipeline_stage
 
 
 def context_positions(seq_length: int, cp: int, index: int) -> range:

@@ -87,6 +87,11 @@ class HardwareConfig:
     devices_per_node: int = doc("Devices per server (intra-node vs inter-node links).", 1)
     intra_node_gbps: float = doc("Per-device intra-node collective bandwidth, GB/s.", 10.0)
     inter_node_gbps: float = doc("Per-device inter-node bandwidth, GB/s.", 10.0)
+    host_link_gbps: Optional[float] = doc(
+        "Per-device link to host memory, GB/s each way (PCIe): what offloaded activations move over "
+        "(offload.layers); null = none.", None)
+    host_memory_gib: Optional[float] = doc(
+        "Host memory per device that offloaded activations may fill, GiB; null = none.", None)
     flash_attention: bool = doc("Whether ops.flash_attention_score exists on this device.", False)
     soc_version: Optional[Literal["ascend910", "ascend910b", "ascend910_93", "ascend950"]] = doc(
         "The chip as MindSpore names it (its get_ascend_soc_version()); null off Ascend. ascend910 (910A) has no "
@@ -235,6 +240,21 @@ class RecomputeConfig:
 
 
 @dataclass
+class OffloadConfig:
+    layers: Union[int, list] = doc(
+        "Layers whose activations go to host memory in the forward pass and are prefetched back in the backward "
+        "(MindSpore's Cell.offload; MindFormers' swap_config.layer_swap) instead of staying on the device: int = n "
+        "of every stage, list = n per stage, 0 = none. A stage offloads the first n layers it does not recompute "
+        "(a layer is recomputed or offloaded, never both: MindSpore ignores offload on a recomputed op), so with a "
+        "list recompute.layers + offload.layers may not exceed a stage's layers. Ascend graph mode with "
+        "run.reuse_layer_graph (MindSpore offloads only inside a lazy_inline graph); refused on CPU, where MindSpore "
+        "2.9 compiles the marks and moves nothing (docs/models.md).", 0)
+    backward_prefetch: int = doc(
+        "How many operators before the backward op that reads an offloaded activation its copy back to the device "
+        "starts (MindSpore's backward_prefetch, MindFormers' default_prefetch).", 1)
+
+
+@dataclass
 class TrainConfig:
     micro_batch_size: int = doc("Sequences per device per micro step.", 1)
     global_batch_size: Optional[int] = doc(
@@ -365,6 +385,7 @@ class Config:
     model: ModelConfig = doc("Model dimensions.", factory=ModelConfig)
     parallel: ParallelConfig = doc("Parallel layout.", factory=ParallelConfig)
     recompute: RecomputeConfig = doc("Activation recompute.", factory=RecomputeConfig)
+    offload: OffloadConfig = doc("Activation offload to host memory.", factory=OffloadConfig)
     train: TrainConfig = doc("Optimisation.", factory=TrainConfig)
     data: DataConfig = doc("Training data.", factory=DataConfig)
     checkpoint: CheckpointConfig = doc("Saving and loading.", factory=CheckpointConfig)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mindscale.config.errors import ConfigError
 from mindscale.config.layout import (FLASH_ATTENTION_DTYPES, FLASH_TND_MAX_SEQUENCES, Layout, chunk_layer_counts_of,
-                                     stage_layer_counts, stage_totals)
+                                     offload_layer_counts, recompute_layer_counts, stage_layer_counts, stage_totals)
 from mindscale.config.schema import TEMPLATE_NAMES, Config, ModelConfig
 
 
@@ -270,6 +270,45 @@ def _parallel(cfg: Config) -> None:
             "change one of them or drop global_batch_size")
 
 
+def _offload(cfg: Config) -> None:
+    """offload.layers: how many per stage, beside the recomputed layers, and where MindSpore offloads at all."""
+    o, pp = cfg.offload, cfg.parallel.pipeline_stage
+    if isinstance(o.layers, list):
+        if len(o.layers) != pp or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in o.layers):
+            raise ConfigError(f"offload.layers={o.layers}: a list needs {pp} non-negative integers, one per "
+                              "parallel.pipeline_stage")
+        held = stage_totals(chunk_layer_counts_of(cfg))
+        for stage, (n, r, have) in enumerate(zip(o.layers, recompute_layer_counts(cfg), held)):
+            if n + r > have:
+                raise ConfigError(f"offload.layers={o.layers}: stage {stage} holds {have} layers and recomputes {r} "
+                                  f"(recompute.layers), so it can offload at most {have - r}, not {n} (a layer is "
+                                  "recomputed or offloaded, never both); lower one of them")
+    elif o.layers < 0:
+        raise ConfigError(f"offload.layers={o.layers}: must be >= 0 (0 = none) or a list of one count per stage")
+    if o.backward_prefetch < 1:
+        raise ConfigError(f"offload.backward_prefetch={o.backward_prefetch}: must be >= 1 (operators ahead of the "
+                          "backward op that reads an offloaded activation)")
+    if not any(offload_layer_counts(cfg)):
+        return
+    if not Layout.of(cfg).offloaded:  # (offload_layer_counts asks for some, recompute left none)
+        raise ConfigError(f"offload.layers={o.layers} with recompute.mode={cfg.recompute.mode} and recompute.layers="
+                          f"{cfg.recompute.layers}: every layer is recomputed, none is left to offload; recompute "
+                          "fewer layers or set offload.layers=0")
+    if cfg.hardware.device_target == "CPU":
+        raise ConfigError(f"offload.layers={o.layers} on CPU: MindSpore 2.9 compiles the offload marks there but moves "
+                          "nothing to host memory (no MoveTo in the graph; tests/models/test_offload.py); set "
+                          "offload.layers=0, or use an Ascend hardware profile")
+    hw = cfg.hardware
+    if not hw.host_link_gbps or not hw.host_memory_gib:
+        raise ConfigError(f"offload.layers={o.layers} with hardware {hw.name!r}, which gives no host link or host "
+                          "memory (hardware.host_link_gbps, hardware.host_memory_gib): the planner cannot count the "
+                          "offload; set both in the profile or set offload.layers=0")
+    if cfg.run.mode != "graph" or not cfg.run.reuse_layer_graph:
+        raise ConfigError(f"offload.layers={o.layers} needs run.mode=graph and run.reuse_layer_graph=true (MindSpore "
+                          "offloads activations only inside a lazy_inline graph, in graph mode); set them, or "
+                          "offload.layers=0")
+
+
 def _context_parallel(cfg: Config) -> None:
     """parallel.context_parallel: what the sequence split needs from the other keys."""
     m, p = cfg.model, cfg.parallel
@@ -390,6 +429,7 @@ def validate(cfg: Config) -> None:
     _finetune(cfg)
     _model_shapes(cfg.model)
     _parallel(cfg)
+    _offload(cfg)
     _blends(cfg)
     _evaluation(cfg)
     _kernel_dtypes(cfg)

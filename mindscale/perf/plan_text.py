@@ -52,6 +52,7 @@ def text(result: dict) -> str:
         f"{lay['model_parallel']} x {_context(lay, 'context ')}pipeline {stages}; {lay['micro_batch_num']} micro batch(es) of "
         f"{lay['micro_batch_size']} x {lay['gradient_accumulation_steps']} accumulation = global batch "
         f"{lay['global_batch_size']}; recompute {lay['recompute']} {lay['recompute_layers']}; "
+        f"{_offload_layers(lay, after='; ')}"
         f"attention {lay['attention']}; sequence parallel {lay['sequence_parallel']}; "
         f"optimizer shard {lay['optimizer_shard']}" +
         (" (accumulation buffers sharded too)" if lay["gradient_accumulation_shard"] else ""),
@@ -69,6 +70,8 @@ def text(result: dict) -> str:
     lines.append(f"  budget      {_gib(result['memory_budget_gib'])} of {result['device_memory_gib']:g} GiB "
                  f"(memory_margin of what the reserve leaves): {verdict}")
     lines.append(pipeline_line(result))
+    if any(lay["offload_layers"]):
+        lines.append(offload_line(result))
     lines.append(f"communication per device per step: data-parallel gradients {_bytes(comm['dp_grad_reduce'])}, "
                  f"tensor-parallel {_bytes(comm['tp'])} ({_bytes(comm['tp_per_layer'])} per layer and micro "
                  f"batch; {_bytes(comm['tp_vocab'])} at the vocabulary lookup and head), "
@@ -101,6 +104,21 @@ def pipeline_line(result: dict) -> str:
             f"{comm['pp_sends_per_micro_batch']} stage-boundary sends per micro batch on stage {worst}")
 
 
+def _offload_layers(lay: dict, before: str = "", after: str = "") -> str:
+    """`offload [n per stage]` between `before` and `after` for a layout that offloads activations, else nothing."""
+    return f"{before}offload {lay['offload_layers']}{after}" if any(lay["offload_layers"]) else ""
+
+
+def offload_line(result: dict) -> str:
+    """Activation offload: what moves per layer, host memory, traffic and copy time against the slot."""
+    o, pred = result["offload"], result["predicted"]
+    return (f"offload: {_bytes(o['bytes_per_layer'])} per offloaded layer and micro batch to host memory and back "
+            f"({_bytes(o['resident_bytes_per_layer'])} of Q, K, V stay); host memory "
+            f"{max(o['host_gib_per_stage']):.1f} of {o['host_memory_gib']:g} GiB per device (worst stage); "
+            f"{_bytes(o['bytes_per_step'])} each way per step over the {o['host_link_gbps']:g} GB/s host link, "
+            f"{o['copy_s_per_micro_batch']:.3g} s per micro batch (exposed {pred['offload_exposed_s']:.3g} s per step)")
+
+
 def set_line(overrides: list[str]) -> str:
     """Overrides as the `--set` arguments of a command line (quoted where the shell needs it)."""
     return " ".join(f"--set '{o}'" if "[" in o else f"--set {o}" for o in overrides)
@@ -117,6 +135,7 @@ def search_text(devices: int, found: list[dict]) -> str:
                      + (f" x {lay['pipeline_interleave']} chunks" if lay["pipeline_interleave"] > 1 else "") + ", "
                      f"micro batches {lay['micro_batch_num'] * lay['gradient_accumulation_steps']} x "
                      f"{lay['micro_batch_size']}, recompute {lay['recompute']} {lay['recompute_layers']}"
+                     + _offload_layers(lay, before=", ")
                      + (", accumulation buffers sharded" if lay["gradient_accumulation_shard"] else "")
                      + f": {pred['tokens_per_s']:,.0f} tokens/s, "
                      f"MFU {pred['mfu']:.1%}, bubble {pred['bubble_fraction']:.1%}, memory {p['memory_gib']['total']:.1f} of "
@@ -138,7 +157,8 @@ def search_json(found: list[dict]) -> dict:
 def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
     """Markdown table of `configs` (files of this checkout) and their plans; the README includes it for
     `shipped_configs()`."""
-    rows = ["| config | params | cards | dp/mp/pp | micro batches x size | recompute | memory per card (GiB) | predicted MFU |",
+    rows = ["| config | params | cards | dp/mp/pp | micro batches x size | recompute (offload) | memory per card (GiB) "
+            "| predicted MFU |",
             "|---|---|---|---|---|---|---|---|"]
     for path in configs:
         cfg = load_config(path)
@@ -147,6 +167,7 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
         micro = lay["micro_batch_num"] * lay["gradient_accumulation_steps"]
         recompute = lay["recompute"] if lay["recompute"] != "full" or cfg.recompute.layers is None else \
             f"full {lay['recompute_layers']}"
+        recompute += _offload_layers(lay, before=" (", after=")")
         rows.append(f"| `{path.relative_to(REPO_ROOT)}` | {_count(result['params'])} | {result['devices']} "
                     f"({cfg.hardware.name}) | {lay['data_parallel']}/{lay['model_parallel']}/{lay['pipeline_stage']}"
                     f"{f' x {v} chunks' if (v := lay['pipeline_interleave']) > 1 else ''}"

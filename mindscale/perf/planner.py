@@ -38,6 +38,11 @@ How MindSpore differs from the paper, and what the planner does about it
   parallel.gradient_accumulation_shard (then reduce-scattered every micro batch).
 * Transient (estimated): a compute-dtype copy of the weights when it differs from the parameter
   dtype or the optimizer shard all-gathers them, and one layer's gradients before their reduce-scatter.
+* Activation offload (offload.layers; docs/planner.md): an offloaded layer keeps its Q, K and V on the device
+  and moves the rest, plus what MindSpore keeps beyond the activation model (the all-gathered inputs of the
+  column-parallel matmuls under sequence parallel, the norms' reciprocal RMS), as the compiled graph moves it,
+  to host memory; the copies cross hardware.host_link_gbps and count where they outlast the slot's forward
+  third (out) or backward two thirds (back).
 * The output logits are kept in the compute dtype, cast to fp32 for the loss, and the fp32 softmax
   of the loss is kept for its backward: (compute bytes + 8) per logit of one micro batch on the
   last stage (vocab split over t).
@@ -62,7 +67,7 @@ from dataclasses import dataclass
 from mindscale.perf import flops
 from mindscale.config import Config, ConfigError, UserError, apply_override, config_from_tree
 from mindscale.perf.gemm_peak import device_peak_tflops
-from mindscale.config import OPTIMIZER_SHARD_MIN_KIB, Layout
+from mindscale.config import OPTIMIZER_SHARD_MIN_KIB, Layout, offload_layer_counts
 
 GIB = 2 ** 30
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -70,6 +75,20 @@ MOMENT_BYTES = 4  # AdamW's moments are fp32 whatever param_dtype (mindscale/tra
 # Fraction of the peak the hardware FLOPs are assumed to run at (matmul-bound training step).
 DEFAULT_EFFICIENCY = {"Ascend": 0.55, "GPU": 0.55, "CPU": 0.3}
 FLASH_STATS_WIDTH = 8  # FlashAttentionScore returns softmax max and sum as (B, N, S, 8) fp32
+
+
+_LAYOUTS: dict[int, tuple[Config, Layout]] = {}
+
+
+def _layout(cfg: Config) -> Layout:
+    """Layout.of(cfg), kept per config object (the planner never changes a config; with_overrides makes new ones):
+    a search asks each candidate's layout thousands of times."""
+    hit = _LAYOUTS.get(id(cfg))
+    if hit is None or hit[0] is not cfg:
+        if len(_LAYOUTS) > 4096:
+            _LAYOUTS.clear()
+        hit = _LAYOUTS[id(cfg)] = (cfg, Layout.of(cfg))
+    return hit[1]
 
 
 class PlanError(UserError):
@@ -182,6 +201,36 @@ def context_parallel_bytes_per_layer(cfg: Config) -> float:
     return passes * share * _kv_bytes(cfg, local_tokens(cfg) * c)
 
 
+def offload_resident_bytes(cfg: Config) -> float:
+    """What an offloaded layer keeps on the device per micro batch: its Q, K and V (the rank's heads and tokens),
+    which the attention kernel reads through reshapes (Tensor methods, no primitive that Cell.offload marks);
+    MindSpore moves every other activation the backward reads (the validate IR of tests/dryrun/test_offload.py)."""
+    m, p = cfg.model, cfg.parallel
+    queries = local_tokens(cfg) * m.num_heads * m.head_size / p.model_parallel * DTYPE_BYTES[m.compute_dtype]
+    return queries + _kv_bytes(cfg, local_tokens(cfg))
+
+
+def offloaded_layer_bytes(cfg: Config, layout: Layout | None = None) -> float:
+    """Bytes one offloaded layer moves to host memory in the forward and back in the backward, per micro batch on
+    one rank, as the compiled graph moves them (tests/dryrun/test_offload.py; equal at full size for llama3_405b,
+    docs/planner.md): the layer's activations as the planner counts them without recompute, less what stays
+    resident, plus two tensors that activation model (Korthikanti et al.'s) leaves out: under sequence parallel
+    the all-gathered input of the column-parallel matmuls (QKV, and w1/w3), which MindSpore keeps for their
+    weight gradients where Megatron keeps the split and gathers it again, 2·s·b·h·(1 - 1/t) compute-dtype bytes
+    more; and the two norms' reciprocal RMS, fp32 per token. When each layer is its own reused graph
+    (graph_reuse "layer": one micro batch a step) the compute-dtype copies of its matmul weights move too, where
+    they differ from the parameter dtype (the casts are ops of the offloaded layer; in a reused loss network,
+    graph_reuse "model", they are not moved)."""
+    m, layout = cfg.model, layout or _layout(cfg)
+    cb = DTYPE_BYTES[m.compute_dtype]
+    tokens = local_tokens(cfg) / (layout.tp if layout.sp else 1)
+    gathered = 2 * local_tokens(cfg) * m.hidden_size * cb * (1 - 1 / layout.tp) if layout.sp else 0.0
+    weights = flops.layer_matmul_params(m) / layout.tp * cb \
+        if layout.graph_reuse == "layer" and m.compute_dtype != m.param_dtype else 0.0
+    kept = _model_layer_activation_bytes(cfg, "none", layout.attention == "flash")
+    return kept - offload_resident_bytes(cfg) + gathered + 2 * tokens * 4 + weights
+
+
 # ----------------------------------------------------------------------------------------------
 # Per-rank parameters: every parameter of the model, sliced as the plan and the optimizer shard slice it
 
@@ -265,7 +314,7 @@ def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[Paramet
     for `layout`. Cached: the search re-plans many layouts of one model."""
     from models.sharding import parameter_splits
 
-    layout = layout or Layout.of(cfg)
+    layout = layout or _layout(cfg)
     key = _slices_key(cfg, layout)
     if key in _TABLES:
         return _TABLES[key]
@@ -301,7 +350,7 @@ def stored_shapes(cfg: Config, stage: int, layout: Layout | None = None) -> dict
     weights, AdamW's moments (adam_m.*, adam_v.*) and, when the graph accumulates micro batches, the
     gradient buffers (accu_grads.*: the model-parallel slice, or with parallel.gradient_accumulation_shard
     the optimizer's shard of it). tools/dryrun.py compares these with the compiled shapes, name by name."""
-    layout = layout or Layout.of(cfg)
+    layout = layout or _layout(cfg)
     shapes = {}
     for p in parameter_slices(cfg, layout):
         if stage not in p.stages:
@@ -321,7 +370,7 @@ def stage_bytes(cfg: Config, stage: int, layout: Layout | None = None) -> dict:
     when the graph keeps them, else one gradient per trained parameter as the optimizer receives it)
     and optimizer (AdamW's two moments); the same three figures tools/dryrun.py reads from the
     compiled graph, and equal to them (tests/dryrun/test_dryrun.py)."""
-    layout = layout or Layout.of(cfg)
+    layout = layout or _layout(cfg)
     key = _stored_key(cfg, layout, stage)
     if key in _STAGE_BYTES:
         return dict(_STAGE_BYTES[key])
@@ -342,7 +391,7 @@ def stage_bytes(cfg: Config, stage: int, layout: Layout | None = None) -> dict:
 
 def stage_params(cfg: Config, layout: Layout | None = None) -> list[float]:
     """Parameters of one rank's model-parallel slices in each pipeline stage (before the optimizer shard)."""
-    layout = layout or Layout.of(cfg)
+    layout = layout or _layout(cfg)
     key = _slices_key(cfg, layout)
     if key not in _STAGE_PARAMS:
         out = [0] * layout.pp
@@ -373,24 +422,48 @@ def forward_chunk(pp: int, interleave: int, k: int) -> int:
     return k // pp % interleave
 
 
-def _chunk_activations(layout: Layout, stage: int, r: int, kept: float, recomputed_bytes: float) -> list[float]:
-    """Activation bytes of one micro batch in each of the stage's v chunks; the first `r` layers the
-    stage holds (chunk 0 first) are recomputed."""
-    out = [0.0] * layout.interleave
+def _in_flight_bytes(layout: Layout, stage: int, per_layer: list[float]) -> float:
+    """Bytes the stage holds at its peak when its i-th layer (in order, chunk 0 first) keeps per_layer[i] per
+    micro batch: each chunk forward in flight (in_flight_forwards) holds its chunk's layers."""
+    chunks = [0.0] * layout.interleave
     for i, layer in enumerate(layout.layers_of_stage(stage)):
-        out[layout.chunks_of_layers[layer]] += recomputed_bytes if i < r else kept
-    return out
+        chunks[layout.chunks_of_layers[layer]] += per_layer[i]
+    in_flight = in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, stage)
+    return sum(chunks[forward_chunk(layout.pp, layout.interleave, k)] for k in range(in_flight))
 
 
-def stage_memory(cfg: Config, stage: int, recomputed: int | None = None) -> dict:
+def _stage_layer_roles(layout: Layout, stage: int, recomputed: int | None, offloaded: int | None) -> list[str]:
+    """Per layer of `stage` in order: recomputed (the first r), offloaded (the next o), or kept; r and o default
+    to the layout's (Layout.recomputed, Layout.offloaded), the search overrides them."""
+    r = layout.recomputed_in(stage) if recomputed is None else recomputed
+    o = layout.offloaded_in(stage) if offloaded is None else offloaded
+    n = layout.layers_per_stage[stage]
+    return ["recomputed"] * min(r, n) + ["offloaded"] * min(o, n - min(r, n)) + ["kept"] * max(0, n - r - o)
+
+
+def stage_host_bytes(cfg: Config, stage: int, offloaded: int | None = None) -> float:
+    """Host memory one rank of `stage` fills at its peak with offloaded activations: every chunk forward in flight
+    holds its offloaded layers' moved bytes there (offload.layers; 0 without)."""
+    layout = _layout(cfg)
+    roles = _stage_layer_roles(layout, stage, None, offloaded)
+    if "offloaded" not in roles:
+        return 0.0
+    moved = offloaded_layer_bytes(cfg, layout)
+    return _in_flight_bytes(layout, stage, [moved if role == "offloaded" else 0.0 for role in roles])
+
+
+def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offloaded: int | None = None) -> dict:
     """Memory breakdown (bytes) of one device of pipeline stage `stage`.
 
     weights, grads, optimizer: what the rank stores (stage_bytes, exact). transient: what lives only
     during the step, estimated: the compute-dtype copy of the weights (and, with the optimizer shard,
     their all-gathered slices), and one layer's gradients before they are reduce-scattered.
-    `recomputed` overrides the number of recomputed layers of this stage (used by the search)."""
+    `recomputed` and `offloaded` override the numbers of recomputed and offloaded layers of this stage (used
+    by the search). An offloaded layer keeps only offload_resident_bytes on the device; while any layer
+    offloads, two layers' moved bytes are on the device on their way (one leaving in a forward, one
+    prefetched for a backward)."""
     m, hw = cfg.model, cfg.hardware
-    layout = Layout.of(cfg)
+    layout = _layout(cfg)
     stored = stage_bytes(cfg, stage, layout)
     pb, cb = DTYPE_BYTES[m.param_dtype], DTYPE_BYTES[m.compute_dtype]
     params = stage_params(cfg, layout)[stage]
@@ -398,19 +471,17 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None) -> dict
     transient = (params * cb if (cb != pb or layout.optimizer_shard) else 0) + \
         (largest_layer * pb if layout.optimizer_shard else 0)
 
-    layers = layout.layers_per_stage[stage]
-    r = layout.recomputed_in(stage) if recomputed is None else recomputed
+    roles = _stage_layer_roles(layout, stage, recomputed, offloaded)
     flash = layout.attention == "flash"
     kept = _model_layer_activation_bytes(cfg, "none", flash)
-    recomputed_bytes = _model_layer_activation_bytes(cfg, layout.recompute, flash) if r else 0.0
-    in_flight = in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, stage)
-    if layout.interleave == 1:      # whole-stage micro batches
-        activations = in_flight * ((layers - r) * kept + r * recomputed_bytes)
-    else:                           # the chunk forwards in flight at the stage's peak, each with its chunk's layers
-        chunks = _chunk_activations(layout, stage, r, kept, recomputed_bytes)
-        activations = sum(chunks[forward_chunk(layout.pp, layout.interleave, k)] for k in range(in_flight))
-    if r and layout.recompute == "full":
+    resident = {"kept": kept, "offloaded": offload_resident_bytes(cfg) if "offloaded" in roles else 0.0,
+                "recomputed": _model_layer_activation_bytes(cfg, layout.recompute, flash) if "recomputed" in roles
+                else 0.0}
+    activations = _in_flight_bytes(layout, stage, [resident[role] for role in roles])
+    if "recomputed" in roles and layout.recompute == "full":
         activations += kept        # one layer rematerialised at a time during backward
+    if "offloaded" in roles:
+        activations += 2 * offloaded_layer_bytes(cfg, layout)  # one layer's on its way out, one's prefetched back
     if stage == layout.pp - 1:
         sb = local_tokens(cfg)
         t = layout.tp
@@ -449,7 +520,7 @@ def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
     all-gather of the updated weights, (r-1)/r of the slice in the dtype its op reads (a MatMul's
     weight in the compute dtype: MindSpore gathers after the cast). Returns (bytes once per step,
     bytes per micro batch)."""
-    layout = Layout.of(cfg)
+    layout = _layout(cfg)
     key = _stored_key(cfg, layout, stage)
     if key in _GRADIENT_BYTES:
         return _GRADIENT_BYTES[key]
@@ -473,7 +544,7 @@ def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
 
 def communication(cfg: Config, stage: int) -> dict:
     """Bytes one device of `stage` sends per optimizer step (ring collectives)."""
-    m, layout = cfg.model, Layout.of(cfg)
+    m, layout = cfg.model, _layout(cfg)
     t, stages, micro_batches = layout.tp, layout.pp, layout.micro_steps
     hidden = local_tokens(cfg) * m.hidden_size      # elements of one micro batch's hidden states on the rank
     x = hidden * DTYPE_BYTES[m.compute_dtype]                               # as a layer's matmuls take them
@@ -509,7 +580,7 @@ def pipeline_sends(pp: int, interleave: int, stage: int) -> int:
 
 def _stage_flops_per_token(cfg: Config, stage: int) -> float:
     """Hardware FLOPs per token of one stage (whole tensor-parallel group)."""
-    m, layout = cfg.model, Layout.of(cfg)
+    m, layout = cfg.model, _layout(cfg)
     output = 6 * flops.output_params(m)
     per_layer = (flops.model_flops_per_token(m) - output) / m.num_layers
     extra = flops.recompute_flops_per_token(m, layout.recompute, layout.recomputed_in(stage))
@@ -517,21 +588,22 @@ def _stage_flops_per_token(cfg: Config, stage: int) -> float:
 
 
 def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
-    m, layout = cfg.model, Layout.of(cfg)
+    m, layout = cfg.model, _layout(cfg)
     d, t, cp, stages, micro_steps = layout.dp, layout.tp, layout.cp, layout.pp, layout.micro_steps
     tokens_per_micro_batch = local_tokens(cfg)  # on one rank: its sequence chunk under context parallel
     flop_rate = peak_tflops * 1e12 * efficiency
     # a cp group's ranks are t apart, a data-parallel group's t x cp, a pipeline's t x cp x d
     tp_bw, cp_bw = _bandwidth(cfg, t), _bandwidth(cfg, t * cp)
     dp_bw, pp_bw = _bandwidth(cfg, t * cp * d), _bandwidth(cfg, t * cp * d * stages)
-    slots, comm = [], []
+    slots, comm, copies = [], [], []
     for k in range(stages):
         c = communication(cfg, k)
         compute = tokens_per_micro_batch * _stage_flops_per_token(cfg, k) / t / flop_rate
         slots.append(compute + (c["tp_per_layer"] * layout.layers_per_stage[k] + c["tp_vocab"] / micro_steps) / tp_bw
                      + c["cp_per_layer"] * layout.layers_per_stage[k] / cp_bw)
+        copies.append(offload_copy_s(cfg, k))
         comm.append(c)
-    slot = max(slots)
+    slot = max(busy + offload_exposed_s(copy, busy) for busy, copy in zip(slots, copies))
     # 1F1B over a pipeline's micro batches; accumulation steps run one after another. Interleaved 1F1B:
     # the warm-up and cool-down run chunks of 1/v of a stage, so the bubble is (p-1)/v slots
     v = layout.interleave
@@ -556,6 +628,8 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
         "pipeline_interleave": v,
         "compute_s": micro_steps * slot,
         "comm_exposed_s": pp_time + dp_exposed,
+        "offload_copy_s": max(copies),
+        "offload_exposed_s": (micro_steps + (stages - 1) / v) * (slot - max(slots)),
         "peak_tflops": peak_tflops, "efficiency": efficiency,
         "assumptions": [
             f"hardware FLOPs run at {efficiency:.0%} of the {peak_tflops:g} TFLOP/s peak",
@@ -573,12 +647,33 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
             "compiles the chunk placement, never the timing)" if stages > 1 else "no pipeline bubble",
             *([f"pipeline sends: {pipeline_sends(stages, v, 1 if stages > 2 else 0)} per micro batch on a middle "
                "stage (2v), counted in full on the critical path (not overlapped with compute)"] if v > 1 else []),
+            *([f"activation offload ({sum(layout.offloaded_in(k) for k in range(stages))} layers): each crosses "
+               f"the host link ({cfg.hardware.host_link_gbps:g} GB/s each way, full duplex) out in its micro batch's "
+               "forward and back in its backward; copies run on their own stream and overlap the slot's forward "
+               "third (out) and backward two thirds (in) without slowing compute; what does not overlap is exposed "
+               f"({max(copies):.3g} s each way per micro batch on the busiest stage)"] if layout.offloaded else []),
             "data-parallel gradient reduction overlaps the last micro batch's backward (2/3 of its compute), "
             "a per-micro-batch reduce-scatter its own micro batch's; the rest is exposed",
             "bandwidths: hardware profile, intra-node for groups within devices_per_node, else inter-node",
             "optimizer update, data loading and host overhead are not counted",
         ],
     }
+
+
+def offload_copy_s(cfg: Config, stage: int) -> float:
+    """Seconds one rank of `stage` spends copying one micro batch's offloaded activations over the host link, each
+    way (out in the forward, back in the backward: full duplex, so the two directions do not add)."""
+    layout = _layout(cfg)
+    n = layout.offloaded_in(stage)
+    if not n:
+        return 0.0
+    return n * offloaded_layer_bytes(cfg, layout) / (cfg.hardware.host_link_gbps * 1e9)
+
+
+def offload_exposed_s(copy_s: float, slot_s: float) -> float:
+    """What offload copies add to a micro-batch slot of `slot_s` seconds: the copy out overlaps the slot's forward
+    (a third), the copy back its backward (two thirds); the rest waits."""
+    return max(0.0, copy_s - slot_s / 3) + max(0.0, copy_s - 2 * slot_s / 3)
 
 
 def bubble_fraction(pp: int, interleave: int, micro_batches: int) -> float:
@@ -590,13 +685,14 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
     """The plan of `cfg` (tools/plan.py --json, docs/planner.md): params, FLOPs, worst-stage memory, fits, comm bytes, prediction."""
     peak = peak_tflops if peak_tflops is not None else device_peak_tflops(cfg)
     eff = efficiency if efficiency is not None else DEFAULT_EFFICIENCY[cfg.hardware.device_target]
-    layout = Layout.of(cfg)
+    layout = _layout(cfg)
     recomputed = [layout.recomputed_in(k) for k in range(layout.pp)]
     stages = [stage_memory(cfg, k) for k in range(layout.pp)]
     worst = max(range(len(stages)), key=lambda k: stages[k]["total"])
     comm = communication(cfg, worst)
     budget = memory_budget_gib(cfg)
     total_gib = stages[worst]["total"] / GIB
+    host = offload_plan(cfg)
     return {
         "config": cfg.run.name,
         "hardware": cfg.hardware.name,
@@ -612,6 +708,7 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
                    "gradient_accumulation_shard": cfg.parallel.gradient_accumulation_shard,
                    "recompute": cfg.recompute.mode,
                    "recompute_layers": recomputed, "layers_per_stage": list(layout.layers_per_stage),
+                   "offload_layers": [layout.offloaded_in(k) for k in range(layout.pp)],
                    "pipeline_interleave": layout.interleave, "pipeline_scheduler": layout.scheduler,
                    "attention": layout.attention},
         "params": flops.param_count(cfg.model),
@@ -626,10 +723,29 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
         "device_memory_gib": cfg.hardware.memory_gib,
         "memory_pool_gib": cfg.hardware.memory_pool_gib,
         "memory_budget_gib": budget,
-        "fits": total_gib <= budget,
+        "fits": total_gib <= budget and host["fits"],
+        "offload": host,
         "comm_bytes_per_step": comm,
         "predicted": predict(cfg, peak, eff),
     }
+
+
+def offload_plan(cfg: Config) -> dict:
+    """Activation offload (offload.layers) of `cfg`: layers per stage, the bytes one layer moves per micro batch
+    and what it keeps on the device, host memory per stage against hardware.host_memory_gib, traffic per step
+    each way on the busiest stage and its copy time per micro batch (predict counts what is exposed)."""
+    layout, hw = _layout(cfg), cfg.hardware
+    per_stage = [layout.offloaded_in(k) for k in range(layout.pp)]
+    if not layout.offloaded:
+        return {"layers_per_stage": per_stage, "fits": True}
+    host = [stage_host_bytes(cfg, k) / GIB for k in range(layout.pp)]
+    moved = offloaded_layer_bytes(cfg, layout)
+    return {"layers_per_stage": per_stage, "backward_prefetch": layout.offload_prefetch,
+            "bytes_per_layer": moved, "resident_bytes_per_layer": offload_resident_bytes(cfg),
+            "host_gib_per_stage": host, "host_memory_gib": hw.host_memory_gib, "host_link_gbps": hw.host_link_gbps,
+            "bytes_per_step": max(per_stage) * moved * layout.micro_steps,
+            "copy_s_per_micro_batch": max(offload_copy_s(cfg, k) for k in range(layout.pp)),
+            "fits": max(host) <= hw.host_memory_gib}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -723,23 +839,71 @@ def interleave_choices(layers: int, stages: int, micro_batches: int, largest: in
     return [v for v in range(1, largest + 1) if stages * v <= layers]
 
 
-def _fit_full_recompute(cfg: Config) -> list[int] | None:
-    """Fewest fully recomputed layers per stage that make every stage fit, or None."""
+def _fewest_layers_that_fit(cfg: Config, role: str) -> list[int] | None:
+    """Fewest layers per stage that make every stage fit when they are `role` ("recomputed" in cfg's recompute
+    mode, or "offloaded"), or None if even all of a stage's layers do not."""
     budget = memory_budget_gib(cfg) * GIB
     out = []
-    for k, n in enumerate(Layout.of(cfg).layers_per_stage):
-        fits = lambda r: stage_memory(cfg, k, r)["total"] <= budget  # noqa: E731
+    for k, n in enumerate(_layout(cfg).layers_per_stage):
+        fits = lambda r: stage_memory(cfg, k, **{role: r})["total"] <= budget  # noqa: E731
         if fits(0):
             out.append(0)
             continue
         if not fits(n):
             return None
-        low, high = 1, n   # from one recomputed layer on, memory falls with each more: bisect
+        low, high = 1, n   # from one such layer on, memory falls with each more: bisect
         while low < high:
             mid = (low + high) // 2
             low, high = (low, mid) if fits(mid) else (mid + 1, high)
         out.append(low)
     return out
+
+
+def _memory_candidates(base: Config, shard: list[str]) -> list[list[str]]:
+    """The ways the search tries to fit `base` (no recompute, no offload) with the accumulation-buffer setting
+    `shard`: as it is, selective recompute, the fewest fully recomputed layers per stage that fit, and offload
+    (`_offload_candidate`)."""
+    try:
+        fitted = with_overrides(base, shard) if shard else base
+    except ConfigError:  # e.g. an accumulation shard the layout cannot take
+        return []
+    out = [shard, shard + ["recompute.mode=selective"]]
+    full = _fewest_layers_that_fit(with_overrides(fitted, ["recompute.mode=full"]), "recomputed")
+    if full is not None and any(full):
+        out.append(shard + ["recompute.mode=full", f"recompute.layers={_yaml(full)}"])
+    # an offloaded layer keeps more on the device (Q, K, V) than a recomputed one (its input): where recomputing
+    # every layer does not fit, offloading cannot
+    offload = _offload_candidate(fitted, max(full)) if full is not None else None
+    if offload:
+        out.append(shard + offload)
+    return out
+
+
+def _offload_candidate(base: Config, recompute_fits: int) -> list[str] | None:
+    """Overrides that fit `base` with the fewest offloaded layers per stage after recomputing the fewest r layers
+    of every stage for which host memory holds what is offloaded, r below `recompute_fits` (that many fit by
+    recompute alone); None if there is no such r, or if its hardware and mode cannot offload (validate.py's
+    rules). The more a stage recomputes, the less it offloads: after r = 0, r is bisected."""
+    def fitted(r: int) -> list[str] | None:
+        recompute = ["recompute.mode=full", f"recompute.layers={r}"] if r else []
+        cfg = with_overrides(base, recompute + ["offload.layers=1"])
+        offloaded = _fewest_layers_that_fit(cfg, "offloaded")
+        if offloaded is None or not any(offloaded):
+            return None
+        host = max(stage_host_bytes(cfg, k, n) for k, n in enumerate(offloaded)) / GIB
+        return recompute + [f"offload.layers={_yaml(offloaded)}"] if host <= cfg.hardware.host_memory_gib else None
+
+    try:
+        first = fitted(0) if recompute_fits else None
+        if first or not recompute_fits:
+            return first
+        low, high = 1, recompute_fits
+        while low < high:
+            mid = (low + high) // 2
+            low, high = (low, mid) if fitted(mid) else (mid + 1, high)
+        return fitted(low) if low < recompute_fits else None
+    except ConfigError:  # no host link in the profile, CPU, PyNative, no lazy_inline
+        return None
 
 
 def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int, v: int = 1) -> list[str] | None:
@@ -786,15 +950,14 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
             if layout is None:
                 continue
             try:
-                base = with_overrides(cfg, layout + ["recompute.mode=none", "recompute.layers=null"])
+                base = with_overrides(cfg, layout + ["recompute.mode=none", "recompute.layers=null",
+                                                     "offload.layers=0"])
             except ConfigError:
                 continue
-            candidates = [[], ["recompute.mode=selective"]]
-            full = _fit_full_recompute(with_overrides(base, ["recompute.mode=full"]))
-            if full is not None and any(full):
-                candidates.append(["recompute.mode=full", f"recompute.layers={_yaml(full)}"])
-            if Layout.of(base).accumulates_in_graph and Layout.of(base).optimizer_shard and cfg.run.reuse_layer_graph:
-                candidates += [c + ["parallel.gradient_accumulation_shard=true"] for c in candidates]
+            shards = [[]]
+            if _layout(base).accumulates_in_graph and _layout(base).optimizer_shard and cfg.run.reuse_layer_graph:
+                shards.append(["parallel.gradient_accumulation_shard=true"])
+            candidates = [c for shard in shards for c in _memory_candidates(base, shard)]
             for extra in candidates:
                 try:
                     candidate = with_overrides(base, extra) if extra else base
@@ -803,6 +966,8 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
                 result = plan(candidate, peak, efficiency)
                 if result["fits"]:
                     keeps = [] if any(x.startswith("recompute.mode=") for x in extra) else ["recompute.mode=none"]
+                    if any(offload_layer_counts(cfg)) and not any(x.startswith("offload.") for x in extra):
+                        keeps.append("offload.layers=0")
                     sets = list({o.split("=", 1)[0]: o for o in layout + keeps + extra}.values())  # last wins
                     found.append({"overrides": sets, "plan": result})
     if not found:

@@ -86,9 +86,15 @@ def twin(path) -> list[str]:
            f"parallel.gradient_accumulation_steps={min(p.gradient_accumulation_steps, 2)}"]
     if chunks > 1:
         out += [f"parallel.pipeline_interleave={chunks}", "parallel.stage_offset=0"]
+    held = [layers // pp + o for o in offsets]
+    asked = r.layers if isinstance(r.layers, list) else [0 if r.mode == "none" else h if r.layers is None else r.layers
+                                                         for h in held]
+    recomputed = [min(n, h) for n, h in zip(asked, held)]
     if isinstance(r.layers, list):
-        held = [layers // pp + o for o in offsets]
-        out.append(f"recompute.layers=[{','.join(str(min(n, h)) for n, h in zip(r.layers, held))}]")
+        out.append(f"recompute.layers=[{','.join(map(str, recomputed))}]")
+    if isinstance(cfg.offload.layers, list):  # what recompute leaves of the twin's layers
+        offloaded = [min(n, h - k) for n, h, k in zip(cfg.offload.layers, held, recomputed)]
+        out.append(f"offload.layers=[{','.join(map(str, offloaded))}]")
     if cfg.finetune.lora.rank or cfg.checkpoint.load_path:
         out.append("checkpoint.load_path=/not/read/by/a/dry/run")
     return out

@@ -202,6 +202,37 @@ def test_selective_and_full_recompute_leave_loss_and_gradients_unchanged(llama):
             np.testing.assert_allclose(g, b, rtol=1e-5, atol=1e-7)
 
 
+def test_offload_on_cpu_compiles_moves_nothing_and_leaves_loss_and_gradients_unchanged(llama, tmp_path,
+                                                                                       monkeypatch):
+    """What MindSpore 2.9 does with Cell.offload on CPU (why validate.py refuses offload.layers there): the marks
+    reach every primitive of the offloaded layer, the step compiles and runs, its loss and gradients are those of
+    the unmarked model, and the compiled graph has no MoveTo: nothing goes to host memory. (On CPU the layers
+    are inlined before autodiff, lazy_inline's "front" policy; the offload pass works on a reused layer's
+    forward/backward pair, which the dry run of tests/dryrun/test_offload.py shows.)"""
+    _, model, _ = llama
+    weights = {p.name: p.asnumpy() for p in model.get_parameters()}
+    runs = []
+    for layers in (0, 1):
+        cfg = tiny("llama", "hardware=ascend910b", f"offload.layers={layers}")  # a profile that may offload
+        built_model = models.build_model(cfg)
+        marked = [i for i, layer in enumerate(built_model.layers) if layer.attention.wq.matmul.attrs.get("offload")]
+        models.load_weights_into(built_model, weights)
+        monkeypatch.setenv("MS_DEV_DUMP_IR_PASSES", "validate")  # keep only the compiled graph's validate IR
+        ms.set_context(save_graphs=True, save_graphs_path=str(tmp_path / str(layers)))
+        try:
+            loss, grads = Grads(models.build_train_network(cfg, built_model))(*(Tensor(x) for x in batch()))
+        finally:
+            ms.set_context(save_graphs=False)
+        ir = "".join(f.read_text() for f in (tmp_path / str(layers)).rglob("*validate*.ir"))
+        runs.append((marked, ir.count("offload: Bool(1)") > 0, "MoveTo" in ir, float(loss.asnumpy()),
+                     [g.asnumpy() for g in grads]))
+    (plain_marked, plain_attr, _, base_loss, base_grads), (marked, attr, moved, loss, grads) = runs
+    assert (plain_marked, plain_attr, marked, attr, moved) == ([], False, [0], True, False)
+    assert loss == base_loss
+    for g, b in zip(grads, base_grads):
+        np.testing.assert_array_equal(g, b)
+
+
 def test_reused_layer_graph_computes_what_per_layer_graphs_compute(llama):
     """One block graph shared by layers with the same key (here two keys: layer 0 recomputed, layer 1
     not) computes exactly what a graph per layer computes."""

@@ -169,6 +169,23 @@ def test_round_trip_through_yaml():
     (["train.eval_interval=10", "data.valid_path=/v", "hardware=ascend910b", "parallel.model_parallel=2",
       "parallel.gradient_accumulation_steps=2", "model.num_kv_heads=2"],
      "parallel.gradient_accumulation_steps=2 in a sharded layout: MindSpore 2.9 compiles no forward-only graph"),
+    # activation offload (tiny llama: 2 layers, one stage)
+    (["offload.layers=1"], "offload.layers=1 on CPU: MindSpore 2.9 compiles the offload marks there but moves "
+                           "nothing"),
+    (["hardware=ascend910b", "offload.layers=-1"], "offload.layers=-1: must be >= 0"),
+    (["hardware=ascend910b", "offload.layers=[1, 1]"], "offload.layers=[1, 1]: a list needs 1 non-negative"),
+    (["hardware=ascend910b", "recompute.mode=full", "recompute.layers=[1]", "offload.layers=[2]"],
+     "offload.layers=[2]: stage 0 holds 2 layers and recomputes 1 (recompute.layers), so it can offload at most 1"),
+    (["hardware=ascend910b", "recompute.mode=full", "offload.layers=1"],
+     "every layer is recomputed, none is left to offload"),
+    (["hardware=ascend910b", "offload.layers=1", "offload.backward_prefetch=0"],
+     "offload.backward_prefetch=0: must be >= 1"),
+    (["hardware=ascend910b", "offload.layers=1", "hardware.host_link_gbps=null"],
+     "offload.layers=1 with hardware 'ascend910b', which gives no host link or host memory"),
+    (["hardware=ascend910b", "offload.layers=1", "run.reuse_layer_graph=false"],
+     "offload.layers=1 needs run.mode=graph and run.reuse_layer_graph=true"),
+    (["hardware=ascend910b", "offload.layers=1", "run.mode=pynative"],
+     "offload.layers=1 needs run.mode=graph and run.reuse_layer_graph=true"),
 ])
 def test_validation_rule_messages(overrides, message):
     with pytest.raises(ConfigError) as info:

@@ -90,6 +90,20 @@ def test_interleave_places_chunks_round_robin_and_recomputes_the_first_layers_a_
     assert lay.recomputed == (0, 1, 2, 3, 4, 6)
 
 
+def test_offloaded_layers_are_the_first_each_stage_does_not_recompute():
+    """A layer is recomputed or offloaded, never both (MindSpore ignores offload on a recomputed op): each stage
+    offloads the first n layers after its recomputed ones, chunk 0 first, and an int is capped by what is left."""
+    lay = layout("hardware=ascend910b", "model.num_layers=8", "parallel.pipeline_stage=2",
+                 "parallel.micro_batch_num=2", "parallel.pipeline_interleave=2", "recompute.mode=full",
+                 "recompute.layers=[1,0]", "offload.layers=[2,3]", "offload.backward_prefetch=3")
+    assert lay.recomputed == (0,) and lay.offloaded == (1, 2, 3, 4, 6)
+    assert [lay.offloaded_in(k) for k in (0, 1)] == [2, 3] and lay.offload_prefetch == 3
+    capped = layout("hardware=ascend910b", "model.num_layers=8", "parallel.pipeline_stage=2",
+                    "parallel.micro_batch_num=2", "recompute.mode=full", "recompute.layers=3", "offload.layers=5")
+    assert capped.recomputed == (0, 1, 2, 4, 5, 6) and capped.offloaded == (3, 7)
+    assert layout("hardware=ascend910b").offloaded == ()
+
+
 def test_stage_offset_per_chunk_with_interleave():
     lay = layout("hardware=ascend910b", "model.num_layers=10", "parallel.pipeline_stage=2",
                  "parallel.micro_batch_num=2", "parallel.pipeline_interleave=2",

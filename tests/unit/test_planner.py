@@ -169,7 +169,7 @@ V2_OFFSET = "parallel.stage_offset=[[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],[1,1,1,1,1
 def cfg405():
     """The shipped layout as plain 1F1B: 16 stages of 7, 8 x 14, 7 layers, no recompute."""
     return load_config(LLAMA3_405B, ["recompute.mode=none", "recompute.layers=null", "parallel.pipeline_interleave=1",
-                                     "parallel.stage_offset=[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]"])
+                                     "parallel.stage_offset=[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]", "offload.layers=0"])
 
 
 @pytest.fixture(scope="module")
@@ -240,13 +240,70 @@ def test_interleaved_offset_splits_each_stage_over_its_chunks():
     assert planner.interleave_choices(126, 1, 32) == [1]
 
 
-def test_search_interleaves_llama3_405b(cfg405):
-    """15/32 of a 1F1B step idles on 16 stages: the search prefers chunks (v > 1), within memory."""
+def test_search_interleaves_llama3_405b_and_offloads_more_than_it_recomputes(cfg405):
+    """15/32 of a 1F1B step idles on 16 stages: the search prefers chunks (v > 1), within memory, and keeps
+    them in memory mostly by offloading activations to host memory, whose copies the host link hides, and
+    recomputing only what host memory cannot take."""
     best = planner.search(cfg405, 8192, top=1, micro_batch_sizes=(1,))[0]
-    assert best["plan"]["layout"]["pipeline_interleave"] > 1 and best["plan"]["fits"]
-    assert best["plan"]["predicted"]["mfu"] > 0.33 > planner.plan(load_config(
+    lay, pred = best["plan"]["layout"], best["plan"]["predicted"]
+    assert lay["pipeline_interleave"] > 1 and best["plan"]["fits"] and best["plan"]["offload"]["fits"]
+    assert all(o > r for o, r in zip(lay["offload_layers"], lay["recompute_layers"]))
+    assert pred["offload_exposed_s"] == 0
+    assert pred["mfu"] > 0.38 > planner.plan(load_config(
         LLAMA3_405B, ["parallel.pipeline_interleave=1", "parallel.stage_offset=[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]",
+                      "offload.layers=0", "recompute.mode=full",
                       "recompute.layers=[4,5,5,4,4,3,3,2,1,0,0,0,0,0,0,0]"]))["predicted"]["mfu"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Activation offload (offload.layers): device and host memory, traffic, exposed copy time
+
+
+def test_an_offloaded_layer_keeps_q_k_v_and_two_layers_travel(cfg405):
+    """1F1B, stage 9 of 16 holds 7 micro batches of its 8 layers. Offloading 3 of them leaves 5 kept layers and
+    3 layers' Q, K and V per micro batch on the device, plus two layers' moved bytes on their way (one out, one
+    prefetched back); the host holds the 3 layers of all 7 micro batches."""
+    off = planner.with_overrides(cfg405, ["offload.layers=3"])
+    kept = planner._model_layer_activation_bytes(cfg405, "none", True)
+    moved, resident = planner.offloaded_layer_bytes(off), planner.offload_resident_bytes(off)
+    m = cfg405.model
+    assert resident == 8192 * (m.num_heads + 2 * m.kv_heads) * m.head_size / 8 * 2   # q, k, v of one rank
+    # what the compiled graph moves besides (tests/dryrun/test_offload.py): the all-gathered norm outputs under
+    # sequence parallel, which the activation model keeps split by t = 8, and the norms' fp32 reciprocal RMS
+    assert moved == kept - resident + 2 * 8192 * m.hidden_size * 2 * 7 / 8 + 2 * 8192 / 8 * 4
+    assert planner.stage_memory(off, 9)["activations"] == pytest.approx(7 * (5 * kept + 3 * resident) + 2 * moved)
+    assert planner.stage_host_bytes(off, 9) == pytest.approx(7 * 3 * moved)
+    assert planner.stage_host_bytes(cfg405, 9) == 0
+
+
+def test_offloaded_layers_of_chunk_0_save_the_most(cfg405_v2):
+    """v = 2: stage 0 holds 31 forwards of chunk 0 and 16 of chunk 1 at its peak; one offloaded layer (the
+    first it holds, in chunk 0) moves 31 micro batches' worth to the host."""
+    off = planner.with_overrides(cfg405_v2, ["offload.layers=1"])
+    moved, resident = planner.offloaded_layer_bytes(off), planner.offload_resident_bytes(off)
+    kept = planner._model_layer_activation_bytes(cfg405_v2, "none", True)
+    assert planner.stage_host_bytes(off, 0) == pytest.approx(31 * moved)
+    saved = planner.stage_memory(cfg405_v2, 0)["activations"] - planner.stage_memory(off, 0)["activations"]
+    assert saved == pytest.approx(31 * (kept - resident) - 2 * moved)
+
+
+def test_offload_copies_overlap_the_forward_third_out_and_the_backward_two_thirds_back():
+    assert planner.offload_exposed_s(0.3, 1.2) == 0
+    assert planner.offload_exposed_s(0.5, 1.2) == pytest.approx(0.1)
+    assert planner.offload_exposed_s(1.0, 1.2) == pytest.approx(0.6 + 0.2)
+
+
+def test_llama3_405b_offloads_within_device_and_host_memory_at_38_percent():
+    """The shipped layout: one layer a stage recomputed, 4-5 offloaded, their copies hidden at the profile's host
+    link; at a tenth of that link they are not, and the step grows by what they expose."""
+    shipped = planner.plan(load_config(LLAMA3_405B))
+    pred, off = shipped["predicted"], shipped["offload"]
+    assert shipped["fits"] and off["fits"] and max(off["host_gib_per_stage"]) <= off["host_memory_gib"]
+    assert shipped["layout"]["recompute_layers"] == [1] * 16 and pred["mfu"] >= 0.38
+    assert pred["offload_copy_s"] < pred["compute_s"] / 32 / 3 and pred["offload_exposed_s"] == 0
+    slow = planner.plan(load_config(LLAMA3_405B, ["hardware.host_link_gbps=2.5"]))["predicted"]
+    assert slow["offload_exposed_s"] > 0
+    assert slow["step_time_s"] == pytest.approx(pred["step_time_s"] + slow["offload_exposed_s"])
 
 
 def test_data_parallel_gradient_bytes_follow_the_compiled_collectives(cfg70):

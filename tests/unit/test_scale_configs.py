@@ -96,11 +96,14 @@ def test_published_batch_and_learning_rates(configs):
     assert tokens["llama3/llama3_405b.yaml"] == 2 ** 24 and configs["llama3/llama3_405b.yaml"].train.lr == 8e-5
 
 
-def test_uneven_layers_use_stage_offsets_and_per_stage_recompute(configs):
+def test_uneven_layers_use_stage_offsets_and_per_stage_offload(configs):
     cfg = configs["llama3/llama3_405b.yaml"]
-    counts = Layout.of(cfg).layers_per_stage          # stage_offset per chunk (interleaved pipeline)
+    layout = Layout.of(cfg)
+    counts = layout.layers_per_stage          # stage_offset per chunk (interleaved pipeline)
     assert sum(counts) == 126 and counts[0] == counts[-1] == 7 and cfg.parallel.pipeline_interleave > 1
-    assert isinstance(cfg.recompute.layers, list) and cfg.recompute.layers[0] > cfg.recompute.layers[-1]
+    assert isinstance(cfg.offload.layers, list) and cfg.offload.layers[1] > cfg.offload.layers[-1]
+    assert [layout.offloaded_in(k) for k in range(16)] == cfg.offload.layers
+    assert not set(layout.offloaded) & set(layout.recomputed)
 
 
 @pytest.mark.integration

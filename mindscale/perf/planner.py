@@ -290,12 +290,12 @@ def _one_layer_model(cfg: Config, layout: Layout):
     from mindspore.nn.utils import no_init_parameters
 
     key = _model_key(cfg)
-    if key not in _MODELS:  # "none" builds no lazy_inline cells, and the one layer is recomputed by nobody
+    if key not in _MODELS:  # "none" builds no lazy_inline cells, and the one layer is neither recomputed nor offloaded
         one = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_layers=1))
         with no_init_parameters():
             _MODELS[key] = models.build_model(one, dataclasses.replace(
                 layout, graph_reuse="none", sharded=True, cpu_kernels=False, stages_of_layers=(0,),
-                chunks_of_layers=(0,), layers_per_stage=(1,), recomputed=()))
+                chunks_of_layers=(0,), layers_per_stage=(1,), recomputed=(), offloaded=()))
     return _MODELS[key]
 
 

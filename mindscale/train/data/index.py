@@ -44,6 +44,8 @@ from mindscale.train.data.blend import StepCounts, assign
 INDEX_VERSION = 1
 CHUNK = 1 << 22  # samples per generated block: the builder's memory
 BUCKET = 1 << 18  # samples per shuffled bucket: 1 MiB of uint32 shuffles at ~30 ns a sample here, 4 MiB at ~120
+GROUP = CHUNK // BUCKET  # buckets put in order and written together: about CHUNK samples
+IOV_MAX = 1024  # buffers of one preadv call (Linux)
 
 
 @dataclass(frozen=True)
@@ -87,13 +89,24 @@ class NpyFile:
         self.fd = os.open(path, os.O_RDWR)
 
     def write(self, row: int, values: np.ndarray) -> None:
-        data = np.ascontiguousarray(values, self.dtype).tobytes()
-        if os.pwrite(self.fd, data, self.offset + row * self.row) != len(data):
+        data = np.ascontiguousarray(values, self.dtype)
+        if os.pwrite(self.fd, data, self.offset + row * self.row) != data.nbytes:
             raise OSError(f"short write at row {row}")
 
     def read(self, lo: int, hi: int) -> np.ndarray:
-        data = os.pread(self.fd, (hi - lo) * self.row, self.offset + lo * self.row)
-        return np.frombuffer(data, self.dtype).reshape(hi - lo, *self.shape[1:]).copy()
+        out = np.empty((hi - lo, *self.shape[1:]), self.dtype)
+        self.scatter(lo, [out])
+        return out
+
+    def scatter(self, row: int, buffers: list) -> None:
+        """The rows from `row` on into `buffers` one after the other (preadv, IOV_MAX buffers a call)."""
+        offset = self.offset + row * self.row
+        for first in range(0, len(buffers), IOV_MAX):
+            batch = buffers[first:first + IOV_MAX]
+            size = sum(memoryview(b).nbytes for b in batch)
+            if os.preadv(self.fd, batch, offset) != size:
+                raise OSError(f"short read at row {row}")
+            offset += size
 
     def close(self) -> None:
         os.close(self.fd)
@@ -114,41 +127,77 @@ def _fill_orders(out: NpyFile, n: int, seed: int, source: int) -> None:
             out.write(first * n, rows.reshape(-1))
         return
     for epoch in range(epochs):
-        _bucket_shuffle(out, epoch * n, n, seed, source, epoch)
+        _bucket_shuffle(out, epoch * n, n, (seed, source, epoch))
 
 
-def _bucket_shuffle(out: NpyFile, base: int, n: int, seed: int, source: int, epoch: int) -> None:
-    """A uniformly random permutation of range(n) into rows [base, base + n) of `out` with memory O(CHUNK):
-    pass 1 sends each sample to one of ceil(n / BUCKET) random buckets (CHUNK samples at a time, the draws
-    regenerated rather than stored) and writes it into its bucket's region, pass 2 permutes each bucket in
-    place (small buckets: a shuffle within the CPU's cache)."""
+def _bucket_shuffle(out: NpyFile, base: int, n: int, seed: tuple) -> None:
+    """A uniformly random permutation of range(n) into rows [base, base + n) of `out`, in memory O(CHUNK)
+    and time O(n): each sample goes to one of ceil(n / BUCKET) random buckets (drawn CHUNK samples at a
+    time, the draws regenerated rather than stored), bucket b holds its samples in ascending order, then
+    each bucket is permuted (small buckets: a shuffle within the CPU's cache). Buckets are handled GROUP at
+    a time (about CHUNK samples):
+
+    1. count each chunk's samples per bucket;
+    2. sort each chunk's samples by bucket (a stable radix sort of 16-bit draws) and write its share of
+       each group into the group's region of `out`, after the earlier chunks' shares;
+    3. read each group's region back with the pieces put bucket-major (one preadv: chunk c's piece of
+       bucket b after the earlier chunks' pieces, so a bucket is in id order), permute each bucket, write
+       the group back in one call.
+
+    Writes: (n / CHUNK) x (n / CHUNK / GROUP) + n / CHUNK / GROUP calls, each sample written twice and read
+    once, all within `out`: nothing else is written (the page cache flushes the output only)."""
     buckets = -(-n // BUCKET)
     chunks = range(0, n, CHUNK)
+    wide = np.empty(min(CHUNK, n), np.intp)  # numpy's bincount counts intp: cast once, into one buffer
 
-    def draws(low):
-        rng = np.random.default_rng([seed, source, epoch, 0, low // CHUNK])
+    def draws(c, low):
+        rng = np.random.default_rng([*seed, 0, c])
         return rng.integers(0, buckets, min(CHUNK, n - low), dtype=np.uint16 if buckets < 2 ** 16 else np.int64)
 
-    counts = np.stack([np.bincount(draws(low), minlength=buckets) for low in chunks])  # [chunks, buckets]
-    bucket_start = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
-    offset = bucket_start[:-1] + np.cumsum(counts, axis=0) - counts  # where chunk c's share of bucket b goes
+    counts = np.empty((len(chunks), buckets), np.int64)  # [chunk, bucket]: samples of chunk c in bucket b
     for c, low in enumerate(chunks):
-        ids = (np.argsort(draws(low), kind="stable") + low).astype(out.dtype)
-        ends = np.cumsum(counts[c])
-        for b in np.flatnonzero(counts[c]):
-            out.write(base + offset[c, b], ids[ends[b] - counts[c, b]:ends[b]])
-    for b in range(buckets):
-        rng = np.random.default_rng([seed, source, epoch, 1, b])
-        lo, hi = base + bucket_start[b], base + bucket_start[b + 1]
-        out.write(lo, rng.permutation(out.read(lo, hi)))
+        drawn = draws(c, low)
+        np.copyto(wide[:len(drawn)], drawn)
+        counts[c] = np.bincount(wide[:len(drawn)], minlength=buckets)
+    del wide
+    bucket_start = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
+    groups = [(first, min(first + GROUP, buckets)) for first in range(0, buckets, GROUP)]
+    group_counts = np.add.reduceat(counts, [first for first, _ in groups], axis=1)  # [chunk, group]
+    earlier = np.cumsum(group_counts, axis=0) - group_counts  # samples of the group from chunks before c
+    run = np.empty(min(CHUNK, n), out.dtype)
+    for c, low in enumerate(chunks):
+        drawn = draws(c, low)
+        np.add(np.argsort(drawn, kind="stable"), low, out=run[:len(drawn)], casting="unsafe")
+        piece = 0
+        for g, (first, _) in enumerate(groups):
+            size = group_counts[c, g]
+            out.write(base + bucket_start[first] + earlier[c, g], run[piece:piece + size])
+            piece += size
+    group = np.empty(int(max(bucket_start[last] - bucket_start[first] for first, last in groups)), out.dtype)
+    places = memoryview(group)
+    for first, last in groups:
+        part = counts[:, first:last]  # [chunk, bucket of the group]
+        at = bucket_start[first:last] - bucket_start[first] + np.cumsum(part, axis=0) - part  # piece (c, b)'s place
+        out.scatter(base + bucket_start[first], [places[a:a + k] for a, k in zip(at.reshape(-1).tolist(),
+                                                                                   part.reshape(-1).tolist())])
+        for b in range(first, last):
+            np.random.default_rng([*seed, 1, b]).shuffle(group[bucket_start[b] - bucket_start[first]:
+                                                               bucket_start[b + 1] - bucket_start[first]])
+        out.write(base + bucket_start[first], group[:bucket_start[last] - bucket_start[first]])
 
 
-def _npy_rows(handle, lo: int, hi: int) -> np.ndarray:
-    """Rows [lo, hi) of an open .npy file, mapped for the copy only."""
+def _npy_header(handle) -> tuple[tuple, np.dtype]:
+    """(shape, dtype) of an open .npy file, which is left at its first row."""
     handle.seek(0)
     version = np.lib.format.read_magic(handle)
     read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     shape, _, dtype = read_header(handle)
+    return shape, dtype
+
+
+def _npy_rows(handle, lo: int, hi: int) -> np.ndarray:
+    """Rows [lo, hi) of an open .npy file, mapped for the copy only."""
+    shape, dtype = _npy_header(handle)
     row = int(np.prod(shape[1:], dtype=np.int64))
     hi = min(hi, shape[0])
     if hi <= lo:

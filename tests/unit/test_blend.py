@@ -1,6 +1,7 @@
 """Weighted blends and sample indexes (mindscale/train/data/blend.py, index.py, dataset.py): the step-count
 bound, determinism, rank and accumulation invariance, resume, wrap-around epochs, index reuse and rebuild,
 and bad input. Sources are real MindRecord folders written here, read through build_dataset."""
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -216,3 +217,30 @@ def test_bad_blends_are_one_line_errors(tmp_path, sources):
     with pytest.raises(DataError, match="has seq_length 16 but model.seq_length=8"):
         build_dataset(make_cfg(tmp_path, [sources[0], longer], weights=(1, 1)))
 
+
+def test_an_index_folder_of_another_blend_is_refused_in_one_line(tmp_path, sources):
+    """The run's index folder is named by its key's digest: another blend's files in it (copied over it, or the
+    whole folder, key.json included) are named on one line with the fix, never read."""
+    quiet = {"say": lambda line: None}
+    cfg = make_cfg(tmp_path / "a", sources)
+    folder = build_dataset(cfg, **quiet).index.folder
+    other = build_dataset(make_cfg(tmp_path / "b", sources, weights=(0.2, 0.3, 0.5)), **quiet).index.folder
+    for name in ("starts.npy", "order_0.npy", "order_1.npy", "order_2.npy"):
+        shutil.copyfile(other / name, folder / name)
+    with pytest.raises(DataError) as info:
+        build_dataset(cfg, **quiet)
+    assert str(info.value) == (f"index folder {folder}: the draws in starts.npy do not follow its key.json's weights "
+                               f"(another blend's index?); delete {folder} and the next run builds it anew")
+    shutil.copyfile(other / "starts.npy", folder / "starts.npy")
+    (folder / "starts.npy").write_bytes(b"\x93NUMPY")  # cut short
+    with pytest.raises(DataError, match=r"starts.npy is unreadable \(.*\); delete "):
+        build_dataset(cfg, **quiet)
+    shutil.rmtree(folder)
+    shutil.copytree(other, folder)
+    with pytest.raises(DataError) as info:
+        build_dataset(cfg, **quiet)
+    assert str(info.value) == (f"index folder {folder} is not this data's index (its key.json differs: source 0 "
+                               f"({sources[0].resolve()}) weight changed from 0.2 to 0.5); it was copied or edited: "
+                               f"delete {folder} and the next run builds it anew")
+    shutil.rmtree(folder)
+    assert build_dataset(cfg, **quiet).index.note.startswith("built")  # as the message says

@@ -39,7 +39,8 @@ from typing import Optional
 
 import numpy as np
 
-from mindscale.train.data.blend import StepCounts, assign
+from mindscale.io import DataError
+from mindscale.train.data.blend import StepCounts, assign, normalized
 
 INDEX_VERSION = 1
 CHUNK = 1 << 22  # samples per generated block: the builder's memory
@@ -270,7 +271,8 @@ class SampleIndex:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         folder = root / f"{split}-{digest}"
         with _locked(root / ".lock"):
-            if _read_key(folder) == key:
+            if folder.exists():  # named by its key's digest: another key.json or other files came from elsewhere
+                _check_folder(folder, key)
                 return cls(folder, key, f"reused {folder}")
             current = root / f"{split}.json"  # which folder is the split's newest
             previous = json.loads(current.read_text()) if current.is_file() else None
@@ -325,6 +327,39 @@ def _read_key(folder: Path) -> Optional[dict]:
         return json.loads((folder / "key.json").read_text())
     except (OSError, ValueError):
         return None
+
+
+def _check_folder(folder: Path, key: dict) -> None:
+    """An existing index folder must be this key's: its key.json, and files of the shapes the key implies with
+    draw counts that follow its weights (every source within one sample of its share). An index folder of
+    another blend in its place (copied or edited files) is refused in one line, never read or removed."""
+    fix = f"delete {folder} and the next run builds it anew"
+    found = _read_key(folder)
+    if found != key:
+        why = "is unreadable" if found is None else f"differs: {_difference(found, key)}"
+        raise DataError(f"index folder {folder} is not this data's index (its key.json {why}); it was copied or "
+                        f"edited: {fix}")
+    steps, sources = key["steps"], key["sources"]
+    _check_header(folder, "starts.npy", (steps + 1, len(sources)), np.int64, fix)
+    with open(folder / "starts.npy", "rb") as handle:
+        total = _npy_rows(handle, steps, steps + 1)[0]
+    if np.abs(total - normalized([s["weight"] for s in sources]) * steps * key["global_batch"]).max() >= 1:
+        raise DataError(f"index folder {folder}: the draws in starts.npy do not follow its key.json's weights "
+                        f"(another blend's index?); {fix}")
+    for k, source in enumerate(sources if key["shuffle"] else ()):
+        n = source["num_samples"]
+        _check_header(folder, f"order_{k}.npy", (max(-(-int(total[k]) // n), 1) * n,), order_dtype(n), fix)
+
+
+def _check_header(folder: Path, name: str, shape: tuple, dtype, fix: str) -> None:
+    try:
+        with open(folder / name, "rb") as handle:
+            found, found_dtype = _npy_header(handle)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"index folder {folder}: {name} is unreadable ({str(exc).splitlines()[0]}); {fix}")
+    if (found, found_dtype) != (shape, np.dtype(dtype)):
+        raise DataError(f"index folder {folder}: {name} holds {found} {found_dtype}, not the {shape} "
+                        f"{np.dtype(dtype)} its key.json implies (another blend's index?); {fix}")
 
 
 def _build(folder: Path, key: dict, sources: list[IndexSource]) -> None:

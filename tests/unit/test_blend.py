@@ -244,3 +244,37 @@ def test_an_index_folder_of_another_blend_is_refused_in_one_line(tmp_path, sourc
                                f"delete {folder} and the next run builds it anew")
     shutil.rmtree(folder)
     assert build_dataset(cfg, **quiet).index.note.startswith("built")  # as the message says
+
+
+def test_batches_are_read_ahead_in_order_and_the_reader_stops_when_the_stream_is_dropped():
+    """dataset.prefetched: the same items in the same order, at most `depth` read ahead of the consumer, the
+    reader's exception raised when its item is due, and the reader thread gone once the consumer is closed."""
+    import threading
+    import time
+
+    from mindscale.train.data.dataset import prefetched
+
+    read = []
+
+    def numbers():
+        for i in range(100):
+            read.append(i)
+            yield i
+        raise DataError("the end")
+
+    stream = prefetched(numbers(), 3)
+    assert [next(stream) for _ in range(10)] == list(range(10))
+    time.sleep(0.3)
+    assert len(read) <= 10 + 3 + 1  # the queue's 3 and the one the reader holds
+    rest = []
+    with pytest.raises(DataError, match="the end"):
+        for item in stream:
+            rest.append(item)
+    assert rest == list(range(10, 100))
+    before = set(threading.enumerate())
+    endless = prefetched(iter(lambda: 1, None), 2)
+    next(endless)
+    (reader,) = set(threading.enumerate()) - before
+    endless.close()
+    reader.join(timeout=5)
+    assert reader.name == "mindscale-data" and not reader.is_alive()

@@ -14,15 +14,17 @@ Folder `<run>/index/<split>-<digest>/` (split: train or valid; digest: of `key.j
 
 One process builds (the holder of `<run>/index/.lock`, an flock; the others wait and then reuse), into a
 hidden folder renamed when complete. A key that matches is reused; a different one is built under its own
-digest, its difference named on one line, and the split's previous folder removed. Readers keep their
-files open and map only the rows they read (a window at a time), so a rank's resident index memory is
-its window, not the run's length.
+digest, its difference named on one line, and the split's previous folder removed. A folder under this
+key's digest that is not this key's index (another key.json, files of other shapes, draws off its weights:
+another blend's files) is refused with a DataError, never read or removed. Readers keep their files open
+and map only the rows they read (a window at a time), so a rank's resident index memory is its window,
+not the run's length.
 
-Permutations are generated in bounded memory: a source of up to 2^18 samples draws whole epochs at a time
-(rows of numpy's `permuted`); a larger one is shuffled per epoch in two passes (each sample to one of
-ceil(n / 2^18) random buckets, then each bucket permuted: Rao's method, uniformly random). Files are
-written and read at offsets, never mapped by the builder, so its memory is one chunk and one bucket
-(tens of MB) whatever n.
+Permutations are generated in bounded memory and linear time: a source of up to 2^18 samples draws whole
+epochs at a time (rows of numpy's `permuted`); a larger one is shuffled per epoch by buckets (each sample
+to one of ceil(n / 2^18) random buckets, then each bucket permuted: Rao's method, uniformly random),
+written a group of 16 buckets at a time (`_bucket_shuffle`). Files are written and read at offsets, never
+mapped by the builder, so its memory is a few chunks (tens of MB) whatever n.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -145,8 +148,9 @@ def _bucket_shuffle(out: NpyFile, base: int, n: int, seed: tuple) -> None:
        bucket b after the earlier chunks' pieces, so a bucket is in id order), permute each bucket, write
        the group back in one call.
 
-    Writes: (n / CHUNK) x (n / CHUNK / GROUP) + n / CHUNK / GROUP calls, each sample written twice and read
-    once, all within `out`: nothing else is written (the page cache flushes the output only)."""
+    Calls: (n / CHUNK)^2 + n / CHUNK writes and n / CHUNK reads, each sample written twice and read once, all
+    within `out`: nothing else is written (the page cache flushes the output only). The bucket-by-bucket
+    writes this replaces numbered (n / CHUNK) x (n / BUCKET), 16 times as many."""
     buckets = -(-n // BUCKET)
     chunks = range(0, n, CHUNK)
     wide = np.empty(min(CHUNK, n), np.intp)  # numpy's bincount counts intp: cast once, into one buffer
@@ -256,7 +260,9 @@ class SampleIndex:
         self.num_samples = [s["num_samples"] for s in key["sources"]]
         self.global_batch = key["global_batch"]
         self.steps = key["steps"]
-        # opened once: a rebuild elsewhere may remove the folder; open files stay readable
+        # opened once: a rebuild elsewhere may remove the folder; open files stay readable. Reading moves a
+        # file's position: the loader's thread (window) and the trainer's (drawn) take turns
+        self._reading = threading.Lock()
         self._starts = open(folder / "starts.npy", "rb")
         self._orders = [open(folder / f"order_{k}.npy", "rb") if key["shuffle"] else None
                         for k in range(len(self.num_samples))]
@@ -288,7 +294,8 @@ class SampleIndex:
     # -- reading ----------------------------------------------------------------------------------
     def starts(self, lo: int, hi: int) -> np.ndarray:
         """Draws of each source before steps lo..hi-1 (int64 [hi - lo, K])."""
-        return _npy_rows(self._starts, lo, hi)
+        with self._reading:
+            return _npy_rows(self._starts, lo, hi)
 
     def drawn(self, step: int) -> np.ndarray:
         """Samples drawn from each source by the end of step `step` (1-based, i.e. before step index `step`)."""
@@ -309,7 +316,8 @@ class SampleIndex:
                 stored[mine] = draw[mine] % n
             else:
                 first = int(draw[mine].min())
-                rows = _npy_rows(self._orders[k], first, int(draw[mine].max()) + 1)
+                with self._reading:
+                    rows = _npy_rows(self._orders[k], first, int(draw[mine].max()) + 1)
                 stored[mine] = rows[draw[mine] - first]
         return source, stored
 

@@ -136,7 +136,7 @@ def _fill_orders(out: NpyFile, n: int, seed: int, source: int) -> None:
 
 def _bucket_shuffle(out: NpyFile, base: int, n: int, seed: tuple) -> None:
     """A uniformly random permutation of range(n) into rows [base, base + n) of `out`, in memory O(CHUNK)
-    and time O(n): each sample goes to one of ceil(n / BUCKET) random buckets (drawn CHUNK samples at a
+    and work O(n): each sample goes to one of ceil(n / BUCKET) random buckets (drawn CHUNK samples at a
     time, the draws regenerated rather than stored), bucket b holds its samples in ascending order, then
     each bucket is permuted (small buckets: a shuffle within the CPU's cache). Buckets are handled GROUP at
     a time (about CHUNK samples):
@@ -148,9 +148,11 @@ def _bucket_shuffle(out: NpyFile, base: int, n: int, seed: tuple) -> None:
        bucket b after the earlier chunks' pieces, so a bucket is in id order), permute each bucket, write
        the group back in one call.
 
-    Calls: (n / CHUNK)^2 + n / CHUNK writes and n / CHUNK reads, each sample written twice and read once, all
-    within `out`: nothing else is written (the page cache flushes the output only). The bucket-by-bucket
-    writes this replaces numbered (n / CHUNK) x (n / BUCKET), 16 times as many."""
+    Each sample is written twice and read once, all within `out`: nothing else is written (the page cache
+    flushes the output only). Calls: (n / CHUNK)^2 writes of a chunk's share of a group (CHUNK^2 / n samples
+    each: 21,888 calls for bench/data_index.py's 10^9 samples) and n / CHUNK of whole groups; reads n / CHUNK
+    groups, IOV_MAX pieces a call. The bucket-by-bucket writes this replaces numbered (n / CHUNK) x (n / BUCKET),
+    16 times as many, and made the build grow as n^2 (BENCHMARKS.md section 7)."""
     buckets = -(-n // BUCKET)
     chunks = range(0, n, CHUNK)
     wide = np.empty(min(CHUNK, n), np.intp)  # numpy's bincount counts intp: cast once, into one buffer

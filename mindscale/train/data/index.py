@@ -152,7 +152,7 @@ def _bucket_shuffle(out: NpyFile, base: int, n: int, seed: tuple) -> None:
     flushes the output only). Calls: (n / CHUNK)^2 writes of a chunk's share of a group (CHUNK^2 / n samples
     each: 21,888 calls for bench/data_index.py's 10^9 samples) and n / CHUNK of whole groups; reads n / CHUNK
     groups, IOV_MAX pieces a call. The bucket-by-bucket writes this replaces numbered (n / CHUNK) x (n / BUCKET),
-    16 times as many, and made the build grow as n^2 (BENCHMARKS.md section 7)."""
+    16 times as many (bench/changes.md: their share of the time)."""
     buckets = -(-n // BUCKET)
     chunks = range(0, n, CHUNK)
     wide = np.empty(min(CHUNK, n), np.intp)  # numpy's bincount counts intp: cast once, into one buffer

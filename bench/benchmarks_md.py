@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench import data_index, preprocess_throughput
+from bench import data_index, data_wait, preprocess_throughput
 from mindscale.cli import fail
 from mindscale.io import write_atomically
 from mindscale.perf.flops import formula_text
@@ -345,7 +345,7 @@ def render(results: dict, changes: str) -> str:
             "Peak resident set (VmHWM) of each throughput process: framework, model, optimizer state, "
             "activations and — for MindSpore — the compiled graph.", "", *memory_section(results), "",
             *checkpoint_section(results), *dryrun_compare_section(results), *data_index.section(results),
-            *preprocess_throughput.section(results)]
+            *preprocess_throughput.section(results), *data_wait.section(results)]
     failed = failures(results["throughput"]) + failures(results["compile"])
     if failed:
         out += ["## Failed runs", "", *failed, ""]

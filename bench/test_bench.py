@@ -371,3 +371,29 @@ def test_preprocess_phase_measures_the_tool_and_its_ceiling_and_renders():
     text = data_index.splice("# B\n\n## 7. Sample index x\n\ny\n\n## How to rerun\n", lines)
     assert text.index("## 7.") < text.index("## 8.") < text.index("## How to rerun")
     assert data_index.splice(text, lines) == text and preprocess_throughput.section({}) == []
+
+
+def test_data_wait_phase_takes_the_first_step_apart_and_renders(tmp_path):
+    """Phase 9's arithmetic on records of known waits: the first step (read before the compile) apart, the
+    median and the worst of the others each against its own step; a window of several steps is refused; the
+    section renders the verdict and splices after section 8."""
+    from bench import data_index, data_wait
+
+    steps = [(1, 0.5, 9.0), (2, 0.001, 0.1), (3, 0.003, 0.1), (4, 0.002, 0.2), (5, 0.001, 0.05)]
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "steps_in_window": 1, "data_wait_s": w, "step_time_s": t}) + "\n" for s, w, t in steps))
+    r = data_wait.waits(tmp_path)
+    assert (r["steps"], r["first_wait_s"], r["median_wait_s"], r["max_wait_s"]) == (5, 0.5, 0.0015, 0.003)
+    assert (r["median_share"], r["max_share"], r["worst_step"]) == (pytest.approx(0.015), pytest.approx(0.03), 3)
+    results = {"data_wait": {"target_share": 0.02, "demo": {**r, "command": "bash scripts/demo.sh", "load_1m": [2, 3]},
+                             "peer": {"error": "exit 1: boom", "commands": []}}}
+    lines = data_wait.section(results)
+    assert lines[0] == "## 9. Waiting for data (data_wait_s)" and "| 5 | 500 | 100 | 1.50 (1.50%) | 3.00 | 3.00% (step 3) | 2.0 → 3.0 |" \
+        in "\n".join(lines) and "failed: exit 1: boom" in "\n".join(lines) and "data_wait_s under 2% " in "\n".join(lines)
+    assert "NOT met" in "\n".join(lines) and data_wait.section({}) == []
+    text = data_index.splice("# B\n\n## 8. Preprocessing x\n\ny\n\n## How to rerun\n", lines)
+    assert text.index("## 8.") < text.index("## 9.") < text.index("## How to rerun")
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 10, "steps_in_window": 10, "data_wait_s": 0,
+                                                        "step_time_s": 1}) + "\n")
+    with pytest.raises(ValueError, match="one record per step"):
+        data_wait.waits(tmp_path)

@@ -6,10 +6,11 @@
 Contents: loss and learning rate, throughput, MFU/HFU and memory over steps; the steady-state
 medians next to the planner's prediction for the same config (mindscale/perf/planner.py); the MFU/HFU
 formula with the FLOPs per token and the peak used, so the numbers can be redone by hand; the
-profiler summary when the run has a profile; the resolved config. The PNGs are embedded as
-base64 and written next to the HTML as <stem>_<plot>.png. A run on MindRecord data also gets one line on
-stdout, the data mix: the tokens each source (data.path, or each data.blend entry) gave by the last
-logged step, from metrics.jsonl's data_tokens.
+profiler summary when the run has a profile; the data mix (the tokens each source, data.path or each
+data.blend entry, gave by the last logged step, from metrics.jsonl's data_tokens, next to its configured
+share) and the time the loop waited for data (data_wait_s); the resolved config. The PNGs are embedded as
+base64 and written next to the HTML as <stem>_<plot>.png. A run on MindRecord data also gets the data mix
+as one line on stdout.
 """
 from __future__ import annotations
 
@@ -20,18 +21,7 @@ from pathlib import Path
 from mindscale.cli import fail
 from mindscale.config import UserError
 from mindscale.perf.metrics_io import add_warmup_argument, load_run
-from mindscale.perf.run_report import build
-
-
-def data_mix(records: list[dict]) -> str | None:
-    """'data mix at step N: SOURCE 75.0% (T tokens), ...' from the last record with data_tokens."""
-    last = next((r for r in reversed(records) if r.get("data_tokens")), None)
-    if last is None:
-        return None
-    tokens = last["data_tokens"]
-    total = sum(tokens.values())
-    parts = [f"{path} {n / total:.1%} ({n} tokens)" for path, n in tokens.items()]
-    return f"data mix at step {last['step']}: " + ", ".join(parts)
+from mindscale.perf.run_report import build, data_mix
 
 
 def main(argv: list[str] | None = None) -> int:

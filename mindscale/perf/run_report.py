@@ -3,8 +3,9 @@
 
 Contents: loss (and validation loss) and learning rate, throughput, MFU/HFU and memory over steps; the steady-state
 medians next to the planner's prediction for the same config (mindscale/perf/planner.py); the MFU/HFU
-formula with the FLOPs per token and the peak used, so the numbers can be redone by hand; the
-profiler summary (mindscale/perf/profile.py) when the run has a profile; the resolved config. The
+formula with the FLOPs per token and the peak used, so the numbers can be redone by hand; the data mix
+(tokens per source) and the time the loop waited for data; the profiler summary (mindscale/perf/profile.py)
+when the run has a profile; the resolved config. The
 PNGs are embedded as base64 and written next to the HTML as <stem>_<plot>.png.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from mindscale.perf import flops, planner
-from mindscale.perf.metrics_io import (load_run, profile_window, segments, steady_records, steady_summary,
+from mindscale.perf.metrics_io import (load_run, median, profile_window, segments, steady_records, steady_summary,
                                        warn_if_truncated)
 from mindscale.perf.mfu import flop_counts
 from mindscale.perf.profile import ProfileError, analyse, text as profile_text
@@ -69,6 +70,40 @@ def validation_section(run) -> str | None:
             f"{run.config.global_batch_size} sequences of {held_out} (train.eval_steps x global batch), "
             f"after the step.</p><table><tr><th>step</th><th>val_loss</th><th>val_ppl</th><th>seconds</th></tr>"
             f"{rows}</table>")
+
+
+def data_mix(records: list[dict]) -> str | None:
+    """'data mix at step N: SOURCE 75.0% (T tokens), ...' from the last record with data_tokens."""
+    last = next((r for r in reversed(records) if r.get("data_tokens")), None)
+    if last is None:
+        return None
+    tokens = last["data_tokens"]
+    total = sum(tokens.values())
+    parts = [f"{path} {n / total:.1%} ({n} tokens)" for path, n in tokens.items()]
+    return f"data mix at step {last['step']}: " + ", ".join(parts)
+
+
+def data_section(run, kept: list[dict]) -> str | None:
+    """HTML: the tokens each data source gave by the last logged step next to its configured share (runs on
+    MindRecord data), and how long the loop waited for its batches (data_wait_s); None when neither is logged."""
+    parts = []
+    last = next((r for r in reversed(run.metrics.records) if r.get("data_tokens")), None)
+    if last is not None:
+        weights = {e.path: e.weight for e in run.config.data.blend or ()} or {run.config.data.path: 1.0}
+        total, weight_sum = sum(last["data_tokens"].values()), sum(weights.values())
+        rows = "".join(f"<tr><td>{html.escape(path)}</td><td>{weights.get(path, 0) / weight_sum:.1%}</td>"
+                       f"<td>{n:,}</td><td>{n / total:.1%}</td></tr>" for path, n in last["data_tokens"].items())
+        parts.append(f"<p>Tokens drawn from each source in steps 1 to {last['step']} (metrics.jsonl's data_tokens; "
+                     "the blend keeps every source within one sample of its share after each step, docs/data.md)."
+                     f"</p><table><tr><th>source</th><th>configured share</th><th>tokens</th><th>share drawn</th></tr>"
+                     f"{rows}</table>")
+    waits = [r for r in kept if "data_wait_s" in r]
+    if waits:
+        wait, step = median(waits, "data_wait_s"), median(waits, "step_time_s")
+        parts.append(f"<p>Waiting for data: the loop waited a median {wait * 1e3:.2f} ms per step for its next batch "
+                     f"(data_wait_s, after warm-up), {wait / step:.2%} of the median step time "
+                     f"({step * 1e3:.1f} ms).</p>")
+    return "".join(parts) or None
 
 
 def plots(run, kept_steps: set[int], predicted: dict) -> dict[str, bytes]:
@@ -220,6 +255,7 @@ def build(run_dir: str, output: Path | None, warmup: int) -> tuple[Path, list[Pa
         for name, data in images.items())
     profile = profile_section(run)
     validation = validation_section(run)
+    data = data_section(run, kept)
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>MindScale run {esc(run.name)}</title>
 <style>
@@ -245,6 +281,7 @@ Prediction: {"; ".join(esc(line) for line in source)}.</p>
 <h2>Over steps</h2>
 {figures}
 {f"<h2>Validation</h2>{validation}" if validation else ""}
+{f"<h2>Data</h2>{data}" if data else ""}
 {f"<h2>Profile</h2><pre>{esc(profile)}</pre>" if profile else ""}
 <h2>Resolved config</h2>
 <pre>{esc(cfg.to_yaml())}</pre>

@@ -124,3 +124,25 @@ def test_validation_losses_appear_in_the_loss_plot_and_a_table(tmp_path):
     assert "<h2>Validation</h2>" not in (tmp_path / "plain.html").read_text()
     assert output.with_name("validated_loss_lr.png").read_bytes() != (tmp_path / "plain_loss_lr.png").read_bytes()
     assert output.with_name("validated_throughput.png").read_bytes() == (tmp_path / "plain_throughput.png").read_bytes()
+
+
+def test_the_data_mix_and_the_wait_for_data_are_in_the_page(tmp_path, capsys):
+    """A blend's data_tokens (metrics.jsonl) next to the configured shares, and the median data_wait_s after
+    warm-up as a share of the median step; the same mix as the stdout line. A run without them has no section."""
+    run = write_run(tmp_path, "blended", [6.0, 1.0, 1.1, 1.2],
+                    ["data.blend=[{path: /data/web, weight: 3}, {path: /data/code, weight: 1}]"])
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r, wait in zip(records, (2.0, 0.01, 0.03, 0.02)):
+        r.update(data_wait_s=wait, data_tokens={"/data/web": 96 * r["step"], "/data/code": 32 * r["step"]})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    output = tmp_path / "blended.html"
+    assert report.main([str(run), "--output", str(output)]) == 0
+    section = output.read_text().split("<h2>Data</h2>")[1].split("<h2>")[0]
+    assert "in steps 1 to 4" in section
+    assert re.findall(r"<tr><td>([^<]+)</td><td>([\d.]+%)</td><td>([\d,]+)</td><td>([\d.]+%)</td></tr>", section) == [
+        ("/data/web", "75.0%", "384", "75.0%"), ("/data/code", "25.0%", "128", "25.0%")]
+    assert "waited a median 20.00 ms per step" in section and "1.82% of the median step time (1100.0 ms)" in section
+    assert "data mix at step 4: /data/web 75.0% (384 tokens), /data/code 25.0% (128 tokens)" in capsys.readouterr().out
+    plain = write_run(tmp_path, "plain", [6.0, 1.0, 1.1, 1.2])
+    assert report.main([str(plain), "--output", str(tmp_path / "plain.html")]) == 0
+    assert "<h2>Data</h2>" not in (tmp_path / "plain.html").read_text()

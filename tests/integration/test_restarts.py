@@ -7,13 +7,15 @@ import signal
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 from mindscale.config import REPO_ROOT
 from mindscale.launch.goodput import GOODPUT_FILE
 from mindscale.train.loop.compile_cache import SHARED_DIR_ENV
 from mindscale.train.checkpoints import folder as ckpt, commit
-from tests.integration.test_training import TINY, _digests, _processes_naming, losses, sets, train
+from tests.data_folders import write_data_folder
+from tests.integration.test_training import TINY, _digests, _processes_naming, losses, metrics, sets, train
 
 SAVE = ("train.micro_batch_size=2", "train.steps=6", "checkpoint.save_interval=2", "checkpoint.keep_last=3")
 
@@ -35,16 +37,37 @@ def goodput_adds_up(run_dir):
     return summary
 
 
+def two_source_blend(tmp_path) -> list[str]:
+    """--set data.blend: two MindRecord folders of 7 and 5 samples of random ids, weights 3:1. With a global
+    batch of 4 the 6 steps draw 18 and 6 samples: both sources wrap into a new, reshuffled epoch mid-run."""
+    rng = np.random.default_rng(0)
+    folders = [write_data_folder(tmp_path / f"source_{k}", rng.integers(3, 256, (n, 33)), 256)
+               for k, n in enumerate((7, 5))]
+    return ["--set", f"data.blend=[{{path: {folders[0]}, weight: 3}}, {{path: {folders[1]}, weight: 1}}]"]
+
+
 def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(tmp_path):
     """Rank 1 SIGKILLs itself before step 4 (step 2 committed, step 3 done): --max-restarts 1 relaunches
-    both workers from step 2, and the final weights equal those of a run never killed. The restart loads
-    the train step from the compile cache the first attempt left in the run folder (run.compile_cache),
-    and its losses are bit-identical to the uninterrupted run's, which compiled."""
-    straight = launch(tmp_path, "straight", own_cache=True)
+    both workers from step 2, and the final weights equal those of a run never killed. Both runs read a
+    blend of two sources, so the restart resumes mid-epoch of each: it reuses the sample index and reads
+    from step 2's position. The restart loads the train step from the compile cache the first attempt left
+    in the run folder (run.compile_cache), and its losses are bit-identical to the uninterrupted run's,
+    which compiled."""
+    blend = two_source_blend(tmp_path)
+    straight = launch(tmp_path, "straight", *blend, own_cache=True)
     assert straight.returncode == 0, straight.stderr[-2000:]
-    restarted = launch(tmp_path, "restarted", "--max-restarts", "1", fault="kill:1:4", own_cache=True)
+    restarted = launch(tmp_path, "restarted", "--max-restarts", "1", *blend, fault="kill:1:4", own_cache=True)
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
     run = tmp_path / "restarted"
+    headers = [line for line in restarted.stdout.splitlines() if line.startswith("data: blend of")]
+    assert len(headers) == 2 and f"index reused {run / 'index'}" in headers[1]
+    assert "(18 samples of 7, 2.57 epochs)" in headers[0] and "(6 samples of 5, 1.20 epochs)" in headers[0]
+    builds = [sum(log.read_text().count("data index (train): ") for log in logs.glob("worker_*.log"))
+              for logs in (run / "logs" / "attempt_1", run / "logs")]
+    assert builds == [1, 0]  # one rank of the first attempt built the index; the restart built none
+    assert [r["data_tokens"] for r in metrics(run) if r["step"] == 6] == [
+        {str(tmp_path / "source_0"): 18 * 32, str(tmp_path / "source_1"): 6 * 32}]
+    assert all(r["data_wait_s"] >= 0 for r in metrics(run))
     kept = run / "logs" / "attempt_1" / "worker_1.log"
     assert (f"MindScale: restart 1 of 1: rank 1 was killed by SIGKILL (its log: {kept}); relaunching every worker "
             "from committed step 2") in restarted.stdout

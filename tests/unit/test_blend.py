@@ -1,7 +1,7 @@
 """Weighted blends and sample indexes (mindscale/train/data/blend.py, index.py, dataset.py): the step-count
 bound, determinism, rank and accumulation invariance, resume, wrap-around epochs, index reuse and rebuild,
 and bad input. Sources are real MindRecord folders written here, read through build_dataset."""
-import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +11,8 @@ import mindscale.train.data.index as index_module
 from mindscale.config import ConfigError, config_from_tree
 from mindscale.io import DataError
 from mindscale.train.data.blend import StepCounts, assign
-from mindscale.train.data.dataset import FORMAT_VERSION, MANIFEST_NAME, build_dataset
+from mindscale.train.data.dataset import build_dataset
+from tests.data_folders import write_data_folder
 
 SEQ = 8
 SIZES = (23, 29, 11)  # unequal sizes; in 40 steps each source wraps at least twice
@@ -19,21 +20,10 @@ WEIGHTS = (0.5, 0.3, 0.2)
 
 
 def write_source(folder: Path, tag: int, samples: int, seq: int = SEQ, tokenizer_sha: str = "t0") -> Path:
-    """A real MindRecord folder as tools/preprocess_data.py writes it: sample i of source `tag` holds the id
-    tag * 1000 + i everywhere, so every row read back names its source and stored index."""
-    from mindspore.mindrecord import FileWriter
-
-    folder.mkdir(parents=True)
-    writer = FileWriter(str(folder / "data_00000.mindrecord"), 1, overwrite=True)
-    writer.add_schema({"input_ids": {"type": "int32", "shape": [seq + 1]}}, "samples")
-    writer.write_raw_data([{"input_ids": np.full(seq + 1, tag * 1000 + i, np.int32)} for i in range(samples)])
-    writer.commit()
-    manifest = {"format_version": FORMAT_VERSION, "mode": "pretrain", "seq_length": seq, "num_samples": samples,
-                "vocab_size": 4000, "eos_id": 2, "pad_id": 0, "fields": ["input_ids"],
-                "tokenizer": {"path": f"/tok/{tokenizer_sha}.model", "sha256": tokenizer_sha},
-                "shards": [{"file": "data_00000.mindrecord", "samples": samples}]}
-    (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
-    return folder
+    """A real MindRecord folder: sample i of source `tag` holds the id tag * 1000 + i everywhere, so every row
+    read back names its source and stored index."""
+    rows = np.repeat(tag * 1000 + np.arange(samples)[:, None], seq + 1, axis=1)
+    return write_data_folder(folder, rows, 4000, tokenizer_sha)
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +99,30 @@ def orders(tmp_path, name, n, epochs, seed=1):
     return np.load(tmp_path / f"{name}.npy").reshape(epochs, n)
 
 
+def bucket_epoch(n, seed, source, epoch, chunk, bucket):
+    """The definition the two-pass build must meet, all in memory: sample i goes to bucket draws[i] (drawn
+    `chunk` samples at a time), bucket b holds its samples in ascending order, shuffled by (seed, source,
+    epoch, 1, b); the buckets back to back."""
+    buckets = -(-n // bucket)
+    draws = np.concatenate([np.random.default_rng([seed, source, epoch, 0, c]).integers(
+        0, buckets, min(chunk, n - low), dtype=np.uint16) for c, low in enumerate(range(0, n, chunk))])
+    parts = []
+    for b in range(buckets):
+        part = np.flatnonzero(draws == b).astype(np.uint32)
+        np.random.default_rng([seed, source, epoch, 1, b]).shuffle(part)
+        parts.append(part)
+    return np.concatenate(parts)
+
+
 def test_long_epoch_shuffle_in_buckets_is_a_permutation_and_a_longer_run_extends_a_shorter(tmp_path, monkeypatch):
-    monkeypatch.setattr(index_module, "CHUNK", 3000)  # 9 chunks, 25 buckets of a 25000-sample epoch
+    monkeypatch.setattr(index_module, "CHUNK", 3000)  # 9 chunks, 25 buckets in 9 groups of a 25000-sample epoch
     monkeypatch.setattr(index_module, "BUCKET", 1000)
+    monkeypatch.setattr(index_module, "GROUP", 3)
+    monkeypatch.setattr(index_module, "IOV_MAX", 4)  # a group's 27 pieces read in 7 calls
     epochs = orders(tmp_path, "long", 25000, 2)
     assert (np.sort(epochs, axis=1) == np.arange(25000)).all() and (epochs[0] != epochs[1]).any()
+    for e in range(2):  # the files are the definition's, byte for byte (an index built earlier stays valid)
+        assert (epochs[e] == bucket_epoch(25000, 1, 0, e, 3000, 1000)).all()
     longer, shorter = orders(tmp_path, "longer", 300, 9), orders(tmp_path, "shorter", 300, 4)
     assert (np.sort(longer, axis=1) == np.arange(300)).all() and (longer[:4] == shorter).all()
 
@@ -207,3 +216,65 @@ def test_bad_blends_are_one_line_errors(tmp_path, sources):
     longer = write_source(tmp_path / "seq16", 6, 10, seq=16)
     with pytest.raises(DataError, match="has seq_length 16 but model.seq_length=8"):
         build_dataset(make_cfg(tmp_path, [sources[0], longer], weights=(1, 1)))
+
+
+def test_an_index_folder_of_another_blend_is_refused_in_one_line(tmp_path, sources):
+    """The run's index folder is named by its key's digest: another blend's files in it (copied over it, or the
+    whole folder, key.json included) are named on one line with the fix, never read."""
+    quiet = {"say": lambda line: None}
+    cfg = make_cfg(tmp_path / "a", sources)
+    folder = build_dataset(cfg, **quiet).index.folder
+    other = build_dataset(make_cfg(tmp_path / "b", sources, weights=(0.2, 0.3, 0.5)), **quiet).index.folder
+    for name in ("starts.npy", "order_0.npy", "order_1.npy", "order_2.npy"):
+        shutil.copyfile(other / name, folder / name)
+    with pytest.raises(DataError) as info:
+        build_dataset(cfg, **quiet)
+    assert str(info.value) == (f"index folder {folder}: the draws in starts.npy do not follow its key.json's weights "
+                               f"(another blend's index?); delete {folder} and the next run builds it anew")
+    shutil.copyfile(other / "starts.npy", folder / "starts.npy")
+    (folder / "starts.npy").write_bytes(b"\x93NUMPY")  # cut short
+    with pytest.raises(DataError, match=r"starts.npy is unreadable \(.*\); delete "):
+        build_dataset(cfg, **quiet)
+    shutil.rmtree(folder)
+    shutil.copytree(other, folder)
+    with pytest.raises(DataError) as info:
+        build_dataset(cfg, **quiet)
+    assert str(info.value) == (f"index folder {folder} is not this data's index (its key.json differs: source 0 "
+                               f"({sources[0].resolve()}) weight changed from 0.2 to 0.5); it was copied or edited: "
+                               f"delete {folder} and the next run builds it anew")
+    shutil.rmtree(folder)
+    assert build_dataset(cfg, **quiet).index.note.startswith("built")  # as the message says
+
+
+def test_batches_are_read_ahead_in_order_and_the_reader_stops_when_the_stream_is_dropped():
+    """dataset.prefetched: the same items in the same order, at most `depth` read ahead of the consumer, the
+    reader's exception raised when its item is due, and the reader thread gone once the consumer is closed."""
+    import threading
+    import time
+
+    from mindscale.train.data.dataset import prefetched
+
+    read = []
+
+    def numbers():
+        for i in range(100):
+            read.append(i)
+            yield i
+        raise DataError("the end")
+
+    stream = prefetched(numbers(), 3)
+    assert [next(stream) for _ in range(10)] == list(range(10))
+    time.sleep(0.3)
+    assert len(read) <= 10 + 3 + 1  # the queue's 3 and the one the reader holds
+    rest = []
+    with pytest.raises(DataError, match="the end"):
+        for item in stream:
+            rest.append(item)
+    assert rest == list(range(10, 100))
+    before = set(threading.enumerate())
+    endless = prefetched(iter(lambda: 1, None), 2)
+    next(endless)
+    (reader,) = set(threading.enumerate()) - before
+    endless.close()
+    reader.join(timeout=5)
+    assert reader.name == "mindscale-data" and not reader.is_alive()

@@ -24,6 +24,8 @@ its number of parallel workers.
 from __future__ import annotations
 
 import json
+import queue
+import threading
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
@@ -164,8 +166,13 @@ class DataStream:
         self._rows = rows
 
     def __iter__(self) -> Iterator[dict]:
-        while True:
-            yield make_batch([next(self._rows) for _ in range(self.plan.rows)])
+        """The batches, read ahead on a thread of their own (`prefetched`): one iteration per stream."""
+        def batches():
+            while True:
+                yield make_batch([next(self._rows) for _ in range(self.plan.rows)])
+
+        micro_steps = self.plan.global_batch // (self.plan.world * self.plan.rows)
+        return prefetched(batches(), PREFETCH_STEPS * micro_steps)
 
     def drawn(self, step: int) -> dict[str, int]:
         """Samples drawn from each source (by its config path) in steps 1..`step`; {} for synthetic data."""
@@ -182,6 +189,47 @@ class DataStream:
                  for s in self.sources]
         kind = "blend of " if len(self.sources) > 1 else ""
         return f"data: {kind}{'; '.join(parts)} over {self.index.steps} steps; index {self.index.note}"
+
+
+PREFETCH_STEPS = 2  # optimizer steps of batches a rank reads ahead
+
+
+def prefetched(batches: Iterator[dict], depth: int) -> Iterator[dict]:
+    """`batches` in the same order, read on a background thread at most `depth` ahead. MindSpore runs a
+    step with the GIL released, so the next step's samples are read meanwhile and the training loop finds
+    them ready: reading through MindDataset hands each row over between threads, and on a host whose cores
+    the workers keep busy every hand-off can wait for a core (BENCHMARKS.md section 9). An exception of the
+    reader (the DataError at the end of the stream) is raised here when its batch is due. Closing this
+    generator (or dropping it) stops the thread."""
+    ready: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+
+    def offer(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for batch in batches:
+                if not offer((batch, None)):
+                    return
+        except BaseException as exc:  # noqa: BLE001 -- handed to the consumer, raised there
+            offer((None, exc))
+
+    threading.Thread(target=read, name="mindscale-data", daemon=True).start()
+    try:
+        while True:
+            batch, error = ready.get()
+            if error is not None:
+                raise error
+            yield batch
+    finally:
+        stop.set()
 
 
 def make_batch(rows: list[dict]) -> dict:

@@ -52,7 +52,7 @@ class MetricsLogger:
         self.hflops_per_token = flops.hardware_flops_per_token(cfg.model, layout.recompute, len(layout.recomputed))
         # an unpinned `python run_train.py` on a 2-core host is measured against both cores
         self.peak = device_peak_tflops(cfg, cores=len(os.sched_getaffinity(0)))
-        self.window: list[tuple[float, float, float]] = []  # (loss, grad_norm, step_time)
+        self.window: list[tuple[float, float, float, float]] = []  # (loss, grad_norm, step_time, data_wait)
         self.skipped = 0  # steps skipped for non-finite gradients, since this process started
         self.spike_skipped = 0  # ... for a loss over train.loss_spike_factor x the recent median
         self.save_blocked = 0.0  # seconds checkpoint saves blocked training since the last record
@@ -84,12 +84,14 @@ class MetricsLogger:
         self.path.write_text("".join(kept))
 
     def step(self, step: int, loss: float, grad_norm: float, step_time: float, overflow: bool,
-             lr: float, loss_scale: float, force: bool = False, spiked: bool = False) -> dict | None:
+             lr: float, loss_scale: float, force: bool = False, spiked: bool = False,
+             data_wait: float = 0.0) -> dict | None:
         """Record optimizer step `step` (1-based); returns the record when one is written: every
-        train.log_interval steps, after the first and the last step, and when `force`d (a stop)."""
+        train.log_interval steps, after the first and the last step, and when `force`d (a stop).
+        `data_wait` is the seconds the loop waited for the step's batch (not in `step_time`)."""
         self.skipped += int(overflow)
         self.spike_skipped += int(spiked)
-        self.window.append((loss, grad_norm, step_time))
+        self.window.append((loss, grad_norm, step_time, data_wait))
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
@@ -104,6 +106,7 @@ class MetricsLogger:
             self.append(record)
             line = (f"step {step}/{self.cfg.train.steps} loss {record['loss']:.4f} lr {lr:.3e} "
                     f"grad_norm {record['grad_norm']:.3f} step {record['step_time_s'] * 1e3:.0f} ms "
+                    f"data {record['data_wait_s'] * 1e3:.1f} ms "
                     f"{record['tokens_per_s']:.0f} tok/s MFU {record['mfu'] * 100:.2f}% "
                     f"(peak {self.peak:.3g} TFLOP/s/device) mem {record['memory_gib']:.2f} GiB "
                     f"elapsed {clock(record['elapsed_s'])} ETA {clock(record['eta_s'])}")
@@ -151,11 +154,13 @@ class MetricsLogger:
         loss = sum(w[0] for w in self.window) / n
         grad_norm = sum(w[1] for w in self.window) / n
         step_time = sum(w[2] for w in self.window) / n
+        data_wait = sum(w[3] for w in self.window) / n
         devices = self.cfg.devices
         tokens_per_s = self.tokens_per_step / step_time
         tflops = tokens_per_s * self.flops_per_token / devices / 1e12
         return {
             "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time,
+            "data_wait_s": data_wait,
             "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / devices,
             "samples_per_s_per_device": self.cfg.global_batch_size / step_time / devices,
             "tflops_per_device": tflops,

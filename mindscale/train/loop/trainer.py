@@ -57,7 +57,9 @@ class Trainer:
         if self.stream is not None and self.stream.sources:
             rt.say(self.stream.describe())  # the run log's header: each source's share
         self.batches = self._batches()
+        began = time.perf_counter()
         self.first_batch = next(self.batches) if self.stream is not None else None
+        self.first_batch_wait = time.perf_counter() - began  # the first step's data_wait_s, read before compiling
         if self.first_batch is not None and (layout.sharded or cfg.run.mode == "graph"):
             # sharded parameters take their local shapes when the step compiles: assign after that. The step
             # is the process's first compile, the one MindSpore's compile cache holds (compile_cache.py)
@@ -156,7 +158,10 @@ class Trainer:
         self.guard = guard = HealthGuard(cfg, dynamic_scale=self.step_cell.scale_update is not None)
         records, scale, stopped = [], 0.0, None
         for step in range(self.start_step, cfg.train.steps):
-            batch = self._injected_fault(step + 1, self.first_batch if step == self.start_step else next(self.batches))
+            waited = time.perf_counter()
+            batch = self.first_batch if step == self.start_step else next(self.batches)
+            data_wait = self.first_batch_wait if step == self.start_step else time.perf_counter() - waited
+            batch = self._injected_fault(step + 1, batch)
             self.heartbeat.beat(step)
             profile.before(step)
             self._raise_stop_flag(stop)
@@ -171,7 +176,7 @@ class Trainer:
             spiked = self._spiked(step + 1, loss, limit, overflow)
             self._validate(step + 1, logger)
             record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, overflow,
-                                 lr_at(step, cfg.train), scale, force=bool(asked), spiked=spiked)
+                                 lr_at(step, cfg.train), scale, force=bool(asked), spiked=spiked, data_wait=data_wait)
             if record:
                 records.append(record)
             try:

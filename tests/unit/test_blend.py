@@ -271,6 +271,7 @@ def test_batches_are_read_ahead_in_order_and_the_reader_stops_when_the_stream_is
         for item in stream:
             rest.append(item)
     assert rest == list(range(10, 100))
+    assert list(prefetched(iter(range(5)), 2)) == list(range(5))  # a stream that ends: so does this one
     before = set(threading.enumerate())
     endless = prefetched(iter(lambda: 1, None), 2)
     next(endless)

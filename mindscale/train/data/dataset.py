@@ -218,6 +218,7 @@ def prefetched(batches: Iterator[dict], depth: int) -> Iterator[dict]:
             for batch in batches:
                 if not offer((batch, None)):
                     return
+            offer((None, None))  # the end: the consumer returns, rather than wait for a batch never read
         except BaseException as exc:  # noqa: BLE001 -- handed to the consumer, raised there
             offer((None, exc))
 
@@ -227,6 +228,8 @@ def prefetched(batches: Iterator[dict], depth: int) -> Iterator[dict]:
             batch, error = ready.get()
             if error is not None:
                 raise error
+            if batch is None:
+                return
             yield batch
     finally:
         stop.set()

@@ -200,7 +200,7 @@ def prefetched(batches: Iterator[dict], depth: int) -> Iterator[dict]:
     them ready: reading through MindDataset hands each row over between threads, and on a host whose cores
     the workers keep busy every hand-off can wait for a core (BENCHMARKS.md section 9). An exception of the
     reader (the DataError at the end of the stream) is raised here when its batch is due. Closing this
-    generator (or dropping it) stops the thread."""
+    generator (or dropping it) stops the thread and waits for it."""
     ready: queue.Queue = queue.Queue(depth)
     stop = threading.Event()
 
@@ -222,7 +222,8 @@ def prefetched(batches: Iterator[dict], depth: int) -> Iterator[dict]:
         except BaseException as exc:  # noqa: BLE001 -- handed to the consumer, raised there
             offer((None, exc))
 
-    threading.Thread(target=read, name="mindscale-data", daemon=True).start()
+    reader = threading.Thread(target=read, name="mindscale-data", daemon=True)
+    reader.start()
     try:
         while True:
             batch, error = ready.get()
@@ -233,6 +234,9 @@ def prefetched(batches: Iterator[dict], depth: int) -> Iterator[dict]:
             yield batch
     finally:
         stop.set()
+        # out of MindDataset before the caller goes on: a thread still inside it when the interpreter exits
+        # crashed the process (SIGSEGV after a graceful stop, seen in tests/integration/test_training.py)
+        reader.join(timeout=60)
 
 
 def make_batch(rows: list[dict]) -> dict:

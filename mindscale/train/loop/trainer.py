@@ -88,11 +88,14 @@ class Trainer:
         when packed). Ranks read by their data-parallel index (Layout.data_rank)."""
         g = self.cfg.parallel.gradient_accumulation_steps
         source = iter(self.stream)
-        while True:
-            micro = [next(source) for _ in range(g)]
-            if "segment_ids" in micro[0]:
-                validate_packed(self.cfg, self.layout)
-            yield tuple(Tensor(rows) for rows in step_rows(micro, self.layout.packed_examples))
+        try:
+            while True:
+                micro = [next(source) for _ in range(g)]
+                if "segment_ids" in micro[0]:
+                    validate_packed(self.cfg, self.layout)
+                yield tuple(Tensor(rows) for rows in step_rows(micro, self.layout.packed_examples))
+        finally:
+            source.close()
 
     def _stop_votes(self, stop: StopRequest | None, step_s: float) -> int:
         """After a step: how many ranks were asked to stop (0: train on). A signal to any rank stops all
@@ -146,6 +149,12 @@ class Trainer:
     def train(self, stop: StopRequest | None = None) -> list[dict]:
         """Train to train.steps, or, when `stop` is requested on any rank, to the end of the step then
         running, and save there (mindscale/train/resilience/stop.py)."""
+        try:
+            return self._train(stop)
+        finally:
+            self.batches.close()  # its read-ahead thread leaves MindDataset before the process exits
+
+    def _train(self, stop: StopRequest | None) -> list[dict]:
         cfg = self.cfg
         if self.rt.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -437,6 +437,10 @@ def _finetune(cfg: Config) -> None:
         raise ConfigError(f"finetune.lora.dropout={lora.dropout}: must be in [0, 1)")
     allowed = cfg.model.spec.lora_targets
     wrong = [t for t in lora.target_modules if t not in allowed]
+    if wrong and cfg.model.spec.moe and lora.rank:
+        raise ConfigError(f"finetune.lora.target_modules={lora.target_modules}: the experts of {cfg.model.arch} are "
+                          "batched [E, F, h] weights, not the Linear layers LoRA adapts (per-expert adapters are not "
+                          f"built); target attention only, a subset of {list(allowed)}")
     if wrong or (lora.rank and not lora.target_modules):
         raise ConfigError(f"finetune.lora.target_modules={lora.target_modules}: use a non-empty subset of "
                           f"{list(allowed)} for model.arch={cfg.model.arch}")

@@ -13,10 +13,12 @@ written as dense, static-shape MindSpore primitives that the semi-auto parallel 
     combine     the same one-hot scaled by each token's routing weight, transposed: y [G, T, h]
     shared      optionally a shared SwiGLU expert every token passes (DeepSeek-style, no gate), added
 
-Expert parallel (the `expert` style): the gathered [G, E, C, h] is transposed to [E, G, C, h]; the dispatch
-ops split G over dp and the expert matmuls split E over ep (and G over dp/ep, F over tp), so the compiler
-turns the change of split into an AlltoAll over the ranks of an expert-parallel group and back after w2,
-as MindFormers' strategy-based MoE (mindformers/modules/transformer/moe.py) does. The expert weights
+Expert parallel (the `expert` style): the gathered [G, E, C, h], viewed as [ep, G/ep, E, C, h], is transposed
+to [E, G/ep, ep, C, h]; the dispatch ops split G over dp and the expert matmuls split E over ep (and G over
+dp/ep, F over tp), so the compiler turns the change of split into one AlltoAll over the ranks of each
+expert-parallel group and back after w2, as MindFormers' strategy-based MoE (mindformers/modules/transformer/
+moe.py, its MoEV2's five-dimensional transposes) does. (Transposed as [E, G, C, h] directly, the target's G
+split does not line up with the source's and MindSpore 2.9 compiles two AlltoAlls for 1 < ep < dp.) The expert weights
 [E/ep, F/tp, h] are then replicated over dp/ep ranks, whose gradients the compiler reduces (Megatron's
 expert-data-parallel group) and whose optimizer shard splits them.
 
@@ -98,9 +100,10 @@ class MoE(nn.Cell):
     SELECTIVE_RECOMPUTE = ("slot_onehot", "dispatch_mask", "combine_weights")
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, norm_topk_prob: bool,
-                 capacity_factor, groups: int, shared_ffn: int, std: float, out_std: float, param_dtype,
-                 compute_dtype):
+                 capacity_factor, groups: int, expert_parallel: int, shared_ffn: int, std: float, out_std: float,
+                 param_dtype, compute_dtype):
         super().__init__()
+        self.expert_parallel = expert_parallel  # ranks of an expert-parallel group (1 unsharded)
         self.hidden, self.num_experts, self.top_k = hidden, num_experts, top_k
         self.norm_topk_prob, self.capacity_factor, self.groups = norm_topk_prob, capacity_factor, groups
         self.compute_dtype = compute_dtype
@@ -133,8 +136,8 @@ class MoE(nn.Cell):
         self.dispatch_mask = ops.Mul()               # one-hot x chosen: a slot no token fills is all zero
         self.combine_weights = ops.Mul()             # one-hot x routing weight
         self.dispatch = ops.BatchMatMul()            # [G, E*C, T] x [G, T, h]
-        self.to_experts = ops.Transpose()            # [G, E, C, h] -> [E, G, C, h]: the AlltoAll under ep
-        self.from_experts = ops.Transpose()          # [E, G, C, h] -> [G, E, C, h]: back
+        self.to_experts = ops.Transpose()            # [ep, G/ep, E, C, h] -> [E, G/ep, ep, C, h]: the AlltoAll
+        self.from_experts = ops.Transpose()          # and back
         self.combine = ops.BatchMatMul(transpose_a=True)  # [G, E*C, T]^T x [G, E*C, h]
         self.shared_add = ops.Add()
         # statistics over all tokens
@@ -173,10 +176,13 @@ class MoE(nn.Cell):
         gates_t = self.transpose_gates(gates.reshape(g, t, e), (0, 2, 1)).reshape(g, e, 1, t)
         dispatch = self.cast(self.dispatch_mask(onehot, chosen_t), self.compute_dtype).reshape(g, e * c, t)
         combine = self.cast(self.combine_weights(onehot, gates_t), self.compute_dtype).reshape(g, e * c, t)
-        routed = self.dispatch(dispatch, x.reshape(g, t, h)).reshape(g, e, c, h)
-        routed = self.to_experts(routed, (1, 0, 2, 3)).reshape(e, g * c, h)
-        out = self.experts(routed).reshape(e, g, c, h)
-        out = self.from_experts(out, (1, 0, 2, 3)).reshape(g, e * c, h)
+        # groups as [ep, G/ep]: each expert-parallel group's ranks swap the group split for an expert split in
+        # one AlltoAll ([E, G/ep, ep, C, h] keeps the inner G/ep split where the data-parallel split had it)
+        ep = self.expert_parallel
+        routed = self.dispatch(dispatch, x.reshape(g, t, h)).reshape(ep, g // ep, e, c, h)
+        routed = self.to_experts(routed, (2, 1, 0, 3, 4)).reshape(e, g * c, h)
+        out = self.experts(routed).reshape(e, g // ep, ep, c, h)
+        out = self.from_experts(out, (2, 1, 0, 3, 4)).reshape(g, e * c, h)
         y = self.combine(combine, out).reshape(n, h)
         if self.shared_expert is not None:
             y = self.shared_add(y, self.shared_expert(x))
@@ -202,17 +208,17 @@ class MoE(nn.Cell):
         rules = {
             "router_fp32": ((tokens,), None), "softmax": ((tokens,), None), "topk": ((tokens,), None),
             "topk_sum": ((tokens,), None), "topk_norm": ((tokens, tokens), None),
-            "choice_onehot": ((tokens, (), ()), None), "weigh_choices": ((per_token, per_token), None),
+            "choice_onehot": ((per_token, (), ()), None),  # OneHot's strategy is its output's "weigh_choices": ((per_token, per_token), None),
             "gates": ((per_token,), None), "chosen": ((per_token,), None),
             "number_choices": ((per_token, (1, 1, 1)), None), "slots": ((per_token,), None),
             "slot_rank": ((tokens, ()), None), "order_sub": (((), tokens), None),
             "token_sub": ((groups, (1, 1, 1)), None), "priority_mask": ((groups, groups), None),
             "transpose_priority": ((groups,), None), "take": ((groups,), None),
-            "slot_onehot": ((groups, (), ()), None),
+            "slot_onehot": ((slots, (), ()), None),
             "transpose_chosen": ((groups,), None), "transpose_gates": ((groups,), None),
             "dispatch_mask": ((slots, slots), None), "combine_weights": ((slots, slots), None),
-            "dispatch": ((groups, groups), None), "to_experts": ((slots,), None),
-            "from_experts": (((ep, rows // ep, 1, 1),), None), "combine": ((groups, groups), None),
+            "dispatch": ((groups, groups), None), "to_experts": (((ep, rows // ep, 1, 1, 1),), None),
+            "from_experts": (((ep, rows // ep, 1, 1, 1),), None), "combine": ((groups, groups), None),
             "token_fraction": ((tokens,), None), "mean_prob": ((tokens,), None),
             "balance_mul": (((1,), (1,)), None), "balance_sum": (((1,),), None),
             "load_max": (((1,),), None), "load_mean": (((1,),), None),

@@ -89,7 +89,8 @@ class TransformerBlock(nn.Cell):
             moe = m.moe
             self.feed_forward = MoE(m.hidden_size, moe.expert_ffn(m.ffn_hidden_size), moe.num_experts, moe.top_k,
                                     moe.norm_topk_prob, moe.capacity_factor, layout.token_rows if layout.sharded else 1,
-                                    moe.shared_expert_ffn_hidden_size, m.init_std, out_std, pdt, cdt)
+                                    layout.ep if layout.sharded else 1, moe.shared_expert_ffn_hidden_size,
+                                    m.init_std, out_std, pdt, cdt)
         else:
             self.feed_forward = (SwiGLU if spec.gated_mlp else GeluMLP)(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt)
         self.attention_residual = ops.Add()
@@ -315,6 +316,7 @@ class CausalLMLoss(nn.Cell):
         self.aux_loss_coeff = aux_loss_coeff
         self.moe_stats = Parameter(Tensor([0.0, 0.0], ms.float32), name=MOE_STATS, requires_grad=False) \
             if model.moe else None
+        self.record = ops.Assign().shard(((1,), (1,)))  # whole on every rank (a strategy unused unsharded)
 
     def construct(self, input_ids, labels, loss_mask, segment_ids=None):
         model = self.model
@@ -324,7 +326,7 @@ class CausalLMLoss(nn.Cell):
         if self.moe_stats is None:
             return loss
         aux = stats[:, 0].mean()
-        kept = ops.assign(self.moe_stats, ops.stop_gradient(ops.stack((aux, stats[:, 1].max()))))
+        kept = self.record(self.moe_stats, ops.stop_gradient(ops.stack((aux, stats[:, 1].max()))))
         return ops.depend(loss + self.aux_loss_coeff * aux, kept)
 
 

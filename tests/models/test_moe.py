@@ -63,7 +63,7 @@ def reference(layer: MoE, x: np.ndarray, capacity_factor) -> tuple[np.ndarray, n
 ])
 def test_layer_matches_a_loop_over_tokens(experts, top_k, norm, capacity_factor, groups, shared):
     ms.set_seed(0)
-    layer = MoE(H, F, experts, top_k, norm, capacity_factor, groups, shared, 0.5, 0.5, ms.float32, ms.float32)
+    layer = MoE(H, F, experts, top_k, norm, capacity_factor, groups, 1, shared, 0.5, 0.5, ms.float32, ms.float32)
     x = np.random.default_rng(1).normal(size=(24, H)).astype(np.float32)
     y, stats = layer(Tensor(x))
     want_y, want_stats = reference(layer, x.astype(np.float64), capacity_factor)

@@ -96,8 +96,6 @@ def expert_capacity(tokens: int, top_k: int, factor, experts: int) -> int:
 class MoE(nn.Cell):
     """construct(x [N, h]) -> (y [N, h], stats [2] fp32: aux loss, max load / mean load)."""
 
-    # the [G, E*C, T] one-hots: large, cheap to recompute
-    SELECTIVE_RECOMPUTE = ("slot_onehot", "dispatch_mask", "combine_weights")
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, norm_topk_prob: bool,
                  capacity_factor, groups: int, expert_parallel: int, shared_ffn: int, std: float, out_std: float,
@@ -119,8 +117,6 @@ class MoE(nn.Cell):
         self.topk_sum = ops.ReduceSum(keep_dims=True)
         self.topk_norm = ops.RealDiv()
         self.choice_onehot = ops.OneHot()            # [N, k, E]
-        self.weigh_choices = ops.Mul()
-        self.gates = ops.ReduceSum()                 # [N, E]: routing weight of each chosen expert, else 0
         self.chosen = ops.ReduceSum()                # [N, E]: 1 where chosen
         self.number_choices = ops.Mul()
         self.slots = ops.ReduceSum()                 # [N, E]: which of its k choices e is (0 = first)
@@ -130,15 +126,25 @@ class MoE(nn.Cell):
         self.priority_mask = ops.Mul()
         self.transpose_priority = ops.Transpose()
         self.take = ops.TopK(sorted=True)            # [G, E, C]: each expert's C tokens, first priority first
-        self.slot_onehot = ops.OneHot()              # [G, E, C, T]
-        self.transpose_chosen = ops.Transpose()
-        self.transpose_gates = ops.Transpose()
-        self.dispatch_mask = ops.Mul()               # one-hot x chosen: a slot no token fills is all zero
-        self.combine_weights = ops.Mul()             # one-hot x routing weight
-        self.dispatch = ops.BatchMatMul()            # [G, E*C, T] x [G, T, h]
+        self.filled = ops.Greater()                  # a slot some token fills (priority > 0)
+        self.gather_tokens = ops.Gather(batch_dims=1)  # [G, T, h] at [G, E*C] -> [G, E*C, h]
+        self.fill_mask = ops.Mul()
         self.to_experts = ops.Transpose()            # [ep, G/ep, E, C, h] -> [E, G/ep, ep, C, h]: the AlltoAll
         self.from_experts = ops.Transpose()          # and back
-        self.combine = ops.BatchMatMul(transpose_a=True)  # [G, E*C, T]^T x [G, E*C, h]
+        self.transpose_ranked = ops.Transpose()      # choices [G, T, k, E] -> [G, k, T, E]: priority order
+        self.count_before = ops.CumSum(exclusive=True)
+        self.position_mul = ops.Mul()
+        self.position = ops.ReduceSum()              # [G, k*T]: each choice's rank among its expert's tokens
+        self.kept = ops.Less()                       # the rank is within the capacity
+        self.transpose_experts = ops.Transpose()
+        self.transpose_weights = ops.Transpose()
+        self.slot_base = ops.Mul()
+        self.slot_offset = ops.Minimum()
+        self.slot_add = ops.Add()
+        self.keep_weights = ops.Mul()
+        self.gather_slots = ops.Gather(batch_dims=1)  # [G, E*C, h] at [G, k*T] -> [G, k*T, h]
+        self.weigh_outputs = ops.Mul()
+        self.sum_choices = ops.ReduceSum()
         self.shared_add = ops.Add()
         # statistics over all tokens
         self.token_fraction = ops.ReduceMean()
@@ -163,27 +169,33 @@ class MoE(nn.Cell):
         if self.norm_topk_prob:
             weights = self.topk_norm(weights, self.topk_sum(weights, -1))
         choices = self.choice_onehot(experts, e, self.on, self.off)                      # [N, k, E]
-        gates = self.gates(self.weigh_choices(choices, weights.reshape(n, k, 1)), 1)     # [N, E]
         chosen = self.chosen(choices, 1)                                                 # [N, E]
         # priority of (token, expert): k*T - slot*T - token_in_group > 0 where chosen, 0 elsewhere
         slot = self.slots(self.number_choices(choices, self.choice_numbers), 1)          # [N, E]
         order = self.order_sub(k * t, self.slot_rank(slot, t)).reshape(g, t, e)
         order = self.token_sub(order, self.token_numbers(t))
         priority = self.transpose_priority(self.priority_mask(order, chosen.reshape(g, t, e)), (0, 2, 1))
-        _, taken = self.take(priority, c)                                                # [G, E, C]
-        onehot = self.slot_onehot(taken, t, self.on, self.off)                           # [G, E, C, T]
-        chosen_t = self.transpose_chosen(chosen.reshape(g, t, e), (0, 2, 1)).reshape(g, e, 1, t)
-        gates_t = self.transpose_gates(gates.reshape(g, t, e), (0, 2, 1)).reshape(g, e, 1, t)
-        dispatch = self.cast(self.dispatch_mask(onehot, chosen_t), self.compute_dtype).reshape(g, e * c, t)
-        combine = self.cast(self.combine_weights(onehot, gates_t), self.compute_dtype).reshape(g, e * c, t)
+        top, taken = self.take(priority, c)                                              # [G, E, C]
+        filled = self.cast(self.filled(top, 0.0), self.compute_dtype).reshape(g, e * c, 1)
+        routed = self.fill_mask(self.gather_tokens(x.reshape(g, t, h), taken.reshape(g, e * c), 1), filled)
         # groups as [ep, G/ep]: each expert-parallel group's ranks swap the group split for an expert split in
         # one AlltoAll ([E, G/ep, ep, C, h] keeps the inner G/ep split where the data-parallel split had it)
         ep = self.expert_parallel
-        routed = self.dispatch(dispatch, x.reshape(g, t, h)).reshape(ep, g // ep, e, c, h)
-        routed = self.to_experts(routed, (2, 1, 0, 3, 4)).reshape(e, g * c, h)
+        routed = self.to_experts(routed.reshape(ep, g // ep, e, c, h), (2, 1, 0, 3, 4)).reshape(e, g * c, h)
         out = self.experts(routed).reshape(e, g // ep, ep, c, h)
         out = self.from_experts(out, (2, 1, 0, 3, 4)).reshape(g, e * c, h)
-        y = self.combine(combine, out).reshape(n, h)
+        # combine: each (choice, token) reads its slot, expert x C + its rank among the expert's tokens in the
+        # same priority order (choices before choices of a later rank, then token order) as `take`
+        ranked = self.transpose_ranked(choices.reshape(g, t, k, e), (0, 2, 1, 3)).reshape(g, k * t, e)
+        position = self.position(self.position_mul(self.count_before(ranked, 1), ranked), -1)  # [G, k*T]
+        kept = self.kept(position, c)
+        chosen_experts = self.transpose_experts(experts.reshape(g, t, k), (0, 2, 1)).reshape(g, k * t)
+        index = self.slot_add(self.slot_base(chosen_experts, c),
+                              self.slot_offset(self.cast(position, ms.int32), c - 1))
+        weights = self.transpose_weights(weights.reshape(g, t, k), (0, 2, 1)).reshape(g, k * t)
+        weights = self.cast(self.keep_weights(weights, self.cast(kept, ms.float32)), self.compute_dtype)
+        picked = self.weigh_outputs(self.gather_slots(out, index, 1), weights.reshape(g, k * t, 1))
+        y = self.sum_choices(picked.reshape(g, k, t, h), 1).reshape(n, h)
         if self.shared_expert is not None:
             y = self.shared_add(y, self.shared_expert(x))
         return y, self.statistics(probs, chosen)
@@ -208,17 +220,21 @@ class MoE(nn.Cell):
         rules = {
             "router_fp32": ((tokens,), None), "softmax": ((tokens,), None), "topk": ((tokens,), None),
             "topk_sum": ((tokens,), None), "topk_norm": ((tokens, tokens), None),
-            "choice_onehot": ((per_token, (), ()), None),  # OneHot's strategy is its output's "weigh_choices": ((per_token, per_token), None),
-            "gates": ((per_token,), None), "chosen": ((per_token,), None),
+            "choice_onehot": ((per_token, (), ()), None),  # OneHot's strategy is its output's
+            "chosen": ((per_token,), None),
             "number_choices": ((per_token, (1, 1, 1)), None), "slots": ((per_token,), None),
             "slot_rank": ((tokens, ()), None), "order_sub": (((), tokens), None),
             "token_sub": ((groups, (1, 1, 1)), None), "priority_mask": ((groups, groups), None),
-            "transpose_priority": ((groups,), None), "take": ((groups,), None),
-            "slot_onehot": ((slots, (), ()), None),
-            "transpose_chosen": ((groups,), None), "transpose_gates": ((groups,), None),
-            "dispatch_mask": ((slots, slots), None), "combine_weights": ((slots, slots), None),
-            "dispatch": ((groups, groups), None), "to_experts": (((ep, rows // ep, 1, 1, 1),), None),
-            "from_experts": (((ep, rows // ep, 1, 1, 1),), None), "combine": ((groups, groups), None),
+            "transpose_priority": ((groups,), None), "take": ((groups,), None), "filled": ((groups, ()), None),
+            "gather_tokens": ((groups, (rows, 1)), None), "fill_mask": ((groups, groups), None),
+            "to_experts": (((ep, rows // ep, 1, 1, 1),), None), "from_experts": (((ep, rows // ep, 1, 1, 1),), None),
+            "transpose_ranked": ((slots,), None), "count_before": ((groups,), None),
+            "position_mul": ((groups, groups), None), "position": ((groups,), None), "kept": ((tokens, ()), None),
+            "transpose_experts": ((groups,), None), "transpose_weights": ((groups,), None),
+            "slot_base": ((tokens, ()), None), "slot_offset": ((tokens, ()), None),
+            "slot_add": ((tokens, tokens), None), "keep_weights": ((tokens, tokens), None),
+            "gather_slots": ((groups, (rows, 1)), None), "weigh_outputs": ((groups, groups), None),
+            "sum_choices": ((slots,), None),
             "token_fraction": ((tokens,), None), "mean_prob": ((tokens,), None),
             "balance_mul": (((1,), (1,)), None), "balance_sum": (((1,),), None),
             "load_max": (((1,),), None), "load_mean": (((1,),), None),

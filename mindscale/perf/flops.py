@@ -150,6 +150,18 @@ def hardware_flops_per_token(m, recompute: str, recomputed_layers: int) -> float
     return model_flops_per_token(m) + recompute_flops_per_token(m, recompute, recomputed_layers)
 
 
+def routing_flops_per_token(m, group_tokens: int) -> float:
+    """FLOPs per token and layer that a mixture of experts runs beyond its model FLOPs (models/moe.py), for
+    token groups of `group_tokens` (one rank's tokens of a micro batch): the experts' work on the padding slots
+    of their capacity, E·C/T - top_k slots per token of 6·3·h·F (dropless, C = T: E - top_k). Hardware work,
+    not in MFU; 0 for a dense model. (The dispatch and combine are gathers: no FLOPs.)"""
+    if not m.spec.moe:
+        return 0.0
+    moe = m.moe
+    slots = moe.num_experts * moe.capacity(group_tokens)
+    return max(0.0, slots / group_tokens - moe.top_k) * 6 * 3 * m.hidden_size * moe.expert_ffn(m.ffn_hidden_size)
+
+
 # ----------------------------------------------------------------------------------------------
 # The Megatron papers' per-iteration forms (GPT, MHA, 4h MLP), kept to check the generalisation
 

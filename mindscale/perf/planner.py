@@ -159,20 +159,19 @@ def expert_slots(cfg: Config) -> int:
 def routed_activation_bytes(cfg: Config, recompute: str) -> float:
     """What a mixture-of-experts layer keeps for backward on one rank, per micro batch, beyond the dense
     layer without its MLP (estimated from models/moe.py's tensors): the router's fp32 probabilities and
-    choices (T x E, T x k x E), the dispatch and combine one-hots (T x E x C: an fp32 one and two in the
-    compute dtype; selective recompute recomputes them), the routed tokens in and out of the experts (E x C x h
-    each: the expert-parallel AlltoAll moves the same slots, so a rank holds E x C of them whatever ep is),
-    the experts' SwiGLU inner tensors (4 x E x C x F/t) and the shared expert's (4 x T x F_shared/t)."""
+    choices (T x E, T x k x E), the routed tokens gathered into the experts' slots (E x C x h: the expert-
+    parallel AlltoAll moves the same slots, so a rank holds E x C of them whatever ep is), the experts'
+    SwiGLU inner tensors (4 x E x C x F/t), each choice's gathered output (k x T x h) and the shared
+    expert's inner tensors (4 x T x F_shared/t)."""
     m, moe = cfg.model, cfg.model.moe
     if not moe.enabled or recompute == "full":
         return 0.0
     act, t, tokens = DTYPE_BYTES[m.compute_dtype], cfg.parallel.model_parallel, local_tokens(cfg)
     slots = expert_slots(cfg)
     router = tokens * moe.num_experts * 4 * (2 + moe.top_k)
-    onehots = 0 if recompute == "selective" else tokens * slots * (4 + 2 * act)
-    routed = 2 * slots * m.hidden_size * act
+    routed = (slots + moe.top_k * tokens) * m.hidden_size * act
     inner = 4 * (slots * moe.expert_ffn(m.ffn_hidden_size) + tokens * moe.shared_expert_ffn_hidden_size) * act / t
-    return router + onehots + routed + inner
+    return router + routed + inner
 
 
 def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool) -> float:
@@ -635,6 +634,7 @@ def _stage_flops_per_token(cfg: Config, stage: int) -> float:
     output = 6 * flops.output_params(m)
     per_layer = (flops.model_flops_per_token(m) - output) / m.num_layers
     extra = flops.recompute_flops_per_token(m, layout.recompute, layout.recomputed_in(stage))
+    per_layer += flops.routing_flops_per_token(m, local_tokens(cfg))
     return layout.layers_per_stage[stage] * per_layer + extra + (output if stage == layout.pp - 1 else 0)
 
 
@@ -687,6 +687,10 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
         "assumptions": [
             f"hardware FLOPs run at {efficiency:.0%} of the {peak_tflops:g} TFLOP/s peak",
             "tensor-parallel collectives are on the critical path (not overlapped)",
+            *([f"mixture of experts: the experts' padding slots (capacity beyond the top_k per token) run at the same "
+               f"rate ({flops.routing_flops_per_token(m, tokens_per_micro_batch) / 1e9:.3g} GFLOP per token and "
+               "layer beyond the model FLOPs); the dispatch and combine gathers are not timed"] if m.moe.enabled
+              else []),
             *([f"expert parallel (ep={layout.ep}): its AlltoAlls are on the critical path (not overlapped); experts "
                "are assumed evenly loaded (the capacity bounds the slowest)"] if layout.ep > 1 else []),
             *([f"context parallel ({layout.cp_algo}, c={cp}): its K/V all-gathers or all-to-alls are on the "

@@ -757,7 +757,7 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
         "hardware": cfg.hardware.name,
         "devices": cfg.devices,
         "layout": {"data_parallel": cfg.parallel.data_parallel, "model_parallel": cfg.parallel.model_parallel,
-                   "expert_parallel": cfg.parallel.expert_parallel,
+                   "expert_parallel": cfg.parallel.expert_parallel, "experts": cfg.model.moe.num_experts,
                    "context_parallel": cfg.parallel.context_parallel,
                    "context_parallel_algo": cfg.parallel.context_parallel_algo,
                    "pipeline_stage": cfg.parallel.pipeline_stage, "micro_batch_num": cfg.parallel.micro_batch_num,

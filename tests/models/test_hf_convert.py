@@ -222,3 +222,13 @@ def test_export_replaces_the_folder_whole_so_no_stale_shard_index_survives(tmp_p
     tensors, config = read_hf_folder(out)
     assert list(tensors) == ["w"] and config == {"model_type": "llama"}
     assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no partial or old folder left
+
+
+def test_a_mixture_of_experts_checkpoint_into_a_dense_config_is_one_line_naming_both(tmp_path):
+    hf_model("mixtral").save_pretrained(tmp_path, safe_serialization=True)
+    dense = config_from_tree({"model": {"arch": "llama", "vocab_size": VOCAB, "hidden_size": 64, "num_layers": 2,
+                                        "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 96}})
+    with pytest.raises(models.WeightsMismatch) as refused:
+        models.load_pretrained(tmp_path, dense)
+    message = str(refused.value)
+    assert "\n" not in message and "model.arch='mixtral', a mixture of experts (config has 'llama', dense)" in message

@@ -7,10 +7,12 @@ written as dense, static-shape MindSpore primitives that the semi-auto parallel 
                 parallel, else 1: one rank's tokens). Expert e takes at most C tokens of a group, C =
                 MoeConfig.capacity(T) (T: dropless). Priority: every token's first choice before any
                 second choice, then token order; a token beyond an expert's C passes that expert by
-    dispatch    the C tokens of each (group, expert) are found by TopK over a priority score [G, E, T]
-                (no cumulative sums over T); a one-hot [G, E*C, T] of them gathers x by BatchMatMul
+    dispatch    the C tokens of each (group, expert) are found by TopK over a priority score [G, E, T]; a
+                batched Gather copies them into the slots [G, E*C, h] (no [T, E*C] one-hot: its BatchMatMuls
+                cost twice the experts' FLOPs at Qwen3-30B-A3B's size)
     experts     E SwiGLU experts as batched weights w1, w3 [E, F, h] and w2 [E, h, F], applied to [E, G*C, h]
-    combine     the same one-hot scaled by each token's routing weight, transposed: y [G, T, h]
+    combine     each (choice, token) gathers its slot back, found by a cumulative count in the same priority
+                order, and weighs it by its routing probability: y [G, T, h]
     shared      optionally a shared SwiGLU expert every token passes (DeepSeek-style, no gate), added
 
 Expert parallel (the `expert` style): the gathered [G, E, C, h], viewed as [ep, G/ep, E, C, h], is transposed
@@ -18,9 +20,9 @@ to [E, G/ep, ep, C, h]; the dispatch ops split G over dp and the expert matmuls 
 dp/ep, F over tp), so the compiler turns the change of split into one AlltoAll over the ranks of each
 expert-parallel group and back after w2, as MindFormers' strategy-based MoE (mindformers/modules/transformer/
 moe.py, its MoEV2's five-dimensional transposes) does. (Transposed as [E, G, C, h] directly, the target's G
-split does not line up with the source's and MindSpore 2.9 compiles two AlltoAlls for 1 < ep < dp.) The expert weights
-[E/ep, F/tp, h] are then replicated over dp/ep ranks, whose gradients the compiler reduces (Megatron's
-expert-data-parallel group) and whose optimizer shard splits them.
+split does not line up with the source's, and MindSpore 2.9 compiled two AlltoAlls for 1 < ep < dp.) The
+expert weights [E/ep, F/tp, h] are replicated over dp/ep ranks, whose gradients the compiler reduces
+(Megatron's expert-data-parallel group) and whose optimizer shard splits them.
 
 Dropless by GroupedMatmul with dynamic token counts per expert (MindFormers 1.9's parallel_core path,
 Megatron's) is not built: GroupedMatmul is an Ascend kernel and its dispatch needs AlltoAllV under a
@@ -95,7 +97,6 @@ def expert_capacity(tokens: int, top_k: int, factor, experts: int) -> int:
 
 class MoE(nn.Cell):
     """construct(x [N, h]) -> (y [N, h], stats [2] fp32: aux loss, max load / mean load)."""
-
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, norm_topk_prob: bool,
                  capacity_factor, groups: int, expert_parallel: int, shared_ffn: int, std: float, out_std: float,

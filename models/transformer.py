@@ -104,9 +104,11 @@ class TransformerBlock(nn.Cell):
         h = self.attention_residual(x, self.cast(a, self.residual_dtype) if self.cast_out else a)
         f = self.feed_forward(self.ffn_norm(h))
         if self.moe:
-            f, stats = f
-        out = self.ffn_residual(h, self.cast(f, self.residual_dtype) if self.cast_out else f)
-        return (out, stats) if self.moe else out
+            return self.add_ffn(h, f[0]), f[1]
+        return self.add_ffn(h, f)
+
+    def add_ffn(self, h, f):
+        return self.ffn_residual(h, self.cast(f, self.residual_dtype) if self.cast_out else f)
 
     def shard_strategies(self, style: str, layout: Layout) -> dict:
         x = (token_split(layout, style), 1)

@@ -33,7 +33,7 @@ def build_train_network(cfg: Config, model: CausalLM | None = None, layout: Layo
     """The loss network; parameter names stay those of the model (no `model.` prefix)."""
     layout = layout or standalone_layout(cfg)
     model = model if model is not None else build_model(cfg, layout)
-    return (ReusedCausalLMLoss if layout.graph_reuse == "model" else CausalLMLoss)(model)
+    return (ReusedCausalLMLoss if layout.graph_reuse == "model" else CausalLMLoss)(model, cfg.model.moe.aux_loss_coeff)
 
 
 def count_parameters(cfg: Config) -> int:

@@ -89,7 +89,10 @@ class KVCacheDecoder(nn.Cell):
             out = ops.matmul(ops.cast(probs, self.compute_dtype).reshape(b, kv, g * s, self.max_length), values)
             out = ops.transpose(out.reshape(b, n, s, d), (0, 2, 1, 3)).reshape(b * s, n * d)
             x = x + ops.cast(att.wo(out), layer.residual_dtype)
-            x = x + ops.cast(layer.feed_forward(layer.ffn_norm(x)), layer.residual_dtype)
+            h = layer.ffn_norm(x)
+            # a mixture of experts routes dropless, as transformers does (models/moe.py)
+            f = layer.feed_forward.forward(h, None)[0] if layer.moe else layer.feed_forward(h)
+            x = x + ops.cast(f, layer.residual_dtype)
         last = model.norm(x).reshape(b, s, -1)[:, s - 1]
         return model.logits(last), ops.stack(new_k), ops.stack(new_v)
 

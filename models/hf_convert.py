@@ -51,7 +51,14 @@ def model_config_from_hf(hf_config: dict) -> dict:
 def model_config_differences(hf_model: dict, m) -> list[str]:
     """Keys where the HF model (model_config_from_hf) and ModelConfig `m` disagree, as `key=theirs (ours)`.
     With rotary positions max_position_embeddings is a limit, not the training length, so seq_length is
-    then not compared."""
+    then not compared. Another family is one difference, naming both (a mixture of experts into a dense
+    config: its experts would have nowhere to go)."""
+    if hf_model["arch"] != m.arch:
+        kind = {True: "a mixture of experts", False: "dense"}
+        return [f"model.arch={hf_model['arch']!r}, {kind[ARCHS[hf_model['arch']].moe]} (config has {m.arch!r}, "
+                f"{kind[m.spec.moe]})"]
+    hf_model = dict(hf_model)
+    moe = hf_model.pop("moe", {})
     ours = {key: getattr(m, key) for key in hf_model}
     ours["num_kv_heads"] = m.kv_heads
     if "head_dim" in hf_model:
@@ -59,7 +66,9 @@ def model_config_differences(hf_model: dict, m) -> list[str]:
         hf_model = hf_model | {"head_dim": hf_model["head_dim"] or hf_model["hidden_size"] // hf_model["num_heads"]}
     skip = set() if ARCHS[hf_model["arch"]].learned_positions else {"seq_length"}
     return [f"model.{key}={hf_model[key]!r} (config has {ours[key]!r})"
-            for key in hf_model if key not in skip and hf_model[key] != ours[key]]
+            for key in hf_model if key not in skip and hf_model[key] != ours[key]] + \
+        [f"model.moe.{key}={value!r} (config has {getattr(m.moe, key)!r})"
+         for key, value in moe.items() if value != getattr(m.moe, key)]
 
 
 def hf_config_from_model(m) -> dict:
@@ -72,13 +81,36 @@ def hf_config_from_model(m) -> dict:
 
 
 def _expand(table: tuple[Rule, ...], num_layers: int, tied: bool) -> list[Rule]:
+    """The table's rules for every layer; `{e}` stays for _experts."""
     rules = []
     for rule in table:
         if tied and rule.ours == "output.weight":
             continue
         layers = range(num_layers) if "{i}" in rule.ours else [None]
-        rules += [Rule(rule.ours.format(i=i), rule.theirs.format(i=i), rule.transpose, rule.part) for i in layers]
+        rules += [Rule(rule.ours.format(i=i), rule.theirs.replace("{i}", str(i)), rule.transpose, rule.part)
+                  for i in layers]
     return rules
+
+
+def _experts(rule: Rule, num_experts: int) -> list[Rule]:
+    """Rule `rule` per expert (one rule if it is not per expert)."""
+    if not rule.per_expert:
+        return [rule]
+    return [Rule(rule.ours, rule.theirs.replace("{e}", str(e)), rule.transpose, rule.part) for e in range(num_experts)]
+
+
+class StackedView:
+    """MindScale tensor [E, ...] as the stack of E expert views (RuleViews): `[index]` reads only the
+    experts (and the slice of each) that the index selects, so an expert-parallel rank reads its own."""
+
+    def __init__(self, views: list):
+        self.views = views
+        self.shape = (len(views), *views[0].shape)
+
+    def __getitem__(self, index) -> np.ndarray:
+        index = full_index(index, self.shape)
+        experts = range(index[0].start, index[0].stop) if isinstance(index[0], slice) else index[0]
+        return np.stack([self.views[e][index[1:]] for e in experts])
 
 
 def _add_prefix(hf_state: dict, prefix: str) -> dict:
@@ -116,14 +148,16 @@ def hf_views(hf_state: dict, hf_config: dict) -> tuple[dict, dict[str, RuleView]
     adapter = ARCHS[model["arch"]].hf
     state = {k: v for k, v in _add_prefix(hf_state, adapter.unprefixed).items() if not IGNORED_HF.search(k)}
     rules = _expand(adapter.table, model["num_layers"], model["tie_embeddings"])
-    needed = {r.theirs for r in rules}
+    experts = model.get("moe", {}).get("num_experts", 0)
+    needed = {each.theirs for r in rules for each in _experts(r, experts)}
     missing = sorted(needed - set(state))
     unused = sorted(set(state) - needed - ({"lm_head.weight"} if model["tie_embeddings"] else set()))
     if missing or unused:
         parts = ([f"missing {len(missing)}: {', '.join(missing[:3])}"] if missing else []) + \
                 ([f"unexpected {len(unused)}: {', '.join(unused[:3])}"] if unused else [])
         raise HFConversionError(f"Hugging Face tensors do not match config.json ({'; '.join(parts)})")
-    return model, {r.ours: RuleView(r, state[r.theirs]) for r in rules}
+    return model, {r.ours: StackedView([RuleView(each, state[each.theirs]) for each in _experts(r, experts)])
+                   if r.per_expert else RuleView(r, state[r.theirs]) for r in rules}
 
 
 def hf_to_mindscale(hf_state: dict, hf_config: dict) -> tuple[dict, dict[str, np.ndarray]]:
@@ -140,9 +174,13 @@ def mindscale_to_hf(weights: dict[str, np.ndarray], m) -> tuple[dict[str, np.nda
         raise HFConversionError(f"MindScale weights lack {len(missing)} tensors (first: {', '.join(missing[:3])}); "
                                 "the checkpoint does not match the config")
     grouped: dict[str, list[Rule]] = {}
-    for r in rules:
-        grouped.setdefault(r.theirs, []).append(r)
     state = {}
+    for r in rules:
+        if r.per_expert:
+            for e, each in enumerate(_experts(r, m.moe.num_experts)):
+                state[each.theirs] = np.ascontiguousarray(weights[r.ours][e].T if r.transpose else weights[r.ours][e])
+        else:
+            grouped.setdefault(r.theirs, []).append(r)
     for theirs, group in grouped.items():
         group = sorted(group, key=lambda r: r.part[0] if r.part else 0)
         value = np.concatenate([weights[r.ours] for r in group], axis=0) if len(group) > 1 else weights[group[0].ours]

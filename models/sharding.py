@@ -13,7 +13,9 @@ says next to its primitives how a style splits them (`shard_strategies(style, la
                way (models.transformer.ShardedCrossEntropy)
     sequence   tokens split over dp x tp under sequence parallel (norms, residual adds), over dp
                otherwise
-    replicate  data-parallel only (position table)
+    replicate  data-parallel only (position table, a mixture of experts' router)
+    expert     a mixture of experts (models/moe.py): routing split over the token groups, experts over
+               expert_parallel (and their width over tp), the tokens AlltoAll'd between the two
 
 `apply_sharding_plan` turns styles into `.shard()` strategies for the layout's dp/tp/sp mesh, sets
 `pipeline_stage` per cell (MindSpore's attribute: the stage index, Layout.stage_of) and a gradient
@@ -144,6 +146,7 @@ def describe_plan(cfg: Config) -> str:
     p = cfg.parallel
     header = (f"sharding plan: {cfg.model.arch}, data_parallel={p.data_parallel} model_parallel={p.model_parallel} "
               f"{f'context_parallel={p.context_parallel} ({p.context_parallel_algo}) ' if p.context_parallel > 1 else ''}"
+              f"{f'expert_parallel={p.expert_parallel} ' if p.expert_parallel > 1 else ''}"
               f"pipeline_stage={p.pipeline_stage} "
               f"{f'pipeline_interleave={p.pipeline_interleave} ' if p.pipeline_interleave > 1 else ''}"
               f"{f'pipeline_scheduler={p.pipeline_scheduler} ' if p.pipeline_scheduler != '1f1b' else ''}"

@@ -3,7 +3,7 @@
 An entry holds everything the rest of MindScale needs to know about a family (torchtitan's ModelSpec):
 
     traits        what the one pre-norm decoder (models/transformer.py) builds: norm, MLP, biases,
-                  positions, GQA, head width, per-head q/k norm
+                  positions, GQA, head width, per-head q/k norm, a mixture-of-experts MLP
     plan          its tensor-parallel plan, cell path -> style (models/sharding.py applies it)
     hf            its Hugging Face adapter: the tensor table and the config.json mapping both ways
                   (models/hf_convert.py runs it)
@@ -22,6 +22,7 @@ from typing import Callable, Mapping
 # Activations are [tokens, features] between layers.
 COLWISE = "colwise"      # output features split over tp (wq/wk/wv, w1/w3, and the per-head ops after them)
 ROWWISE = "rowwise"      # input features split, partial sums reduced (wo, w2); a reduce-scatter under sp
+EXPERT = "expert"        # routed experts split over expert_parallel, tokens dispatched to them (models/moe.py)
 VOCAB = "vocab"          # vocabulary split over tp (embedding, head, loss) unless parallel.vocab_emb_dp
 SEQUENCE = "sequence"    # tokens split over dp x tp under sp (norms, residual adds), over dp otherwise
 REPLICATE = "replicate"  # data parallel only (the position table)
@@ -35,11 +36,16 @@ class HFUnsupported(ValueError):
 @dataclass(frozen=True)
 class Rule:
     """MindScale tensor `ours` is (part `part[0]` of `part[1]` equal row blocks of) HF tensor `theirs`,
-    transposed first when HF stores it [in, out]. `{i}` stands for the layer index."""
+    transposed first when HF stores it [in, out]. `{i}` stands for the layer index; `{e}` in `theirs` for an
+    expert's: then `ours` [E, ...] stacks the E expert tensors (a mixture of experts' batched weights)."""
     ours: str
     theirs: str
     transpose: bool = False
     part: tuple[int, int] | None = None
+
+    @property
+    def per_expert(self) -> bool:
+        return "{e}" in self.theirs
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ class ArchSpec:
     grouped_query: bool = True  # num_kv_heads may be below num_heads (GQA)
     free_head_dim: bool = True  # model.head_dim may differ from hidden_size / num_heads
     qk_norm: bool = False       # RMSNorm over head_dim on q and k before the rotary embedding (Qwen3)
+    moe: bool = False           # the feed-forward is a mixture of experts (models/moe.py, model.moe.*)
 
     @property
     def learned_positions(self) -> bool:

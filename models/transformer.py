@@ -21,13 +21,16 @@ import math
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn, ops
 
 from models.attention import Attention, CompositeAttention, FlashAttention
 from models.cpu_kernels import SplitCausalAttention, expand_broadcasts
 from models.layers import (DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, OutputHead, RMSNorm, SwiGLU,
                            token_split)
+from models.moe import MoE
 from models.spec import ArchSpec
+
+MOE_STATS = "moe_stats"  # CausalLMLoss's record of the router statistics: [aux loss, max load / mean load]
 from mindscale.config import Layout, ModelConfig
 
 
@@ -81,16 +84,30 @@ class TransformerBlock(nn.Cell):
                                    rope=(m.rope_theta, m.rope_scaling_params) if spec.rotary else None,
                                    core=attention_core(m, layout), std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
         self.ffn_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
-        self.feed_forward = (SwiGLU if spec.gated_mlp else GeluMLP)(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt)
+        self.moe = spec.moe
+        if spec.moe:
+            moe = m.moe
+            self.feed_forward = MoE(m.hidden_size, moe.expert_ffn(m.ffn_hidden_size), moe.num_experts, moe.top_k,
+                                    moe.norm_topk_prob, moe.capacity_factor, layout.token_rows if layout.sharded else 1,
+                                    layout.ep if layout.sharded else 1, moe.shared_expert_ffn_hidden_size,
+                                    m.init_std, out_std, pdt, cdt)
+        else:
+            self.feed_forward = (SwiGLU if spec.gated_mlp else GeluMLP)(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt)
         self.attention_residual = ops.Add()
         self.ffn_residual = ops.Add()
         self.cast = ops.Cast()
         self.cast_out = cdt != self.residual_dtype
 
     def construct(self, x, batch: int, seq: int, segment_ids):
+        """The new residual stream; with a mixture of experts (x, router statistics [2]) (models/moe.py)."""
         a = self.attention(self.attention_norm(x), batch, seq, segment_ids)
         h = self.attention_residual(x, self.cast(a, self.residual_dtype) if self.cast_out else a)
         f = self.feed_forward(self.ffn_norm(h))
+        if self.moe:
+            return self.add_ffn(h, f[0]), f[1]
+        return self.add_ffn(h, f)
+
+    def add_ffn(self, h, f):
         return self.ffn_residual(h, self.cast(f, self.residual_dtype) if self.cast_out else f)
 
     def shard_strategies(self, style: str, layout: Layout) -> dict:
@@ -148,6 +165,7 @@ class CausalLM(nn.Cell):
         else:
             blocks = [TransformerBlock(m, spec, layout) for _ in range(m.num_layers)]
         self.layers = nn.CellList(blocks)
+        self.moe = spec.moe
         self.norm = norm_class(spec, layout.fused_norm)(m.hidden_size, m.norm_eps, pdt, cdt)
         self.output = OutputHead(m.hidden_size, m.vocab_size, m.tie_embeddings, m.init_std, pdt, cdt)
         # used by CausalLMLoss; lives here to be sharded with the model
@@ -162,15 +180,23 @@ class CausalLM(nn.Cell):
         """Final-norm output [B*S, h] in the compute dtype; `segment_ids` [B, S] keeps attention within
         each packed example (the composite core's mask, the flash core's TND lengths; rotary positions are
         relative, so each LLaMA example computes as if alone)."""
+        return self.decode(input_ids, segment_ids)[0]
+
+    def decode(self, input_ids, segment_ids=None):
+        """(hidden_states, the router statistics [layers, 2] of a mixture of experts, else None)."""
         batch, seq = input_ids.shape
         x = self.tok_embeddings(input_ids)
         if self.pos_embeddings is not None:
             positions = self.positions if seq == self.seq_length else self.positions[:seq]
             x = self.pos_add(x, self.pos_embeddings(positions))
         x = x.reshape(batch * seq, -1)
+        stats = []
         for layer in self.layers:
             x = layer(x, batch, seq, segment_ids)
-        return self.norm(x)
+            if self.moe:
+                x, layer_stats = x
+                stats.append(layer_stats)
+        return self.norm(x), (ops.stack(stats) if self.moe else None)
 
     def logits(self, hidden):
         """[N, h] -> [N, V] fp32."""
@@ -279,16 +305,31 @@ class ShardedCrossEntropy(nn.Cell):
 
 
 class CausalLMLoss(nn.Cell):
-    """construct(input_ids, labels, loss_mask) -> the model's masked mean cross entropy."""
+    """construct(input_ids, labels, loss_mask) -> the model's masked mean cross entropy, plus
+    `aux_loss_coeff` x the load-balancing loss of a mixture of experts (its mean over layers).
 
-    def __init__(self, model: CausalLM):
+    A mixture of experts' router statistics of the last call (aux loss averaged and busiest-expert load
+    maxed over layers) are kept in the parameter `moe_stats` for the host to log, as BatchNorm keeps its
+    moving statistics: written in the graph, never trained, not a weight of the model nor optimizer state."""
+
+    def __init__(self, model: CausalLM, aux_loss_coeff: float = 0.0):
         super().__init__(auto_prefix=False)  # keep the model's parameter names unprefixed
         self.model = model
+        self.aux_loss_coeff = aux_loss_coeff
+        self.moe_stats = Parameter(Tensor([0.0, 0.0], ms.float32), name=MOE_STATS, requires_grad=False) \
+            if model.moe else None
+        self.record = ops.Assign().shard(((1,), (1,)))  # whole on every rank (a strategy unused unsharded)
 
     def construct(self, input_ids, labels, loss_mask, segment_ids=None):
         model = self.model
-        hidden = model.loss.mask_hidden(model.hidden_states(input_ids, segment_ids), loss_mask)
-        return model.loss(model.logits(hidden), labels, loss_mask)
+        hidden, stats = model.decode(input_ids, segment_ids)
+        hidden = model.loss.mask_hidden(hidden, loss_mask)
+        loss = model.loss(model.logits(hidden), labels, loss_mask)
+        if self.moe_stats is None:
+            return loss
+        aux = stats[:, 0].mean()
+        kept = self.record(self.moe_stats, ops.stop_gradient(ops.stack((aux, stats[:, 1].max()))))
+        return ops.depend(loss + self.aux_loss_coeff * aux, kept)
 
 
 class ReusedCausalLMLoss(CausalLMLoss):
@@ -299,6 +340,6 @@ class ReusedCausalLMLoss(CausalLMLoss):
     decoder layers are then plain blocks."""
 
     @ms.lazy_inline(attrs="graph_key")
-    def __init__(self, model: CausalLM):
-        super().__init__(model)
+    def __init__(self, model: CausalLM, aux_loss_coeff: float = 0.0):
+        super().__init__(model, aux_loss_coeff)
         self.graph_key = "loss network"  # the graph's cache key (without it MindSpore prints the cell tree)

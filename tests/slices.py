@@ -4,7 +4,8 @@ import numpy as np
 
 import models
 
-LAYOUTS = {1: [[0], [-1]], 2: [[1, 0], [0, 1], [1, -1], [-1, 0]]}  # tensor maps over a 2 x 2 device matrix
+LAYOUTS = {1: [[0], [-1]], 2: [[1, 0], [0, 1], [1, -1], [-1, 0]],  # tensor maps over a 2 x 2 device matrix
+           3: [[1, 0, -1], [1, -1, -1], [-1, 0, -1], [1, -1, 0]]}  # stacked experts: over ep, tp or both
 
 
 def assert_every_slice_matches(lazy, whole: dict) -> int:

@@ -34,6 +34,7 @@ class Layout:
     pp: int                     # pipeline stages
     cp: int                     # context parallel (parallel.context_parallel): activations split along the sequence
     cp_algo: str                # colossalai_cp (K/V all-gathered) | ulysses_cp (all-to-all to a head split)
+    ep: int                     # expert parallel: routed experts split over ep of the dp ranks (models/moe.py)
     micro_batch_size: int
     micro_steps: int            # micro batches per optimizer step (pipeline micro batches or accumulation)
     sharded: bool               # semi-auto parallel: the plan's .shard() strategies are compiled
@@ -73,6 +74,7 @@ class Layout:
         # forward starts, and reduce the accumulated gradients once. Under DATA_PARALLEL nothing orders the
         # micro batches (docs/launch.md, "Gradient accumulation with several workers"); CPU has only that.
         sharded = world > 1 and (p.model_parallel > 1 or p.pipeline_stage > 1 or p.context_parallel > 1 or
+                                 p.expert_parallel > 1 or
                                  (p.optimizer_shard and p.data_parallel > 1) or
                                  (micro_steps > 1 and device != "CPU"))
         a2_kernels = cfg.hardware.flash_attention and device == "Ascend"
@@ -86,7 +88,7 @@ class Layout:
         recomputed = tuple(_first_layers(recompute_layer_counts(cfg), stages))
         return cls(
             device=device, dp=p.data_parallel, tp=p.model_parallel, pp=p.pipeline_stage,
-            cp=p.context_parallel, cp_algo=p.context_parallel_algo,
+            cp=p.context_parallel, cp_algo=p.context_parallel_algo, ep=p.expert_parallel,
             micro_batch_size=cfg.train.micro_batch_size,
             micro_steps=micro_steps,
             sharded=sharded, data_parallel_mode=world > 1 and not sharded,

@@ -252,6 +252,20 @@ def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> Config:
     return config_from_tree(tree)
 
 
+def _reference_rows(section, prefix: str) -> list[str]:
+    """One table row per key of `section`; a nested section (model.moe, finetune.lora) key by key."""
+    rows, hints = [], typing.get_type_hints(section)
+    for f in dataclasses.fields(section):
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows += _reference_rows(hints[f.name], f"{prefix}.{f.name}")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        type_name = " or ".join(_type_name(a) for a in typing.get_args(hints[f.name])) \
+            if typing.get_origin(hints[f.name]) is Union else _type_name(hints[f.name])
+        rows.append(f"| `{prefix}.{f.name}` | {type_name} | `{default!r}` | {f.metadata['doc']} |")
+    return rows
+
+
 def reference_markdown() -> str:
     """The key reference, generated from the dataclasses (docs/config.md)."""
     lines = ["# Config key reference", "",
@@ -265,11 +279,6 @@ def reference_markdown() -> str:
         if not dataclasses.is_dataclass(hint):
             continue
         lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
-        hints = typing.get_type_hints(hint)
-        for f in dataclasses.fields(hint):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            type_name = " or ".join(_type_name(a) for a in typing.get_args(hints[f.name])) \
-                if typing.get_origin(hints[f.name]) is Union else _type_name(hints[f.name])
-            lines.append(f"| `{top.name}.{f.name}` | {type_name} | `{default!r}` | {f.metadata['doc']} |")
+        lines += _reference_rows(hint, top.name)
         lines.append("")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ and validate.py; decisions derived from the parallel keys, in mindscale/config/l
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
@@ -110,6 +111,44 @@ class HardwareConfig:
 
 
 @dataclass
+class MoeConfig:
+    num_experts: int = doc("Routed experts E per layer (model.arch mixtral, qwen3_moe); 0 = a dense MLP (the "
+                           "other families).", 0)
+    top_k: int = doc("Experts each token is routed to (softmax over E router logits, then the k largest).", 2)
+    ffn_hidden_size: Optional[int] = doc("Inner width of one routed expert's SwiGLU (Qwen3-MoE's "
+                                         "moe_intermediate_size); null = model.ffn_hidden_size (Mixtral).", None)
+    shared_expert_ffn_hidden_size: int = doc(
+        "Inner width of a shared SwiGLU expert every token passes through, added to the routed experts' output "
+        "(DeepSeek-style, ungated); 0 = none (Mixtral, Qwen3-MoE).", 0)
+    norm_topk_prob: bool = doc("Renormalise the k chosen probabilities to sum to 1 (Mixtral: always; Qwen3-MoE: "
+                               "its norm_topk_prob).", True)
+    aux_loss_coeff: float = doc(
+        "Weight of the load-balancing loss (Switch Transformer / Mixtral form, E x sum_e f_e P_e per layer, "
+        "averaged over layers) added to the training loss; logged as aux_loss. 0 = not added (still logged).",
+        0.01)
+    capacity_factor: Optional[float] = doc(
+        "Token dropping: each expert takes at most ceil(top_k x T x capacity_factor / E) of the T tokens of a "
+        "data-parallel rank (first slot-1 choices, then in token order); the rest of its tokens pass it by. "
+        "null = dropless: the capacity is T, nothing is dropped, at E/top_k times the expert compute of a "
+        "factor of 1 (docs/models.md, mixture of experts).", None)
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_experts > 0
+
+    def expert_ffn(self, dense_ffn: int) -> int:
+        """The inner width of one routed expert."""
+        return self.ffn_hidden_size or dense_ffn
+
+    def capacity(self, tokens: int) -> int:
+        """Slots per expert for the `tokens` of one data-parallel rank (MindFormers' calculate_expert_capacity,
+        at most all of them)."""
+        if self.capacity_factor is None:
+            return tokens
+        return min(tokens, math.ceil(self.top_k * tokens * self.capacity_factor / self.num_experts))
+
+
+@dataclass
 class ModelConfig:
     arch: ArchName = doc(
         "Model family (one entry each in models/archs/): "
@@ -150,6 +189,8 @@ class ModelConfig:
         "Megatron-Core's key; off, it is in compute_dtype, as in Megatron-Core and MindFormers, and with "
         "bf16 the stage sends move half the bytes. Norms compute in fp32 either way.", False)
     init_std: float = doc("Std of the normal weight init.", 0.02)
+    moe: MoeConfig = doc("Mixture of experts: the feed-forward of every layer is E routed SwiGLU experts.",
+                         factory=MoeConfig)
 
     @property
     def residual_dtype(self) -> str:
@@ -209,6 +250,10 @@ class ParallelConfig:
         "backward reduce-scatters their gradients); ulysses_cp swaps the sequence split for a head split "
         "with an all-to-all before attention and back after it (heads and kv heads divisible by t x c).",
         "colossalai_cp")
+    expert_parallel: int = doc(
+        "Expert-parallel degree e: the routed experts of each layer split over e of the data-parallel ranks "
+        "(e divides data_parallel and model.moe.num_experts); tokens reach their experts by AlltoAll, and an "
+        "expert's gradients reduce over the data_parallel / e ranks that hold it (docs/models.md).", 1)
     sequence_parallel: bool = doc("Shard norms/dropout activations along the sequence (needs t > 1).", False)
     vocab_emb_dp: bool = doc("Keep the embedding data-parallel instead of vocab-sharded over t.", True)
     optimizer_shard: bool = doc("Shard optimizer states (and master weights) over data parallel.", False)

@@ -8,6 +8,7 @@ from mindscale.config.errors import ConfigError
 from mindscale.config.layout import (FLASH_ATTENTION_DTYPES, FLASH_TND_MAX_SEQUENCES, Layout, chunk_layer_counts_of,
                                      offload_layer_counts, recompute_layer_counts, stage_layer_counts, stage_totals)
 from mindscale.config.schema import TEMPLATE_NAMES, Config, ModelConfig
+from models.archs import ARCHS
 
 
 def _memory_pool(cfg: Config) -> None:
@@ -154,11 +155,56 @@ def _model_shapes(m: ModelConfig) -> None:
                           "use the values of the checkpoint's config.json")
 
 
+def _experts(cfg: Config) -> None:
+    """model.moe and parallel.expert_parallel: an MoE family has experts, a dense one has none, and the expert
+    split divides what it splits."""
+    m, moe, ep = cfg.model, cfg.model.moe, cfg.parallel.expert_parallel
+    if m.spec.moe and not moe.enabled:
+        raise ConfigError(f"model.arch={m.arch} is a mixture of experts but model.moe.num_experts={moe.num_experts}; "
+                          "set model.moe.num_experts (and top_k)")
+    if moe.num_experts and not m.spec.moe:
+        moe_archs = [name for name, spec in ARCHS.items() if spec.moe]
+        raise ConfigError(f"model.moe.num_experts={moe.num_experts} with model.arch={m.arch}, a dense family; use "
+                          f"an MoE arch ({', '.join(moe_archs)}) or set num_experts to 0")
+    if ep < 1:
+        raise ConfigError(f"parallel.expert_parallel={ep}: must be >= 1")
+    if not moe.enabled:
+        if ep > 1:
+            raise ConfigError(f"parallel.expert_parallel={ep} needs a mixture-of-experts model "
+                              "(model.moe.num_experts > 0); set it to 1")
+        return
+    if moe.num_experts < 0 or not 1 <= moe.top_k <= moe.num_experts:
+        raise ConfigError(f"model.moe.top_k={moe.top_k} with model.moe.num_experts={moe.num_experts}: need 1 <= "
+                          "top_k <= num_experts (a token is routed to k distinct experts)")
+    for key, value in [("model.moe.ffn_hidden_size", moe.ffn_hidden_size),
+                       ("model.moe.shared_expert_ffn_hidden_size", moe.shared_expert_ffn_hidden_size)]:
+        if value is not None and value < 0:
+            raise ConfigError(f"{key}={value}: must be >= 1 (or null/0 where it may be)")
+    if moe.aux_loss_coeff < 0:
+        raise ConfigError(f"model.moe.aux_loss_coeff={moe.aux_loss_coeff}: must be >= 0")
+    if moe.capacity_factor is not None and not moe.capacity_factor > 0:
+        raise ConfigError(f"model.moe.capacity_factor={moe.capacity_factor}: must be > 0, or null (dropless)")
+    if moe.num_experts % ep:
+        raise ConfigError(f"model.moe.num_experts={moe.num_experts} is not divisible by parallel.expert_parallel="
+                          f"{ep}; choose an expert_parallel that divides the experts")
+    if cfg.parallel.data_parallel % ep:
+        raise ConfigError(f"parallel.data_parallel={cfg.parallel.data_parallel} is not divisible by "
+                          f"parallel.expert_parallel={ep} (experts split over data-parallel ranks); choose an "
+                          "expert_parallel that divides data_parallel")
+    if ep > 1 and cfg.hardware.device_target == "CPU":
+        raise ConfigError(f"parallel.expert_parallel={ep} on CPU: it compiles under semi-auto parallel, which "
+                          "MindSpore refuses on CPU; set expert_parallel=1 (data-parallel MoE runs on CPU), or use "
+                          "an Ascend hardware profile (tools/dryrun.py compiles it here)")
+
+
 def _parallel(cfg: Config) -> None:
     m, p, t = cfg.model, cfg.parallel, cfg.train
     mp = p.model_parallel
     for key, value in [("model.num_heads", m.num_heads), ("model.num_kv_heads", m.kv_heads),
-                       ("model.ffn_hidden_size", m.ffn_hidden_size)]:
+                       ("model.ffn_hidden_size", m.ffn_hidden_size),
+                       *([("model.moe.ffn_hidden_size", m.moe.expert_ffn(m.ffn_hidden_size))] if m.moe.enabled else []),
+                       *([("model.moe.shared_expert_ffn_hidden_size", m.moe.shared_expert_ffn_hidden_size)]
+                         if m.moe.shared_expert_ffn_hidden_size else [])]:
         if value % mp:
             raise ConfigError(f"{key}={value} is not divisible by parallel.model_parallel={mp}; "
                               f"choose a model_parallel that divides {value}")
@@ -391,6 +437,10 @@ def _finetune(cfg: Config) -> None:
         raise ConfigError(f"finetune.lora.dropout={lora.dropout}: must be in [0, 1)")
     allowed = cfg.model.spec.lora_targets
     wrong = [t for t in lora.target_modules if t not in allowed]
+    if wrong and cfg.model.spec.moe and lora.rank:
+        raise ConfigError(f"finetune.lora.target_modules={lora.target_modules}: the experts of {cfg.model.arch} are "
+                          "batched [E, F, h] weights, not the Linear layers LoRA adapts (per-expert adapters are not "
+                          f"built); target attention only, a subset of {list(allowed)}")
     if wrong or (lora.rank and not lora.target_modules):
         raise ConfigError(f"finetune.lora.target_modules={lora.target_modules}: use a non-empty subset of "
                           f"{list(allowed)} for model.arch={cfg.model.arch}")
@@ -428,6 +478,7 @@ def validate(cfg: Config) -> None:
     _positive(cfg)
     _finetune(cfg)
     _model_shapes(cfg.model)
+    _experts(cfg)
     _parallel(cfg)
     _offload(cfg)
     _blends(cfg)

@@ -12,6 +12,9 @@ Model FLOPs per token (PaLM, Chowdhery et al. 2022, App. B)::
 N = weights of all matmuls (attention q/k/v/o, MLP, and the output projection; not the input
 embedding lookup, not learned positions), L layers, H query heads, Q head dim, T sequence length.
 Full attention is counted (no causal halving), as in PaLM and Megatron's 2021-2022 papers.
+A mixture of experts counts the weights a token computes with, N_active: the router (h x E), its
+top_k routed experts and any shared expert, not the E - top_k experts it skips (6·N_active +
+attention, as MoE papers and Megatron-Core count; the dispatch and combine are not counted).
 
 Hardware FLOPs per token add what recompute runs again. The Megatron papers give them per
 iteration for a GPT with multi-head attention and a 4h MLP (h = hidden, s = sequence, V = vocab,
@@ -43,12 +46,25 @@ def attention_width(m) -> int:
     return m.num_heads * m.head_size
 
 
-def layer_matmul_params(m) -> int:
-    """Matmul weights of one transformer layer (no biases, no norms)."""
+def mlp_params(m, active: bool) -> int:
+    """The feed-forward's matmul weights in one layer: all of them, or (`active`) those one token computes
+    with. A mixture of experts (model.moe) stores the router h x E, E routed SwiGLU experts and a shared one;
+    a token computes with the router, its top_k experts and the shared one. Dense: the same either way."""
+    h = m.hidden_size
+    if not m.spec.moe:
+        return (3 if m.spec.gated_mlp else 2) * h * m.ffn_hidden_size  # SwiGLU gate/up/down; GELU up/down
+    moe = m.moe
+    experts = moe.top_k if active else moe.num_experts
+    return h * moe.num_experts + 3 * h * (experts * moe.expert_ffn(m.ffn_hidden_size)
+                                          + moe.shared_expert_ffn_hidden_size)
+
+
+def layer_matmul_params(m, active: bool = True) -> int:
+    """Matmul weights of one transformer layer (no biases, no norms): those a token computes with (`active`,
+    the FLOPs' N), or all that are stored (a mixture of experts' every expert)."""
     h, kv_width = m.hidden_size, m.kv_heads * m.head_size
     attention = 2 * h * attention_width(m) + 2 * h * kv_width          # q, o; k, v
-    mlp_matrices = 3 if m.spec.gated_mlp else 2                                 # SwiGLU gate/up/down; GELU up/down
-    return attention + mlp_matrices * h * m.ffn_hidden_size
+    return attention + mlp_params(m, active)
 
 
 def output_params(m) -> int:
@@ -57,7 +73,8 @@ def output_params(m) -> int:
 
 
 def matmul_param_count(m) -> int:
-    """N of PaLM's 6N: all layers' matmul weights plus the output projection."""
+    """N of PaLM's 6N: all layers' matmul weights plus the output projection; of a mixture of experts the
+    active ones (N_active: the router, top_k routed experts, the shared expert)."""
     return m.num_layers * layer_matmul_params(m) + output_params(m)
 
 
@@ -80,7 +97,7 @@ def param_count(m) -> int:
     output = 0 if m.tie_embeddings else output_params(m)
     final_norm = h if m.spec.rms_norm else 2 * h
     positions = 0 if m.spec.rotary else m.seq_length * h
-    layers = m.num_layers * (layer_matmul_params(m) + layer_other_params(m))
+    layers = m.num_layers * (layer_matmul_params(m, active=False) + layer_other_params(m))
     return embedding + positions + layers + final_norm + output
 
 
@@ -131,6 +148,18 @@ def hardware_flops_per_token(m, recompute: str, recomputed_layers: int) -> float
     """Hardware FLOPs per token: model FLOPs plus recompute (see the module docstring and
     `recompute_flops_per_token` for the arguments)."""
     return model_flops_per_token(m) + recompute_flops_per_token(m, recompute, recomputed_layers)
+
+
+def routing_flops_per_token(m, group_tokens: int) -> float:
+    """FLOPs per token and layer that a mixture of experts runs beyond its model FLOPs (models/moe.py), for
+    token groups of `group_tokens` (one rank's tokens of a micro batch): the experts' work on the padding slots
+    of their capacity, E·C/T - top_k slots per token of 6·3·h·F (dropless, C = T: E - top_k). Hardware work,
+    not in MFU; 0 for a dense model. (The dispatch and combine are gathers: no FLOPs.)"""
+    if not m.spec.moe:
+        return 0.0
+    moe = m.moe
+    slots = moe.num_experts * moe.capacity(group_tokens)
+    return max(0.0, slots / group_tokens - moe.top_k) * 6 * 3 * m.hidden_size * moe.expert_ffn(m.ffn_hidden_size)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -49,14 +49,17 @@ def text(result: dict) -> str:
     stages = lay["pipeline_stage"]
     lines = [
         f"{result['config']} on {result['devices']} x {result['hardware']}: data {lay['data_parallel']} x model "
-        f"{lay['model_parallel']} x {_context(lay, 'context ')}pipeline {stages}; {lay['micro_batch_num']} micro batch(es) of "
+        f"{lay['model_parallel']} x {_context(lay, 'context ')}pipeline {stages}"
+        + (f" (experts over {lay['expert_parallel']} of the data-parallel ranks)" if lay["expert_parallel"] > 1 else "")
+        + f"; {lay['micro_batch_num']} micro batch(es) of "
         f"{lay['micro_batch_size']} x {lay['gradient_accumulation_steps']} accumulation = global batch "
         f"{lay['global_batch_size']}; recompute {lay['recompute']} {lay['recompute_layers']}; "
         f"{_offload_layers(lay, after='; ')}"
         f"attention {lay['attention']}; sequence parallel {lay['sequence_parallel']}; "
         f"optimizer shard {lay['optimizer_shard']}" +
         (" (accumulation buffers sharded too)" if lay["gradient_accumulation_shard"] else ""),
-        f"parameters      {result['params']:,} (matmul N = {result['matmul_params']:,})",
+        f"parameters      {result['params']:,} (matmul N = {result['matmul_params']:,}"
+        + (f", active: the router, top_k of {lay['experts']} experts" if lay["experts"] else "") + ")",
         f"FLOPs per token model {result['flops_per_token']:.4g} (6N + 12·L·H·Q·T), "
         f"hardware {result['hflops_per_token']:.4g} (with recompute)",
         f"memory per device, worst stage {result['memory_stage']} of {stages} (layers per stage "
@@ -77,6 +80,8 @@ def text(result: dict) -> str:
                  f"batch; {_bytes(comm['tp_vocab'])} at the vocabulary lookup and head), "
                  + (f"context-parallel {_bytes(comm['cp'])} ({_bytes(comm['cp_per_layer'])} per layer and micro batch, "
                     f"{lay['context_parallel_algo']}), " if lay["context_parallel"] > 1 else "")
+                 + (f"expert-parallel AlltoAll {_bytes(comm['ep'])} ({_bytes(comm['ep_per_layer'])} per layer and "
+                    "micro batch), " if lay["expert_parallel"] > 1 else "")
                  + f"pipeline send/recv {_bytes(comm['pp_send_recv'])}")
     lines.append(f"predicted: step {pred['step_time_s']:.3g} s, {pred['tokens_per_s']:,.0f} tokens/s "
                  f"({pred['tokens_per_s_per_device']:,.1f}/device), MFU {pred['mfu']:.1%}, HFU {pred['hfu']:.1%} "
@@ -131,6 +136,7 @@ def search_text(devices: int, found: list[dict]) -> str:
         p, pred = entry["plan"], entry["plan"]["predicted"]
         lay = p["layout"]
         lines.append(f"{rank}. dp {lay['data_parallel']} mp {lay['model_parallel']} {_context(lay, 'cp ')}"
+                     + (f"ep {lay['expert_parallel']} " if lay["expert_parallel"] > 1 else "") +
                      f"pp {lay['pipeline_stage']}"
                      + (f" x {lay['pipeline_interleave']} chunks" if lay["pipeline_interleave"] > 1 else "") + ", "
                      f"micro batches {lay['micro_batch_num'] * lay['gradient_accumulation_steps']} x "
@@ -171,7 +177,8 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
         rows.append(f"| `{path.relative_to(REPO_ROOT)}` | {_count(result['params'])} | {result['devices']} "
                     f"({cfg.hardware.name}) | {lay['data_parallel']}/{lay['model_parallel']}/{lay['pipeline_stage']}"
                     f"{f' x {v} chunks' if (v := lay['pipeline_interleave']) > 1 else ''}"
-                    f"{f', cp {c}' if (c := lay['context_parallel']) > 1 else ''} "
+                    f"{f', cp {c}' if (c := lay['context_parallel']) > 1 else ''}"
+                    f"{f', ep {e}' if (e := lay['expert_parallel']) > 1 else ''} "
                     f"| {micro} x {lay['micro_batch_size']} | {recompute} | "
                     f"{result['memory_gib']['total']:.1f} of {result['device_memory_gib']:g} | "
                     f"{result['predicted']['mfu']:.1%} |")

@@ -149,14 +149,42 @@ def layer_activation_bytes(seq: int, batch: int, hidden: int, heads: int, kv_hea
     return replicated / (t if sp else 1) + (split + scores) / t
 
 
+def expert_slots(cfg: Config) -> int:
+    """E x C: the slots of every expert for one rank's tokens of a micro batch (a token group of
+    models/moe.py), C = model.moe.capacity of those tokens."""
+    moe = cfg.model.moe
+    return moe.num_experts * moe.capacity(local_tokens(cfg))
+
+
+def routed_activation_bytes(cfg: Config, recompute: str) -> float:
+    """What a mixture-of-experts layer keeps for backward on one rank, per micro batch, beyond the dense
+    layer without its MLP (estimated from models/moe.py's tensors): the router's fp32 probabilities and
+    choices (T x E, T x k x E), the routed tokens gathered into the experts' slots (E x C x h: the expert-
+    parallel AlltoAll moves the same slots, so a rank holds E x C of them whatever ep is), the experts'
+    SwiGLU inner tensors (4 x E x C x F/t), each choice's gathered output (k x T x h) and the shared
+    expert's inner tensors (4 x T x F_shared/t)."""
+    m, moe = cfg.model, cfg.model.moe
+    if not moe.enabled or recompute == "full":
+        return 0.0
+    act, t, tokens = DTYPE_BYTES[m.compute_dtype], cfg.parallel.model_parallel, local_tokens(cfg)
+    slots = expert_slots(cfg)
+    router = tokens * moe.num_experts * 4 * (2 + moe.top_k)
+    routed = (slots + moe.top_k * tokens) * m.hidden_size * act
+    inner = 4 * (slots * moe.expert_ffn(m.ffn_hidden_size) + tokens * moe.shared_expert_ffn_hidden_size) * act / t
+    return router + routed + inner
+
+
 def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool) -> float:
     """One layer's kept bytes for one micro batch on one rank: its S/cp tokens under context parallel, and
-    the keys and values gathered from the other cp ranks, which the attention's backward reads."""
+    the keys and values gathered from the other cp ranks, which the attention's backward reads. A mixture of
+    experts: the dense layer without its MLP, plus routed_activation_bytes."""
     m, p = cfg.model, cfg.parallel
     local = layer_activation_bytes(m.seq_length // p.context_parallel, cfg.train.micro_batch_size, m.hidden_size,
-                                   m.num_heads, m.kv_heads, m.ffn_hidden_size, mlp="swiglu" if m.spec.gated_mlp else "gelu",
+                                   m.num_heads, m.kv_heads, 0 if m.moe.enabled else m.ffn_hidden_size,
+                                   mlp="swiglu" if m.spec.gated_mlp else "gelu",
                                    t=p.model_parallel, sp=p.sequence_parallel, recompute=recompute, flash=flash,
                                    dtypes=mindspore_dtypes(m.compute_dtype), head_dim=m.head_size)
+    local += routed_activation_bytes(cfg, recompute)
     # full recompute rematerialises the gather only if it repeats communication (recompute.comm, MindSpore's
     # mp_comm_recompute); otherwise the gathered K and V are kept like any communication output
     return local + (0.0 if recompute == "full" and cfg.recompute.comm else gathered_kv_bytes(cfg))
@@ -271,8 +299,8 @@ def _model_key(cfg: Config) -> str:
 
 def _slices_key(cfg: Config, layout: Layout) -> tuple:
     """What parameter_slices depends on."""
-    return (_model_key(cfg), cfg.model.num_layers, layout.sharded, layout.tp, layout.vocab_parallel, layout.pp,
-            layout.stages_of_layers)
+    return (_model_key(cfg), cfg.model.num_layers, layout.sharded, layout.tp, layout.ep, layout.vocab_parallel,
+            layout.pp, layout.stages_of_layers)
 
 
 def _stored_key(cfg: Config, layout: Layout, stage: int) -> tuple:
@@ -402,6 +430,11 @@ def stage_params(cfg: Config, layout: Layout | None = None) -> list[float]:
     return list(_STAGE_PARAMS[key])
 
 
+def layer_slice_params(cfg: Config, layout: Layout) -> int:
+    """Parameters of one decoder layer's slices on a rank (its experts split over ep, the rest over tp)."""
+    return sum(math.prod(p.local) for p in parameter_slices(cfg, layout) if p.name.startswith("layers.0."))
+
+
 def in_flight_forwards(pp: int, interleave: int, micro_batches: int, stage: int) -> int:
     """Chunk forwards (one model chunk, one micro batch) whose activations `stage` holds at its peak.
 
@@ -467,7 +500,7 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
     stored = stage_bytes(cfg, stage, layout)
     pb, cb = DTYPE_BYTES[m.param_dtype], DTYPE_BYTES[m.compute_dtype]
     params = stage_params(cfg, layout)[stage]
-    largest_layer = flops.layer_matmul_params(m) / layout.tp + flops.layer_other_params(m)
+    largest_layer = layer_slice_params(cfg, layout)
     transient = (params * cb if (cb != pb or layout.optimizer_shard) else 0) + \
         (largest_layer * pb if layout.optimizer_shard else 0)
 
@@ -557,7 +590,12 @@ def communication(cfg: Config, stage: int) -> dict:
     # reduce-scatter and an all-gather: 2(t-1)/t of the hidden states either way.
     vocab_ends = (stage == 0) + (stage == stages - 1) if layout.vocab_parallel else 0
     tp_vocab = vocab_ends * micro_batches * 2 * (t - 1) / t * x if t > 1 else 0.0
+    if m.moe.enabled and t > 1:  # the experts' w2 partial sums (and w1/w3 input gradients): E x C slots, not T
+        tp_per_layer += 2 * 2 * (t - 1) / t * (expert_slots(cfg) - local_tokens(cfg)) * m.hidden_size * \
+            DTYPE_BYTES[m.compute_dtype]
     tp = tp_per_layer * layout.layers_per_stage[stage] * micro_batches + tp_vocab
+    ep_per_layer = expert_alltoall_bytes(cfg)
+    ep = ep_per_layer * layout.layers_per_stage[stage] * micro_batches
     cp_per_layer = context_parallel_bytes_per_layer(cfg)
     cp = cp_per_layer * layout.layers_per_stage[stage] * micro_batches
     dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
@@ -566,8 +604,20 @@ def communication(cfg: Config, stage: int) -> dict:
     stream = hidden * DTYPE_BYTES[m.residual_dtype]                         # what a stage sends: the residual stream
     pp = sends * micro_batches * stream / (t if layout.sp else 1) if stages > 1 else 0.0
     return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer,
-            "tp_vocab": tp_vocab, "tp": tp, "cp_per_layer": cp_per_layer, "cp": cp, "pp_send_recv": pp,
-            "pp_sends_per_micro_batch": sends if stages > 1 else 0, "total": dp + tp + cp + pp}
+            "tp_vocab": tp_vocab, "tp": tp, "cp_per_layer": cp_per_layer, "cp": cp, "ep_per_layer": ep_per_layer,
+            "ep": ep, "pp_send_recv": pp, "pp_sends_per_micro_batch": sends if stages > 1 else 0,
+            "total": dp + tp + cp + ep + pp}
+
+
+def expert_alltoall_bytes(cfg: Config) -> float:
+    """Bytes one rank sends per layer and micro batch for expert parallel: its E x C routed slots [E, C, h]
+    all-to-all over the ep ranks before the experts and back after them, forward and backward (4 AlltoAlls,
+    (ep-1)/ep of the slots each; MindSpore turns the change of split into them, models/moe.py). 0 at ep 1."""
+    m, ep = cfg.model, cfg.parallel.expert_parallel
+    if ep == 1:
+        return 0.0
+    passes = 6 if cfg.recompute.mode == "full" and cfg.recompute.comm else 4
+    return passes * (ep - 1) / ep * expert_slots(cfg) * m.hidden_size * DTYPE_BYTES[m.compute_dtype]
 
 
 def pipeline_sends(pp: int, interleave: int, stage: int) -> int:
@@ -584,6 +634,7 @@ def _stage_flops_per_token(cfg: Config, stage: int) -> float:
     output = 6 * flops.output_params(m)
     per_layer = (flops.model_flops_per_token(m) - output) / m.num_layers
     extra = flops.recompute_flops_per_token(m, layout.recompute, layout.recomputed_in(stage))
+    per_layer += flops.routing_flops_per_token(m, local_tokens(cfg))
     return layout.layers_per_stage[stage] * per_layer + extra + (output if stage == layout.pp - 1 else 0)
 
 
@@ -594,13 +645,15 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
     flop_rate = peak_tflops * 1e12 * efficiency
     # a cp group's ranks are t apart, a data-parallel group's t x cp, a pipeline's t x cp x d
     tp_bw, cp_bw = _bandwidth(cfg, t), _bandwidth(cfg, t * cp)
+    ep_bw = _bandwidth(cfg, t * cp * layout.ep)  # an expert-parallel group: ep of the data-parallel ranks
     dp_bw, pp_bw = _bandwidth(cfg, t * cp * d), _bandwidth(cfg, t * cp * d * stages)
     slots, comm, copies = [], [], []
     for k in range(stages):
         c = communication(cfg, k)
         compute = tokens_per_micro_batch * _stage_flops_per_token(cfg, k) / t / flop_rate
         slots.append(compute + (c["tp_per_layer"] * layout.layers_per_stage[k] + c["tp_vocab"] / micro_steps) / tp_bw
-                     + c["cp_per_layer"] * layout.layers_per_stage[k] / cp_bw)
+                     + c["cp_per_layer"] * layout.layers_per_stage[k] / cp_bw
+                     + c["ep_per_layer"] * layout.layers_per_stage[k] / ep_bw)
         copies.append(offload_copy_s(cfg, k))
         comm.append(c)
     slot = max(busy + offload_exposed_s(copy, busy) for busy, copy in zip(slots, copies))
@@ -634,6 +687,12 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
         "assumptions": [
             f"hardware FLOPs run at {efficiency:.0%} of the {peak_tflops:g} TFLOP/s peak",
             "tensor-parallel collectives are on the critical path (not overlapped)",
+            *([f"mixture of experts: the experts' padding slots (capacity beyond the top_k per token) run at the same "
+               f"rate ({flops.routing_flops_per_token(m, tokens_per_micro_batch) / 1e9:.3g} GFLOP per token and "
+               "layer beyond the model FLOPs); the dispatch and combine gathers are not timed"] if m.moe.enabled
+              else []),
+            *([f"expert parallel (ep={layout.ep}): its AlltoAlls are on the critical path (not overlapped); experts "
+               "are assumed evenly loaded (the capacity bounds the slowest)"] if layout.ep > 1 else []),
             *([f"context parallel ({layout.cp_algo}, c={cp}): its K/V all-gathers or all-to-alls are on the "
                "critical path (not overlapped), and the causal work is balanced over the cp ranks (it is not: "
                "without head-tail chunks the last chunk's queries see the most keys; flash skips the masked "
@@ -698,6 +757,7 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
         "hardware": cfg.hardware.name,
         "devices": cfg.devices,
         "layout": {"data_parallel": cfg.parallel.data_parallel, "model_parallel": cfg.parallel.model_parallel,
+                   "expert_parallel": cfg.parallel.expert_parallel, "experts": cfg.model.moe.num_experts,
                    "context_parallel": cfg.parallel.context_parallel,
                    "context_parallel_algo": cfg.parallel.context_parallel_algo,
                    "pipeline_stage": cfg.parallel.pipeline_stage, "micro_batch_num": cfg.parallel.micro_batch_num,
@@ -906,9 +966,11 @@ def _offload_candidate(base: Config, recompute_fits: int) -> list[str] | None:
         return None
 
 
-def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int, v: int = 1) -> list[str] | None:
+def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int, v: int = 1, ep: int = 1) -> list[str] | None:
     m = cfg.model
-    if any(x % tp for x in (m.num_heads, m.kv_heads, m.ffn_hidden_size, m.vocab_size)) or tp > cfg.hardware.devices_per_node:
+    widths = (m.num_heads, m.kv_heads, m.ffn_hidden_size, m.vocab_size,
+              *((m.moe.expert_ffn(m.ffn_hidden_size),) if m.moe.enabled else ()))
+    if any(x % tp for x in widths) or tp > cfg.hardware.devices_per_node:
         return None
     if pp > m.num_layers or (tp > 1 and m.seq_length % tp):
         return None
@@ -917,6 +979,7 @@ def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int, v: int =
         return None
     offset = interleaved_offset(m.num_layers, pp, v)
     return [f"parallel.data_parallel={dp}", f"parallel.model_parallel={tp}", f"parallel.pipeline_stage={pp}",
+            f"parallel.expert_parallel={ep}",
             *batch, f"train.micro_batch_size={mbs}", f"train.global_batch_size={cfg.global_batch_size}",
             f"parallel.pipeline_interleave={v}", "parallel.pipeline_scheduler=1f1b",
             f"parallel.stage_offset={_yaml(offset)}", f"parallel.sequence_parallel={str(tp > 1).lower()}",
@@ -931,9 +994,10 @@ def _yaml(value) -> str:
 
 def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = None,
            efficiency: float | None = None, micro_batch_sizes: tuple = (1, 2, 4)) -> list[dict]:
-    """Valid (dp, mp, pp, interleave, micro batches, recompute) layouts for `devices` keeping the global
-    batch, ranked by predicted tokens/s among those that fit. Each entry: overrides, plan. The config's
-    context_parallel c is kept, not searched: the layouts share devices / c among dp x mp x pp."""
+    """Valid (dp, mp, pp, interleave, micro batches, recompute; a mixture of experts' expert_parallel) layouts
+    for `devices` keeping the global batch, ranked by predicted tokens/s among those that fit. Each entry:
+    overrides, plan. The config's context_parallel c is kept, not searched: the layouts share devices / c
+    among dp x mp x pp."""
     peak = peak_tflops if peak_tflops is not None else device_peak_tflops(cfg)
     found = []
     cp = cfg.parallel.context_parallel
@@ -945,8 +1009,10 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
     for tp, pp, mbs in shapes:
         dp = devices // (tp * pp * cp)
         micro = cfg.global_batch_size // (dp * mbs)
-        for v in interleave_choices(cfg.model.num_layers, pp, micro):
-            layout = _layout_overrides(cfg, dp, tp, pp, mbs, v)
+        experts = cfg.model.moe.num_experts
+        expert_splits = [e for e in _divisors(dp) if experts % e == 0] if experts else [1]
+        for v, ep in ((v, ep) for v in interleave_choices(cfg.model.num_layers, pp, micro) for ep in expert_splits):
+            layout = _layout_overrides(cfg, dp, tp, pp, mbs, v, ep)
             if layout is None:
                 continue
             try:

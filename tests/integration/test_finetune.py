@@ -141,3 +141,42 @@ def test_lora_checkpoint_exports_merged_to_transformers_and_back(work, lora_run,
         tool="tools/convert_checkpoint.py")
     back = ckpt.load_weights(tmp_path / "back" / "step_00000000")
     assert sorted(back) == sorted(weights) and all(np.array_equal(back[k], weights[k]) for k in back)
+
+
+@pytest.fixture(scope="module")
+def mixtral_folder(tmp_path_factory):
+    """A tiny random transformers Mixtral (4 experts, top-2) over the corpus's vocabulary, as a pretrained start."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(MixtralConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                             num_experts_per_tok=2, max_position_embeddings=128)).eval()
+    folder = tmp_path_factory.mktemp("mixtral") / "hf"
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["sft", "lora"])
+def test_mixture_of_experts_finetunes_and_exports_to_transformers(work, mixtral_folder, kind, tmp_path):
+    """SFT (every weight, the experts too) and LoRA (attention; LoRA on the experts is refused, validate.py)
+    from a Hugging Face Mixtral, dims from its config.json; the loss falls, and the checkpoint exported (LoRA
+    merged) gives transformers' MixtralForCausalLM our logits."""
+    from transformers import MixtralForCausalLM
+    lora = ["finetune.lora.rank=4", "finetune.lora.alpha=8", "finetune.lora.target_modules=[wq,wk,wv,wo]"] \
+        if kind == "lora" else []
+    finetune(work, f"moe_{kind}", f"checkpoint.load_path={mixtral_folder}", "finetune.hf_dims=true", *lora,
+             "train.steps=6", "train.lr=0.01", "train.min_lr=0.001")
+    run_dir = work["root"] / f"moe_{kind}"
+    values = losses(run_dir)
+    assert values[6] < values[1], values
+    step = run_dir / "checkpoints" / "step_00000006"
+    run("--direction", "ms2hf", "--input", str(step), "--output", str(tmp_path / "hf"),
+        tool="tools/convert_checkpoint.py")
+    weights, cfg = models.load_inference_weights(step, load_config(step / ckpt.CONFIG))
+    assert cfg.model.arch == "mixtral" and cfg.model.moe.num_experts == 4
+    ours = models.build_model(cfg)
+    models.load_weights_into(ours, weights)
+    ids = np.random.default_rng(3).integers(0, 400, (2, 16))
+    with torch.no_grad():
+        theirs = MixtralForCausalLM.from_pretrained(tmp_path / "hf").eval()(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(theirs, ours(Tensor(ids.astype(np.int32))).asnumpy(), atol=1e-4)

@@ -1,6 +1,6 @@
 """Generation: KV-cache decoding of converted tiny random Hugging Face models against transformers: LLaMA,
-LLaMA-3.1 RoPE scaling (positions past the original context), Qwen2 with tied embeddings and Qwen3
-(qk-norm, heads wider than hidden/heads)."""
+LLaMA-3.1 RoPE scaling (positions past the original context), Qwen2 with tied embeddings, Qwen3
+(qk-norm, heads wider than hidden/heads), and the mixtures of experts Mixtral and Qwen3-MoE."""
 import json
 import subprocess
 import sys
@@ -9,7 +9,8 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 import models
 from models.generation import KVCacheDecoder, Sampler, generate
@@ -47,6 +48,13 @@ def save_hf_model(kind: str, tmp_path_factory):
             for name, p in model.named_parameters():
                 if "q_norm" in name or "k_norm" in name:
                     p.normal_(1, 0.2)
+    elif kind == "mixtral":
+        model = MixtralForCausalLM(MixtralConfig(**dims, num_local_experts=4, num_experts_per_tok=2,
+                                                 rope_theta=1e6)).eval()
+    elif kind == "qwen3_moe":
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**dims, head_dim=24, num_experts=8, num_experts_per_tok=3,
+                                                   moe_intermediate_size=32, norm_topk_prob=True,
+                                                   rope_theta=1e6)).eval()
     else:
         scaling = SCALING if kind == "llama31" else None
         model = LlamaForCausalLM(LlamaConfig(**dims, rope_theta=500.0, rope_scaling=scaling)).eval()
@@ -55,7 +63,7 @@ def save_hf_model(kind: str, tmp_path_factory):
     return folder, model
 
 
-@pytest.fixture(scope="module", params=["llama", "llama31", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "llama31", "qwen2", "qwen3", "mixtral", "qwen3_moe"])
 def hf_folder(tmp_path_factory, request):
     return save_hf_model(request.param, tmp_path_factory)
 

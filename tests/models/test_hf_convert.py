@@ -4,6 +4,7 @@ untied), Qwen3 (qk-norm, heads wider than hidden/heads) and GPT-2 models (torch,
 Converted weights must give the same fp32 logits (1e-4) and loss, and converting back must
 reproduce the HF tensors bit for bit, through the library and through tools/convert_checkpoint.py.
 """
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,10 +16,13 @@ import pytest
 import torch
 from mindspore import Tensor
 from safetensors.torch import save_file as torch_save_file
-from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MixtralConfig,
+                          MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 import models
+from models.transformer import CausalLMLoss
 from models.hf_convert import HFConversionError, hf_to_mindscale, mindscale_to_hf, read_hf_folder, write_hf_folder
 from models.tensor_file import open_tensors
 from tools import convert_checkpoint
@@ -35,8 +39,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # blended, the rest divided by the factor; SEQ = 16 positions reach past the original 14.
 LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
                    "original_max_position_embeddings": 14}
-ARCHS = ["llama", "llama31", "qwen2", "qwen2_tied", "qwen3", "gpt"]
-HF_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "gpt": GPT2LMHeadModel}
+ARCHS = ["llama", "llama31", "qwen2", "qwen2_tied", "qwen3", "gpt", "mixtral", "qwen3_moe"]
+HF_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "gpt": GPT2LMHeadModel,
+              "mixtral": MixtralForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM}
 
 
 graph_mode = cpu_mode("graph")
@@ -58,6 +63,13 @@ def hf_model(arch: str):
     elif arch == "qwen3":  # 4 heads of 24 on a width of 64, as Qwen3 32B's 64 heads of 128 on 5120
         model = Qwen3ForCausalLM(Qwen3Config(**dims, head_dim=24, rope_theta=1e6, rms_norm_eps=1e-6,
                                              tie_word_embeddings=False))
+    elif arch == "mixtral":  # 4 experts, top-2, renormalised
+        model = MixtralForCausalLM(MixtralConfig(**dims, num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6,
+                                                 rms_norm_eps=1e-5, tie_word_embeddings=False))
+    elif arch == "qwen3_moe":  # 8 fine-grained experts of 32, top-3 not renormalised, heads of 24
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**dims, head_dim=24, num_experts=8, num_experts_per_tok=3,
+                                                   moe_intermediate_size=32, norm_topk_prob=False, rope_theta=1e6,
+                                                   rms_norm_eps=1e-6, tie_word_embeddings=False))
     else:
         model = GPT2LMHeadModel(GPT2Config(
             vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=SEQ, resid_pdrop=0.0,
@@ -96,8 +108,15 @@ def test_logits_and_loss_match_hugging_face(converted):
     mask = np.ones((BATCH, SEQ), np.float32)
     mask[:, -1] = 0
     mask[:, :-1] *= ~ignored[:, 1:]
-    loss = models.build_train_network(cfg, model)(Tensor(ids.astype(np.int32)), Tensor(labels), Tensor(mask))
+    network = CausalLMLoss(model)  # the cross entropy alone: transformers adds no router loss by default
+    loss = network(Tensor(ids.astype(np.int32)), Tensor(labels), Tensor(mask))
     assert float(loss.asnumpy()) == pytest.approx(float(out.loss), abs=1e-5)
+    if cfg.model.moe.enabled:  # the load-balancing loss: transformers' function of each layer, averaged
+        with torch.no_grad():
+            routers = hf(torch.tensor(ids), output_router_logits=True).router_logits
+        moe = cfg.model.moe
+        per_layer = [float(load_balancing_loss_func((r,), moe.num_experts, moe.top_k)) for r in routers]
+        assert float(network.moe_stats.asnumpy()[0]) == pytest.approx(np.mean(per_layer), rel=1e-5)
 
 
 def test_mindscale_to_hf_reproduces_the_tensors_and_transformers_loads_them(converted, tmp_path):
@@ -143,7 +162,7 @@ def test_cli_round_trip_and_bad_input_exit_2(converted, tmp_path, capsys):
 
 def test_load_pretrained_refuses_an_hf_model_that_differs_from_the_config(converted):
     _, _, folder, _, cfg, _, _ = converted
-    other = config_from_tree({"model": {**vars(cfg.model), "hidden_size": 32}})
+    other = config_from_tree({"model": {**dataclasses.asdict(cfg.model), "hidden_size": 32}})
     with pytest.raises(models.WeightsMismatch, match="model.hidden_size=64 \\(config has 32\\)"):
         models.load_pretrained(folder, other)
 
@@ -203,3 +222,13 @@ def test_export_replaces_the_folder_whole_so_no_stale_shard_index_survives(tmp_p
     tensors, config = read_hf_folder(out)
     assert list(tensors) == ["w"] and config == {"model_type": "llama"}
     assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no partial or old folder left
+
+
+def test_a_mixture_of_experts_checkpoint_into_a_dense_config_is_one_line_naming_both(tmp_path):
+    hf_model("mixtral").save_pretrained(tmp_path, safe_serialization=True)
+    dense = config_from_tree({"model": {"arch": "llama", "vocab_size": VOCAB, "hidden_size": 64, "num_layers": 2,
+                                        "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 96}})
+    with pytest.raises(models.WeightsMismatch) as refused:
+        models.load_pretrained(tmp_path, dense)
+    message = str(refused.value)
+    assert "\n" not in message and "model.arch='mixtral', a mixture of experts (config has 'llama', dense)" in message

@@ -1,4 +1,5 @@
 """Config system: inheritance, overrides, typing, every validation rule, round trip, CLI exit codes."""
+import dataclasses
 import re
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def test_round_trip_through_yaml():
 @pytest.mark.parametrize("overrides, message", [
     (["train.stesp=3"], "unknown key train.stesp; did you mean 'steps'?"),
     (["modle.arch=gpt"], "unknown key modle; did you mean 'model'?"),
-    (["model.arch=bert"], "model.arch: 'bert' is not one of ['gpt', 'llama', 'qwen2', 'qwen3']"),
+    (["model.arch=bert"], "model.arch: 'bert' is not one of ['gpt', 'llama', 'mixtral', 'qwen2', 'qwen3', 'qwen3_moe']"),
     (["train.steps=ten"], "train.steps: expected an integer, got 'ten'"),
     (["train.lr=fast"], "train.lr: expected a number"),
     (["model.tie_embeddings=3"], "model.tie_embeddings: expected true/false"),
@@ -127,6 +128,23 @@ def test_round_trip_through_yaml():
     (["parallel.stage_offset=[0, 0]"], "parallel.stage_offset=[0, 0]: needs 1 integers"),
     (["recompute.mode=full", "recompute.layers=[1, 1]"], "recompute.layers=[1, 1]: a list needs 1"),
     (["recompute.mode=full", "recompute.layers=[3]"], "stage 0 recomputes 3 layers but holds 2"),
+    (["model.arch=mixtral", "model.moe.num_experts=4", "model.moe.top_k=5"],
+     "model.moe.top_k=5 with model.moe.num_experts=4: need 1 <= top_k <= num_experts"),
+    (["model.arch=mixtral"], "model.arch=mixtral is a mixture of experts but model.moe.num_experts=0"),
+    (["model.moe.num_experts=4"], "model.moe.num_experts=4 with model.arch=llama, a dense family"),
+    (["model.arch=mixtral", "model.moe.num_experts=6", "parallel.expert_parallel=4", "parallel.data_parallel=4",
+      "hardware=ascend910b"], "model.moe.num_experts=6 is not divisible by parallel.expert_parallel=4"),
+    (["model.arch=mixtral", "model.moe.num_experts=4", "parallel.expert_parallel=4", "hardware=ascend910b"],
+     "parallel.data_parallel=2 is not divisible by parallel.expert_parallel=4"),
+    (["model.arch=mixtral", "model.moe.num_experts=4", "parallel.expert_parallel=2"],
+     "parallel.expert_parallel=2 on CPU"),
+    (["parallel.expert_parallel=2"], "parallel.expert_parallel=2 needs a mixture-of-experts model"),
+    (["model.arch=mixtral", "model.moe.num_experts=4", "model.moe.capacity_factor=0"],
+     "model.moe.capacity_factor=0.0: must be > 0, or null (dropless)"),
+    (["model.arch=mixtral", "model.moe.num_experts=4", "parallel.model_parallel=2", "model.moe.ffn_hidden_size=33"],
+     "model.moe.ffn_hidden_size=33 is not divisible by parallel.model_parallel=2"),
+    (["model.arch=mixtral", "model.moe.num_experts=4", "finetune.lora.rank=4", "finetune.lora.target_modules=[w1]",
+      "checkpoint.load_path=x"], "the experts of mixtral are batched [E, F, h] weights"),
     (["train.global_batch_size=7"], "train.global_batch_size=7 != train.micro_batch_size=4 x parallel.data_parallel=2"),
     (["model.attention=flash"], "model.attention=flash but hardware 'cpu' has no FlashAttentionScore"),
     (["hardware=ascend910b", "model.attention=flash"],
@@ -253,9 +271,10 @@ def test_cli_exit_codes_and_one_line_errors():
 def test_reference_doc_lists_every_key():
     from mindscale.config import reference_markdown
     text = reference_markdown()
-    for section in ("run", "model", "parallel", "recompute", "train", "data", "checkpoint", "profile"):
-        for key in getattr(Config(), section).__dataclass_fields__:
-            assert f"`{section}.{key}`" in text
+    for section in ("run", "model", "parallel", "recompute", "train", "data", "checkpoint", "profile", "finetune"):
+        for key, value in vars(getattr(Config(), section)).items():
+            keys = [f"{key}.{sub}" for sub in vars(value)] if dataclasses.is_dataclass(value) else [key]
+            assert all(f"`{section}.{k}`" in text for k in keys)
 
 
 def test_template_names_are_the_templates_the_data_pipeline_has():

@@ -61,6 +61,7 @@ class MetricsLogger:
         self.last_record = None  # (step, time) of the last record: the ETA's pace is the wall time since
         self.bar = None
         self.validation = None  # (loss, seconds) of a validation pass after the coming step
+        self.routing: list[tuple[float, float]] = []  # a mixture of experts' (aux_loss, expert_load_max) per step
         # first: a missing tensorboardX stops the run before metrics.jsonl is touched
         self.tensorboard = TensorBoardLog(run_dir, first_step) if write and cfg.run.tensorboard else None
         if write:
@@ -99,7 +100,7 @@ class MetricsLogger:
         if step % self.cfg.train.log_interval and not (last or force or self.validation) \
                 and step != self.first_step + 1:
             return None
-        record = {**self._record(step, lr, loss_scale), **self._validation_record()}
+        record = {**self._record(step, lr, loss_scale), **self._routing_record(), **self._validation_record()}
         self.window.clear()
         self.save_blocked = 0.0
         if self.write:
@@ -110,6 +111,8 @@ class MetricsLogger:
                     f"{record['tokens_per_s']:.0f} tok/s MFU {record['mfu'] * 100:.2f}% "
                     f"(peak {self.peak:.3g} TFLOP/s/device) mem {record['memory_gib']:.2f} GiB "
                     f"elapsed {clock(record['elapsed_s'])} ETA {clock(record['eta_s'])}")
+            if "aux_loss" in record:
+                line += f" aux_loss {record['aux_loss']:.4f} expert_load_max {record['expert_load_max']:.2f}"
             if "val_loss" in record:
                 line += f" val_loss {record['val_loss']:.4f} val_ppl {record['val_ppl']:.2f}"
             if self.bar is not None:
@@ -143,6 +146,19 @@ class MetricsLogger:
             return {}
         (loss, seconds), self.validation = self.validation, None
         return {"val_loss": loss, "val_ppl": perplexity(loss), "val_time_s": seconds}
+
+    def routed(self, aux_loss: float, expert_load_max: float) -> None:
+        """A mixture of experts' router statistics of the step just taken (models/transformer.py, CausalLMLoss):
+        the next record holds their means over its steps as aux_loss (the load-balancing loss, averaged over
+        layers) and expert_load_max (the busiest expert's tokens over the mean, the most loaded layer's)."""
+        self.routing.append((aux_loss, expert_load_max))
+
+    def _routing_record(self) -> dict:
+        if not self.routing:
+            return {}
+        n, (aux, load) = len(self.routing), zip(*self.routing)
+        self.routing.clear()
+        return {"aux_loss": sum(aux) / n, "expert_load_max": sum(load) / n}
 
     def saved(self, blocked_s: float) -> None:
         """A checkpoint save blocked training for `blocked_s` (in the next record's save_blocked_s)."""

@@ -175,9 +175,10 @@ def _set_parallel_context(cfg: Config, layout: Layout, rank: int) -> None:
         # its next chunk), so the round-robin pipeline_stage per cell (models/sharding.py) is all it needs
         ms.set_auto_parallel_context(pipeline_config={"pipeline_interleave": layout.interleave > 1,
                                                       "pipeline_scheduler": layout.scheduler})
-    if layout.ulysses:
+    if layout.ulysses or layout.ep > 1:
         # context_parallel_algo=ulysses_cp: let the redistribution of a sequence split into a head split be one
-        # AlltoAll (MindSpore's default lowers it to AllGather + a local slice, moving cp times the bytes)
+        # AlltoAll (MindSpore's default lowers it to AllGather + a local slice, moving cp times the bytes);
+        # expert_parallel: the same for the tokens' change from a group split to an expert split (models/moe.py)
         ms.set_auto_parallel_context(enable_alltoall=True)
     if not dry_run():  # a dry run must not overwrite the strategy files of a real run of the config
         ms.set_auto_parallel_context(strategy_ckpt_config={

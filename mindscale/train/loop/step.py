@@ -38,6 +38,7 @@ from mindspore.parallel.nn import GradAccumulation, Pipeline
 import models
 from mindscale.config import Config, Layout
 from mindscale.train.loop.optim import build_optimizer
+from models.transformer import MOE_STATS
 
 DYNAMIC_SCALE_START = 2.0 ** 16
 CONTROL = "control"  # prefix of the step's parameters the host sets each step: control, not state
@@ -246,12 +247,12 @@ class TrainGraph:
 
     def optimizer_state(self) -> list:
         """The step's parameters a checkpoint saves as optimizer state: moments, step counter, a dynamic
-        loss scale and its counters; not the weights, nor the LR table, which comes from the config (so a
+        loss scale and its counters; not the weights, nor a mixture of experts' router statistics, nor the LR table, which comes from the config (so a
         resumed run may change train.steps or the schedule), nor the accumulation buffers (empty between
         steps), nor what the host sets each step (control.*)."""
         not_state = ({p.name for p in self.model.get_parameters()}
                      | {p.name for p in self.optimizer.learning_rate.get_parameters()})
-        return [p for p in self.step.get_parameters() if p.name not in not_state
+        return [p for p in self.step.get_parameters() if p.name not in not_state and p.name != MOE_STATS
                 and not p.name.startswith(("accu_grads.", f"{CONTROL}."))]
 
 

@@ -27,6 +27,7 @@ from mindscale.train.resilience import faults
 from mindscale.train.resilience.health import HealthGuard, LossSpikes, TrainingDiverged
 from mindscale.train.resilience.heartbeat import Heartbeat
 from mindscale.train.resilience.stop import StopRequest, StopVotes
+from models.transformer import MOE_STATS
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -45,6 +46,7 @@ class Trainer:
         self.heartbeat = Heartbeat.of_worker(rt.rank)  # under the launcher: hang watch and goodput
         graph = build_train_graph(cfg, layout)
         self.model, self.network, self.optimizer, self.step_cell = graph.model, graph.network, graph.optimizer, graph.step
+        self.moe_stats = next((p for p in graph.step.get_parameters() if p.name == MOE_STATS), None)
         self.checkpoints = Checkpointer(cfg, layout, rt, graph, self.run_dir / "checkpoints", self.heartbeat, vote,
                                         self._saved_state)
         start = self.checkpoints.read_start()
@@ -184,6 +186,8 @@ class Trainer:
             asked, overflow = self._stop_votes(stop, elapsed), bool(overflow.asnumpy())
             spiked = self._spiked(step + 1, loss, limit, overflow)
             self._validate(step + 1, logger)
+            if self.moe_stats is not None:
+                logger.routed(*(float(v) for v in self.moe_stats.asnumpy()))
             record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, overflow,
                                  lr_at(step, cfg.train), scale, force=bool(asked), spiked=spiked, data_wait=data_wait)
             if record:

@@ -1,0 +1,245 @@
+"""A mixture-of-experts feed-forward (Shazeer et al. 2017; GShard, Switch Transformer; Mixtral, Qwen3-MoE),
+written as dense, static-shape MindSpore primitives that the semi-auto parallel compiler can shard.
+
+    router      logits = x Wr^T [N, E]; p = softmax(logits) in fp32; the k largest p per token, renormalised
+                to sum to 1 when norm_topk_prob (Mixtral always, Qwen3-MoE by its config)
+    capacity    the N tokens form G groups of T (G = the data x context-parallel ranks under semi-auto
+                parallel, else 1: one rank's tokens). Expert e takes at most C tokens of a group, C =
+                MoeConfig.capacity(T) (T: dropless). Priority: every token's first choice before any
+                second choice, then token order; a token beyond an expert's C passes that expert by
+    dispatch    the C tokens of each (group, expert) are found by TopK over a priority score [G, E, T]; a
+                batched Gather copies them into the slots [G, E*C, h] (no [T, E*C] one-hot: its BatchMatMuls
+                cost twice the experts' FLOPs at Qwen3-30B-A3B's size)
+    experts     E SwiGLU experts as batched weights w1, w3 [E, F, h] and w2 [E, h, F], applied to [E, G*C, h]
+    combine     each (choice, token) gathers its slot back, found by a cumulative count in the same priority
+                order, and weighs it by its routing probability: y [G, T, h]
+    shared      optionally a shared SwiGLU expert every token passes (DeepSeek-style, no gate), added
+
+Expert parallel (the `expert` style): the gathered [G, E, C, h], viewed as [ep, G/ep, E, C, h], is transposed
+to [E, G/ep, ep, C, h]; the dispatch ops split G over dp and the expert matmuls split E over ep (and G over
+dp/ep, F over tp), so the compiler turns the change of split into one AlltoAll over the ranks of each
+expert-parallel group and back after w2, as MindFormers' strategy-based MoE (mindformers/modules/transformer/
+moe.py, its MoEV2's five-dimensional transposes) does. (Transposed as [E, G, C, h] directly, the target's G
+split does not line up with the source's, and MindSpore 2.9 compiled two AlltoAlls for 1 < ep < dp.) The
+expert weights [E/ep, F/tp, h] are replicated over dp/ep ranks, whose gradients the compiler reduces
+(Megatron's expert-data-parallel group) and whose optimizer shard splits them.
+
+Dropless by GroupedMatmul with dynamic token counts per expert (MindFormers 1.9's parallel_core path,
+Megatron's) is not built: GroupedMatmul is an Ascend kernel and its dispatch needs AlltoAllV under a
+self-defined shard; here dropless is the capacity T, exact and static, at E/k times the expert compute of
+capacity factor 1 (docs/models.md, "Mixture of experts").
+
+The layer returns (y [N, h], stats [2]): stats = (the load-balancing loss E sum_e f_e P_e, with f_e the
+fraction of tokens choosing e and P_e its mean probability (Switch; Mixtral's form), the busiest expert's
+token count over the mean). Both are computed over all N tokens (every group, under semi-auto parallel).
+"""
+from __future__ import annotations
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, initializer
+from mindspore.ops.auto_generate import SiLU
+
+from models.layers import Linear, SwiGLU
+
+
+class Experts(nn.Cell):
+    """E SwiGLU experts as batched weights: construct(x [E, M, h]) -> w2(silu(w1 x) * w3 x) [E, M, h], with
+    w1, w3 [E, F, h] and w2 [E, h, F] stored [out, in] per expert as Hugging Face stores each expert's."""
+
+    SELECTIVE_RECOMPUTE = ("act", "gate_mul")
+
+    def __init__(self, num_experts: int, hidden: int, ffn: int, std: float, out_std: float, param_dtype,
+                 compute_dtype):
+        super().__init__()
+        self.w1 = Parameter(initializer(Normal(std), (num_experts, ffn, hidden), param_dtype), name="w1")
+        self.w3 = Parameter(initializer(Normal(std), (num_experts, ffn, hidden), param_dtype), name="w3")
+        self.w2 = Parameter(initializer(Normal(out_std), (num_experts, hidden, ffn), param_dtype), name="w2")
+        self.matmul_w1 = ops.BatchMatMul(transpose_b=True)
+        self.matmul_w3 = ops.BatchMatMul(transpose_b=True)
+        self.act = SiLU()
+        self.gate_mul = ops.Mul()
+        self.matmul_w2 = ops.BatchMatMul(transpose_b=True)
+        self.cast = ops.Cast()
+        self.compute_dtype = compute_dtype
+        self.cast_weights = param_dtype != compute_dtype
+
+    def construct(self, x):
+        w1, w3, w2 = self.w1, self.w3, self.w2
+        if self.cast_weights:
+            w1, w3, w2 = self.cast(w1, self.compute_dtype), self.cast(w3, self.compute_dtype), \
+                self.cast(w2, self.compute_dtype)
+        return self.matmul_w2(self.gate_mul(self.act(self.matmul_w1(x, w1)), self.matmul_w3(x, w3)), w2)
+
+    PARAMETER_INPUTS = {"w1": ("matmul_w1", 1), "w3": ("matmul_w3", 1), "w2": ("matmul_w2", 1)}
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        """Experts over ep, the tokens they hold over the other dp/ep ranks of their group, F over tp."""
+        ep, tp = layout.ep, layout.tp
+        x, inner = (ep, layout.token_rows // ep, 1), (ep, layout.token_rows // ep, tp)
+        return {"matmul_w1": ((x, (ep, tp, 1)), None), "matmul_w3": ((x, (ep, tp, 1)), None),
+                "act": ((inner,), None), "gate_mul": ((inner, inner), None),
+                "matmul_w2": ((inner, (ep, 1, tp)), None)}
+
+
+def expert_capacity(tokens: int, top_k: int, factor, experts: int) -> int:
+    """Slots per expert for `tokens` tokens of a group: ceil(top_k x tokens x factor / experts), at most all of
+    them; `factor` None = dropless (all). Plain arithmetic, so a compiled construct can call it on shapes."""
+    if factor is None:
+        return tokens
+    exact = top_k * tokens * factor / experts
+    slots = int(exact)
+    if slots < exact:
+        slots = slots + 1
+    return min(slots, tokens)
+
+
+class MoE(nn.Cell):
+    """construct(x [N, h]) -> (y [N, h], stats [2] fp32: aux loss, max load / mean load)."""
+
+    def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, norm_topk_prob: bool,
+                 capacity_factor, groups: int, expert_parallel: int, shared_ffn: int, std: float, out_std: float,
+                 param_dtype, compute_dtype):
+        super().__init__()
+        self.expert_parallel = expert_parallel  # ranks of an expert-parallel group (1 unsharded)
+        self.hidden, self.num_experts, self.top_k = hidden, num_experts, top_k
+        self.norm_topk_prob, self.capacity_factor, self.groups = norm_topk_prob, capacity_factor, groups
+        self.compute_dtype = compute_dtype
+        self.router = Linear(hidden, num_experts, False, std, param_dtype, compute_dtype)
+        self.experts = Experts(num_experts, hidden, ffn, std, out_std, param_dtype, compute_dtype)
+        self.shared_expert = SwiGLU(hidden, shared_ffn, std, out_std, param_dtype, compute_dtype) \
+            if shared_ffn else None
+        self.cast = ops.Cast()
+        # router: [N, E] fp32
+        self.router_fp32 = ops.Cast()
+        self.softmax = ops.Softmax(-1)
+        self.topk = ops.TopK(sorted=True)
+        self.topk_sum = ops.ReduceSum(keep_dims=True)
+        self.topk_norm = ops.RealDiv()
+        self.choice_onehot = ops.OneHot()            # [N, k, E]
+        self.chosen = ops.ReduceSum()                # [N, E]: 1 where chosen
+        self.number_choices = ops.Mul()
+        self.slots = ops.ReduceSum()                 # [N, E]: which of its k choices e is (0 = first)
+        self.slot_rank = ops.Mul()
+        self.order_sub = ops.Sub()
+        self.token_sub = ops.Sub()
+        self.priority_mask = ops.Mul()
+        self.transpose_priority = ops.Transpose()
+        self.take = ops.TopK(sorted=True)            # [G, E, C]: each expert's C tokens, first priority first
+        self.filled = ops.Greater()                  # a slot some token fills (priority > 0)
+        self.gather_tokens = ops.Gather(batch_dims=1)  # [G, T, h] at [G, E*C] -> [G, E*C, h]
+        self.fill_mask = ops.Mul()
+        self.to_experts = ops.Transpose()            # [ep, G/ep, E, C, h] -> [E, G/ep, ep, C, h]: the AlltoAll
+        self.from_experts = ops.Transpose()          # and back
+        self.transpose_ranked = ops.Transpose()      # choices [G, T, k, E] -> [G, k, T, E]: priority order
+        self.count_before = ops.CumSum(exclusive=True)
+        self.position_mul = ops.Mul()
+        self.position = ops.ReduceSum()              # [G, k*T]: each choice's rank among its expert's tokens
+        self.kept = ops.Less()                       # the rank is within the capacity
+        self.transpose_experts = ops.Transpose()
+        self.transpose_weights = ops.Transpose()
+        self.slot_base = ops.Mul()
+        self.slot_offset = ops.Minimum()
+        self.slot_add = ops.Add()
+        self.keep_weights = ops.Mul()
+        self.gather_slots = ops.Gather(batch_dims=1)  # [G, E*C, h] at [G, k*T] -> [G, k*T, h]
+        self.weigh_outputs = ops.Mul()
+        self.sum_choices = ops.ReduceSum()
+        self.shared_add = ops.Add()
+        # statistics over all tokens
+        self.token_fraction = ops.ReduceMean()
+        self.mean_prob = ops.ReduceMean()
+        self.balance_mul = ops.Mul()
+        self.balance_sum = ops.ReduceSum()
+        self.load_max = ops.ReduceMax()
+        self.load_mean = ops.ReduceMean()
+        self.on, self.off = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
+        self.choice_numbers = Tensor(np.arange(top_k, dtype=np.float32).reshape(1, top_k, 1))
+
+    def construct(self, x):
+        return self.forward(x, self.capacity_factor)
+
+    def forward(self, x, capacity_factor):
+        """The layer with this capacity factor (None: dropless; generation passes None, as HF routes)."""
+        n, h, e, k, g = x.shape[0], self.hidden, self.num_experts, self.top_k, self.groups
+        t = n // g
+        c = expert_capacity(t, k, capacity_factor, e)
+        probs = self.softmax(self.router_fp32(self.router(x), ms.float32))               # [N, E]
+        weights, experts = self.topk(probs, k)                                           # [N, k]
+        if self.norm_topk_prob:
+            weights = self.topk_norm(weights, self.topk_sum(weights, -1))
+        choices = self.choice_onehot(experts, e, self.on, self.off)                      # [N, k, E]
+        chosen = self.chosen(choices, 1)                                                 # [N, E]
+        # priority of (token, expert): k*T - slot*T - token_in_group > 0 where chosen, 0 elsewhere
+        slot = self.slots(self.number_choices(choices, self.choice_numbers), 1)          # [N, E]
+        order = self.order_sub(k * t, self.slot_rank(slot, t)).reshape(g, t, e)
+        order = self.token_sub(order, self.token_numbers(t))
+        priority = self.transpose_priority(self.priority_mask(order, chosen.reshape(g, t, e)), (0, 2, 1))
+        top, taken = self.take(priority, c)                                              # [G, E, C]
+        filled = self.cast(self.filled(top, 0.0), self.compute_dtype).reshape(g, e * c, 1)
+        routed = self.fill_mask(self.gather_tokens(x.reshape(g, t, h), taken.reshape(g, e * c), 1), filled)
+        # groups as [ep, G/ep]: each expert-parallel group's ranks swap the group split for an expert split in
+        # one AlltoAll ([E, G/ep, ep, C, h] keeps the inner G/ep split where the data-parallel split had it)
+        ep = self.expert_parallel
+        routed = self.to_experts(routed.reshape(ep, g // ep, e, c, h), (2, 1, 0, 3, 4)).reshape(e, g * c, h)
+        out = self.experts(routed).reshape(e, g // ep, ep, c, h)
+        out = self.from_experts(out, (2, 1, 0, 3, 4)).reshape(g, e * c, h)
+        # combine: each (choice, token) reads its slot, expert x C + its rank among the expert's tokens in the
+        # same priority order (choices before choices of a later rank, then token order) as `take`
+        ranked = self.transpose_ranked(choices.reshape(g, t, k, e), (0, 2, 1, 3)).reshape(g, k * t, e)
+        position = self.position(self.position_mul(self.count_before(ranked, 1), ranked), -1)  # [G, k*T]
+        kept = self.kept(position, c)
+        chosen_experts = self.transpose_experts(experts.reshape(g, t, k), (0, 2, 1)).reshape(g, k * t)
+        index = self.slot_add(self.slot_base(chosen_experts, c),
+                              self.slot_offset(self.cast(position, ms.int32), c - 1))
+        weights = self.transpose_weights(weights.reshape(g, t, k), (0, 2, 1)).reshape(g, k * t)
+        weights = self.cast(self.keep_weights(weights, self.cast(kept, ms.float32)), self.compute_dtype)
+        picked = self.weigh_outputs(self.gather_slots(out, index, 1), weights.reshape(g, k * t, 1))
+        y = self.sum_choices(picked.reshape(g, k, t, h), 1).reshape(n, h)
+        if self.shared_expert is not None:
+            y = self.shared_add(y, self.shared_expert(x))
+        return y, self.statistics(probs, chosen)
+
+    def token_numbers(self, t: int) -> Tensor:
+        """[1, T, 1]: each token's index in its group."""
+        return Tensor(np.arange(t, dtype=np.float32).reshape(1, t, 1))
+
+    def statistics(self, probs, chosen):
+        """[aux loss E sum_e f_e P_e, max_e f_e / mean_e f_e]: f_e the tokens choosing e over all tokens (summing
+        to k), P_e the mean router probability of e."""
+        fraction = self.token_fraction(chosen, 0)                                        # [E]
+        aux = self.balance_sum(self.balance_mul(fraction, self.mean_prob(probs, 0))) * self.num_experts
+        load = self.load_max(fraction) / self.load_mean(fraction)
+        return ops.stack((aux, load))
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        """Router ops split tokens over the data x context-parallel rows; dispatch and combine split the G
+        groups over them; the expert matmuls split experts over ep, the groups over dp/ep and F over tp."""
+        rows, ep = layout.token_rows, layout.ep
+        tokens, per_token, groups, slots = (rows, 1), (rows, 1, 1), (rows, 1, 1), (rows, 1, 1, 1)
+        rules = {
+            "router_fp32": ((tokens,), None), "softmax": ((tokens,), None), "topk": ((tokens,), None),
+            "topk_sum": ((tokens,), None), "topk_norm": ((tokens, tokens), None),
+            "choice_onehot": ((per_token, (), ()), None),  # OneHot's strategy is its output's
+            "chosen": ((per_token,), None),
+            "number_choices": ((per_token, (1, 1, 1)), None), "slots": ((per_token,), None),
+            "slot_rank": ((tokens, ()), None), "order_sub": (((), tokens), None),
+            "token_sub": ((groups, (1, 1, 1)), None), "priority_mask": ((groups, groups), None),
+            "transpose_priority": ((groups,), None), "take": ((groups,), None), "filled": ((groups, ()), None),
+            "gather_tokens": ((groups, (rows, 1)), None), "fill_mask": ((groups, groups), None),
+            "to_experts": (((ep, rows // ep, 1, 1, 1),), None), "from_experts": (((ep, rows // ep, 1, 1, 1),), None),
+            "transpose_ranked": ((slots,), None), "count_before": ((groups,), None),
+            "position_mul": ((groups, groups), None), "position": ((groups,), None), "kept": ((tokens, ()), None),
+            "transpose_experts": ((groups,), None), "transpose_weights": ((groups,), None),
+            "slot_base": ((tokens, ()), None), "slot_offset": ((tokens, ()), None),
+            "slot_add": ((tokens, tokens), None), "keep_weights": ((tokens, tokens), None),
+            "gather_slots": ((groups, (rows, 1)), None), "weigh_outputs": ((groups, groups), None),
+            "sum_choices": ((slots,), None),
+            "token_fraction": ((tokens,), None), "mean_prob": ((tokens,), None),
+            "balance_mul": (((1,), (1,)), None), "balance_sum": (((1,),), None),
+            "load_max": (((1,),), None), "load_mean": (((1,),), None),
+        }
+        if self.shared_expert is not None:
+            rules["shared_add"] = ((tokens, tokens), None)
+        return rules

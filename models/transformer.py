@@ -29,9 +29,9 @@ from models.layers import (DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, 
                            token_split)
 from models.moe import MoE
 from models.spec import ArchSpec
+from mindscale.config import Layout, ModelConfig
 
 MOE_STATS = "moe_stats"  # CausalLMLoss's record of the router statistics: [aux loss, max load / mean load]
-from mindscale.config import Layout, ModelConfig
 
 
 def norm_class(spec: ArchSpec, fused: bool) -> type:

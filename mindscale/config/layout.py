@@ -56,7 +56,7 @@ class Layout:
     layers_per_stage: tuple
     recomputed: tuple           # indices of the recomputed decoder layers
     recompute: str              # none | selective | full
-    recompute_comm: bool        # full recompute repeats the layer's tensor-parallel communication too
+    recompute_comm: bool        # recompute.comm: the backward repeats tensor-parallel communication (regathered)
     offloaded: tuple            # indices of the layers whose activations go to host memory (never recomputed ones)
     offload_prefetch: int       # offload.backward_prefetch: operators ahead that a copy back starts
     graph_reuse: str            # layer | model | none: which compiled graph is reused (MindSpore lazy_inline)
@@ -131,6 +131,16 @@ class Layout:
         """Into how many data-parallel blocks of rows the batch of a compiled graph falls: dp in a sharded graph
         (its shapes are global, each rank computing one block), 1 where every worker compiles its own rows."""
         return self.dp if self.sharded else 1
+
+    @property
+    def regathered(self) -> tuple:
+        """Layers whose column-parallel matmuls all-gather their sequence-parallel input again in the backward
+        instead of keeping the forward's gathered copy (recompute.comm under sequence parallel); a fully recomputed
+        layer repeats all of its tensor-parallel communication instead (MindSpore's mp_comm_recompute)."""
+        if not (self.recompute_comm and self.sp and self.sharded):
+            return ()
+        full = set(self.recomputed) if self.recompute == "full" else set()
+        return tuple(i for i in range(len(self.stages_of_layers)) if i not in full)
 
     @property
     def ulysses(self) -> bool:

@@ -281,7 +281,11 @@ class RecomputeConfig:
         "none")
     layers: Union[int, list, None] = doc(
         "Layers recomputed: null = all; int = the first n of every stage; list = n per stage.", None)
-    comm: bool = doc("Also recompute tensor-parallel communication (full mode).", False)
+    comm: bool = doc("Repeat tensor-parallel communication in the backward instead of keeping its outputs: fully "
+                     "recomputed layers recompute their collectives too (MindSpore's mp_comm_recompute); under "
+                     "sequence parallel every other layer all-gathers the input of its column-parallel matmuls "
+                     "again (MindFormers' select_comm_recompute), keeping 2·s·b·h·(1 - 1/t) bytes fewer "
+                     "(docs/planner.md).", False)
 
 
 @dataclass

@@ -38,11 +38,21 @@ How MindSpore differs from the paper, and what the planner does about it
   parallel.gradient_accumulation_shard (then reduce-scattered every micro batch).
 * Transient (estimated): a compute-dtype copy of the weights when it differs from the parameter
   dtype or the optimizer shard all-gathers them, and one layer's gradients before their reduce-scatter.
+* Norms keep the statistics their fused kernels return for the backward: RmsNorm's reciprocal RMS, LayerNorm's
+  mean and variance (fp32 per token each; the paper ignores them).
+* Under sequence parallel MindSpore keeps the input of the column-parallel matmuls (QKV, the MLP's first)
+  all-gathered: the weight-gradient MatMul reads the forward's AllGather output (validate IR), where Megatron
+  keeps the split norm output and gathers it again in the backward; 2·s·b·h·(1 - 1/t) compute-dtype bytes more
+  per layer and micro batch. recompute.comm marks those matmuls `recompute_comm_op` (MindFormers'
+  select_comm_recompute), which makes the backward gather again as Megatron does: the paper's bytes, one more
+  all-gather of each input in the backward.
+* Full recompute without recompute.comm (MindSpore's mp_comm_recompute=False) repeats no collective: the
+  recomputed forward reads the forward's all-gathered inputs and the attention's reduce-scatter output (its
+  all-reduce output without sequence parallel), which stay on the device with the layer input.
 * Activation offload (offload.layers; docs/planner.md): an offloaded layer keeps its Q, K and V on the device
-  and moves the rest, plus what MindSpore keeps beyond the activation model (the all-gathered inputs of the
-  column-parallel matmuls under sequence parallel, the norms' reciprocal RMS), as the compiled graph moves it,
-  to host memory; the copies cross hardware.host_link_gbps and count where they outlast the slot's forward
-  third (out) or backward two thirds (back).
+  and moves everything else it keeps (as counted above), as the compiled graph moves it, to host memory; the
+  copies cross hardware.host_link_gbps and count where they outlast the slot's forward third (out) or backward
+  two thirds (back).
 * The output logits are kept in the compute dtype, cast to fp32 for the loss, and the fp32 softmax
   of the loss is kept for its backward: (compute bytes + 8) per logit of one micro batch on the
   last stage (vocab split over t).
@@ -77,18 +87,23 @@ DEFAULT_EFFICIENCY = {"Ascend": 0.55, "GPU": 0.55, "CPU": 0.3}
 FLASH_STATS_WIDTH = 8  # FlashAttentionScore returns softmax max and sum as (B, N, S, 8) fp32
 
 
-_LAYOUTS: dict[int, tuple[Config, Layout]] = {}
+_PER_CONFIG: dict[tuple[str, int], tuple[Config, object]] = {}
+
+
+def _per_config(name: str, cfg: Config, derive):
+    """derive(cfg), kept per config object (the planner never changes a config; with_overrides makes new ones): a
+    search asks each candidate's layout and model key thousands of times."""
+    key = (name, id(cfg))
+    hit = _PER_CONFIG.get(key)
+    if hit is None or hit[0] is not cfg:
+        if len(_PER_CONFIG) > 8192:
+            _PER_CONFIG.clear()
+        hit = _PER_CONFIG[key] = (cfg, derive(cfg))
+    return hit[1]
 
 
 def _layout(cfg: Config) -> Layout:
-    """Layout.of(cfg), kept per config object (the planner never changes a config; with_overrides makes new ones):
-    a search asks each candidate's layout thousands of times."""
-    hit = _LAYOUTS.get(id(cfg))
-    if hit is None or hit[0] is not cfg:
-        if len(_LAYOUTS) > 4096:
-            _LAYOUTS.clear()
-        hit = _LAYOUTS[id(cfg)] = (cfg, Layout.of(cfg))
-    return hit[1]
+    return _per_config("layout", cfg, Layout.of)
 
 
 class PlanError(UserError):
@@ -101,43 +116,59 @@ class PlanError(UserError):
 
 @dataclass(frozen=True)
 class ActivationDtypes:
-    """Bytes per stored element, and whether dropout masks exist."""
+    """Bytes per stored element, whether dropout masks exist, and the norms' saved statistics."""
     act: int        # matmul inputs/outputs (compute dtype)
     norm: int       # norm inputs
     softmax: int    # saved softmax output of composite attention
     dropout: bool   # 1-byte masks after attention probs, attention out, MLP out, embedding
+    norm_stats: int = 0  # bytes per token a norm keeps besides its input (the paper ignores them)
 
 
 PAPER = ActivationDtypes(act=2, norm=2, softmax=2, dropout=True)
 
 
-def mindspore_dtypes(compute_dtype: str) -> ActivationDtypes:
+def mindspore_dtypes(compute_dtype: str, rms_norm: bool = True) -> ActivationDtypes:
+    """MindScale's dtypes on MindSpore; the norms' statistics as the fused kernels return them for the backward:
+    RmsNorm's reciprocal RMS, LayerNorm's mean and variance (fp32 per token each)."""
     act = DTYPE_BYTES[compute_dtype]
-    return ActivationDtypes(act=act, norm=4, softmax=4, dropout=False)
+    return ActivationDtypes(act=act, norm=4, softmax=4, dropout=False, norm_stats=4 if rms_norm else 8)
 
 
 def layer_activation_bytes(seq: int, batch: int, hidden: int, heads: int, kv_heads: int, ffn: int, *,
                            mlp: str = "gelu", t: int = 1, sp: bool = False, recompute: str = "none",
-                           flash: bool = False, dtypes: ActivationDtypes = PAPER, head_dim: int | None = None) -> float:
+                           flash: bool = False, dtypes: ActivationDtypes = PAPER, head_dim: int | None = None,
+                           gathered: bool = False, comm: bool = True) -> float:
     """Bytes one transformer layer keeps for backward, for one micro batch of `batch` sequences.
 
     With MHA, a 4h GELU MLP and `PAPER` dtypes: sbh(34 + 5as/h) (t = 1), sbh(10 + 24/t + 5as/(ht))
     (tensor parallel), sbh/t(34 + 5as/h) (+ sequence parallel), 34sbh/t (selective, with sp),
-    2sbh (full). `head_dim`: the width of a head where it is not hidden / heads (Qwen3)."""
+    2sbh (full). `head_dim`: the width of a head where it is not hidden / heads (Qwen3).
+
+    Two ways MindSpore keeps more than the paper (Megatron) under tensor parallel, both read from the validate
+    IR (docs/planner.md, "What MindSpore keeps beyond the paper"):
+    * `gathered`: under sequence parallel the column-parallel matmuls (QKV, the MLP's first) keep their input
+      all-gathered over t for their weight gradients, where Megatron keeps it split and gathers it again in the
+      backward: the two norm outputs are kept whole, 2·s·b·h·(1 - 1/t) more (MindSpore without recompute.comm).
+    * `comm` False (full recompute): the recomputed forward repeats no communication but reads the forward's
+      outputs of it, which stay: under sequence parallel both all-gathered inputs and the attention's
+      reduce-scatter output, 2·s·b·h + s·b·h/t; without it the attention's all-reduce output, s·b·h."""
     sbh = seq * batch * hidden
     head_dim = head_dim or hidden // heads
-    if recompute == "full":
-        return sbh * dtypes.act / (t if sp else 1)      # only the layer input is kept
+    split = t if sp else 1
+    if recompute == "full":                              # only the layer input is kept
+        outputs = 0 if comm or t == 1 else sbh * (2 + 1 / t if sp else 1)
+        return (sbh / split + outputs) * dtypes.act
     mask = 1 if dtypes.dropout else 0
-    # Replicated over t unless sequence parallel: the two norm inputs, the norm outputs feeding
-    # QKV and the MLP, the dropout masks after attention and after the MLP.
-    replicated = sbh * (2 * dtypes.norm + 2 * dtypes.act + 2 * mask)
+    # Replicated over t unless sequence parallel: the two norm inputs (and their statistics), the dropout masks
+    # after attention and after the MLP; the norm outputs feeding QKV and the MLP too, unless kept gathered.
+    replicated = sbh * (2 * dtypes.norm + 2 * mask) + 2 * seq * batch * dtypes.norm_stats
+    norm_out = 2 * sbh * dtypes.act
     # Split over t (inside the column/row-parallel pair): Q, K, V, attention output, MLP inner.
     qk = seq * batch * (heads + kv_heads) * head_dim * dtypes.act
     v = seq * batch * kv_heads * head_dim * dtypes.act
     attention_out = seq * batch * heads * head_dim * dtypes.act
     mlp_inner = seq * batch * ffn * dtypes.act * (4 if mlp == "swiglu" else 2)
-    split = qk + v + attention_out + mlp_inner
+    inner = qk + v + attention_out + mlp_inner
     if flash:
         scores = seq * batch * heads * FLASH_STATS_WIDTH * 4 * 2
     elif recompute == "selective":
@@ -146,7 +177,7 @@ def layer_activation_bytes(seq: int, batch: int, hidden: int, heads: int, kv_hea
         per_score = dtypes.softmax + (mask + dtypes.act if dtypes.dropout else
                                       (dtypes.act if dtypes.softmax != dtypes.act else 0))
         scores = heads * seq * seq * batch * per_score
-    return replicated / (t if sp else 1) + (split + scores) / t
+    return replicated / split + norm_out / (1 if gathered else split) + (inner + scores) / t
 
 
 def expert_slots(cfg: Config) -> int:
@@ -174,20 +205,35 @@ def routed_activation_bytes(cfg: Config, recompute: str) -> float:
     return router + routed + inner
 
 
-def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool) -> float:
-    """One layer's kept bytes for one micro batch on one rank: its S/cp tokens under context parallel, and
-    the keys and values gathered from the other cp ranks, which the attention's backward reads. A mixture of
-    experts: the dense layer without its MLP, plus routed_activation_bytes."""
+def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool, gathered: bool | None = None) -> float:
+    """One layer's kept bytes for one micro batch on one rank, as MindSpore keeps them (layer_activation_bytes with
+    the model's dtypes): its S/cp tokens under context parallel, and the keys and values gathered from the other cp
+    ranks, which the attention's backward reads. Under sequence parallel the column-parallel inputs are kept
+    gathered unless recompute.comm gathers them again in the backward (`gathered` overrides: a fully recomputed
+    layer's rematerialised forward keeps them gathered either way; read from dense layers' IR, a mixture of
+    experts' counted alike). A mixture of experts: the dense layer without its MLP, plus routed_activation_bytes."""
     m, p = cfg.model, cfg.parallel
+    comm = cfg.recompute.comm
     local = layer_activation_bytes(m.seq_length // p.context_parallel, cfg.train.micro_batch_size, m.hidden_size,
                                    m.num_heads, m.kv_heads, 0 if m.moe.enabled else m.ffn_hidden_size,
                                    mlp="swiglu" if m.spec.gated_mlp else "gelu",
                                    t=p.model_parallel, sp=p.sequence_parallel, recompute=recompute, flash=flash,
-                                   dtypes=mindspore_dtypes(m.compute_dtype), head_dim=m.head_size)
+                                   dtypes=mindspore_dtypes(m.compute_dtype, m.spec.rms_norm), head_dim=m.head_size,
+                                   gathered=not comm if gathered is None else gathered, comm=comm)
     local += routed_activation_bytes(cfg, recompute)
     # full recompute rematerialises the gather only if it repeats communication (recompute.comm, MindSpore's
     # mp_comm_recompute); otherwise the gathered K and V are kept like any communication output
-    return local + (0.0 if recompute == "full" and cfg.recompute.comm else gathered_kv_bytes(cfg))
+    return local + (0.0 if recompute == "full" and comm else gathered_kv_bytes(cfg))
+
+
+def rematerialised_bytes(cfg: Config, flash: bool) -> float:
+    """What a fully recomputed layer adds while its backward runs: its activations, recomputed, with the
+    column-parallel inputs gathered (gathered again with recompute.comm; without, the forward's kept all-gather
+    outputs are read, already counted in what the layer kept)."""
+    remat = _model_layer_activation_bytes(cfg, "none", flash, gathered=True)
+    if cfg.recompute.comm or not _layout(cfg).sp:
+        return remat
+    return remat - 2 * local_tokens(cfg) * cfg.model.hidden_size * DTYPE_BYTES[cfg.model.compute_dtype]
 
 
 def local_tokens(cfg: Config) -> int:
@@ -241,22 +287,17 @@ def offload_resident_bytes(cfg: Config) -> float:
 def offloaded_layer_bytes(cfg: Config, layout: Layout | None = None) -> float:
     """Bytes one offloaded layer moves to host memory in the forward and back in the backward, per micro batch on
     one rank, as the compiled graph moves them (tests/dryrun/test_offload.py; equal at full size for llama3_405b,
-    docs/planner.md): the layer's activations as the planner counts them without recompute, less what stays
-    resident, plus two tensors that activation model (Korthikanti et al.'s) leaves out: under sequence parallel
-    the all-gathered input of the column-parallel matmuls (QKV, and w1/w3), which MindSpore keeps for their
-    weight gradients where Megatron keeps the split and gathers it again, 2·s·b·h·(1 - 1/t) compute-dtype bytes
-    more; and the two norms' reciprocal RMS, fp32 per token. When each layer is its own reused graph
-    (graph_reuse "layer": one micro batch a step) the compute-dtype copies of its matmul weights move too, where
-    they differ from the parameter dtype (the casts are ops of the offloaded layer; in a reused loss network,
-    graph_reuse "model", they are not moved)."""
+    docs/planner.md): what the layer keeps without recompute (_model_layer_activation_bytes: under sequence
+    parallel its column-parallel inputs gathered, or split with recompute.comm), less what stays resident. When
+    each layer is its own reused graph (graph_reuse "layer": one micro batch a step) the compute-dtype copies of
+    its matmul weights move too, where they differ from the parameter dtype (the casts are ops of the offloaded
+    layer; in a reused loss network, graph_reuse "model", they are not moved)."""
     m, layout = cfg.model, layout or _layout(cfg)
     cb = DTYPE_BYTES[m.compute_dtype]
-    tokens = local_tokens(cfg) / (layout.tp if layout.sp else 1)
-    gathered = 2 * local_tokens(cfg) * m.hidden_size * cb * (1 - 1 / layout.tp) if layout.sp else 0.0
     weights = flops.layer_matmul_params(m) / layout.tp * cb \
         if layout.graph_reuse == "layer" and m.compute_dtype != m.param_dtype else 0.0
     kept = _model_layer_activation_bytes(cfg, "none", layout.attention == "flash")
-    return kept - offload_resident_bytes(cfg) + gathered + 2 * tokens * 4 + weights
+    return kept - offload_resident_bytes(cfg) + weights
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,7 +335,8 @@ _STAGE_PARAMS: dict[tuple, list] = {}
 def _model_key(cfg: Config) -> str:
     """What the parameters of one decoder layer and of the ends depend on (dataclass reprs: a fifth of the
     search's time went to dataclasses.asdict + json before); not the number of layers."""
-    return repr((dataclasses.replace(cfg.model, num_layers=1), cfg.finetune.lora))
+    return _per_config("model key", cfg,
+                       lambda c: repr((dataclasses.replace(c.model, num_layers=1), c.finetune.lora)))
 
 
 def _slices_key(cfg: Config, layout: Layout) -> tuple:
@@ -512,7 +554,7 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
                 else 0.0}
     activations = _in_flight_bytes(layout, stage, [resident[role] for role in roles])
     if "recomputed" in roles and layout.recompute == "full":
-        activations += kept        # one layer rematerialised at a time during backward
+        activations += rematerialised_bytes(cfg, flash)  # one layer at a time during backward
     if "offloaded" in roles:
         activations += 2 * offloaded_layer_bytes(cfg, layout)  # one layer's on its way out, one's prefetched back
     if stage == layout.pp - 1:
@@ -581,10 +623,10 @@ def communication(cfg: Config, stage: int) -> dict:
     t, stages, micro_batches = layout.tp, layout.pp, layout.micro_steps
     hidden = local_tokens(cfg) * m.hidden_size      # elements of one micro batch's hidden states on the rank
     x = hidden * DTYPE_BYTES[m.compute_dtype]                               # as a layer's matmuls take them
-    # Per layer and micro batch: 2 collectives forward, 2 backward (all-reduce, or all-gather +
-    # reduce-scatter with sequence parallel: the same volume), 2(t-1)/t of the tensor each.
-    collectives = 4 + (2 if layout.recompute == "full" and cfg.recompute.comm else 0)
-    tp_per_layer = collectives * 2 * (t - 1) / t * x if t > 1 else 0.0
+    # Per layer and micro batch, averaged over the stage's layers (tp_all_reduces: what each role adds)
+    roles = _stage_layer_roles(layout, stage, None, None)
+    all_reduces = sum(tp_all_reduces(cfg, role) for role in roles) / max(1, len(roles))
+    tp_per_layer = all_reduces * 2 * (t - 1) / t * x if t > 1 else 0.0
     # The vocabulary-split lookup (first stage) and head (last stage), per micro batch: Megatron's
     # all-reduce one way (the lookup's forward, the head input's backward), or under sequence parallel a
     # reduce-scatter and an all-gather: 2(t-1)/t of the hidden states either way.
@@ -618,6 +660,22 @@ def expert_alltoall_bytes(cfg: Config) -> float:
         return 0.0
     passes = 6 if cfg.recompute.mode == "full" and cfg.recompute.comm else 4
     return passes * (ep - 1) / ep * expert_slots(cfg) * m.hidden_size * DTYPE_BYTES[m.compute_dtype]
+
+
+def tp_all_reduces(cfg: Config, role: str) -> float:
+    """Tensor-parallel traffic of one layer of `role` (_stage_layer_roles) per micro batch, in all-reduces of its
+    hidden states (2(t-1)/t of them each; an all-gather or a reduce-scatter is half of one): 4, Megatron's two
+    forward and two backward (all-gather + reduce-scatter pairs under sequence parallel); with recompute.comm, what
+    MindSpore gathers or reduces again in the backward (validate IR, docs/planner.md): a fully recomputed layer
+    repeats the forward collectives its backward reads, the attention's all-reduce (1), or under sequence
+    parallel both all-gathers and the attention's reduce-scatter (1.5; the MLP's reduce-scatter feeds only the
+    layer output); any other layer all-gathers its two column-parallel inputs again under sequence parallel (1)."""
+    layout = _layout(cfg)
+    if not cfg.recompute.comm:
+        return 4.0
+    if role == "recomputed" and layout.recompute == "full":
+        return 4 + (1.5 if layout.sp else 1.0)
+    return 4 + (1.0 if layout.sp else 0.0)
 
 
 def pipeline_sends(pp: int, interleave: int, stage: int) -> int:
@@ -767,7 +825,8 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
                    "optimizer_shard": cfg.parallel.optimizer_shard,
                    "gradient_accumulation_shard": cfg.parallel.gradient_accumulation_shard,
                    "recompute": cfg.recompute.mode,
-                   "recompute_layers": recomputed, "layers_per_stage": list(layout.layers_per_stage),
+                   "recompute_layers": recomputed, "recompute_comm": cfg.recompute.comm,
+                   "layers_per_stage": list(layout.layers_per_stage),
                    "offload_layers": [layout.offloaded_in(k) for k in range(layout.pp)],
                    "pipeline_interleave": layout.interleave, "pipeline_scheduler": layout.scheduler,
                    "attention": layout.attention},
@@ -920,9 +979,9 @@ def _fewest_layers_that_fit(cfg: Config, role: str) -> list[int] | None:
 
 
 def _memory_candidates(base: Config, shard: list[str]) -> list[list[str]]:
-    """The ways the search tries to fit `base` (no recompute, no offload) with the accumulation-buffer setting
-    `shard`: as it is, selective recompute, the fewest fully recomputed layers per stage that fit, and offload
-    (`_offload_candidate`)."""
+    """The ways the search tries to fit `base` (no recompute, no offload) with `shard` (the accumulation-buffer
+    setting, recompute.comm): as it is, selective recompute, the fewest fully recomputed layers per stage that fit,
+    and offload (`_offload_candidate`)."""
     try:
         fitted = with_overrides(base, shard) if shard else base
     except ConfigError:  # e.g. an accumulation shard the layout cannot take
@@ -931,19 +990,35 @@ def _memory_candidates(base: Config, shard: list[str]) -> list[list[str]]:
     full = _fewest_layers_that_fit(with_overrides(fitted, ["recompute.mode=full"]), "recomputed")
     if full is not None and any(full):
         out.append(shard + ["recompute.mode=full", f"recompute.layers={_yaml(full)}"])
-    # an offloaded layer keeps more on the device (Q, K, V) than a recomputed one (its input): where recomputing
-    # every layer does not fit, offloading cannot
-    offload = _offload_candidate(fitted, max(full)) if full is not None else None
+    if full is not None:
+        # an offloaded layer keeps more on the device (Q, K, V) than a recomputed one (its input): where recomputing
+        # every layer does not fit, offloading cannot ...
+        offload = _offload_candidate(fitted, max(full))
+    else:
+        # ... unless a recomputed layer keeps its communication outputs (tensor parallel without recompute.comm),
+        # which outweigh Q, K and V: then offload alone may fit
+        offload = _offload_candidate(fitted, None) if _layout(fitted).tp > 1 and not fitted.recompute.comm else None
     if offload:
         out.append(shard + offload)
     return out
 
 
-def _offload_candidate(base: Config, recompute_fits: int) -> list[str] | None:
+def _fits_as_is(base: Config, overrides: list[str]) -> bool:
+    """Whether every stage of `base` with `overrides` fits without recompute or offload (False if they do not
+    validate)."""
+    try:
+        cfg = with_overrides(base, overrides) if overrides else base
+    except ConfigError:
+        return False
+    budget = memory_budget_gib(cfg) * GIB
+    return all(stage_memory(cfg, k)["total"] <= budget for k in range(_layout(cfg).pp))
+
+
+def _offload_candidate(base: Config, recompute_fits: int | None) -> list[str] | None:
     """Overrides that fit `base` with the fewest offloaded layers per stage after recomputing the fewest r layers
     of every stage for which host memory holds what is offloaded, r below `recompute_fits` (that many fit by
-    recompute alone); None if there is no such r, or if its hardware and mode cannot offload (validate.py's
-    rules). The more a stage recomputes, the less it offloads: after r = 0, r is bisected."""
+    recompute alone; None: no number does, r is 0); None if there is no such r, or if its hardware and mode cannot
+    offload (validate.py's rules). The more a stage recomputes, the less it offloads: after r = 0, r is bisected."""
     def fitted(r: int) -> list[str] | None:
         recompute = ["recompute.mode=full", f"recompute.layers={r}"] if r else []
         cfg = with_overrides(base, recompute + ["offload.layers=1"])
@@ -954,6 +1029,8 @@ def _offload_candidate(base: Config, recompute_fits: int) -> list[str] | None:
         return recompute + [f"offload.layers={_yaml(offloaded)}"] if host <= cfg.hardware.host_memory_gib else None
 
     try:
+        if recompute_fits is None:
+            return fitted(0)
         first = fitted(0) if recompute_fits else None
         if first or not recompute_fits:
             return first
@@ -994,10 +1071,10 @@ def _yaml(value) -> str:
 
 def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = None,
            efficiency: float | None = None, micro_batch_sizes: tuple = (1, 2, 4)) -> list[dict]:
-    """Valid (dp, mp, pp, interleave, micro batches, recompute; a mixture of experts' expert_parallel) layouts
-    for `devices` keeping the global batch, ranked by predicted tokens/s among those that fit. Each entry:
-    overrides, plan. The config's context_parallel c is kept, not searched: the layouts share devices / c
-    among dp x mp x pp."""
+    """Valid (dp, mp, pp, interleave, micro batches, recompute, recompute.comm, offload; a mixture of experts'
+    expert_parallel) layouts for `devices` keeping the global batch, ranked by predicted tokens/s among those that
+    fit. Each entry: overrides, plan. The config's context_parallel c is kept, not searched: the layouts share
+    devices / c among dp x mp x pp."""
     peak = peak_tflops if peak_tflops is not None else device_peak_tflops(cfg)
     found = []
     cp = cfg.parallel.context_parallel
@@ -1017,13 +1094,19 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
                 continue
             try:
                 base = with_overrides(cfg, layout + ["recompute.mode=none", "recompute.layers=null",
-                                                     "offload.layers=0"])
+                                                     "recompute.comm=false", "offload.layers=0"])
             except ConfigError:
                 continue
             shards = [[]]
             if _layout(base).accumulates_in_graph and _layout(base).optimizer_shard and cfg.run.reuse_layer_graph:
                 shards.append(["parallel.gradient_accumulation_shard=true"])
-            candidates = [c for shard in shards for c in _memory_candidates(base, shard)]
+            candidates = []
+            for shard in shards:
+                candidates += _memory_candidates(base, shard)
+                # with tensor parallel, also repeating its communication in the backward instead of keeping its
+                # outputs: that only adds communication, so only where the layout does not fit as it is
+                if tp > 1 and not _fits_as_is(base, shard):
+                    candidates += _memory_candidates(base, shard + ["recompute.comm=true"])
             for extra in candidates:
                 try:
                     candidate = with_overrides(base, extra) if extra else base
@@ -1034,6 +1117,8 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
                     keeps = [] if any(x.startswith("recompute.mode=") for x in extra) else ["recompute.mode=none"]
                     if any(offload_layer_counts(cfg)) and not any(x.startswith("offload.") for x in extra):
                         keeps.append("offload.layers=0")
+                    if cfg.recompute.comm and "recompute.comm=true" not in extra:
+                        keeps.append("recompute.comm=false")
                     sets = list({o.split("=", 1)[0]: o for o in layout + keeps + extra}.values())  # last wins
                     found.append({"overrides": sets, "plan": result})
     if not found:

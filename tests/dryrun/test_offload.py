@@ -1,7 +1,8 @@
 """Activation offload (offload.layers) compiled by MindSpore's dry run, read from the saved validate IR.
 
-Two LLaMA twins of llama3_405b's kind (GQA, bf16, flash attention, tp2 with sequence parallel, optimizer shard),
-one per way MindSpore reuses a compiled graph (Layout.graph_reuse):
+Two LLaMA twins of llama3_405b's kind (GQA, bf16, flash attention, tp2 with sequence parallel, optimizer shard, the
+inputs gathered again in the backward: recompute.comm), one per way MindSpore reuses a compiled graph
+(Layout.graph_reuse; tests/dryrun/test_kept_activations.py offloads without recompute.comm too):
 * "model": dp2 x tp2 x pp2 with 2 chunks per stage, 4 micro batches, 8 layers (stage 0 holds layers 0-1 and
   4-5, stage 1 layers 2-3 and 6-7); each stage recomputes its first layer and offloads the next ones (2 on
   stage 0, 1 on stage 1), so both marks meet on a stage;
@@ -38,10 +39,26 @@ TWINS = {  # graph reuse: (overrides, recomputed layers, offloaded layers)
                "recompute.layers=null", "offload.layers=1"], (), (0,)),
 }
 ITEMSIZE = {"Float32": 4, "BFloat16": 2, "Float16": 2, "Int32": 4}
-# a MoveTo node, its input/output types and its scope: ...layers-CellList/<layer>-TransformerBlock/...
+# a MoveTo node, its input/output types and its scope: ...layers-CellList/<layer>-TransformerBlock/... (a copy back
+# that a recomputed all-gather reads, under recompute.comm: Default/MoveTo-opN)
 MOVE_TO = re.compile(r'= MoveTo\(%\w+, "(\w+)", Bool\(0\)\) primitive_attrs: \{backward_prefetch: I64\((\d+)\)\}\n'
                      r'\s*: \(<Tensor\[(\w+)\], \(([\d, ]*)\)>[^\n]*\n'
-                     r'\s*# Fullname with scope: \([^)]*layers-CellList/(\d+)-\w*TransformerBlock/')
+                     r'\s*# Fullname with scope: \(([^)]*)\)')
+LAYER_SCOPE = re.compile(r"layers-CellList/(\d+)-\w*TransformerBlock/")
+
+
+def nbytes(dtype: str, shape: str) -> int:
+    """Bytes of a tensor as the IR prints it: Tensor[dtype], (shape)."""
+    return math.prod(int(x) for x in shape.split(",") if x.strip()) * ITEMSIZE[dtype]
+
+
+def moves_of(ir: str) -> list[tuple[str, int, int, int | None]]:
+    """(destination, backward_prefetch, bytes, layer, or None outside a layer's scope) of every MoveTo of an IR."""
+    out = []
+    for where, prefetch, dtype, shape, scope in MOVE_TO.findall(ir):
+        layer = LAYER_SCOPE.search(scope)
+        out.append((where, int(prefetch), nbytes(dtype, shape), int(layer.group(1)) if layer else None))
+    return out
 
 
 @pytest.fixture(scope="module", params=sorted(TWINS))
@@ -53,10 +70,7 @@ def compiled(request, tmp_path_factory):
     cfg = load_config(LLAMA3_405B, sets)
     ranks = []
     for report in reports:
-        ir = read_validate_ir(ir_dir / f"rank{report['rank']}")
-        moves = [(where, int(prefetch), math.prod(int(x) for x in shape.split(",") if x.strip()) * ITEMSIZE[dtype],
-                  int(layer)) for where, prefetch, dtype, shape, layer in MOVE_TO.findall(ir)]
-        ranks.append((report, moves))
+        ranks.append((report, moves_of(read_validate_ir(ir_dir / f"rank{report['rank']}"))))
     return request.param, cfg, Layout.of(cfg, "Ascend"), ranks
 
 
@@ -78,11 +92,10 @@ def test_exactly_the_offloaded_layers_move_out_and_back_with_the_prefetch(compil
 
 def test_an_offloaded_layer_moves_what_the_planner_counts(compiled):
     """Per micro batch, each offloaded layer moves the planner's offloaded_layer_bytes (docs/planner.md,
-    "Activation offload"): its activations less Q, K and V, which stay (the attention kernel reads them through
-    reshapes no Cell.offload mark reaches), plus the all-gathered input of the column-parallel matmuls, which
-    MindSpore keeps under sequence parallel and the planner's activation model does not count, the norms'
-    reciprocal RMS, and, where each layer is its own reused graph, its weights' compute-dtype copies; besides,
-    a 2-byte scalar of the attention."""
+    "Activation offload"): its activations (the all-gathered input of the column-parallel matmuls among them,
+    which MindSpore keeps under sequence parallel, and the norms' reciprocal RMS) less Q, K and V, which stay (the
+    attention kernel reads them through reshapes no Cell.offload mark reaches), and, where each layer is its own
+    reused graph, its weights' compute-dtype copies; besides, a 2-byte scalar of the attention."""
     _, cfg, layout, ranks = compiled
     for _, moves in ranks:
         for layer in {layer for where, _, _, layer in moves if where == "CPU"}:

@@ -19,7 +19,7 @@ from models.attention import CompositeAttention, FlashAttention
 from models.layers import FusedRMSNorm
 from models.archs import ARCHS
 from models.sharding import planned_strategies
-from models.transformer import ShardedCrossEntropy
+from models.transformer import ShardedCrossEntropy, layer_graph_keys
 from mindscale.config import Layout, load_config
 from tests.modes import cpu_mode
 
@@ -128,6 +128,37 @@ def test_interleaved_stages_go_round_robin_chunk_by_chunk_and_the_plan_prints_ea
     lines = models.describe_plan(cfg).splitlines()
     assert "pipeline_stage=2 pipeline_interleave=2 sequence_parallel" in lines[0]
     assert "stage 0: layers 0-1, 4-5 (4 in 2 chunks)" in lines and "stage 1: layers 2-3, 6-7 (4 in 2 chunks)" in lines
+
+
+def comm_marks(layer) -> dict:
+    """recompute_comm_op of each matmul of a decoder layer, where set (the attribute MindSpore's parallel pass reads
+    to recompute the collectives it inserts around the op)."""
+    linears = {name: getattr(layer.attention, name) for name in ("wq", "wk", "wv", "wo")}
+    linears.update({name: getattr(layer.feed_forward, name) for name in ("w1", "w2", "w3")
+                    if hasattr(layer.feed_forward, name)})
+    return {name: op.attrs["recompute_comm_op"] for name, linear in linears.items()
+            if "recompute_comm_op" in (op := linear.matmul).attrs}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt"])
+def test_recompute_comm_gathers_the_column_parallel_inputs_again_under_sequence_parallel(arch):
+    """recompute.comm: each layer that is not fully recomputed marks the matmuls reading its sequence-parallel input
+    (QKV and the MLP's first; tests/dryrun/test_kept_activations.py compiles what that does), a fully recomputed
+    one carries mp_comm_recompute on all of its ops; nothing without sequence parallel, and without recompute.comm
+    only the recomputed layer's mp_comm_recompute=False."""
+    sets = ["parallel.data_parallel=2", "parallel.model_parallel=2", "recompute.mode=full", "recompute.layers=1"]
+    column = {"wq", "wk", "wv", "w1"} | ({"w3"} if arch == "llama" else set())
+    every = column | {"wo", "w2"}
+    cfg = config(arch, *sets, "parallel.sequence_parallel=true", "recompute.comm=true")
+    on, _ = planned(cfg)
+    assert comm_marks(on.layers[0]) == dict.fromkeys(every, True)
+    assert all(comm_marks(layer) == dict.fromkeys(column, True) for layer in on.layers[1:])
+    assert layer_graph_keys(Layout.of(cfg))[1:] == ["stage 0, recompute none, regathered"] * 3
+    no_sp, _ = planned(config(arch, *sets, "parallel.sequence_parallel=false", "recompute.comm=true"))
+    off, _ = planned(config(arch, *sets, "parallel.sequence_parallel=true", "recompute.comm=false"))
+    for model in (no_sp, off):
+        assert all(comm_marks(layer) == {} for layer in model.layers[1:])
+    assert comm_marks(off.layers[0]) == dict.fromkeys(every, False)
 
 
 def test_plan_is_not_applied_outside_sharded_layouts_and_numbers_do_not_change():

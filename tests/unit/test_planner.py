@@ -67,6 +67,31 @@ def test_fp32_softmax_costs_6_bytes_per_score_in_bf16_where_the_paper_has_5():
         assert full - selective == A * S * S * B * per_score / T
 
 
+def test_mindspore_keeps_the_gathered_column_parallel_inputs_under_sequence_parallel():
+    """The two norm outputs feeding QKV and the MLP are kept all-gathered (whole) instead of split by t:
+    2·s·b·h·(1 - 1/t) compute-dtype bytes more; nothing changes without sequence parallel or with t = 1."""
+    split, gathered = (paper(t=T, sp=True, gathered=g) for g in (False, True))
+    assert gathered - split == 2 * S * B * H * 2 * (1 - 1 / T)
+    assert paper(t=T, gathered=True) == paper(t=T) and paper(sp=True, gathered=True) == paper(sp=True)
+
+
+def test_full_recompute_without_comm_keeps_the_forward_communication_outputs():
+    """The recomputed forward repeats no collective: it reads the two gathered inputs and the attention's
+    reduce-scatter output (sequence parallel), or the attention's all-reduce output, besides the layer input."""
+    assert paper(t=T, sp=True, recompute="full", comm=False) == S * B * H * 2 * (1 / T + 2 + 1 / T)
+    assert paper(t=T, recompute="full", comm=False) == S * B * H * 2 * 2
+    assert paper(recompute="full", comm=False) == paper(recompute="full") == 2 * S * B * H
+
+
+def test_norms_keep_their_statistics_fp32_per_token():
+    """RmsNorm's reciprocal RMS, LayerNorm's mean and variance: per norm and token, split under sp."""
+    rms, layer_norm = planner.mindspore_dtypes("bfloat16"), planner.mindspore_dtypes("bfloat16", rms_norm=False)
+    assert (rms.norm_stats, layer_norm.norm_stats, planner.PAPER.norm_stats) == (4, 8, 0)
+    without = planner.ActivationDtypes(act=2, norm=4, softmax=4, dropout=False)
+    kept = [paper(t=T, sp=True, dtypes=d) for d in (rms, layer_norm, without)]
+    assert kept[0] - kept[2] == 2 * S * B * 4 / T and kept[1] - kept[2] == 2 * S * B * 8 / T
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-stage memory and the plan
 
@@ -88,8 +113,9 @@ def test_plan_has_the_design_keys(cfg70):
 
 
 def test_first_stage_holds_pipeline_stage_micro_batches_in_flight(cfg70):
-    """1F1B: stage k keeps p - k micro batches (8 stages here; the last also has the logits)."""
-    acts = [planner.stage_memory(cfg70, k)["activations"] for k in range(3)]
+    """1F1B: stage k keeps p - k micro batches (8 stages here, nothing recomputed; the last also has the logits)."""
+    kept = planner.with_overrides(cfg70, ["recompute.mode=none", "recompute.layers=null"])
+    acts = [planner.stage_memory(kept, k)["activations"] for k in range(3)]
     assert acts[0] / acts[1] == pytest.approx(8 / 7)
     assert acts[1] / acts[2] == pytest.approx(7 / 6)
 
@@ -268,9 +294,8 @@ def test_an_offloaded_layer_keeps_q_k_v_and_two_layers_travel(cfg405):
     moved, resident = planner.offloaded_layer_bytes(off), planner.offload_resident_bytes(off)
     m = cfg405.model
     assert resident == 8192 * (m.num_heads + 2 * m.kv_heads) * m.head_size / 8 * 2   # q, k, v of one rank
-    # what the compiled graph moves besides (tests/dryrun/test_offload.py): the all-gathered norm outputs under
-    # sequence parallel, which the activation model keeps split by t = 8, and the norms' fp32 reciprocal RMS
-    assert moved == kept - resident + 2 * 8192 * m.hidden_size * 2 * 7 / 8 + 2 * 8192 / 8 * 4
+    # everything the layer keeps but Q, K and V moves (tests/dryrun/test_offload.py), its gathered inputs too
+    assert moved == kept - resident
     assert planner.stage_memory(off, 9)["activations"] == pytest.approx(7 * (5 * kept + 3 * resident) + 2 * moved)
     assert planner.stage_host_bytes(off, 9) == pytest.approx(7 * 3 * moved)
     assert planner.stage_host_bytes(cfg405, 9) == 0
@@ -293,13 +318,15 @@ def test_offload_copies_overlap_the_forward_third_out_and_the_backward_two_third
     assert planner.offload_exposed_s(1.0, 1.2) == pytest.approx(0.6 + 0.2)
 
 
-def test_llama3_405b_offloads_within_device_and_host_memory_at_38_percent():
-    """The shipped layout: one layer a stage recomputed, 4-5 offloaded, their copies hidden at the profile's host
-    link; at a tenth of that link they are not, and the step grows by what they expose."""
+def test_llama3_405b_offloads_within_device_and_host_memory_at_37_percent():
+    """The shipped layout: nothing recomputed, the inputs gathered again (recompute.comm), 5 layers a stage
+    offloaded, their copies hidden at the profile's host link; at a tenth of that link they are not, and the step
+    grows by what they expose."""
     shipped = planner.plan(load_config(LLAMA3_405B))
-    pred, off = shipped["predicted"], shipped["offload"]
+    pred, off, lay = shipped["predicted"], shipped["offload"], shipped["layout"]
     assert shipped["fits"] and off["fits"] and max(off["host_gib_per_stage"]) <= off["host_memory_gib"]
-    assert shipped["layout"]["recompute_layers"] == [1] * 16 and pred["mfu"] >= 0.38
+    assert lay["recompute_layers"] == [0] * 16 and lay["offload_layers"] == [5] * 16 and lay["recompute_comm"]
+    assert pred["mfu"] >= 0.37
     assert pred["offload_copy_s"] < pred["compute_s"] / 32 / 3 and pred["offload_exposed_s"] == 0
     slow = planner.plan(load_config(LLAMA3_405B, ["hardware.host_link_gbps=2.5"]))["predicted"]
     assert slow["offload_exposed_s"] > 0
@@ -322,6 +349,13 @@ def test_data_parallel_gradient_bytes_follow_the_compiled_collectives(cfg70):
                                                                                   rel=1e-3)
     x = 4096 * 1 * 8192 * 2
     assert planner.communication(cfg70, 1)["tp_per_layer"] == pytest.approx(4 * 2 * 3 / 4 * x)
+    # recompute.comm: stage 0 (one of its 10 layers fully recomputed) gathers again, per micro batch, both inputs
+    # and the attention output's reduce-scatter of its recomputed layer and both inputs of the other 9
+    again = planner.with_overrides(cfg70, ["recompute.comm=true"])
+    assert planner.communication(again, 0)["tp_per_layer"] == pytest.approx((5.5 + 9 * 5) / 10 * 2 * 3 / 4 * x)
+    assert planner.communication(again, 1)["tp_per_layer"] == pytest.approx(5 * 2 * 3 / 4 * x)
+    without_sp = planner.with_overrides(again, ["parallel.sequence_parallel=false"])
+    assert [planner.tp_all_reduces(without_sp, role) for role in ("recomputed", "kept")] == [5, 4]
     # the vocabulary-split lookup and head: 2(t-1)/t of the hidden states per micro batch, at the two ends
     assert planner.communication(cfg70, 0)["tp_vocab"] == pytest.approx(micro * 2 * 3 / 4 * x)
     assert planner.communication(cfg70, 1)["tp_vocab"] == 0
@@ -438,7 +472,7 @@ def test_context_parallel_counts_its_tokens_the_gathered_kv_and_its_devices():
     m, c, t = cfg.model, cfg.parallel.context_parallel, cfg.parallel.model_parallel
     local = planner.layer_activation_bytes(m.seq_length // c, 1, m.hidden_size, m.num_heads, m.kv_heads,
                                            m.ffn_hidden_size, mlp="swiglu", t=t, sp=True, flash=True,
-                                           dtypes=planner.mindspore_dtypes("bfloat16"))
+                                           dtypes=planner.mindspore_dtypes("bfloat16"), gathered=True)
     kv_whole = 2 * m.seq_length * m.kv_heads * m.head_size / t * 2  # K and V of the whole sequence, bf16
     assert planner._model_layer_activation_bytes(cfg, "none", True) == local + kv_whole * (c - 1) / c
     assert planner.communication(cfg, 0)["cp_per_layer"] == 2 * (c - 1) / c * kv_whole

@@ -114,13 +114,20 @@ class TransformerBlock(nn.Cell):
         self.cast = ops.Cast()
         self.cast_out = cdt != self.residual_dtype
 
-    def construct(self, x, batch: int, seq: int, segment_ids):
-        """The new residual stream; with a mixture of experts (x, router statistics [2]) (models/moe.py)."""
+    def construct(self, x, batch: int, seq: int, segment_ids, routing):
+        """The new residual stream; with a mixture of experts (x, routing): `routing` [2] fp32 is the router
+        statistics of the layers before, (sum of aux losses, largest max load / mean load), with this layer's
+        added. It travels beside the residual stream, so that a pipeline stage sends it with x to the next
+        stage; collected per layer at the end instead, every layer's statistics would cross to the last
+        stage on its own, and MindSpore's interleaved-pipeline compile of 8 stages x 2 chunks did not finish
+        in 15 minutes (models/moe.py returns one layer's)."""
         a = self.attention(self.attention_norm(x), batch, seq, segment_ids)
         h = self.attention_residual(x, self.cast(a, self.residual_dtype) if self.cast_out else a)
         f = self.feed_forward(self.ffn_norm(h))
         if self.moe:
-            return self.add_ffn(h, f[0]), f[1]
+            y, stats = f
+            routing = ops.stack((routing[0] + stats[0], ops.maximum(routing[1], stats[1])))
+            return self.add_ffn(h, y), routing
         return self.add_ffn(h, f)
 
     def add_ffn(self, h, f):
@@ -188,6 +195,7 @@ class CausalLM(nn.Cell):
             blocks = [TransformerBlock(m, spec, layout) for _ in range(m.num_layers)]
         self.layers = nn.CellList(blocks)
         self.moe = spec.moe
+        self.no_routing = Tensor([0.0, 0.0], ms.float32)  # the router statistics before the first layer
         self.norm = norm_class(spec, layout.fused_norm)(m.hidden_size, m.norm_eps, pdt, cdt)
         self.output = OutputHead(m.hidden_size, m.vocab_size, m.tie_embeddings, m.init_std, pdt, cdt)
         # used by CausalLMLoss; lives here to be sharded with the model
@@ -205,20 +213,20 @@ class CausalLM(nn.Cell):
         return self.decode(input_ids, segment_ids)[0]
 
     def decode(self, input_ids, segment_ids=None):
-        """(hidden_states, the router statistics [layers, 2] of a mixture of experts, else None)."""
+        """(hidden_states, a mixture of experts' router statistics summed over layers [sum of aux losses,
+        largest max load / mean load] (TransformerBlock), else None)."""
         batch, seq = input_ids.shape
         x = self.tok_embeddings(input_ids)
         if self.pos_embeddings is not None:
             positions = self.positions if seq == self.seq_length else self.positions[:seq]
             x = self.pos_add(x, self.pos_embeddings(positions))
         x = x.reshape(batch * seq, -1)
-        stats = []
+        routing = self.no_routing if self.moe else None
         for layer in self.layers:
-            x = layer(x, batch, seq, segment_ids)
+            x = layer(x, batch, seq, segment_ids, routing)
             if self.moe:
-                x, layer_stats = x
-                stats.append(layer_stats)
-        return self.norm(x), (ops.stack(stats) if self.moe else None)
+                x, routing = x
+        return self.norm(x), routing
 
     def logits(self, hidden):
         """[N, h] -> [N, V] fp32."""
@@ -347,13 +355,13 @@ class CausalLMLoss(nn.Cell):
 
     def construct(self, input_ids, labels, loss_mask, segment_ids=None):
         model = self.model
-        hidden, stats = model.decode(input_ids, segment_ids)
+        hidden, routing = model.decode(input_ids, segment_ids)
         hidden = model.loss.mask_hidden(hidden, loss_mask)
         loss = model.loss(model.logits(hidden), labels, loss_mask)
         if self.moe_stats is None:
             return loss
-        aux = stats[:, 0].mean()
-        kept = self.record(self.moe_stats, ops.stop_gradient(ops.stack((aux, stats[:, 1].max()))))
+        aux = routing[0] / len(model.layers)
+        kept = self.record(self.moe_stats, ops.stop_gradient(ops.stack((aux, routing[1]))))
         return ops.depend(loss + self.aux_loss_coeff * aux, kept)
 
 

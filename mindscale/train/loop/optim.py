@@ -12,7 +12,7 @@ from mindscale.train.loop.schedule import decays, lr_at
 
 def lr_table(t: TrainConfig) -> Tensor:
     """Per-step learning rates; MindSpore optimizers index a 1-D tensor by their global step."""
-    return Tensor(np.array([lr_at(s, t) for s in range(t.steps)], dtype=np.float32))
+    return Tensor(lr_at(np.arange(t.steps), t).astype(np.float32))
 
 
 def fp32_state(params: ParameterTuple, prefix: str) -> ParameterTuple:

@@ -1,6 +1,6 @@
 """Which rows of the global batch each rank's compiled graph computes on, against the rows the trainer
 feeds that rank (Layout.data_rank), from MindSpore's dry run of dp4·tp2, dp2·tp4 and scaled twins of
-llama3_405b (dp64·tp8) and gpt3_175b (dp16·tp4), each with and without pipeline stages.
+llama3_405b (dp128·tp8) and gpt3_175b (dp16·tp4), each with and without pipeline stages.
 
 From a rank's compiled graph (mindscale.launch.dryrun_worker.input_rows, the `validate` IR): each input's local
 and global rows, an AllGather of it (its group in concatenation order), the micro-batch StridedSlices (row
@@ -50,7 +50,7 @@ LAYOUTS = {
                                "parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "train.micro_batch_size=2"],
                     "7,8"),
     "llama3_405b": (LLAMA3_405B, twin(LLAMA3_405B), "first,last"),
-    "llama3_405b_one_stage": (LLAMA3_405B, _one_stage(LLAMA3_405B), "0,511"),
+    "llama3_405b_one_stage": (LLAMA3_405B, _one_stage(LLAMA3_405B), "0,1023"),
     "gpt3_175b": (GPT3_175B, twin(GPT3_175B), "first,last"),
     "gpt3_175b_one_stage": (GPT3_175B, _one_stage(GPT3_175B), "0,63"),
 }

@@ -69,7 +69,6 @@ are ordered tensor-parallel innermost, then data parallel, then pipeline.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -330,6 +329,7 @@ _TABLES: dict[tuple, tuple] = {}
 _STAGE_BYTES: dict[tuple, dict] = {}
 _GRADIENT_BYTES: dict[tuple, tuple] = {}
 _STAGE_PARAMS: dict[tuple, list] = {}
+_LAYER_PARAMS: dict[tuple, int] = {}
 
 
 def _model_key(cfg: Config) -> str:
@@ -474,7 +474,11 @@ def stage_params(cfg: Config, layout: Layout | None = None) -> list[float]:
 
 def layer_slice_params(cfg: Config, layout: Layout) -> int:
     """Parameters of one decoder layer's slices on a rank (its experts split over ep, the rest over tp)."""
-    return sum(math.prod(p.local) for p in parameter_slices(cfg, layout) if p.name.startswith("layers.0."))
+    key = _slices_key(cfg, layout)
+    if key not in _LAYER_PARAMS:
+        _LAYER_PARAMS[key] = sum(math.prod(p.local) for p in parameter_slices(cfg, layout)
+                                 if p.name.startswith("layers.0."))
+    return _LAYER_PARAMS[key]
 
 
 def in_flight_forwards(pp: int, interleave: int, micro_batches: int, stage: int) -> int:
@@ -873,7 +877,7 @@ def offload_plan(cfg: Config) -> dict:
 
 def with_overrides(cfg: Config, overrides: list[str]) -> Config:
     """`cfg` with `--set`-style overrides applied and re-validated (raises ConfigError)."""
-    tree = copy.deepcopy(cfg.to_dict())
+    tree = cfg.to_dict()  # dataclasses.asdict: new containers throughout, nothing of cfg's shared
     for assignment in overrides:
         apply_override(tree, assignment)
     return config_from_tree(tree)

@@ -126,11 +126,11 @@ def test_cached_steps_equal_the_full_forward(decoder):
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy(llama_decoder):
     dec = llama_decoder[0]
-    a = generate(dec, PROMPT, 8, Sampler(greedy=False, temperature=1.5, top_p=0.9, seed=3))
-    b = generate(dec, PROMPT, 8, Sampler(greedy=False, temperature=1.5, top_p=0.9, seed=3))
-    others = {tuple(generate(dec, PROMPT, 8, Sampler(greedy=False, temperature=1.5, seed=s))) for s in range(4)}
-    assert a == b and len(others) > 1
-    assert generate(dec, PROMPT, 8, Sampler(greedy=False, top_k=1, seed=5)) == generate(dec, PROMPT, 8, Sampler())
+    a = generate(dec, PROMPT, 4, Sampler(greedy=False, temperature=1.5, top_p=0.9, seed=3))
+    b = generate(dec, PROMPT, 4, Sampler(greedy=False, temperature=1.5, top_p=0.9, seed=3))
+    other = generate(dec, PROMPT, 4, Sampler(greedy=False, temperature=1.5, top_p=0.9, seed=4))
+    assert a == b and other != a
+    assert generate(dec, PROMPT, 4, Sampler(greedy=False, top_k=1, seed=5)) == generate(dec, PROMPT, 4, Sampler())
 
 
 def test_sampler_filters():

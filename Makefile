@@ -21,12 +21,12 @@ demo: $(VENV)/.runtime
 finetune-demo: $(VENV)/.runtime
 	bash scripts/finetune_demo.sh
 
-# two pytest-xdist workers, one per core, a module at a time (tests/conftest.py: work_unit);
-# `pytest FILE` alone still runs in one process
+# pytest-xdist workers, a module at a time (tests/conftest.py: work_unit); `pytest FILE` alone still runs
+# in one process. Quick: one per core. Full: three, whose third fills the time processes wait (docs/design.md)
 XDIST := -n 2
 
 test: $(VENV)/.dev
-	MINDSCALE_TEST_DURATIONS=output/test-durations.json $(PY) -m pytest -q $(XDIST) --durations=15 tests bench/test_bench.py
+	MINDSCALE_TEST_DURATIONS=output/test-durations.json $(PY) -m pytest -q -n 3 --durations=15 tests bench/test_bench.py
 
 test-quick: $(VENV)/.dev  # no processes: unit and model tests (target under 2 minutes; 165 s at df91343, the planner searches)
 	$(PY) -m pytest -q $(XDIST) -m "not integration" tests

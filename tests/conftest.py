@@ -8,7 +8,7 @@
 `pytest -m "not integration" tests` is the quick pass; `make test` runs everything, bench/ included.
 A CLI test in unit/ or models/ carries @pytest.mark.integration itself.
 
-Both run on two pytest-xdist workers (`-n 2`, the Makefile), a worker taking a module at a time
+Both run on pytest-xdist workers (`-n 2` quick, `-n 3` full: the Makefile), a worker taking a module at a time
 (`work_unit`: a dry-run test alone), so module fixtures are built once; dry-run compiles are shared
 across workers through tests/shared.py, single-core runs pin to the worker's own core (tests/cores.py).
 """
@@ -31,15 +31,16 @@ PROCESS_TIERS = {"integration": ("integration",), "dryrun": ("integration", "dry
 
 
 def work_unit(nodeid: str) -> str:
-    """What one pytest-xdist worker runs together: a module, so its module-scoped fixtures are built once;
-    in tests/dryrun, whose module fixtures only read the session's shared compiles (tests/shared.py),
-    a test alone, or in test_input_rows.py the tests of one compiled layout (the fixture's parameter)."""
+    """What one pytest-xdist worker runs together: a module, so its module-scoped fixtures are built once.
+    In tests/dryrun/test_dryrun.py, whose compiles are shared by the whole session (tests/shared.py), a test
+    alone; in the other dry-run modules the tests of one fixture parameter (one compiled layout, whose IR a
+    module fixture reads: split over workers, each would compile it again)."""
     module, _, test = nodeid.partition("::")
     if not module.startswith("tests/dryrun/"):
         return module
-    if module.endswith("test_input_rows.py"):
-        return module + test[test.index("["):]
-    return nodeid
+    if module.endswith("test_dryrun.py"):
+        return nodeid
+    return module + (test[test.index("["):] if "[" in test else "")
 
 
 # Seconds each work unit took in a full run (`make test` writes output/test-durations.json; copy it here to

@@ -1,8 +1,8 @@
 """The core a test's single-core process runs on.
 
-Runs pinned to one core are deterministic (bit-identical losses across runs). `make test` runs two
+Runs pinned to one core are deterministic (bit-identical losses across runs). `make test` runs several
 pytest-xdist workers at once, so each worker pins its runs to a core of its own (worker gw<N> takes the
-N-th core it may use, round-robin), instead of both taking the lowest one.
+N-th core it may use, round-robin), instead of all taking the lowest one.
 """
 import os
 

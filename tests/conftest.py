@@ -9,7 +9,7 @@
 A CLI test in unit/ or models/ carries @pytest.mark.integration itself.
 
 Both run on pytest-xdist workers (`-n 2` quick, `-n 3` full: the Makefile), a worker taking a module at a time
-(`work_unit`: a dry-run test alone), so module fixtures are built once; dry-run compiles are shared
+(`work_unit`), so module fixtures are built once; dry-run compiles are shared
 across workers through tests/shared.py, single-core runs pin to the worker's own core (tests/cores.py).
 """
 import json

@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench import data_index, data_wait, preprocess_throughput
+from bench import data_index, data_wait, micro_batch_compile, preprocess_throughput
 from mindscale.cli import fail
 from mindscale.io import write_atomically
 from mindscale.perf.flops import formula_text
@@ -67,6 +67,9 @@ def targets_table(results: dict) -> list[str]:
                     f"{verdict(ratio <= MEMORY_TARGET)} |")
     rows += [f"| dry run, every compared rank (§6): {label} | {measured} | {verdict(ok)} |"
              for label, measured, ok in dryrun_targets(results.get("dryrun_compare") or [])]
+    if results.get("micro_batch_compile"):
+        label, measured, ok = micro_batch_compile.targets(results["micro_batch_compile"])
+        rows.append(f"| dry run (§10): {label} | {measured} | {verdict(ok)} |")
     lin, ceiling = linearity_value(results), results["linearity"].get("ceiling")
     bound = f" (all-reduce ceiling {fmt(ceiling['value'], 3)}, §3)" if ceiling else ""
     rows.append(f"| CPU data-parallel linearity ≥ {LINEARITY_TARGET} (2 workers) | {fmt(lin, 3)}{bound} | "
@@ -345,7 +348,8 @@ def render(results: dict, changes: str) -> str:
             "Peak resident set (VmHWM) of each throughput process: framework, model, optimizer state, "
             "activations and — for MindSpore — the compiled graph.", "", *memory_section(results), "",
             *checkpoint_section(results), *dryrun_compare_section(results), *data_index.section(results),
-            *preprocess_throughput.section(results), *data_wait.section(results)]
+            *preprocess_throughput.section(results), *data_wait.section(results),
+            *micro_batch_compile.section(results)]
     failed = failures(results["throughput"]) + failures(results["compile"])
     if failed:
         out += ["## Failed runs", "", *failed, ""]

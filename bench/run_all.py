@@ -26,7 +26,9 @@ as failed with its last error line, never dropped):
 8. preprocessing (bench/preprocess_throughput.py): tools/preprocess_data.py's MB/s and tokens/s on 500 MB
    of local text with 2 workers, next to SentencePiece's own encode throughput with 2 threads, and peak memory;
 9. waiting for data (bench/data_wait.py): metrics.jsonl's data_wait_s against the step time, per step, on
-   the demo (scripts/demo.sh, 2 workers) and on the peer config reading a two-source MindRecord blend.
+   the demo (scripts/demo.sh, 2 workers) and on the peer config reading a two-source MindRecord blend;
+10. compile time against micro batches (bench/micro_batch_compile.py): rank 0 of llama2_13b's layout under
+   the dry run at 8, 64 and 256 micro batches a step, MindScale against MindFormers.
 Results go to output/bench/results.json and, rendered by bench/benchmarks_md.py, to --out.
 `--set` overrides reach every throughput, linearity and checkpoint run (e.g. a tiny model for a smoke test);
 phase 6 keeps its own scaled widths.
@@ -44,7 +46,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import SYSTEMS, data_index, data_wait, dryrun_compare, preprocess_throughput
+from bench import SYSTEMS, data_index, data_wait, dryrun_compare, micro_batch_compile, preprocess_throughput
 from bench.checkpoint_io import checkpoint_io
 from bench.machine import describe, torch_gemm_tflops
 from bench.benchmarks_md import lower_sweep, render
@@ -405,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     results["data_index"] = data_index.run(log)
     results["preprocess"] = preprocess_throughput.run(log)
     results["data_wait"] = data_wait.run(log)
+    results["micro_batch_compile"] = micro_batch_compile.run(log)
     log("GEMM peaks again")
     results["gemm"] = best_gemm_peaks(first_peaks, gemm_peaks(cores[0]))
     results["load_1m_end"] = os.getloadavg()[0]

@@ -397,3 +397,24 @@ def test_data_wait_phase_takes_the_first_step_apart_and_renders(tmp_path):
                                                         "step_time_s": 1}) + "\n")
     with pytest.raises(ValueError, match="one record per step"):
         data_wait.waits(tmp_path)
+
+
+def test_micro_batch_sweep_judges_every_count_and_renders_the_curve():
+    """Phase 10's verdict: at most 1.0x MindFormers at every count and 0.8x at the largest; a failed compile
+    fails the target and shows its error; the section has the chart, the table and the rerun command."""
+    from bench import micro_batch_compile as sweep
+
+    def point(count, ours, peer):
+        return {"micro_batches": count, "load_1m": 1.0, "mindscale": {"compile_s": ours}, "mindformers": {"compile_s": peer}}
+
+    data = {"config": "configs/llama2/llama2_13b.yaml", "overrides": ["model.num_layers=8"],
+            "points": [point(8, 5.0, 7.0), point(64, 14.0, 14.0), point(256, 40.0, 52.0)]}
+    assert sweep.targets(data)[1:] == ("8: 0.71×, 64: 1.00×, 256: 0.77×", True)
+    data["points"][-1]["mindscale"]["compile_s"] = 45.0
+    assert sweep.targets(data)[2] is False  # 0.87x at 256
+    text = "\n".join(sweep.section({"micro_batch_compile": data}))
+    assert "| 256 | 45.0 | 52.0 | 0.87× | 1.0 |" in text and "NOT met" in text and "xychart-beta" in text
+    assert "line [5.0, 14.0, 45.0]" in text and "--micro 8 64 256" in text
+    data["points"][1]["mindformers"] = {"error": "boom"}
+    assert sweep.targets(data)[1:] == ("8: 0.71×, 64: failed, 256: 0.87×", False)
+    assert "failed: `boom`" in "\n".join(sweep.section({"micro_batch_compile": data})) and sweep.section({}) == []

@@ -154,8 +154,9 @@ class Layout:
 
     @property
     def accumulates_in_graph(self) -> bool:
-        """MindSpore's micro-batch cells (Pipeline, GradAccumulation) accumulate the sharded gradients
-        into `accu_grads` buffers and reduce them once per step."""
+        """Under the micro-batch marks of MindSpore's Pipeline and GradAccumulation cells (train.loop.step's
+        MicroBatches), the compiler accumulates the sharded gradients into `accu_grads` buffers and reduces
+        them once per step."""
         return self.sharded and self.micro_steps > 1
 
     def recomputed_in(self, stage: int) -> int:

@@ -26,11 +26,10 @@ import time
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
-from mindspore.nn.wrap.cell_wrapper import _MicroBatch
 
 from mindscale.config import Config, ConfigError, Layout
 from mindscale.train.data.dataset import SYNTHETIC, build_dataset, configured_sources, read_manifest, step_rows
-from mindscale.train.loop.step import micro_batched, slice_own_rows
+from mindscale.train.loop.step import MicroBatches, micro_batched
 from models.transformer import CausalLMLoss
 
 
@@ -67,33 +66,14 @@ class ReusedHeldOutLoss(HeldOutLoss):
         self.graph_key = "held-out loss"
 
 
-class PipelineInference(nn.Cell):
-    """Pipeline stages, forward only: the step's rows sliced into micro batches in a plain loop, each through
-    the (lazy_inline) loss network, their outputs added; MindSpore 2.9's pattern for pipeline inference
-    (the example of mindspore.parallel.sync_pipeline_shared_parameters). Its Pipeline cell is for training
-    only. The micro batches are sliced as the training step's are (MindSpore's _MicroBatch, a rank's own
-    rows: step.slice_own_rows). The sums are those of the last stage, whose first rank logs them."""
-
-    def __init__(self, network: nn.Cell, layout: Layout):
-        super().__init__(auto_prefix=False)
-        self.network = network
-        self.micro_batches = layout.micro_steps
-        self.micro_inputs = nn.CellList([_MicroBatch(self.micro_batches) for _ in range(self.micro_batches)])
-        for micro in self.micro_inputs:
-            slice_own_rows(micro.strided_slice, layout.dp)
-
-    def construct(self, *inputs):
-        sums = self.network(*self.micro_inputs[0](0, *inputs))
-        for i in range(1, self.micro_batches):
-            sums = sums + self.network(*self.micro_inputs[i](i, *inputs))
-        return sums
-
-
 class EvalStep(nn.Cell):
     """A step's rows (input_ids, labels, loss_mask[, segment_ids]) -> [sum of token losses, token count] over
     all ranks, float32 [2]. The micro batches go through the micro-batch cell the training step uses
     (mindscale.train.loop.step.micro_batched), which adds their sums, or with pipeline stages through
-    PipelineInference. Sharded layouts with gradient accumulation are refused (validate.py): under the dry
+    MicroBatches unmarked: forward only, MindSpore 2.9's pattern for pipeline inference (a plain loop over
+    the micro batches through the lazy_inline loss network, as in the example of
+    mindspore.parallel.sync_pipeline_shared_parameters), since its Pipeline cell is for training only. The
+    sums are those of the last stage, whose first rank logs them. Sharded layouts with gradient accumulation are refused (validate.py): under the dry
     run MindSpore 2.9 compiled such a forward graph neither plainly ("Cannot find micro info for node") nor
     in GradAccumulation or a loop ("Current not support predict with grad_accu")."""
 
@@ -101,7 +81,7 @@ class EvalStep(nn.Cell):
         super().__init__(auto_prefix=False)
         if layout.pp > 1:
             loss = (ReusedHeldOutLoss if layout.graph_reuse == "model" else HeldOutLoss)(model, layout)
-            self.network = PipelineInference(loss, layout)
+            self.network = MicroBatches(loss, layout, end_mark=None)
         else:
             self.network = micro_batched(HeldOutLoss(model, layout), layout)
         self.data_parallel = layout.data_parallel_mode

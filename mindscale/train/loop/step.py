@@ -4,10 +4,10 @@
     loss, grad_norm, overflow, scale = graph.step(input_ids, labels, loss_mask[, segment_ids])
 
 Every input is [rows, seq] with rows = micro_batch_size x micro_steps: a rank's micro batches
-stacked. With micro_steps > 1 the loss network is wrapped in MindSpore's micro-batch cell
-(`Pipeline` with pipeline stages, else `GradAccumulation`), which slices the rows into micro
-batches inside the graph and returns the sum of their losses. Under semi-auto parallel that cell
-makes the compiler accumulate each parameter's gradient into an `accu_grads.*` buffer and reduce
+stacked. With micro_steps > 1 the loss network is wrapped in MicroBatches, which slices the rows into
+micro batches inside the graph, as MindSpore's micro-batch cells (`Pipeline` with pipeline stages, else
+`GradAccumulation`) do, and returns the sum of their losses. Under semi-auto parallel those marks
+make the compiler accumulate each parameter's gradient into an `accu_grads.*` buffer and reduce
 it once per step (MindSpore's _MirrorMicroStepOperator); the step reads those buffers and zeroes
 them, or, with the optimizer shard, reads the reduce-scattered gradients (MindFormers'
 MFPipelineWithLossScaleCell does the same). In a data-parallel run (CPU) the gradients of the
@@ -33,7 +33,6 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.communication import get_group_size
 from mindspore.ops.composite import add_flags
 from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2, NPUGetFloatStatusV2
-from mindspore.parallel.nn import GradAccumulation, Pipeline
 
 import models
 from mindscale.config import Config, Layout
@@ -123,20 +122,63 @@ def _unscale_and_clear_buffer(inverse, read_buffer, grad, buffer):
     return ops.depend(value, ops.assign(buffer, zeros))
 
 
+class MicroBatches(nn.Cell):
+    """(input_ids, labels, loss_mask[, segment_ids]), each a step's rows stacked [micro_steps x rows, seq] ->
+    the sum of `network`'s outputs over the micro batches, micro batch i being rows [i*rows, (i+1)*rows).
+
+    It puts in the graph what MindSpore's micro-batch cells do (parallel.nn's Pipeline and GradAccumulation,
+    over nn's _MicroBatch), the same primitives with the same marks: a StridedSlice of every input per micro
+    batch, and an Add per micro batch after the first, marked `end_mark` (PIPELINE_END or GRAD_ACCUMULATION_END;
+    none for inference). It is written out rather than built from those cells because theirs pass the inputs
+    as a varargs tuple into one cell per micro batch, which builds each slice's bounds in a loop: the
+    compiler's bookkeeping of those tuples grew faster than the micro-batch count (docs/dryrun.md, "Compile
+    time": 74.8 -> 47.2 s at 256 micro batches)."""
+
+    def __init__(self, network: nn.Cell, layout: Layout, end_mark: str | None):
+        super().__init__(auto_prefix=False)
+        self.network = network
+        self.micro_steps = layout.micro_steps
+        self.slices = []
+        self.adds = []
+        for i in range(self.micro_steps):
+            slice_op = ops.StridedSlice()
+            if end_mark == GRAD_ACCUMULATION_END:
+                slice_op.add_prim_attr("grad_accu_num", self.micro_steps)
+            if layout.sharded:
+                slice_own_rows(slice_op, layout.dp)
+            self.slices.append(slice_op)
+            self.adds.append(ops.Add() if end_mark is None else ops.Add().add_prim_attr(end_mark, i))
+        self._get_attr_from_cell(network)
+
+    def construct(self, input_ids, labels, loss_mask, segment_ids=None):
+        rows, seq = input_ids.shape[0] // self.micro_steps, input_ids.shape[1]
+        total = None
+        for i in range(self.micro_steps):
+            begin, end, strides = (i * rows, 0), ((i + 1) * rows, seq), (1, 1)
+            ids = self.slices[i](input_ids, begin, end, strides)
+            targets = self.slices[i](labels, begin, end, strides)
+            mask = self.slices[i](loss_mask, begin, end, strides)
+            if segment_ids is None:
+                out = self.network(ids, targets, mask)
+            else:
+                out = self.network(ids, targets, mask, self.slices[i](segment_ids, begin, end, strides))
+            total = out if total is None else self.adds[i](total, out)
+        return total
+
+
+PIPELINE_END = "pipeline_end"          # the marks of MindSpore's Pipeline cell
+GRAD_ACCUMULATION_END = "forward_end"  # and of its GradAccumulation cell
+
+
 def micro_batched(loss_network: nn.Cell, layout: Layout) -> nn.Cell:
-    """The loss network the step differentiates: wrapped in MindSpore's micro-batch cell when a step
-    has several micro batches (it slices the stacked rows and sums the micro-batch losses). Sharded,
-    micro batch i of a rank is rows [i*mbs, (i+1)*mbs) of its own feed (slice_own_rows)."""
+    """The loss network the step differentiates: with several micro batches a step, MicroBatches, marked
+    for the pipeline or for accumulation. Sharded, micro batch i of a rank is rows [i*mbs, (i+1)*mbs) of
+    its own feed (slice_own_rows)."""
     if layout.pp > 1:
-        cell = Pipeline(loss_network, layout.micro_steps)
-    elif layout.micro_steps > 1:
-        cell = GradAccumulation(loss_network, layout.micro_steps)
-    else:
-        return loss_network
-    if layout.sharded:
-        for micro in cell.micro_inputs:
-            slice_own_rows(micro.strided_slice, layout.dp)
-    return cell
+        return MicroBatches(loss_network, layout, PIPELINE_END)
+    if layout.micro_steps > 1:
+        return MicroBatches(loss_network, layout, GRAD_ACCUMULATION_END)
+    return loss_network
 
 
 def slice_own_rows(slice_op: ops.Primitive, dp: int) -> None:

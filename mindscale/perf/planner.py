@@ -640,7 +640,7 @@ def communication(cfg: Config, stage: int) -> dict:
         tp_per_layer += 2 * 2 * (t - 1) / t * (expert_slots(cfg) - local_tokens(cfg)) * m.hidden_size * \
             DTYPE_BYTES[m.compute_dtype]
     tp = tp_per_layer * layout.layers_per_stage[stage] * micro_batches + tp_vocab
-    ep_per_layer = expert_alltoall_bytes(cfg)
+    ep_per_layer = sum(expert_alltoall_bytes(cfg, role) for role in roles) / max(1, len(roles))
     ep = ep_per_layer * layout.layers_per_stage[stage] * micro_batches
     cp_per_layer = context_parallel_bytes_per_layer(cfg)
     cp = cp_per_layer * layout.layers_per_stage[stage] * micro_batches
@@ -655,14 +655,17 @@ def communication(cfg: Config, stage: int) -> dict:
             "total": dp + tp + cp + ep + pp}
 
 
-def expert_alltoall_bytes(cfg: Config) -> float:
-    """Bytes one rank sends per layer and micro batch for expert parallel: its E x C routed slots [E, C, h]
-    all-to-all over the ep ranks before the experts and back after them, forward and backward (4 AlltoAlls,
-    (ep-1)/ep of the slots each; MindSpore turns the change of split into them, models/moe.py). 0 at ep 1."""
+def expert_alltoall_bytes(cfg: Config, role: str) -> float:
+    """Bytes one rank sends per layer of `role` (_stage_layer_roles) and micro batch for expert parallel: its
+    E x C routed slots [E, C, h] all-to-all over the ep ranks before the experts and back after them, forward
+    and backward (4 AlltoAlls, (ep-1)/ep of the slots each; MindSpore turns the change of split into them,
+    models/moe.py), and a fully recomputed layer's forward again (6): MindSpore repeats these AlltoAlls in the
+    recomputation whatever recompute.comm says (mp_comm_recompute leaves them in; read from the validate IR of
+    the qwen3_235b_a22b twin: 6 a layer and micro batch recomputed, 4 without recompute). 0 at ep 1."""
     m, ep = cfg.model, cfg.parallel.expert_parallel
     if ep == 1:
         return 0.0
-    passes = 6 if cfg.recompute.mode == "full" and cfg.recompute.comm else 4
+    passes = 6 if role == "recomputed" and _layout(cfg).recompute == "full" else 4
     return passes * (ep - 1) / ep * expert_slots(cfg) * m.hidden_size * DTYPE_BYTES[m.compute_dtype]
 
 

@@ -27,6 +27,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from mindscale.config import REPO_ROOT, Layout, load_config, parse_yaml
+from mindscale.launch.dryrun_ranks import ring_send_bytes
 from mindscale.launch.dryrun_worker import read_validate_ir
 from mindscale.io import CheckpointError
 from mindscale.perf import planner
@@ -119,6 +120,10 @@ def test_scaled_twin_of_every_shipped_config_compiles_and_matches_the_planner(pa
         # the gradient norm is completed over the stage's ranks (and across stages with a pipeline)
         norm_groups = sorted(row["group_size"] for row in report["collectives"] if row["purpose"] == "grad_norm")
         assert norm_groups == sorted([layout.stage_devices] + ([layout.pp] if layout.pp > 1 else []))
+        if layout.ep > 1:  # the expert AlltoAlls, a fully recomputed layer's twice forward (expert_alltoall_bytes)
+            alltoall = [row for row in report["collectives"] if row["kind"] == "AlltoAll" and row["group_size"] == layout.ep]
+            assert sum(map(ring_send_bytes, alltoall)) == pytest.approx(planner.communication(cfg, report["stage"])["ep"],
+                                                                        rel=1e-3)
 
 
 def test_accumulation_reduces_each_gradient_once_per_step():

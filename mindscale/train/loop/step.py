@@ -122,6 +122,10 @@ def _unscale_and_clear_buffer(inverse, read_buffer, grad, buffer):
     return ops.depend(value, ops.assign(buffer, zeros))
 
 
+PIPELINE_END = "pipeline_end"          # the marks of MindSpore's Pipeline cell
+GRAD_ACCUMULATION_END = "forward_end"  # and of its GradAccumulation cell
+
+
 class MicroBatches(nn.Cell):
     """(input_ids, labels, loss_mask[, segment_ids]), each a step's rows stacked [micro_steps x rows, seq] ->
     the sum of `network`'s outputs over the micro batches, micro batch i being rows [i*rows, (i+1)*rows).
@@ -132,7 +136,7 @@ class MicroBatches(nn.Cell):
     none for inference). It is written out rather than built from those cells because theirs pass the inputs
     as a varargs tuple into one cell per micro batch, which builds each slice's bounds in a loop: the
     compiler's bookkeeping of those tuples grew faster than the micro-batch count (docs/dryrun.md, "Compile
-    time": 74.8 -> 47.2 s at 256 micro batches)."""
+    time against micro batches": 74.8 -> 47.2 s at 256 micro batches)."""
 
     def __init__(self, network: nn.Cell, layout: Layout, end_mark: str | None):
         super().__init__(auto_prefix=False)
@@ -164,10 +168,6 @@ class MicroBatches(nn.Cell):
                 out = self.network(ids, targets, mask, self.slices[i](segment_ids, begin, end, strides))
             total = out if total is None else self.adds[i](total, out)
         return total
-
-
-PIPELINE_END = "pipeline_end"          # the marks of MindSpore's Pipeline cell
-GRAD_ACCUMULATION_END = "forward_end"  # and of its GradAccumulation cell
 
 
 def micro_batched(loss_network: nn.Cell, layout: Layout) -> nn.Cell:

@@ -612,7 +612,9 @@ def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
         if optimizer_shard(p, layout) == 1:
             once += 2 * share * elements * p.itemsize
             continue
-        once += share * elements * p.read_itemsize
+        # the tied head's copy gathers the stored-dtype slice it received (tied_embedding_exchange_bytes)
+        tied_copy = stage != p.stages[0]
+        once += share * elements * (p.itemsize if tied_copy else p.read_itemsize)
         if layout.accumulation_shard:
             per_micro += share * elements * p.itemsize
         else:
@@ -648,11 +650,27 @@ def communication(cfg: Config, stage: int) -> dict:
     dp = dp_once + dp_micro * micro_batches
     sends = pipeline_sends(stages, layout.interleave, stage)                # activations out, grads back
     stream = hidden * DTYPE_BYTES[m.residual_dtype]                         # what a stage sends: the residual stream
-    pp = sends * micro_batches * stream / (t if layout.sp else 1) if stages > 1 else 0.0
+    tied = tied_embedding_exchange_bytes(cfg, stage)
+    pp = (sends * micro_batches * stream / (t if layout.sp else 1) if stages > 1 else 0.0) + tied
     return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer,
             "tp_vocab": tp_vocab, "tp": tp, "cp_per_layer": cp_per_layer, "cp": cp, "ep_per_layer": ep_per_layer,
             "ep": ep, "pp_send_recv": pp, "pp_sends_per_micro_batch": sends if stages > 1 else 0,
-            "total": dp + tp + cp + ep + pp}
+            "pp_tied_embedding": tied, "total": dp + tp + cp + ep + pp}
+
+
+def tied_embedding_exchange_bytes(cfg: Config, stage: int) -> float:
+    """Bytes a rank of the first or last stage sends once per step for a tied output head under a pipeline.
+    MindSpore's pipeline pass shares the embedding between the two stages by sending it, not by Megatron's
+    all-reduce of the two copies' gradients: the first stage sends its stored slice of the weight (the
+    optimizer shard's, in the stored dtype) to the last, which all-gathers it in that dtype, computes the
+    head's gradient, reduce-scatters it and sends its slice back (validate IR of llama3_2_3b's last stage:
+    Receive of tok_embeddings.weight [32064, 3072] fp32, AllGather fp32, ReduceScatter, Send fp32 back to
+    rank 0). 0 on the other stages and without a pipeline or a tied head."""
+    layout = _layout(cfg)
+    if not (cfg.model.tie_embeddings and layout.pp > 1 and stage in (0, layout.pp - 1)):
+        return 0.0
+    [embedding] = [p for p in parameter_slices(cfg, layout) if p.name == "tok_embeddings.weight"]
+    return math.prod(embedding.local) / optimizer_shard(embedding, layout) * embedding.itemsize
 
 
 def expert_alltoall_bytes(cfg: Config, role: str) -> float:

@@ -154,8 +154,8 @@ class OutputHead(nn.Cell):
     PARAMETER_INPUTS = {"weight": ("matmul", 1)}
 
     def shard_strategies(self, style: str, layout) -> dict:
-        rows = layout.tp if style == VOCAB and layout.vocab_parallel else 1
-        return {"matmul": (((layout.token_rows, 1), (rows, 1)), None)}
+        rows, vocab = layout.logit_split
+        return {"matmul": (((rows, 1), (vocab, 1)), None)}
 
 
 class Fp32Norm(nn.Cell):

@@ -9,8 +9,9 @@ says next to its primitives how a style splits them (`shard_strategies(style, la
     rowwise    input features split, partial sums reduced (wo, w2); under sequence parallel the
                reduction is a reduce-scatter along tokens (out_strategy)
     vocab      vocabulary split over tp (token embedding, output head), unless parallel.vocab_emb_dp
-               keeps them data-parallel; the loss reduces over the vocabulary split over tp either
-               way (models.transformer.ShardedCrossEntropy)
+               keeps them data-parallel (the head's logits then split over the sequence-parallel
+               tokens: Layout.logit_split); the loss reduces as the logits are split
+               (models.transformer.ShardedCrossEntropy)
     sequence   tokens split over dp x tp under sequence parallel (norms, residual adds), over dp
                otherwise
     replicate  data-parallel only (position table, a mixture of experts' router)

@@ -321,8 +321,11 @@ class ShardedCrossEntropy(nn.Cell):
         return hidden
 
     def shard_strategies(self, style: str, layout: Layout) -> dict:
-        """[N, V] ops split the vocabulary over tp; the token sums reduce over dp."""
-        split, rows = (layout.token_rows, layout.tp), (layout.token_rows, 1)
+        """[N, V] ops split as the head's logits are (Layout.logit_split); logits every tp rank holds whole are
+        reduced on a slice of the vocabulary each. The token sums reduce over the row split."""
+        rows, vocab = layout.logit_split
+        split = (rows, layout.tp) if rows * vocab == layout.token_rows else (rows, vocab)
+        rows = (split[0], 1)
         return {"row_max": ((split,), None), "shift": ((split, rows), None), "exp": ((split,), None),
                 "sum_exp": ((split,), None), "log": ((rows,), None), "one_hot": ((split, (), ()), None),
                 "pick": ((split, split), None), "sum_picked": ((split,), None), "token_ce": ((rows, rows), None),

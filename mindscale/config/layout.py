@@ -127,6 +127,18 @@ class Layout:
         return self.dp * self.cp
 
     @property
+    def logit_split(self) -> tuple[int, int]:
+        """How the [tokens, vocabulary] logits are split, (rows, vocabulary): over the vocabulary by a
+        vocab-parallel head (Megatron's); by a data-parallel head (vocab_emb_dp) under sequence parallel, over
+        the tokens of the sequence-parallel split, so each tp rank computes the logits of its own tokens only
+        (MindFormers' (dp x mp, 1) head) rather than all-gathering the hidden states, computing all its rows'
+        logits and reduce-scattering their gradient back (gpt_1t's last stage compiled one such pair of
+        [tokens, h] a micro batch, 12% of its traffic); otherwise over data parallel only."""
+        if self.vocab_parallel:
+            return self.token_rows, self.tp
+        return (self.token_rows * self.tp, 1) if self.sp else (self.token_rows, 1)
+
+    @property
     def row_blocks(self) -> int:
         """Into how many data-parallel blocks of rows the batch of a compiled graph falls: dp in a sharded graph
         (its shapes are global, each rank computing one block), 1 where every worker compiles its own rows."""

@@ -17,7 +17,7 @@ What the report holds, and where it comes from:
   collectives   from the compiled graph (the `validate` IR): kind, group size, count and bytes per step
   groups        the communication groups those collectives use
   inputs        how the step's inputs reach the computation: gathered over which ranks, sliced into
-  row_groups    which micro-batch rows, and the ranks whose rows are distinct parts of the batch (input_rows)
+  row_groups    which micro-batch rows, and the ranks whose tokens are distinct parts of the batch (input_rows)
   pipeline_config  MindSpore's pipeline_interleave and pipeline_scheduler, as the runtime set them
   memory_pool_gib  the ceiling the runtime set on MindSpore's device memory pool (None if MindSpore holds none)
   pipeline_chunks  per forward Send and Receive between stages, how many the compiled graph holds of each
@@ -182,7 +182,9 @@ def input_rows(text: str) -> dict:
                   global batch every rank then holds; dp: it slices the rank's own rows, and the range is
                   the local one). No micro batches: the rows are used whole.
       row_groups  the ranks over which the loss's scalar sums (token losses, token count) are all-reduced:
-                  the ranks whose rows are distinct parts of the global batch (the last stage only).
+                  the ranks whose tokens are distinct parts of the global batch (the last stage only): whole
+                  rows, or with a head split over the sequence-parallel tokens (Layout.logit_split) each
+                  tp rank its own tokens of its data-parallel rows.
     """
     inputs: dict[str, dict] = {}
     carries: dict[str, str] = {}  # a node whose value is an input's rows (its AllGather, a Depend) -> the input

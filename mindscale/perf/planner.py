@@ -565,9 +565,10 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
         sb = local_tokens(cfg)
         t = layout.tp
         activations += sb * m.hidden_size * 4 / (t if layout.sp else 1)    # final norm input
-        # the logits in the compute dtype (whole vocabulary on each rank unless the head is split), and
-        # the loss's fp32 work on its vocabulary split over t
-        activations += sb * m.vocab_size * (cb / (t if layout.vocab_parallel else 1) + 8 / t)
+        # the logits in the compute dtype (Layout.logit_split: whole on each rank of a tp group unless split),
+        # and the loss's fp32 work, split over t
+        logit_parts = math.prod(layout.logit_split) // layout.token_rows
+        activations += sb * m.vocab_size * (cb / logit_parts + 8 / t)
     reserve = (hw.memory_gib - hw.memory_pool_gib) * GIB  # outside MindSpore's pool: runtime, HCCL buffers
     parts = {**stored, "transient": transient, "activations": activations, "reserve": reserve}
     parts["total"] = sum(parts.values())

@@ -6,7 +6,8 @@ From a rank's compiled graph (mindscale.launch.dryrun_worker.input_rows, the `va
 and global rows, an AllGather of it (its group in concatenation order), the micro-batch StridedSlices (row
 range and split), and `row_groups`, the ranks the loss's scalar sums are all-reduced over: the ranks whose
 rows are distinct blocks of the global batch, block = position in the group (the order an AllGather of
-the input concatenates them in). Ranks at the same position of their groups hold the same block (the
+the input concatenates them in; with a head split over the sequence-parallel tokens, Layout.logit_split, the
+group holds the tp ranks of each block too, consecutive, and block = position // tp). Ranks at the same position of their groups hold the same block (the
 tensor-parallel ranks of one data-parallel index). The groups of every rank follow from the last stage's
 compiled group by translation; every other compiled rank's own groups (the loss's, an AllGather's) are
 checked against them.
@@ -121,7 +122,10 @@ def test_every_rank_computes_on_the_rows_it_is_fed_and_each_row_once(compiled):
     cfg, layout, reports = compiled
     groups = row_groups(reports, layout)
     fed = fed_positions(cfg, layout, groups)
-    block = {rank: group.index(rank) for rank, group in groups.items()}
+    # a head split over the sequence-parallel tokens (Layout.logit_split) sums the loss over the tp ranks of a row
+    # block too: consecutive ranks of the group, each holding its own tokens of the same rows
+    chunks = layout.logit_split[0] // layout.token_rows
+    block = {rank: group.index(rank) // chunks for rank, group in groups.items()}
     mbs = layout.micro_batch_size
     for report in reports.values():
         stage_ranks = layout.stage_ranks(report["stage"])
@@ -140,8 +144,8 @@ def test_every_rank_computes_on_the_rows_it_is_fed_and_each_row_once(compiled):
                 assert computed == [fed[rank][i * mbs:(i + 1) * mbs] for i in range(len(computed))], \
                     f"input {info['input']}: rank {rank} computes on rows {computed}, is fed {fed[rank]}"
             for group in {tuple(groups[rank]) for rank in stage_ranks}:  # a step uses every row of the batch once
-                rows = sorted(holds[row] for rank in group for micro in compiled_rows(info, block[rank], layout)
-                              for row in micro)
+                rows = sorted(holds[row] for rank in group[::chunks]
+                              for micro in compiled_rows(info, block[rank], layout) for row in micro)
                 assert rows == list(range(cfg.global_batch_size))
 
 
@@ -151,3 +155,19 @@ def test_no_rank_gathers_the_global_batch(compiled):
     for report in reports.values():
         assert all(not info["gathered_over"] for info in report["inputs"]), report["inputs"]
         assert all(split == layout.dp for info in report["inputs"] for *_, split in info["micro_batches"])
+
+
+
+def test_compiled_traffic_is_the_planners(compiled, request):
+    """What every compiled rank of the GPT layouts sends per step (its collectives at ring cost) is what the
+    planner counts for its stage: no redistribution the plan does not name (a data-parallel head under
+    sequence parallel once all-gathered its input: Layout.logit_split) and a tied head's exchange between
+    the end stages (planner.tied_embedding_exchange_bytes). Not asserted for the LLaMA twins: their first
+    stage reads 1.05, the vocabulary-split lookup all-reducing [1, 64, 256] bf16 twice per micro batch
+    (validate IR) where the planner counts Megatron's reduce-scatter and all-gather, a share that is ~1% at
+    full size (docs/planner.md, "Full-size dry runs")."""
+    if request.node.callspec.params["compiled"].startswith("llama"):
+        pytest.skip("the vocabulary-split lookup under sequence parallel: see the docstring")
+    _, _, reports = compiled
+    for report in reports.values():
+        assert report["planned"]["comm_ratio"] == pytest.approx(1.0, abs=0.01), (report["rank"], report["planned"])

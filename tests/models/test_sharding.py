@@ -101,6 +101,11 @@ def test_vocab_emb_dp_keeps_embedding_and_head_data_parallel():
     assert strategy(model.layers[0].attention_norm.norm) == ((2, 1), (1,), (1,))
     # the loss still splits the vocabulary over model_parallel: the head's logits are sliced locally
     assert isinstance(model.loss, ShardedCrossEntropy) and strategy(model.loss.exp) == ((2, 4),)
+    # under sequence parallel each tp rank computes the logits of its own tokens, and the loss reduces over them
+    model, _ = planned(config("gpt", "parallel.data_parallel=2", "parallel.model_parallel=4",
+                              "parallel.vocab_emb_dp=true", "parallel.sequence_parallel=true"))
+    assert strategy(model.output.matmul) == ((8, 1), (1, 1))
+    assert strategy(model.loss.exp) == ((8, 1),) and strategy(model.loss.sum_loss) == ((8, 1),)
 
 
 def test_pipeline_stages_follow_stage_offset_and_comm_fusion_is_per_layer():

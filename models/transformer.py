@@ -294,8 +294,9 @@ class ShardedCrossEntropy(nn.Cell):
     The max, the exp-sum and the label's logit reduce over the vocabulary, which the plan splits over
     model_parallel (Megatron's vocab-parallel cross entropy; a head that is not vocab-split is sliced
     locally, as MindFormers' loss does), so the compiler all-reduces [N, 1] tensors instead of
-    gathering [N, V] logits. The two sums over tokens reduce over the data-parallel split, so every
-    rank computes the loss of the whole global batch. The fused kernel of MaskedCrossEntropy cannot
+    gathering [N, V] logits; a data-parallel head under sequence parallel splits the tokens instead
+    (Layout.logit_split). The two sums over tokens reduce over the row split (data parallel, or dp x tp
+    for that head), so every rank computes the loss of the whole global batch. The fused kernel of MaskedCrossEntropy cannot
     serve here: it returns one rank's mean, and its batch-parallel strategy splits tokens over all
     devices. Same numbers as MaskedCrossEntropy (tested on CPU); slower there (the one-hot product).
     """

@@ -8,6 +8,11 @@ checkpoints/commit.py, loss_spike:STEP in the trainer).
 Several of these may be listed, comma-separated (kill:1:3,kill:1:5). Each fires once per run folder:
 it leaves a marker `<run>/.fault-KIND-RANK-STEP` before acting, so the run a launcher restarts after it
 (mindscale/launch/restarts.py) goes past that step. Delete the markers to arm the faults again.
+
+A kill waits (at most PEERS_WAIT_S) until every other rank on its node has written the heartbeat of the
+step before it: the step is then complete everywhere, as a crash between two steps leaves it. Without
+the wait, how many steps the goodput ledger counts as lost depended on whether the launcher tore a peer
+down before or after that peer's heartbeat, which a loaded host decides (a CI run counted 1, not 2).
 """
 from __future__ import annotations
 
@@ -17,8 +22,11 @@ import sys
 import time
 from pathlib import Path
 
+from mindscale.train.resilience.heartbeat import LOG_DIR_ENV, read_heartbeat
+
 FAULT_ENV = "MINDSCALE_FAULT"
 KINDS = ("kill", "hang")
+PEERS_WAIT_S = 60.0
 
 
 def _wanted(rank: int, step: int) -> list[str]:
@@ -41,6 +49,19 @@ def _claim(run_dir: Path, kind: str, rank: int, step: int) -> bool:
     return True
 
 
+def _wait_for_peers(rank: int, completed: int) -> None:
+    """Until the other ranks' heartbeats in this node's log folder say `completed` steps are done."""
+    log_dir = os.environ.get(LOG_DIR_ENV)
+    if not log_dir:
+        return
+    deadline = time.monotonic() + PEERS_WAIT_S
+    while time.monotonic() < deadline:
+        beats = [read_heartbeat(p) for p in Path(log_dir).glob("worker_*.heartbeat")]
+        if all(b is not None and (b["rank"] == rank or (b["step"] or 0) >= completed) for b in beats):
+            return
+        time.sleep(0.05)
+
+
 def before_step(run_dir: Path, rank: int, step: int) -> None:
     """Called by the trainer before optimizer step `step`: fire the faults asked for here, once."""
     for kind in _wanted(rank, step):
@@ -49,6 +70,7 @@ def before_step(run_dir: Path, rank: int, step: int) -> None:
         print(f"fault: rank {rank} {'kills itself' if kind == 'kill' else 'hangs'} before step {step} "
               f"({FAULT_ENV}, test only)", file=sys.stderr, flush=True)
         if kind == "kill":
+            _wait_for_peers(rank, step - 1)
             os.kill(os.getpid(), signal.SIGKILL)
         while True:
             time.sleep(3600)

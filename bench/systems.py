@@ -65,16 +65,15 @@ def build_mindscale(cfg: Config, batch: np.ndarray) -> System:
     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, compile_cache=False))
     trainer = Trainer(cfg, setup(cfg))  # setup: graph mode, CPU, threads_num = cores of this process
     step_cell = trainer.step_cell
-    # The trainer's batch layout: [rows, seq] (a step's micro batches stacked; one here)
-    input_ids, labels = Tensor(batch[:, :-1]), Tensor(batch[:, 1:])
-    loss_mask = Tensor(np.ones(labels.shape, np.float32))
+    # The trainer's batch layout: the stored tokens [rows, seq + 1] (a step's micro batches stacked; one here)
+    tokens = Tensor(batch)
 
     def step() -> float:
-        loss, _grad_norm, _overflow, _scale = step_cell(input_ids, labels, loss_mask)
+        loss, _grad_norm, _overflow, _scale = step_cell(tokens)
         return float(loss.asnumpy())
 
     return System(step, _mindspore_param_count(trainer.model.trainable_params()), f"mindspore {ms.__version__}",
-                  lambda: step_cell.compile(input_ids, labels, loss_mask))
+                  lambda: step_cell.compile(tokens))
 
 
 def _mindspore_param_count(params) -> int:

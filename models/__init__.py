@@ -2,7 +2,7 @@
 plans, recompute and checkpoint interop.
 
     model = build_model(cfg, layout)              # CausalLM (LoRA, recompute marks): [B, S] -> [B, S, V] fp32
-    network = build_train_network(cfg, model, layout)  # (input_ids, labels, loss_mask) -> loss
+    network = build_train_network(cfg, model, layout)  # (tokens [B, S+1][, loss_mask][, segment_ids]) -> loss
     apply_sharding_plan(model, cfg, layout)       # .shard() strategies, pipeline stages, comm fusion
     weights, cfg = load_inference_weights(path, cfg)  # full weights of any checkpoint, LoRA merged
 

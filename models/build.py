@@ -7,7 +7,7 @@ from mindspore import nn
 from mindspore.nn.utils import no_init_parameters
 
 from models.lora import apply_lora, lora_enabled
-from models.transformer import CausalLM, CausalLMLoss, ReusedCausalLMLoss
+from models.transformer import CausalLM, NextTokenLoss, ReusedNextTokenLoss
 from mindscale.config import Config, Layout
 
 
@@ -30,10 +30,12 @@ def build_model(cfg: Config, layout: Layout | None = None) -> CausalLM:
 
 
 def build_train_network(cfg: Config, model: CausalLM | None = None, layout: Layout | None = None) -> nn.Cell:
-    """The loss network; parameter names stay those of the model (no `model.` prefix)."""
+    """The loss network, (tokens [B, S + 1][, loss_mask][, segment_ids]) -> loss (NextTokenLoss); parameter
+    names stay those of the model (no `model.` prefix)."""
     layout = layout or standalone_layout(cfg)
     model = model if model is not None else build_model(cfg, layout)
-    return (ReusedCausalLMLoss if layout.graph_reuse == "model" else CausalLMLoss)(model, cfg.model.moe.aux_loss_coeff)
+    network = ReusedNextTokenLoss if layout.graph_reuse == "model" else NextTokenLoss
+    return network(model, layout, cfg.model.moe.aux_loss_coeff)
 
 
 def count_parameters(cfg: Config) -> int:

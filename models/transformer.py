@@ -280,9 +280,11 @@ class MaskedCrossEntropy(nn.Cell):
         """Zero the hidden state [N, h] of every masked token."""
         return self.mask_rows(hidden, self.cast(loss_mask.reshape(-1, 1), hidden.dtype))
 
-    def construct(self, logits, labels, loss_mask):
-        """logits [N, V] fp32 computed from mask_hidden's output."""
+    def construct(self, logits, labels, loss_mask=None):
+        """logits [N, V] fp32 computed from mask_hidden's output; no mask: every token is trained."""
         mean_ce = self.cross_entropy(logits, labels.reshape(-1))
+        if loss_mask is None:
+            return mean_ce
         tokens = logits.shape[0]
         kept = loss_mask.sum()
         return (mean_ce * tokens - (tokens - kept) * self.log_vocab) / ops.maximum(kept, 1.0)
@@ -332,17 +334,21 @@ class ShardedCrossEntropy(nn.Cell):
                 "pick": ((split, split), None), "sum_picked": ((split,), None), "token_ce": ((rows, rows), None),
                 "apply_mask": ((rows, rows), None), "sum_loss": ((rows,), None), "sum_mask": ((rows,), None)}
 
-    def construct(self, logits, labels, loss_mask):
+    def construct(self, logits, labels, loss_mask=None):
         shifted = self.shift(logits, ops.stop_gradient(self.row_max(logits, -1)))
         log_z = self.log(self.sum_exp(self.exp(shifted), -1))
         picked = self.sum_picked(self.pick(shifted, self.one_hot(labels.reshape(-1), self.vocab_size, self.on,
                                                                   self.off)), -1)
+        token_ce = self.token_ce(log_z, picked)
+        if loss_mask is None:  # every token trained: the mean over the global batch's (static) token count
+            return self.sum_loss(token_ce) / float(labels.shape[0] * labels.shape[1])
         mask = loss_mask.reshape(-1, 1)
-        return self.sum_loss(self.apply_mask(self.token_ce(log_z, picked), mask)) / ops.maximum(self.sum_mask(mask), 1.0)
+        return self.sum_loss(self.apply_mask(token_ce, mask)) / ops.maximum(self.sum_mask(mask), 1.0)
 
 
 class CausalLMLoss(nn.Cell):
-    """construct(input_ids, labels, loss_mask) -> the model's masked mean cross entropy, plus
+    """construct(input_ids, labels, loss_mask=None, segment_ids=None) -> the model's masked mean cross
+    entropy (no mask: every token trained), plus
     `aux_loss_coeff` x the load-balancing loss of a mixture of experts (its mean over layers).
 
     A mixture of experts' router statistics of the last call (aux loss averaged and busiest-expert load
@@ -357,10 +363,11 @@ class CausalLMLoss(nn.Cell):
             if model.moe else None
         self.record = ops.Assign().shard(((1,), (1,)))  # whole on every rank (a strategy unused unsharded)
 
-    def construct(self, input_ids, labels, loss_mask, segment_ids=None):
+    def construct(self, input_ids, labels, loss_mask=None, segment_ids=None):
         model = self.model
         hidden, routing = model.decode(input_ids, segment_ids)
-        hidden = model.loss.mask_hidden(hidden, loss_mask)
+        if loss_mask is not None:
+            hidden = model.loss.mask_hidden(hidden, loss_mask)
         loss = model.loss(model.logits(hidden), labels, loss_mask)
         if self.moe_stats is None:
             return loss
@@ -369,7 +376,32 @@ class CausalLMLoss(nn.Cell):
         return ops.depend(loss + self.aux_loss_coeff * aux, kept)
 
 
-class ReusedCausalLMLoss(CausalLMLoss):
+class NextTokenLoss(nn.Cell):
+    """The network a training step differentiates: rows of tokens as stored, [B, S + 1] -> CausalLMLoss of
+    the inputs tokens[:, :-1] and the labels tokens[:, 1:]; `loss_mask` [B, S] (SFT data: which labels are
+    trained; None: all) and `segment_ids` [B, S] (packed data) as CausalLMLoss takes them.
+
+    Why the shift happens in the graph: a step's graph calls this network once per micro batch, and each
+    argument of the reused network is paid per micro batch in the compile (docs/dryrun.md, "Compile time
+    against micro batches"). MindFormers' LlamaForCausalLM takes its input the same way. The two slices keep
+    the rows as fed (split over data parallel, runtime.set_input_layout): no row moves."""
+
+    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names unprefixed
+        self.loss = CausalLMLoss(model, aux_loss_coeff)
+        self.inputs, self.labels = ops.StridedSlice(), ops.StridedSlice()
+        if layout.sharded:
+            self.inputs.shard(((layout.dp, 1),))
+            self.labels.shard(((layout.dp, 1),))
+
+    def construct(self, tokens, loss_mask=None, segment_ids=None):
+        rows, length = tokens.shape
+        input_ids = self.inputs(tokens, (0, 0), (rows, length - 1), (1, 1))
+        labels = self.labels(tokens, (0, 1), (rows, length), (1, 1))
+        return self.loss(input_ids, labels, loss_mask, segment_ids)
+
+
+class ReusedNextTokenLoss(NextTokenLoss):
     """The loss network compiled once and called for every micro batch (Layout.graph_reuse "model";
     MindSpore lazy_inline on the outermost cell, where MindFormers puts it for pipeline and gradient
     accumulation): a step of hundreds of micro batches would otherwise compile a copy of the model per
@@ -377,6 +409,6 @@ class ReusedCausalLMLoss(CausalLMLoss):
     decoder layers are then plain blocks."""
 
     @ms.lazy_inline(attrs="graph_key")
-    def __init__(self, model: CausalLM, aux_loss_coeff: float = 0.0):
-        super().__init__(model, aux_loss_coeff)
+    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0):
+        super().__init__(model, layout, aux_loss_coeff)
         self.graph_key = "loss network"  # the graph's cache key (without it MindSpore prints the cell tree)

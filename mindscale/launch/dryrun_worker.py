@@ -173,7 +173,7 @@ _ROW_RANGE = re.compile(r"^PrimFunc_StridedSlice\(%[\w.]+, \(I64\((\d+)\)(?:, I6
 
 
 def input_rows(text: str) -> dict:
-    """How the step's inputs (input_ids, labels, loss_mask[, segment_ids]) reach the computation in one
+    """How the step's inputs (tokens[, loss_mask][, segment_ids]) reach the computation in one
     rank's compiled graph, from its IR (the `validate` pass):
 
       inputs      per input: its local and global rows, the ranks an AllGather of it concatenates (in
@@ -269,14 +269,14 @@ def first_error_line(exc: BaseException) -> str:
 
 
 def example_inputs(cfg, layout, packed: bool) -> tuple:
-    """Zero batches of the shapes and dtypes the trainer feeds: [rows, seq] per input."""
+    """Zero batches of the shapes and dtypes the trainer feeds (mindscale/train/data/dataset.py, make_batch):
+    pretraining data's tokens [rows, seq + 1]; `packed` SFT data's also loss_mask and segment_ids [rows, seq]."""
     from mindspore import Tensor
-    shape = (layout.rows_per_step, cfg.model.seq_length)
-    inputs = [Tensor(np.zeros(shape, np.int32)), Tensor(np.zeros(shape, np.int32)),
-              Tensor(np.ones(shape, np.float32))]
-    if packed:
-        inputs.append(Tensor(np.zeros(shape, np.int32)))
-    return tuple(inputs)
+    rows, seq = layout.rows_per_step, cfg.model.seq_length
+    tokens = Tensor(np.zeros((rows, seq + 1), np.int32))
+    if not packed:
+        return (tokens,)
+    return tokens, Tensor(np.ones((rows, seq), np.float32)), Tensor(np.zeros((rows, seq), np.int32))
 
 
 def _nbytes(param) -> int:

@@ -187,10 +187,10 @@ def test_valid_fraction_holds_out_whole_documents_evenly_and_deterministically(w
                                                   "num_samples": read_manifest(outputs[0] / "valid")["num_samples"]}
     for sub in ("", "valid"):
         first, again = stored(outputs[0] / sub), stored(outputs[1] / sub)
-        assert len(first) == len(again) and all(np.array_equal(a["input_ids"], b["input_ids"])
+        assert len(first) == len(again) and all(np.array_equal(a["tokens"], b["tokens"])
                                                 for a, b in zip(first, again))
     cfg = make_cfg(outputs[0] / "valid", tokenizer=tokenizer, shuffle=False)
-    assert steps(cfg, count=1)[0]["input_ids"].shape == (2, SEQ)  # a data folder the loader reads
+    assert steps(cfg, count=1)[0]["tokens"].shape == (2, SEQ + 1)  # a data folder the loader reads
 
 
 def test_worker_count_and_chunk_size_do_not_change_the_output(work, tokenizer, pretrain_folder):
@@ -289,17 +289,17 @@ def sample_ids(folder):
 
 
 def which(batch, index):
-    """Stored sample index of each row of a batch (input_ids + the last label = the stored S+1 tokens)."""
-    tokens = np.concatenate([batch["input_ids"], batch["labels"][:, -1:]], axis=1).astype(np.int32)
-    return [index[row.tobytes()] for row in tokens]
+    """Stored sample index of each row of a batch (its tokens are the stored S+1)."""
+    return [index[row.tobytes()] for row in batch["tokens"]]
 
 
-def test_batches_have_shifted_labels_and_full_mask(pretrain_folder):
+def test_pretraining_batches_are_the_stored_tokens_without_a_mask(pretrain_folder):
+    """Every label of pretraining data is trained: the step takes the stored S+1 tokens alone and shifts them
+    in the graph (models.transformer.NextTokenLoss); no mask is fed."""
     batch = steps(make_cfg(pretrain_folder, micro=3), count=1)[0]
-    assert batch["input_ids"].shape == batch["labels"].shape == batch["loss_mask"].shape == (3, SEQ)
-    assert batch["input_ids"].dtype == batch["labels"].dtype == np.int32 and batch["loss_mask"].dtype == np.float32
-    np.testing.assert_array_equal(batch["labels"][:, :-1], batch["input_ids"][:, 1:])
-    assert (batch["loss_mask"] == 1).all()
+    assert list(batch) == ["tokens"] and batch["tokens"].shape == (3, SEQ + 1) and batch["tokens"].dtype == np.int32
+    index = sample_ids(pretrain_folder)
+    assert all(row.tobytes() in index for row in batch["tokens"])
 
 
 def test_order_is_deterministic_and_seeded(pretrain_folder):
@@ -348,14 +348,14 @@ def test_epochs_cycle_through_every_sample_in_a_new_order(pretrain_folder):
 def test_synthetic_data_is_seeded_in_vocab_and_rank_invariant():
     cfg = make_cfg("synthetic", vocab=97, micro=4)
     one = steps(cfg, count=3)
-    assert all(b["input_ids"].min() >= 0 and b["input_ids"].max() < 97 for b in one)
-    np.testing.assert_array_equal(steps(cfg, count=3)[2]["input_ids"], one[2]["input_ids"])
-    assert not np.array_equal(steps(make_cfg("synthetic", vocab=97, micro=4, seed=8), count=1)[0]["input_ids"],
-                              one[0]["input_ids"])
+    assert all(b["tokens"].min() >= 0 and b["tokens"].max() < 97 for b in one)
+    np.testing.assert_array_equal(steps(cfg, count=3)[2]["tokens"], one[2]["tokens"])
+    assert not np.array_equal(steps(make_cfg("synthetic", vocab=97, micro=4, seed=8), count=1)[0]["tokens"],
+                              one[0]["tokens"])
     ranks = [steps(make_cfg("synthetic", vocab=97, dp=2, micro=2), r, 2, count=3) for r in range(2)]
     for step, (a, b) in enumerate(zip(*ranks)):
-        np.testing.assert_array_equal(np.concatenate([a["labels"], b["labels"]]), one[step]["labels"])
-    np.testing.assert_array_equal(steps(cfg, start_step=2, count=1)[0]["input_ids"], one[2]["input_ids"])
+        np.testing.assert_array_equal(np.concatenate([a["tokens"], b["tokens"]]), one[step]["tokens"])
+    np.testing.assert_array_equal(steps(cfg, start_step=2, count=1)[0]["tokens"], one[2]["tokens"])
 
 
 def test_loader_validation_errors_name_the_problem(work, pretrain_folder, tokenizer):
@@ -458,7 +458,7 @@ def test_sft_samples_pad_truncate_and_align_the_mask_with_labels(work, sft_file,
     batch = steps(make_cfg(out, seq=63, micro=len(records), shuffle=False), count=1)[0]
     for row, (ids, mask) in enumerate(encoded):
         n = min(len(ids), 64)
-        trained_labels = batch["labels"][row][batch["loss_mask"][row] == 1].tolist()
+        trained_labels = batch["tokens"][row, 1:][batch["loss_mask"][row] == 1].tolist()
         assert trained_labels == [t for t, m in zip(ids[1:n], mask[1:n]) if m]
 
 

@@ -35,6 +35,12 @@ def batch(seed: int = 0):
     return ids[:, :-1], ids[:, 1:], mask
 
 
+def fed(seed: int = 0):
+    """batch()'s rows as a training step takes them: tokens [B, S + 1] and the mask of the labels."""
+    ids, labels, mask = batch(seed)
+    return np.concatenate([ids, labels[:, -1:]], axis=1), mask
+
+
 def built(cfg, seed: int = 7):
     ms.set_seed(seed)
     return models.build_model(cfg)
@@ -121,12 +127,18 @@ def test_loss_is_masked_mean_cross_entropy_of_the_logits(llama):
     ids, labels, mask = batch()
     logits = model(Tensor(ids)).asnumpy()
     assert logits.shape == (BATCH, SEQ, VOCAB) and logits.dtype == np.float32
-    loss = float(network(Tensor(ids), Tensor(labels), Tensor(mask)).asnumpy())
+    loss = float(network.loss(Tensor(ids), Tensor(labels), Tensor(mask)).asnumpy())
     assert loss == pytest.approx(numpy_masked_ce(logits, labels, mask), rel=1e-5, abs=1e-5)
+    # the network a step differentiates takes the tokens as stored and shifts them itself
+    tokens, _ = fed()
+    assert float(network(Tensor(tokens), Tensor(mask)).asnumpy()) == pytest.approx(loss, rel=1e-6)
+    # no mask (pretraining data): every label counts
+    every = float(network(Tensor(tokens)).asnumpy())
+    assert every == pytest.approx(numpy_masked_ce(logits, labels, np.ones_like(mask)), rel=1e-5, abs=1e-5)
     # Masked positions do not count, whatever their label; an empty mask gives 0, not NaN.
     scrambled = np.where(mask > 0, labels, (labels + 1) % VOCAB).astype(np.int32)
-    assert float(network(Tensor(ids), Tensor(scrambled), Tensor(mask)).asnumpy()) == pytest.approx(loss, rel=1e-6)
-    assert float(network(Tensor(ids), Tensor(labels), Tensor(np.zeros_like(mask))).asnumpy()) == 0.0
+    assert float(network.loss(Tensor(ids), Tensor(scrambled), Tensor(mask)).asnumpy()) == pytest.approx(loss, rel=1e-6)
+    assert float(network.loss(Tensor(ids), Tensor(labels), Tensor(np.zeros_like(mask))).asnumpy()) == 0.0
 
 
 def test_causal_attention_does_not_look_ahead(llama):
@@ -145,8 +157,8 @@ def test_loss_falls_on_a_repeated_batch(arch):
     cfg = tiny(arch)
     network = models.build_train_network(cfg, built(cfg))
     step = nn.TrainOneStepCell(network, nn.AdamWeightDecay(network.trainable_params(), learning_rate=1e-2))
-    ids, labels, mask = (Tensor(x) for x in batch())
-    losses = [float(step(ids, labels, mask).asnumpy()) for _ in range(20)]
+    tokens, mask = (Tensor(x) for x in fed())
+    losses = [float(step(tokens, mask).asnumpy()) for _ in range(20)]
     assert losses[0] == pytest.approx(math.log(VOCAB), abs=0.3)  # near-uniform at init
     assert losses[-1] < 0.5 * losses[0], losses
 
@@ -184,7 +196,7 @@ def loss_and_grads(cfg, weights, plain_softmax=False, sharded_loss=False):
     if sharded_loss:
         model.loss = ShardedCrossEntropy(cfg.model.vocab_size)
     recomputed = recompute_marked(model)
-    loss, grads = Grads(models.build_train_network(cfg, model))(*(Tensor(x) for x in batch()))
+    loss, grads = Grads(models.build_train_network(cfg, model))(*(Tensor(x) for x in fed()))
     return recomputed, float(loss.asnumpy()), [g.asnumpy() for g in grads]
 
 
@@ -220,7 +232,7 @@ def test_offload_on_cpu_compiles_moves_nothing_and_leaves_loss_and_gradients_unc
         monkeypatch.setenv("MS_DEV_DUMP_IR_PASSES", "validate")  # keep only the compiled graph's validate IR
         ms.set_context(save_graphs=True, save_graphs_path=str(tmp_path / str(layers)))
         try:
-            loss, grads = Grads(models.build_train_network(cfg, built_model))(*(Tensor(x) for x in batch()))
+            loss, grads = Grads(models.build_train_network(cfg, built_model))(*(Tensor(x) for x in fed()))
         finally:
             ms.set_context(save_graphs=False)
         ir = "".join(f.read_text() for f in (tmp_path / str(layers)).rglob("*validate*.ir"))
@@ -260,7 +272,7 @@ def test_split_causal_scores_compute_what_the_full_scores_compute(packed):
     cfg = tiny("llama", f"model.seq_length={SPLIT_CAUSAL_MIN}", "model.num_kv_heads=2")
     rng = np.random.default_rng(3)
     ids = rng.integers(0, VOCAB, (2, SPLIT_CAUSAL_MIN + 1)).astype(np.int32)
-    inputs = [Tensor(ids[:, :-1]), Tensor(ids[:, 1:]), Tensor(np.ones((2, SPLIT_CAUSAL_MIN), np.float32))]
+    inputs = [Tensor(ids), Tensor(np.ones((2, SPLIT_CAUSAL_MIN), np.float32))]
     if packed:
         inputs.append(Tensor(np.repeat(np.arange(4, dtype=np.int32), SPLIT_CAUSAL_MIN // 4)[None].repeat(2, 0)))
     runs = []

@@ -121,8 +121,8 @@ def test_attention_under_the_ends_equals_the_composite_core_with_segment_ids(row
 
 
 def test_a_row_with_more_examples_than_the_kernel_takes_is_refused(rows):
-    micro = [{"input_ids": rows, "labels": rows, "loss_mask": np.ones(rows.shape, np.float32), "segment_ids": rows}]
-    assert len(step_rows(micro, MAX_EXAMPLES)) == 4
-    assert len(step_rows(micro, None)) == 4  # composite attention: any number
+    micro = [{"tokens": rows, "loss_mask": np.ones(rows.shape, np.float32), "segment_ids": rows}]
+    assert len(step_rows(micro, MAX_EXAMPLES)) == 3
+    assert len(step_rows(micro, None)) == 3  # composite attention: any number
     with pytest.raises(DataError, match=f"holds {MAX_EXAMPLES} examples, more than data.max_packed_examples=14"):
         step_rows(micro, MAX_EXAMPLES - 1)

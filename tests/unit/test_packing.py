@@ -22,7 +22,7 @@ def loss(network, ids, labels, mask, segments=None):
     args = [Tensor(ids[None], ms.int32), Tensor(labels[None], ms.int32), Tensor(mask[None], ms.float32)]
     if segments is not None:
         args.append(Tensor(segments[None], ms.int32))
-    return float(network(*args).asnumpy())
+    return float(network.loss(*args).asnumpy())  # the model's loss of given inputs and labels
 
 
 def test_each_packed_example_computes_as_if_alone(network):

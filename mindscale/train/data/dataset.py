@@ -240,15 +240,15 @@ def prefetched(batches: Iterator[dict], depth: int) -> Iterator[dict]:
 
 
 def make_batch(rows: list[dict]) -> dict:
-    """Stored [S+1] rows -> model inputs [rows, S] with labels shifted by one and float loss mask."""
-    tokens = np.stack([row["input_ids"] for row in rows]).astype(np.int32)
-    batch = {"input_ids": np.ascontiguousarray(tokens[:, :-1]), "labels": np.ascontiguousarray(tokens[:, 1:])}
+    """Stored [S+1] rows -> the step's inputs: tokens [rows, S+1] as stored (the loss network shifts them
+    into inputs and labels, models.transformer.NextTokenLoss), and for SFT data a float loss mask [rows, S]
+    aligned with the labels. Pretraining samples are packed without padding: every label is trained, and
+    no mask is fed (each input of the step costs compile time per micro batch, docs/dryrun.md)."""
+    batch = {"tokens": np.stack([row["input_ids"] for row in rows]).astype(np.int32)}
     if "loss_mask" in rows[0]:
         # the stored mask marks answer tokens; position t is trained when the token it predicts (t+1) is one
         mask = np.stack([row["loss_mask"] for row in rows])[:, 1:]
         batch["loss_mask"] = np.ascontiguousarray(mask, dtype=np.float32)
-    else:  # pretraining samples are packed without padding: every position is trained
-        batch["loss_mask"] = np.ones(batch["labels"].shape, np.float32)
     if "segment_ids" in rows[0]:
         batch["segment_ids"] = np.ascontiguousarray(np.stack([row["segment_ids"] for row in rows])[:, :-1],
                                                     dtype=np.int32)
@@ -257,7 +257,7 @@ def make_batch(rows: list[dict]) -> dict:
 
 def step_rows(micro: list[dict], max_examples: Optional[int] = None) -> tuple[np.ndarray, ...]:
     """A step's inputs from its micro batches, each stacked along rows, in the order the train step (and the
-    validation step) take them: input_ids, labels, loss_mask[, segment_ids]. `max_examples`: the most packed
+    validation step) take them: tokens[, loss_mask][, segment_ids]. `max_examples`: the most packed
     examples a row may hold (Layout.packed_examples), else any number."""
     most = max(int(m["segment_ids"].max()) for m in micro) if "segment_ids" in micro[0] else 0
     if max_examples is not None and most > max_examples:  # packed examples are numbered 1, 2, ... in each row
@@ -265,7 +265,7 @@ def step_rows(micro: list[dict], max_examples: Optional[int] = None) -> tuple[np
                         "(the example ends flash attention's TND layout takes per row); raise it "
                         "(train.micro_batch_size x (it + 1) <= 1024) or set model.attention=composite")
     return tuple(np.concatenate([m[key] for m in micro])
-                 for key in ("input_ids", "labels", "loss_mask", "segment_ids") if key in micro[0])
+                 for key in ("tokens", "loss_mask", "segment_ids") if key in micro[0])
 
 
 def _synthetic_rows(cfg: Config, plan: BatchPlan, start: int) -> Iterator[dict]:

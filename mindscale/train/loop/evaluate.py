@@ -30,7 +30,7 @@ from mindspore import Tensor, nn, ops
 from mindscale.config import Config, ConfigError, Layout
 from mindscale.train.data.dataset import SYNTHETIC, build_dataset, configured_sources, read_manifest, step_rows
 from mindscale.train.loop.step import MicroBatches, micro_batched
-from models.transformer import CausalLMLoss
+from models.transformer import NextTokenLoss
 
 
 def held_out_config(cfg: Config) -> Config:
@@ -45,20 +45,24 @@ class HeldOutLoss(nn.Cell):
 
     def __init__(self, model: nn.Cell, layout: Layout):
         super().__init__(auto_prefix=False)
-        self.network = CausalLMLoss(model)  # the model's own masked mean loss
+        self.network = NextTokenLoss(model, layout)  # the model's own masked mean loss, fed as training is
         self.count = ops.ReduceSum()
         if layout.sharded:  # the count of the global batch: a sum over the data-parallel split
             self.count.shard(((layout.dp, 1),))
 
-    def construct(self, *inputs):
-        loss = ops.cast(self.network(*inputs), ms.float32)
-        tokens = self.count(inputs[2])
-        return ops.concat(((loss * tokens).reshape((1,)), tokens.reshape((1,))))
+    def construct(self, tokens, loss_mask=None, segment_ids=None):
+        if loss_mask is None:  # every label: the (static) token count, the global batch's when sharded
+            loss = ops.cast(self.network(tokens), ms.float32)
+            count = ops.scalar_to_tensor(float(tokens.shape[0] * (tokens.shape[1] - 1)), ms.float32)
+        else:
+            loss = ops.cast(self.network(tokens, loss_mask, segment_ids), ms.float32)
+            count = self.count(loss_mask)
+        return ops.concat(((loss * count).reshape((1,)), count.reshape((1,))))
 
 
 class ReusedHeldOutLoss(HeldOutLoss):
     """HeldOutLoss compiled once and called per micro batch, as the training step's loss network is in the
-    same layouts (Layout.graph_reuse "model", models.transformer.ReusedCausalLMLoss)."""
+    same layouts (Layout.graph_reuse "model", models.transformer.ReusedNextTokenLoss)."""
 
     @ms.lazy_inline(attrs="graph_key")
     def __init__(self, model: nn.Cell, layout: Layout):
@@ -67,7 +71,7 @@ class ReusedHeldOutLoss(HeldOutLoss):
 
 
 class EvalStep(nn.Cell):
-    """A step's rows (input_ids, labels, loss_mask[, segment_ids]) -> [sum of token losses, token count] over
+    """A step's rows (tokens[, loss_mask][, segment_ids]) -> [sum of token losses, token count] over
     all ranks, float32 [2]. The micro batches go through the micro-batch cell the training step uses
     (mindscale.train.loop.step.micro_batched), which adds their sums, or with pipeline stages through
     MicroBatches unmarked: forward only, MindSpore 2.9's pattern for pipeline inference (a plain loop over

@@ -1,10 +1,11 @@
 """One optimizer step as one graph: micro batches, one gradient reduction, unscale, norm, clip, update.
 
     graph = build_train_graph(cfg, layout)     # model (recompute marked), plan, optimizer, step: what run_train compiles
-    loss, grad_norm, overflow, scale = graph.step(input_ids, labels, loss_mask[, segment_ids])
+    loss, grad_norm, overflow, scale = graph.step(tokens[, loss_mask][, segment_ids])
 
-Every input is [rows, seq] with rows = micro_batch_size x micro_steps: a rank's micro batches
-stacked. With micro_steps > 1 the loss network is wrapped in MicroBatches, which slices the rows into
+The inputs are the rows as stored, tokens [rows, seq + 1] (the loss network shifts them into inputs and
+labels: models.transformer.NextTokenLoss), with SFT data loss_mask [rows, seq], with packed data
+segment_ids [rows, seq]; rows = micro_batch_size x micro_steps: a rank's micro batches stacked. With micro_steps > 1 the loss network is wrapped in MicroBatches, which slices the rows into
 micro batches inside the graph, as MindSpore's micro-batch cells (`Pipeline` with pipeline stages, else
 `GradAccumulation`) do, and returns the sum of their losses. Under semi-auto parallel those marks
 make the compiler accumulate each parameter's gradient into an `accu_grads.*` buffer and reduce
@@ -127,7 +128,7 @@ GRAD_ACCUMULATION_END = "forward_end"  # and of its GradAccumulation cell
 
 
 class MicroBatches(nn.Cell):
-    """(input_ids, labels, loss_mask[, segment_ids]), each a step's rows stacked [micro_steps x rows, seq] ->
+    """(tokens[, loss_mask][, segment_ids]), each a step's rows stacked [micro_steps x rows, ...] ->
     the sum of `network`'s outputs over the micro batches, micro batch i being rows [i*rows, (i+1)*rows).
 
     It puts in the graph what MindSpore's micro-batch cells do (parallel.nn's Pipeline and GradAccumulation,
@@ -154,18 +155,21 @@ class MicroBatches(nn.Cell):
             self.adds.append(ops.Add() if end_mark is None else ops.Add().add_prim_attr(end_mark, i))
         self._get_attr_from_cell(network)
 
-    def construct(self, input_ids, labels, loss_mask, segment_ids=None):
-        rows, seq = input_ids.shape[0] // self.micro_steps, input_ids.shape[1]
+    def construct(self, tokens, loss_mask=None, segment_ids=None):
+        rows, length = tokens.shape[0] // self.micro_steps, tokens.shape[1]
         total = None
         for i in range(self.micro_steps):
-            begin, end, strides = (i * rows, 0), ((i + 1) * rows, seq), (1, 1)
-            ids = self.slices[i](input_ids, begin, end, strides)
-            targets = self.slices[i](labels, begin, end, strides)
-            mask = self.slices[i](loss_mask, begin, end, strides)
-            if segment_ids is None:
-                out = self.network(ids, targets, mask)
+            begin, strides = (i * rows, 0), (1, 1)
+            micro = self.slices[i](tokens, begin, ((i + 1) * rows, length), strides)
+            if loss_mask is None:  # the network takes only the arguments fed: each costs compile time
+                out = self.network(micro)
             else:
-                out = self.network(ids, targets, mask, self.slices[i](segment_ids, begin, end, strides))
+                end = ((i + 1) * rows, length - 1)
+                mask = self.slices[i](loss_mask, begin, end, strides)
+                if segment_ids is None:
+                    out = self.network(micro, mask)
+                else:
+                    out = self.network(micro, mask, self.slices[i](segment_ids, begin, end, strides))
             total = out if total is None else self.adds[i](total, out)
         return total
 
@@ -194,7 +198,7 @@ def slice_own_rows(slice_op: ops.Primitive, dp: int) -> None:
 
 
 class TrainStep(nn.Cell):
-    """(input_ids, labels, loss_mask[, segment_ids]) -> (loss, grad_norm, overflow, loss scale). The update is
+    """(tokens[, loss_mask][, segment_ids]) -> (loss, grad_norm, overflow, loss scale). The update is
     skipped when the gradients are not finite (`overflow`) or the loss exceeds `loss_limit` (when set)."""
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, cfg: Config, layout: Layout):

@@ -140,13 +140,13 @@ class Trainer:
 
     def _injected_fault(self, step: int, batch: tuple) -> tuple:
         """Fault injection for the tests: MINDSCALE_FAULT=loss_spike:STEP replaces that step's (1-based)
-        labels by random ids, a batch no training has seen: its loss spikes. kill:RANK:STEP and
+        tokens by random ids, a batch no training has seen: its loss spikes. kill:RANK:STEP and
         hang:RANK:STEP: mindscale/train/resilience/faults.py."""
         faults.before_step(self.run_dir, self.rt.rank, step)
         if os.environ.get("MINDSCALE_FAULT") != f"loss_spike:{step}":
             return batch
-        labels = np.random.default_rng(step).integers(0, self.cfg.model.vocab_size, batch[1].shape, np.int32)
-        return (batch[0], Tensor(labels), *batch[2:])
+        tokens = np.random.default_rng(step).integers(0, self.cfg.model.vocab_size, batch[0].shape, np.int32)
+        return (Tensor(tokens), *batch[1:])
 
     def train(self, stop: StopRequest | None = None) -> list[dict]:
         """Train to train.steps, or, when `stop` is requested on any rank, to the end of the step then

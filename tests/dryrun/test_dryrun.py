@@ -315,13 +315,24 @@ def test_the_validation_graph_compiles_next_to_the_sharded_step(config, override
 def test_packed_sft_twins_compile_what_their_pretraining_twins_do(path):
     """Packing adds no parameter bytes and no communication: a shipped SFT config's twin, fed segment_ids (flash
     attention in the TND layout, tests/dryrun/test_packed_flash.py), compiles the same parameters and collectives
-    as the twin of the pretraining config it is based on, unpacked, whose layout it keeps."""
+    as the twin of the pretraining config it is based on, unpacked, whose layout it keeps. Only the loss mask
+    SFT data carries adds one: the last stage's count of trained tokens, a float32 all-reduce over the loss's
+    row group per micro batch (pretraining trains every token and divides by their static count)."""
     base = (path.parent / parse_yaml(path.read_text())["base"]).resolve()
-    assert Layout.of(load_config(path, twin(path)), "Ascend") == Layout.of(load_config(base, twin(base)), "Ascend")
+    layout = Layout.of(load_config(path, twin(path)), "Ascend")
+    assert layout == Layout.of(load_config(base, twin(base)), "Ascend")
     for packed, plain in zip(dryrun(path, *twin(path), packed=True), dryrun(base, *twin(base))):
         assert packed["rank"] == plain["rank"]
-        for key in ("local_shapes", "bytes", "collectives"):
+        for key in ("local_shapes", "bytes"):
             assert packed[key] == plain[key], key
+        counted = {(c["kind"], c["purpose"], tuple(c["ranks"])): (c["count"], c["bytes"]) for c in plain["collectives"]}
+        extra = [(c["kind"], c["purpose"], c["count"] - counted.get((c["kind"], c["purpose"], tuple(c["ranks"])), (0, 0))[0],
+                  c["bytes"] - counted.get((c["kind"], c["purpose"], tuple(c["ranks"])), (0, 0))[1])
+                 for c in packed["collectives"]]
+        extra = [e for e in extra if e[2:] != (0, 0)]
+        last = packed["stage"] == layout.pp - 1
+        assert extra == ([("AllReduce", "operator", layout.micro_steps, 4 * layout.micro_steps)] if last else []), extra
+        assert len(packed["collectives"]) == len(plain["collectives"])
 
 
 def test_packed_sft_with_composite_attention_under_model_parallel():

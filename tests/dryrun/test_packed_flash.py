@@ -81,7 +81,7 @@ def test_the_ends_are_computed_from_the_ranks_own_rows(compiled):
         # segment_ids [1 block, 2 rows, S, 1] against the slots: this rank's rows only
         assert in_slot and all(shapes == [(1, rows, s, 1), (1, 1, 1, slots), (1, rows, s, slots)]
                                for shapes in in_slot)
-        segments = report["inputs"][3]
+        segments = report["inputs"][2]  # tokens, loss_mask, segment_ids
         assert segments["gathered_over"] == [] and segments["rows"] * layout.dp == segments["global_rows"]
         lines = ir.splitlines()
         moved = [lines[i + 1] for i, line in enumerate(lines) if _COLLECTIVE.search(line)]

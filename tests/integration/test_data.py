@@ -187,7 +187,7 @@ def test_valid_fraction_holds_out_whole_documents_evenly_and_deterministically(w
                                                   "num_samples": read_manifest(outputs[0] / "valid")["num_samples"]}
     for sub in ("", "valid"):
         first, again = stored(outputs[0] / sub), stored(outputs[1] / sub)
-        assert len(first) == len(again) and all(np.array_equal(a["tokens"], b["tokens"])
+        assert len(first) == len(again) and all(np.array_equal(a["input_ids"], b["input_ids"])
                                                 for a, b in zip(first, again))
     cfg = make_cfg(outputs[0] / "valid", tokenizer=tokenizer, shuffle=False)
     assert steps(cfg, count=1)[0]["tokens"].shape == (2, SEQ + 1)  # a data folder the loader reads

@@ -53,7 +53,7 @@ def global_steps(cfg, world=1, start=0, count=None):
         steps = []
         for _ in range(count):
             micro = [next(stream) for _ in range(accumulation)]
-            steps.append([[int(row[0]) for row in m["input_ids"]] for m in micro])
+            steps.append([[int(row[0]) for row in m["tokens"]] for m in micro])
         per_rank.append(steps)
     out = []
     for s in range(count):  # micro step m of every rank, then m + 1: the global order (dataset.py)

@@ -5,7 +5,7 @@ same initialisation scale, optimizer hyper-parameters (AdamW: lr table, betas, e
 decay on matrices only, global-norm clip) and batch, and returns a `System` whose `step()` runs one
 optimizer step and returns the loss as a Python float (which waits for the step to finish).
 
-* mindscale:   `mindscale.train.loop.trainer.Trainer`'s own TrainStep (what `run_train.py` runs), via its runtime setup.
+* mindscale:   the TrainStep `run_train.py` trains (`mindscale.train.loop.step.build_train_graph`), after its runtime setup.
 * mindformers: mindformers 1.9.0 `LlamaForCausalLM` in graph mode (`use_rope_slice=True,
   fused_rms_norm=False, use_flash_attention=False`) with MindSpore's AdamWeightDecay and a
   TrainOneStepCell that clips the global gradient norm (MindFormers' own MFTrainOneStepCell needs
@@ -16,8 +16,6 @@ Every system sees the same token/label pairs: `batch` is [B, S + 1] ids; inputs 
 batch[:, 1:], every position counted in the loss.
 """
 from __future__ import annotations
-
-import dataclasses
 
 import os
 from dataclasses import dataclass
@@ -57,14 +55,16 @@ def build_mindscale(cfg: Config, batch: np.ndarray) -> System:
     import mindspore as ms
     from mindspore import Tensor
 
+    from mindscale.config import Layout
     from mindscale.train.loop.runtime import setup
-    from mindscale.train.loop.trainer import Trainer
+    from mindscale.train.loop.step import build_train_graph
 
-    # no compile cache: the bench times the compile (and runs from bench/work, where MindSpore could not
-    # open the entry script it hashes into the cache)
-    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, compile_cache=False))
-    trainer = Trainer(cfg, setup(cfg))  # setup: graph mode, CPU, threads_num = cores of this process
-    step_cell = trainer.step_cell
+    rt = setup(cfg)  # graph mode, CPU, threads_num = cores of this process
+    # The graph the Trainer trains (build_train_graph), not the Trainer: it compiles the step on its first
+    # batch while it is built, so the first step() would not time the compile, and its data reader's thread
+    # would share the one core the steps are timed on.
+    graph = build_train_graph(cfg, Layout.of(cfg, rt.device_target, rt.world))
+    step_cell = graph.step
     # The trainer's batch layout: the stored tokens [rows, seq + 1] (a step's micro batches stacked; one here)
     tokens = Tensor(batch)
 
@@ -72,7 +72,7 @@ def build_mindscale(cfg: Config, batch: np.ndarray) -> System:
         loss, _grad_norm, _overflow, _scale = step_cell(tokens)
         return float(loss.asnumpy())
 
-    return System(step, _mindspore_param_count(trainer.model.trainable_params()), f"mindspore {ms.__version__}",
+    return System(step, _mindspore_param_count(graph.model.trainable_params()), f"mindspore {ms.__version__}",
                   lambda: step_cell.compile(tokens))
 
 

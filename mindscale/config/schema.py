@@ -271,7 +271,18 @@ class ParallelConfig:
 
     @property
     def devices(self) -> int:
-        return self.data_parallel * self.model_parallel * self.context_parallel * self.pipeline_stage
+        return self.data_parallel * self.replica_devices
+
+    @property
+    def replica_devices(self) -> int:
+        """The devices of one data-parallel replica (t x c x p): a world must be a multiple of it."""
+        return self.model_parallel * self.context_parallel * self.pipeline_stage
+
+    def replica_degrees(self) -> dict[str, int]:
+        """The degrees that make up `replica_devices`, for messages (context_parallel only when used)."""
+        return {"model_parallel": self.model_parallel,
+                **({"context_parallel": self.context_parallel} if self.context_parallel > 1 else {}),
+                "pipeline_stage": self.pipeline_stage}
 
 
 @dataclass

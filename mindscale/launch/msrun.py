@@ -111,12 +111,11 @@ def fit_data_parallel(cfg: Config, world: int) -> str | None:
     p = cfg.parallel
     if p.devices == world:
         return None
-    other = p.model_parallel * p.pipeline_stage
-    if world % other:
-        raise LaunchError(
-            f"{world} device(s) cannot hold parallel.model_parallel={p.model_parallel} x "
-            f"parallel.pipeline_stage={p.pipeline_stage} = {other}; use a multiple of {other} devices")
-    return f"parallel.data_parallel={world // other}"
+    replica = p.replica_devices
+    if world % replica:
+        product = " x ".join(f"parallel.{key}={n}" for key, n in p.replica_degrees().items())
+        raise LaunchError(f"{world} device(s) cannot hold {product} = {replica}; use a multiple of {replica} devices")
+    return f"parallel.data_parallel={world // replica}"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -922,7 +922,7 @@ def _batch_overrides(cfg: Config, dp: int, pp: int, mbs: int) -> list[str] | Non
 def replan_devices(cfg: Config, devices: int) -> Config:
     """Same model/context/pipeline parallel and global batch on `devices` cards: data_parallel changes."""
     p = cfg.parallel
-    group = p.model_parallel * p.context_parallel * p.pipeline_stage
+    group = p.replica_devices
     if devices < 1 or devices % group:
         raise PlanError(f"--devices {devices} is not a multiple of model_parallel x context_parallel x pipeline_stage "
                         f"= {p.model_parallel} x {p.context_parallel} x {p.pipeline_stage} = {group}; pick a multiple "

@@ -73,10 +73,12 @@ def check_runnable(cfg: Config, device: str, world: int) -> None:
         raise ConfigError(f"hardware={cfg.hardware.name!r} describes {cfg.hardware.device_target} but this host runs "
                           "on CPU; add --set hardware=cpu (MFU needs the right peak)")
     if cfg.devices != world:
-        raise ConfigError(
-            f"the config needs {cfg.devices} devices (data_parallel={p.data_parallel} x model_parallel="
-            f"{p.model_parallel} x pipeline_stage={p.pipeline_stage}) but {world} worker(s) were started; launch "
-            f"{cfg.devices} workers or --set parallel.data_parallel={max(world // (p.model_parallel * p.pipeline_stage), 1)}")
+        degrees = {"data_parallel": p.data_parallel, **p.replica_degrees()}
+        product = " x ".join(f"{key}={n}" for key, n in degrees.items())
+        fix = f"--set parallel.data_parallel={world // p.replica_devices}" if world % p.replica_devices == 0 else \
+            f"a multiple of {p.replica_devices} workers for another data_parallel"
+        raise ConfigError(f"the config needs {cfg.devices} devices ({product}) but {world} worker(s) were started; "
+                          f"launch {cfg.devices} workers or {fix}")
 
 
 # the hardware profile that describes each chip MindSpore names (configs/hardware/)

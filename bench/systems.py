@@ -55,7 +55,6 @@ def build_mindscale(cfg: Config, batch: np.ndarray) -> System:
     import mindspore as ms
     from mindspore import Tensor
 
-    from mindscale.config import Layout
     from mindscale.train.loop.runtime import setup
     from mindscale.train.loop.step import build_train_graph
 
@@ -63,7 +62,7 @@ def build_mindscale(cfg: Config, batch: np.ndarray) -> System:
     # The graph the Trainer trains (build_train_graph), not the Trainer: it compiles the step on its first
     # batch while it is built, so the first step() would not time the compile, and its data reader's thread
     # would share the one core the steps are timed on.
-    graph = build_train_graph(cfg, Layout.of(cfg, rt.device_target, rt.world))
+    graph = build_train_graph(cfg, rt.layout)
     step_cell = graph.step
     # The trainer's batch layout: the stored tokens [rows, seq + 1] (a step's micro batches stacked; one here)
     tokens = Tensor(batch)

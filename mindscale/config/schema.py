@@ -278,11 +278,17 @@ class ParallelConfig:
         """The devices of one data-parallel replica (t x c x p): a world must be a multiple of it."""
         return self.model_parallel * self.context_parallel * self.pipeline_stage
 
-    def replica_degrees(self) -> dict[str, int]:
-        """The degrees that make up `replica_devices`, for messages (context_parallel only when used)."""
-        return {"model_parallel": self.model_parallel,
-                **({"context_parallel": self.context_parallel} if self.context_parallel > 1 else {}),
-                "pipeline_stage": self.pipeline_stage}
+    def replica_product(self, prefix: str = "") -> str:
+        """`replica_devices` as its degrees, for messages: 'model_parallel=4 x context_parallel=8 x
+        pipeline_stage=1' (context_parallel only when used; each key after `prefix`)."""
+        degrees = {"model_parallel": self.model_parallel,
+                   **({"context_parallel": self.context_parallel} if self.context_parallel > 1 else {}),
+                   "pipeline_stage": self.pipeline_stage}
+        return " x ".join(f"{prefix}{key}={n}" for key, n in degrees.items())
+
+    def data_parallel_for(self, world: int) -> int | None:
+        """The data_parallel with which this layout uses `world` devices; None if no data_parallel does."""
+        return world // self.replica_devices if world >= 1 and world % self.replica_devices == 0 else None
 
 
 @dataclass

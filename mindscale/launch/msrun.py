@@ -111,11 +111,11 @@ def fit_data_parallel(cfg: Config, world: int) -> str | None:
     p = cfg.parallel
     if p.devices == world:
         return None
-    replica = p.replica_devices
-    if world % replica:
-        product = " x ".join(f"parallel.{key}={n}" for key, n in p.replica_degrees().items())
-        raise LaunchError(f"{world} device(s) cannot hold {product} = {replica}; use a multiple of {replica} devices")
-    return f"parallel.data_parallel={world // replica}"
+    dp = p.data_parallel_for(world)
+    if dp is None:
+        raise LaunchError(f"{world} device(s) cannot hold {p.replica_product('parallel.')} = {p.replica_devices}; "
+                          f"use a multiple of {p.replica_devices} devices")
+    return f"parallel.data_parallel={dp}"
 
 
 # ----------------------------------------------------------------------------------------------

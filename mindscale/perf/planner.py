@@ -922,12 +922,11 @@ def _batch_overrides(cfg: Config, dp: int, pp: int, mbs: int) -> list[str] | Non
 def replan_devices(cfg: Config, devices: int) -> Config:
     """Same model/context/pipeline parallel and global batch on `devices` cards: data_parallel changes."""
     p = cfg.parallel
-    group = p.replica_devices
-    if devices < 1 or devices % group:
+    dp = p.data_parallel_for(devices)
+    if dp is None:
         raise PlanError(f"--devices {devices} is not a multiple of model_parallel x context_parallel x pipeline_stage "
-                        f"= {p.model_parallel} x {p.context_parallel} x {p.pipeline_stage} = {group}; pick a multiple "
-                        "or change them with --set")
-    dp = devices // group
+                        f"= {p.model_parallel} x {p.context_parallel} x {p.pipeline_stage} = {p.replica_devices}; "
+                        "pick a multiple or change them with --set")
     batch = _batch_overrides(cfg, dp, p.pipeline_stage, cfg.train.micro_batch_size)
     if batch is None:
         raise PlanError(f"global batch {cfg.global_batch_size} cannot be split over data_parallel={dp} x "

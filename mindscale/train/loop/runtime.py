@@ -73,11 +73,11 @@ def check_runnable(cfg: Config, device: str, world: int) -> None:
         raise ConfigError(f"hardware={cfg.hardware.name!r} describes {cfg.hardware.device_target} but this host runs "
                           "on CPU; add --set hardware=cpu (MFU needs the right peak)")
     if cfg.devices != world:
-        degrees = {"data_parallel": p.data_parallel, **p.replica_degrees()}
-        product = " x ".join(f"{key}={n}" for key, n in degrees.items())
-        fix = f"--set parallel.data_parallel={world // p.replica_devices}" if world % p.replica_devices == 0 else \
+        dp = p.data_parallel_for(world)
+        fix = f"--set parallel.data_parallel={dp}" if dp else \
             f"a multiple of {p.replica_devices} workers for another data_parallel"
-        raise ConfigError(f"the config needs {cfg.devices} devices ({product}) but {world} worker(s) were started; "
+        raise ConfigError(f"the config needs {cfg.devices} devices (data_parallel={p.data_parallel} x "
+                          f"{p.replica_product()}) but {world} worker(s) were started; "
                           f"launch {cfg.devices} workers or {fix}")
 
 

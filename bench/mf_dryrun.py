@@ -101,5 +101,10 @@ def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
     return compile_step(step, (ids,), network, network, rt, ir_dir)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The dry-run worker's command line, compiling MindFormers' model (mindscale.launch.dryrun_forks calls it)."""
+    return dryrun.main(argv, compile_fn=compile_rank)
+
+
 if __name__ == "__main__":
-    sys.exit(dryrun.main(compile_fn=compile_rank))
+    sys.exit(main())

@@ -3,7 +3,8 @@ planner says of the same ranks (tools/dryrun.py prints it; docs/dryrun.md says w
 does not verify).
 
 Each rank runs mindscale.launch.dryrun_worker (the per-rank worker) with MS_SIMULATION_LEVEL=0 and, where CANN
-is not installed, the stand-in libraries of mindscale.launch.standins. A rank's report is the worker's
+is not installed, the stand-in libraries of mindscale.launch.standins, in a process forked from one that
+imported them once (mindscale.launch.dryrun_forks). A rank's report is the worker's
 JSON, or {"compiled": False, "error": ...} when its process failed; a compiled one gets `planned`: the
 planner's bytes for that rank's stage and its predicted communication, with ratios to the compiled ones.
 """
@@ -12,10 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -114,47 +116,81 @@ def compiler_reason(log: str) -> str | None:
     return match.group(1).strip() if match else None
 
 
-def run_rank(job: Job, rank: int, devices: int) -> dict:
-    """Compile `rank` of `devices` in a worker process; its report, or why the process failed. Bad input
-    the worker found comes back as {"compiled": False, "rank": rank, "bad_input": <its one line>}."""
+def rank_environment(job: Job, rank: int, devices: int) -> dict:
+    """The environment a rank's compile runs in; every key but RANK_ID and MS_DEV_SAVE_GRAPHS_PATH is the
+    same for every rank of the job (the process they are forked from starts with it: dryrun_forks.py)."""
     env = dryrun_environment(dict(os.environ), rank, devices)
-    with tempfile.TemporaryDirectory(prefix=f"mindscale-ir-rank{rank}-") as scratch:
-        ir = str(job.ir_dir / f"rank{rank}") if job.ir_dir else scratch
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-        env.update({"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(job.compile_cache)}
-                   if job.compile_cache else {"MS_COMPILER_CACHE_ENABLE": "0"})
-        if job.collectives:  # the compiled graph as text: MindSpore writes only this pass's IR
-            env.update({"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_SAVE_GRAPHS_PATH": ir, "MS_DEV_DUMP_IR_PASSES": "validate"})
-        argv = [sys.executable, "-m", job.worker, "--config", str(Path(job.config).resolve()),
-                *[x for o in [*job.overrides, ASCEND] for x in ("--set", o)]]
-        if job.packed:
-            argv.append("--packed")
-        log = job.log_dir / f"dryrun_rank{rank}.log"
-        workdir = job.log_dir / f"rank{rank}"  # MindSpore writes what it dumps on a failure here (analyze_fail.ir)
-        workdir.mkdir(exist_ok=True)
-        try:
-            with open(log, "w") as err:
-                proc = subprocess.run(argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
-                                      timeout=job.timeout)
-        except subprocess.TimeoutExpired:
-            return {"compiled": False, "error": f"compile did not finish in {job.timeout} s (log {log})",
-                    "rank": rank}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env.update({"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(job.compile_cache)}
+               if job.compile_cache else {"MS_COMPILER_CACHE_ENABLE": "0"})
+    if job.collectives:  # the compiled graph as text: MindSpore writes only this pass's IR
+        env.update({"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_DUMP_IR_PASSES": "validate"})
+    return env
+
+
+def rank_report(job: Job, rank: int, returncode: int, stdout: str) -> dict:
+    """A rank's report from what its process printed and logged, or why the process failed. Bad input the
+    worker found comes back as {"compiled": False, "rank": rank, "bad_input": <its one line>}."""
+    log = job.log_dir / f"dryrun_rank{rank}.log"
     text = log.read_text()
-    if proc.returncode == 2:  # bad input the worker found: reported by the caller, in one line
+    if returncode == -signal.SIGALRM:
+        return {"compiled": False, "error": f"compile did not finish in {job.timeout} s (log {log})", "rank": rank}
+    if returncode == 2:  # bad input the worker found: reported by the caller, in one line
         said = [line for line in text.splitlines() if line.startswith("error: ")]
         return {"compiled": False, "rank": rank, "bad_input": (said or ["error: bad input"])[-1][len("error: "):]}
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if lines and proc.returncode == 0:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if lines and returncode == 0:
         report = json.loads(lines[-1])
         reason = compiler_reason(text)
         if not report["compiled"] and reason:
             report["error"] += f"; {reason}"
         return report
     tail = [line for line in text.splitlines() if line.strip() and not NOISE.search(line)][-3:]
-    cause = (f"signal {-proc.returncode}" + (" (SIGKILL: most likely out of host memory)" if proc.returncode == -9
-                                              else "")) if proc.returncode < 0 else f"exit {proc.returncode}"
+    cause = (f"signal {-returncode}" + (" (SIGKILL: most likely out of host memory)" if returncode == -9
+                                        else "")) if returncode < 0 else f"exit {returncode}"
     return {"compiled": False, "error": f"the compile process ended with {cause}: {' | '.join(tail)} (log {log})",
             "rank": rank}
+
+
+def forked_ranks(job: Job, ranks: list[int], devices: int, workers: int) -> Iterator[dict]:
+    """Each rank's report, in the order the ranks finish: every rank a child of one process that imported
+    MindSpore and the worker once (mindscale.launch.dryrun_forks), `workers` compiling at once."""
+    scratch = Path(tempfile.mkdtemp(prefix="mindscale-ir-"))
+    spec = {"worker": job.worker, "jobs": workers, "timeout": job.timeout, "ranks": [],
+            "argv": ["--config", str(Path(job.config).resolve()), *[x for o in [*job.overrides, ASCEND] for x in ("--set", o)],
+                     *(["--packed"] if job.packed else [])]}
+    for index, rank in enumerate(ranks):
+        workdir = job.log_dir / f"rank{rank}"  # MindSpore writes what it dumps on a failure here (analyze_fail.ir)
+        workdir.mkdir(exist_ok=True)
+        ir = job.ir_dir / f"rank{rank}" if job.ir_dir else scratch / f"rank{rank}"
+        env = {"RANK_ID": str(rank), **({"MS_DEV_SAVE_GRAPHS_PATH": str(ir)} if job.collectives else {})}
+        spec["ranks"].append({"index": index, "env": env, "cwd": str(workdir), "stdout": str(workdir / "report.json"),
+                              "log": str(job.log_dir / f"dryrun_rank{rank}.log")})
+    log = job.log_dir / "dryrun_forks.log"
+    reported = set()
+    try:
+        with open(log, "w") as err, subprocess.Popen(
+                [sys.executable, "-m", "mindscale.launch.dryrun_forks"], env=rank_environment(job, ranks[0], devices),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True) as proc:
+            try:
+                proc.stdin.write(json.dumps(spec) + "\n")
+                proc.stdin.close()
+                for message in (json.loads(line) for line in proc.stdout if line.startswith("{")):
+                    index = message["index"]
+                    reported.add(index)
+                    shutil.rmtree(scratch / f"rank{ranks[index]}", ignore_errors=True)
+                    stdout = Path(spec["ranks"][index]["stdout"]).read_text()
+                    yield {"index": index, **rank_report(job, ranks[index], message["returncode"], stdout)}
+            finally:  # a caller that stops early (bad input) leaves no compile running
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+        tail = [line for line in log.read_text().splitlines() if line.strip() and not NOISE.search(line)][-3:]
+        for index in sorted(set(range(len(ranks))) - reported):
+            yield {"index": index, "compiled": False, "rank": ranks[index],
+                   "error": f"the dry-run process ended with exit {proc.returncode} before compiling this rank: "
+                            f"{' | '.join(tail)} (log {log})"}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def compile_ranks(cfg: Config, job: Job, ranks: list[int], workers: int = 1) -> Iterator[dict]:
@@ -163,8 +199,12 @@ def compile_ranks(cfg: Config, job: Job, ranks: list[int], workers: int = 1) -> 
     cann_lib64()  # StandinError (one line) when a tool is missing
     libgomp()
     devices = Layout.of(cfg, "Ascend").devices
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for report in pool.map(lambda rank: run_rank(job, rank, devices), ranks):
+    finished, following = {}, 0
+    for report in forked_ranks(job, ranks, devices, workers):
+        finished[report.pop("index")] = report
+        while following in finished:
+            report = finished.pop(following)
+            following += 1
             if "bad_input" in report:
                 raise ConfigError(report["bad_input"])
             if report["compiled"]:

@@ -15,12 +15,15 @@ executes, so these tests prove what the compiler accepts and what the compiled g
   one gradient reduction per step under accumulation, the gradient norm's all-reduce within and
   across stages, pipeline sends, and a bad strategy refused.
 """
+import contextlib
+import io
 import json
 import math
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -37,6 +40,7 @@ from models import mf_convert
 from models.weights import SlicedWeights, load_weights, merge_slices, take_slice
 from tests import shared
 from tests.cores import one_core
+from tools import dryrun as dryrun_tool
 
 SHIPPED = sorted(p for d in (*SCALE_DIRS, "finetune") for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
                  if p.name != "base.yaml" and load_config(p).hardware.device_target == "Ascend")
@@ -48,18 +52,20 @@ SMALL = ["hardware=ascend910b", "model.hidden_size=64", "model.num_heads=4", "mo
 
 
 def dryrun(config, *overrides, ranks="first,last", packed=False, ir_dir=None):
-    """tools/dryrun.py --json as a user runs it: one report per rank (with `ir_dir`, each rank's validate IR
-    kept in <ir_dir>/rank<R>). A successful compile without `ir_dir` is compiled once in the session and
-    shared by every test (and xdist worker) asking for the same arguments (tests/shared.py;
-    test_input_rows.py reads the shipped twins' compiles)."""
+    """tools/dryrun.py --json as a user runs it, called in this process (its ranks compile in their own): one
+    report per rank (with `ir_dir`, each rank's validate IR kept in <ir_dir>/rank<R>). A successful compile
+    without `ir_dir` is compiled once in the session and shared by every test (and xdist worker) asking for
+    the same arguments (tests/shared.py; test_input_rows.py reads the shipped twins' compiles)."""
     def compile_ranks():
-        argv = [sys.executable, "tools/dryrun.py", "--config", str(config), "--ranks", ranks, "--jobs", "2", "--json",
+        log_dir = tempfile.mkdtemp(dir=shared.ROOT, prefix="dryrun-")
+        argv = ["--config", str(config), "--ranks", ranks, "--jobs", "2", "--json", "--log-dir", log_dir,
                 *[a for o in overrides for a in ("--set", o)], *(["--packed"] if packed else []),
                 *(["--ir-dir", str(ir_dir)] if ir_dir else [])]
-        proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
-        reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-        assert proc.returncode == 0 and all(r["compiled"] for r in reports), \
-            [r.get("error") for r in reports] or proc.stderr[-2000:]
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            code = dryrun_tool.main(argv)
+        reports = [json.loads(line) for line in printed.getvalue().splitlines() if line.startswith("{")]
+        assert code == 0 and all(r["compiled"] for r in reports), [r.get("error") for r in reports] or log_dir
         return reports
 
     return compile_ranks() if ir_dir else shared.once(["dryrun", str(config), overrides, ranks, packed], compile_ranks)

@@ -30,13 +30,18 @@ from mindscale.train.loop.compile_cache import SHARED_DIR_ENV  # noqa: E402
 PROCESS_TIERS = {"integration": ("integration",), "dryrun": ("integration", "dryrun")}
 
 
+# modules whose costly module fixture is parametrized: a worker takes the tests of one parameter at a time
+BY_PARAMETER = ("tests/dryrun/", "tests/models/test_generate.py")
+
+
 def work_unit(nodeid: str) -> str:
     """What one pytest-xdist worker runs together: a module, so its module-scoped fixtures are built once.
     In tests/dryrun/test_dryrun.py, whose compiles are shared by the whole session (tests/shared.py), a test
-    alone; in the other dry-run modules the tests of one fixture parameter (one compiled layout, whose IR a
-    module fixture reads: split over workers, each would compile it again)."""
+    alone; in the other dry-run modules, and in BY_PARAMETER's, the tests of one fixture parameter (one
+    compiled layout whose IR a module fixture reads, one converted model: split over workers, each would
+    build it again)."""
     module, _, test = nodeid.partition("::")
-    if not module.startswith("tests/dryrun/"):
+    if not module.startswith(BY_PARAMETER):
         return module
     if module.endswith("test_dryrun.py"):
         return nodeid
@@ -110,3 +115,4 @@ def session_shared_folder(tmp_path_factory):
     # runs of one graph load its compile from the session's cache (compile_cache.py; a test that checks the
     # run folder's own cache removes this from its runs' environment)
     os.environ.setdefault(SHARED_DIR_ENV, str(shared.ROOT / "compile_cache"))
+

@@ -495,10 +495,13 @@ def in_flight_forwards(pp: int, interleave: int, micro_batches: int, stage: int)
     return min(2 * (pp - stage - 1) + (interleave - 1) * pp + 1, interleave * micro_batches)
 
 
-def forward_chunk(pp: int, interleave: int, k: int) -> int:
-    """The model chunk of a stage's k-th forward (from 0) under interleaved 1F1B: groups of p micro
-    batches run chunk 0, then chunk 1, ... (Megatron's get_model_chunk_id)."""
-    return k // pp % interleave
+def chunk_forwards(pp: int, interleave: int, forwards: int) -> list[int]:
+    """How many of a stage's first `forwards` forwards run each model chunk under interleaved 1F1B: groups of p
+    micro batches run chunk 0, then chunk 1, ... (Megatron's get_model_chunk_id: the k-th forward, from 0, runs
+    chunk k // p mod v), so every round of p x v forwards runs each chunk p times, a last partial round its
+    first chunks."""
+    rounds, rest = divmod(forwards, pp * interleave)
+    return [rounds * pp + min(pp, max(0, rest - c * pp)) for c in range(interleave)]
 
 
 def _in_flight_bytes(layout: Layout, stage: int, per_layer: list[float]) -> float:
@@ -508,7 +511,8 @@ def _in_flight_bytes(layout: Layout, stage: int, per_layer: list[float]) -> floa
     for i, layer in enumerate(layout.layers_of_stage(stage)):
         chunks[layout.chunks_of_layers[layer]] += per_layer[i]
     in_flight = in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, stage)
-    return sum(chunks[forward_chunk(layout.pp, layout.interleave, k)] for k in range(in_flight))
+    forwards = chunk_forwards(layout.pp, layout.interleave, in_flight)
+    return sum(held * times for held, times in zip(chunks, forwards))
 
 
 def _stage_layer_roles(layout: Layout, stage: int, recomputed: int | None, offloaded: int | None) -> list[str]:
@@ -552,10 +556,11 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
 
     roles = _stage_layer_roles(layout, stage, recomputed, offloaded)
     flash = layout.attention == "flash"
-    kept = _model_layer_activation_bytes(cfg, "none", flash)
+    # per config: a search's bisections ask them of one config for each number of recomputed or offloaded layers
+    kept = _per_config("kept", cfg, lambda c: _model_layer_activation_bytes(c, "none", flash))
     resident = {"kept": kept, "offloaded": offload_resident_bytes(cfg) if "offloaded" in roles else 0.0,
-                "recomputed": _model_layer_activation_bytes(cfg, layout.recompute, flash) if "recomputed" in roles
-                else 0.0}
+                "recomputed": _per_config("recomputed", cfg, lambda c: _model_layer_activation_bytes(
+                    c, layout.recompute, flash)) if "recomputed" in roles else 0.0}
     activations = _in_flight_bytes(layout, stage, [resident[role] for role in roles])
     if "recomputed" in roles and layout.recompute == "full":
         activations += rematerialised_bytes(cfg, flash)  # one layer at a time during backward
@@ -899,10 +904,19 @@ def offload_plan(cfg: Config) -> dict:
 
 def with_overrides(cfg: Config, overrides: list[str]) -> Config:
     """`cfg` with `--set`-style overrides applied and re-validated (raises ConfigError)."""
-    tree = cfg.to_dict()  # dataclasses.asdict: new containers throughout, nothing of cfg's shared
+    tree = _copied(_per_config("tree", cfg, Config.to_dict))
     for assignment in overrides:
         apply_override(tree, assignment)
     return config_from_tree(tree)
+
+
+def _copied(node):
+    """A config tree's copy, new containers throughout (nothing shared between the configs made from it). A
+    search makes thousands of configs from a few: dataclasses.asdict, which deep-copies every leaf, was a fifth
+    of its time."""
+    if isinstance(node, dict):
+        return {key: _copied(value) for key, value in node.items()}
+    return [_copied(value) for value in node] if isinstance(node, list) else node
 
 
 def _batch_overrides(cfg: Config, dp: int, pp: int, mbs: int) -> list[str] | None:

@@ -228,7 +228,8 @@ def test_in_flight_forwards_follow_megatrons_warm_up():
     assert [planner.in_flight_forwards(4, 1, 8, k) for k in range(4)] == [4, 3, 2, 1]
     assert planner.in_flight_forwards(4, 2, 2, 0) == 4
     assert planner.in_flight_forwards(4, 2, 8, 0) / 2 == 4 * (1 + 3 / (4 * 2))
-    assert [planner.forward_chunk(4, 2, k) for k in range(11)] == [0] * 4 + [1] * 4 + [0] * 3
+    assert planner.chunk_forwards(4, 2, 11) == [4 + 3, 4]   # chunks 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0
+    assert planner.chunk_forwards(4, 1, 3) == [3] and planner.chunk_forwards(2, 3, 13) == [5, 4, 4]
 
 
 def test_interleaved_activations_sum_the_chunks_in_flight(cfg405, cfg405_v2):

@@ -28,7 +28,7 @@ XDIST := -n 2
 test: $(VENV)/.dev
 	MINDSCALE_TEST_DURATIONS=output/test-durations.json $(PY) -m pytest -q -n 3 --durations=15 tests bench/test_bench.py
 
-test-quick: $(VENV)/.dev  # no processes: unit and model tests (target under 2 minutes; 165 s at df91343, the planner searches)
+test-quick: $(VENV)/.dev  # no processes: unit and model tests (target under 2 minutes; 118 s on one host at ba2b682, 152 s on a slower one)
 	$(PY) -m pytest -q $(XDIST) -m "not integration" tests
 
 bench: $(VENV)/.dev

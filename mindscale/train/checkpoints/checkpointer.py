@@ -93,7 +93,7 @@ class Checkpointer:
             return Start(pretrained=pretrained)
         weights, optimizer_state, state = ckpt.load_checkpoint(latest, verified=True)
         saved_layout, ours = state.get("layout", {}), ckpt.layout_record(self.cfg, self.layout)
-        if saved_layout != ours:
+        if not ckpt.same_layout(saved_layout, ours):
             raise ckpt.CheckpointError(
                 f"{latest} was written under the layout {saved_layout or 'unsharded'}, this run is "
                 f"{ours or 'unsharded'}; reshard it first: python tools/reshard.py --input {latest} --config "

@@ -28,8 +28,8 @@ from mindscale.train.checkpoints.committed import step_dir_name
 from models.weights import WEIGHTS, assign, load_weights
 
 __all__ = ["MARKER", "WEIGHTS", "OPTIMIZER", "STATE", "CONFIG", "CheckpointError", "assign", "load_weights",
-           "save_checkpoint", "BackgroundSave", "layout_record", "complete_checkpoints", "latest_checkpoint",
-           "checkpoint_step", "load_checkpoint", "step_dir_name"]
+           "save_checkpoint", "BackgroundSave", "layout_record", "same_layout", "complete_checkpoints",
+           "latest_checkpoint", "checkpoint_step", "load_checkpoint", "step_dir_name"]
 
 OPTIMIZER = "optimizer.safetensors"
 STATE = "state.json"
@@ -37,11 +37,21 @@ CONFIG = "config.yaml"
 
 
 def layout_record(cfg, layout) -> dict:
-    """What a rank's checkpoint slices depend on (state.json "layout"): compared on resume; {} unsharded."""
+    """What a rank's checkpoint slices depend on (state.json "layout"): compared on resume (same_layout); {}
+    unsharded. stages_of_layers is which stage holds each decoder layer, which pipeline_interleave and
+    stage_offset change under the same pipeline_stage."""
     p = cfg.parallel
     return {"devices": layout.devices, "data_parallel": p.data_parallel, "model_parallel": p.model_parallel,
             "pipeline_stage": p.pipeline_stage, "optimizer_shard": layout.optimizer_shard,
-            "vocab_parallel": layout.vocab_parallel} if layout.sharded else {}
+            "vocab_parallel": layout.vocab_parallel, "expert_parallel": p.expert_parallel,
+            "stages_of_layers": list(layout.stages_of_layers)} if layout.sharded else {}
+
+
+def same_layout(saved: dict, ours: dict) -> bool:
+    """Whether a checkpoint whose state.json holds the layout record `saved` resumes under `ours`. A record
+    written before expert_parallel and stages_of_layers were added (2026-12-06) is compared on the keys it
+    holds: such a checkpoint resumes as it did before."""
+    return bool(saved) == bool(ours) and saved.keys() <= ours.keys() and all(ours[k] == v for k, v in saved.items())
 
 
 def _fault_point(name: str, step: int) -> None:

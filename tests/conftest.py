@@ -115,4 +115,3 @@ def session_shared_folder(tmp_path_factory):
     # runs of one graph load its compile from the session's cache (compile_cache.py; a test that checks the
     # run folder's own cache removes this from its runs' environment)
     os.environ.setdefault(SHARED_DIR_ENV, str(shared.ROOT / "compile_cache"))
-

@@ -3,10 +3,14 @@
 It imports MindSpore, the training graph's modules and the worker module once, then forks one child per
 rank, at most `jobs` at a time. Each child takes its rank's environment (RANK_ID, where MindSpore dumps its
 IR), working folder, stdout and log, and runs the worker's `main(argv)` as `python -m <worker>` would. A
-small twin's rank spent a third of its CPU importing (1.9 of 5.8 s); a forked one imports nothing.
+small twin's rank spent a third of its CPU importing (1.9 of 5.8 s); a forked one imports only what the
+worker imports lazily (MindFormers, for bench/mf_dryrun.py).
 
-The process is started with the environment every rank shares (dryrun_ranks.rank_environment): the loader
-reads LD_LIBRARY_PATH and LD_PRELOAD before Python runs, so they cannot be set per child.
+The process is started with the environment every rank shares (dryrun_ranks.shared_environment): the loader
+reads LD_LIBRARY_PATH and LD_PRELOAD before Python runs, so they cannot be set per child. MindSpore's import
+leaves one native thread waiting; a fork copies only the forking thread, so a lock that thread held would
+stay held in the child (none has been met: every dry-run test of make test compiles through here).
+`timeout` bounds the imports as well as each child.
 
 Protocol: one JSON line on stdin, {"worker", "argv", "jobs", "timeout", "ranks": [{"index", "env", "cwd",
 "stdout", "log"}]}; one JSON line on stdout per finished child, {"index", "returncode"} (negative: the
@@ -30,28 +34,31 @@ def run_child(module, argv: list[str], rank: dict, timeout: float) -> None:
     """In the forked child: become the rank's process, run the worker, and exit with its status."""
     code = 1
     try:
-        os.environ.update(rank["env"])
-        os.chdir(rank["cwd"])
-        for fd, path in ((1, rank["stdout"]), (2, rank["log"])):
-            opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(opened, fd)
-            os.close(opened)
-        signal.alarm(max(1, math.ceil(timeout)))
-        code = module.main(argv) or 0
-    except SystemExit as exc:  # fail(): its line is on the log already
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback on the log, exit 1
-        traceback.print_exc()
-    finally:
+        try:
+            os.environ.update(rank["env"])
+            os.chdir(rank["cwd"])
+            for fd, path in ((1, rank["stdout"]), (2, rank["log"])):
+                opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(opened, fd)
+                os.close(opened)
+            signal.alarm(max(1, math.ceil(timeout)))
+            code = module.main(argv) or 0
+        except SystemExit as exc:  # fail(): its line is on the log already
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback on the log, exit 1
+            traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
+    finally:  # whatever happened, the child never returns into the parent's loop
         os._exit(code)
 
 
 def main() -> int:
     spec = json.loads(sys.stdin.readline())
+    signal.alarm(max(1, math.ceil(spec["timeout"])))  # SIGALRM ends this process: every rank is reported failed
     for name in (*PRELOADED, spec["worker"]):
         importlib.import_module(name)
+    signal.alarm(0)
     module = sys.modules[spec["worker"]]
     pending, running = list(spec["ranks"]), {}
     while pending or running:

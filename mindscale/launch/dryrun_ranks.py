@@ -10,6 +10,7 @@ planner's bytes for that rank's stage and its predicted communication, with rati
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -40,7 +41,8 @@ class Job:
     """What every rank's compile process is given."""
     config: str                     # the YAML file as named on the command line
     overrides: tuple[str, ...]      # --set assignments
-    log_dir: Path                   # dryrun_rank<R>.log and the rank<R>/ working folder of each rank
+    log_dir: Path                   # dryrun_forks.log, and each rank's dryrun_rank<R>.log and rank<R>/ (its
+                                    # working folder, and report.json: what it printed)
     packed: bool = False            # inputs carry segment_ids (packed SFT data)
     collectives: bool = True        # dump the compiled graph to read its collectives
     timeout: float = DEFAULT_TIMEOUT_S
@@ -77,7 +79,7 @@ def choose_ranks(spec: str, layout: Layout) -> list[int]:
     if wrong:
         raise ConfigError(f"--ranks {spec}: rank {wrong[0]} is outside 0..{layout.devices - 1} (the config's "
                           f"{layout.devices} devices)")
-    return ranks
+    return list(dict.fromkeys(ranks))  # a rank named twice is compiled once
 
 
 def ring_send_bytes(row: dict) -> float:
@@ -116,9 +118,9 @@ def compiler_reason(log: str) -> str | None:
     return match.group(1).strip() if match else None
 
 
-def rank_environment(job: Job, rank: int, devices: int) -> dict:
-    """The environment a rank's compile runs in; every key but RANK_ID and MS_DEV_SAVE_GRAPHS_PATH is the
-    same for every rank of the job (the process they are forked from starts with it: dryrun_forks.py)."""
+def shared_environment(job: Job, rank: int, devices: int) -> dict:
+    """The environment every rank of the job shares (the process they are forked from starts with it:
+    dryrun_forks.py); each child sets its own RANK_ID and MS_DEV_SAVE_GRAPHS_PATH."""
     env = dryrun_environment(dict(os.environ), rank, devices)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.update({"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(job.compile_cache)}
@@ -157,20 +159,22 @@ def forked_ranks(job: Job, ranks: list[int], devices: int, workers: int) -> Iter
     MindSpore and the worker once (mindscale.launch.dryrun_forks), `workers` compiling at once."""
     scratch = Path(tempfile.mkdtemp(prefix="mindscale-ir-"))
     spec = {"worker": job.worker, "jobs": workers, "timeout": job.timeout, "ranks": [],
-            "argv": ["--config", str(Path(job.config).resolve()), *[x for o in [*job.overrides, ASCEND] for x in ("--set", o)],
-                     *(["--packed"] if job.packed else [])]}
+            "argv": ["--config", str(Path(job.config).resolve()),
+                     *[x for o in [*job.overrides, ASCEND] for x in ("--set", o)], *(["--packed"] if job.packed else [])]}
     for index, rank in enumerate(ranks):
         workdir = job.log_dir / f"rank{rank}"  # MindSpore writes what it dumps on a failure here (analyze_fail.ir)
         workdir.mkdir(exist_ok=True)
         ir = job.ir_dir / f"rank{rank}" if job.ir_dir else scratch / f"rank{rank}"
         env = {"RANK_ID": str(rank), **({"MS_DEV_SAVE_GRAPHS_PATH": str(ir)} if job.collectives else {})}
-        spec["ranks"].append({"index": index, "env": env, "cwd": str(workdir), "stdout": str(workdir / "report.json"),
-                              "log": str(job.log_dir / f"dryrun_rank{rank}.log")})
+        files = {"stdout": workdir / "report.json", "log": job.log_dir / f"dryrun_rank{rank}.log"}
+        for path in files.values():  # empty before the compile: a child that fails early, or a reused --log-dir
+            path.write_text("")
+        spec["ranks"].append({"index": index, "env": env, "cwd": str(workdir), **{k: str(v) for k, v in files.items()}})
     log = job.log_dir / "dryrun_forks.log"
     reported = set()
     try:
         with open(log, "w") as err, subprocess.Popen(
-                [sys.executable, "-m", "mindscale.launch.dryrun_forks"], env=rank_environment(job, ranks[0], devices),
+                [sys.executable, "-m", "mindscale.launch.dryrun_forks"], env=shared_environment(job, ranks[0], devices),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True) as proc:
             try:
                 proc.stdin.write(json.dumps(spec) + "\n")
@@ -181,14 +185,18 @@ def forked_ranks(job: Job, ranks: list[int], devices: int, workers: int) -> Iter
                     shutil.rmtree(scratch / f"rank{ranks[index]}", ignore_errors=True)
                     stdout = Path(spec["ranks"][index]["stdout"]).read_text()
                     yield {"index": index, **rank_report(job, ranks[index], message["returncode"], stdout)}
-            finally:  # a caller that stops early (bad input) leaves no compile running
-                if proc.poll() is None:
+            finally:  # a caller that stops early (bad input), or a process that died, leaves no compile running
+                try:
                     os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         tail = [line for line in log.read_text().splitlines() if line.strip() and not NOISE.search(line)][-3:]
+        ended = f"did not import MindSpore in {job.timeout} s" if proc.returncode == -signal.SIGALRM else \
+            f"ended with exit {proc.returncode}"
         for index in sorted(set(range(len(ranks))) - reported):
             yield {"index": index, "compiled": False, "rank": ranks[index],
-                   "error": f"the dry-run process ended with exit {proc.returncode} before compiling this rank: "
-                            f"{' | '.join(tail)} (log {log})"}
+                   "error": f"the dry-run process {ended} before compiling this rank"
+                            f"{': ' + ' | '.join(tail) if tail else ''} (log {log})"}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -200,16 +208,17 @@ def compile_ranks(cfg: Config, job: Job, ranks: list[int], workers: int = 1) -> 
     libgomp()
     devices = Layout.of(cfg, "Ascend").devices
     finished, following = {}, 0
-    for report in forked_ranks(job, ranks, devices, workers):
-        finished[report.pop("index")] = report
-        while following in finished:
-            report = finished.pop(following)
-            following += 1
-            if "bad_input" in report:
-                raise ConfigError(report["bad_input"])
-            if report["compiled"]:
-                report["planned"] = planned(cfg, report)
-            yield report
+    with contextlib.closing(forked_ranks(job, ranks, devices, workers)) as reports:  # bad input stops the rest now
+        for report in reports:
+            finished[report.pop("index")] = report
+            while following in finished:
+                report = finished.pop(following)
+                following += 1
+                if "bad_input" in report:
+                    raise ConfigError(report["bad_input"])
+                if report["compiled"]:
+                    report["planned"] = planned(cfg, report)
+                yield report
 
 
 def line(report: dict) -> str:

@@ -2,12 +2,12 @@
 
     python -m mindscale.launch.dryrun_worker --config C [--set k=v ...] [--packed]   # rank RANK_ID, JSON on stdout
 
-Run inside the environment of mindscale.launch.standins.dryrun_environment (tools/dryrun.py starts one
-such process per rank). With MS_SIMULATION_LEVEL=0 MindSpore compiles rank R's semi-auto-parallel
-graph, frontend and parallel passes (strategy checks, redistribution, pipeline split, optimizer
-shard), creates dummy communication groups, and runs nothing. The graph is built by
-mindscale.train.loop.step.build_train_graph, the function run_train.py trains with, under
-no_init_parameters: no weight is allocated.
+Run inside the environment of mindscale.launch.standins.dryrun_environment (tools/dryrun.py forks one
+such process per rank from mindscale.launch.dryrun_forks, which calls `main`). With MS_SIMULATION_LEVEL=0
+MindSpore compiles rank R's semi-auto-parallel graph, frontend and parallel passes (strategy checks,
+redistribution, pipeline split, optimizer shard), creates dummy communication groups, and runs nothing.
+The graph is built by mindscale.train.loop.step.build_train_graph, the function run_train.py trains with,
+under no_init_parameters: no weight is allocated.
 
 What the report holds, and where it comes from:
   local_shapes  every parameter of the step (weights, AdamW moments, accumulation buffers) -> its

@@ -38,3 +38,9 @@ def test_a_record_written_before_the_expert_and_stage_keys_is_compared_on_its_ow
 
 def test_sharded_and_unsharded_never_match():
     assert not same_layout({}, record()) and not same_layout(record(), {}) and same_layout({}, {})
+
+
+def test_a_record_missing_other_keys_is_refused():
+    """Only the keys added on 2026-12-06 may be missing: a record without, say, its vocabulary split is not
+    a record of the same layout."""
+    assert not same_layout({k: v for k, v in record().items() if k != "vocab_parallel"}, record())

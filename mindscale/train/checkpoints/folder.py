@@ -47,11 +47,16 @@ def layout_record(cfg, layout) -> dict:
             "stages_of_layers": list(layout.stages_of_layers)} if layout.sharded else {}
 
 
+RECORD_ADDED = ("expert_parallel", "stages_of_layers")  # 2026-12-06
+
+
 def same_layout(saved: dict, ours: dict) -> bool:
     """Whether a checkpoint whose state.json holds the layout record `saved` resumes under `ours`. A record
-    written before expert_parallel and stages_of_layers were added (2026-12-06) is compared on the keys it
-    holds: such a checkpoint resumes as it did before."""
-    return bool(saved) == bool(ours) and saved.keys() <= ours.keys() and all(ours[k] == v for k, v in saved.items())
+    written before RECORD_ADDED were kept lacks exactly those keys and is compared on the others: such a
+    checkpoint resumes as it did before."""
+    if saved and not any(key in saved for key in RECORD_ADDED):
+        ours = {key: value for key, value in ours.items() if key not in RECORD_ADDED}
+    return saved == ours
 
 
 def _fault_point(name: str, step: int) -> None:

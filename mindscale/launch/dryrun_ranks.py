@@ -118,10 +118,10 @@ def compiler_reason(log: str) -> str | None:
     return match.group(1).strip() if match else None
 
 
-def shared_environment(job: Job, rank: int, devices: int) -> dict:
+def shared_environment(job: Job, devices: int) -> dict:
     """The environment every rank of the job shares (the process they are forked from starts with it:
     dryrun_forks.py); each child sets its own RANK_ID and MS_DEV_SAVE_GRAPHS_PATH."""
-    env = dryrun_environment(dict(os.environ), rank, devices)
+    env = dryrun_environment(dict(os.environ), 0, devices)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.update({"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(job.compile_cache)}
                if job.compile_cache else {"MS_COMPILER_CACHE_ENABLE": "0"})
@@ -174,7 +174,7 @@ def forked_ranks(job: Job, ranks: list[int], devices: int, workers: int) -> Iter
     reported = set()
     try:
         with open(log, "w") as err, subprocess.Popen(
-                [sys.executable, "-m", "mindscale.launch.dryrun_forks"], env=shared_environment(job, ranks[0], devices),
+                [sys.executable, "-m", "mindscale.launch.dryrun_forks"], env=shared_environment(job, devices),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True) as proc:
             try:
                 proc.stdin.write(json.dumps(spec) + "\n")
@@ -246,11 +246,12 @@ def rank_layouts(config: str, overrides: list[str], cfg: Config, jobs: int, prog
     job = Job(config, tuple(overrides), Path(tempfile.mkdtemp(prefix="mindscale-reshard-")), collectives=False)
     by_rank = {}
     firsts = choose_ranks("stages", layout)
-    compiled = compile_ranks(cfg, job, firsts, jobs)
-    for report in progress.track(compiled, "compiling the target layout (dry run)", len(firsts), "stage"):
-        if not report["compiled"]:
-            raise CheckpointError(f"the target layout does not compile: {report['error']}")
-        raw = {n: (dev, tmap, None, 1, True, group, shape) for n, (dev, tmap, shape, group) in report["layouts"].items()}
-        for rank in layout.stage_ranks(report["stage"]):
-            by_rank[rank] = raw
+    with contextlib.closing(compile_ranks(cfg, job, firsts, jobs)) as compiled:  # a failed stage stops the rest now
+        for report in progress.track(compiled, "compiling the target layout (dry run)", len(firsts), "stage"):
+            if not report["compiled"]:
+                raise CheckpointError(f"the target layout does not compile: {report['error']}")
+            raw = {n: (dev, tmap, None, 1, True, group, shape)
+                   for n, (dev, tmap, shape, group) in report["layouts"].items()}
+            for rank in layout.stage_ranks(report["stage"]):
+                by_rank[rank] = raw
     return by_rank

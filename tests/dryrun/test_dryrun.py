@@ -58,8 +58,8 @@ def dryrun(config, *overrides, ranks="first,last", packed=False, ir_dir=None):
     the same arguments (tests/shared.py; test_input_rows.py reads the shipped twins' compiles)."""
     def compile_ranks():
         log_dir = tempfile.mkdtemp(dir=shared.ROOT, prefix="dryrun-")
-        argv = ["--config", str(config), "--ranks", ranks, "--jobs", "2", "--json", "--log-dir", log_dir, "--timeout", "900",
-                *[a for o in overrides for a in ("--set", o)], *(["--packed"] if packed else []),
+        argv = ["--config", str(config), "--ranks", ranks, "--jobs", "2", "--json", "--log-dir", log_dir,
+                "--timeout", "900", *[a for o in overrides for a in ("--set", o)], *(["--packed"] if packed else []),
                 *(["--ir-dir", str(ir_dir)] if ir_dir else [])]
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):

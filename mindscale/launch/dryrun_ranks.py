@@ -10,6 +10,7 @@ planner's bytes for that rank's stage and its predicted communication, with rati
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -119,8 +120,9 @@ def compiler_reason(log: str) -> str | None:
 
 
 def shared_environment(job: Job, devices: int) -> dict:
-    """The environment every rank of the job shares (the process they are forked from starts with it:
-    dryrun_forks.py); each child sets its own RANK_ID and MS_DEV_SAVE_GRAPHS_PATH."""
+    """The environment every rank of the job shares (each child takes it, and the process they are forked from
+    is started with its STARTUP variables: dryrun_forks.py); each child adds its own RANK_ID and
+    MS_DEV_SAVE_GRAPHS_PATH."""
     env = dryrun_environment(dict(os.environ), 0, devices)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.update({"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(job.compile_cache)}
@@ -154,51 +156,99 @@ def rank_report(job: Job, rank: int, returncode: int, stdout: str) -> dict:
             "rank": rank}
 
 
+# the variables a process reads before or while it imports MindSpore (the loader's, Python's, glog's and
+# MindSpore's): a fork server started with other values of these is not reused (dryrun_forks.py)
+STARTUP = ("LD_", "PYTHON", "GLOG_", "MS_", "ASCEND_", "HCCL_", "OMP_")
+_idle_servers: dict[tuple, list[subprocess.Popen]] = {}
+_servers: set[subprocess.Popen] = set()
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """End a fork server and every compile it runs (its process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout):
+        stream.close()
+    _servers.discard(proc)
+
+
+@atexit.register
+def stop_servers() -> None:
+    for proc in list(_servers):
+        stop_server(proc)
+
+
+def fork_server(worker: str, env: dict, log: Path) -> tuple[tuple, subprocess.Popen]:
+    """An idle fork server of `worker` started with `env`'s start-up variables, or a new one whose imports log
+    to `log`. (A worker's imports stay in its server: MindFormers' are not forked into MindScale's ranks.)"""
+    key = (worker, *sorted((k, v) for k, v in env.items() if k.startswith(STARTUP)))
+    idle = _idle_servers.setdefault(key, [])
+    while idle:
+        proc = idle.pop()
+        if proc.poll() is None:
+            return key, proc
+        stop_server(proc)
+    with open(log, "a") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "mindscale.launch.dryrun_forks"], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+    _servers.add(proc)
+    return key, proc
+
+
 def forked_ranks(job: Job, ranks: list[int], devices: int, workers: int) -> Iterator[dict]:
-    """Each rank's report, in the order the ranks finish: every rank a child of one process that imported
-    MindSpore and the worker once (mindscale.launch.dryrun_forks), `workers` compiling at once."""
+    """Each rank's report, in the order the ranks finish: every rank a child of a process that imported
+    MindSpore and the worker once (mindscale.launch.dryrun_forks), `workers` compiling at once. The process
+    serves the next job with the same start-up variables; one that stops early is ended with its compiles."""
     scratch = Path(tempfile.mkdtemp(prefix="mindscale-ir-"))
-    spec = {"worker": job.worker, "jobs": workers, "timeout": job.timeout, "ranks": [],
+    log = job.log_dir / "dryrun_forks.log"
+    spec = {"worker": job.worker, "jobs": workers, "timeout": job.timeout, "env": shared_environment(job, devices),
+            "log": str(log), "ranks": [],
             "argv": ["--config", str(Path(job.config).resolve()),
                      *[x for o in [*job.overrides, ASCEND] for x in ("--set", o)], *(["--packed"] if job.packed else [])]}
     for index, rank in enumerate(ranks):
         workdir = job.log_dir / f"rank{rank}"  # MindSpore writes what it dumps on a failure here (analyze_fail.ir)
         workdir.mkdir(exist_ok=True)
         ir = job.ir_dir / f"rank{rank}" if job.ir_dir else scratch / f"rank{rank}"
-        env = {"RANK_ID": str(rank), **({"MS_DEV_SAVE_GRAPHS_PATH": str(ir)} if job.collectives else {})}
+        own = {"RANK_ID": str(rank), **({"MS_DEV_SAVE_GRAPHS_PATH": str(ir)} if job.collectives else {})}
         files = {"stdout": workdir / "report.json", "log": job.log_dir / f"dryrun_rank{rank}.log"}
         for path in files.values():  # empty before the compile: a child that fails early, or a reused --log-dir
             path.write_text("")
-        spec["ranks"].append({"index": index, "env": env, "cwd": str(workdir), **{k: str(v) for k, v in files.items()}})
-    log = job.log_dir / "dryrun_forks.log"
-    reported = set()
+        spec["ranks"].append({"index": index, "env": own, "cwd": str(workdir), **{k: str(v) for k, v in files.items()}})
+    log.write_text("")
+    key, proc = fork_server(job.worker, spec["env"], log)
+    reported, done = set(), False
     try:
-        with open(log, "w") as err, subprocess.Popen(
-                [sys.executable, "-m", "mindscale.launch.dryrun_forks"], env=shared_environment(job, devices),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True) as proc:
-            try:
-                proc.stdin.write(json.dumps(spec) + "\n")
-                proc.stdin.close()
-                for message in (json.loads(line) for line in proc.stdout if line.startswith("{")):
-                    index = message["index"]
-                    reported.add(index)
-                    shutil.rmtree(scratch / f"rank{ranks[index]}", ignore_errors=True)
-                    stdout = Path(spec["ranks"][index]["stdout"]).read_text()
-                    yield {"index": index, **rank_report(job, ranks[index], message["returncode"], stdout)}
-            finally:  # a caller that stops early (bad input), or a process that died, leaves no compile running
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        tail = [line for line in log.read_text().splitlines() if line.strip() and not NOISE.search(line)][-3:]
-        ended = f"did not import MindSpore in {job.timeout} s" if proc.returncode == -signal.SIGALRM else \
-            f"ended with exit {proc.returncode}"
-        for index in sorted(set(range(len(ranks))) - reported):
-            yield {"index": index, "compiled": False, "rank": ranks[index],
-                   "error": f"the dry-run process {ended} before compiling this rank"
-                            f"{': ' + ' | '.join(tail) if tail else ''} (log {log})"}
-    finally:
+        proc.stdin.write(json.dumps(spec) + "\n")
+        proc.stdin.flush()
+        for message in (json.loads(line) for line in proc.stdout if line.startswith("{")):
+            if message.get("done"):
+                done = True
+                break
+            index = message["index"]
+            reported.add(index)
+            shutil.rmtree(scratch / f"rank{ranks[index]}", ignore_errors=True)
+            stdout = Path(spec["ranks"][index]["stdout"]).read_text()
+            yield {"index": index, **rank_report(job, ranks[index], message["returncode"], stdout)}
+    except BrokenPipeError:  # it died before reading the job: reported below
+        pass
+    finally:  # a caller that stops early (bad input), or a process that died, leaves no compile running
+        if done:
+            _idle_servers[key].append(proc)
+        else:
+            stop_server(proc)
         shutil.rmtree(scratch, ignore_errors=True)
+    if done:
+        return
+    tail = [line for line in log.read_text().splitlines() if line.strip() and not NOISE.search(line)][-3:]
+    ended = f"did not import MindSpore in {job.timeout} s" if proc.returncode == -signal.SIGALRM else \
+        f"ended with exit {proc.returncode}"
+    for index in sorted(set(range(len(ranks))) - reported):
+        yield {"index": index, "compiled": False, "rank": ranks[index],
+               "error": f"the dry-run process {ended} before compiling this rank"
+                        f"{': ' + ' | '.join(tail) if tail else ''} (log {log})"}
 
 
 def compile_ranks(cfg: Config, job: Job, ranks: list[int], workers: int = 1) -> Iterator[dict]:

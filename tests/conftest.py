@@ -115,3 +115,7 @@ def session_shared_folder(tmp_path_factory):
     # runs of one graph load its compile from the session's cache (compile_cache.py; a test that checks the
     # run folder's own cache removes this from its runs' environment)
     os.environ.setdefault(SHARED_DIR_ENV, str(shared.ROOT / "compile_cache"))
+    # the Pythons tests start read the checkout's modules from bytecode caches (__pycache__, git-ignored), as a
+    # user's do: PYTHONDONTWRITEBYTECODE, set on some hosts, made every process compile them again (0.5 of the
+    # 2.2 CPU-s a run_train.py spent importing)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)

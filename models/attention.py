@@ -301,4 +301,8 @@ class Attention(nn.Cell):
         if self.rotary is not None:
             q = self.rotary(q)
             k = self.rotary(k)
-        return self.wo(self.core(q, k, v, segment_ids))
+        return self.output(self.core(q, k, v, segment_ids))
+
+    def output(self, out):
+        """The core's [tokens, heads x d] -> [tokens, hidden]."""
+        return self.wo(out)

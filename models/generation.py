@@ -44,8 +44,10 @@ class KVCacheDecoder(nn.Cell):
         self.rotary = m.spec.rotary
         dtype = DTYPES[m.compute_dtype]
         self.compute_dtype = dtype
-        self.cos, self.sin = rotary_tables(max_length, m.head_size, m.rope_theta, m.rope_scaling_params, dtype)
-        self.half = m.head_size // 2
+        # the rotary part: the whole head, or multi-head latent attention's last rope_head_size features
+        self.rope_dim = m.rope_head_size
+        self.cos, self.sin = rotary_tables(max_length, self.rope_dim, m.rope_theta, m.rope_scaling_params, dtype)
+        self.half = self.rope_dim // 2
         self.scale = 1.0 / math.sqrt(m.head_size)
         self.slots = Tensor(np.arange(max_length, dtype=np.int32).reshape(1, max_length))
 
@@ -57,9 +59,12 @@ class KVCacheDecoder(nn.Cell):
         return ops.zeros(shape, self.compute_dtype), ops.zeros(shape, self.compute_dtype)
 
     def _rope(self, x, cos, sin):
-        """Rotate-half rotary embedding of x [B, s, heads, d] at the gathered positions' cos/sin [s, 1, d]."""
+        """Rotate-half rotary embedding of the last rope_dim features of x [B, s, heads, d] (all of them but
+        under multi-head latent attention) at the gathered positions' cos/sin [s, 1, rope_dim]."""
+        kept, x = x[..., :self.head_dim - self.rope_dim], x[..., self.head_dim - self.rope_dim:]
         low, high = x[..., :self.half], x[..., self.half:]
-        return x * cos + ops.concat((high, low), -1) * sin
+        rotated = x * cos + ops.concat((high, low), -1) * sin
+        return rotated if self.rope_dim == self.head_dim else ops.concat((kept, rotated), -1)
 
     def construct(self, ids, positions, k_cache, v_cache):
         model = self.model
@@ -88,7 +93,7 @@ class KVCacheDecoder(nn.Cell):
             probs = ops.softmax(scores.reshape(b, kv, g, s, self.max_length) + mask, -1)
             out = ops.matmul(ops.cast(probs, self.compute_dtype).reshape(b, kv, g * s, self.max_length), values)
             out = ops.transpose(out.reshape(b, n, s, d), (0, 2, 1, 3)).reshape(b * s, n * d)
-            x = x + ops.cast(att.wo(out), layer.residual_dtype)
+            x = x + ops.cast(att.output(out), layer.residual_dtype)
             h = layer.ffn_norm(x)
             # a mixture of experts routes dropless, as transformers does (models/moe.py)
             f = layer.feed_forward.forward(h, None)[0] if layer.moe else layer.feed_forward(h)

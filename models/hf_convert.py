@@ -6,6 +6,7 @@ reproduces the original tensors bit for bit.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -17,7 +18,7 @@ from safetensors.numpy import save_file
 
 from mindscale.io import CheckpointError, publish_folder
 from models.archs import ARCHS
-from models.spec import HFUnsupported, Rule
+from models.spec import HFAdapter, HFUnsupported, Rule
 from models.tensor_file import full_index, open_tensors
 
 
@@ -58,7 +59,7 @@ def model_config_differences(hf_model: dict, m) -> list[str]:
         return [f"model.arch={hf_model['arch']!r}, {kind[ARCHS[hf_model['arch']].moe]} (config has {m.arch!r}, "
                 f"{kind[m.spec.moe]})"]
     hf_model = dict(hf_model)
-    moe = hf_model.pop("moe", {})
+    sections = {name: hf_model.pop(name) for name in ("moe", "mla") if name in hf_model}
     ours = {key: getattr(m, key) for key in hf_model}
     ours["num_kv_heads"] = m.kv_heads
     if "head_dim" in hf_model:
@@ -67,8 +68,9 @@ def model_config_differences(hf_model: dict, m) -> list[str]:
     skip = set() if ARCHS[hf_model["arch"]].learned_positions else {"seq_length"}
     return [f"model.{key}={hf_model[key]!r} (config has {ours[key]!r})"
             for key in hf_model if key not in skip and hf_model[key] != ours[key]] + \
-        [f"model.moe.{key}={value!r} (config has {getattr(m.moe, key)!r})"
-         for key, value in moe.items() if value != getattr(m.moe, key)]
+        [f"model.{name}.{key}={value!r} (config has {getattr(getattr(m, name), key)!r})"
+         for name, section in sections.items() for key, value in section.items()
+         if value != getattr(getattr(m, name), key)]
 
 
 def hf_config_from_model(m) -> dict:
@@ -80,15 +82,16 @@ def hf_config_from_model(m) -> dict:
 # Weights
 
 
-def _expand(table: tuple[Rule, ...], num_layers: int, tied: bool) -> list[Rule]:
-    """The table's rules for every layer; `{e}` stays for _experts."""
+def _expand(adapter: HFAdapter, model: dict) -> list[Rule]:
+    """The adapter's rules for every layer of the model whose `model:` keys are `model` (nested sections as
+    dicts), those its `applies` keeps; `{e}` stays for _experts."""
     rules = []
-    for rule in table:
-        if tied and rule.ours == "output.weight":
+    for rule in adapter.table:
+        if model["tie_embeddings"] and rule.ours == "output.weight":
             continue
-        layers = range(num_layers) if "{i}" in rule.ours else [None]
+        layers = range(model["num_layers"]) if "{i}" in rule.ours else [None]
         rules += [Rule(rule.ours.format(i=i), rule.theirs.replace("{i}", str(i)), rule.transpose, rule.part)
-                  for i in layers]
+                  for i in layers if adapter.applies is None or adapter.applies(model, rule, i)]
     return rules
 
 
@@ -146,8 +149,10 @@ def hf_views(hf_state: dict, hf_config: dict) -> tuple[dict, dict[str, RuleView]
     (arrays or StoredTensors) and config.json contents."""
     model = model_config_from_hf(hf_config)
     adapter = ARCHS[model["arch"]].hf
-    state = {k: v for k, v in _add_prefix(hf_state, adapter.unprefixed).items() if not IGNORED_HF.search(k)}
-    rules = _expand(adapter.table, model["num_layers"], model["tie_embeddings"])
+    unloaded = adapter.unloaded(hf_config) if adapter.unloaded else (lambda name: False)
+    state = {k: v for k, v in _add_prefix(hf_state, adapter.unprefixed).items()
+             if not IGNORED_HF.search(k) and not unloaded(k)}
+    rules = _expand(adapter, model)
     experts = model.get("moe", {}).get("num_experts", 0)
     needed = {each.theirs for r in rules for each in _experts(r, experts)}
     missing = sorted(needed - set(state))
@@ -168,7 +173,7 @@ def hf_to_mindscale(hf_state: dict, hf_config: dict) -> tuple[dict, dict[str, np
 
 def mindscale_to_hf(weights: dict[str, np.ndarray], m) -> tuple[dict[str, np.ndarray], dict]:
     """(HF tensors, config.json contents) from MindScale weights and model config `m`."""
-    rules = _expand(ARCHS[m.arch].hf.table, m.num_layers, m.tie_embeddings)
+    rules = _expand(ARCHS[m.arch].hf, dataclasses.asdict(m))
     missing = [r.ours for r in rules if r.ours not in weights]
     if missing:
         raise HFConversionError(f"MindScale weights lack {len(missing)} tensors (first: {', '.join(missing[:3])}); "

@@ -30,7 +30,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, One, Zero, initializer
 from mindspore.ops.auto_generate import SiLU
 
-from models.spec import COLWISE, ROWWISE, SEQUENCE, VOCAB
+from models.spec import COLWISE, REPLICATE, ROWWISE, SEQUENCE, VOCAB
 
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -312,8 +312,11 @@ class RotaryEmbedding(nn.Cell):
 
     def shard_strategies(self, style: str, layout) -> dict:
         """The tables [S, 1, d] split along the sequence as the heads are: each context-parallel rank
-        rotates by its own positions (context_positions), sliced from the constants by the compiler."""
+        rotates by its own positions (context_positions), sliced from the constants by the compiler. The
+        replicate style rotates a single shared head, its heads dimension not split."""
         heads, table = head_split(layout), (layout.cp, 1, 1)  # [B, S, heads, d]
+        if style == REPLICATE:  # one head shared by all (multi-head latent attention's rotary key): not split
+            heads = (*heads[:2], 1, 1)
         return {"slice_low": ((heads,), None), "slice_high": ((heads,), None), "concat": ((heads, heads), None),
                 "mul_cos": ((heads, table), None), "mul_sin": ((heads, table), None),
                 "add": ((heads, heads), None)}

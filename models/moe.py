@@ -2,7 +2,8 @@
 written as dense, static-shape MindSpore primitives that the semi-auto parallel compiler can shard.
 
     router      logits = x Wr^T [N, E]; p = softmax(logits) in fp32; the k largest p per token, renormalised
-                to sum to 1 when norm_topk_prob (Mixtral always, Qwen3-MoE by its config)
+                to sum to 1 when norm_topk_prob (Mixtral always, Qwen3-MoE by its config); or DeepSeek-V3's
+                sigmoid router with its correction bias and group limit (models/router.py, `routing`)
     capacity    the N tokens form G groups of T (G = the data x context-parallel ranks under semi-auto
                 parallel, else 1: one rank's tokens). Expert e takes at most C tokens of a group, C =
                 MoeConfig.capacity(T) (T: dropless). Priority: every token's first choice before any
@@ -100,8 +101,11 @@ class MoE(nn.Cell):
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, norm_topk_prob: bool,
                  capacity_factor, groups: int, expert_parallel: int, shared_ffn: int, std: float, out_std: float,
-                 param_dtype, compute_dtype):
+                 param_dtype, compute_dtype, routing: nn.Cell | None = None):
+        """routing: the cell choosing experts from the router's fp32 logits (models/router.py's SigmoidRouting),
+        or None for the softmax top-k."""
         super().__init__()
+        self.routing = routing
         self.expert_parallel = expert_parallel  # ranks of an expert-parallel group (1 unsharded)
         self.hidden, self.num_experts, self.top_k = hidden, num_experts, top_k
         self.norm_topk_prob, self.capacity_factor, self.groups = norm_topk_prob, capacity_factor, groups
@@ -165,10 +169,7 @@ class MoE(nn.Cell):
         n, h, e, k, g = x.shape[0], self.hidden, self.num_experts, self.top_k, self.groups
         t = n // g
         c = expert_capacity(t, k, capacity_factor, e)
-        probs = self.softmax(self.router_fp32(self.router(x), ms.float32))               # [N, E]
-        weights, experts = self.topk(probs, k)                                           # [N, k]
-        if self.norm_topk_prob:
-            weights = self.topk_norm(weights, self.topk_sum(weights, -1))
+        weights, experts, probs = self.route(x)                                          # [N, k], [N, E]
         choices = self.choice_onehot(experts, e, self.on, self.off)                      # [N, k, E]
         chosen = self.chosen(choices, 1)                                                 # [N, E]
         # priority of (token, expert): k*T - slot*T - token_in_group > 0 where chosen, 0 elsewhere
@@ -200,6 +201,17 @@ class MoE(nn.Cell):
         if self.shared_expert is not None:
             y = self.shared_add(y, self.shared_expert(x))
         return y, self.statistics(probs, chosen)
+
+    def route(self, x):
+        """(weights [N, k] fp32, experts [N, k], the probabilities [N, E] the statistics read)."""
+        logits = self.router_fp32(self.router(x), ms.float32)
+        if self.routing is not None:
+            return self.routing(logits)
+        probs = self.softmax(logits)
+        weights, experts = self.topk(probs, self.top_k)
+        if self.norm_topk_prob:
+            weights = self.topk_norm(weights, self.topk_sum(weights, -1))
+        return weights, experts, probs
 
     def token_numbers(self, t: int) -> Tensor:
         """[1, T, 1]: each token's index in its group."""

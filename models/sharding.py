@@ -70,7 +70,7 @@ def planned_strategies(model: CausalLM, cfg: Config, layout: Layout) -> list[tup
         for attr, (in_strategy, out_strategy) in cell.shard_strategies(style, layout).items():
             _op(cell, attr, path)
             rows.append((path, style, attr, in_strategy, out_strategy))
-    unmatched = [key for key in plan if key not in matched]
+    unmatched = [key for key in plan if key not in matched and key not in cfg.model.spec.optional_plan]
     if unmatched:
         raise KeyError(f"the {cfg.model.arch} plan names cells the model does not have: {unmatched}")
     return rows

@@ -57,6 +57,13 @@ class HFAdapter:
     config_from_hf: Callable[[dict], dict]   # config.json -> our `model:` keys (raises HFUnsupported)
     config_to_hf: Callable[[object], dict]   # ModelConfig -> config.json
     unprefixed: str = ""                     # a prefix some checkpoints omit (GPT-2's `transformer.`)
+    # whether `rule` applies at layer `layer` (None: not a layer's) of the model whose `model:` keys are the dict
+    # (nested sections as dicts); None = every rule everywhere. DeepSeek-V3: its dense first layers, its optional
+    # query down-projection
+    applies: Callable[[dict, Rule, int | None], bool] | None = None
+    # config.json -> the names of HF tensors its modeling does not load, ignored on import (DeepSeek-V3's
+    # multi-token-prediction layers); None = none
+    unloaded: Callable[[dict], Callable[[str], bool]] | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ class ArchSpec:
     free_head_dim: bool = True  # model.head_dim may differ from hidden_size / num_heads
     qk_norm: bool = False       # RMSNorm over head_dim on q and k before the rotary embedding (Qwen3)
     moe: bool = False           # the feed-forward is a mixture of experts (models/moe.py, model.moe.*)
+    mla: bool = False           # multi-head latent attention (DeepSeek-V2/V3; models/mla.py, model.mla.*)
+    optional_plan: tuple[str, ...] = ()  # plan paths a model of the family may lack (DeepSeek-V3's, by its keys)
 
     @property
     def learned_positions(self) -> bool:

@@ -27,7 +27,9 @@ from models.attention import Attention, CompositeAttention, FlashAttention
 from models.cpu_kernels import SplitCausalAttention, expand_broadcasts
 from models.layers import (DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, OutputHead, RMSNorm, SwiGLU,
                            token_split)
+from models.mla import MLAttention
 from models.moe import MoE
+from models.router import SigmoidRouting
 from models.spec import ArchSpec
 from mindscale.config import Layout, ModelConfig
 
@@ -41,12 +43,19 @@ def norm_class(spec: ArchSpec, fused: bool) -> type:
     return FusedRMSNorm if fused else RMSNorm
 
 
-def layer_graph_keys(layout: Layout) -> list[str]:
-    """Per layer, the key of the compiled graph it shares: its pipeline stage, recompute mode, offload and whether
-    it gathers its inputs again."""
+def dense_layer(m: ModelConfig, index: int) -> bool:
+    """Whether layer `index` has a dense MLP: every layer of a dense family, and of a mixture of experts the first
+    model.moe.dense_layers (DeepSeek-V3's first_k_dense_replace)."""
+    return not m.spec.moe or index < m.moe.dense_layers
+
+
+def layer_graph_keys(layout: Layout, m: ModelConfig | None = None) -> list[str]:
+    """Per layer, the key of the compiled graph it shares: its pipeline stage, recompute mode, offload, whether
+    it gathers its inputs again, and in a mixture of experts whether its MLP is dense (a graph of other cells)."""
     recomputed, offloaded, regathered = set(layout.recomputed), set(layout.offloaded), set(layout.regathered)
     return [f"stage {stage}, recompute {layout.recompute if i in recomputed else 'none'}"
             + (", offloaded" if i in offloaded else "") + (", regathered" if i in regathered else "")
+            + (", dense" if m is not None and m.spec.moe and dense_layer(m, i) else "")
             for i, stage in enumerate(layout.stages_of_layers)]
 
 
@@ -85,28 +94,45 @@ def mark_gathered_inputs(block: nn.Cell) -> None:
         linear.gather_input_again()
 
 
+def attention_layer(m: ModelConfig, spec: ArchSpec, layout: Layout, out_std: float) -> nn.Cell:
+    """The family's attention: multi-head latent attention (DeepSeek-V3), else multi-head/GQA."""
+    pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
+    if spec.mla:
+        return MLAttention(m.hidden_size, m.num_heads, m.mla, m.seq_length, m.rope_theta, core=attention_core(m, layout),
+                           std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
+    return Attention(m.hidden_size, m.num_heads, m.kv_heads, m.head_size, m.seq_length, bias=spec.bias,
+                     qkv_bias=spec.qkv_bias, qk_norm_eps=m.norm_eps if spec.qk_norm else None,
+                     rope=(m.rope_theta, m.rope_scaling_params) if spec.rotary else None,
+                     core=attention_core(m, layout), std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
+
+
+def mixture_of_experts(m: ModelConfig, layout: Layout, out_std: float) -> MoE:
+    """The MoE feed-forward of model.moe, with DeepSeek-V3's sigmoid router when model.moe.router says so."""
+    moe = m.moe
+    routing = SigmoidRouting(moe.num_experts, moe.top_k, moe.num_groups, moe.topk_groups, moe.norm_topk_prob,
+                             moe.routed_scaling_factor) if moe.router == "sigmoid" else None
+    return MoE(m.hidden_size, moe.expert_ffn(m.ffn_hidden_size), moe.num_experts, moe.top_k, moe.norm_topk_prob,
+               moe.capacity_factor, layout.token_rows if layout.sharded else 1, layout.ep if layout.sharded else 1,
+               moe.shared_expert_ffn_hidden_size, m.init_std, out_std, DTYPES[m.param_dtype], DTYPES[m.compute_dtype],
+               routing)
+
+
 class TransformerBlock(nn.Cell):
     """x + attention(norm(x)), then + feed_forward(norm(.)); the residual stream x in m.residual_dtype."""
 
-    def __init__(self, m: ModelConfig, spec: ArchSpec, layout: Layout):
+    def __init__(self, m: ModelConfig, spec: ArchSpec, layout: Layout, dense: bool = True):
+        """dense: this layer's MLP is dense (dense_layer); a mixture of experts' other layers have experts."""
         super().__init__()
         pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
         self.residual_dtype = DTYPES[m.residual_dtype]
         out_std = m.init_std / math.sqrt(2 * m.num_layers)
         norm = norm_class(spec, layout.fused_norm)
         self.attention_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
-        self.attention = Attention(m.hidden_size, m.num_heads, m.kv_heads, m.head_size, m.seq_length, bias=spec.bias,
-                                   qkv_bias=spec.qkv_bias, qk_norm_eps=m.norm_eps if spec.qk_norm else None,
-                                   rope=(m.rope_theta, m.rope_scaling_params) if spec.rotary else None,
-                                   core=attention_core(m, layout), std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
+        self.attention = attention_layer(m, spec, layout, out_std)
         self.ffn_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
-        self.moe = spec.moe
-        if spec.moe:
-            moe = m.moe
-            self.feed_forward = MoE(m.hidden_size, moe.expert_ffn(m.ffn_hidden_size), moe.num_experts, moe.top_k,
-                                    moe.norm_topk_prob, moe.capacity_factor, layout.token_rows if layout.sharded else 1,
-                                    layout.ep if layout.sharded else 1, moe.shared_expert_ffn_hidden_size,
-                                    m.init_std, out_std, pdt, cdt)
+        self.moe = spec.moe and not dense
+        if self.moe:
+            self.feed_forward = mixture_of_experts(m, layout, out_std)
         else:
             self.feed_forward = (SwiGLU if spec.gated_mlp else GeluMLP)(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt)
         self.attention_residual = ops.Add()
@@ -128,6 +154,8 @@ class TransformerBlock(nn.Cell):
             y, stats = f
             routing = ops.stack((routing[0] + stats[0], ops.maximum(routing[1], stats[1])))
             return self.add_ffn(h, y), routing
+        if routing is not None:  # a dense layer of a mixture of experts passes the statistics on
+            return self.add_ffn(h, f), routing
         return self.add_ffn(h, f)
 
     def add_ffn(self, h, f):
@@ -167,8 +195,8 @@ class ReusedTransformerBlock(TransformerBlock):
     therefore be in the key; construct takes no default arguments."""
 
     @ms.lazy_inline(attrs="graph_key")
-    def __init__(self, m: ModelConfig, spec: ArchSpec, layout: Layout, graph_key: str):
-        super().__init__(m, spec, layout)
+    def __init__(self, m: ModelConfig, spec: ArchSpec, layout: Layout, graph_key: str, dense: bool = True):
+        super().__init__(m, spec, layout, dense)
         self.graph_key = graph_key
         if layout.device == "CPU":
             self.no_inline = False  # what lazy_inline(policy="front") sets
@@ -190,9 +218,10 @@ class CausalLM(nn.Cell):
             self.positions = Tensor(np.arange(m.seq_length, dtype=np.int32))
             self.pos_add = ops.Add()
         if layout.graph_reuse == "layer":
-            blocks = [ReusedTransformerBlock(m, spec, layout, key) for key in layer_graph_keys(layout)]
+            blocks = [ReusedTransformerBlock(m, spec, layout, key, dense_layer(m, i))
+                      for i, key in enumerate(layer_graph_keys(layout, m))]
         else:
-            blocks = [TransformerBlock(m, spec, layout) for _ in range(m.num_layers)]
+            blocks = [TransformerBlock(m, spec, layout, dense_layer(m, i)) for i in range(m.num_layers)]
         self.layers = nn.CellList(blocks)
         self.moe = spec.moe
         self.no_routing = Tensor([0.0, 0.0], ms.float32)  # the router statistics before the first layer

@@ -8,7 +8,7 @@ from mindscale.config.layout import (OPTIMIZER_SHARD_MIN_KIB, Layout, offload_la
 from mindscale.config.load import (HARDWARE_DIR, REPO_ROOT, apply_override, config_from_tree, load_config,
                                    load_yaml_tree, parse_yaml, reference_markdown)
 from mindscale.config.schema import (TEMPLATE_NAMES, CheckpointConfig, Config, DataConfig,
-                                     FinetuneConfig, HardwareConfig, LoraConfig, ModelConfig, MoeConfig,
+                                     FinetuneConfig, HardwareConfig, LoraConfig, MlaConfig, ModelConfig, MoeConfig,
                                      OffloadConfig, ParallelConfig, ProfileConfig, RecomputeConfig, RunConfig,
                                      TrainConfig)
 from mindscale.config.validate import validate, validate_packed
@@ -17,5 +17,5 @@ __all__ = ["ConfigError", "UserError", "OPTIMIZER_SHARD_MIN_KIB", "Layout", "off
            "recompute_layer_counts", "stage_layer_counts", "HARDWARE_DIR", "REPO_ROOT", "apply_override",
            "config_from_tree", "load_config", "load_yaml_tree", "parse_yaml", "reference_markdown", "TEMPLATE_NAMES",
            "CheckpointConfig", "Config", "DataConfig", "FinetuneConfig", "HardwareConfig", "LoraConfig",
-           "ModelConfig", "MoeConfig", "OffloadConfig", "ParallelConfig", "ProfileConfig", "RecomputeConfig", "RunConfig",
+           "MlaConfig", "ModelConfig", "MoeConfig", "OffloadConfig", "ParallelConfig", "ProfileConfig", "RecomputeConfig", "RunConfig",
            "TrainConfig", "validate", "validate_packed"]

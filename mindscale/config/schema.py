@@ -140,12 +140,47 @@ class MoeConfig:
         """The inner width of one routed expert."""
         return self.ffn_hidden_size or dense_ffn
 
+    router: Literal["softmax", "sigmoid"] = doc(
+        "Router scores: softmax over the E logits, the top_k largest chosen (Mixtral, Qwen3-MoE); sigmoid "
+        "(DeepSeek-V3): a sigmoid per expert in fp32, the choice made on the scores plus a per-expert correction "
+        "bias (router_bias, a parameter that is not trained: its aux-loss-free update is not built), the "
+        "weights the unbiased scores of the chosen experts.", "softmax")
+    num_groups: int = doc("Sigmoid router: the E experts form this many equal groups; a token chooses among the "
+                          "experts of its topk_groups best groups, a group scored by the sum of its two best biased "
+                          "scores (DeepSeek-V3's n_group). 1 = no group limit.", 1)
+    topk_groups: int = doc("Sigmoid router: the groups a token may choose from (DeepSeek-V3's topk_group).", 1)
+    routed_scaling_factor: float = doc("Sigmoid router: the chosen weights (after norm_topk_prob) are multiplied by "
+                                       "this (DeepSeek-V3: 2.5).", 1.0)
+    dense_layers: int = doc("The first this many layers have a dense SwiGLU MLP of model.ffn_hidden_size instead of "
+                            "experts (DeepSeek-V3's first_k_dense_replace: 3).", 0)
+
     def capacity(self, tokens: int) -> int:
         """Slots per expert for the `tokens` of one data-parallel rank (MindFormers' calculate_expert_capacity,
         at most all of them)."""
         if self.capacity_factor is None:
             return tokens
         return min(tokens, math.ceil(self.top_k * tokens * self.capacity_factor / self.num_experts))
+
+
+@dataclass
+class MlaConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3; model.arch deepseek_v3 only): low-rank query and key/value
+    projections, each head's key and query a no-position part and a rotary part, the rotary key shared by
+    every head (models/mla.py)."""
+    q_lora_rank: Optional[int] = doc("Rank of the query's down-projection (an RMSNorm between it and the up-"
+                                     "projection); null = one full query projection.", 1536)
+    kv_lora_rank: int = doc("Rank of the compressed key/value latent (what a KV cache of MLA would hold).", 512)
+    qk_nope_head_dim: int = doc("Per-head width of the query/key part without positions.", 128)
+    qk_rope_head_dim: int = doc("Per-head width of the rotary query/key part (the key's is shared by all heads).",
+                                64)
+    v_head_dim: int = doc("Per-head width of the values.", 128)
+    rope_interleave: bool = doc("The rotary part's weights store the pairs interleaved (x0, x1), (x2, x3), ... as "
+                                "DeepSeek's checkpoints do (Hugging Face's rope_interleave, true for DeepSeek-V3): "
+                                "they are de-interleaved into the rotate-half layout before the rotation.", True)
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclass
@@ -191,6 +226,8 @@ class ModelConfig:
     init_std: float = doc("Std of the normal weight init.", 0.02)
     moe: MoeConfig = doc("Mixture of experts: the feed-forward of every layer is E routed SwiGLU experts.",
                          factory=MoeConfig)
+    mla: MlaConfig = doc("Multi-head latent attention's widths (model.arch deepseek_v3; ignored by the others).",
+                         factory=MlaConfig)
 
     @property
     def residual_dtype(self) -> str:
@@ -215,8 +252,21 @@ class ModelConfig:
 
     @property
     def head_size(self) -> int:
-        """The width of one attention head: model.head_dim, or hidden_size / num_heads when it is null."""
+        """The width of one attention head's queries and keys: model.head_dim, or hidden_size / num_heads when it is
+        null; under multi-head latent attention model.mla's qk_nope_head_dim + qk_rope_head_dim."""
+        if self.spec.mla:
+            return self.mla.qk_head_dim
         return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def rope_head_size(self) -> int:
+        """The width of the rotary part of a query or key head: all of it, or MLA's qk_rope_head_dim."""
+        return self.mla.qk_rope_head_dim if self.spec.mla else self.head_size
+
+    @property
+    def value_head_size(self) -> int:
+        """The width of one head's values (MLA's v_head_dim; else the head width)."""
+        return self.mla.v_head_dim if self.spec.mla else self.head_size
 
 
 @dataclass

@@ -134,7 +134,7 @@ def _evaluation(cfg: Config) -> None:
 def _model_shapes(m: ModelConfig) -> None:
     if m.head_dim is not None and not m.spec.free_head_dim:
         raise ConfigError(f"model.head_dim={m.head_dim}: {m.arch} heads are hidden_size/num_heads wide; remove it")
-    if m.head_dim is None and m.hidden_size % m.num_heads:
+    if m.head_dim is None and not m.spec.mla and m.hidden_size % m.num_heads:
         raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; "
                           "pick a head count that divides the width")
     if m.num_heads % m.kv_heads:
@@ -153,6 +153,54 @@ def _model_shapes(m: ModelConfig) -> None:
         raise ConfigError(f"model.rope_scaling=llama3 needs rope_scaling_factor >= 1, 0 < rope_low_freq_factor < "
                           f"rope_high_freq_factor and rope_original_max_positions > 0 (got {m.rope_scaling_params}); "
                           "use the values of the checkpoint's config.json")
+
+
+def _latent_attention(m: ModelConfig) -> None:
+    """model.mla of a multi-head latent attention family (DeepSeek-V3): positive widths, an even rotary part,
+    no RoPE scaling (YaRN is not built)."""
+    if not m.spec.mla:
+        return
+    mla = m.mla
+    widths = {"kv_lora_rank": mla.kv_lora_rank, "qk_nope_head_dim": mla.qk_nope_head_dim,
+              "qk_rope_head_dim": mla.qk_rope_head_dim, "v_head_dim": mla.v_head_dim,
+              "q_lora_rank": 1 if mla.q_lora_rank is None else mla.q_lora_rank}
+    bad = [f"model.mla.{key}={value}" for key, value in widths.items() if value < 1]
+    if bad:
+        raise ConfigError(f"{', '.join(bad)}: must be >= 1 (q_lora_rank may be null)")
+    if mla.qk_rope_head_dim % 2:
+        raise ConfigError(f"model.mla.qk_rope_head_dim={mla.qk_rope_head_dim} is odd; rotary embeddings need an even "
+                          "width")
+    if mla.v_head_dim > mla.qk_head_dim:
+        raise ConfigError(f"model.mla.v_head_dim={mla.v_head_dim} exceeds qk_nope_head_dim + qk_rope_head_dim="
+                          f"{mla.qk_head_dim}: the values are padded to the query width for the attention core; "
+                          "use a narrower v_head_dim")
+    if m.head_dim is not None:
+        raise ConfigError(f"model.head_dim={m.head_dim}: {m.arch}'s head widths are model.mla's; remove it")
+    if m.rope_scaling != "none":
+        raise ConfigError(f"model.rope_scaling={m.rope_scaling} with {m.arch}: RoPE scaling of multi-head latent "
+                          "attention (DeepSeek-V3's YaRN) is not built; set it to none")
+
+
+def _router(cfg: Config) -> None:
+    """The sigmoid router's groups and the dense first layers (DeepSeek-V3)."""
+    m, moe = cfg.model, cfg.model.moe
+    if moe.router == "softmax" and (moe.num_groups, moe.topk_groups, moe.routed_scaling_factor) != (1, 1, 1.0):
+        raise ConfigError(f"model.moe.num_groups={moe.num_groups}, topk_groups={moe.topk_groups}, routed_scaling_factor="
+                          f"{moe.routed_scaling_factor} with router softmax: group-limited routing and the scaling "
+                          "are built for the sigmoid router only; set router: sigmoid or remove them")
+    if not (moe.num_groups >= 1 and moe.num_experts % moe.num_groups == 0 and 1 <= moe.topk_groups <= moe.num_groups):
+        raise ConfigError(f"model.moe.num_groups={moe.num_groups}, topk_groups={moe.topk_groups} with num_experts="
+                          f"{moe.num_experts}: need num_groups dividing the experts and 1 <= topk_groups <= num_groups")
+    per_group = moe.num_experts // moe.num_groups
+    if moe.num_groups > 1 and (per_group < 2 or moe.top_k > moe.topk_groups * per_group):
+        raise ConfigError(f"model.moe.top_k={moe.top_k} with {moe.topk_groups} of {moe.num_groups} groups of "
+                          f"{per_group} experts: a group needs >= 2 experts (scored by its best two) and the kept "
+                          "groups >= top_k experts; choose fewer groups or a smaller top_k")
+    if not moe.routed_scaling_factor > 0:
+        raise ConfigError(f"model.moe.routed_scaling_factor={moe.routed_scaling_factor}: must be > 0")
+    if not 0 <= moe.dense_layers < m.num_layers:
+        raise ConfigError(f"model.moe.dense_layers={moe.dense_layers} with model.num_layers={m.num_layers}: need 0 <= "
+                          "dense_layers < num_layers (at least one layer of experts)")
 
 
 def _experts(cfg: Config) -> None:
@@ -180,6 +228,7 @@ def _experts(cfg: Config) -> None:
                        ("model.moe.shared_expert_ffn_hidden_size", moe.shared_expert_ffn_hidden_size)]:
         if value is not None and value < 0:
             raise ConfigError(f"{key}={value}: must be >= 1 (or null/0 where it may be)")
+    _router(cfg)
     if moe.aux_loss_coeff < 0:
         raise ConfigError(f"model.moe.aux_loss_coeff={moe.aux_loss_coeff}: must be >= 0")
     if moe.capacity_factor is not None and not moe.capacity_factor > 0:
@@ -441,7 +490,7 @@ def _finetune(cfg: Config) -> None:
         raise ConfigError(f"finetune.lora.target_modules={lora.target_modules}: the experts of {cfg.model.arch} are "
                           "batched [E, F, h] weights, not the Linear layers LoRA adapts (per-expert adapters are not "
                           f"built); target attention only, a subset of {list(allowed)}")
-    if wrong or (lora.rank and not lora.target_modules):
+    if lora.rank and (wrong or not lora.target_modules):  # unchecked when off: MLA has no wv for the default
         raise ConfigError(f"finetune.lora.target_modules={lora.target_modules}: use a non-empty subset of "
                           f"{list(allowed)} for model.arch={cfg.model.arch}")
     if lora.rank and not cfg.checkpoint.load_path:
@@ -478,6 +527,7 @@ def validate(cfg: Config) -> None:
     _positive(cfg)
     _finetune(cfg)
     _model_shapes(cfg.model)
+    _latent_attention(cfg.model)
     _experts(cfg)
     _parallel(cfg)
     _offload(cfg)

@@ -1,5 +1,6 @@
 """Hugging Face interop: tiny random HF LLaMA (plain and with LLaMA-3.1 RoPE scaling), Qwen2 (tied and
-untied), Qwen3 (qk-norm, heads wider than hidden/heads) and GPT-2 models (torch, CPU) against ours.
+untied), Qwen3 (qk-norm, heads wider than hidden/heads), GPT-2, Mixtral, Qwen3-MoE and DeepSeek-V3 (with and
+without the query's low rank, interleaved rotary weights or not) models (torch, CPU) against ours.
 
 Converted weights must give the same fp32 logits (1e-4) and loss, and converting back must
 reproduce the HF tensors bit for bit, through the library and through tools/convert_checkpoint.py.
@@ -17,7 +18,7 @@ import torch
 from mindspore import Tensor
 from safetensors.torch import save_file as torch_save_file
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
-from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MixtralConfig,
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MixtralConfig,
                           MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -39,9 +40,24 @@ ROOT = Path(__file__).resolve().parents[2]
 # blended, the rest divided by the factor; SEQ = 16 positions reach past the original 14.
 LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
                    "original_max_position_embeddings": 14}
-ARCHS = ["llama", "llama31", "qwen2", "qwen2_tied", "qwen3", "gpt", "mixtral", "qwen3_moe"]
+ARCHS = ["llama", "llama31", "qwen2", "qwen2_tied", "qwen3", "gpt", "mixtral", "qwen3_moe", "deepseek_v3",
+         "deepseek_v3_plain"]
 HF_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "gpt": GPT2LMHeadModel,
-              "mixtral": MixtralForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM}
+              "mixtral": MixtralForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM, "deepseek_v3": DeepseekV3ForCausalLM}
+
+
+def deepseek_v3_config(plain: bool = False, **dims) -> DeepseekV3Config:
+    """A tiny DeepSeek-V3: 4 heads of 16 + 8 (rotary) with values of 12 (padded for the core), 8 experts of 32 in
+    4 groups (2 kept), top-3, scaled by 2.5, 2 shared experts, the first layer dense. `plain`: a full query
+    projection (q_lora_rank null), rotary weights not interleaved, one group, weights not renormalised, no
+    dense layer."""
+    dims = {**dims, "num_key_value_heads": dims["num_attention_heads"]}
+    shape = dict(q_lora_rank=None, rope_interleave=False, n_group=1, topk_group=1, norm_topk_prob=False,
+                 first_k_dense_replace=0) if plain else \
+        dict(q_lora_rank=32, rope_interleave=True, n_group=4, topk_group=2, norm_topk_prob=True, first_k_dense_replace=1)
+    return DeepseekV3Config(**dims, **shape, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+                            n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=2,
+                            routed_scaling_factor=2.5, rope_theta=1e4, rms_norm_eps=1e-6, tie_word_embeddings=False)
 
 
 graph_mode = cpu_mode("graph")
@@ -70,6 +86,12 @@ def hf_model(arch: str):
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**dims, head_dim=24, num_experts=8, num_experts_per_tok=3,
                                                    moe_intermediate_size=32, norm_topk_prob=False, rope_theta=1e6,
                                                    rms_norm_eps=1e-6, tie_word_embeddings=False))
+    elif arch.startswith("deepseek_v3"):
+        model = DeepseekV3ForCausalLM(deepseek_v3_config(arch.endswith("plain"), **dims))
+        with torch.no_grad():  # the correction bias, a buffer: small enough that every biased score stays > 0
+            for name, buffer in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.uniform_(-0.05, 0.05)
     else:
         model = GPT2LMHeadModel(GPT2Config(
             vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=SEQ, resid_pdrop=0.0,
@@ -111,7 +133,7 @@ def test_logits_and_loss_match_hugging_face(converted):
     network = CausalLMLoss(model)  # the cross entropy alone: transformers adds no router loss by default
     loss = network(Tensor(ids.astype(np.int32)), Tensor(labels), Tensor(mask))
     assert float(loss.asnumpy()) == pytest.approx(float(out.loss), abs=1e-5)
-    if cfg.model.moe.enabled:  # the load-balancing loss: transformers' function of each layer, averaged
+    if cfg.model.moe.router == "softmax":  # the load-balancing loss: transformers' function of each layer, averaged
         with torch.no_grad():
             routers = hf(torch.tensor(ids), output_router_logits=True).router_logits
         moe = cfg.model.moe

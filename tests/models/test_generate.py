@@ -1,6 +1,7 @@
 """Generation: KV-cache decoding of converted tiny random Hugging Face models against transformers: LLaMA,
 LLaMA-3.1 RoPE scaling (positions past the original context), Qwen2 with tied embeddings, Qwen3
-(qk-norm, heads wider than hidden/heads), and the mixtures of experts Mixtral and Qwen3-MoE."""
+(qk-norm, heads wider than hidden/heads), the mixtures of experts Mixtral and Qwen3-MoE, and DeepSeek-V3
+(multi-head latent attention: its rotary part alone rotated, its narrower values padded in the cache)."""
 import json
 import subprocess
 import sys
@@ -9,12 +10,13 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config,
+from transformers import (DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 import models
 from models.generation import KVCacheDecoder, Sampler, generate
 from mindscale.config import REPO_ROOT, load_config
+from tests.models.test_hf_convert import deepseek_v3_config
 from tests.modes import cpu_mode
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
@@ -55,6 +57,8 @@ def save_hf_model(kind: str, tmp_path_factory):
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**dims, head_dim=24, num_experts=8, num_experts_per_tok=3,
                                                    moe_intermediate_size=32, norm_topk_prob=True,
                                                    rope_theta=1e6)).eval()
+    elif kind == "deepseek_v3":
+        model = DeepseekV3ForCausalLM(deepseek_v3_config(**dims)).eval()
     else:
         scaling = SCALING if kind == "llama31" else None
         model = LlamaForCausalLM(LlamaConfig(**dims, rope_theta=500.0, rope_scaling=scaling)).eval()
@@ -63,7 +67,7 @@ def save_hf_model(kind: str, tmp_path_factory):
     return folder, model
 
 
-@pytest.fixture(scope="module", params=["llama", "llama31", "qwen2", "qwen3", "mixtral", "qwen3_moe"])
+@pytest.fixture(scope="module", params=["llama", "llama31", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3"])
 def hf_folder(tmp_path_factory, request):
     return save_hf_model(request.param, tmp_path_factory)
 

@@ -78,3 +78,40 @@ def test_capacity_is_mindformers_rounded_up_and_at_most_every_token():
     assert expert_capacity(24, 2, 1.25, 8) == math.ceil(2 * 24 * 1.25 / 8) == 8
     assert expert_capacity(24, 2, None, 8) == 24
     assert expert_capacity(24, 8, 4.0, 8) == 24
+
+
+def test_sigmoid_router_matches_transformers_deepseek_v3_and_its_bias_steers_only_the_choice():
+    """16 experts in 4 groups, 2 kept, top-4, renormalised and scaled by 2.5: transformers' DeepseekV3TopkRouter on
+    the same logits and correction bias chooses the same experts with the same weights; the bias (positive, as
+    HF's masked_fill(0) then agrees with the reference's -inf) changes choices; it is not trained."""
+    import torch
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    from models.router import SigmoidRouting
+
+    config = DeepseekV3Config(hidden_size=H, n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=4,
+                              norm_topk_prob=True, routed_scaling_factor=2.5)
+    rng = np.random.default_rng(2)
+    x, weight = rng.normal(size=(32, H)).astype(np.float32), rng.normal(size=(16, H)).astype(np.float32)
+    bias = rng.uniform(0.0, 0.3, 16).astype(np.float32)
+    hf = DeepseekV3TopkRouter(config)
+    ours = SigmoidRouting(16, 4, 4, 2, True, 2.5)
+    assert not ours.router_bias.requires_grad
+    logits = Tensor(x @ weight.T)
+    chosen = {}
+    for b in (np.zeros(16, np.float32), bias):
+        with torch.no_grad():
+            hf.weight.copy_(torch.from_numpy(weight))
+            hf.e_score_correction_bias.copy_(torch.from_numpy(b))
+            want_experts, want_weights = (t.numpy() for t in hf(torch.from_numpy(x)))
+        ours.router_bias.set_data(Tensor(b))
+        weights, experts, probs = (t.asnumpy() for t in ours(logits))
+        order, want_order = np.argsort(experts, -1), np.argsort(want_experts, -1)  # HF's top-k is unsorted
+        np.testing.assert_array_equal(np.take_along_axis(experts, order, -1),
+                                      np.take_along_axis(want_experts, want_order, -1))
+        np.testing.assert_allclose(np.take_along_axis(weights, order, -1),
+                                   np.take_along_axis(want_weights, want_order, -1), rtol=1e-6)
+        np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-6)
+        chosen[float(b.sum())] = np.sort(experts, -1)
+    assert not np.array_equal(*chosen.values())

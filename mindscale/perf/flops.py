@@ -46,12 +46,38 @@ def attention_width(m) -> int:
     return m.num_heads * m.head_size
 
 
-def mlp_params(m, active: bool) -> int:
+def core_width(m) -> float:
+    """The mean of the query/key and value widths of all heads, H·(Q_k + Q_v)/2: what QK^T and scores x V multiply
+    over, on average (H·Q without multi-head latent attention, whose values are narrower than its keys)."""
+    return m.num_heads * (m.head_size + m.value_head_size) / 2
+
+
+def attention_params(m) -> int:
+    """Matmul weights of one layer's attention: q, k, v, o; or multi-head latent attention's down- and
+    up-projections of the query (or its one projection) and of the key/value latent, and o."""
+    h = m.hidden_size
+    if not m.spec.mla:
+        return 2 * h * attention_width(m) + 2 * h * m.kv_heads * m.head_size
+    mla, n = m.mla, m.num_heads
+    q = h * mla.q_lora_rank + mla.q_lora_rank * n * mla.qk_head_dim if mla.q_lora_rank else h * n * mla.qk_head_dim
+    kv = h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank * n * (mla.qk_nope_head_dim + mla.v_head_dim)
+    return q + kv + n * mla.v_head_dim * h
+
+
+def layer_kinds(m) -> tuple[int, int]:
+    """(layers with a dense MLP, layers with experts): a mixture of experts' first model.moe.dense_layers are
+    dense (DeepSeek-V3's first_k_dense_replace)."""
+    moe_layers = m.num_layers - m.moe.dense_layers if m.spec.moe else 0
+    return m.num_layers - moe_layers, moe_layers
+
+
+def mlp_params(m, active: bool, dense: bool = False) -> int:
     """The feed-forward's matmul weights in one layer: all of them, or (`active`) those one token computes
     with. A mixture of experts (model.moe) stores the router h x E, E routed SwiGLU experts and a shared one;
-    a token computes with the router, its top_k experts and the shared one. Dense: the same either way."""
+    a token computes with the router, its top_k experts and the shared one. Dense (a dense family, or `dense`:
+    a mixture of experts' dense first layers): the same either way."""
     h = m.hidden_size
-    if not m.spec.moe:
+    if not m.spec.moe or dense:
         return (3 if m.spec.gated_mlp else 2) * h * m.ffn_hidden_size  # SwiGLU gate/up/down; GELU up/down
     moe = m.moe
     experts = moe.top_k if active else moe.num_experts
@@ -59,12 +85,17 @@ def mlp_params(m, active: bool) -> int:
                                           + moe.shared_expert_ffn_hidden_size)
 
 
-def layer_matmul_params(m, active: bool = True) -> int:
+def layer_matmul_params(m, active: bool = True, dense: bool = False) -> int:
     """Matmul weights of one transformer layer (no biases, no norms): those a token computes with (`active`,
-    the FLOPs' N), or all that are stored (a mixture of experts' every expert)."""
-    h, kv_width = m.hidden_size, m.kv_heads * m.head_size
-    attention = 2 * h * attention_width(m) + 2 * h * kv_width          # q, o; k, v
-    return attention + mlp_params(m, active)
+    the FLOPs' N), or all that are stored (a mixture of experts' every expert); `dense`: of a mixture of experts'
+    dense first layers."""
+    return attention_params(m) + mlp_params(m, active, dense)
+
+
+def layers_matmul_params(m, active: bool = True) -> int:
+    """Matmul weights of all the layers (dense ones and ones with experts)."""
+    dense, experts = layer_kinds(m)
+    return dense * layer_matmul_params(m, active, dense=True) + experts * layer_matmul_params(m, active)
 
 
 def output_params(m) -> int:
@@ -75,7 +106,7 @@ def output_params(m) -> int:
 def matmul_param_count(m) -> int:
     """N of PaLM's 6N: all layers' matmul weights plus the output projection; of a mixture of experts the
     active ones (N_active: the router, top_k routed experts, the shared expert)."""
-    return m.num_layers * layer_matmul_params(m) + output_params(m)
+    return layers_matmul_params(m) + output_params(m)
 
 
 def layer_other_params(m) -> int:
@@ -84,20 +115,23 @@ def layer_other_params(m) -> int:
     h = m.hidden_size
     qkv_bias = attention_width(m) + 2 * m.kv_heads * m.head_size if m.spec.qkv_bias else 0
     qk_norm = 2 * m.head_size if m.spec.qk_norm else 0
+    latent_norms = (m.mla.q_lora_rank or 0) + m.mla.kv_lora_rank if m.spec.mla else 0
     if m.spec.rms_norm:
-        return qkv_bias + qk_norm + 2 * h                               # two RMSNorm scales
+        return qkv_bias + qk_norm + latent_norms + 2 * h                # two RMSNorm scales
     return qkv_bias + h + m.ffn_hidden_size + h + 2 * 2 * h             # biases; 2 LayerNorms (w, b)
 
 
 def param_count(m) -> int:
     """Every trainable weight. LLaMA: untied embedding + output, RMSNorms, no biases, GQA, SwiGLU; Qwen2:
-    the same plus q/k/v biases. GPT: biases, LayerNorms with bias, learned positions (seq_length x h), GELU MLP."""
+    the same plus q/k/v biases. GPT: biases, LayerNorms with bias, learned positions (seq_length x h), GELU MLP.
+    DeepSeek-V3: not its routers' correction biases (E per MoE layer, stored but not trained; transformers keeps
+    them as buffers, outside its parameter count too)."""
     h = m.hidden_size
     embedding = m.vocab_size * h
     output = 0 if m.tie_embeddings else output_params(m)
     final_norm = h if m.spec.rms_norm else 2 * h
     positions = 0 if m.spec.rotary else m.seq_length * h
-    layers = m.num_layers * (layer_matmul_params(m, active=False) + layer_other_params(m))
+    layers = layers_matmul_params(m, active=False) + m.num_layers * layer_other_params(m)
     return embedding + positions + layers + final_norm + output
 
 
@@ -111,13 +145,14 @@ def palm_flops_per_token(n_matmul: int, layers: int, heads: int, head_dim: int, 
 
 
 def attention_core_flops_per_token(m) -> float:
-    """12·L·H·Q·T: QK^T and scores x V, forward and backward, for one token."""
-    return 12 * m.num_layers * attention_width(m) * m.seq_length
+    """12·L·H·Q·T: QK^T and scores x V, forward and backward, for one token (H·Q: core_width)."""
+    return 12 * m.num_layers * core_width(m) * m.seq_length
 
 
 def model_flops_per_token(m) -> float:
-    """Model FLOPs per token, 6N + 12·L·H·Q·T (PaLM App. B)."""
-    return palm_flops_per_token(matmul_param_count(m), m.num_layers, m.num_heads, m.head_size, m.seq_length)
+    """Model FLOPs per token, 6N + 12·L·H·Q·T (PaLM App. B; H·Q the mean of the key and value widths)."""
+    return palm_flops_per_token(matmul_param_count(m), m.num_layers, m.num_heads, core_width(m) / m.num_heads,
+                                m.seq_length)
 
 
 def recompute_flops_per_token(m, recompute: str, recomputed_layers: int) -> float:
@@ -136,11 +171,11 @@ def recompute_flops_per_token(m, recompute: str, recomputed_layers: int) -> floa
     if not 0 <= recomputed_layers <= m.num_layers or (recompute == "none" and recomputed_layers):
         raise ValueError(f"{recomputed_layers} recomputed layers with recompute mode {recompute!r} and "
                          f"{m.num_layers} layers: need 0 to {m.num_layers}, and 0 when the mode is none")
-    per_layer_core = 12 * attention_width(m) * m.seq_length
+    per_layer_core = 12 * core_width(m) * m.seq_length
     if recompute == "selective":
         return recomputed_layers * per_layer_core
-    if recompute == "full":
-        return recomputed_layers * (2 * layer_matmul_params(m) + per_layer_core / 3)
+    if recompute == "full":  # a layer's mean matmul weights: dense and expert layers differ (DeepSeek-V3)
+        return recomputed_layers * (2 * layers_matmul_params(m) / m.num_layers + per_layer_core / 3)
     return 0.0
 
 

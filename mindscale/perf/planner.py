@@ -361,21 +361,31 @@ def _one_layer_model(cfg: Config, layout: Layout):
 
     key = _model_key(cfg)
     if key not in _MODELS:  # "none" builds no lazy_inline cells, and the one layer is neither recomputed nor offloaded
-        one = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_layers=1))
+        kinds = len(set(_built_layers(cfg.model)))  # a mixture of experts with dense first layers: one of each
+        one = dataclasses.replace(cfg, model=dataclasses.replace(
+            cfg.model, num_layers=kinds, moe=dataclasses.replace(cfg.model.moe, dense_layers=kinds - 1)))
         with no_init_parameters():
             _MODELS[key] = models.build_model(one, dataclasses.replace(
-                layout, graph_reuse="none", sharded=True, cpu_kernels=False, stages_of_layers=(0,),
-                chunks_of_layers=(0,), layers_per_stage=(1,), recomputed=(), offloaded=()))
+                layout, graph_reuse="none", sharded=True, cpu_kernels=False, stages_of_layers=(0,) * kinds,
+                chunks_of_layers=(0,) * kinds, layers_per_stage=(kinds,), recomputed=(), offloaded=()))
     return _MODELS[key]
 
 
-def _every_layer(names: list[str], num_layers: int) -> list[tuple[str, str]]:
+def _built_layers(m) -> list[int]:
+    """Per layer of the model, the layer of _one_layer_model whose parameters it has: 0, or (dense first layers,
+    DeepSeek-V3) 0 for the dense layers and 1 for the layers with experts."""
+    dense = m.moe.dense_layers if m.spec.moe else 0
+    return [0 if i < dense or not dense else 1 for i in range(m.num_layers)]
+
+
+def _every_layer(names: list[str], built: list[int]) -> list[tuple[str, str]]:
     """(name in the model, name in the one-layer model) of every parameter, in the model's order: the
-    embeddings, the layers, the final norm and head."""
-    layer = [i for i, n in enumerate(names) if n.startswith("layers.0.")]
+    embeddings, the layers (layer i as the built layer built[i]), the final norm and head."""
+    layer = [i for i, n in enumerate(names) if n.startswith("layers.")]
     before, after = names[:layer[0]], names[layer[-1] + 1:]
+    own = {b: [n for n in names if n.startswith(f"layers.{b}.")] for b in set(built)}
     return ([(n, n) for n in before] +
-            [(f"layers.{i}.{names[j][len('layers.0.'):]}", names[j]) for i in range(num_layers) for j in layer] +
+            [(f"layers.{i}.{n[len(f'layers.{b}.'):]}", n) for i, b in enumerate(built) for n in own[b]] +
             [(n, n) for n in after])
 
 
@@ -395,7 +405,7 @@ def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[Paramet
     pb, cb = DTYPE_BYTES[cfg.model.param_dtype], DTYPE_BYTES[cfg.model.compute_dtype]
     params = {p.name: p for p in model.get_parameters()}
     table = []
-    for name, built in _every_layer(list(params), cfg.model.num_layers):
+    for name, built in _every_layer(list(params), _built_layers(cfg.model)):
         p, (split, reader) = params[built], splits[built]
         stages = (layout.stage_of(name),) + (tied_copy if name == "tok_embeddings.weight" else ())
         table.append(ParameterSlice(name, tuple(p.shape), split, tuple(d // s for d, s in zip(p.shape, split)),
@@ -473,11 +483,13 @@ def stage_params(cfg: Config, layout: Layout | None = None) -> list[float]:
 
 
 def layer_slice_params(cfg: Config, layout: Layout) -> int:
-    """Parameters of one decoder layer's slices on a rank (its experts split over ep, the rest over tp)."""
+    """Parameters of the largest decoder layer's slices on a rank (its experts split over ep, the rest over tp;
+    the last layer: a mixture of experts' layers with experts follow its dense ones)."""
     key = _slices_key(cfg, layout)
     if key not in _LAYER_PARAMS:
+        last = f"layers.{cfg.model.num_layers - 1}."
         _LAYER_PARAMS[key] = sum(math.prod(p.local) for p in parameter_slices(cfg, layout)
-                                 if p.name.startswith("layers.0."))
+                                 if p.name.startswith(last))
     return _LAYER_PARAMS[key]
 
 

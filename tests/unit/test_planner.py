@@ -495,3 +495,27 @@ def test_context_parallel_counts_its_tokens_the_gathered_kv_and_its_devices():
     assert (wider.parallel.data_parallel, wider.parallel.context_parallel) == (16, 8)
     with pytest.raises(planner.PlanError, match="model_parallel x context_parallel x pipeline_stage = 4 x 8 x 1"):
         planner.replan_devices(cfg, 48)
+
+
+def test_dense_first_layers_are_sized_as_dense_layers_and_the_rest_with_experts():
+    """DeepSeek-V3's first layers have a dense MLP, the others experts: the planner's per-parameter table names the
+    built model's parameters with their shapes, layer by layer (flops counts them alike, less the untrained router
+    biases)."""
+    import numpy as np
+    from mindspore.nn.utils import no_init_parameters
+
+    from models import CausalLM
+    from mindscale.config import Layout
+
+    cfg = load_config(REPO_ROOT / "configs" / "tiny" / "deepseek_v3_tiny.yaml",
+                      ["model.num_layers=3", "model.moe.dense_layers=2", "parallel.data_parallel=1"])
+    with no_init_parameters():
+        model = CausalLM(cfg.model, Layout.of(cfg, "CPU", world=1))
+    built = {p.name: tuple(p.shape) for p in model.get_parameters()}
+    table = {p.name: p.shape for p in planner.parameter_slices(cfg)}
+    assert table == built and "layers.1.feed_forward.w1.weight" in table and "layers.2.feed_forward.experts.w1" in table
+    biases = [p for p in planner.parameter_slices(cfg) if not p.trainable]
+    assert [p.name for p in biases] == ["layers.2.feed_forward.routing.router_bias"]
+    assert flops.param_count(cfg.model) == sum(int(np.prod(s)) for s in built.values()) - cfg.model.moe.num_experts
+    assert planner.layer_slice_params(cfg, Layout.of(cfg)) == sum(
+        int(np.prod(s)) for name, s in built.items() if name.startswith("layers.2."))

@@ -29,6 +29,9 @@ EXPECTED = {
     # meta device from the released config.json values count the same; 88 s, so not rerun here)
     "mixtral/mixtral_8x7b.yaml": 46_702_792_704, "qwen3_moe/qwen3_30b_a3b.yaml": 30_532_122_624,
     "qwen3_moe/qwen3_235b_a22b.yaml": 235_093_634_560,
+    # trained weights: transformers' DeepseekV3ForCausalLM(DeepseekV3Config()) on the meta device, 57 s, counts the
+    # same (its 14,848 router correction biases are buffers there, and not trained here); without the MTP module
+    "deepseek_v3/deepseek_v3_671b.yaml": 671_026_404_352,
 }
 EIGHT_CARDS = ("gpt3/gpt3_1.3b.yaml", "llama2/llama2_7b.yaml", "llama3/llama3_8b.yaml", "llama3_1/llama3_1_8b.yaml",
                "llama3_2/llama3_2_1b.yaml", "llama3_2/llama3_2_3b.yaml", "qwen2/qwen2_5_7b.yaml",
@@ -118,3 +121,14 @@ def test_validates_through_the_config_cli():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "hidden_size: 16384" in proc.stdout
+
+
+def test_deepseek_v3_count_is_the_released_modules_by_hand(configs):
+    """The 671B by the released config.json's shapes, module by module as transformers builds them."""
+    h, vocab, heads, layers, dense = 7168, 129280, 128, 61, 3
+    attention = (h * 1536 + 1536 + 1536 * heads * (128 + 64)            # q_a_proj, q_a_layernorm, q_b_proj
+                 + h * (512 + 64) + 512 + 512 * heads * (128 + 128)     # kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj
+                 + heads * 128 * h + 2 * h)                             # o_proj, the two layer norms
+    mlp, experts = 3 * h * 18432, 256 * h + 256 * 3 * h * 2048 + 3 * h * 2048  # gate, routed, one shared
+    total = layers * attention + dense * mlp + (layers - dense) * experts + 2 * vocab * h + h
+    assert total == flops.param_count(configs["deepseek_v3/deepseek_v3_671b.yaml"].model) == 671_026_404_352

@@ -133,7 +133,7 @@ def test_logits_and_loss_match_hugging_face(converted):
     network = CausalLMLoss(model)  # the cross entropy alone: transformers adds no router loss by default
     loss = network(Tensor(ids.astype(np.int32)), Tensor(labels), Tensor(mask))
     assert float(loss.asnumpy()) == pytest.approx(float(out.loss), abs=1e-5)
-    if cfg.model.moe.router == "softmax":  # the load-balancing loss: transformers' function of each layer, averaged
+    if cfg.model.moe.enabled and cfg.model.moe.router == "softmax":  # the load-balancing loss: transformers' per layer
         with torch.no_grad():
             routers = hf(torch.tensor(ids), output_router_logits=True).router_logits
         moe = cfg.model.moe

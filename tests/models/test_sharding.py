@@ -229,3 +229,34 @@ def test_describe_plan_prints_a_table_with_stages():
     rows = planned_strategies(models.build_model(cfg, layout), cfg, layout)
     matched = {re.sub(r"^layers\.\d+", "layers.*", row[0]) for row in rows}
     assert matched == set(ARCHS["llama"].plan)
+
+
+def test_deepseek_v3_plan_splits_heads_keeps_the_latents_whole_and_routes_by_tokens():
+    """MLA: the down-projections, their norms and the shared rotary key one per token (tokens split, weights whole);
+    the up-projections, the per-head ops and the core split by heads; wo rowwise. The sigmoid router splits tokens,
+    its bias whole. The dense first layer plans as LLaMA's MLP, the next as experts with a column/row shared one."""
+    dp, mp = 4, 2
+    cfg = load_config("configs/tiny/deepseek_v3_tiny.yaml",
+                      ["model.hidden_size=64", "model.num_heads=8", "model.vocab_size=128", "model.seq_length=32",
+                       f"parallel.data_parallel={dp}", f"parallel.model_parallel={mp}", "parallel.vocab_emb_dp=false"])
+    model, rows = planned(cfg)
+    dense, sparse = model.layers
+    att = sparse.attention
+    for name in ("wq", "wkv_a"):
+        assert strategy(getattr(att, name).matmul) == ((dp, 1), (1, 1))
+    assert strategy(att.q_a_norm.mul) == strategy(att.kv_a_norm.mul) == ((dp, 1), (dp, 1))
+    for name in ("wq_b", "wkv_b"):
+        assert strategy(getattr(att, name).matmul) == ((dp, 1), (mp, 1))
+    assert strategy(att.wo.matmul) == ((dp, mp), (1, mp))
+    assert strategy(att.q_rotary.mul_cos) == ((dp, 1, mp, 1), (1, 1, 1))
+    assert strategy(att.k_rotary.mul_cos) == ((dp, 1, 1, 1), (1, 1, 1))
+    assert strategy(att.every_head) == ((dp, 1, 1, 1), (1, 1, mp, 1))
+    assert strategy(att.pad_v) == strategy(att.values) == ((dp, 1, mp, 1),)
+    assert strategy(att.core.bmm_qk) == ((dp, mp, 1, 1), (dp, mp, 1, 1))
+    assert strategy(sparse.feed_forward.routing.add_bias) == ((dp, 1), (1,))
+    assert strategy(sparse.feed_forward.routing.group_best) == ((dp, 1, 1),)
+    assert strategy(sparse.feed_forward.shared_expert.w2.matmul) == ((dp, mp), (1, mp))
+    assert strategy(dense.feed_forward.w1.matmul) == ((dp, 1), (mp, 1))
+    splits = models.sharding.parameter_splits(model, cfg, Layout.of(cfg))
+    assert splits["layers.1.attention.wkv_b.weight"][0] == (mp, 1) and splits["layers.1.attention.wq.weight"][0] == (1, 1)
+    assert splits["layers.1.feed_forward.routing.router_bias"][0] == (1,)

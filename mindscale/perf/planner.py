@@ -656,11 +656,14 @@ def communication(cfg: Config, stage: int) -> dict:
     # reduce-scatter and an all-gather: 2(t-1)/t of the hidden states either way.
     vocab_ends = (stage == 0) + (stage == stages - 1) if layout.vocab_parallel else 0
     tp_vocab = vocab_ends * micro_batches * 2 * (t - 1) / t * x if t > 1 else 0.0
-    if m.moe.enabled and t > 1:  # the experts' w2 partial sums (and w1/w3 input gradients): E x C slots, not T
+    # the stage's layers with experts (a mixture of experts' dense first layers have none: DeepSeek-V3)
+    experts = [i >= m.moe.dense_layers for i in sorted(layout.layers_of_stage(stage))] if m.moe.enabled else []
+    if any(experts) and t > 1:  # the experts' w2 partial sums (and w1/w3 input gradients): E x C slots, not T
         tp_per_layer += 2 * 2 * (t - 1) / t * (expert_slots(cfg) - local_tokens(cfg)) * m.hidden_size * \
-            DTYPE_BYTES[m.compute_dtype]
+            DTYPE_BYTES[m.compute_dtype] * sum(experts) / len(experts)
     tp = tp_per_layer * layout.layers_per_stage[stage] * micro_batches + tp_vocab
-    ep_per_layer = sum(expert_alltoall_bytes(cfg, role) for role in roles) / max(1, len(roles))
+    ep_per_layer = sum(expert_alltoall_bytes(cfg, role) for role, routed in zip(roles, experts) if routed) / \
+        max(1, len(roles))
     ep = ep_per_layer * layout.layers_per_stage[stage] * micro_batches
     cp_per_layer = context_parallel_bytes_per_layer(cfg)
     cp = cp_per_layer * layout.layers_per_stage[stage] * micro_batches

@@ -105,6 +105,9 @@ def twin(path) -> list[str]:
     if m.moe.enabled:  # at least 2 experts per expert-parallel rank and top_k of them, each as wide as the MLP
         ep = p.expert_parallel
         out += [f"model.moe.num_experts={ep * max(2, -(-m.moe.top_k // ep))}", "model.moe.ffn_hidden_size=null"]
+    if m.spec.mla:  # multi-head latent attention's widths shrunk alike, the values narrower than the keys (padded)
+        out += ["model.mla.q_lora_rank=32", "model.mla.kv_lora_rank=16", "model.mla.qk_nope_head_dim=8",
+                "model.mla.qk_rope_head_dim=8", "model.mla.v_head_dim=8"]
     if cfg.finetune.lora.rank or cfg.checkpoint.load_path:
         out.append("checkpoint.load_path=/not/read/by/a/dry/run")
     return out

@@ -75,7 +75,10 @@ def model_config_differences(hf_model: dict, m) -> list[str]:
 
 def hf_config_from_model(m) -> dict:
     """A transformers config.json for MindScale model config `m` (mindscale.config.ModelConfig)."""
-    return ARCHS[m.arch].hf.config_to_hf(m)
+    try:
+        return ARCHS[m.arch].hf.config_to_hf(m)
+    except HFUnsupported as exc:
+        raise HFConversionError(str(exc))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -155,17 +155,22 @@ def describe_plan(cfg: Config) -> str:
               f"vocab_emb_dp={p.vocab_emb_dp}")
     if not layout.sharded:
         return header + "\n(not sharded: stand-alone or data-parallel, no strategies are compiled)"
-    one_layer = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_layers=1))
+    # one layer, or with dense first layers (DeepSeek-V3) one dense and one with experts, shown as one `layers.*`
+    kinds = 2 if cfg.model.spec.moe and cfg.model.moe.dense_layers else 1
+    one_layer = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, num_layers=kinds, moe=dataclasses.replace(cfg.model.moe, dense_layers=kinds - 1)))
     with no_init_parameters():
-        model = CausalLM(one_layer.model, dataclasses.replace(layout, stages_of_layers=(0,), recomputed=(),
+        model = CausalLM(one_layer.model, dataclasses.replace(layout, stages_of_layers=(0,) * kinds, recomputed=(),
                                                               graph_reuse="none"))
     table = [("cell", "style", "op", "in_strategy", "out_strategy", "stage")]
     stages = layout.stages_of_layers
     layer_stage_range = f"{stages[0]}-{stages[-1]}" if stages[0] != stages[-1] else str(stages[0])
     for path, style, attr, in_strategy, out_strategy in planned_strategies(model, cfg, layout):
-        shown = re.sub(r"^layers\.0(?=\.|$)", "layers.*", path) or "(model)"
+        shown = re.sub(r"^layers\.\d+(?=\.|$)", "layers.*", path) or "(model)"
         stage = layer_stage_range if path.startswith("layers.") else str(layout.stage_of(path))
-        table.append((shown, style, attr, _fmt(in_strategy), _fmt(out_strategy), stage))
+        row = (shown, style, attr, _fmt(in_strategy), _fmt(out_strategy), stage)
+        if row not in table:  # the second layer's attention and norms repeat the first's
+            table.append(row)
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = [header] + ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
     for stage, n in enumerate(layout.layers_per_stage):

@@ -126,7 +126,7 @@ def config_to_hf(m) -> dict:
     experts_ffn = moe.expert_ffn(m.ffn_hidden_size)
     shared, rest = divmod(moe.shared_expert_ffn_hidden_size, experts_ffn)
     if rest:
-        raise ValueError(f"model.moe.shared_expert_ffn_hidden_size={moe.shared_expert_ffn_hidden_size} is not a "
+        raise HFUnsupported(f"model.moe.shared_expert_ffn_hidden_size={moe.shared_expert_ffn_hidden_size} is not a "
                          f"multiple of the experts' width {experts_ffn}: DeepSeek-V3 stores n_shared_experts")
     config = {key: value for key, value in llama.decoder_to_hf(m, "DeepseekV3ForCausalLM").items() if key != "head_dim"}
     return config | {
@@ -142,7 +142,8 @@ def config_to_hf(m) -> dict:
 SPEC = ArchSpec(
     name="deepseek_v3", summary="multi-head latent attention (model.mla), dense first layers, then a sigmoid-routed "
     "mixture of experts with a shared expert (model.moe); DeepSeek-V3",
-    rms_norm=True, gated_mlp=True, bias=False, qkv_bias=False, rotary=True, grouped_query=False, free_head_dim=False,
+    rms_norm=True, gated_mlp=True, bias=False, qkv_bias=False, rotary=True, grouped_query=False,
+    free_head_dim=True,  # the widths are model.mla's (validate.py refuses model.head_dim for it)
     moe=True, mla=True, plan=PLAN, optional_plan=OPTIONAL_PLAN,
     hf=HFAdapter("deepseek_v3", TABLE, config_from_hf, config_to_hf, applies=applies, unloaded=unloaded),
     lora_targets=("wq", "wq_b", "wkv_a", "wkv_b", "wo"), config_dirs=("deepseek_v3",))

@@ -41,7 +41,17 @@ def config_from_hf(c: dict) -> dict:
         "aux_loss_coeff": float(c.get("router_aux_loss_coef", 0.02))}}
 
 
+def softmax_experts_only(m) -> None:
+    """Refuse to export what a softmax-routed family's config.json cannot say: DeepSeek-V3's sigmoid router or
+    dense first layers (models.spec.HFUnsupported, one line)."""
+    if m.moe.router != "softmax" or m.moe.dense_layers:
+        raise HFUnsupported(f"model.moe.router={m.moe.router}, dense_layers={m.moe.dense_layers}: {m.arch}'s Hugging "
+                            "Face config has a softmax router on every layer; export with router softmax and no dense "
+                            "layers, or use model.arch deepseek_v3")
+
+
 def config_to_hf(m) -> dict:
+    softmax_experts_only(m)
     return llama.decoder_to_hf(m, "MixtralForCausalLM") | {
         "num_local_experts": m.moe.num_experts, "num_experts_per_tok": m.moe.top_k,
         "router_aux_loss_coef": m.moe.aux_loss_coeff, "router_jitter_noise": 0.0, "sliding_window": None}

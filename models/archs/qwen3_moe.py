@@ -28,6 +28,7 @@ def config_from_hf(c: dict) -> dict:
 
 
 def config_to_hf(m) -> dict:
+    mixtral.softmax_experts_only(m)
     return qwen3.config_to_hf(m) | {
         "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": m.moe.num_experts,
         "num_experts_per_tok": m.moe.top_k, "moe_intermediate_size": m.moe.expert_ffn(m.ffn_hidden_size),

@@ -279,3 +279,13 @@ def test_deepseek_v3_mtp_layers_are_ignored_and_what_is_not_built_is_refused():
         with pytest.raises(HFConversionError, match=message) as refused:
             hf_to_mindscale(hf_state, {**config, key: value})
         assert "\n" not in str(refused.value)
+
+
+def test_a_softmax_family_refuses_to_export_deepseek_routing_in_one_line():
+    from models.hf_convert import hf_config_from_model
+
+    mixtral = config_from_tree({"model": {"arch": "mixtral", "vocab_size": VOCAB, "hidden_size": 64, "num_layers": 2,
+                                          "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 96,
+                                          "moe": {"num_experts": 4, "router": "sigmoid", "dense_layers": 1}}})
+    with pytest.raises(HFConversionError, match="model.moe.router=sigmoid, dense_layers=1: mixtral's Hugging Face"):
+        hf_config_from_model(mixtral.model)

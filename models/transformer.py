@@ -224,6 +224,7 @@ class CausalLM(nn.Cell):
             blocks = [TransformerBlock(m, spec, layout, dense_layer(m, i)) for i in range(m.num_layers)]
         self.layers = nn.CellList(blocks)
         self.moe = spec.moe
+        self.moe_layers = sum(not dense_layer(m, i) for i in range(m.num_layers))  # what the aux loss averages over
         self.no_routing = Tensor([0.0, 0.0], ms.float32)  # the router statistics before the first layer
         self.norm = norm_class(spec, layout.fused_norm)(m.hidden_size, m.norm_eps, pdt, cdt)
         self.output = OutputHead(m.hidden_size, m.vocab_size, m.tie_embeddings, m.init_std, pdt, cdt)
@@ -400,7 +401,7 @@ class CausalLMLoss(nn.Cell):
         loss = model.loss(model.logits(hidden), labels, loss_mask)
         if self.moe_stats is None:
             return loss
-        aux = routing[0] / len(model.layers)
+        aux = routing[0] / model.moe_layers  # the mean over the layers with experts (not DeepSeek-V3's dense ones)
         kept = self.record(self.moe_stats, ops.stop_gradient(ops.stack((aux, routing[1]))))
         return ops.depend(loss + self.aux_loss_coeff * aux, kept)
 

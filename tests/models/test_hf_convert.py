@@ -139,6 +139,27 @@ def test_logits_and_loss_match_hugging_face(converted):
         moe = cfg.model.moe
         per_layer = [float(load_balancing_loss_func((r,), moe.num_experts, moe.top_k)) for r in routers]
         assert float(network.moe_stats.asnumpy()[0]) == pytest.approx(np.mean(per_layer), rel=1e-5)
+    elif cfg.model.moe.enabled:  # the sigmoid router's: its scores normalised per token, over the expert layers
+        assert float(network.moe_stats.asnumpy()[0]) == pytest.approx(sigmoid_aux_loss(hf, ids), rel=1e-5)
+
+
+def sigmoid_aux_loss(hf, ids) -> float:
+    """E x sum_e f_e P_e of each DeepseekV3TopkRouter (its chosen experts, its scores over their sum), averaged
+    over the layers that have one (not the dense first layers)."""
+    gates = [layer.mlp.gate for layer in hf.model.layers if hasattr(layer.mlp, "gate")]
+    seen = []
+    hooks = [gate.register_forward_hook(lambda g, inputs, out: seen.append((g, inputs[0], out[0]))) for gate in gates]
+    with torch.no_grad():
+        hf(torch.tensor(ids))
+    for hook in hooks:
+        hook.remove()
+    per_layer = []
+    for gate, x, chosen in seen:
+        scores = torch.sigmoid(x.reshape(-1, x.shape[-1]) @ gate.weight.detach().T)
+        experts = scores.shape[-1]
+        fraction = torch.zeros(experts).index_add_(0, chosen.reshape(-1), torch.ones(chosen.numel())) / len(scores)
+        per_layer.append(float(experts * (fraction * (scores / scores.sum(-1, keepdim=True)).mean(0)).sum()))
+    return float(np.mean(per_layer))
 
 
 def test_mindscale_to_hf_reproduces_the_tensors_and_transformers_loads_them(converted, tmp_path):

@@ -264,6 +264,10 @@ def test_layer_graph_keys_separate_stages_and_recompute_modes():
     assert layer_graph_keys(Layout.of(cfg)) == ["stage 0, recompute full"] * 2 + ["stage 0, recompute none",
                                                  "stage 1, recompute full"] + ["stage 1, recompute none"] * 2
     assert Layout.of(tiny("llama", "run.reuse_layer_graph=false")).graph_reuse == "none"
+    # DeepSeek-V3's dense first layers are other cells than its expert layers: never one graph
+    deepseek = load_config("configs/tiny/deepseek_v3_tiny.yaml", ["model.num_layers=3", "parallel.data_parallel=1"])
+    assert layer_graph_keys(Layout.of(deepseek), deepseek.model) == ["stage 0, recompute none, dense",
+                                                                     "stage 0, recompute none", "stage 0, recompute none"]
 
 
 @pytest.mark.parametrize("packed", [False, True])

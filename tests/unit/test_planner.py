@@ -450,7 +450,7 @@ def test_readme_table_lists_every_shipped_config():
     table = readme_table()
     for path in plan_cli.shipped_configs():
         assert f"`{path.relative_to(REPO_ROOT)}`" in table
-    assert len(plan_cli.shipped_configs()) == 28  # with llama3_1_8b_128k, llama3_1_70b_128k and the three MoE configs
+    assert len(plan_cli.shipped_configs()) == 29  # with llama3_1_8b_128k, llama3_1_70b_128k and the four MoE configs
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -65,8 +65,10 @@ class MLAttention(nn.Cell):
         self.join_q, self.join_k = ops.Concat(-1), ops.Concat(-1)
         self.every_head = ops.Mul()  # the shared rotary key [B, S, 1, r] x ones [1, 1, heads, 1]
         self.head_ones = Tensor(np.ones((1, 1, n, 1), np.float32), compute_dtype)
-        self.pad_v = ops.Pad(((0, 0), (0, 0), (0, 0), (0, self.head_dim - self.v_dim))) \
-            if self.head_dim > self.v_dim else None
+        # PadV3, not Pad: the parallel compiler has a PadV3Info that splits the unpadded dims as asked; ops.Pad it
+        # left batch-parallel, and v went through two AlltoAlls a layer (the tp 2 twin's validate IR)
+        self.pad_v = ops.PadV3() if self.head_dim > self.v_dim else None
+        self.v_padding, self.pad_value = (0, self.head_dim - self.v_dim), Tensor(0.0, compute_dtype)
         self.unpad = ops.StridedSlice()
 
     def deinterleave(self, x, transpose):
@@ -97,7 +99,7 @@ class MLAttention(nn.Cell):
         """q, k [B, S, heads, nope + rope] and v padded to that width: what the core takes."""
         q = self.join_q((q_nope, q_rope))
         k = self.join_k((k_nope, self.every_head(k_rope, self.head_ones)))
-        return q, k, (v if self.pad_v is None else self.pad_v(v))
+        return q, k, (v if self.pad_v is None else self.pad_v(v, self.v_padding, self.pad_value))
 
     def qkv(self, x, batch: int, seq: int):
         """q, k, v [B, S, heads, nope + rope] before the rotation of their last `rope` features (the KV-cache
@@ -128,7 +130,7 @@ class MLAttention(nn.Cell):
                  "every_head": ((shared, (1, 1, layout.tp, 1)), None),
                  "unpad": (((layout.token_rows, layout.tp, 1),), None)}
         if self.pad_v is not None:
-            rules["pad_v"] = ((heads,), None)
+            rules["pad_v"] = ((heads, ()), None)
         else:
             del rules["unpad"]
         return rules

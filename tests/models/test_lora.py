@@ -102,3 +102,32 @@ def test_adapters_follow_the_wrapped_layers_split():
     # rowwise: base splits input columns; A splits the same columns (partial sums), B is whole
     assert s(wo.base.matmul) == ((dp, mp), (1, mp))
     assert s(wo.matmul_a) == ((dp, mp), (1, mp)) and s(wo.matmul_b) == ((dp, 1), (1, 1))
+
+
+def test_deepseek_v3_adapters_on_latent_attention_merge_and_follow_its_plan():
+    """LoRA on MLA's projections (the replicated down-projections too): only the adapters train, the merged model
+    equals base plus adapters, and under tp the adapters take their wrapped Linear's split."""
+    targets = "finetune.lora.target_modules=[wq,wq_b,wkv_a,wkv_b,wo]"
+    cfg = load_config(REPO_ROOT / "configs" / "tiny" / "deepseek_v3_tiny.yaml",
+                      ["model.hidden_size=64", "model.vocab_size=128", "model.seq_length=16", "parallel.data_parallel=1",
+                       "checkpoint.load_path=/base", "finetune.lora.rank=4", targets])
+    model = models.build_model(cfg)
+    rng = np.random.default_rng(0)
+    for p in model.get_parameters():
+        if p.name.endswith("lora_b"):
+            p.set_data(Tensor(rng.normal(0, 0.05, p.shape).astype(np.float32)))
+    assert {p.name.rsplit(".", 2)[1] for p in model.trainable_params()} == {"wq", "wq_b", "wkv_a", "wkv_b", "wo"}
+    ids = Tensor(rng.integers(0, 128, (2, 16)).astype(np.int32))
+    base, adapters = split_adapters({p.name: p.asnumpy() for p in model.get_parameters()})
+    merged = models.build_model(without_lora(cfg))
+    models.load_weights_into(merged, merge(base, adapters, cfg.finetune.lora))
+    np.testing.assert_allclose(merged(ids).asnumpy(), model(ids).asnumpy(), atol=1e-5)
+    sharded = load_config(REPO_ROOT / "configs" / "tiny" / "deepseek_v3_tiny.yaml",
+                          ["model.hidden_size=64", "model.num_heads=8", "parallel.data_parallel=2",
+                           "parallel.model_parallel=2", "checkpoint.load_path=/base", "finetune.lora.rank=4", targets])
+    layout = Layout.of(sharded)
+    model = models.build_model(sharded, layout)
+    models.apply_sharding_plan(model, sharded, layout)
+    attention = model.layers[1].attention
+    assert attention.wq.matmul_b.attrs["in_strategy"] == ((2, 1), (1, 1))       # replicated: B whole
+    assert attention.wkv_b.matmul_b.attrs["in_strategy"] == ((2, 1), (2, 1))    # colwise: B split as the heads

@@ -49,13 +49,13 @@ def dense_layer(m: ModelConfig, index: int) -> bool:
     return not m.spec.moe or index < m.moe.dense_layers
 
 
-def layer_graph_keys(layout: Layout, m: ModelConfig | None = None) -> list[str]:
+def layer_graph_keys(layout: Layout, m: ModelConfig) -> list[str]:
     """Per layer, the key of the compiled graph it shares: its pipeline stage, recompute mode, offload, whether
     it gathers its inputs again, and in a mixture of experts whether its MLP is dense (a graph of other cells)."""
     recomputed, offloaded, regathered = set(layout.recomputed), set(layout.offloaded), set(layout.regathered)
     return [f"stage {stage}, recompute {layout.recompute if i in recomputed else 'none'}"
             + (", offloaded" if i in offloaded else "") + (", regathered" if i in regathered else "")
-            + (", dense" if m is not None and m.spec.moe and dense_layer(m, i) else "")
+            + (", dense" if m.spec.moe and dense_layer(m, i) else "")
             for i, stage in enumerate(layout.stages_of_layers)]
 
 
@@ -120,7 +120,7 @@ def mixture_of_experts(m: ModelConfig, layout: Layout, out_std: float) -> MoE:
 class TransformerBlock(nn.Cell):
     """x + attention(norm(x)), then + feed_forward(norm(.)); the residual stream x in m.residual_dtype."""
 
-    def __init__(self, m: ModelConfig, spec: ArchSpec, layout: Layout, dense: bool = True):
+    def __init__(self, m: ModelConfig, spec: ArchSpec, layout: Layout, dense: bool):
         """dense: this layer's MLP is dense (dense_layer); a mixture of experts' other layers have experts."""
         super().__init__()
         pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
@@ -195,7 +195,7 @@ class ReusedTransformerBlock(TransformerBlock):
     therefore be in the key; construct takes no default arguments."""
 
     @ms.lazy_inline(attrs="graph_key")
-    def __init__(self, m: ModelConfig, spec: ArchSpec, layout: Layout, graph_key: str, dense: bool = True):
+    def __init__(self, m: ModelConfig, spec: ArchSpec, layout: Layout, graph_key: str, dense: bool):
         super().__init__(m, spec, layout, dense)
         self.graph_key = graph_key
         if layout.device == "CPU":

@@ -261,7 +261,7 @@ def test_reused_layer_graph_computes_what_per_layer_graphs_compute(llama):
 def test_layer_graph_keys_separate_stages_and_recompute_modes():
     cfg = tiny("llama", "model.num_layers=6", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
                "recompute.mode=full", "recompute.layers=[2,1]")
-    assert layer_graph_keys(Layout.of(cfg)) == ["stage 0, recompute full"] * 2 + ["stage 0, recompute none",
+    assert layer_graph_keys(Layout.of(cfg), cfg.model) == ["stage 0, recompute full"] * 2 + ["stage 0, recompute none",
                                                  "stage 1, recompute full"] + ["stage 1, recompute none"] * 2
     assert Layout.of(tiny("llama", "run.reuse_layer_graph=false")).graph_reuse == "none"
     # DeepSeek-V3's dense first layers are other cells than its expert layers: never one graph

@@ -158,7 +158,7 @@ def test_recompute_comm_gathers_the_column_parallel_inputs_again_under_sequence_
     on, _ = planned(cfg)
     assert comm_marks(on.layers[0]) == dict.fromkeys(every, True)
     assert all(comm_marks(layer) == dict.fromkeys(column, True) for layer in on.layers[1:])
-    assert layer_graph_keys(Layout.of(cfg))[1:] == ["stage 0, recompute none, regathered"] * 3
+    assert layer_graph_keys(Layout.of(cfg), cfg.model)[1:] == ["stage 0, recompute none, regathered"] * 3
     no_sp, _ = planned(config(arch, *sets, "parallel.sequence_parallel=false", "recompute.comm=true"))
     off, _ = planned(config(arch, *sets, "parallel.sequence_parallel=true", "recompute.comm=false"))
     for model in (no_sp, off):

@@ -630,6 +630,14 @@ print(compile_rank(load_config({str(TINY_LLAMA)!r}, {sets!r}))["error"])
     assert "Invalid strategy for mat_a [2, 2] and mat_b [4, 1]" in proc.stderr  # MindSpore's own reason
 
 
+def test_ranks_preload_libgomp_and_jemalloc_once_and_keep_the_callers_libraries(tmp_path):
+    from mindscale.launch.standins import dryrun_environment, jemalloc, libgomp
+    mine = tmp_path / "libmine.so"
+    caller = ":".join(filter(None, [str(mine), jemalloc() and os.path.realpath(jemalloc())]))
+    preload = dryrun_environment({"LD_PRELOAD": caller}, 0, 8)["LD_PRELOAD"].split()
+    assert preload == [libgomp(), *filter(None, [jemalloc()]), str(mine)]
+
+
 def test_bad_input_is_one_line_and_exit_2():
     for argv, needle in ((["--config", str(TINY_LLAMA)], "hardware='cpu'"),
                          (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--ranks", "0,9"], "rank 9"),

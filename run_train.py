@@ -10,6 +10,7 @@ SIGTERM or SIGUSR1 finishes the step, saves a committed checkpoint and exits 0 (
 at once): mindscale/train/resilience/stop.py.
 """
 import argparse
+import gc
 import os
 import sys
 
@@ -32,6 +33,7 @@ def main(argv=None) -> int:
     from mindscale.launch import runlock
     from mindscale.train.loop.runtime import setup
     from mindscale.train.loop.trainer import Trainer, run_dir_of
+    gc.freeze()  # the imports' objects live as long as the process: no collection walks them (~7% of a tiny CPU run)
     try:
         runtime = setup(cfg)
         # the launcher holds this run folder's lock for its workers; run without it, rank 0 takes it

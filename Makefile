@@ -25,11 +25,16 @@ finetune-demo: $(VENV)/.runtime
 # in one process. Quick: one per core. Full: three, whose third fills the time processes wait (docs/design.md)
 XDIST := -n 2
 
+# jemalloc where the host has it (Debian's libjemalloc2; .ci/run installs it): MindSpore's graph compiler spends about
+# a sixth of its CPU in glibc's malloc (docs/dryrun.md: tools/dryrun.py preloads it by itself)
+JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
+PRELOAD := $(if $(JEMALLOC),LD_PRELOAD="$(JEMALLOC) $$LD_PRELOAD")
+
 test: $(VENV)/.dev
-	MINDSCALE_TEST_DURATIONS=output/test-durations.json $(PY) -m pytest -q -n 3 --durations=15 tests bench/test_bench.py
+	$(PRELOAD) MINDSCALE_TEST_DURATIONS=output/test-durations.json $(PY) -m pytest -q -n 3 --durations=15 tests bench/test_bench.py
 
 test-quick: $(VENV)/.dev  # no processes: unit and model tests (target under 2 minutes; 118 s on one host at ba2b682, 152 s on a slower one)
-	$(PY) -m pytest -q $(XDIST) -m "not integration" tests
+	$(PRELOAD) $(PY) -m pytest -q $(XDIST) -m "not integration" tests
 
 bench: $(VENV)/.dev
 	$(PY) bench/run_all.py

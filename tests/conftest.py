@@ -23,6 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.run_folder, tools.*: files of the checkout, not of the package
 os.environ.setdefault("PYTHONPATH", str(ROOT))
 os.environ.setdefault("GLOG_v", "3")
+# this process (pytest's rewritten test modules) and the Pythons tests start read the checkout's modules from
+# bytecode caches (__pycache__, git-ignored), as a user's do: PYTHONDONTWRITEBYTECODE, set on some hosts, made each
+# process compile them again (0.5 of the 2.2 CPU-s a run_train.py spent importing, 1.4 of a worker's collection)
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 from tests import shared  # noqa: E402  (needs ROOT on sys.path)
 from mindscale.train.loop.compile_cache import SHARED_DIR_ENV  # noqa: E402
@@ -115,7 +120,3 @@ def session_shared_folder(tmp_path_factory):
     # runs of one graph load its compile from the session's cache (compile_cache.py; a test that checks the
     # run folder's own cache removes this from its runs' environment)
     os.environ.setdefault(SHARED_DIR_ENV, str(shared.ROOT / "compile_cache"))
-    # the Pythons tests start read the checkout's modules from bytecode caches (__pycache__, git-ignored), as a
-    # user's do: PYTHONDONTWRITEBYTECODE, set on some hosts, made every process compile them again (0.5 of the
-    # 2.2 CPU-s a run_train.py spent importing)
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)

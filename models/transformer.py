@@ -226,6 +226,10 @@ class CausalLM(nn.Cell):
         self.moe = spec.moe
         self.moe_layers = sum(not dense_layer(m, i) for i in range(m.num_layers))  # what the aux loss averages over
         self.no_routing = Tensor([0.0, 0.0], ms.float32)  # the router statistics before the first layer
+        # ... passed to it through an op, not as the constant itself: with the layers' graph reused
+        # (run.reuse_layer_graph), a constant as the first call's input left the second call reading freed memory
+        # on CPU (graph mode; tests/models/test_hf_convert.py's deepseek_v3_plain under jemalloc's junk fill)
+        self.start_routing = ops.Identity().shard(((1,),))
         self.norm = norm_class(spec, layout.fused_norm)(m.hidden_size, m.norm_eps, pdt, cdt)
         self.output = OutputHead(m.hidden_size, m.vocab_size, m.tie_embeddings, m.init_std, pdt, cdt)
         # used by CausalLMLoss; lives here to be sharded with the model
@@ -251,7 +255,7 @@ class CausalLM(nn.Cell):
             positions = self.positions if seq == self.seq_length else self.positions[:seq]
             x = self.pos_add(x, self.pos_embeddings(positions))
         x = x.reshape(batch * seq, -1)
-        routing = self.no_routing if self.moe else None
+        routing = self.start_routing(self.no_routing) if self.moe else None
         for layer in self.layers:
             x = layer(x, batch, seq, segment_ids, routing)
             if self.moe:

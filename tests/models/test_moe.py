@@ -2,13 +2,19 @@
 top-k weights, capacity dropping in priority order (every first choice before any second, then token order),
 token groups (one per data-parallel rank), the shared expert and the router statistics. The dropless case is
 also checked against transformers in test_hf_convert.py and test_generate.py."""
+import json
 import math
+import os
+import subprocess
+import sys
 
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor
 
+from mindscale.config import REPO_ROOT
+from mindscale.launch.standins import jemalloc
 from models.moe import MoE, expert_capacity
 from tests.modes import cpu_mode
 
@@ -115,3 +121,47 @@ def test_sigmoid_router_matches_transformers_deepseek_v3_and_its_bias_steers_onl
         np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-6)
         chosen[float(b.sum())] = np.sort(experts, -1)
     assert not np.array_equal(*chosen.values())
+
+
+READ_STATISTICS = """
+import json, sys
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn
+import models
+from mindscale.config import load_config
+
+class Statistics(nn.Cell):
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, ids):
+        return self.model.decode(ids)[1]
+
+cfg = load_config(sys.argv[1], ["model.moe.dense_layers=0", "model.num_layers=2", "model.seq_length=16",
+                                "run.reuse_layer_graph=true", "parallel.data_parallel=1"])
+model = models.build_model(cfg)
+ids = Tensor(np.random.default_rng(0).integers(0, cfg.model.vocab_size, (2, 16)).astype(np.int32))
+out = []
+for mode in (ms.GRAPH_MODE, ms.PYNATIVE_MODE):
+    ms.set_context(mode=mode)
+    out.append(Statistics(model)(ids).asnumpy().tolist())
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(jemalloc() is None, reason="needs jemalloc (Debian: libjemalloc2) for its junk fill")
+def test_statistics_through_the_reused_layer_graph_read_no_freed_memory(tmp_path):
+    """Two expert layers in one reused graph, graph mode on CPU, every allocation and freed block filled with junk
+    (jemalloc's junk:true): the router statistics equal PyNative's. With the constant `no_routing` fed to the
+    reused graph as such, the second call read freed memory (2.03 for 4.06; CausalLM.decode's start_routing)."""
+    env = {**os.environ, "LD_PRELOAD": jemalloc(), "MALLOC_CONF": "junk:true"}
+    script = tmp_path / "statistics.py"  # a file: graph mode reads the Cell's source
+    script.write_text(READ_STATISTICS)
+    proc = subprocess.run([sys.executable, str(script), str(REPO_ROOT / "configs/tiny/deepseek_v3_tiny.yaml")],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    graph, pynative = json.loads(proc.stdout.splitlines()[-1])
+    np.testing.assert_allclose(graph, pynative, rtol=1e-5)

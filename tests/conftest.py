@@ -12,6 +12,7 @@ Both run on pytest-xdist workers (`-n 2` quick, `-n 3` full: the Makefile), a wo
 (`work_unit`), so module fixtures are built once; dry-run compiles are shared
 across workers through tests/shared.py, single-core runs pin to the worker's own core (tests/cores.py).
 """
+import gc
 import json
 import os
 import sys
@@ -80,6 +81,12 @@ def pytest_collection_modifyitems(config, items):
         for i, item in enumerate(items):
             first.setdefault(work_unit(item.nodeid), i)
         items.sort(key=lambda it: (-costs[work_unit(it.nodeid)], first[work_unit(it.nodeid)]))
+
+
+def pytest_collection_finish(session):
+    """What collection imported (MindSpore, torch, transformers, every test module) stays for the session: frozen,
+    the collector no longer walks it after each test's allocations."""
+    gc.freeze()
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -228,7 +228,7 @@ class CausalLM(nn.Cell):
         self.no_routing = Tensor([0.0, 0.0], ms.float32)  # the router statistics before the first layer
         # ... passed to it through an op, not as the constant itself: with the layers' graph reused
         # (run.reuse_layer_graph), a constant as the first call's input left the second call reading freed memory
-        # on CPU (graph mode; tests/models/test_hf_convert.py's deepseek_v3_plain under jemalloc's junk fill)
+        # on CPU in graph mode (tests/models/test_moe.py, under jemalloc's junk fill)
         self.start_routing = ops.Identity().shard(((1,),))
         self.norm = norm_class(spec, layout.fused_norm)(m.hidden_size, m.norm_eps, pdt, cdt)
         self.output = OutputHead(m.hidden_size, m.vocab_size, m.tie_embeddings, m.init_std, pdt, cdt)

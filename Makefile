@@ -33,7 +33,7 @@ PRELOAD := $(if $(JEMALLOC),LD_PRELOAD="$(JEMALLOC) $$LD_PRELOAD")
 test: $(VENV)/.dev
 	$(PRELOAD) MINDSCALE_TEST_DURATIONS=output/test-durations.json $(PY) -m pytest -q -n 3 --durations=15 tests bench/test_bench.py
 
-test-quick: $(VENV)/.dev  # no processes: unit and model tests (target under 2 minutes; 118 s on one host at ba2b682, 152 s on a slower one)
+test-quick: $(VENV)/.dev  # no processes: unit and model tests (target under 2 minutes; 104 s on one host at 531386d)
 	$(PRELOAD) $(PY) -m pytest -q $(XDIST) -m "not integration" tests
 
 bench: $(VENV)/.dev

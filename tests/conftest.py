@@ -9,7 +9,7 @@
 A CLI test in unit/ or models/ carries @pytest.mark.integration itself.
 
 Both run on pytest-xdist workers (`-n 2` quick, `-n 3` full: the Makefile), a worker taking a module at a time
-(`work_unit`), so module fixtures are built once; dry-run compiles are shared
+(tests/schedule.py: the longest units first), so module fixtures are built once; dry-run compiles are shared
 across workers through tests/shared.py, single-core runs pin to the worker's own core (tests/cores.py).
 """
 import gc
@@ -31,56 +31,20 @@ sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 from tests import shared  # noqa: E402  (needs ROOT on sys.path)
+from tests.schedule import longest_first, work_unit  # noqa: E402
 from mindscale.train.loop.compile_cache import SHARED_DIR_ENV  # noqa: E402
 
 PROCESS_TIERS = {"integration": ("integration",), "dryrun": ("integration", "dryrun")}
-
-
-# modules whose costly module fixture is parametrized: a worker takes the tests of one parameter at a time
-BY_PARAMETER = ("tests/dryrun/", "tests/models/test_generate.py")
-
-
-def work_unit(nodeid: str) -> str:
-    """What one pytest-xdist worker runs together: a module, so its module-scoped fixtures are built once.
-    In tests/dryrun/test_dryrun.py, whose compiles are shared by the whole session (tests/shared.py), a test
-    alone; in the other dry-run modules, and in BY_PARAMETER's, the tests of one fixture parameter (one
-    compiled layout whose IR a module fixture reads, one converted model: split over workers, each would
-    build it again)."""
-    module, _, test = nodeid.partition("::")
-    if not module.startswith(BY_PARAMETER):
-        return module
-    if module.endswith("test_dryrun.py"):
-        return nodeid
-    return module + (test[test.index("["):] if "[" in test else "")
-
-
-# Seconds each work unit took in a full run (`make test` writes output/test-durations.json; copy it here to
-# refresh): the workers take the longest units first, so the two finish together instead of one waiting on
-# a long compile that happened to come last. A unit not listed counts as its tests times its tier's typical
-# seconds per test (a dry-run compile is about a minute, a process a quarter of one).
-DURATIONS = ROOT / "tests" / "durations.json"
-SECONDS_PER_TEST = {"dryrun": 60.0, "integration": 15.0, "bench": 15.0, "models": 3.0}
-
-
-def unit_costs(items) -> dict[str, float]:
-    known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
-    costs: dict[str, float] = {}
-    for item in items:
-        unit = work_unit(item.nodeid)
-        tier = Path(str(item.fspath)).parent.name
-        costs[unit] = costs.get(unit, 0.0) + SECONDS_PER_TEST.get(tier, 0.5)
-    return {unit: known.get(unit, guess) for unit, guess in costs.items()}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for marker in PROCESS_TIERS.get(Path(str(item.fspath)).parent.name, ()):
             item.add_marker(getattr(pytest.mark, marker))
-    if getattr(config.option, "numprocesses", None):  # longest units first, each unit's tests together
-        costs, first = unit_costs(items), {}
-        for i, item in enumerate(items):
-            first.setdefault(work_unit(item.nodeid), i)
-        items.sort(key=lambda it: (-costs[work_unit(it.nodeid)], first[work_unit(it.nodeid)]))
+    # in xdist's workers, whose collection the scheduler hands out in order (their config.option.numprocesses
+    # is None: a check on it never sorted anything)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        longest_first(items)
 
 
 def pytest_collection_finish(session):

@@ -37,7 +37,7 @@ from mindscale.train.loop.compile_cache import SHARED_DIR_ENV  # noqa: E402
 PROCESS_TIERS = {"integration": ("integration",), "dryrun": ("integration", "dryrun")}
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_collection_modifyitems(items):
     for item in items:
         for marker in PROCESS_TIERS.get(Path(str(item.fspath)).parent.name, ()):
             item.add_marker(getattr(pytest.mark, marker))

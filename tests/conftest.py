@@ -8,7 +8,7 @@
 `pytest -m "not integration" tests` is the quick pass; `make test` runs everything, bench/ included.
 A CLI test in unit/ or models/ carries @pytest.mark.integration itself.
 
-Both run on pytest-xdist workers (`-n 2` quick, `-n 3` full: the Makefile), a worker taking a module at a time
+Both run on pytest-xdist workers (`-n 2` quick, `-n 4` full: the Makefile), a worker taking a module at a time
 (tests/schedule.py: the longest units first), so module fixtures are built once; dry-run compiles are shared
 across workers through tests/shared.py, single-core runs pin to the worker's own core (tests/cores.py).
 """

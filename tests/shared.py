@@ -1,5 +1,5 @@
 """Values several tests of one pytest session read, computed once for the whole session, whichever
-pytest-xdist worker asks first (`make test` runs two workers).
+pytest-xdist worker asks first (`make test` runs four workers).
 
 Each value is a JSON file under the session's temporary root (tests/conftest.py sets `ROOT`), behind a
 lock of its own: a worker asking for a key another worker is computing waits for it and reads it. Only

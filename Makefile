@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo finetune-demo test test-quick bench docs clean
+.PHONY: demo finetune-demo extras test test-quick bench docs clean
 
 $(VENV)/.runtime: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -11,9 +11,16 @@ $(VENV)/.runtime: requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
-$(VENV)/.dev: requirements-dev.txt requirements.txt $(VENV)/.runtime
+# tensorboard and torch (CPU): viewing a run's curves, loading an export in transformers (docs/finetune.md)
+$(VENV)/.extras: requirements-extras.txt requirements.txt $(VENV)/.runtime
+	$(PY) -m pip install -q -r requirements-extras.txt
+	touch $@
+
+$(VENV)/.dev: requirements-dev.txt $(VENV)/.extras
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
+
+extras: $(VENV)/.extras
 
 demo: $(VENV)/.runtime
 	bash scripts/demo.sh

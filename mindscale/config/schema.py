@@ -50,7 +50,7 @@ class RunConfig:
     tensorboard: bool = doc(
         "The logging rank also writes every scalar of each metrics.jsonl record (loss, lr, loss_scale, "
         "skipped_steps, throughput, MFU, ...) as TensorBoard events in <run>/tensorboard/ (needs tensorboardX); "
-        "view with `tensorboard --logdir <output_dir>` (docs/monitoring.md).", False)
+        "view with `tensorboard --logdir <output_dir>` after `make extras` (docs/monitoring.md).", False)
     max_restarts: int = doc(
         "scripts/run_distribute.sh (--max-restarts N overrides it): after a worker fails or stalls, relaunch "
         "every worker from the newest committed (healthy) checkpoint, at most this many times, then give up "

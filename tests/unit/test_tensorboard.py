@@ -16,7 +16,7 @@ from tests.integration.test_training import train
 from tests.run_folder import PEAK_TFLOPS, TINY
 
 accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
-                                  reason="TensorBoard's reader (requirements-dev.txt) reads the event files back")
+                                  reason="TensorBoard's reader (requirements-extras.txt) reads the event files back")
 
 
 def config(tmp_path, *overrides):

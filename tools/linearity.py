@@ -4,9 +4,10 @@ docs/mfu.md; computed by mindscale/perf/linearity.py).
     python tools/linearity.py output/llama_tiny_n1 output/llama_tiny_n2 [--threshold 0.8]
         [--plot linearity.png] [--json]
 
-Throughput of a run = median tokens/s over its logged records after warm-up. With base = the
-smallest device count, linearity at N = (throughput_N / N) / (throughput_base / base), which needs
-the same per-device batch at every N (scripts/run_linearity.sh keeps train.micro_batch_size).
+Throughput of a run = its tokens over its time in the steps after warm-up (docs/mfu.md, the
+number tools/mfu.py prints). With base = the smallest device count, linearity at N =
+(throughput_N / N) / (throughput_base / base), which needs the same per-device batch at every N
+(scripts/run_linearity.sh keeps train.micro_batch_size).
 Points below --threshold are flagged; the exit status stays 0 (2 on bad input). The sweep is also
 written as linearity.json into every run folder, where tools/compare_runs.py looks for it.
 """

@@ -1,23 +1,23 @@
 """Multi-device linearity of a device-count sweep: run folders of one config at different device
 counts (tools/linearity.py prints it; the definition is in docs/mfu.md).
 
-Throughput of a run = median tokens/s over its logged records after warm-up. With base = the
-smallest device count, linearity at N = (throughput_N / N) / (throughput_base / base), which needs
-the same per-device batch at every N. The sweep is kept as `RESULT_FILE` in every run folder, where
+Throughput of a run = its tokens over its time in the steps after warm-up (mindscale/perf/mfu.py's
+`of_run`, docs/mfu.md: what tools/mfu.py prints). With base = the smallest device count, linearity
+at N = (throughput_N / N) / (throughput_base / base), which needs the same per-device batch at every N. The sweep is kept as `RESULT_FILE` in every run folder, where
 mindscale/perf/compare.py reads it.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from mindscale.perf.metrics_io import (RunDataError, config_differences, load_run, steady_summary,
-                                       warn_if_truncated)
+from mindscale.perf.metrics_io import RunDataError, config_differences, load_run, warn_if_truncated
+from mindscale.perf.mfu import of_run
 
 # Keys that may differ between the runs of one sweep: the device count, the run's identity, and
 # the global batch derived from the device count.
 SWEEP_KEYS = ("parallel.data_parallel", "run.name", "run.output_dir", "train.global_batch_size")
 RESULT_FILE = "linearity.json"
-TARGET = 0.8  # linearity below this is flagged, and the target tools/compare_runs.py judges
+TARGET = 0.8  # linearity below this is flagged; the seed preset of tools/compare_runs.py judges it too
 
 
 def sweep(run_dirs: list[str], threshold: float, warmup: int) -> dict:
@@ -48,7 +48,7 @@ def sweep(run_dirs: list[str], threshold: float, warmup: int) -> dict:
     points = []
     for n in sorted(by_devices):
         run = by_devices[n]
-        s = steady_summary(run, warmup)
+        s = of_run(run, warmup)
         points.append({"devices": n, "run": str(run.path), "tokens_per_s": s["tokens_per_s"],
                        "tokens_per_s_per_device": s["tokens_per_s"] / n,
                        "samples_per_s_per_device": s["samples_per_s_per_device"],
@@ -60,7 +60,7 @@ def sweep(run_dirs: list[str], threshold: float, warmup: int) -> dict:
     return {"base_devices": base["devices"], "threshold": threshold, "points": points,
             "flagged": [p["devices"] for p in points if p["below_threshold"]],
             "definition": "linearity_N = (tokens_per_s_N / N) / (tokens_per_s_base / base), "
-                          "same per-device batch, median over steps after warm-up"}
+                          "same per-device batch, tokens over time of the steps after warm-up"}
 
 
 def plot(result: dict, path: Path) -> None:

@@ -6,13 +6,13 @@ the tools turn it into exit status 2.
 
 Steady state: the first record a training process logs holds its graph-compile step, so each
 *segment* of metrics.jsonl (a fresh start or a resume appends a new one) begins with `warmup`
-records that are dropped before taking medians; records of profiled steps (profile.enable) are
-left out too, since the profiler slows them down.
+records that are dropped before measuring; records of profiled steps (profile.enable) are
+left out too, since the profiler slows them down. What is measured over the records kept is
+mindscale/perf/mfu.py's `of_run` (docs/mfu.md: their tokens over their time).
 """
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,12 +127,17 @@ def segments(records: list[dict]) -> list[list[dict]]:
     return out
 
 
+def steps_in(record: dict) -> int:
+    """The optimizer steps a record covers: its step_time_s and data_wait_s are their means."""
+    return int(record.get("steps_in_window", 1))
+
+
 def profiled(record: dict, window: tuple[int, int] | None) -> bool:
     """Whether the steps a record averages overlap the profiled steps (1-based, inclusive)."""
     if window is None:
         return False
     last = record["step"]
-    first = last - int(record.get("steps_in_window", 1)) + 1
+    first = last - steps_in(record) + 1
     return first <= window[1] and last >= window[0]
 
 
@@ -156,39 +161,18 @@ def steady_records(records: list[dict], warmup: int = DEFAULT_WARMUP,
     return [records[-1]], False
 
 
-def median(records: list[dict], key: str) -> float:
-    return statistics.median(float(r[key]) for r in records)
+def per_step_mean(records: list[dict], key: str) -> float:
+    """`key` (a per-step mean of each record's window) over all the steps the records cover: for
+    step_time_s, their total time over their number of steps."""
+    steps = sum(steps_in(r) for r in records)
+    return sum(float(r[key]) * steps_in(r) for r in records) / steps
 
 
-def spread(records: list[dict], key: str) -> dict:
-    """Median with min/max and the relative spread (max-min)/median, for reports."""
+def spread(records: list[dict], key: str, center: float) -> dict:
+    """Min and max of `key` over the records, and (max - min) / `center`, for reports."""
     values = [float(r[key]) for r in records]
-    mid = statistics.median(values)
-    return {"median": mid, "min": min(values), "max": max(values),
-            "rel_spread": (max(values) - min(values)) / mid if mid else 0.0, "n": len(values)}
-
-
-def steady_summary(run: Run, warmup: int = DEFAULT_WARMUP) -> dict:
-    """Medians over steady-state records (after warm-up, outside the profiled steps) of the
-    throughput/efficiency keys (docs/design.md); memory is the maximum over all records."""
-    kept, steady = steady_records(run.metrics.records, warmup, profile_window(run.config))
-    if not steady:
-        print(f"warning: {run.path} logged {len(run.metrics.records)} record(s), all warm-up; "
-              "using the last one (it includes compile time)", file=sys.stderr)
-    keys = ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "samples_per_s_per_device",
-            "tflops_per_device", "mfu", "hfu", "memory_gib")
-    summary = {key: median(kept, key) for key in keys}
-    summary["memory_gib"] = max(float(r["memory_gib"]) for r in run.metrics.records)
-    summary["records_used"] = len(kept)
-    summary["steady"] = steady
-    logged_devices = {int(r["devices"]) for r in run.metrics.records}
-    if logged_devices != {run.config.devices}:
-        raise RunDataError(f"{run.path}: metrics.jsonl logs devices {sorted(logged_devices)} but config.yaml "
-                           f"gives {run.config.devices}; the folder mixes runs, use a fresh run.name")
-    summary["devices"] = run.config.devices
-    if "peak_tflops" in run.metrics.records[-1]:
-        summary["peak_tflops"] = float(run.metrics.records[-1]["peak_tflops"])
-    return summary
+    return {"min": min(values), "max": max(values),
+            "rel_spread": (max(values) - min(values)) / center if center else 0.0, "n": len(values)}
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

@@ -1,17 +1,19 @@
 """MFU and HFU of a run folder or of a given step time, with the parameter count, FLOPs per token and
-peak they come from (tools/mfu.py prints them; the definitions are in docs/mfu.md, the arithmetic is
-mindscale/perf/flops.py, the same functions the trainer logs with).
+peak they come from (the definitions are in docs/mfu.md, the arithmetic is mindscale/perf/flops.py, the
+same functions the trainer logs with). `of_run` is the one measurement of a run folder that tools/mfu.py,
+tools/report.py, tools/compare_runs.py and tools/linearity.py print.
 
 Peak per device: an explicit override, else the hardware profile's, else (CPU) the peak the run
 logged, else the cached measured GEMM peak (mindscale/perf/gemm_peak.py).
 """
 from __future__ import annotations
 
-import statistics
+import sys
 
 from mindscale.config import Config, Layout, load_config
 from mindscale.perf import flops
-from mindscale.perf.metrics_io import RunDataError, load_run, profile_window, spread, steady_records, warn_if_truncated
+from mindscale.perf.metrics_io import (Run, RunDataError, load_run, per_step_mean, profile_window, spread,
+                                       steady_records, steps_in, warn_if_truncated)
 
 
 def peak_and_source(cfg: Config, override: float | None, logged: float | None) -> tuple[float, str]:
@@ -47,6 +49,7 @@ def utilisation(cfg: Config, step_time_s: float, global_batch: int, devices: int
         "flops_per_token": counts["flops_per_token"], "hflops_per_token": counts["hflops_per_token"],
         "tokens_per_s": tokens_per_s,
         "tokens_per_s_per_device": tokens_per_s / devices,
+        "samples_per_s_per_device": global_batch / step_time_s / devices,
         "tflops_per_device": tokens_per_s * counts["flops_per_token"] / devices / 1e12,
         "step_time_s": step_time_s, "global_batch": global_batch, "devices": devices, "peak_tflops": peak,
         "params": counts["params"], "matmul_params": counts["matmul_params"],
@@ -66,28 +69,48 @@ def of_step_time(cfg: Config, step_time_s: float, global_batch: int, devices: in
 
 def from_metrics(run_dir: str, cfg: Config | None, overrides: list[str], skip: int, devices: int | None,
                  peak_override: float | None) -> tuple[dict, Config]:
-    """(result, config used) of a run folder: the median step time over the records after the first
-    `skip` of every training process, and the spread over those records. The config is `cfg`, or the
-    run's config.yaml with `overrides` applied."""
+    """(`of_run` of a run folder, config used): the config is `cfg`, or the run's config.yaml with
+    `overrides` applied. A run that logged nothing after its warm-up records is an error."""
     run = load_run(run_dir)
     warn_if_truncated(run)
     if cfg is None:
         cfg = load_config(run.path / "config.yaml", overrides) if overrides else run.config
-    kept, steady = steady_records(run.metrics.records, skip, profile_window(run.config))
+    return of_run(run, skip, cfg, devices, peak_override, warmup_only_ok=False), cfg
+
+
+def of_run(run: Run, warmup: int, cfg: Config | None = None, devices: int | None = None,
+           peak_override: float | None = None, warmup_only_ok: bool = True) -> dict:
+    """Throughput, MFU and HFU of a run folder (docs/mfu.md): the records after the first `warmup` of
+    every training process, outside the profiled steps, cover some optimizer steps; the step time is
+    their total time over their number, so tokens/s is their tokens over their time, and MFU, HFU and
+    TFLOP/s per device follow from it (`utilisation`). `cfg` (default the run's config.yaml) gives the
+    model and the batch, `devices` and `peak_override` replace the run's. Memory is the highest any
+    record logged. Only warm-up records: an error, or with `warmup_only_ok` a warning and the last one."""
+    cfg = cfg or run.config
+    records = run.metrics.records
+    kept, steady = steady_records(records, warmup, profile_window(run.config))
+    if not steady and not warmup_only_ok:
+        raise RunDataError(f"{run.path / 'metrics.jsonl'} has {len(records)} record(s), all within the first "
+                           f"--skip {warmup} of their process (compile steps); lower --skip or log more steps")
     if not steady:
-        raise RunDataError(f"{run.path / 'metrics.jsonl'} has {len(run.metrics.records)} record(s), all within the "
-                           f"first --skip {skip} of their process (compile steps); lower --skip or log more steps")
-    devices = devices or run.config.devices
-    peak, source = peak_and_source(cfg, peak_override, run.metrics.records[-1].get("peak_tflops"))
-    step = statistics.median(float(r["step_time_s"]) for r in kept)
-    result = utilisation(cfg, step, cfg.global_batch_size, devices, peak)
-    per_record = [utilisation(cfg, float(r["step_time_s"]), cfg.global_batch_size, devices, peak) for r in kept]
+        print(f"warning: {run.path} logged {len(records)} record(s), all warm-up; using the last one "
+              "(it includes compile time)", file=sys.stderr)
+    logged_devices = {int(r["devices"]) for r in records}
+    if logged_devices != {run.config.devices}:
+        raise RunDataError(f"{run.path}: metrics.jsonl logs devices {sorted(logged_devices)} but config.yaml "
+                           f"gives {run.config.devices}; the folder mixes runs, use a fresh run.name")
+    peak, source = peak_and_source(cfg, peak_override, records[-1].get("peak_tflops"))
+    step_time = per_step_mean(kept, "step_time_s")
+    result = utilisation(cfg, step_time, cfg.global_batch_size, devices or run.config.devices, peak)
+    per_record = [utilisation(cfg, float(r["step_time_s"]), cfg.global_batch_size, result["devices"], peak)
+                  for r in kept]
     result.update({
-        "peak_source": source, "run": str(run.path), "records_used": len(kept), "skip": skip,
-        "spread": {key: spread(per_record, key) for key in ("step_time_s", "tokens_per_s", "mfu", "hfu")},
-        "logged_median": {key: statistics.median(float(r[key]) for r in kept) for key in ("mfu", "hfu")},
+        "peak_source": source, "run": str(run.path), "records_used": len(kept),
+        "steps_used": sum(steps_in(r) for r in kept), "skip": warmup, "steady": steady,
+        "memory_gib": max(float(r["memory_gib"]) for r in records),
+        "spread": {key: spread(per_record, key, result[key]) for key in ("step_time_s", "tokens_per_s", "mfu", "hfu")},
     })
-    return result, cfg
+    return result
 
 
 def text(r: dict, cfg: Config) -> str:
@@ -106,8 +129,8 @@ def text(r: dict, cfg: Config) -> str:
     if "spread" in r:
         st = r["spread"]["step_time_s"]
         mfu = r["spread"]["mfu"]
-        lines.append(f"from {r['records_used']} records of {r['run']} (first {r['skip']} per process skipped): step time "
-                     f"median {st['median']:.4g} s, min {st['min']:.4g}, max {st['max']:.4g} (spread "
-                     f"{st['rel_spread']:.1%}); MFU {mfu['min']:.2%} to {mfu['max']:.2%}; logged MFU median "
-                     f"{r['logged_median']['mfu']:.2%}")
+        lines.append(f"from {r['steps_used']} steps in {r['records_used']} records of {r['run']} (first {r['skip']} "
+                     f"record(s) per process skipped): step time = their total time / their steps; the records' "
+                     f"step times {st['min']:.4g} to {st['max']:.4g} s (spread {st['rel_spread']:.1%}), "
+                     f"MFU {mfu['min']:.2%} to {mfu['max']:.2%}")
     return "\n".join(lines)

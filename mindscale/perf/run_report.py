@@ -2,7 +2,8 @@
 (tools/report.py writes it).
 
 Contents: loss (and validation loss) and learning rate, throughput, MFU/HFU and memory over steps; the steady-state
-medians next to the planner's prediction for the same config (mindscale/perf/planner.py); the MFU/HFU
+measurement (mindscale/perf/mfu.py's `of_run`, the numbers tools/mfu.py prints) next to the planner's prediction
+for the same config (mindscale/perf/planner.py); the MFU/HFU
 formula with the FLOPs per token and the peak used, so the numbers can be redone by hand; the data mix
 (tokens per source) and the time the loop waited for data; the profiler summary (mindscale/perf/profile.py)
 when the run has a profile; the resolved config. The
@@ -14,13 +15,11 @@ import base64
 import datetime
 import html
 import io
-import statistics
 from pathlib import Path
 
 from mindscale.perf import flops, planner
-from mindscale.perf.metrics_io import (load_run, median, profile_window, segments, steady_records, steady_summary,
-                                       warn_if_truncated)
-from mindscale.perf.mfu import flop_counts
+from mindscale.perf.metrics_io import load_run, per_step_mean, profile_window, segments, steady_records, warn_if_truncated
+from mindscale.perf.mfu import of_run
 from mindscale.perf.profile import ProfileError, analyse, text as profile_text
 
 # (key, label, unit, format) of the measured-vs-predicted table; keys follow metrics.jsonl.
@@ -99,15 +98,15 @@ def data_section(run, kept: list[dict]) -> str | None:
                      f"{rows}</table>")
     waits = [r for r in kept if "data_wait_s" in r]
     if waits:
-        wait, step = median(waits, "data_wait_s"), median(waits, "step_time_s")
-        parts.append(f"<p>Waiting for data: the loop waited a median {wait * 1e3:.2f} ms per step for its next batch "
-                     f"(data_wait_s, after warm-up), {wait / step:.2%} of the median step time "
+        wait, step = per_step_mean(waits, "data_wait_s"), per_step_mean(waits, "step_time_s")
+        parts.append(f"<p>Waiting for data: the loop waited {wait * 1e3:.2f} ms per step for its next batch "
+                     f"(data_wait_s over the steps after warm-up), {wait / step:.2%} of their step time "
                      f"({step * 1e3:.1f} ms).</p>")
     return "".join(parts) or None
 
 
-def plots(run, kept_steps: set[int], predicted: dict) -> dict[str, bytes]:
-    """PNG bytes by name: loss_lr, throughput, mfu_hfu, memory."""
+def plots(run, kept_steps: set[int], measured: dict, predicted: dict) -> dict[str, bytes]:
+    """PNG bytes by name: loss_lr, throughput, mfu_hfu, memory; `measured` is the run's `of_run`."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -118,16 +117,15 @@ def plots(run, kept_steps: set[int], predicted: dict) -> dict[str, bytes]:
     devices = run.config.devices
     warm = [r for r in records if r["step"] not in kept_steps]
 
-    def series(ax, key, scale=1.0, label=None, median=True, warm_label=True, style=".-"):
-        """`key` over steps; warm-up records greyed; the steady-state median as a dashed line."""
+    def series(ax, key, scale=1.0, label=None, steady=True, warm_label=True, style=".-"):
+        """`key` over steps; warm-up records greyed; the steady-state measurement as a dashed line."""
         line, = ax.plot(steps, [r[key] * scale for r in records], style, label=label or key, markersize=4)
-        if warm and median:
+        if warm and steady:
             ax.plot([r["step"] for r in warm], [r[key] * scale for r in warm], "o", color="lightgray",
-                    markersize=7, zorder=0, label="warm-up / profiled (not in medians)" if warm_label else None)
-        kept = [r[key] * scale for r in records if r["step"] in kept_steps]
-        if median and kept:
-            mid = statistics.median(kept)
-            ax.axhline(mid, color=line.get_color(), linestyle="--", linewidth=0.8, label=f"median {mid:.4g}")
+                    markersize=7, zorder=0, label="warm-up / profiled (not measured)" if warm_label else None)
+        if steady:
+            value = measured[key] * scale
+            ax.axhline(value, color=line.get_color(), linestyle="--", linewidth=0.8, label=f"measured {value:.4g}")
 
     def predicted_line(ax, key, scale=1.0):
         if key in predicted:
@@ -180,7 +178,7 @@ def plots(run, kept_steps: set[int], predicted: dict) -> dict[str, bytes]:
                             "% of peak")
 
     fig, ax = plt.subplots(figsize=(8, 3.4))
-    series(ax, "memory_gib", label="memory", median=False)
+    series(ax, "memory_gib", label="memory", steady=False)
     predicted_line(ax, "memory_gib")
     ax.set_ylim(bottom=0)
     what = "host RSS per worker" if run.config.hardware.device_target == "CPU" else "peak device memory"
@@ -189,22 +187,16 @@ def plots(run, kept_steps: set[int], predicted: dict) -> dict[str, bytes]:
 
 
 def formula_lines(run, summary: dict) -> list[str]:
-    """The MFU/HFU definitions with this run's numbers, and the median MFU redone by hand."""
-    cfg = run.config
-    counts = flop_counts(cfg)
-    model_fpt = counts["flops_per_token"]
-    lines = [flops.formula_text(),
-             f"N = {counts['matmul_params']:,} matmul weights (of {counts['params']:,} parameters); model FLOPs "
-             f"per token = {model_fpt:.4g}; hardware FLOPs per token = {counts['hflops_per_token']:.4g} "
-             f"(recompute.mode={cfg.recompute.mode}, {counts['recomputed_layers']} of {cfg.model.num_layers} layers)"]
-    peak = summary.get("peak_tflops")
-    if peak:
-        redo = summary["tokens_per_s"] * model_fpt / (cfg.devices * peak * 1e12)
-        lines.append(f"peak = {peak:g} TFLOP/s per device (hardware {cfg.hardware.name}: "
-                     f"{cfg.hardware.source or 'profile'}); by hand: {summary['tokens_per_s']:.1f} tokens/s x "
-                     f"{model_fpt:.4g} / ({cfg.devices} x {peak:g}e12) = {redo:.3%} (median logged MFU "
-                     f"{summary['mfu']:.3%})")
-    return lines
+    """The MFU/HFU definitions with this run's numbers (`of_run`'s), and its MFU redone by hand."""
+    cfg, fpt, peak = run.config, summary["flops_per_token"], summary["peak_tflops"]
+    redo = summary["tokens_per_s"] * fpt / (summary["devices"] * peak * 1e12)
+    return [flops.formula_text(),
+            f"N = {summary['matmul_params']:,} matmul weights (of {summary['params']:,} parameters); model FLOPs "
+            f"per token = {fpt:.4g}; hardware FLOPs per token = {summary['hflops_per_token']:.4g} "
+            f"(recompute.mode={cfg.recompute.mode}, {summary['recomputed_layers']} of {cfg.model.num_layers} layers)",
+            f"peak = {peak:g} TFLOP/s per device ({summary['peak_source']}); by hand: {summary['tokens_per_s']:.1f} "
+            f"tokens/s x {fpt:.4g} / ({summary['devices']} x {peak:g}e12) = {redo:.3%} (the MFU above: "
+            f"{summary['mfu']:.3%})"]
 
 
 def profile_section(run) -> str | None:
@@ -222,10 +214,10 @@ def build(run_dir: str, output: Path | None, warmup: int) -> tuple[Path, list[Pa
     """Write the report (default RUN_DIR/report.html) and its PNGs; returns their paths."""
     run = load_run(run_dir)
     warn_if_truncated(run)
-    summary = steady_summary(run, warmup)
+    summary = of_run(run, warmup)
     kept, _ = steady_records(run.metrics.records, warmup, profile_window(run.config))
-    predicted, source = planner_prediction(run.config, summary.get("peak_tflops"))
-    images = plots(run, {r["step"] for r in kept}, predicted)
+    predicted, source = planner_prediction(run.config, summary["peak_tflops"])
+    images = plots(run, {r["step"] for r in kept}, summary, predicted)
 
     output = output or run.path / "report.html"
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -249,7 +241,7 @@ def build(run_dir: str, output: Path | None, warmup: int) -> tuple[Path, list[Pa
              f"{cfg.parallel.model_parallel}, pp {cfg.parallel.pipeline_stage}); global batch "
              f"{cfg.global_batch_size}; recompute {cfg.recompute.mode}; "
              f"{sum(len(s) for s in segments(run.metrics.records))} records, "
-             f"{summary['records_used']} after warm-up")
+             f"{summary['records_used']} after warm-up ({summary['steps_used']} steps)")
     figures = "\n".join(
         f'<figure><img alt="{name}" src="data:image/png;base64,{base64.b64encode(data).decode()}"></figure>'
         for name, data in images.items())
@@ -269,7 +261,7 @@ img {{ max-width: 100%; }} .note {{ color: #666; font-size: 90%; }}
 <p>{esc(str(run.path))}<br>{esc(facts)}</p>
 <p class="note">Generated {datetime.datetime.now().isoformat(timespec="seconds")} by tools/report.py.
 {"metrics.jsonl ends in a truncated line; the complete lines are used." if run.metrics.truncated else ""}</p>
-<h2>Measured (median after warm-up) vs predicted</h2>
+<h2>Measured (the steps after warm-up: their tokens over their time) vs predicted</h2>
 <table><tr><th>metric</th><th>unit</th><th>measured</th><th>predicted</th><th>measured / predicted</th></tr>
 {"".join(rows)}</table>
 <p class="note">Memory is the maximum over all records{

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from tests.run_folder import PEAK_TFLOPS, write_run
-from tools import mfu as mfu_cli
-from mindscale.perf import gemm_peak
-from mindscale.config import REPO_ROOT
+from tools import compare_runs, linearity, mfu as mfu_cli, report
+from mindscale.perf import flops, gemm_peak
+from mindscale.config import REPO_ROOT, load_config
 
 # Korthikanti et al. 2022 Table 5 (selective recompute, A100 312 TFLOP/s): (h, layers, heads),
 # GPUs, global batch, iteration time s, MFU %, HFU %.
@@ -69,19 +69,20 @@ def test_text_output_states_formula_params_and_peak(tmp_path, capsys):
 
 @pytest.fixture
 def run_dir(tmp_path):
-    # step 1 is the compile step; the rest are steady with an odd count so the median is a record
+    # step 1 is the compile step; the steady steps take 0.50 s on average, as step 2 does
     return write_run(tmp_path, "demo", [4.0, 0.50, 0.55, 0.45, 0.52, 0.48])
 
 
 def test_from_metrics_skips_warmup_and_matches_logged_mfu(run_dir, capsys):
     r = run_json(capsys, "--metrics", str(run_dir))
-    assert r["records_used"] == 5 and r["step_time_s"] == 0.50
-    assert r["mfu"] == pytest.approx(r["logged_median"]["mfu"], rel=1e-12)
+    assert r["records_used"] == 5 and r["steps_used"] == 5 and r["step_time_s"] == pytest.approx(0.50)
+    step_2 = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[1])
+    assert r["mfu"] == pytest.approx(step_2["mfu"]) and r["tokens_per_s"] == pytest.approx(step_2["tokens_per_s"])
     assert r["spread"]["step_time_s"]["min"] == 0.45 and r["spread"]["step_time_s"]["max"] == 0.55
     assert r["spread"]["step_time_s"]["rel_spread"] == pytest.approx(0.2)
     assert r["peak_tflops"] == PEAK_TFLOPS                    # the CPU peak the run logged
     with_compile = run_json(capsys, "--metrics", str(run_dir), "--skip", "0")
-    assert with_compile["records_used"] == 6 and with_compile["step_time_s"] == pytest.approx(0.51)
+    assert with_compile["records_used"] == 6 and with_compile["step_time_s"] == pytest.approx(6.5 / 6)
 
 
 def test_explicit_config_overrides_the_run_config(run_dir, capsys):
@@ -91,6 +92,45 @@ def test_explicit_config_overrides_the_run_config(run_dir, capsys):
     assert deeper["flops_per_token"] > own["flops_per_token"]
     via_set = run_json(capsys, "--metrics", str(run_dir), "--set", "model.num_layers=4")
     assert via_set["flops_per_token"] == deeper["flops_per_token"]
+
+
+def windowed_run(parent, name="windows", overrides=()):
+    """Records as the trainer writes them at train.log_interval=10 with a stop after step 31: the compile step
+    alone, then windows of 9, 10, 10 and 1 steps (each record's step_time_s is its window's mean)."""
+    run = write_run(parent, name, [6.0, 1.0, 1.4, 1.1, 3.0], list(overrides))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r, (step, window) in zip(records, [(1, 1), (10, 9), (20, 10), (30, 10), (31, 1)]):
+        r.update(step=step, steps_in_window=window)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run
+
+
+def test_every_tool_gives_the_same_throughput_and_mfu_total_tokens_over_total_time(tmp_path, capsys):
+    """docs/mfu.md: tokens/s over the steps counted = their tokens over their time. tools/mfu.py, the HTML
+    report, tools/compare_runs.py and tools/linearity.py print that one number, and the MFU it gives."""
+    run = windowed_run(tmp_path)
+    cfg = load_config(run / "config.yaml")
+    step_time = (9 * 1.0 + 10 * 1.4 + 10 * 1.1 + 1 * 3.0) / 30           # 37 s over steps 2-31
+    tokens_per_s = cfg.global_batch_size * cfg.model.seq_length / step_time
+    mfu = flops.mfu(tokens_per_s, cfg.devices, PEAK_TFLOPS, cfg.model)
+
+    measured = run_json(capsys, "--metrics", str(run))
+    assert measured["step_time_s"] == pytest.approx(step_time) and measured["steps_used"] == 30
+    assert measured["tokens_per_s"] == pytest.approx(tokens_per_s) and measured["mfu"] == pytest.approx(mfu)
+    assert report.main([str(run)]) == 0
+    page = (run / "report.html").read_text()
+    assert f"<td>throughput</td><td>tokens/s</td><td>{tokens_per_s:.1f}</td>" in page
+    assert f"<td>MFU</td><td></td><td>{mfu:.2%}</td>" in page
+    capsys.readouterr()
+    assert compare_runs.main([str(run), str(run), "--json"]) == 0
+    rows = {r["metric"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["throughput"]["baseline"] == pytest.approx(tokens_per_s) and rows["MFU"]["baseline"] == pytest.approx(mfu)
+    wider = windowed_run(tmp_path, "windows_dp4", ["parallel.data_parallel=4"])
+    assert linearity.main([str(run), str(wider), "--json"]) == 0
+    points = json.loads(capsys.readouterr().out)["points"]
+    assert points[0]["tokens_per_s"] == pytest.approx(tokens_per_s) and points[1]["linearity"] == pytest.approx(1.0)
+    assert mfu_cli.main(["--metrics", str(run)]) == 0
+    assert capsys.readouterr().out.startswith(f"MFU {mfu:.2%}   HFU {mfu:.2%}")
 
 
 def test_truncated_last_line_is_read_up_to_it(tmp_path, capsys):

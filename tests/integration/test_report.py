@@ -48,12 +48,12 @@ def test_html_embeds_every_plot_and_writes_pngs(built):
     assert "<script" not in page and "http" not in page.split("<h2>Resolved config</h2>")[0].lower()
 
 
-def test_medians_skip_warmup_of_every_segment(built, run_dir):
+def test_measurement_skips_warmup_of_every_segment(built, run_dir):
     _, page = built
     # segments: steps 1-3 (6.0, 1.0, 1.1) and the resume 4-6 (1.2, 1.0, 1.3); first of each dropped
     kept = [1.0, 1.1, 1.0, 1.3]
-    assert f"<td>step time</td><td>s</td><td>{statistics.median(kept):.4f}</td>" in page
-    assert "6 records, 4 after warm-up" in page
+    assert f"<td>step time</td><td>s</td><td>{statistics.mean(kept):.4f}</td>" in page
+    assert "6 records, 4 after warm-up (4 steps)" in page
 
 
 def test_formula_and_by_hand_mfu(built, run_dir):
@@ -64,9 +64,10 @@ def test_formula_and_by_hand_mfu(built, run_dir):
     layout = Layout.of(cfg)
     hfpt = flops.hardware_flops_per_token(cfg.model, layout.recompute, len(layout.recomputed))
     assert f"hardware FLOPs per token = {hfpt:.4g}" in page
-    tokens = statistics.median(cfg.global_batch_size * cfg.model.seq_length / t for t in [1.0, 1.1, 1.0, 1.3])
+    tokens = cfg.global_batch_size * cfg.model.seq_length * 4 / sum([1.0, 1.1, 1.0, 1.3])
     by_hand = tokens * fpt / (cfg.devices * 0.05e12)
-    assert f"= {by_hand:.3%} (median logged MFU {by_hand:.3%})" in page
+    assert f"= {by_hand:.3%} (the MFU above: {by_hand:.3%})" in page
+    assert f"<td>MFU</td><td></td><td>{by_hand:.2%}</td>" in page
 
 
 def test_config_and_profile_sections(built, run_dir):
@@ -96,7 +97,7 @@ def test_planner_prediction_next_to_measurement(built, run_dir):
     _, page = built
     cfg = load_config(run_dir / "config.yaml")
     plan = planner.plan(cfg, peak_tflops=0.05)
-    step = statistics.median([1.0, 1.1, 1.0, 1.3])
+    step = statistics.mean([1.0, 1.1, 1.0, 1.3])
     predicted = plan["predicted"]["step_time_s"]
     assert (f"<td>step time</td><td>s</td><td>{step:.4f}</td><td>{predicted:.4f}</td>"
             f"<td>{step / predicted:.2f}</td>") in page
@@ -127,8 +128,8 @@ def test_validation_losses_appear_in_the_loss_plot_and_a_table(tmp_path):
 
 
 def test_the_data_mix_and_the_wait_for_data_are_in_the_page(tmp_path, capsys):
-    """A blend's data_tokens (metrics.jsonl) next to the configured shares, and the median data_wait_s after
-    warm-up as a share of the median step; the same mix as the stdout line. A run without them has no section."""
+    """A blend's data_tokens (metrics.jsonl) next to the configured shares, and data_wait_s over the steps after
+    warm-up as a share of their step time; the same mix as the stdout line. A run without them has no section."""
     run = write_run(tmp_path, "blended", [6.0, 1.0, 1.1, 1.2],
                     ["data.blend=[{path: /data/web, weight: 3}, {path: /data/code, weight: 1}]"])
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -141,7 +142,7 @@ def test_the_data_mix_and_the_wait_for_data_are_in_the_page(tmp_path, capsys):
     assert "in steps 1 to 4" in section
     assert re.findall(r"<tr><td>([^<]+)</td><td>([\d.]+%)</td><td>([\d,]+)</td><td>([\d.]+%)</td></tr>", section) == [
         ("/data/web", "75.0%", "384", "75.0%"), ("/data/code", "25.0%", "128", "25.0%")]
-    assert "waited a median 20.00 ms per step" in section and "1.82% of the median step time (1100.0 ms)" in section
+    assert "waited 20.00 ms per step" in section and "1.82% of their step time (1100.0 ms)" in section
     assert "data mix at step 4: /data/web 75.0% (384 tokens), /data/code 25.0% (128 tokens)" in capsys.readouterr().out
     plain = write_run(tmp_path, "plain", [6.0, 1.0, 1.1, 1.2])
     assert report.main([str(plain), "--output", str(tmp_path / "plain.html")]) == 0

@@ -3,8 +3,8 @@ counts (tools/linearity.py prints it; the definition is in docs/mfu.md).
 
 Throughput of a run = its tokens over its time in the steps after warm-up (mindscale/perf/mfu.py's
 `of_run`, docs/mfu.md: what tools/mfu.py prints). With base = the smallest device count, linearity
-at N = (throughput_N / N) / (throughput_base / base), which needs the same per-device batch at every N. The sweep is kept as `RESULT_FILE` in every run folder, where
-mindscale/perf/compare.py reads it.
+at N = (throughput_N / N) / (throughput_base / base), which needs the same per-device batch at every N.
+The sweep is kept as `RESULT_FILE` in every run folder, where mindscale/perf/compare.py reads it.
 """
 from __future__ import annotations
 

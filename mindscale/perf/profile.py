@@ -2,7 +2,9 @@
 prints it).
 
 The root given is the run's profile/ folder, the `*_ascend_ms` folder inside it, or any parent: the
-layout is detected in the folder or its subfolders.
+layout is detected in the folder or its subfolders. Every rank writes a folder of its own, named by
+host, process id and time, not rank: the rank is read from the files (CPU: FRAMEWORK/cpu_op_type_info_<rank>.csv;
+Ascend: profiler_info_<rank>.json), and the lowest rank is reported unless another is asked for.
 
 - Ascend layout (ASCEND_PROFILER_OUTPUT/): step_trace_time.csv gives each step's Computing,
   Communication(Not Overlapped) and Free time in microseconds (they add up to the step);
@@ -16,6 +18,11 @@ layout is detected in the folder or its subfolders.
 
 `steps` says how many steps the profile spans when the profile cannot tell (an Ascend
 step_trace_time.csv with one aggregate row, or a CPU trace whose ops do not repeat regularly).
+
+The knobs each finding names are filtered by the device the profile ran on (its layout) and, when
+known, the run's config (the config.yaml of the run folder holding profile/, or one given): a key
+already set the way a knob says, or a parallel style that device or layout does not have, is not
+advised.
 """
 from __future__ import annotations
 
@@ -26,8 +33,9 @@ import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from mindscale.config import UserError
+from mindscale.config import Config, ConfigError, Layout, UserError, load_config
 
 # Diagnosis thresholds, as shares of the step time.
 COMPUTE_BOUND_BELOW = 0.30      # compute < 30% of the step: likely communication-bound
@@ -66,6 +74,9 @@ class Split:
         return None if value is None or not self.step_ms else value / self.step_ms
 
 
+SHARE_KEYS = ("computing_ms", "communication_not_overlapped_ms", "free_ms", "bubble_ms")
+
+
 @dataclass
 class Report:
     layout: str
@@ -76,11 +87,14 @@ class Report:
     communication: list[dict]
     diagnosis: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    rank: int | None = None          # the rank whose files these are; None: the profile does not say
+    ranks: list[int] = field(default_factory=list)    # every rank profiled under the root
+    per_rank: list[dict] | None = None                # every rank's split, when asked for (`all_ranks`)
+    config: str | None = None        # the config the advice was filtered by
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["split"]["shares"] = {key: self.split.share(getattr(self.split, key)) for key in
-                                   ("computing_ms", "communication_not_overlapped_ms", "free_ms", "bubble_ms")}
+        data["split"]["shares"] = {key: self.split.share(getattr(self.split, key)) for key in SHARE_KEYS}
         return data
 
 
@@ -88,8 +102,31 @@ class Report:
 # Layout detection
 
 
-def find_profile(root: Path) -> tuple[str, Path, list[Path]]:
-    """(layout, profile folder, other profile folders) for the first profile under `root`."""
+@dataclass(frozen=True)
+class Folder:
+    """One rank's profile: the folder mindspore.profiler wrote (`*_ascend_ms`) and the rank it names."""
+    layout: str
+    path: Path
+    rank: int | None
+
+    @property
+    def rank_name(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else "rank unknown"
+
+
+RANK_FILES = {"cpu": ("FRAMEWORK", re.compile(r"cpu_op_type_info_(\d+)\.csv")),
+              "ascend": (".", re.compile(r"profiler_info_(\d+)\.json"))}
+
+
+def rank_of(layout: str, folder: Path) -> int | None:
+    """The rank the profiler wrote into a file name of `folder`; None if it wrote none."""
+    subfolder, pattern = RANK_FILES[layout]
+    found = {int(m.group(1)) for p in (folder / subfolder).glob("*") if (m := pattern.fullmatch(p.name))}
+    return found.pop() if len(found) == 1 else None
+
+
+def find_profiles(root: Path) -> list[Folder]:
+    """Every rank's profile under `root`, lowest rank first (unknown ranks last)."""
     if not root.is_dir():
         raise ProfileError(f"{root} is not a folder; pass the profile/ folder of a run")
     found: dict[Path, str] = {}
@@ -102,8 +139,26 @@ def find_profile(root: Path) -> tuple[str, Path, list[Path]]:
     if not found:
         raise ProfileError(f"{root} holds no profile: expected ASCEND_PROFILER_OUTPUT/step_trace_time.csv (Ascend) "
                            "or FRAMEWORK/cpu_op_type_info_*.csv (CPU); pass the folder mindspore.profiler wrote")
-    folders = sorted(found)
-    return found[folders[0]], folders[0], folders[1:]
+    folders = sorted((Folder(layout, path, rank_of(layout, path)) for path, layout in found.items()),
+                     key=lambda f: (f.rank is None, f.rank or 0, str(f.path)))
+    known = [f.rank for f in folders if f.rank is not None]
+    twice = sorted({r for r in known if known.count(r) > 1})
+    if twice:
+        shown = ", ".join(f.path.name for f in folders if f.rank == twice[0])
+        raise ProfileError(f"{root} holds {known.count(twice[0])} profiles of rank {twice[0]} ({shown}): several runs "
+                           "profiled into one folder; pass the folder of one run's profile")
+    return folders
+
+
+def pick(folders: list[Folder], rank: int | None, root: Path) -> Folder:
+    """The folder of `rank`, or without one the first (the lowest rank)."""
+    if rank is None:
+        return folders[0]
+    chosen = [f for f in folders if f.rank == rank]
+    if not chosen:
+        ranks = ", ".join(str(f.rank) for f in folders if f.rank is not None) or "none named"
+        raise ProfileError(f"--rank {rank}: {root} holds profiles of rank(s) {ranks}; pick one of them")
+    return chosen[0]
 
 
 def read_csv(path: Path, required: tuple[str, ...]) -> list[dict]:
@@ -356,89 +411,216 @@ def ascend_report(folder: Path, steps_arg: int | None, top: int) -> Report:
 # Diagnosis
 
 
-def diagnose(report: Report) -> list[dict]:
-    """The thresholds above as findings, each with the evidence and the config keys to try."""
+DEVICES = {"cpu": "CPU", "ascend": "Ascend"}  # the device a profile layout comes from
+SHARDED_DEVICES = ("Ascend", "GPU")  # MindSpore has no semi-auto parallel on CPU: no tp, sp, pp or optimizer shard
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A change to try, named only where it applies: on `devices` (None: any) and where `applies(cfg)` holds
+    for the run's config (None: any config). Without a config, only the device decides."""
+    text: str
+    devices: tuple[str, ...] | None = None
+    applies: Callable[[Config], bool] | None = None
+
+    def advised(self, device: str, cfg: Config | None) -> bool:
+        if self.devices is not None and device not in self.devices:
+            return False
+        return cfg is None or self.applies is None or self.applies(cfg)
+
+
+def _data_parallel(cfg: Config) -> bool:
+    return cfg.parallel.data_parallel > 1
+
+
+def _tensor_parallel(cfg: Config) -> bool:
+    return cfg.parallel.model_parallel > 1
+
+
+def _pipeline(cfg: Config) -> bool:
+    return cfg.parallel.pipeline_stage > 1
+
+
+def _flash_left_out(cfg: Config) -> bool:
+    return cfg.hardware.flash_attention and Layout.of(cfg, "Ascend").attention != "flash"
+
+
+LARGER_BATCH = Knob("train.micro_batch_size: larger (more compute per collective)")
+MORE_ACCUMULATION = Knob("parallel.gradient_accumulation_steps: larger (one gradient all-reduce per several "
+                         "micro steps)", applies=_data_parallel)
+BALANCE_STAGES = Knob("parallel.stage_offset: balance layers between pipeline stages", applies=_pipeline)
+MORE_MICRO_BATCHES = Knob("parallel.micro_batch_num: larger (bubble ~ (p-1)/(m+p-1), shorter waits at stage "
+                          "boundaries)", applies=_pipeline)
+SHARD_OPTIMIZER = Knob("parallel.optimizer_shard: true (each data-parallel rank updates a shard, and holds less "
+                       "for a larger batch)", SHARDED_DEVICES,
+                       lambda c: _data_parallel(c) and not c.parallel.optimizer_shard)
+
+# finding -> the knobs it names (diagnose decides which findings fire)
+KNOBS = {
+    "communication-bound": [
+        LARGER_BATCH,
+        Knob("parallel.model_parallel: smaller, with parallel.data_parallel larger (fewer per-layer collectives)",
+             SHARDED_DEVICES, _tensor_parallel),
+        MORE_ACCUMULATION,
+        Knob("parallel.pipeline_stage: >1 across nodes instead of model_parallel over slow links", SHARDED_DEVICES,
+             _tensor_parallel),
+        Knob("communication fusion / overlap: no config key yet (set_auto_parallel_context comm_fusion)",
+             applies=lambda c: c.devices > 1)],
+    "exposed communication": [
+        Knob("parallel.sequence_parallel: true (with model_parallel > 1) turns all-reduces into "
+             "reduce-scatter/all-gather pairs", SHARDED_DEVICES,
+             lambda c: _tensor_parallel(c) and not c.parallel.sequence_parallel),
+        Knob("parallel.optimizer_shard: false removes the weight all-gathers (more memory per rank)",
+             SHARDED_DEVICES, lambda c: c.parallel.optimizer_shard),
+        MORE_ACCUMULATION,
+        Knob("recompute.comm: false (do not repeat tensor-parallel communication in the backward)", SHARDED_DEVICES,
+             lambda c: c.recompute.comm)],
+    "idle": [
+        Knob("run.mode: graph (pynative launches op by op)", applies=lambda c: c.run.mode != "graph"),
+        Knob("context.jit_level: O2 (whole-graph sink)", ("Ascend",), lambda c: c.context.get("jit_level") != "O2"),
+        Knob("tools/report.py's Data section: the time each step waited for its batch (metrics.jsonl's data_wait_s)"),
+        Knob("dataset sink mode and data workers: no config key yet"),
+        Knob("train.micro_batch_size: larger (more device work per host step)")],
+    "bubble": [MORE_MICRO_BATCHES, BALANCE_STAGES],
+    "waiting": [BALANCE_STAGES, MORE_MICRO_BATCHES,
+                Knob("tools/profile_report.py --all-ranks: compare the ranks' splits for a slow device or host")],
+    "data movement": [
+        Knob("context.enable_graph_kernel: true (fuses elementwise chains; CPU needs the decorator package)",
+             applies=lambda c: not c.context.get("enable_graph_kernel")),
+        Knob("model.compute_dtype: float32 on CPU (no Cast pairs around every MatMul)", ("CPU",),
+             lambda c: c.model.compute_dtype != "float32"),
+        Knob("model.attention: flash on Atlas A2 (no score transposes)", ("Ascend",), _flash_left_out)],
+    "optimizer": [
+        Knob("train.micro_batch_size: larger (amortise the update over more tokens)"),
+        Knob("parallel.gradient_accumulation_steps: larger (one update per several micro steps)"),
+        SHARD_OPTIMIZER],
+    "compute-bound": [Knob("the top operators are the place to optimise; compare MFU with tools/mfu.py")],
+}
+
+
+def diagnose(report: Report, cfg: Config | None = None) -> list[dict]:
+    """The thresholds above as findings, each with the evidence and the knobs to try on this run's device
+    (the profile's layout) and config (`cfg`; None: not filtered by a config)."""
     s = report.split
     compute, exposed, free, bubble = (s.share(v) for v in (s.computing_ms, s.communication_not_overlapped_ms,
                                                            s.free_ms, s.bubble_ms))
+    device = DEVICES[report.layout]
     findings = []
 
-    def add(finding: str, evidence: str, knobs: list[str]) -> None:
+    def add(finding: str, evidence: str, kind: str) -> None:
+        knobs = [k.text for k in KNOBS[kind] if k.advised(device, cfg)]
         findings.append({"finding": finding, "evidence": evidence, "knobs": knobs})
 
     if compute < COMPUTE_BOUND_BELOW and exposed >= free:
         add("likely communication-bound", f"computation is {compute:.0%} of the step (< {COMPUTE_BOUND_BELOW:.0%}), "
-            f"exposed communication {exposed:.0%}",
-            ["train.micro_batch_size: larger (more compute per collective)",
-             "parallel.model_parallel: smaller, with parallel.data_parallel larger (fewer per-layer collectives)",
-             "parallel.gradient_accumulation_steps: larger (one gradient all-reduce per several micro steps)",
-             "parallel.pipeline_stage: >1 across nodes instead of model_parallel over slow links",
-             "communication fusion / overlap: no config key yet (set_auto_parallel_context comm_fusion)"])
+            f"exposed communication {exposed:.0%}", "communication-bound")
     if exposed > COMM_EXPOSED_ABOVE:
         add("communication not overlapped is large", f"{exposed:.0%} of the step waits on communication",
-            ["parallel.sequence_parallel: true (with model_parallel > 1) turns all-reduces into "
-             "reduce-scatter/all-gather pairs",
-             "parallel.optimizer_shard: false removes the weight all-gathers; true lowers memory for a larger batch",
-             "parallel.gradient_accumulation_steps: larger",
-             "recompute.comm: false (do not repeat tensor-parallel communication in the backward)"])
+            "exposed communication")
     if free > FREE_ABOVE:
         add("device idle (free) time is long: host-bound, data pipeline or no sink mode",
-            f"{free:.0%} of the step neither computes nor communicates",
-            ["run.mode: graph (pynative launches op by op)",
-             "train.log_interval: larger (every logged step synchronises with the host)",
-             "context.jit_level: O2 on Ascend (whole-graph sink)",
-             "data.path: preprocessed MindRecord instead of on-the-fly data",
-             "dataset sink mode and data workers: no config key yet",
-             "train.micro_batch_size: larger (more device work per host step)"])
+            f"{free:.0%} of the step neither computes nor communicates", "idle")
     if bubble is not None and bubble > BUBBLE_ABOVE:
-        add("pipeline bubble is large", f"bubble is {bubble:.0%} of the step",
-            ["parallel.micro_batch_num: larger (bubble ~ (p-1)/(m+p-1))",
-             "parallel.stage_offset: balance layers between stages"])
+        add("pipeline bubble is large", f"bubble is {bubble:.0%} of the step", "bubble")
     waiting = [c for c in report.communication if c.get("wait_ratio", 0) > WAIT_RATIO_ABOVE]
     if waiting:
         names = ", ".join(f"{c['type']} {c['wait_ratio']:.0%}" for c in waiting)
         add("collectives mostly wait for other ranks (load imbalance or a slow rank)", f"wait share: {names}",
-            ["parallel.stage_offset: balance pipeline stages",
-             "parallel.micro_batch_num: larger (shorter waits at stage boundaries)",
-             "compare the ranks' profiles for a slow device or host"])
+            "waiting")
     ops = [o for o in report.top_ops if not o["communication"]]
     layout = sum(o["share"] for o in ops if o["type"] in LAYOUT_OPS)
     if layout > LAYOUT_OPS_ABOVE:
         shown = ", ".join(f"{o['type']} {o['share']:.0%}" for o in ops if o["type"] in LAYOUT_OPS)
         add("data-movement ops (slices, transposes, casts) take much of the op time: change the model graph",
-            f"{layout:.0%} of op time: {shown}",
-            ["context.enable_graph_kernel: true (fuses elementwise chains; CPU needs the decorator package)",
-             "model.compute_dtype: float32 on CPU (no Cast pairs around every MatMul)",
-             "model.attention: flash on Atlas A2 (no score transposes)",
-             "models/: separate q/k/v and gate/up weights instead of slicing fused outputs"])
+            f"{layout:.0%} of op time: {shown}", "data movement")
     optimizer = sum(o["share"] for o in ops if OPTIMIZER_PATTERN.search(o["type"]))
     if optimizer > OPTIMIZER_OPS_ABOVE:
         add("the optimizer update is a large part of the step", f"{optimizer:.0%} of op time in optimizer ops",
-            ["train.micro_batch_size: larger (amortise the update over more tokens)",
-             "parallel.gradient_accumulation_steps: larger",
-             "parallel.optimizer_shard: true (each data-parallel rank updates a shard)"])
+            "optimizer")
     if not findings:
-        add("compute-bound: no rule fired", f"computation is {compute:.0%} of the step",
-            ["the top operators are the place to optimise; compare MFU with tools/mfu.py"])
+        add("compute-bound: no rule fired", f"computation is {compute:.0%} of the step", "compute-bound")
     return findings
 
 
-def analyse(root: Path, steps: int | None = None, top: int = 15) -> Report:
+def run_config(folder: Path, overrides: list[str]) -> tuple[Config | None, Path | None]:
+    """The config of the run whose profile/ holds `folder` (<run>/profile/<rank folder>), with `overrides`;
+    (None, None) when the profile is not inside a run folder."""
+    path = folder.parent.parent / "config.yaml"
+    if folder.parent.name != "profile" or not path.is_file():
+        if overrides:
+            raise ProfileError(f"--set needs a config: {folder} is not inside a run folder's profile/; add --config")
+        return None, None
+    try:
+        return load_config(path, overrides), path
+    except ConfigError as exc:
+        raise ProfileError(f"{path}: {exc}; pass --config to filter the advice by another config")
+
+
+def report_of(folder: Folder, steps: int | None, top: int) -> Report:
+    report = (ascend_report if folder.layout == "ascend" else cpu_report)(folder.path, steps, top)
+    report.rank = folder.rank
+    return report
+
+
+def rank_split(report: Report) -> dict:
+    """One rank's split per step and its shares, for the --all-ranks table."""
+    s = report.split
+    return {"rank": report.rank, "path": report.path, "steps_analysed": s.steps_analysed, "step_ms": s.step_ms,
+            **{key: getattr(s, key) for key in SHARE_KEYS},
+            "shares": {key: s.share(getattr(s, key)) for key in SHARE_KEYS}}
+
+
+def analyse(root: Path, steps: int | None = None, top: int = 15, rank: int | None = None, all_ranks: bool = False,
+            cfg: Config | None = None, config_source: str | None = None, overrides: list[str] = ()) -> Report:
+    """The report of one rank's profile under `root` (`rank`, default the lowest), with every rank's split
+    when `all_ranks`; its advice filtered by `cfg` (default: the run folder's config.yaml with `overrides`)."""
     if steps is not None and steps < 1:
         raise ProfileError(f"--steps {steps}: must be >= 1")
-    layout, folder, others = find_profile(root)
-    report = (ascend_report if layout == "ascend" else cpu_report)(folder, steps, top)
-    if others:
-        report.notes.append(f"{len(others)} more profile folder(s) under {root} (other ranks or runs): "
-                            + ", ".join(o.name for o in others) + "; pass one as PROFILE_DIR to read it")
-    report.diagnosis = diagnose(report)
+    folders = find_profiles(root)
+    chosen = pick(folders, rank, root)
+    report = report_of(chosen, steps, top)
+    report.ranks = [f.rank for f in folders if f.rank is not None]
+    others = [f for f in folders if f is not chosen]
+    if all_ranks:
+        report.per_rank = [rank_split(report if f is chosen else report_of(f, steps, top)) for f in folders]
+    elif others:
+        report.notes.append(f"{len(others)} more rank(s) profiled under {root}: "
+                            + ", ".join(f"{f.rank_name} ({f.path.name})" for f in others)
+                            + "; --rank R reads one, --all-ranks shows every rank's split")
+    if cfg is None:
+        cfg, path = run_config(chosen.path, list(overrides))
+        config_source = str(path) if path else None
+    report.config = config_source
+    device = DEVICES[report.layout]
+    report.notes.append(f"advice for a {device} run, filtered by {config_source or 'the config given'}"
+                        if cfg is not None else
+                        f"advice for a {device} run; no run config found beside the profile (not inside "
+                        "<run>/profile/): pass --config to leave out the keys already set")
+    report.diagnosis = diagnose(report, cfg)
     return report
+
+
+def rank_text(report: Report) -> str:
+    """'rank 0 of ranks 0, 1' (which rank's files the report reads)."""
+    if report.rank is None:
+        return "rank unknown: the profile names none"
+    return f"rank {report.rank} of ranks {', '.join(map(str, report.ranks))}"
+
+
+def per_rank_lines(per_rank: list[dict]) -> list[str]:
+    lines = ["every rank, ms per step (share of its step):",
+             f"  {'rank':>7} {'step':>10} {'computation':>18} {'comm not overlapped':>20} {'free (idle)':>18}"]
+    for r in per_rank:
+        parts = [f"{r[key]:>10.3f} {r['shares'][key]:>6.1%}" for key in SHARE_KEYS[:3]]
+        rank = str(r["rank"]) if r["rank"] is not None else "?"
+        lines.append(f"  {rank:>7} {r['step_ms']:>10.3f} {parts[0]:>18} {parts[1]:>20} {parts[2]:>18}")
+    return lines
 
 
 def text(report: Report) -> str:
     s = report.split
-    lines = [f"profile: {report.path} ({report.layout} layout, {report.steps} step(s) profiled, "
-             f"{s.steps_analysed} analysed)",
+    lines = [f"profile: {report.path} ({rank_text(report)}; {report.layout} layout, {report.steps} step(s) "
+             f"profiled, {s.steps_analysed} analysed)",
              f"time per step: {s.step_ms:.3f} ms"]
     for label, value in (("computation", s.computing_ms), ("communication not overlapped",
                                                            s.communication_not_overlapped_ms),
@@ -458,9 +640,11 @@ def text(report: Report) -> str:
         for c in report.communication:
             extra = f", wait {c['wait_ratio']:.0%}" if "wait_ratio" in c else ""
             lines.append(f"  {c['type']:<20} {c['calls_per_step']:.1f} calls/step, {c['ms_per_step']:.3f} ms/step{extra}")
-    lines.append("diagnosis:")
+    if report.per_rank:
+        lines += per_rank_lines(report.per_rank)
+    lines.append(f"diagnosis (rank {report.rank}):" if report.rank is not None else "diagnosis:")
     for d in report.diagnosis:
         lines.append(f"- {d['finding']} ({d['evidence']})")
-        lines += [f"    try {k}" for k in d["knobs"]]
+        lines += [f"    try {k}" for k in d["knobs"]] or ["    (no knob applies to this run's device and config)"]
     lines += [f"note: {n}" for n in report.notes]
     return "\n".join(lines)

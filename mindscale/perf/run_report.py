@@ -205,7 +205,7 @@ def profile_section(run) -> str | None:
     if not profile_dir.is_dir():
         return None
     try:
-        return profile_text(analyse(profile_dir))
+        return profile_text(analyse(profile_dir, cfg=run.config, config_source=str(run.path / "config.yaml")))
     except ProfileError as exc:
         return f"profile/ could not be read: {exc}"
 

@@ -1,7 +1,9 @@
-"""tools/profile_report.py on a real CPU profile and on the Ascend fixture written from the docs."""
+"""tools/profile_report.py on real CPU profiles (an in-process MLP, and a 2-worker data-parallel run through
+scripts/run_distribute.sh) and on the Ascend fixture written from the docs."""
 import csv
 import dataclasses
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -11,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from tests.run_folder import ROOT
+from tests.run_folder import ROOT, TINY
 from tools import profile_report
-from mindscale.perf.profile import Report, Split, analyse, diagnose, is_communication
-from mindscale.config import Config
+from mindscale.perf.profile import KNOBS, Report, Split, analyse, diagnose, is_communication
+from mindscale.config import Config, load_config
 
 ASCEND = ROOT / "tests" / "fixtures" / "ascend_profile"
 PROFILED_STEPS = 4
@@ -110,14 +112,13 @@ def test_every_named_knob_is_a_config_key():
     names = {f"{section.name}.{f.name}" for section in dataclasses.fields(Config)
              if dataclasses.is_dataclass(getattr(defaults, section.name))
              for f in dataclasses.fields(getattr(defaults, section.name))}
-    every = [stressed(kind) for kind in ("comm", "free", "bubble", "wait", "layout", "optimizer")]
-    knobs = [k for report in every for d in diagnose(report) for k in d["knobs"]]
+    knobs = [k.text for kind in KNOBS.values() for k in kind]
     keys = [k.split(":")[0] for k in knobs if ":" in k and " " not in k.split(":")[0] and "." in k.split(":")[0]]
     assert len(keys) >= 15
     assert all(k in names or k.startswith("context.") for k in keys), keys
 
 
-def stressed(kind: str) -> Report:
+def stressed(kind: str, layout: str = "cpu") -> Report:
     """A report whose numbers should trigger exactly the rule `kind`."""
     split = {"comm": Split(100, 20, 70, 10), "free": Split(100, 60, 5, 35), "bubble": Split(100, 85, 5, 10, bubble_ms=20),
              }.get(kind, Split(100, 90, 5, 5))
@@ -126,7 +127,7 @@ def stressed(kind: str) -> Report:
     comm = [{"type": "allreduce", "wait_ratio": 0.8}] if kind == "wait" else []
     top = [{"type": t, "share": share, "ms_per_step": share * 90, "calls_per_step": 1, "communication": False}
            for t, share in ops]
-    return Report("cpu", "x", 3, split, top, comm)
+    return Report(layout, "x", 3, split, top, comm)
 
 
 @pytest.mark.parametrize("kind, expected", [
@@ -185,3 +186,134 @@ def test_command_line_on_parent_folder():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "ascend layout" in done.stdout and "try parallel.sequence_parallel" in done.stdout
+
+
+# A real 2-worker data-parallel run that profiles steps 1-2 (2 of 3); each rank's profile folder is named by host,
+# process id and time, not by rank. Tiny model: the profile, not the training, is under test.
+TWO_RANK_RUN = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",
+                "model.ffn_hidden_size=128", "model.vocab_size=256", "model.seq_length=32", "train.log_interval=1",
+                "train.steps=3", "checkpoint.save_interval=0", "checkpoint.save_at_end=false", "profile.enable=true",
+                "profile.start_step=1", "profile.stop_step=3"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """The run folder of TWO_RANK_RUN, and {rank: its profile folder}."""
+    parent = tmp_path_factory.mktemp("two_ranks")
+    overrides = [*TWO_RANK_RUN, f"run.output_dir={parent}", "run.name=dp2"]
+    launch = subprocess.run(["bash", "scripts/run_distribute.sh", str(TINY), "2",
+                             *[arg for o in overrides for arg in ("--set", o)]],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-2000:]
+    run = parent / "dp2"
+    folders = {int(info.stem.rsplit("_", 1)[1]): info.parent.parent
+               for info in (run / "profile").glob("*/FRAMEWORK/cpu_op_type_info_*.csv")}
+    assert sorted(folders) == [0, 1]
+    return run, folders
+
+
+def op_totals(folder) -> dict:
+    """{op type: ms over the profiled steps} of a rank's cpu_op_type_info_<rank>.csv, as MindSpore wrote it."""
+    with open(next((folder / "FRAMEWORK").glob("cpu_op_type_info_*.csv")), newline="") as handle:
+        return {r["op_type"]: float(r["total_compute_time"]) for r in csv.DictReader(handle)}
+
+
+def test_the_lowest_rank_is_read_and_named_whatever_its_folder_is_called(two_ranks, tmp_path, capsys):
+    """Process ids are not ranks: with rank 1's folder first by name (pid 100000 against rank 0's 99999), the
+    report still reads rank 0's files, says so, and lists rank 1."""
+    run, folders = two_ranks
+    copy = tmp_path / "dp2"
+    shutil.copytree(run / "profile", copy / "profile")
+    shutil.copy(run / "config.yaml", copy / "config.yaml")
+    renamed = {}
+    for rank, pid in ((0, 99999), (1, 100000)):
+        renamed[rank] = copy / "profile" / re.sub(r"_\d+(_\d+_ascend_ms)$", rf"_{pid}\1", folders[rank].name)
+        (copy / "profile" / folders[rank].name).rename(renamed[rank])
+    assert sorted(p.name for p in (copy / "profile").iterdir())[0] == renamed[1].name
+    assert profile_report.main([str(copy / "profile"), "--json", "--top", "100"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["rank"], report["ranks"], report["path"]) == (0, [0, 1], str(renamed[0]))
+    assert {o["type"]: o["ms_per_step"] * report["steps"] for o in report["top_ops"]} == pytest.approx(
+        op_totals(renamed[0]))
+    assert profile_report.main([str(copy / "profile"), "--top", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"profile: {renamed[0]} (rank 0 of ranks 0, 1; cpu layout, 2 step(s) profiled, "
+                        f"{report['split']['steps_analysed']} analysed)")
+    assert f"note: 1 more rank(s) profiled under {copy / 'profile'}: rank 1 ({renamed[1].name}); --rank R reads " \
+           "one, --all-ranks shows every rank's split" in lines
+
+
+def test_one_rank_on_request_and_every_rank_s_split(two_ranks, capsys):
+    run, folders = two_ranks
+    assert profile_report.main([str(run / "profile"), "--rank", "1", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert (one["rank"], one["path"]) == (1, str(folders[1]))
+    assert profile_report.main([str(run / "profile"), "--all-ranks", "--json"]) == 0
+    every = json.loads(capsys.readouterr().out)
+    assert every["rank"] == 0 and [r["rank"] for r in every["per_rank"]] == [0, 1]
+    for r in every["per_rank"]:
+        alone = analyse(run / "profile", rank=r["rank"]).split
+        assert (r["path"], r["step_ms"], r["free_ms"]) == (str(folders[r["rank"]]), alone.step_ms, alone.free_ms)
+        assert r["shares"]["computing_ms"] == pytest.approx(alone.computing_ms / alone.step_ms)
+    assert profile_report.main([str(run / "profile"), "--all-ranks"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    header = table.index("every rank, ms per step (share of its step):")
+    assert [line.split()[0] for line in table[header + 2:header + 4]] == ["0", "1"]
+    assert f"--rank 2: {run / 'profile'} holds profiles of rank(s) 0, 1; pick one of them" in bad(
+        capsys, run / "profile", "--rank", "2")
+
+
+# Knobs that name what a CPU run cannot have: MindSpore has no semi-auto parallel there, and no jit_level O2.
+SHARDED_OR_ASCEND = ("sequence_parallel", "optimizer_shard", "recompute.comm", "model_parallel", "pipeline_stage",
+                     "jit_level", "model.attention")
+
+
+def test_advice_on_a_cpu_run_names_only_what_applies(two_ranks):
+    """The 2-worker CPU run (graph mode, data parallel 2): every rule's knobs, filtered by its device and its
+    config.yaml, which the report finds beside profile/."""
+    run, _ = two_ranks
+    report = analyse(run / "profile")
+    assert report.config == str(run / "config.yaml")
+    cfg = load_config(run / "config.yaml")
+    kinds = ("comm", "free", "bubble", "wait", "layout", "optimizer", "none")
+    knobs = [k for r in [report, *map(stressed, kinds)] for d in diagnose(r, cfg) for k in d["knobs"]]
+    assert not [k for k in knobs if any(name in k for name in SHARDED_OR_ASCEND)]
+    assert not [k for k in knobs if k.startswith("run.mode")]                      # already graph mode
+    assert any(k.startswith("parallel.gradient_accumulation_steps") for k in knobs)  # 2 ranks all-reduce
+
+
+def ascend(*overrides):
+    return load_config(TINY, ["hardware=ascend910b", "parallel.model_parallel=2", *overrides])
+
+
+@pytest.mark.parametrize("overrides, named, left_out", [
+    (["parallel.optimizer_shard=true", "recompute.comm=true", "context={jit_level: O2}", "model.compute_dtype=bfloat16"],
+     ["parallel.sequence_parallel: true", "parallel.optimizer_shard: false", "recompute.comm: false"],
+     ["context.jit_level", "run.mode", "model.attention", "parallel.optimizer_shard: true"]),
+    (["parallel.sequence_parallel=true", "run.mode=pynative", "model.compute_dtype=float32"],
+     ["context.jit_level: O2", "run.mode: graph", "model.attention: flash", "parallel.optimizer_shard: true"],
+     ["parallel.sequence_parallel", "parallel.optimizer_shard: false", "recompute.comm"])])
+def test_advice_on_ascend_follows_the_config(overrides, named, left_out):
+    """A knob is named where the config leaves it to change: not sequence parallel where it is on, not
+    optimizer_shard false where there is no shard (no weight all-gather), not recompute.comm false where it is
+    false, not graph mode or jit_level O2 where they are set, not flash attention where the layout has it."""
+    cfg = ascend(*overrides)
+    kinds = ("comm", "free", "layout", "optimizer")
+    knobs = [k for kind in kinds for d in diagnose(stressed(kind, "ascend"), cfg) for k in d["knobs"]]
+    assert all(any(k.startswith(n) for k in knobs) for n in named), knobs
+    assert not [k for k in knobs if any(k.startswith(n) for n in left_out)], knobs
+
+
+def test_ascend_rank_from_profiler_info(tmp_path, capsys):
+    """MindSpore names profiler_info_<rank>.json by the rank on Ascend: a second rank's copy is rank 1."""
+    shutil.copytree(ASCEND, tmp_path / "profile")
+    rank0 = next((tmp_path / "profile").glob("*_ascend_ms"))
+    rank1 = rank0.with_name(rank0.name.replace("41327", "41328"))
+    shutil.copytree(rank0, rank1)
+    (rank1 / "profiler_info_0.json").rename(rank1 / "profiler_info_1.json")
+    assert profile_report.main([str(tmp_path / "profile"), "--rank", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["rank"], report["ranks"], report["path"]) == (1, [0, 1], str(rank1))
+    (rank1 / "profiler_info_1.json").rename(rank1 / "profiler_info_0.json")  # two runs' rank 0 in one folder
+    assert (f"{tmp_path / 'profile'} holds 2 profiles of rank 0 ({rank0.name}, {rank1.name}): several runs profiled "
+            "into one folder; pass the folder of one run's profile") in bad(capsys, tmp_path / "profile")

@@ -44,3 +44,50 @@ def test_a_record_missing_other_keys_is_refused():
     """Only the keys added on 2026-12-06 may be missing: a record without, say, its vocabulary split is not
     a record of the same layout."""
     assert not same_layout({k: v for k, v in record().items() if k != "vocab_parallel"}, record())
+
+
+# -- the global batch a resume keeps (mindscale/train/checkpoints/batch.py) ------------------------------
+TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
+
+
+def refusal(cfg, wanted: int, device: str, world: int, saved_layout) -> str:
+    from mindscale.io import CheckpointError
+    from mindscale.train.checkpoints.batch import check_global_batch
+    with pytest.raises(CheckpointError) as refused:
+        check_global_batch("ckpt", {"step": 10, "samples_consumed": 10 * wanted}, cfg, device, world, saved_layout)
+    return str(refused.value).split("keep the batch with ")[1]
+
+
+def test_the_same_global_batch_resumes_and_an_old_state_without_its_position_is_not_judged():
+    from mindscale.train.checkpoints.batch import check_global_batch
+    cfg = load_config(TINY, ["parallel.data_parallel=1", "train.micro_batch_size=2"])
+    check_global_batch("ckpt", {"step": 10, "samples_consumed": 20}, cfg, "CPU", 1, {})
+    check_global_batch("ckpt", {"step": 10}, cfg, "CPU", 1, {})
+
+
+def test_fewer_workers_keep_the_batch_by_accumulation_where_it_keeps_the_layout():
+    """CPU: accumulating the same micro batches (the same memory per device). One Ascend device cannot
+    accumulate (validate.py: nothing orders the micro batches) and 2 of them would compile a sharded graph
+    the unsharded checkpoint does not load into: a larger micro batch there."""
+    cfg = load_config(TINY, ["parallel.data_parallel=1", "train.micro_batch_size=2"])
+    assert refusal(cfg, 4, "CPU", 1, {}) == "--set parallel.gradient_accumulation_steps=2, or 2 device(s) " \
+                                              "(parallel.data_parallel=2)"
+    ascend = load_config(TINY, ["parallel.data_parallel=1", "train.micro_batch_size=2", "hardware=ascend910b"])
+    assert refusal(ascend, 4, "Ascend", 1, {}).startswith("--set train.micro_batch_size=4,")
+    two = load_config(TINY, ["train.micro_batch_size=2", "hardware=ascend910b"])
+    assert refusal(two, 8, "Ascend", 2, {}).startswith("--set train.micro_batch_size=4,")
+    explicit = load_config(TINY, ["parallel.data_parallel=1", "train.micro_batch_size=2",
+                                  "train.global_batch_size=2"])
+    assert refusal(explicit, 6, "CPU", 1, {}) == ("--set parallel.gradient_accumulation_steps=3 --set "
+                                                  "train.global_batch_size=6, or 3 device(s) (parallel.data_parallel=3)")
+
+
+def test_more_workers_and_pipelines_keep_the_batch_with_fewer_micro_batches():
+    cfg = load_config(TINY, ["parallel.data_parallel=1", "train.micro_batch_size=2",
+                             "parallel.gradient_accumulation_steps=4"])
+    assert refusal(cfg, 4, "CPU", 1, {}) == "--set parallel.gradient_accumulation_steps=2"
+    piped = load_config(MIXTRAL)  # dp8 x pp8, 128 micro batches of 1, train.global_batch_size 1024
+    record = layout_record(piped, Layout.of(piped, "Ascend"))
+    assert refusal(piped, 512, "Ascend", piped.devices, record) == (
+        "--set parallel.micro_batch_num=64 --set train.global_batch_size=512, or 32 device(s) "
+        "(parallel.data_parallel=4)")

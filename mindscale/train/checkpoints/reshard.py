@@ -21,6 +21,7 @@ from mindscale.io import CheckpointError
 from mindscale.progress import Progress, quiet
 from mindscale.train.checkpoints.folder import (CONFIG, OPTIMIZER, STATE, WEIGHTS, layout_record, save_checkpoint,
                                         step_dir_name)
+from mindscale.train.checkpoints.batch import check_global_batch
 from mindscale.train.checkpoints.commit import record_steps
 from models.weights import read_step_tensors, saved_layout, take_slice
 
@@ -56,10 +57,7 @@ def reshard(source: Path, cfg: Config, output: Path, rank_layouts: Callable[[Pro
     with progress.single(f"reading {source}", "folder"):
         weights, optimizer, state = read_step(source)
     step = int(state["step"])
-    consumed = state.get("samples_consumed", step * cfg.global_batch_size)
-    if consumed != step * cfg.global_batch_size:
-        raise CheckpointError(f"{source} was trained with a global batch of {consumed // max(step, 1)}, the target "
-                              f"config has {cfg.global_batch_size}: the data position would move; keep the batch")
+    check_global_batch(source, state, cfg, cfg.hardware.device_target, cfg.devices, None, "resharding")
     layout = Layout.of(cfg, cfg.hardware.device_target)
     state = {**state, "layout": layout_record(cfg, layout)}
     compile_s = 0.0

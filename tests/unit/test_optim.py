@@ -4,7 +4,7 @@ import math
 import pytest
 
 from mindscale.config import TrainConfig
-from mindscale.train.loop.schedule import decays, lr_at
+from mindscale.train.loop.schedule import decays, lr_at, schedule_change
 
 
 def test_warmup_then_cosine_reaches_min_lr():
@@ -29,3 +29,18 @@ def test_no_decay_on_norms_and_biases():
     assert not decays("layers.0.attention_norm.weight", (8,))
     assert not decays("layers.0.ln_1.bias", (8,))
     assert not decays("norm.weight", (8,))
+
+
+def test_raising_train_steps_on_resume_says_where_the_cosine_moved():
+    """Issue 52's run: 60 steps saved, resumed with 80. Step 60 ran at 3.04e-4 near the end of the cosine; step 61
+    runs at 9.75e-4 on the schedule recomputed over 80 steps, where the saved one stays at min_lr."""
+    saved = {"steps": 60, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20, "lr_schedule": "cosine", "log_interval": 5}
+    longer = TrainConfig(**{**saved, "steps": 80})
+    assert lr_at(59, TrainConfig(**saved)) == pytest.approx(3.04e-4, rel=1e-3)
+    assert schedule_change(saved, longer, 60) == (
+        "learning rate: step 61 runs at 9.750e-04 on this config's schedule, 3.000e-04 on the checkpoint's "
+        "(train.steps 60 -> 80); the schedule is recomputed from the config's train keys")
+    assert schedule_change(saved, TrainConfig(**saved), 60) is None
+    assert schedule_change({**saved, "log_interval": 1}, TrainConfig(**saved), 30) is None  # not a schedule key
+    constant = {**saved, "lr_schedule": "constant"}
+    assert schedule_change(constant, TrainConfig(**{**constant, "steps": 80}), 60) is None  # the same rate

@@ -209,3 +209,74 @@ def test_a_save_removes_temporary_folders_a_killed_save_left(tmp_path):
     (stale / ckpt.WEIGHTS).write_bytes(b"partial")
     ckpt.save_checkpoint(tmp_path, 20, tensors(20), state={})
     assert not stale.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["step_00000020"]
+
+
+# -- what a resume refuses before the step compiles -------------------------------------------------------
+def sharded_steps(root, step: int, ranks: int) -> dict:
+    """A sharded run's committed step as its ranks write it: rank_<r>/step_X with the layout record."""
+    from mindscale.config import REPO_ROOT, Layout, load_config
+    cfg = load_config(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml",
+                      ["hardware=ascend910b", "parallel.data_parallel=2", "parallel.model_parallel=2",
+                       "parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "model.compute_dtype=float16"])
+    record = ckpt.layout_record(cfg, Layout.of(cfg, "Ascend"))
+    for rank in range(ranks):
+        ckpt.save_checkpoint(root / f"rank_{rank}", step, tensors(rank), state={"layout": record})
+    commit.record_steps(root, [step])
+    return record
+
+
+def test_a_step_of_another_layout_is_refused_naming_the_resharding_tool(tmp_path):
+    """One worker resuming a folder of a sharded run's rank folders (or a sharded run an unsharded step)
+    is told to reshard, not to start over (which would throw the run away)."""
+    record = sharded_steps(tmp_path, 4, ranks=8)
+    vote = commit.RankVote(1, sharded=False)
+    with pytest.raises(ckpt.CheckpointError) as refused:
+        commit.resume_point(tmp_path, tmp_path, vote, 0, None, layout={})
+    folder = tmp_path / "rank_0" / "step_00000004"
+    assert str(refused.value) == (
+        f"{folder} was written sharded over 8 devices (data_parallel 2, model_parallel 2, pipeline_stage 2, "
+        "expert_parallel 1, optimizer_shard False), this run is unsharded (rank 0 writes whole tensors): its tensors "
+        f"do not load here; reshard it: python tools/reshard.py --input {folder} --config <this run's config> "
+        "--output <a new run>/checkpoints, then resume with that run.name")
+    whole = tmp_path / "whole"
+    ckpt.save_checkpoint(whole, 4, tensors(4), state={"layout": {}})
+    commit.record_steps(whole, [4])
+    with pytest.raises(ckpt.CheckpointError, match=r"step_00000004 was written unsharded \(rank 0 writes whole "
+                                                   r"tensors\), this run is sharded over 8 devices .*tools/reshard.py"):
+        commit.resume_point(whole, whole / "rank_3", vote, 3, None, layout=record)
+    assert commit.committed_steps(tmp_path) == [4] and commit.committed_steps(whole) == [4]  # nothing changed
+
+
+def test_a_folder_no_rank_can_read_is_not_advised_away(tmp_path):
+    vote = saved_and_committed(tmp_path, [10])
+    (tmp_path / "step_00000010" / ckpt.WEIGHTS).write_bytes(b"")
+    with pytest.raises(ckpt.CheckpointError) as refused:
+        commit.resume_point(tmp_path, tmp_path, vote, 0, None, lambda line: None)
+    assert "resume=false" not in str(refused.value) and "name a new run.name and keep these steps" in str(refused.value)
+
+
+@pytest.mark.integration
+def test_a_checkpoint_of_another_model_shape_is_refused_before_the_step_compiles(tmp_path):
+    """checkpoint.load_path and a resume, with model.hidden_size 128 against a checkpoint of 64: one line
+    naming the first parameter, both shapes, the model key its config.yaml differs in and the fix, from the
+    files' headers, before the compile (the shared one-worker run's step 6)."""
+    from tests.integration.test_training import one_worker_run, train
+    import shutil
+    run = ckpt.Path(one_worker_run()["run"])
+    step = run / "checkpoints" / "step_00000006"
+    loaded = train(tmp_path, "wider", "model.hidden_size=128", f"checkpoint.load_path={step}", "train.steps=1",
+                   check=False)
+    shutil.copytree(run / "checkpoints", tmp_path / "resumed" / "checkpoints")
+    resumed = train(tmp_path, "resumed", "model.hidden_size=128", "train.micro_batch_size=4", "train.steps=7",
+                    check=False)
+    differ = ("tok_embeddings.weight is (256, 64) there, (256, 128) here (and 11 more); its config.yaml has "
+              "model.hidden_size=64 (this run 128)")
+    for proc, source, fix in [(loaded, f"checkpoint.load_path={step}", "use the model config it was trained with"),
+                              (resumed, tmp_path / "resumed" / "checkpoints" / "step_00000006",
+                               "resume with the model keys it was saved with (its config.yaml)")]:
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 2 and errors == [f"error: {source} does not fit this model: {differ}: {fix}"], \
+            proc.stderr[-2000:]
+        assert "compiled the train step" not in proc.stdout
+    assert not (tmp_path / "wider" / "checkpoints").exists()
+    assert commit.committed_steps(tmp_path / "resumed" / "checkpoints") == [6]

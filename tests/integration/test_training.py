@@ -226,10 +226,16 @@ def test_profile_window_writes_a_profile_that_profile_report_reads(tmp_path):
 
 
 def test_resume_with_more_steps_extends_the_run(tmp_path):
+    """More train.steps recompute the cosine over the new length: the line at start says the learning rate
+    step 4 runs at, which is the one logged, and the checkpoint's schedule's."""
     train(tmp_path, "extend", "train.steps=3")
     extended = train(tmp_path, "extend", "train.steps=5")
     assert "resumed from" in extended.stdout
     assert sorted(losses(tmp_path / "extend")) == [1, 2, 3, 4, 5]
+    logged = {r["step"]: r["lr"] for r in metrics(tmp_path / "extend")}
+    (line,) = [line for line in extended.stdout.splitlines() if line.startswith("learning rate:")]
+    assert line == (f"learning rate: step 4 runs at {logged[4]:.3e} on this config's schedule, 3.000e-04 on the "
+                    "checkpoint's (train.steps 3 -> 5); the schedule is recomputed from the config's train keys")
 
 
 def test_corrupt_newest_checkpoint_is_skipped_on_one_line_and_resume_step_is_exact(tmp_path):
@@ -254,8 +260,10 @@ def test_corrupt_newest_checkpoint_is_skipped_on_one_line_and_resume_step_is_exa
 
 
 def test_a_rank_killed_before_the_commit_leaves_its_step_uncommitted(tmp_path):
-    """Rank 1 of 2 dies after rank 0 wrote step 4 whole: step 4 is not saved. The rerun, on 1 worker with
-    the same global batch, resumes at step 2 and continues the losses of an uninterrupted 1-worker run."""
+    """Rank 1 of 2 dies after rank 0 wrote step 4 whole: step 4 is not saved. The rerun on 1 worker with
+    the 2 workers' micro batch is refused in one line (the global batch would halve), before compiling and
+    changing nothing; with the accumulation the line names it resumes at step 2, continues the losses of an
+    uninterrupted 1-worker run with the same global batch, and says where each save went."""
     save = ("train.steps=6", "checkpoint.save_interval=2", "checkpoint.keep_last=2")
     args = ["bash", "scripts/run_distribute.sh", TINY, "2",
             *sets(f"run.output_dir={tmp_path}", "run.name=dp2", "train.micro_batch_size=2", *save)]
@@ -265,8 +273,20 @@ def test_a_rank_killed_before_the_commit_leaves_its_step_uncommitted(tmp_path):
     root = tmp_path / "dp2" / "checkpoints"
     assert (root / "step_00000004" / ckpt.MARKER).is_file()  # rank 0's part is complete
     assert commit.committed_steps(root) == [2]
-    resumed = train(tmp_path, "dp2", "train.micro_batch_size=4", *save)
+    refused = train(tmp_path, "dp2", "train.micro_batch_size=2", *save, check=False)
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 2 and len(errors) == 1, refused.stderr[-2000:]
+    assert errors[0] == (f"error: {root / 'step_00000002'} was trained at a global batch of 4, this run's is 2 "
+                         "(train.micro_batch_size=2 x parallel.data_parallel=1 x parallel.gradient_accumulation_steps="
+                         "1): resuming would move its data position (step x global batch) and learning-rate schedule; "
+                         "keep the batch with --set parallel.gradient_accumulation_steps=2, or 2 device(s) "
+                         "(parallel.data_parallel=2)")
+    assert "compiled the train step" not in refused.stdout and commit.committed_steps(root) == [2]
+    fix = errors[0].split("keep the batch with --set ")[1].split(",")[0]
+    resumed = train(tmp_path, "dp2", "train.micro_batch_size=2", fix, *save)
     assert "step_00000002 at step 2" in resumed.stdout
+    for step in (4, 6):
+        assert f"checkpoint: {root / ckpt.step_dir_name(step)} (training blocked " in resumed.stdout
     assert commit.committed_steps(root) == [4, 6]
     assert sorted(p.name for p in root.glob("step_*")) == ["step_00000004", "step_00000006"]
     two_then_one, one = losses(tmp_path / "dp2"), losses(one_worker_run()["run"])

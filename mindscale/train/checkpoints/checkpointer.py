@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import yaml
 
 import models
 from mindscale.config import Config, Layout
 from mindscale.train.checkpoints import folder as ckpt, commit
+from mindscale.train.checkpoints.batch import check_global_batch
 
 
 def parameters_as_numpy(params, copy: bool = False) -> dict[str, np.ndarray]:
@@ -34,11 +36,72 @@ class Start:
     weights: dict | None = None
     optimizer_state: dict | None = None
     state: dict = field(default_factory=dict)  # its state.json
-    pretrained: dict | None = None         # checkpoint.load_path's weights
+    config: dict = field(default_factory=dict)  # its config.yaml (the resolved config that saved it)
+    pretrained: dict | None = None         # checkpoint.load_path's weights, read when assigned
 
     @property
     def step(self) -> int:
         return ckpt.checkpoint_step(self.checkpoint) if self.checkpoint else 0
+
+
+def saved_config(path: Path) -> dict:
+    """The config.yaml beside a checkpoint's weights (a step folder, or a file in one); {} when there is none."""
+    path = Path(path)
+    file = (path if path.is_dir() else path.parent) / ckpt.CONFIG
+    return (yaml.safe_load(file.read_text()) or {}) if file.is_file() else {}
+
+
+def _flat(tree: dict, prefix: str) -> dict:
+    flat = {}
+    for key, value in tree.items():
+        flat.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
+
+
+def model_differences(saved: dict, cfg: Config) -> list[str]:
+    """The model keys in which a checkpoint's config (`saved`, its config.yaml) differs from cfg."""
+    theirs, ours = _flat(saved.get("model", {}), "model."), _flat(cfg.to_dict()["model"], "model.")
+    return [f"{key}={theirs[key]} (this run {ours[key]})" for key in ours if key in theirs and theirs[key] != ours[key]]
+
+
+def _same_shape(a: tuple, b: tuple) -> bool:
+    """Equal shapes; safetensors stores a 0-d scalar as shape (1,)."""
+    return a == b or (len(a) <= 1 and len(b) <= 1 and int(np.prod(a)) == int(np.prod(b)) == 1)
+
+
+def check_fit(source: str, stored: dict[str, tuple], model: dict[str, tuple], complete: bool, saved: dict,
+              cfg: Config, fix: str) -> None:
+    """Raise WeightsMismatch (one line) unless the tensors a checkpoint holds (`stored`: name -> full shape,
+    from its headers) fit the model's parameters (`model`: name -> shape); `complete`: it must hold every
+    one of them. The line names the first parameter that differs, both shapes, the model keys in which the
+    checkpoint's own config (`saved`) differs, and `fix`."""
+    wrong = [n for n in model if n in stored and not _same_shape(tuple(stored[n]), model[n])]
+    unexpected = [n for n in stored if n not in model]
+    missing = [n for n in model if n not in stored] if complete else []
+    more = lambda items: f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+    if wrong:
+        problem = f"{wrong[0]} is {tuple(stored[wrong[0]])} there, {model[wrong[0]]} here{more(wrong)}"
+    elif unexpected:
+        problem = f"it holds {unexpected[0]}{more(unexpected)}, which this model has not"
+    elif missing:
+        problem = f"it lacks {missing[0]}{more(missing)}"
+    else:
+        return
+    differ = model_differences(saved, cfg)
+    keys = f"; its config.yaml has {', '.join(differ[:3])}" if differ else ""
+    raise models.WeightsMismatch(f"{source} does not fit this model: {problem}{keys}: {fix}")
+
+
+@dataclass
+class PendingSave:
+    """A save written (or being written, `job`) and not yet committed; `began`: when training stopped for it,
+    `blocked`: how long it did, once known (a background write's copies; a synchronous save's when committed)."""
+    step: int
+    writes: bool          # this rank writes a part
+    job: ckpt.BackgroundSave | None
+    healthy: bool         # saved healthy
+    began: float
+    blocked: float | None = None
 
 
 class Checkpointer:
@@ -57,7 +120,7 @@ class Checkpointer:
         # A step is saved once every rank has written its part (mindscale/train/checkpoints/commit.py).
         self.root = root
         self.own_dir = root / f"rank_{rt.rank}" if layout.sharded else root
-        self.pending = None  # (step, this rank writes, its write, saved healthy) of a save not yet committed
+        self.pending: PendingSave | None = None
 
     # -- what a rank holds and saves ------------------------------------------------------------------
     def held(self, params) -> list:
@@ -82,23 +145,43 @@ class Checkpointer:
 
     # -- start-up ---------------------------------------------------------------------------------
     def read_start(self) -> Start:
-        """The resume point (checkpoint.resume, checkpoint.resume_step) and checkpoint.load_path, read and checked."""
+        """The resume point (checkpoint.resume, checkpoint.resume_step) and checkpoint.load_path, read and
+        checked against this run (layout, global batch, names and shapes) before the step compiles."""
         c = self.cfg.checkpoint
-        latest = commit.resume_point(self.root, self.own_dir, self.vote, self.rt.rank, c.resume_step) \
+        ours = ckpt.layout_record(self.cfg, self.layout)
+        latest = commit.resume_point(self.root, self.own_dir, self.vote, self.rt.rank, c.resume_step, layout=ours) \
             if c.resume or c.resume_step is not None else None
         pretrained = None
         if c.load_path and (latest is None or models.lora_enabled(self.cfg)):
-            pretrained = models.load_pretrained(c.load_path, self.cfg, sliced=self.layout.sharded)
+            # lazy: nothing read but headers until assign_start (a sharded rank then reads only its slices)
+            pretrained = models.load_pretrained(c.load_path, self.cfg, sliced=True)
+            base = {p.name: tuple(p.shape) for p in self.graph.model.get_parameters()  # LoRA adapters may be absent
+                    if p.name in pretrained or not models.lora.is_adapter(p.name)}
+            check_fit(f"checkpoint.load_path={c.load_path}", pretrained.shapes, base, True, saved_config(c.load_path),
+                      self.cfg, "use the model config it was trained with")
         if latest is None:
             return Start(pretrained=pretrained)
-        weights, optimizer_state, state = ckpt.load_checkpoint(latest, verified=True)
-        saved_layout, ours = state.get("layout", {}), ckpt.layout_record(self.cfg, self.layout)
+        state, saved = ckpt.read_state(latest), saved_config(latest)
+        saved_layout = state.get("layout", {})
         if not ckpt.same_layout(saved_layout, ours):
-            raise ckpt.CheckpointError(
-                f"{latest} was written under the layout {saved_layout or 'unsharded'}, this run is "
-                f"{ours or 'unsharded'}; reshard it first: python tools/reshard.py --input {latest} --config "
-                "<this run's config> --output <a new run>/checkpoints")
-        return Start(latest, weights, optimizer_state, state, pretrained)
+            raise ckpt.reshard_refusal(latest, saved_layout, ours)
+        check_global_batch(latest, state, self.cfg, self.rt.device_target, self.rt.world, saved_layout)
+        self._check_resumed_shapes(latest, state, saved)
+        weights, optimizer_state, state = ckpt.load_checkpoint(latest, verified=True)
+        return Start(latest, weights, optimizer_state, state, saved, pretrained)
+
+    def _check_resumed_shapes(self, folder: Path, state: dict, saved: dict) -> None:
+        """The names and full shapes of the weights a rank resumes, from its file's header (a sharded rank's
+        slices by the full shapes of its state.json layouts), against this model before it compiles. A
+        pipeline stage holds only its own parameters, which the compile decides: then only the names it
+        holds are checked here, the rest when they are assigned."""
+        layouts = state.get("layouts", {})
+        stored = {n: tuple(layouts[n][6]) if n in layouts else tuple(t.shape)
+                  for n, t in models.tensor_file.open_tensors(Path(folder) / ckpt.WEIGHTS).items()}
+        params = self.graph.network.trainable_params() if models.lora_enabled(self.cfg) \
+            else self.graph.model.get_parameters()
+        check_fit(str(folder), stored, {p.name: tuple(p.shape) for p in params}, self.layout.pp == 1, saved,
+                  self.cfg, "resume with the model keys it was saved with (its config.yaml)")
 
     def assign_start(self, start: Start) -> None:
         """Put what `read_start` read into the compiled graph (sharded parameters have their local shapes)."""
@@ -129,10 +212,9 @@ class Checkpointer:
 
     def end(self, step: int, loss_scale: float, save: bool) -> None:
         """When training ends at `step`: with `save`, save it; commit what is still pending."""
-        blocked = self.save(step, loss_scale) if save else None
-        self.finish_saving()
         if save:
-            self.rt.say(f"checkpoint: {self.own_dir / ckpt.step_dir_name(step)} (training blocked {blocked:.2f} s)")
+            self.save(step, loss_scale)
+        self.finish_saving()
 
     def save(self, step: int, loss_scale: float) -> float:
         """Every rank calls it: the writing ranks write their part, then all commit the step together.
@@ -157,23 +239,28 @@ class Checkpointer:
                 job = ckpt.BackgroundSave(*args)
             else:
                 ckpt.save_checkpoint(*args)
-        self.pending = (step, writes, job, healthy)
+        self.pending = PendingSave(step, writes, job, healthy, began)
         if not background:
             self.finish_saving()
         blocked = time.perf_counter() - began
+        if background:
+            self.pending.blocked = blocked
         self.heartbeat.saved(blocked)
         return blocked
 
     def finish_saving(self) -> None:
         """Commit the pending save, after its background write if it has one (a heartbeat before and after
-        the join: it may come after the last beat, at the end or on a divergence)."""
-        if self.pending is None:
+        the join: it may come after the last beat, at the end or on a divergence), and say where it is."""
+        pending, self.pending = self.pending, None
+        if pending is None:
             return
-        step, writes, job, healthy = self.pending
-        self.pending = None
-        if job is not None:
+        if pending.job is not None:
             self.heartbeat.alive()
-            job.join()
+            pending.job.join()
             self.heartbeat.alive()
-        commit.commit(self.root, self.own_dir if writes else None, step, self.vote, self.rt.rank,
-                      self.cfg.checkpoint.keep_last, healthy)
+        commit.commit(self.root, self.own_dir if pending.writes else None, pending.step, self.vote, self.rt.rank,
+                      self.cfg.checkpoint.keep_last, pending.healthy)
+        where = self.root / ("rank_*" if self.layout.sharded else "") / ckpt.step_dir_name(pending.step)
+        blocked = time.perf_counter() - pending.began if pending.blocked is None else pending.blocked
+        background = "written in the background, " if pending.job is not None else ""
+        self.rt.say(f"checkpoint: {where} ({background}training blocked {blocked:.2f} s)")

@@ -36,7 +36,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindscale.io import MARKER, CheckpointError, verify_folder
-from mindscale.train.checkpoints.folder import STATE, checkpoint_step, complete_checkpoints
+from mindscale.train.checkpoints.folder import STATE, checkpoint_step, complete_checkpoints, reshard_refusal
 from mindscale.train.resilience.health import describe_health
 from mindscale.train.checkpoints.committed import (COMMITTED, committed_steps, record_steps, step_dir_name,
                                                    unhealthy_steps)
@@ -131,10 +131,25 @@ def _readable(folder: Path) -> str | None:
     return None
 
 
+def _written_under_another_layout(root: Path, own_dir: Path, steps: list[int], layout: dict | None) -> None:
+    """Refuse (naming tools/reshard.py) when the newest of `steps` is no folder of this rank's but was
+    written in the other form: a sharded run's rank_<r>/step_X where this run is unsharded and reads
+    step_X, or the reverse. `layout`: this run's layout record (folder.layout_record), None if not known."""
+    name = step_dir_name(steps[-1])
+    if (Path(own_dir) / name).is_dir():
+        return
+    unsharded = Path(own_dir) == Path(root)
+    other = next(iter(sorted(Path(root).glob(f"rank_*/{name}"))), None) if unsharded else Path(root) / name
+    if other is not None and (other / MARKER).is_file():
+        raise reshard_refusal(other, json.loads((other / STATE).read_text()).get("layout", {}),
+                              {} if unsharded else layout)
+
+
 def resume_point(root: Path, own_dir: Path, vote: RankVote, rank: int, wanted: int | None,
-                 say=print) -> Path | None:
+                 say=print, layout: dict | None = None) -> Path | None:
     """The folder this rank resumes from: its part of the newest committed step every rank can read
-    (or of step `wanted`), agreed by vote; None when there is nothing to resume. Every rank calls it."""
+    (or of step `wanted`), agreed by vote; None when there is nothing to resume. Every rank calls it.
+    `layout`: this run's layout record, for the refusal of a step written under another one."""
     recorded = committed_steps(root)
     if recorded is None:  # an older run: rank 0's complete folders, the same list on every rank
         first = root if Path(own_dir) == Path(root) else Path(root) / "rank_0"
@@ -146,6 +161,8 @@ def resume_point(root: Path, own_dir: Path, vote: RankVote, rank: int, wanted: i
             raise CheckpointError(f"checkpoint.resume_step={wanted} is not a committed step of {root} "
                                   f"(committed: {steps or 'none'}); pick one of them")
         steps = [wanted]
+    if steps:
+        _written_under_another_layout(root, own_dir, steps, layout)
     unhealthy = []  # (step, folder, health) readable by every rank, newest first
     for step in reversed(steps):
         folder = Path(own_dir) / step_dir_name(step)
@@ -176,8 +193,9 @@ def resume_point(root: Path, own_dir: Path, vote: RankVote, rank: int, wanted: i
             say(f"checkpoint: no healthy committed step; resuming from unhealthy step {step} ({describe_health(why)})")
         return _take(root, recorded, rank, step, folder)
     if steps:
-        raise CheckpointError(f"no committed step of {root} ({steps}) can be read by every rank; the run folder must "
-                              "be on storage all nodes share, or set checkpoint.resume=false to start over")
+        raise CheckpointError(f"no committed step of {root} ({steps}) can be read by every rank (the ranks' logs name "
+                              "what they cannot read): the run folder must be on storage all nodes share; to train "
+                              "from scratch instead, name a new run.name and keep these steps")
     return None
 
 

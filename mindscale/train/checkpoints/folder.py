@@ -28,7 +28,8 @@ from mindscale.train.checkpoints.committed import step_dir_name
 from models.weights import WEIGHTS, assign, load_weights
 
 __all__ = ["MARKER", "WEIGHTS", "OPTIMIZER", "STATE", "CONFIG", "CheckpointError", "assign", "load_weights",
-           "save_checkpoint", "BackgroundSave", "layout_record", "same_layout", "complete_checkpoints",
+           "save_checkpoint", "BackgroundSave", "layout_record", "same_layout", "describe_layout",
+           "reshard_refusal", "read_state", "complete_checkpoints",
            "latest_checkpoint", "checkpoint_step", "load_checkpoint", "step_dir_name"]
 
 OPTIMIZER = "optimizer.safetensors"
@@ -57,6 +58,27 @@ def same_layout(saved: dict, ours: dict) -> bool:
     if saved and not any(key in saved for key in RECORD_ADDED):
         ours = {key: value for key, value in ours.items() if key not in RECORD_ADDED}
     return saved == ours
+
+
+def describe_layout(record: dict) -> str:
+    """A layout record (layout_record) for a one-line message."""
+    if not record:
+        return "unsharded (rank 0 writes whole tensors)"
+    degrees = ", ".join(f"{key} {record[key]}" for key in ("data_parallel", "model_parallel", "pipeline_stage",
+                                                            "expert_parallel", "optimizer_shard") if key in record)
+    return f"sharded over {record.get('devices')} devices ({degrees})"
+
+
+def reshard_refusal(folder: Path, saved: dict, ours: dict | None) -> CheckpointError:
+    """The one-line refusal of a step written under the layout `saved` by a run whose layout is `ours`
+    (None: sharded, record not known): its slices would load into the wrong places, tools/reshard.py
+    converts it."""
+    this = describe_layout(ours) if ours is not None else "sharded"
+    if ours and saved and describe_layout(ours) == describe_layout(saved):
+        this += f" but with other {', '.join(key for key in ours if saved.get(key) != ours[key])}"
+    return CheckpointError(f"{folder} was written {describe_layout(saved)}, this run is {this}: its tensors do not "
+                           f"load here; reshard it: python tools/reshard.py --input {folder} --config <this run's "
+                           "config> --output <a new run>/checkpoints, then resume with that run.name")
 
 
 def _fault_point(name: str, step: int) -> None:
@@ -140,7 +162,12 @@ def latest_checkpoint(root: str | Path) -> Path | None:
 
 def checkpoint_step(path: str | Path) -> int:
     """The optimizer step a complete checkpoint folder was saved at (its state.json)."""
-    return int(json.loads((Path(path) / STATE).read_text())["step"])
+    return int(read_state(path)["step"])
+
+
+def read_state(path: str | Path) -> dict:
+    """A checkpoint folder's state.json."""
+    return json.loads((Path(path) / STATE).read_text())
 
 
 def load_checkpoint(path: str | Path, verified: bool = False) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict]:
@@ -151,5 +178,4 @@ def load_checkpoint(path: str | Path, verified: bool = False) -> tuple[dict[str,
         verify_folder(path, deep=True)
     weights = read_tensors(path / WEIGHTS)
     optimizer = read_tensors(path / OPTIMIZER) if (path / OPTIMIZER).is_file() else {}
-    state = json.loads((path / STATE).read_text())
-    return weights, optimizer, state
+    return weights, optimizer, read_state(path)

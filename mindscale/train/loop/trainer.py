@@ -21,7 +21,7 @@ from mindscale.train.loop.evaluate import Evaluator
 from mindscale.train.loop.metrics import MetricsLogger
 from mindscale.train.loop.profiling import ProfileWindow
 from mindscale.train.loop.runtime import Runtime, set_input_layout
-from mindscale.train.loop.schedule import lr_at
+from mindscale.train.loop.schedule import lr_at, schedule_change
 from mindscale.train.loop.step import build_train_graph
 from mindscale.train.resilience import faults
 from mindscale.train.resilience.health import HealthGuard, LossSpikes, TrainingDiverged
@@ -51,6 +51,9 @@ class Trainer:
                                         self._saved_state)
         start = self.checkpoints.read_start()
         self.start_step = start.step
+        moved = schedule_change(start.config.get("train", {}), cfg.train, start.step) if start.checkpoint else None
+        if moved:
+            rt.say(moved)
         self.spikes = LossSpikes(cfg.train.loss_spike_factor, start.state.get("loss_history", ()))
         self.evaluator = Evaluator(cfg, layout, self.model, layout.data_rank(rt.rank), self.heartbeat.alive) \
             if cfg.train.eval_interval else None

@@ -11,6 +11,7 @@ from `checkpoint.load_path`, and a resume puts the saved adapters on top of it.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -37,7 +38,7 @@ class Start:
     optimizer_state: dict | None = None
     state: dict = field(default_factory=dict)  # its state.json
     config: dict = field(default_factory=dict)  # its config.yaml (the resolved config that saved it)
-    pretrained: dict | None = None         # checkpoint.load_path's weights, read when assigned
+    pretrained: Mapping | None = None      # checkpoint.load_path's weights (headers only until assigned)
 
     @property
     def step(self) -> int:

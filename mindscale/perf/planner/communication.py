@@ -1,0 +1,144 @@
+"""Bytes one rank sends per optimizer step, by parallel dimension (ring collectives): data-parallel gradients,
+tensor-parallel collectives, context-parallel K/V exchange, expert-parallel AlltoAlls and pipeline sends."""
+from __future__ import annotations
+
+import math
+
+from mindscale.config import Config
+from mindscale.perf.planner.activations import _kv_bytes, _stage_layer_roles, expert_slots, local_tokens
+from mindscale.perf.planner.caches import _GRADIENT_BYTES, _layout, _stored_key
+from mindscale.perf.planner.parameters import optimizer_shard, parameter_slices
+from mindscale.perf.planner.schedule import pipeline_sends
+from mindscale.perf.planner.sizes import DTYPE_BYTES
+
+
+def context_parallel_bytes_per_layer(cfg: Config) -> float:
+    """Ring bytes one rank sends per layer and micro batch for context parallel, forward and backward.
+    colossalai_cp: K and V all-gathered forward and their gradients reduce-scattered backward, (c-1)/c of the
+    whole-sequence tensors each way (again forward when full recompute repeats communication).
+    ulysses_cp: q, k, v and the attention output all-to-all forward and back in the backward, (c-1)/c of
+    the rank's own [S/c, heads/t] tensors each."""
+    m, p = cfg.model, cfg.parallel
+    c = p.context_parallel
+    if c == 1:
+        return 0.0
+    share = (c - 1) / c
+    if p.context_parallel_algo == "ulysses_cp":
+        q_and_out = 2 * local_tokens(cfg) * m.num_heads * m.head_size / p.model_parallel * DTYPE_BYTES[m.compute_dtype]
+        return 2 * share * (q_and_out + _kv_bytes(cfg, local_tokens(cfg)))
+    passes = 3 if cfg.recompute.mode == "full" and cfg.recompute.comm else 2
+    return passes * share * _kv_bytes(cfg, local_tokens(cfg) * c)
+
+
+def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
+    """Ring bytes one rank of `stage` sends per step for its gradients, over the r ranks holding each
+    trained slice: an all-reduce, 2(r-1)/r of the slice; with the optimizer shard a reduce-scatter,
+    (r-1)/r (once per step, or per micro batch with parallel.gradient_accumulation_shard), plus the
+    all-gather of the updated weights, (r-1)/r of the slice in the dtype its op reads (a MatMul's
+    weight in the compute dtype: MindSpore gathers after the cast). Returns (bytes once per step,
+    bytes per micro batch)."""
+    layout = _layout(cfg)
+    key = _stored_key(cfg, layout, stage)
+    if key in _GRADIENT_BYTES:
+        return _GRADIENT_BYTES[key]
+    once = per_micro = 0.0
+    for p in parameter_slices(cfg, layout):
+        ranks = layout.stage_devices // p.replicas
+        if stage not in p.stages or not p.trainable or ranks == 1:
+            continue
+        elements, share = math.prod(p.local), (ranks - 1) / ranks
+        if optimizer_shard(p, layout) == 1:
+            once += 2 * share * elements * p.itemsize
+            continue
+        # the tied head's copy gathers the stored-dtype slice it received (tied_embedding_exchange_bytes)
+        tied_copy = stage != p.stages[0]
+        once += share * elements * (p.itemsize if tied_copy else p.read_itemsize)
+        if layout.accumulation_shard:
+            per_micro += share * elements * p.itemsize
+        else:
+            once += share * elements * p.itemsize
+    _GRADIENT_BYTES[key] = once, per_micro
+    return once, per_micro
+
+
+def communication(cfg: Config, stage: int) -> dict:
+    """Bytes one device of `stage` sends per optimizer step (ring collectives)."""
+    m, layout = cfg.model, _layout(cfg)
+    t, stages, micro_batches = layout.tp, layout.pp, layout.micro_steps
+    hidden = local_tokens(cfg) * m.hidden_size      # elements of one micro batch's hidden states on the rank
+    x = hidden * DTYPE_BYTES[m.compute_dtype]                               # as a layer's matmuls take them
+    # Per layer and micro batch, averaged over the stage's layers (tp_all_reduces: what each role adds)
+    roles = _stage_layer_roles(layout, stage, None, None)
+    all_reduces = sum(tp_all_reduces(cfg, role) for role in roles) / max(1, len(roles))
+    tp_per_layer = all_reduces * 2 * (t - 1) / t * x if t > 1 else 0.0
+    # The vocabulary-split lookup (first stage) and head (last stage), per micro batch: Megatron's
+    # all-reduce one way (the lookup's forward, the head input's backward), or under sequence parallel a
+    # reduce-scatter and an all-gather: 2(t-1)/t of the hidden states either way.
+    vocab_ends = (stage == 0) + (stage == stages - 1) if layout.vocab_parallel else 0
+    tp_vocab = vocab_ends * micro_batches * 2 * (t - 1) / t * x if t > 1 else 0.0
+    # the stage's layers with experts (a mixture of experts' dense first layers have none: DeepSeek-V3)
+    experts = [i >= m.moe.dense_layers for i in sorted(layout.layers_of_stage(stage))] if m.moe.enabled else []
+    if any(experts) and t > 1:  # the experts' w2 partial sums (and w1/w3 input gradients): E x C slots, not T
+        tp_per_layer += 2 * 2 * (t - 1) / t * (expert_slots(cfg) - local_tokens(cfg)) * m.hidden_size * \
+            DTYPE_BYTES[m.compute_dtype] * sum(experts) / len(experts)
+    tp = tp_per_layer * layout.layers_per_stage[stage] * micro_batches + tp_vocab
+    ep_per_layer = sum(expert_alltoall_bytes(cfg, role) for role, routed in zip(roles, experts) if routed) / \
+        max(1, len(roles))
+    ep = ep_per_layer * layout.layers_per_stage[stage] * micro_batches
+    cp_per_layer = context_parallel_bytes_per_layer(cfg)
+    cp = cp_per_layer * layout.layers_per_stage[stage] * micro_batches
+    dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
+    dp = dp_once + dp_micro * micro_batches
+    sends = pipeline_sends(stages, layout.interleave, stage)                # activations out, grads back
+    stream = hidden * DTYPE_BYTES[m.residual_dtype]                         # what a stage sends: the residual stream
+    tied = tied_embedding_exchange_bytes(cfg, stage)
+    pp = (sends * micro_batches * stream / (t if layout.sp else 1) if stages > 1 else 0.0) + tied
+    return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer,
+            "tp_vocab": tp_vocab, "tp": tp, "cp_per_layer": cp_per_layer, "cp": cp, "ep_per_layer": ep_per_layer,
+            "ep": ep, "pp_send_recv": pp, "pp_sends_per_micro_batch": sends if stages > 1 else 0,
+            "pp_tied_embedding": tied, "total": dp + tp + cp + ep + pp}
+
+
+def tied_embedding_exchange_bytes(cfg: Config, stage: int) -> float:
+    """Bytes a rank of the first or last stage sends once per step for a tied output head under a pipeline.
+    MindSpore's pipeline pass shares the embedding between the two stages by sending it, not by Megatron's
+    all-reduce of the two copies' gradients: the first stage sends its stored slice of the weight (the
+    optimizer shard's, in the stored dtype) to the last, which all-gathers it in that dtype, computes the
+    head's gradient, reduce-scatters it and sends its slice back (validate IR of llama3_2_3b's last stage:
+    Receive of tok_embeddings.weight [32064, 3072] fp32, AllGather fp32, ReduceScatter, Send fp32 back to
+    rank 0). 0 on the other stages and without a pipeline or a tied head."""
+    layout = _layout(cfg)
+    if not (cfg.model.tie_embeddings and layout.pp > 1 and stage in (0, layout.pp - 1)):
+        return 0.0
+    [embedding] = [p for p in parameter_slices(cfg, layout) if p.name == "tok_embeddings.weight"]
+    return math.prod(embedding.local) / optimizer_shard(embedding, layout) * embedding.itemsize
+
+
+def expert_alltoall_bytes(cfg: Config, role: str) -> float:
+    """Bytes one rank sends per layer of `role` (_stage_layer_roles) and micro batch for expert parallel: its
+    E x C routed slots [E, C, h] all-to-all over the ep ranks before the experts and back after them, forward
+    and backward (4 AlltoAlls, (ep-1)/ep of the slots each; MindSpore turns the change of split into them,
+    models/moe.py), and a fully recomputed layer's forward again (6): MindSpore repeats these AlltoAlls in the
+    recomputation whatever recompute.comm says (mp_comm_recompute leaves them in; read from the validate IR of
+    the qwen3_235b_a22b twin: 6 a layer and micro batch recomputed, 4 without recompute). 0 at ep 1."""
+    m, ep = cfg.model, cfg.parallel.expert_parallel
+    if ep == 1:
+        return 0.0
+    passes = 6 if role == "recomputed" and _layout(cfg).recompute == "full" else 4
+    return passes * (ep - 1) / ep * expert_slots(cfg) * m.hidden_size * DTYPE_BYTES[m.compute_dtype]
+
+
+def tp_all_reduces(cfg: Config, role: str) -> float:
+    """Tensor-parallel traffic of one layer of `role` (_stage_layer_roles) per micro batch, in all-reduces of its
+    hidden states (2(t-1)/t of them each; an all-gather or a reduce-scatter is half of one): 4, Megatron's two
+    forward and two backward (all-gather + reduce-scatter pairs under sequence parallel); with recompute.comm, what
+    MindSpore gathers or reduces again in the backward (validate IR, docs/planner.md): a fully recomputed layer
+    repeats the forward collectives its backward reads, the attention's all-reduce (1), or under sequence
+    parallel both all-gathers and the attention's reduce-scatter (1.5; the MLP's reduce-scatter feeds only the
+    layer output); any other layer all-gathers its two column-parallel inputs again under sequence parallel (1)."""
+    layout = _layout(cfg)
+    if not cfg.recompute.comm:
+        return 4.0
+    if role == "recomputed" and layout.recompute == "full":
+        return 4 + (1.5 if layout.sp else 1.0)
+    return 4 + (1.0 if layout.sp else 0.0)

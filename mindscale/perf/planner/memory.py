@@ -1,0 +1,95 @@
+"""One device's memory per pipeline stage (`stage_memory`) and the budget a plan must fit (`memory_budget_gib`).
+
+What the rank stores of its parameters is exact (parameters.py); its activations are what each forward in flight
+(schedule.py) keeps of its layers (activations.py); the rest is estimated:
+* Transient: a compute-dtype copy of the weights when it differs from the parameter dtype or the optimizer shard
+  all-gathers them, and one layer's gradients before their reduce-scatter.
+* The output logits are kept in the compute dtype, cast to fp32 for the loss, and the fp32 softmax
+  of the loss is kept for its backward: (compute bytes + 8) per logit of one micro batch on the
+  last stage (vocab split over t).
+"""
+from __future__ import annotations
+
+import math
+
+from mindscale.config import Config, Layout
+from mindscale.perf.planner.activations import (_model_layer_activation_bytes, _stage_layer_roles, local_tokens,
+                                                offload_resident_bytes, offloaded_layer_bytes, rematerialised_bytes)
+from mindscale.perf.planner.caches import _layout, _per_config
+from mindscale.perf.planner.parameters import layer_slice_params, stage_bytes, stage_params
+from mindscale.perf.planner.schedule import chunk_forwards, in_flight_forwards
+from mindscale.perf.planner.sizes import DTYPE_BYTES, GIB
+
+
+def _in_flight_bytes(layout: Layout, stage: int, per_layer: list[float]) -> float:
+    """Bytes the stage holds at its peak when its i-th layer (in order, chunk 0 first) keeps per_layer[i] per
+    micro batch: each chunk forward in flight (in_flight_forwards) holds its chunk's layers."""
+    chunks = [0.0] * layout.interleave
+    for i, layer in enumerate(layout.layers_of_stage(stage)):
+        chunks[layout.chunks_of_layers[layer]] += per_layer[i]
+    in_flight = in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, stage)
+    forwards = chunk_forwards(layout.pp, layout.interleave, in_flight)
+    return sum(held * times for held, times in zip(chunks, forwards))
+
+
+def stage_host_bytes(cfg: Config, stage: int, offloaded: int | None = None) -> float:
+    """Host memory one rank of `stage` fills at its peak with offloaded activations: every chunk forward in flight
+    holds its offloaded layers' moved bytes there (offload.layers; 0 without)."""
+    layout = _layout(cfg)
+    roles = _stage_layer_roles(layout, stage, None, offloaded)
+    if "offloaded" not in roles:
+        return 0.0
+    moved = offloaded_layer_bytes(cfg, layout)
+    return _in_flight_bytes(layout, stage, [moved if role == "offloaded" else 0.0 for role in roles])
+
+
+def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offloaded: int | None = None) -> dict:
+    """Memory breakdown (bytes) of one device of pipeline stage `stage`.
+
+    weights, grads, optimizer: what the rank stores (stage_bytes, exact). transient: what lives only
+    during the step, estimated: the compute-dtype copy of the weights (and, with the optimizer shard,
+    their all-gathered slices), and one layer's gradients before they are reduce-scattered.
+    `recomputed` and `offloaded` override the numbers of recomputed and offloaded layers of this stage (used
+    by the search). An offloaded layer keeps only offload_resident_bytes on the device; while any layer
+    offloads, two layers' moved bytes are on the device on their way (one leaving in a forward, one
+    prefetched for a backward)."""
+    m, hw = cfg.model, cfg.hardware
+    layout = _layout(cfg)
+    stored = stage_bytes(cfg, stage, layout)
+    pb, cb = DTYPE_BYTES[m.param_dtype], DTYPE_BYTES[m.compute_dtype]
+    params = stage_params(cfg, layout)[stage]
+    largest_layer = layer_slice_params(cfg, layout)
+    transient = (params * cb if (cb != pb or layout.optimizer_shard) else 0) + \
+        (largest_layer * pb if layout.optimizer_shard else 0)
+
+    roles = _stage_layer_roles(layout, stage, recomputed, offloaded)
+    flash = layout.attention == "flash"
+    # per config: a search's bisections ask them of one config for each number of recomputed or offloaded layers
+    kept = _per_config("kept", cfg, lambda c: _model_layer_activation_bytes(c, "none", flash))
+    resident = {"kept": kept, "offloaded": offload_resident_bytes(cfg) if "offloaded" in roles else 0.0,
+                "recomputed": _per_config("recomputed", cfg, lambda c: _model_layer_activation_bytes(
+                    c, layout.recompute, flash)) if "recomputed" in roles else 0.0}
+    activations = _in_flight_bytes(layout, stage, [resident[role] for role in roles])
+    if "recomputed" in roles and layout.recompute == "full":
+        activations += rematerialised_bytes(cfg, flash)  # one layer at a time during backward
+    if "offloaded" in roles:
+        activations += 2 * offloaded_layer_bytes(cfg, layout)  # one layer's on its way out, one's prefetched back
+    if stage == layout.pp - 1:
+        sb = local_tokens(cfg)
+        t = layout.tp
+        activations += sb * m.hidden_size * 4 / (t if layout.sp else 1)    # final norm input
+        # the logits in the compute dtype (Layout.logit_split: whole on each rank of a tp group unless split),
+        # and the loss's fp32 work, split over t
+        logit_parts = math.prod(layout.logit_split) // layout.token_rows
+        activations += sb * m.vocab_size * (cb / logit_parts + 8 / t)
+    reserve = (hw.memory_gib - hw.memory_pool_gib) * GIB  # outside MindSpore's pool: runtime, HCCL buffers
+    parts = {**stored, "transient": transient, "activations": activations, "reserve": reserve}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def memory_budget_gib(cfg: Config) -> float:
+    """What a plan may fill: memory_margin of MindSpore's memory pool (hardware.memory_pool_gib, the ceiling
+    the runtime sets), plus what is left outside the pool."""
+    hw = cfg.hardware
+    return hw.memory_gib - hw.memory_pool_gib + hw.memory_pool_gib * hw.memory_margin

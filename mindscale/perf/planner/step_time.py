@@ -10,7 +10,7 @@ are ordered tensor-parallel innermost, then data parallel, then pipeline.
 """
 from __future__ import annotations
 
-from mindscale.config import Config
+from mindscale.config import Config, Layout
 from mindscale.perf import flops
 from mindscale.perf.planner.activations import local_tokens, offloaded_layer_bytes
 from mindscale.perf.planner.caches import _layout
@@ -40,6 +40,8 @@ def _stage_flops_per_token(cfg: Config, stage: int) -> float:
 
 
 def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
+    """Step time, throughput, MFU/HFU, bubble and exposed communication of `cfg` when its hardware FLOPs run at
+    `efficiency` x `peak_tflops` per device, with the assumptions it rests on (the module's docstring)."""
     m, layout = cfg.model, _layout(cfg)
     d, t, cp, stages, micro_steps = layout.dp, layout.tp, layout.cp, layout.pp, layout.micro_steps
     tokens_per_micro_batch = local_tokens(cfg)  # on one rank: its sequence chunk under context parallel
@@ -85,39 +87,58 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
         "offload_copy_s": max(copies),
         "offload_exposed_s": (micro_steps + (stages - 1) / v) * (slot - max(slots)),
         "peak_tflops": peak_tflops, "efficiency": efficiency,
-        "assumptions": [
-            f"hardware FLOPs run at {efficiency:.0%} of the {peak_tflops:g} TFLOP/s peak",
-            "tensor-parallel collectives are on the critical path (not overlapped)",
-            *([f"mixture of experts: the experts' padding slots (capacity beyond the top_k per token) run at the same "
-               f"rate ({flops.routing_flops_per_token(m, tokens_per_micro_batch) / 1e9:.3g} GFLOP per token and "
-               "layer beyond the model FLOPs); the dispatch and combine gathers are not timed"] if m.moe.enabled
-              else []),
-            *([f"expert parallel (ep={layout.ep}): its AlltoAlls are on the critical path (not overlapped); experts "
-               "are assumed evenly loaded (the capacity bounds the slowest)"] if layout.ep > 1 else []),
-            *([f"context parallel ({layout.cp_algo}, c={cp}): its K/V all-gathers or all-to-alls are on the "
-               "critical path (not overlapped), and the causal work is balanced over the cp ranks (it is not: "
-               "without head-tail chunks the last chunk's queries see the most keys; flash skips the masked "
-               "blocks, so its rank is the slowest)"] if cp > 1 else []),
-            f"1F1B pipeline: {micro_steps + stages - 1} micro-batch slots of the busiest stage per step "
-            f"(bubble (p-1)/m = {(stages - 1) / micro_steps:.1%})" if stages > 1 and v == 1 else
-            f"interleaved 1F1B pipeline (Narayanan et al. 2021), v={v} chunks per stage: {micro_steps} + "
+        "assumptions": _assumptions(cfg, peak_tflops, efficiency, max(copies)),
+    }
+
+
+def _assumptions(cfg: Config, peak_tflops: float, efficiency: float, copy_s: float) -> list[str]:
+    """What `predict` assumes of `cfg`, in words (tools/plan.py prints them under the prediction); `copy_s`: the
+    busiest stage's offload copy time per micro batch, each way."""
+    model, layout = cfg.model, _layout(cfg)
+    out = [f"hardware FLOPs run at {efficiency:.0%} of the {peak_tflops:g} TFLOP/s peak",
+           "tensor-parallel collectives are on the critical path (not overlapped)"]
+    if model.moe.enabled:
+        out.append(f"mixture of experts: the experts' padding slots (capacity beyond the top_k per token) run at the "
+                   f"same rate ({flops.routing_flops_per_token(model, local_tokens(cfg)) / 1e9:.3g} GFLOP per token "
+                   "and layer beyond the model FLOPs); the dispatch and combine gathers are not timed")
+    if layout.ep > 1:
+        out.append(f"expert parallel (ep={layout.ep}): its AlltoAlls are on the critical path (not overlapped); "
+                   "experts are assumed evenly loaded (the capacity bounds the slowest)")
+    if layout.cp > 1:
+        out.append(f"context parallel ({layout.cp_algo}, c={layout.cp}): its K/V all-gathers or all-to-alls are on "
+                   "the critical path (not overlapped), and the causal work is balanced over the cp ranks (it is "
+                   "not: without head-tail chunks the last chunk's queries see the most keys; flash skips the "
+                   "masked blocks, so its rank is the slowest)")
+    out.append(_pipeline_assumption(layout))
+    if layout.interleave > 1:
+        middle = 1 if layout.pp > 2 else 0
+        out.append(f"pipeline sends: {pipeline_sends(layout.pp, layout.interleave, middle)} per micro batch on a "
+                   "middle stage (2v), counted in full on the critical path (not overlapped with compute)")
+    if layout.offloaded:
+        out.append(f"activation offload ({sum(layout.offloaded_in(k) for k in range(layout.pp))} layers): each "
+                   f"crosses the host link ({cfg.hardware.host_link_gbps:g} GB/s each way, full duplex) out in its "
+                   "micro batch's forward and back in its backward; copies run on their own stream and overlap the "
+                   "slot's forward third (out) and backward two thirds (in) without slowing compute; what does not "
+                   f"overlap is exposed ({copy_s:.3g} s each way per micro batch on the busiest stage)")
+    return out + ["data-parallel gradient reduction overlaps the last micro batch's backward (2/3 of its compute), "
+                  "a per-micro-batch reduce-scatter its own micro batch's; the rest is exposed",
+                  "bandwidths: hardware profile, intra-node for groups within devices_per_node, else inter-node",
+                  "optimizer update, data loading and host overhead are not counted"]
+
+
+def _pipeline_assumption(layout: Layout) -> str:
+    """How `predict` counts the pipeline's bubble: 1F1B, interleaved 1F1B, or none."""
+    stages, v, micro_steps = layout.pp, layout.interleave, layout.micro_steps
+    if stages == 1:
+        return "no pipeline bubble"
+    if v == 1:
+        return (f"1F1B pipeline: {micro_steps + stages - 1} micro-batch slots of the busiest stage per step "
+                f"(bubble (p-1)/m = {(stages - 1) / micro_steps:.1%})")
+    return (f"interleaved 1F1B pipeline (Narayanan et al. 2021), v={v} chunks per stage: {micro_steps} + "
             f"{stages - 1}/{v} micro-batch slots of the busiest stage per step (bubble (p-1)/(v·m) = "
             f"{bubble_fraction(stages, v, micro_steps):.1%}); assumed: MindSpore's {layout.scheduler} scheduler "
             "orders chunks as Megatron-LM does and keeps each stage's work balanced per chunk (a dry run "
-            "compiles the chunk placement, never the timing)" if stages > 1 else "no pipeline bubble",
-            *([f"pipeline sends: {pipeline_sends(stages, v, 1 if stages > 2 else 0)} per micro batch on a middle "
-               "stage (2v), counted in full on the critical path (not overlapped with compute)"] if v > 1 else []),
-            *([f"activation offload ({sum(layout.offloaded_in(k) for k in range(stages))} layers): each crosses "
-               f"the host link ({cfg.hardware.host_link_gbps:g} GB/s each way, full duplex) out in its micro batch's "
-               "forward and back in its backward; copies run on their own stream and overlap the slot's forward "
-               "third (out) and backward two thirds (in) without slowing compute; what does not overlap is exposed "
-               f"({max(copies):.3g} s each way per micro batch on the busiest stage)"] if layout.offloaded else []),
-            "data-parallel gradient reduction overlaps the last micro batch's backward (2/3 of its compute), "
-            "a per-micro-batch reduce-scatter its own micro batch's; the rest is exposed",
-            "bandwidths: hardware profile, intra-node for groups within devices_per_node, else inter-node",
-            "optimizer update, data loading and host overhead are not counted",
-        ],
-    }
+            "compiles the chunk placement, never the timing)")
 
 
 def offload_copy_s(cfg: Config, stage: int) -> float:

@@ -1,5 +1,5 @@
 """Plan a config before compiling it: parameters, FLOPs, per-device memory, communication, predicted
-step time and MFU (mindscale/perf/planner.py, as text by mindscale/perf/plan_text.py; formulas and their
+step time and MFU (mindscale/perf/planner/, as text by mindscale/perf/planner/text.py; formulas and their
 sources in docs/planner.md).
 
     python tools/plan.py --config configs/llama2/llama2_70b.yaml [--set k=v ...] [--json]
@@ -17,7 +17,7 @@ import sys
 from mindscale.cli import add_config_arguments, config_from_args, fail
 from mindscale.config import UserError
 from mindscale.perf import planner
-from mindscale.perf.plan_text import readme_table, search_json, search_text, shipped_configs, text
+from mindscale.perf.planner.text import readme_table, search_json, search_text, shipped_configs, text
 
 
 def main(argv: list[str] | None = None) -> int:

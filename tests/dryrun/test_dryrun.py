@@ -35,7 +35,7 @@ from mindscale.launch.dryrun_worker import read_validate_ir
 from mindscale.io import CheckpointError
 from mindscale.perf import planner
 from mindscale.train.checkpoints import folder as ckpt
-from mindscale.perf.plan_text import SCALE_DIRS
+from mindscale.perf.planner.text import SCALE_DIRS
 from models import mf_convert
 from models.weights import SlicedWeights, load_weights, merge_slices, take_slice
 from tests import shared

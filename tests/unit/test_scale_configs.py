@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from mindscale.perf.plan_text import shipped_configs
+from mindscale.perf.planner.text import shipped_configs
 from mindscale.perf import flops, planner
 from mindscale.config import REPO_ROOT, Layout, load_config
 

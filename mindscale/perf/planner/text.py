@@ -1,13 +1,14 @@
 """A plan as text: the per-config report, the ranked layouts of a search as `--set` lines, and the
 Markdown table of the shipped scale configs that README.md includes (tools/plan.py prints them; the
-plan itself is mindscale/perf/planner.py, its formulas docs/planner.md).
+plan itself is full_plan.plan, its formulas docs/planner.md).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from mindscale.config import REPO_ROOT, load_config
-from mindscale.perf import flops, planner
+from mindscale.perf import flops
+from mindscale.perf.planner.full_plan import plan
 from models.archs import ARCHS
 
 SCALE_DIRS = tuple(d for spec in ARCHS.values() for d in spec.config_dirs)
@@ -178,7 +179,7 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
             "|---|---|---|---|---|---|---|---|"]
     for path in configs:
         cfg = load_config(path)
-        result = planner.plan(cfg, peak_tflops)
+        result = plan(cfg, peak_tflops)
         lay = result["layout"]
         micro = lay["micro_batch_num"] * lay["gradient_accumulation_steps"]
         recompute = lay["recompute"] if lay["recompute"] != "full" or cfg.recompute.layers is None else \

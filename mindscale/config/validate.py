@@ -246,8 +246,9 @@ def _experts(cfg: Config) -> None:
                           "an Ascend hardware profile (tools/dryrun.py compiles it here)")
 
 
-def _parallel(cfg: Config) -> None:
-    m, p, t = cfg.model, cfg.parallel, cfg.train
+def _tensor_parallel(cfg: Config) -> None:
+    """parallel.model_parallel divides every width it splits; sequence parallel needs it and splits the sequence."""
+    m, p = cfg.model, cfg.parallel
     mp = p.model_parallel
     for key, value in [("model.num_heads", m.num_heads), ("model.num_kv_heads", m.kv_heads),
                        ("model.ffn_hidden_size", m.ffn_hidden_size),
@@ -267,8 +268,47 @@ def _parallel(cfg: Config) -> None:
         raise ConfigError(f"model.seq_length={m.seq_length} is not divisible by parallel.model_parallel={mp} "
                           "(sequence_parallel); change one of them")
 
-    _context_parallel(cfg)
 
+def _context_parallel(cfg: Config) -> None:
+    """parallel.context_parallel: what the sequence split needs from the other keys."""
+    m, p = cfg.model, cfg.parallel
+    cp, mp = p.context_parallel, p.model_parallel
+    if cp == 1:
+        if p.context_parallel_algo != "colossalai_cp":
+            raise ConfigError(f"parallel.context_parallel_algo={p.context_parallel_algo} needs "
+                              "parallel.context_parallel > 1; set context_parallel or drop the algorithm")
+        return
+    split = cp * mp if p.sequence_parallel else cp
+    if m.seq_length % split:
+        what = f"parallel.context_parallel={cp} x parallel.model_parallel={mp} (sequence_parallel)" \
+            if p.sequence_parallel else f"parallel.context_parallel={cp}"
+        raise ConfigError(f"model.seq_length={m.seq_length} is not divisible by {what}; pick a context_parallel "
+                          f"that divides the sequence, or a seq_length that is a multiple of {split}")
+    if cfg.hardware.device_target == "CPU":
+        raise ConfigError(f"parallel.context_parallel={cp} on CPU: it compiles under semi-auto parallel, which "
+                          "MindSpore refuses on CPU; set context_parallel=1, or use an Ascend hardware profile "
+                          "(tools/dryrun.py compiles it here)")
+    if Layout.of(cfg).attention != "flash":
+        raise ConfigError(f"parallel.context_parallel={cp} needs flash attention (FlashAttentionScore shards "
+                          "its queries along the sequence and bands the causal mask per rank); use a 910B profile "
+                          "with model.attention=auto or flash and compute_dtype bfloat16 or float16")
+    if cfg.train.micro_batch_size != 1:
+        raise ConfigError(f"parallel.context_parallel={cp} with train.micro_batch_size="
+                          f"{cfg.train.micro_batch_size}: tokens flow as [B*S, h] split over data_parallel x "
+                          "context_parallel, each rank's sequence chunk only with one row per data-parallel rank; "
+                          "set micro_batch_size=1 and raise micro_batch_num or gradient_accumulation_steps")
+    if p.context_parallel_algo == "ulysses_cp":
+        for key, value in [("model.num_heads", m.num_heads), ("model.num_kv_heads", m.kv_heads)]:
+            if value % (mp * cp):
+                raise ConfigError(f"{key}={value} is not divisible by parallel.model_parallel={mp} x "
+                                  f"parallel.context_parallel={cp} (ulysses_cp splits heads over both); use "
+                                  "context_parallel_algo=colossalai_cp or a smaller context_parallel")
+
+
+def _gradient_accumulation(cfg: Config) -> None:
+    """parallel.gradient_accumulation_steps without a pipeline, and where parallel.gradient_accumulation_shard
+    compiles."""
+    p = cfg.parallel
     pp = p.pipeline_stage
     if pp > 1 and p.gradient_accumulation_steps > 1:
         raise ConfigError(f"parallel.gradient_accumulation_steps={p.gradient_accumulation_steps} with "
@@ -288,6 +328,12 @@ def _parallel(cfg: Config) -> None:
     if p.gradient_accumulation_shard and not cfg.run.reuse_layer_graph:
         raise ConfigError("parallel.gradient_accumulation_shard=true needs run.reuse_layer_graph=true (MindSpore "
                           "shards accumulation buffers only in a reused, lazy_inline graph)")
+
+
+def _pipeline_schedule(cfg: Config) -> None:
+    """The pipeline's micro batches, chunks per stage (parallel.pipeline_interleave) and scheduler."""
+    p = cfg.parallel
+    pp = p.pipeline_stage
     if pp == 1 and p.micro_batch_num != 1:
         raise ConfigError(f"parallel.micro_batch_num={p.micro_batch_num} needs parallel.pipeline_stage > 1; "
                           "use parallel.gradient_accumulation_steps without a pipeline")
@@ -311,6 +357,13 @@ def _parallel(cfg: Config) -> None:
         raise ConfigError("parallel.pipeline_scheduler=zero_bubble_v needs its chunks placed in a V (the second "
                           "chunk on the stages in descending order), which MindScale does not build; use 1f1b, "
                           "gpipe, seqpipe, seqvpp or seqsmartvpp")
+
+
+def _stage_offset(cfg: Config) -> None:
+    """parallel.stage_offset (per stage, or per chunk: v lists) leaves every stage, or chunk, at least one layer and
+    places all of them; without per-chunk offsets v divides each stage's layers."""
+    m, p = cfg.model, cfg.parallel
+    pp, v = p.pipeline_stage, p.pipeline_interleave
     per_chunk = isinstance(p.stage_offset, list) and any(isinstance(o, list) for o in p.stage_offset)
     rows = p.stage_offset if per_chunk else [p.stage_offset]
     if per_chunk and len(rows) != v:
@@ -342,13 +395,16 @@ def _parallel(cfg: Config) -> None:
                           f"parallel.pipeline_stage={pp} x parallel.pipeline_interleave={v}; offsets must add "
                           f"{m.num_layers - (m.num_layers // (pp * v)) * pp * v} layers in all and leave every "
                           "chunk at least one")
-    counts = stage_totals(chunks)
 
-    r = cfg.recompute
+
+def _recompute_layers(cfg: Config) -> None:
+    """recompute.layers: a count, null (all), or one count per stage of at most the layers the stage holds."""
+    r, pp = cfg.recompute, cfg.parallel.pipeline_stage
     if isinstance(r.layers, list):
         if len(r.layers) != pp or not all(isinstance(n, int) and 0 <= n for n in r.layers):
             raise ConfigError(f"recompute.layers={r.layers}: a list needs {pp} non-negative integers, "
                               "one per parallel.pipeline_stage")
+        counts = stage_totals(chunk_layer_counts_of(cfg))
         for stage, (n, have) in enumerate(zip(r.layers, counts)):
             if n > have:
                 raise ConfigError(f"recompute.layers={r.layers}: stage {stage} recomputes {n} layers "
@@ -356,6 +412,10 @@ def _parallel(cfg: Config) -> None:
     elif isinstance(r.layers, int) and r.layers < 0:
         raise ConfigError(f"recompute.layers={r.layers}: must be >= 0 or null (all layers)")
 
+
+def _global_batch(cfg: Config) -> None:
+    """train.global_batch_size, when given, is the product of the batch keys."""
+    p, t = cfg.parallel, cfg.train
     derived = cfg.global_batch_size
     if t.global_batch_size is not None and t.global_batch_size != derived:
         raise ConfigError(
@@ -402,42 +462,6 @@ def _offload(cfg: Config) -> None:
         raise ConfigError(f"offload.layers={o.layers} needs run.mode=graph and run.reuse_layer_graph=true (MindSpore "
                           "offloads activations only inside a lazy_inline graph, in graph mode); set them, or "
                           "offload.layers=0")
-
-
-def _context_parallel(cfg: Config) -> None:
-    """parallel.context_parallel: what the sequence split needs from the other keys."""
-    m, p = cfg.model, cfg.parallel
-    cp, mp = p.context_parallel, p.model_parallel
-    if cp == 1:
-        if p.context_parallel_algo != "colossalai_cp":
-            raise ConfigError(f"parallel.context_parallel_algo={p.context_parallel_algo} needs "
-                              "parallel.context_parallel > 1; set context_parallel or drop the algorithm")
-        return
-    split = cp * mp if p.sequence_parallel else cp
-    if m.seq_length % split:
-        what = f"parallel.context_parallel={cp} x parallel.model_parallel={mp} (sequence_parallel)" \
-            if p.sequence_parallel else f"parallel.context_parallel={cp}"
-        raise ConfigError(f"model.seq_length={m.seq_length} is not divisible by {what}; pick a context_parallel "
-                          f"that divides the sequence, or a seq_length that is a multiple of {split}")
-    if cfg.hardware.device_target == "CPU":
-        raise ConfigError(f"parallel.context_parallel={cp} on CPU: it compiles under semi-auto parallel, which "
-                          "MindSpore refuses on CPU; set context_parallel=1, or use an Ascend hardware profile "
-                          "(tools/dryrun.py compiles it here)")
-    if Layout.of(cfg).attention != "flash":
-        raise ConfigError(f"parallel.context_parallel={cp} needs flash attention (FlashAttentionScore shards "
-                          "its queries along the sequence and bands the causal mask per rank); use a 910B profile "
-                          "with model.attention=auto or flash and compute_dtype bfloat16 or float16")
-    if cfg.train.micro_batch_size != 1:
-        raise ConfigError(f"parallel.context_parallel={cp} with train.micro_batch_size="
-                          f"{cfg.train.micro_batch_size}: tokens flow as [B*S, h] split over data_parallel x "
-                          "context_parallel, each rank's sequence chunk only with one row per data-parallel rank; "
-                          "set micro_batch_size=1 and raise micro_batch_num or gradient_accumulation_steps")
-    if p.context_parallel_algo == "ulysses_cp":
-        for key, value in [("model.num_heads", m.num_heads), ("model.num_kv_heads", m.kv_heads)]:
-            if value % (mp * cp):
-                raise ConfigError(f"{key}={value} is not divisible by parallel.model_parallel={mp} x "
-                                  f"parallel.context_parallel={cp} (ulysses_cp splits heads over both); use "
-                                  "context_parallel_algo=colossalai_cp or a smaller context_parallel")
 
 
 def _backend(cfg: Config) -> None:
@@ -529,7 +553,13 @@ def validate(cfg: Config) -> None:
     _model_shapes(cfg.model)
     _latent_attention(cfg.model)
     _experts(cfg)
-    _parallel(cfg)
+    _tensor_parallel(cfg)
+    _context_parallel(cfg)
+    _gradient_accumulation(cfg)
+    _pipeline_schedule(cfg)
+    _stage_offset(cfg)
+    _recompute_layers(cfg)
+    _global_batch(cfg)
     _offload(cfg)
     _blends(cfg)
     _evaluation(cfg)

@@ -144,11 +144,6 @@ def palm_flops_per_token(n_matmul: int, layers: int, heads: int, head_dim: int, 
     return 6 * n_matmul + 12 * layers * heads * head_dim * seq
 
 
-def attention_core_flops_per_token(m) -> float:
-    """12·L·H·Q·T: QK^T and scores x V, forward and backward, for one token (H·Q: core_width)."""
-    return 12 * m.num_layers * core_width(m) * m.seq_length
-
-
 def model_flops_per_token(m) -> float:
     """Model FLOPs per token, 6N + 12·L·H·Q·T (PaLM App. B; H·Q the mean of the key and value widths)."""
     return palm_flops_per_token(matmul_param_count(m), m.num_layers, m.num_heads, core_width(m) / m.num_heads,

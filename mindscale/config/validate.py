@@ -112,55 +112,56 @@ def _blends(cfg: Config) -> None:
 
 
 def _evaluation(cfg: Config) -> None:
-    t = cfg.train
-    if t.eval_interval < 0:
-        raise ConfigError(f"train.eval_interval={t.eval_interval}: must be >= 0 (0 = no validation)")
-    if t.eval_steps < 1:
-        raise ConfigError(f"train.eval_steps={t.eval_steps}: must be >= 1")
-    if not t.eval_interval:
+    train = cfg.train
+    if train.eval_interval < 0:
+        raise ConfigError(f"train.eval_interval={train.eval_interval}: must be >= 0 (0 = no validation)")
+    if train.eval_steps < 1:
+        raise ConfigError(f"train.eval_steps={train.eval_steps}: must be >= 1")
+    if not train.eval_interval:
         return
     if (not cfg.data.valid_path or cfg.data.valid_path == "synthetic") and not cfg.data.valid_blend:
-        raise ConfigError(f"train.eval_interval={t.eval_interval} needs data.valid_path (a held-out MindRecord "
+        raise ConfigError(f"train.eval_interval={train.eval_interval} needs data.valid_path (a held-out MindRecord "
                           "folder: tools/preprocess_data.py --valid-fraction writes <output>/valid); set it, or "
                           "set train.eval_interval=0")
     if cfg.parallel.pipeline_stage == 1 and Layout.of(cfg).accumulates_in_graph:
-        raise ConfigError(f"train.eval_interval={t.eval_interval} with parallel.gradient_accumulation_steps="
+        raise ConfigError(f"train.eval_interval={train.eval_interval} with parallel.gradient_accumulation_steps="
                           f"{cfg.parallel.gradient_accumulation_steps} in a sharded layout: MindSpore 2.9 compiles no "
                           "forward-only graph with gradient accumulation under semi-auto parallel (\"Current not "
                           "support predict with grad_accu\", docs/monitoring.md); set gradient_accumulation_steps=1 "
                           "or train.eval_interval=0")
 
 
-def _model_shapes(m: ModelConfig) -> None:
-    if m.head_dim is not None and not m.spec.free_head_dim:
-        raise ConfigError(f"model.head_dim={m.head_dim}: {m.arch} heads are hidden_size/num_heads wide; remove it")
-    if m.head_dim is None and not m.spec.mla and m.hidden_size % m.num_heads:
-        raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; "
-                          "pick a head count that divides the width")
-    if m.num_heads % m.kv_heads:
-        raise ConfigError(f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.kv_heads}; "
-                          "GQA needs a whole number of query heads per kv head")
-    if m.head_size % 2 and m.spec.rotary:
-        raise ConfigError(f"the head width {m.head_size} (model.head_dim, or hidden_size/num_heads) is odd; rotary "
-                          "embeddings need an even head dim")
-    if not m.spec.grouped_query and m.num_kv_heads not in (None, m.num_heads):
-        raise ConfigError(f"model.num_kv_heads={m.num_kv_heads}: {m.arch} uses multi-head attention; remove it")
-    if m.rope_scaling != "none" and not m.spec.rotary:
-        raise ConfigError(f"model.rope_scaling={m.rope_scaling}: {m.arch} has learned positions, not RoPE; "
+def _model_shapes(model: ModelConfig) -> None:
+    if model.head_dim is not None and not model.spec.free_head_dim:
+        raise ConfigError(f"model.head_dim={model.head_dim}: {model.arch} heads are hidden_size/num_heads wide; "
                           "remove it")
-    if m.rope_scaling == "llama3" and not (m.rope_scaling_factor >= 1 and 0 < m.rope_low_freq_factor
-                                           < m.rope_high_freq_factor and m.rope_original_max_positions > 0):
+    if model.head_dim is None and not model.spec.mla and model.hidden_size % model.num_heads:
+        raise ConfigError(f"model.hidden_size={model.hidden_size} is not divisible by model.num_heads="
+                          f"{model.num_heads}; pick a head count that divides the width")
+    if model.num_heads % model.kv_heads:
+        raise ConfigError(f"model.num_heads={model.num_heads} is not divisible by model.num_kv_heads={model.kv_heads}; "
+                          "GQA needs a whole number of query heads per kv head")
+    if model.head_size % 2 and model.spec.rotary:
+        raise ConfigError(f"the head width {model.head_size} (model.head_dim, or hidden_size/num_heads) is odd; rotary "
+                          "embeddings need an even head dim")
+    if not model.spec.grouped_query and model.num_kv_heads not in (None, model.num_heads):
+        raise ConfigError(f"model.num_kv_heads={model.num_kv_heads}: {model.arch} uses multi-head attention; remove it")
+    if model.rope_scaling != "none" and not model.spec.rotary:
+        raise ConfigError(f"model.rope_scaling={model.rope_scaling}: {model.arch} has learned positions, not RoPE; "
+                          "remove it")
+    if model.rope_scaling == "llama3" and not (model.rope_scaling_factor >= 1 and 0 < model.rope_low_freq_factor
+                                           < model.rope_high_freq_factor and model.rope_original_max_positions > 0):
         raise ConfigError(f"model.rope_scaling=llama3 needs rope_scaling_factor >= 1, 0 < rope_low_freq_factor < "
-                          f"rope_high_freq_factor and rope_original_max_positions > 0 (got {m.rope_scaling_params}); "
-                          "use the values of the checkpoint's config.json")
+                          f"rope_high_freq_factor and rope_original_max_positions > 0 (got "
+                          f"{model.rope_scaling_params}); use the values of the checkpoint's config.json")
 
 
-def _latent_attention(m: ModelConfig) -> None:
+def _latent_attention(model: ModelConfig) -> None:
     """model.mla of a multi-head latent attention family (DeepSeek-V3): positive widths, an even rotary part,
     no RoPE scaling (YaRN is not built)."""
-    if not m.spec.mla:
+    if not model.spec.mla:
         return
-    mla = m.mla
+    mla = model.mla
     widths = {"kv_lora_rank": mla.kv_lora_rank, "qk_nope_head_dim": mla.qk_nope_head_dim,
               "qk_rope_head_dim": mla.qk_rope_head_dim, "v_head_dim": mla.v_head_dim,
               "q_lora_rank": 1 if mla.q_lora_rank is None else mla.q_lora_rank}
@@ -174,16 +175,16 @@ def _latent_attention(m: ModelConfig) -> None:
         raise ConfigError(f"model.mla.v_head_dim={mla.v_head_dim} exceeds qk_nope_head_dim + qk_rope_head_dim="
                           f"{mla.qk_head_dim}: the values are padded to the query width for the attention core; "
                           "use a narrower v_head_dim")
-    if m.head_dim is not None:
-        raise ConfigError(f"model.head_dim={m.head_dim}: {m.arch}'s head widths are model.mla's; remove it")
-    if m.rope_scaling != "none":
-        raise ConfigError(f"model.rope_scaling={m.rope_scaling} with {m.arch}: RoPE scaling of multi-head latent "
-                          "attention (DeepSeek-V3's YaRN) is not built; set it to none")
+    if model.head_dim is not None:
+        raise ConfigError(f"model.head_dim={model.head_dim}: {model.arch}'s head widths are model.mla's; remove it")
+    if model.rope_scaling != "none":
+        raise ConfigError(f"model.rope_scaling={model.rope_scaling} with {model.arch}: RoPE scaling of multi-head "
+                          "latent attention (DeepSeek-V3's YaRN) is not built; set it to none")
 
 
 def _router(cfg: Config) -> None:
     """The sigmoid router's groups and the dense first layers (DeepSeek-V3)."""
-    m, moe = cfg.model, cfg.model.moe
+    model, moe = cfg.model, cfg.model.moe
     if moe.router == "softmax" and (moe.num_groups, moe.topk_groups, moe.routed_scaling_factor) != (1, 1, 1.0):
         raise ConfigError(f"model.moe.num_groups={moe.num_groups}, topk_groups={moe.topk_groups}, routed_scaling_factor="
                           f"{moe.routed_scaling_factor} with router softmax: group-limited routing and the scaling "
@@ -198,21 +199,21 @@ def _router(cfg: Config) -> None:
                           "groups >= top_k experts; choose fewer groups or a smaller top_k")
     if not moe.routed_scaling_factor > 0:
         raise ConfigError(f"model.moe.routed_scaling_factor={moe.routed_scaling_factor}: must be > 0")
-    if not 0 <= moe.dense_layers < m.num_layers:
-        raise ConfigError(f"model.moe.dense_layers={moe.dense_layers} with model.num_layers={m.num_layers}: need 0 <= "
-                          "dense_layers < num_layers (at least one layer of experts)")
+    if not 0 <= moe.dense_layers < model.num_layers:
+        raise ConfigError(f"model.moe.dense_layers={moe.dense_layers} with model.num_layers={model.num_layers}: "
+                          "need 0 <= dense_layers < num_layers (at least one layer of experts)")
 
 
 def _experts(cfg: Config) -> None:
     """model.moe and parallel.expert_parallel: an MoE family has experts, a dense one has none, and the expert
     split divides what it splits."""
-    m, moe, ep = cfg.model, cfg.model.moe, cfg.parallel.expert_parallel
-    if m.spec.moe and not moe.enabled:
-        raise ConfigError(f"model.arch={m.arch} is a mixture of experts but model.moe.num_experts={moe.num_experts}; "
-                          "set model.moe.num_experts (and top_k)")
-    if moe.num_experts and not m.spec.moe:
+    model, moe, ep = cfg.model, cfg.model.moe, cfg.parallel.expert_parallel
+    if model.spec.moe and not moe.enabled:
+        raise ConfigError(f"model.arch={model.arch} is a mixture of experts but model.moe.num_experts="
+                          f"{moe.num_experts}; set model.moe.num_experts (and top_k)")
+    if moe.num_experts and not model.spec.moe:
         moe_archs = [name for name, spec in ARCHS.items() if spec.moe]
-        raise ConfigError(f"model.moe.num_experts={moe.num_experts} with model.arch={m.arch}, a dense family; use "
+        raise ConfigError(f"model.moe.num_experts={moe.num_experts} with model.arch={model.arch}, a dense family; use "
                           f"an MoE arch ({', '.join(moe_archs)}) or set num_experts to 0")
     if ep < 1:
         raise ConfigError(f"parallel.expert_parallel={ep}: must be >= 1")
@@ -248,41 +249,42 @@ def _experts(cfg: Config) -> None:
 
 def _tensor_parallel(cfg: Config) -> None:
     """parallel.model_parallel divides every width it splits; sequence parallel needs it and splits the sequence."""
-    m, p = cfg.model, cfg.parallel
-    mp = p.model_parallel
-    for key, value in [("model.num_heads", m.num_heads), ("model.num_kv_heads", m.kv_heads),
-                       ("model.ffn_hidden_size", m.ffn_hidden_size),
-                       *([("model.moe.ffn_hidden_size", m.moe.expert_ffn(m.ffn_hidden_size))] if m.moe.enabled else []),
-                       *([("model.moe.shared_expert_ffn_hidden_size", m.moe.shared_expert_ffn_hidden_size)]
-                         if m.moe.shared_expert_ffn_hidden_size else [])]:
+    model, parallel = cfg.model, cfg.parallel
+    mp = parallel.model_parallel
+    for key, value in [("model.num_heads", model.num_heads), ("model.num_kv_heads", model.kv_heads),
+                       ("model.ffn_hidden_size", model.ffn_hidden_size),
+                       *([("model.moe.ffn_hidden_size", model.moe.expert_ffn(model.ffn_hidden_size))]
+                         if model.moe.enabled else []),
+                       *([("model.moe.shared_expert_ffn_hidden_size", model.moe.shared_expert_ffn_hidden_size)]
+                         if model.moe.shared_expert_ffn_hidden_size else [])]:
         if value % mp:
             raise ConfigError(f"{key}={value} is not divisible by parallel.model_parallel={mp}; "
                               f"choose a model_parallel that divides {value}")
-    if m.vocab_size % mp:  # the sharded loss splits the vocabulary over model_parallel, vocab_emb_dp or not
-        raise ConfigError(f"model.vocab_size={m.vocab_size} is not divisible by parallel.model_parallel={mp}; "
+    if model.vocab_size % mp:  # the sharded loss splits the vocabulary over model_parallel, vocab_emb_dp or not
+        raise ConfigError(f"model.vocab_size={model.vocab_size} is not divisible by parallel.model_parallel={mp}; "
                           f"pad the vocabulary to a multiple of {mp} (Megatron pads 50257 to 50304) or lower "
                           "model_parallel")
-    if p.sequence_parallel and mp == 1:
+    if parallel.sequence_parallel and mp == 1:
         raise ConfigError("parallel.sequence_parallel=true needs parallel.model_parallel > 1; set it to false")
-    if p.sequence_parallel and m.seq_length % mp:
-        raise ConfigError(f"model.seq_length={m.seq_length} is not divisible by parallel.model_parallel={mp} "
+    if parallel.sequence_parallel and model.seq_length % mp:
+        raise ConfigError(f"model.seq_length={model.seq_length} is not divisible by parallel.model_parallel={mp} "
                           "(sequence_parallel); change one of them")
 
 
 def _context_parallel(cfg: Config) -> None:
     """parallel.context_parallel: what the sequence split needs from the other keys."""
-    m, p = cfg.model, cfg.parallel
-    cp, mp = p.context_parallel, p.model_parallel
+    model, parallel = cfg.model, cfg.parallel
+    cp, mp = parallel.context_parallel, parallel.model_parallel
     if cp == 1:
-        if p.context_parallel_algo != "colossalai_cp":
-            raise ConfigError(f"parallel.context_parallel_algo={p.context_parallel_algo} needs "
+        if parallel.context_parallel_algo != "colossalai_cp":
+            raise ConfigError(f"parallel.context_parallel_algo={parallel.context_parallel_algo} needs "
                               "parallel.context_parallel > 1; set context_parallel or drop the algorithm")
         return
-    split = cp * mp if p.sequence_parallel else cp
-    if m.seq_length % split:
+    split = cp * mp if parallel.sequence_parallel else cp
+    if model.seq_length % split:
         what = f"parallel.context_parallel={cp} x parallel.model_parallel={mp} (sequence_parallel)" \
-            if p.sequence_parallel else f"parallel.context_parallel={cp}"
-        raise ConfigError(f"model.seq_length={m.seq_length} is not divisible by {what}; pick a context_parallel "
+            if parallel.sequence_parallel else f"parallel.context_parallel={cp}"
+        raise ConfigError(f"model.seq_length={model.seq_length} is not divisible by {what}; pick a context_parallel "
                           f"that divides the sequence, or a seq_length that is a multiple of {split}")
     if cfg.hardware.device_target == "CPU":
         raise ConfigError(f"parallel.context_parallel={cp} on CPU: it compiles under semi-auto parallel, which "
@@ -297,8 +299,8 @@ def _context_parallel(cfg: Config) -> None:
                           f"{cfg.train.micro_batch_size}: tokens flow as [B*S, h] split over data_parallel x "
                           "context_parallel, each rank's sequence chunk only with one row per data-parallel rank; "
                           "set micro_batch_size=1 and raise micro_batch_num or gradient_accumulation_steps")
-    if p.context_parallel_algo == "ulysses_cp":
-        for key, value in [("model.num_heads", m.num_heads), ("model.num_kv_heads", m.kv_heads)]:
+    if parallel.context_parallel_algo == "ulysses_cp":
+        for key, value in [("model.num_heads", model.num_heads), ("model.num_kv_heads", model.kv_heads)]:
             if value % (mp * cp):
                 raise ConfigError(f"{key}={value} is not divisible by parallel.model_parallel={mp} x "
                                   f"parallel.context_parallel={cp} (ulysses_cp splits heads over both); use "
@@ -308,50 +310,51 @@ def _context_parallel(cfg: Config) -> None:
 def _gradient_accumulation(cfg: Config) -> None:
     """parallel.gradient_accumulation_steps without a pipeline, and where parallel.gradient_accumulation_shard
     compiles."""
-    p = cfg.parallel
-    pp = p.pipeline_stage
-    if pp > 1 and p.gradient_accumulation_steps > 1:
-        raise ConfigError(f"parallel.gradient_accumulation_steps={p.gradient_accumulation_steps} with "
+    parallel = cfg.parallel
+    pp = parallel.pipeline_stage
+    if pp > 1 and parallel.gradient_accumulation_steps > 1:
+        raise ConfigError(f"parallel.gradient_accumulation_steps={parallel.gradient_accumulation_steps} with "
                           f"parallel.pipeline_stage={pp}: a pipeline accumulates its micro batches; raise "
                           "parallel.micro_batch_num instead and set gradient_accumulation_steps to 1")
-    if p.gradient_accumulation_shard and not (p.optimizer_shard and p.data_parallel > 1):
+    if parallel.gradient_accumulation_shard and not (parallel.optimizer_shard and parallel.data_parallel > 1):
         raise ConfigError("parallel.gradient_accumulation_shard=true needs parallel.optimizer_shard=true and "
                           "parallel.data_parallel > 1 (it shards the buffers like the optimizer state); set it false")
-    if p.gradient_accumulation_shard and pp == 1:
+    if parallel.gradient_accumulation_shard and pp == 1:
         raise ConfigError("parallel.gradient_accumulation_shard=true needs parallel.pipeline_stage > 1: with "
                           "accumulation alone MindSpore 2.9 takes time exponential in the layer count to compile "
                           "it (docs/dryrun.md); set it false, or use pipeline stages")
-    if p.gradient_accumulation_shard and cfg.model.tie_embeddings:
+    if parallel.gradient_accumulation_shard and cfg.model.tie_embeddings:
         raise ConfigError("parallel.gradient_accumulation_shard=true with model.tie_embeddings=true: MindSpore 2.9 "
                           "shards the shared embedding's accumulation buffer twice and the compile fails "
                           "(docs/dryrun.md); set gradient_accumulation_shard false")
-    if p.gradient_accumulation_shard and not cfg.run.reuse_layer_graph:
+    if parallel.gradient_accumulation_shard and not cfg.run.reuse_layer_graph:
         raise ConfigError("parallel.gradient_accumulation_shard=true needs run.reuse_layer_graph=true (MindSpore "
                           "shards accumulation buffers only in a reused, lazy_inline graph)")
 
 
 def _pipeline_schedule(cfg: Config) -> None:
     """The pipeline's micro batches, chunks per stage (parallel.pipeline_interleave) and scheduler."""
-    p = cfg.parallel
-    pp = p.pipeline_stage
-    if pp == 1 and p.micro_batch_num != 1:
-        raise ConfigError(f"parallel.micro_batch_num={p.micro_batch_num} needs parallel.pipeline_stage > 1; "
+    parallel = cfg.parallel
+    pp = parallel.pipeline_stage
+    if pp == 1 and parallel.micro_batch_num != 1:
+        raise ConfigError(f"parallel.micro_batch_num={parallel.micro_batch_num} needs parallel.pipeline_stage > 1; "
                           "use parallel.gradient_accumulation_steps without a pipeline")
-    if pp > 1 and p.micro_batch_num < pp:
-        raise ConfigError(f"parallel.micro_batch_num={p.micro_batch_num} < parallel.pipeline_stage={pp}: "
+    if pp > 1 and parallel.micro_batch_num < pp:
+        raise ConfigError(f"parallel.micro_batch_num={parallel.micro_batch_num} < parallel.pipeline_stage={pp}: "
                           "the pipeline would idle; use at least as many micro batches as stages")
-    v = p.pipeline_interleave
+    v = parallel.pipeline_interleave
     if v > 1 and pp == 1:
         raise ConfigError(f"parallel.pipeline_interleave={v} needs parallel.pipeline_stage > 1 (it splits each "
                           "stage into chunks); set it to 1")
-    if p.pipeline_scheduler != "1f1b" and v == 1:
-        raise ConfigError(f"parallel.pipeline_scheduler={p.pipeline_scheduler} needs parallel.pipeline_interleave > 1 "
-                          "(MindSpore 2.9 allows only 1f1b without interleave); set the scheduler to 1f1b")
+    if parallel.pipeline_scheduler != "1f1b" and v == 1:
+        raise ConfigError(f"parallel.pipeline_scheduler={parallel.pipeline_scheduler} needs "
+                          "parallel.pipeline_interleave > 1 (MindSpore 2.9 allows only 1f1b without interleave); set "
+                          "the scheduler to 1f1b")
     if v > 1 and not cfg.run.reuse_layer_graph:
         # MindSpore 2.9 (dry run): "Using pipeline parallel with interleave, should enable lazy_inline."
         raise ConfigError(f"parallel.pipeline_interleave={v} needs run.reuse_layer_graph=true (MindSpore "
                           "interleaves only a lazy_inline graph); set it to true or pipeline_interleave to 1")
-    if p.pipeline_scheduler == "zero_bubble_v":
+    if parallel.pipeline_scheduler == "zero_bubble_v":
         # MindSpore 2.9's ZBV check (dry run): "When the segment is 1, the stage must be configured in
         # descending order"; Layout places chunks round-robin, not in the V it needs (docs/dryrun.md)
         raise ConfigError("parallel.pipeline_scheduler=zero_bubble_v needs its chunks placed in a V (the second "
@@ -362,106 +365,108 @@ def _pipeline_schedule(cfg: Config) -> None:
 def _stage_offset(cfg: Config) -> None:
     """parallel.stage_offset (per stage, or per chunk: v lists) leaves every stage, or chunk, at least one layer and
     places all of them; without per-chunk offsets v divides each stage's layers."""
-    m, p = cfg.model, cfg.parallel
-    pp, v = p.pipeline_stage, p.pipeline_interleave
-    per_chunk = isinstance(p.stage_offset, list) and any(isinstance(o, list) for o in p.stage_offset)
-    rows = p.stage_offset if per_chunk else [p.stage_offset]
+    model, parallel = cfg.model, cfg.parallel
+    pp, v = parallel.pipeline_stage, parallel.pipeline_interleave
+    per_chunk = isinstance(parallel.stage_offset, list) and any(isinstance(o, list) for o in parallel.stage_offset)
+    rows = parallel.stage_offset if per_chunk else [parallel.stage_offset]
     if per_chunk and len(rows) != v:
-        raise ConfigError(f"parallel.stage_offset={p.stage_offset}: a list of lists is per chunk and needs "
+        raise ConfigError(f"parallel.stage_offset={parallel.stage_offset}: a list of lists is per chunk and needs "
                           f"{v} lists (parallel.pipeline_interleave) of {pp} integers")
     for row in rows:
         if isinstance(row, list) and (len(row) != pp or not all(isinstance(o, int) and not isinstance(o, bool)
                                                                 for o in row)):
-            raise ConfigError(f"parallel.stage_offset={p.stage_offset}: needs {pp} integers "
+            raise ConfigError(f"parallel.stage_offset={parallel.stage_offset}: needs {pp} integers "
                               f"(one per parallel.pipeline_stage){' in each list' if per_chunk else ''}")
-    if pp > m.num_layers:
-        raise ConfigError(f"parallel.pipeline_stage={pp} > model.num_layers={m.num_layers}; use fewer stages")
+    if pp > model.num_layers:
+        raise ConfigError(f"parallel.pipeline_stage={pp} > model.num_layers={model.num_layers}; use fewer stages")
     if not per_chunk:
-        counts = stage_layer_counts(m.num_layers, pp, p.stage_offset)
-        if sum(counts) != m.num_layers or min(counts) < 1:
-            raise ConfigError(f"parallel.stage_offset={p.stage_offset} gives layers per stage {counts} "
-                              f"(sum {sum(counts)}) for model.num_layers={m.num_layers} over "
+        counts = stage_layer_counts(model.num_layers, pp, parallel.stage_offset)
+        if sum(counts) != model.num_layers or min(counts) < 1:
+            raise ConfigError(f"parallel.stage_offset={parallel.stage_offset} gives layers per stage {counts} "
+                              f"(sum {sum(counts)}) for model.num_layers={model.num_layers} over "
                               f"parallel.pipeline_stage={pp}; offsets must add "
-                              f"{m.num_layers - (m.num_layers // pp) * pp} layers in all and leave every stage "
+                              f"{model.num_layers - (model.num_layers // pp) * pp} layers in all and leave every stage "
                               "at least one")
         if any(n % v for n in counts):
             raise ConfigError(f"parallel.pipeline_interleave={v} does not divide the layers per stage {counts} "
-                              f"(model.num_layers={m.num_layers}, parallel.stage_offset={p.stage_offset}); pick "
-                              "a v that divides them, or give parallel.stage_offset per chunk (v lists)")
+                              f"(model.num_layers={model.num_layers}, parallel.stage_offset="
+                              f"{parallel.stage_offset}); pick a v that divides them, or give parallel.stage_offset "
+                              "per chunk (v lists)")
     chunks = chunk_layer_counts_of(cfg)
-    if per_chunk and (sum(map(sum, chunks)) != m.num_layers or min(map(min, chunks)) < 1):
-        raise ConfigError(f"parallel.stage_offset={p.stage_offset} gives layers per chunk {chunks} "
-                          f"(sum {sum(map(sum, chunks))}) for model.num_layers={m.num_layers} over "
+    if per_chunk and (sum(map(sum, chunks)) != model.num_layers or min(map(min, chunks)) < 1):
+        raise ConfigError(f"parallel.stage_offset={parallel.stage_offset} gives layers per chunk {chunks} "
+                          f"(sum {sum(map(sum, chunks))}) for model.num_layers={model.num_layers} over "
                           f"parallel.pipeline_stage={pp} x parallel.pipeline_interleave={v}; offsets must add "
-                          f"{m.num_layers - (m.num_layers // (pp * v)) * pp * v} layers in all and leave every "
+                          f"{model.num_layers - (model.num_layers // (pp * v)) * pp * v} layers in all and leave every "
                           "chunk at least one")
 
 
 def _recompute_layers(cfg: Config) -> None:
     """recompute.layers: a count, null (all), or one count per stage of at most the layers the stage holds."""
-    r, pp = cfg.recompute, cfg.parallel.pipeline_stage
-    if isinstance(r.layers, list):
-        if len(r.layers) != pp or not all(isinstance(n, int) and 0 <= n for n in r.layers):
-            raise ConfigError(f"recompute.layers={r.layers}: a list needs {pp} non-negative integers, "
+    recompute, pp = cfg.recompute, cfg.parallel.pipeline_stage
+    if isinstance(recompute.layers, list):
+        if len(recompute.layers) != pp or not all(isinstance(n, int) and 0 <= n for n in recompute.layers):
+            raise ConfigError(f"recompute.layers={recompute.layers}: a list needs {pp} non-negative integers, "
                               "one per parallel.pipeline_stage")
         counts = stage_totals(chunk_layer_counts_of(cfg))
-        for stage, (n, have) in enumerate(zip(r.layers, counts)):
+        for stage, (n, have) in enumerate(zip(recompute.layers, counts)):
             if n > have:
-                raise ConfigError(f"recompute.layers={r.layers}: stage {stage} recomputes {n} layers "
+                raise ConfigError(f"recompute.layers={recompute.layers}: stage {stage} recomputes {n} layers "
                                   f"but holds {have}; lower it")
-    elif isinstance(r.layers, int) and r.layers < 0:
-        raise ConfigError(f"recompute.layers={r.layers}: must be >= 0 or null (all layers)")
+    elif isinstance(recompute.layers, int) and recompute.layers < 0:
+        raise ConfigError(f"recompute.layers={recompute.layers}: must be >= 0 or null (all layers)")
 
 
 def _global_batch(cfg: Config) -> None:
     """train.global_batch_size, when given, is the product of the batch keys."""
-    p, t = cfg.parallel, cfg.train
+    parallel, train = cfg.parallel, cfg.train
     derived = cfg.global_batch_size
-    if t.global_batch_size is not None and t.global_batch_size != derived:
+    if train.global_batch_size is not None and train.global_batch_size != derived:
         raise ConfigError(
-            f"train.global_batch_size={t.global_batch_size} != train.micro_batch_size={t.micro_batch_size} x "
-            f"parallel.data_parallel={p.data_parallel} x parallel.micro_batch_num={p.micro_batch_num} x "
-            f"parallel.gradient_accumulation_steps={p.gradient_accumulation_steps} = {derived}; "
+            f"train.global_batch_size={train.global_batch_size} != train.micro_batch_size={train.micro_batch_size} x "
+            f"parallel.data_parallel={parallel.data_parallel} x parallel.micro_batch_num={parallel.micro_batch_num} x "
+            f"parallel.gradient_accumulation_steps={parallel.gradient_accumulation_steps} = {derived}; "
             "change one of them or drop global_batch_size")
 
 
 def _offload(cfg: Config) -> None:
     """offload.layers: how many per stage, beside the recomputed layers, and where MindSpore offloads at all."""
-    o, pp = cfg.offload, cfg.parallel.pipeline_stage
-    if isinstance(o.layers, list):
-        if len(o.layers) != pp or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in o.layers):
-            raise ConfigError(f"offload.layers={o.layers}: a list needs {pp} non-negative integers, one per "
+    offload, pp = cfg.offload, cfg.parallel.pipeline_stage
+    if isinstance(offload.layers, list):
+        if len(offload.layers) != pp or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                                for n in offload.layers):
+            raise ConfigError(f"offload.layers={offload.layers}: a list needs {pp} non-negative integers, one per "
                               "parallel.pipeline_stage")
         held = stage_totals(chunk_layer_counts_of(cfg))
-        for stage, (n, r, have) in enumerate(zip(o.layers, recompute_layer_counts(cfg), held)):
+        for stage, (n, r, have) in enumerate(zip(offload.layers, recompute_layer_counts(cfg), held)):
             if n + r > have:
-                raise ConfigError(f"offload.layers={o.layers}: stage {stage} holds {have} layers and recomputes {r} "
-                                  f"(recompute.layers), so it can offload at most {have - r}, not {n} (a layer is "
+                raise ConfigError(f"offload.layers={offload.layers}: stage {stage} holds {have} layers and recomputes "
+                                  f"{r} (recompute.layers), so it can offload at most {have - r}, not {n} (a layer is "
                                   "recomputed or offloaded, never both); lower one of them")
-    elif o.layers < 0:
-        raise ConfigError(f"offload.layers={o.layers}: must be >= 0 (0 = none) or a list of one count per stage")
-    if o.backward_prefetch < 1:
-        raise ConfigError(f"offload.backward_prefetch={o.backward_prefetch}: must be >= 1 (operators ahead of the "
-                          "backward op that reads an offloaded activation)")
+    elif offload.layers < 0:
+        raise ConfigError(f"offload.layers={offload.layers}: must be >= 0 (0 = none) or a list of one count per stage")
+    if offload.backward_prefetch < 1:
+        raise ConfigError(f"offload.backward_prefetch={offload.backward_prefetch}: must be >= 1 (operators ahead of "
+                          "the backward op that reads an offloaded activation)")
     if not any(offload_layer_counts(cfg)):
         return
     if not Layout.of(cfg).offloaded:  # (offload_layer_counts asks for some, recompute left none)
-        raise ConfigError(f"offload.layers={o.layers} with recompute.mode={cfg.recompute.mode} and recompute.layers="
-                          f"{cfg.recompute.layers}: every layer is recomputed, none is left to offload; recompute "
-                          "fewer layers or set offload.layers=0")
+        raise ConfigError(f"offload.layers={offload.layers} with recompute.mode={cfg.recompute.mode} and "
+                          f"recompute.layers={cfg.recompute.layers}: every layer is recomputed, none is left to "
+                          "offload; recompute fewer layers or set offload.layers=0")
     if cfg.hardware.device_target == "CPU":
-        raise ConfigError(f"offload.layers={o.layers} on CPU: MindSpore 2.9 compiles the offload marks there but moves "
-                          "nothing to host memory (no MoveTo in the graph; tests/models/test_offload.py); set "
-                          "offload.layers=0, or use an Ascend hardware profile")
+        raise ConfigError(f"offload.layers={offload.layers} on CPU: MindSpore 2.9 compiles the offload marks there "
+                          "but moves nothing to host memory (no MoveTo in the graph; tests/models/test_offload.py); "
+                          "set offload.layers=0, or use an Ascend hardware profile")
     hw = cfg.hardware
     if not hw.host_link_gbps or not hw.host_memory_gib:
-        raise ConfigError(f"offload.layers={o.layers} with hardware {hw.name!r}, which gives no host link or host "
-                          "memory (hardware.host_link_gbps, hardware.host_memory_gib): the planner cannot count the "
-                          "offload; set both in the profile or set offload.layers=0")
+        raise ConfigError(f"offload.layers={offload.layers} with hardware {hw.name!r}, which gives no host link or "
+                          "host memory (hardware.host_link_gbps, hardware.host_memory_gib): the planner cannot count "
+                          "the offload; set both in the profile or set offload.layers=0")
     if cfg.run.mode != "graph" or not cfg.run.reuse_layer_graph:
-        raise ConfigError(f"offload.layers={o.layers} needs run.mode=graph and run.reuse_layer_graph=true (MindSpore "
-                          "offloads activations only inside a lazy_inline graph, in graph mode); set them, or "
-                          "offload.layers=0")
+        raise ConfigError(f"offload.layers={offload.layers} needs run.mode=graph and run.reuse_layer_graph=true "
+                          "(MindSpore offloads activations only inside a lazy_inline graph, in graph mode); set them, "
+                          "or offload.layers=0")
 
 
 def _backend(cfg: Config) -> None:
@@ -481,9 +486,10 @@ def _backend(cfg: Config) -> None:
 def _kernel_dtypes(cfg: Config) -> None:
     """The Ascend-only kernels a config can force, in a dtype they do not take (docs/models.md,
     "Ascend-only kernels"). The fused RmsNorm is not here: every norm feeds it fp32, which it takes."""
-    m = cfg.model
-    if m.attention == "flash" and cfg.hardware.flash_attention and m.compute_dtype not in FLASH_ATTENTION_DTYPES:
-        raise ConfigError(f"model.attention=flash with model.compute_dtype={m.compute_dtype}: FlashAttentionScore "
+    model = cfg.model
+    if model.attention == "flash" and cfg.hardware.flash_attention and \
+            model.compute_dtype not in FLASH_ATTENTION_DTYPES:
+        raise ConfigError(f"model.attention=flash with model.compute_dtype={model.compute_dtype}: FlashAttentionScore "
                           f"takes {' or '.join(FLASH_ATTENTION_DTYPES)} only (docs/models.md); set "
                           "model.compute_dtype=bfloat16, or model.attention=auto (composite attention under float32)")
 
@@ -501,7 +507,7 @@ def _accumulation_on_one_device(cfg: Config) -> None:
 
 
 def _finetune(cfg: Config) -> None:
-    f, lora = cfg.finetune, cfg.finetune.lora
+    finetune, lora = cfg.finetune, cfg.finetune.lora
     if lora.rank < 0:
         raise ConfigError(f"finetune.lora.rank={lora.rank}: must be >= 0 (0 = no LoRA)")
     if lora.alpha <= 0:
@@ -520,11 +526,11 @@ def _finetune(cfg: Config) -> None:
     if lora.rank and not cfg.checkpoint.load_path:
         raise ConfigError(f"finetune.lora.rank={lora.rank} needs checkpoint.load_path (the frozen base weights, "
                           "loaded again on resume); set it or set finetune.lora.rank=0")
-    if f.hf_dims and not cfg.checkpoint.load_path:
+    if finetune.hf_dims and not cfg.checkpoint.load_path:
         raise ConfigError("finetune.hf_dims=true needs checkpoint.load_path (a Hugging Face folder); set it or "
                           "set finetune.hf_dims=false")
-    if f.template is not None and f.template not in TEMPLATE_NAMES:
-        raise ConfigError(f"finetune.template={f.template!r}: use one of {sorted(TEMPLATE_NAMES)} or null")
+    if finetune.template is not None and finetune.template not in TEMPLATE_NAMES:
+        raise ConfigError(f"finetune.template={finetune.template!r}: use one of {sorted(TEMPLATE_NAMES)} or null")
 
 
 def validate_packed(cfg: Config, layout: Layout) -> None:

@@ -1,12 +1,12 @@
 """What a transformer layer keeps for its backward, per micro batch on one rank, term by term.
 
 Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", §4: per layer and
-micro batch ``s·b·h·(34 + 5·a·s/h)`` bytes without parallelism, ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` with tensor
-parallel t, ``s·b·h/t·(34 + 5·a·s/h)`` with tensor + sequence parallel, ``34·s·b·h/t`` with selective recompute,
-``2·s·b·h`` with full recompute. `layer_activation_bytes` builds those numbers term by term (which tensor, which
-dtype, which are split by t), so with the paper's settings (`PAPER`) it returns the paper's formulas exactly and
-with the model's settings it covers GQA, SwiGLU and MindSpore's dtypes. How many micro batches a stage holds is
-the pipeline schedule's (schedule.py).
+micro batch ``s·b·h·(34 + 5·a·s/h)`` bytes without parallelism, ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` with
+tensor parallel t, ``s·b·h/t·(34 + 5·a·s/h)`` with tensor + sequence parallel, ``34·s·b·h/t`` with selective
+recompute, ``2·s·b·h`` with full recompute. `layer_activation_bytes` builds those numbers term by term (which
+tensor, which dtype, which are split by t), so with the paper's settings (`PAPER`) it returns the paper's formulas
+exactly and with the model's settings it covers GQA, SwiGLU and MindSpore's dtypes. How many micro batches a stage
+holds is the pipeline schedule's (schedule.py).
 
 How MindSpore differs from the paper, and what the planner does about it
 ---------------------------------------------------------------------------
@@ -130,14 +130,14 @@ def routed_activation_bytes(cfg: Config, recompute: str) -> float:
     parallel AlltoAll moves the same slots, so a rank holds E x C of them whatever ep is), the experts'
     SwiGLU inner tensors (4 x E x C x F/t), each choice's gathered output (k x T x h) and the shared
     expert's inner tensors (4 x T x F_shared/t)."""
-    m, moe = cfg.model, cfg.model.moe
+    model, moe = cfg.model, cfg.model.moe
     if not moe.enabled or recompute == "full":
         return 0.0
-    act, t, tokens = DTYPE_BYTES[m.compute_dtype], cfg.parallel.model_parallel, local_tokens(cfg)
+    act, t, tokens = DTYPE_BYTES[model.compute_dtype], cfg.parallel.model_parallel, local_tokens(cfg)
     slots = expert_slots(cfg)
     router = tokens * moe.num_experts * 4 * (2 + moe.top_k)
-    routed = (slots + moe.top_k * tokens) * m.hidden_size * act
-    inner = 4 * (slots * moe.expert_ffn(m.ffn_hidden_size) + tokens * moe.shared_expert_ffn_hidden_size) * act / t
+    routed = (slots + moe.top_k * tokens) * model.hidden_size * act
+    inner = 4 * (slots * moe.expert_ffn(model.ffn_hidden_size) + tokens * moe.shared_expert_ffn_hidden_size) * act / t
     return router + routed + inner
 
 
@@ -148,14 +148,16 @@ def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool, gath
     gathered unless recompute.comm gathers them again in the backward (`gathered` overrides: a fully recomputed
     layer's rematerialised forward keeps them gathered either way; read from dense layers' IR, a mixture of
     experts' counted alike). A mixture of experts: the dense layer without its MLP, plus routed_activation_bytes."""
-    m, p = cfg.model, cfg.parallel
+    model, parallel = cfg.model, cfg.parallel
     comm = cfg.recompute.comm
-    local = layer_activation_bytes(m.seq_length // p.context_parallel, cfg.train.micro_batch_size, m.hidden_size,
-                                   m.num_heads, m.kv_heads, 0 if m.moe.enabled else m.ffn_hidden_size,
-                                   mlp="swiglu" if m.spec.gated_mlp else "gelu",
-                                   t=p.model_parallel, sp=p.sequence_parallel, recompute=recompute, flash=flash,
-                                   dtypes=mindspore_dtypes(m.compute_dtype, m.spec.rms_norm), head_dim=m.head_size,
-                                   gathered=not comm if gathered is None else gathered, comm=comm)
+    local = layer_activation_bytes(model.seq_length // parallel.context_parallel, cfg.train.micro_batch_size,
+                                   model.hidden_size, model.num_heads, model.kv_heads,
+                                   0 if model.moe.enabled else model.ffn_hidden_size,
+                                   mlp="swiglu" if model.spec.gated_mlp else "gelu",
+                                   t=parallel.model_parallel, sp=parallel.sequence_parallel, recompute=recompute,
+                                   flash=flash, dtypes=mindspore_dtypes(model.compute_dtype, model.spec.rms_norm),
+                                   head_dim=model.head_size, gathered=not comm if gathered is None else gathered,
+                                   comm=comm)
     local += routed_activation_bytes(cfg, recompute)
     # full recompute rematerialises the gather only if it repeats communication (recompute.comm, MindSpore's
     # mp_comm_recompute); otherwise the gathered K and V are kept like any communication output
@@ -179,26 +181,28 @@ def local_tokens(cfg: Config) -> int:
 
 def _kv_bytes(cfg: Config, tokens: int) -> float:
     """K and V of `tokens` tokens on one rank (kv heads split over tp), in the compute dtype."""
-    m = cfg.model
-    return 2 * tokens * m.kv_heads * m.head_size / cfg.parallel.model_parallel * DTYPE_BYTES[m.compute_dtype]
+    model = cfg.model
+    return 2 * tokens * model.kv_heads * model.head_size / cfg.parallel.model_parallel * \
+        DTYPE_BYTES[model.compute_dtype]
 
 
 def gathered_kv_bytes(cfg: Config) -> float:
     """colossalai_cp: per layer and micro batch, the K and V of the other cp ranks' tokens, all-gathered for
     the rank's queries and kept for the backward (the all-gather's output is FlashAttentionScoreGrad's
     input). 0 without context parallel and under ulysses_cp, whose all-to-all keeps the bytes it moves."""
-    p = cfg.parallel
-    if p.context_parallel == 1 or p.context_parallel_algo != "colossalai_cp":
+    parallel = cfg.parallel
+    if parallel.context_parallel == 1 or parallel.context_parallel_algo != "colossalai_cp":
         return 0.0
-    return _kv_bytes(cfg, local_tokens(cfg) * (p.context_parallel - 1))
+    return _kv_bytes(cfg, local_tokens(cfg) * (parallel.context_parallel - 1))
 
 
 def offload_resident_bytes(cfg: Config) -> float:
     """What an offloaded layer keeps on the device per micro batch: its Q, K and V (the rank's heads and tokens),
     which the attention kernel reads through reshapes (Tensor methods, no primitive that Cell.offload marks);
     MindSpore moves every other activation the backward reads (the validate IR of tests/dryrun/test_offload.py)."""
-    m, p = cfg.model, cfg.parallel
-    queries = local_tokens(cfg) * m.num_heads * m.head_size / p.model_parallel * DTYPE_BYTES[m.compute_dtype]
+    model, parallel = cfg.model, cfg.parallel
+    queries = local_tokens(cfg) * model.num_heads * model.head_size / parallel.model_parallel * \
+        DTYPE_BYTES[model.compute_dtype]
     return queries + _kv_bytes(cfg, local_tokens(cfg))
 
 
@@ -210,10 +214,10 @@ def offloaded_layer_bytes(cfg: Config, layout: Layout | None = None) -> float:
     each layer is its own reused graph (graph_reuse "layer": one micro batch a step) the compute-dtype copies of
     its matmul weights move too, where they differ from the parameter dtype (the casts are ops of the offloaded
     layer; in a reused loss network, graph_reuse "model", they are not moved)."""
-    m, layout = cfg.model, layout or _layout(cfg)
-    cb = DTYPE_BYTES[m.compute_dtype]
-    weights = flops.layer_matmul_params(m) / layout.tp * cb \
-        if layout.graph_reuse == "layer" and m.compute_dtype != m.param_dtype else 0.0
+    model, layout = cfg.model, layout or _layout(cfg)
+    cb = DTYPE_BYTES[model.compute_dtype]
+    weights = flops.layer_matmul_params(model) / layout.tp * cb \
+        if layout.graph_reuse == "layer" and model.compute_dtype != model.param_dtype else 0.0
     kept = _model_layer_activation_bytes(cfg, "none", layout.attention == "flash")
     return kept - offload_resident_bytes(cfg) + weights
 

@@ -18,13 +18,14 @@ def context_parallel_bytes_per_layer(cfg: Config) -> float:
     whole-sequence tensors each way (again forward when full recompute repeats communication).
     ulysses_cp: q, k, v and the attention output all-to-all forward and back in the backward, (c-1)/c of
     the rank's own [S/c, heads/t] tensors each."""
-    m, p = cfg.model, cfg.parallel
-    c = p.context_parallel
+    model, parallel = cfg.model, cfg.parallel
+    c = parallel.context_parallel
     if c == 1:
         return 0.0
     share = (c - 1) / c
-    if p.context_parallel_algo == "ulysses_cp":
-        q_and_out = 2 * local_tokens(cfg) * m.num_heads * m.head_size / p.model_parallel * DTYPE_BYTES[m.compute_dtype]
+    if parallel.context_parallel_algo == "ulysses_cp":
+        q_and_out = 2 * local_tokens(cfg) * model.num_heads * model.head_size / parallel.model_parallel * \
+            DTYPE_BYTES[model.compute_dtype]
         return 2 * share * (q_and_out + _kv_bytes(cfg, local_tokens(cfg)))
     passes = 3 if cfg.recompute.mode == "full" and cfg.recompute.comm else 2
     return passes * share * _kv_bytes(cfg, local_tokens(cfg) * c)
@@ -63,10 +64,10 @@ def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
 
 def communication(cfg: Config, stage: int) -> dict:
     """Bytes one device of `stage` sends per optimizer step (ring collectives)."""
-    m, layout = cfg.model, _layout(cfg)
+    model, layout = cfg.model, _layout(cfg)
     t, stages, micro_batches = layout.tp, layout.pp, layout.micro_steps
-    hidden = local_tokens(cfg) * m.hidden_size      # elements of one micro batch's hidden states on the rank
-    x = hidden * DTYPE_BYTES[m.compute_dtype]                               # as a layer's matmuls take them
+    hidden = local_tokens(cfg) * model.hidden_size      # elements of one micro batch's hidden states on the rank
+    x = hidden * DTYPE_BYTES[model.compute_dtype]                               # as a layer's matmuls take them
     # Per layer and micro batch, averaged over the stage's layers (tp_all_reduces: what each role adds)
     roles = _stage_layer_roles(layout, stage, None, None)
     all_reduces = sum(tp_all_reduces(cfg, role) for role in roles) / max(1, len(roles))
@@ -77,10 +78,10 @@ def communication(cfg: Config, stage: int) -> dict:
     vocab_ends = (stage == 0) + (stage == stages - 1) if layout.vocab_parallel else 0
     tp_vocab = vocab_ends * micro_batches * 2 * (t - 1) / t * x if t > 1 else 0.0
     # the stage's layers with experts (a mixture of experts' dense first layers have none: DeepSeek-V3)
-    experts = [i >= m.moe.dense_layers for i in sorted(layout.layers_of_stage(stage))] if m.moe.enabled else []
+    experts = [i >= model.moe.dense_layers for i in sorted(layout.layers_of_stage(stage))] if model.moe.enabled else []
     if any(experts) and t > 1:  # the experts' w2 partial sums (and w1/w3 input gradients): E x C slots, not T
-        tp_per_layer += 2 * 2 * (t - 1) / t * (expert_slots(cfg) - local_tokens(cfg)) * m.hidden_size * \
-            DTYPE_BYTES[m.compute_dtype] * sum(experts) / len(experts)
+        tp_per_layer += 2 * 2 * (t - 1) / t * (expert_slots(cfg) - local_tokens(cfg)) * model.hidden_size * \
+            DTYPE_BYTES[model.compute_dtype] * sum(experts) / len(experts)
     tp = tp_per_layer * layout.layers_per_stage[stage] * micro_batches + tp_vocab
     ep_per_layer = sum(expert_alltoall_bytes(cfg, role) for role, routed in zip(roles, experts) if routed) / \
         max(1, len(roles))
@@ -90,7 +91,7 @@ def communication(cfg: Config, stage: int) -> dict:
     dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
     dp = dp_once + dp_micro * micro_batches
     sends = pipeline_sends(stages, layout.interleave, stage)                # activations out, grads back
-    stream = hidden * DTYPE_BYTES[m.residual_dtype]                         # what a stage sends: the residual stream
+    stream = hidden * DTYPE_BYTES[model.residual_dtype]                     # what a stage sends: the residual stream
     tied = tied_embedding_exchange_bytes(cfg, stage)
     pp = (sends * micro_batches * stream / (t if layout.sp else 1) if stages > 1 else 0.0) + tied
     return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer,
@@ -121,11 +122,11 @@ def expert_alltoall_bytes(cfg: Config, role: str) -> float:
     models/moe.py), and a fully recomputed layer's forward again (6): MindSpore repeats these AlltoAlls in the
     recomputation whatever recompute.comm says (mp_comm_recompute leaves them in; read from the validate IR of
     the qwen3_235b_a22b twin: 6 a layer and micro batch recomputed, 4 without recompute). 0 at ep 1."""
-    m, ep = cfg.model, cfg.parallel.expert_parallel
+    model, ep = cfg.model, cfg.parallel.expert_parallel
     if ep == 1:
         return 0.0
     passes = 6 if role == "recomputed" and _layout(cfg).recompute == "full" else 4
-    return passes * (ep - 1) / ep * expert_slots(cfg) * m.hidden_size * DTYPE_BYTES[m.compute_dtype]
+    return passes * (ep - 1) / ep * expert_slots(cfg) * model.hidden_size * DTYPE_BYTES[model.compute_dtype]
 
 
 def tp_all_reduces(cfg: Config, role: str) -> float:

@@ -137,17 +137,17 @@ def _offload_candidate(base: Config, recompute_fits: int | None) -> list[str] | 
 
 
 def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int, v: int = 1, ep: int = 1) -> list[str] | None:
-    m = cfg.model
-    widths = (m.num_heads, m.kv_heads, m.ffn_hidden_size, m.vocab_size,
-              *((m.moe.expert_ffn(m.ffn_hidden_size),) if m.moe.enabled else ()))
+    model = cfg.model
+    widths = (model.num_heads, model.kv_heads, model.ffn_hidden_size, model.vocab_size,
+              *((model.moe.expert_ffn(model.ffn_hidden_size),) if model.moe.enabled else ()))
     if any(x % tp for x in widths) or tp > cfg.hardware.devices_per_node:
         return None
-    if pp > m.num_layers or (tp > 1 and m.seq_length % tp):
+    if pp > model.num_layers or (tp > 1 and model.seq_length % tp):
         return None
     batch = _batch_overrides(cfg, dp, pp, mbs)
     if batch is None:
         return None
-    offset = interleaved_offset(m.num_layers, pp, v)
+    offset = interleaved_offset(model.num_layers, pp, v)
     return [f"parallel.data_parallel={dp}", f"parallel.model_parallel={tp}", f"parallel.pipeline_stage={pp}",
             f"parallel.expert_parallel={ep}",
             *batch, f"train.micro_batch_size={mbs}", f"train.global_batch_size={cfg.global_batch_size}",

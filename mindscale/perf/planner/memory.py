@@ -53,10 +53,10 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
     by the search). An offloaded layer keeps only offload_resident_bytes on the device; while any layer
     offloads, two layers' moved bytes are on the device on their way (one leaving in a forward, one
     prefetched for a backward)."""
-    m, hw = cfg.model, cfg.hardware
+    model, hw = cfg.model, cfg.hardware
     layout = _layout(cfg)
     stored = stage_bytes(cfg, stage, layout)
-    pb, cb = DTYPE_BYTES[m.param_dtype], DTYPE_BYTES[m.compute_dtype]
+    pb, cb = DTYPE_BYTES[model.param_dtype], DTYPE_BYTES[model.compute_dtype]
     params = stage_params(cfg, layout)[stage]
     largest_layer = layer_slice_params(cfg, layout)
     transient = (params * cb if (cb != pb or layout.optimizer_shard) else 0) + \
@@ -77,11 +77,11 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
     if stage == layout.pp - 1:
         sb = local_tokens(cfg)
         t = layout.tp
-        activations += sb * m.hidden_size * 4 / (t if layout.sp else 1)    # final norm input
+        activations += sb * model.hidden_size * 4 / (t if layout.sp else 1)    # final norm input
         # the logits in the compute dtype (Layout.logit_split: whole on each rank of a tp group unless split),
         # and the loss's fp32 work, split over t
         logit_parts = math.prod(layout.logit_split) // layout.token_rows
-        activations += sb * m.vocab_size * (cb / logit_parts + 8 / t)
+        activations += sb * model.vocab_size * (cb / logit_parts + 8 / t)
     reserve = (hw.memory_gib - hw.memory_pool_gib) * GIB  # outside MindSpore's pool: runtime, HCCL buffers
     parts = {**stored, "transient": transient, "activations": activations, "reserve": reserve}
     parts["total"] = sum(parts.values())

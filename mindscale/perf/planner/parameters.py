@@ -61,11 +61,11 @@ def _one_layer_model(cfg: Config, layout: Layout):
     return _MODELS[key]
 
 
-def _built_layers(m) -> list[int]:
+def _built_layers(model) -> list[int]:
     """Per layer of the model, the layer of _one_layer_model whose parameters it has: 0, or (dense first layers,
     DeepSeek-V3) 0 for the dense layers and 1 for the layers with experts."""
-    dense = m.moe.dense_layers if m.spec.moe else 0
-    return [0 if i < dense or not dense else 1 for i in range(m.num_layers)]
+    dense = model.moe.dense_layers if model.spec.moe else 0
+    return [0 if i < dense or not dense else 1 for i in range(model.num_layers)]
 
 
 def _every_layer(names: list[str], built: list[int]) -> list[tuple[str, str]]:

@@ -42,24 +42,26 @@ def _batch_overrides(cfg: Config, dp: int, pp: int, mbs: int) -> list[str] | Non
 
 def replan_devices(cfg: Config, devices: int) -> Config:
     """Same model/context/pipeline parallel and global batch on `devices` cards: data_parallel changes."""
-    p = cfg.parallel
-    dp = p.data_parallel_for(devices)
+    parallel = cfg.parallel
+    dp = parallel.data_parallel_for(devices)
     if dp is None:
         raise PlanError(f"--devices {devices} is not a multiple of model_parallel x context_parallel x pipeline_stage "
-                        f"= {p.model_parallel} x {p.context_parallel} x {p.pipeline_stage} = {p.replica_devices}; "
+                        f"= {parallel.model_parallel} x {parallel.context_parallel} x {parallel.pipeline_stage} = "
+                        f"{parallel.replica_devices}; "
                         "pick a multiple or change them with --set")
-    batch = _batch_overrides(cfg, dp, p.pipeline_stage, cfg.train.micro_batch_size)
+    batch = _batch_overrides(cfg, dp, parallel.pipeline_stage, cfg.train.micro_batch_size)
     if batch is None:
         raise PlanError(f"global batch {cfg.global_batch_size} cannot be split over data_parallel={dp} x "
-                        f"micro_batch_size={cfg.train.micro_batch_size} (x >= {p.pipeline_stage} micro batches); "
+                        f"micro_batch_size={cfg.train.micro_batch_size} (x >= {parallel.pipeline_stage} micro "
+                        "batches); "
                         "set train.global_batch_size or train.micro_batch_size with --set")
     try:
-        sharded = p.optimizer_shard and dp > 1
+        sharded = parallel.optimizer_shard and dp > 1
         micro = any(o.split("=")[1] != "1" for o in batch)  # micro_batch_num or accumulation steps > 1
         return with_overrides(cfg, [f"parallel.data_parallel={dp}", *batch,
                                     f"parallel.optimizer_shard={str(sharded).lower()}",
                                     f"parallel.gradient_accumulation_shard="
-                                    f"{str(sharded and micro and p.gradient_accumulation_shard).lower()}",
+                                    f"{str(sharded and micro and parallel.gradient_accumulation_shard).lower()}",
                                     f"train.global_batch_size={cfg.global_batch_size}"])
     except ConfigError as exc:
         raise PlanError(f"--devices {devices}: {exc}")

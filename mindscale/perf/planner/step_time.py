@@ -31,18 +31,18 @@ def _bandwidth(cfg: Config, span: int) -> float:
 
 def _stage_flops_per_token(cfg: Config, stage: int) -> float:
     """Hardware FLOPs per token of one stage (whole tensor-parallel group)."""
-    m, layout = cfg.model, _layout(cfg)
-    output = 6 * flops.output_params(m)
-    per_layer = (flops.model_flops_per_token(m) - output) / m.num_layers
-    extra = flops.recompute_flops_per_token(m, layout.recompute, layout.recomputed_in(stage))
-    per_layer += flops.routing_flops_per_token(m, local_tokens(cfg))
+    model, layout = cfg.model, _layout(cfg)
+    output = 6 * flops.output_params(model)
+    per_layer = (flops.model_flops_per_token(model) - output) / model.num_layers
+    extra = flops.recompute_flops_per_token(model, layout.recompute, layout.recomputed_in(stage))
+    per_layer += flops.routing_flops_per_token(model, local_tokens(cfg))
     return layout.layers_per_stage[stage] * per_layer + extra + (output if stage == layout.pp - 1 else 0)
 
 
 def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
     """Step time, throughput, MFU/HFU, bubble and exposed communication of `cfg` when its hardware FLOPs run at
     `efficiency` x `peak_tflops` per device, with the assumptions it rests on (the module's docstring)."""
-    m, layout = cfg.model, _layout(cfg)
+    model, layout = cfg.model, _layout(cfg)
     d, t, cp, stages, micro_steps = layout.dp, layout.tp, layout.cp, layout.pp, layout.micro_steps
     tokens_per_micro_batch = local_tokens(cfg)  # on one rank: its sequence chunk under context parallel
     flop_rate = peak_tflops * 1e12 * efficiency
@@ -71,15 +71,15 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
     once = max(c["dp_grad_reduce"] - c["dp_per_micro_batch"] * micro_steps for c in comm) / dp_bw
     dp_exposed = max(0.0, once - 2 / 3 * slot) + micro_steps * max(0.0, per_micro - 2 / 3 * slot)
     step = pipeline + pp_time + dp_exposed
-    tokens_per_s = cfg.global_batch_size * m.seq_length / step
+    tokens_per_s = cfg.global_batch_size * model.seq_length / step
     devices = cfg.devices
     recomputed = len(layout.recomputed)
     return {
         "step_time_s": step, "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / devices,
         "samples_per_s_per_device": cfg.global_batch_size / step / devices,
-        "tflops_per_device": tokens_per_s * flops.model_flops_per_token(m) / devices / 1e12,
-        "mfu": flops.mfu(tokens_per_s, devices, peak_tflops, m),
-        "hfu": flops.hfu(tokens_per_s, devices, peak_tflops, m, layout.recompute, recomputed),
+        "tflops_per_device": tokens_per_s * flops.model_flops_per_token(model) / devices / 1e12,
+        "mfu": flops.mfu(tokens_per_s, devices, peak_tflops, model),
+        "hfu": flops.hfu(tokens_per_s, devices, peak_tflops, model, layout.recompute, recomputed),
         "bubble_fraction": bubble_fraction(stages, v, micro_steps),
         "pipeline_interleave": v,
         "compute_s": micro_steps * slot,

@@ -1,4 +1,4 @@
-"""mindscale/perf/planner.py and tools/plan.py: the Korthikanti et al. 2022 activation model, the MindSpore
+"""mindscale/perf/planner/ and tools/plan.py: the Korthikanti et al. 2022 activation model, the MindSpore
 adjustments, per-stage memory, the prediction arithmetic, re-planning, search and the CLI."""
 import contextlib
 import io

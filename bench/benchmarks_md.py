@@ -304,7 +304,7 @@ def dryrun_compare_section(results: dict) -> list[str]:
             f"same for both stacks ({sets}; `bench/dryrun_compare.py`). MindFormers 1.9 is its LlamaForCausalLM "
             "in MindSpore's PipelineCell under MFPipelineWithLossScaleCell, its trainer's wrappers. Bytes sent are "
             "one rank's per step at ring cost; the analytic column is the planner's Megatron volume for the "
-            "layout (mindscale/perf/planner.py). The dry run compiles and runs nothing: these are what MindSpore's "
+            "layout (mindscale/perf/planner/). The dry run compiles and runs nothing: these are what MindSpore's "
             "parallel compiler produced, not Ascend speed or device memory, and the compile seconds are this "
             "host's.", "", *rows, *targets, ""]
 

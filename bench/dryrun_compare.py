@@ -8,7 +8,7 @@ and read for:
   * the collectives of one step by kind, with the bytes one rank sends (ring cost, as the planner);
   * the compile seconds of the step (host-side graph compile of that stage);
   * the rank's local weights, gradient storage and AdamW moments.
-The planner's Megatron volumes for the same layout (mindscale/perf/planner.py) are the third column.
+The planner's Megatron volumes for the same layout (mindscale/perf/planner/) are the third column.
 
 Widths are scaled (SCALED, the same for both stacks) so that four compiles of each layout fit in a
 benchmark run on a 2-core host; the layout, sequence length, vocabulary and micro-batch structure

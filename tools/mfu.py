@@ -6,9 +6,10 @@ mindscale/perf/flops.py, the same functions the trainer logs with).
     python tools/mfu.py --config C --step-time S --global-batch B --devices N [--peak-tflops P] [--json]
 
 From a run folder: the first `--skip` records of every training process (compile steps) are
-dropped, the median step time gives tokens/s, MFU and HFU, and the spread over the kept records
-is reported. A metrics.jsonl whose last line is cut off (a run still writing) is read up to it
-with a warning; an empty one, or one with nothing but warm-up records, is an error (exit 2).
+dropped, the kept records' total time over their steps gives tokens/s, MFU and HFU (the same
+function as tools/report.py: mindscale/perf/mfu.py `of_run`), and the spread over the records is
+reported. A metrics.jsonl whose last line is cut off (a run still writing) is read up to it with a
+warning; an empty one, or one with nothing but warm-up records, is an error (exit 2).
 Peak: --peak-tflops, else the hardware profile's, else (CPU) the peak logged by the run, else the
 cached measured GEMM peak (mindscale/perf/gemm_peak.py).
 """

@@ -4,8 +4,8 @@
     python tools/report.py RUN_DIR [--output RUN_DIR/report.html] [--warmup 1]
 
 Contents: loss and learning rate, throughput, MFU/HFU and memory over steps; the steady-state
-medians next to the planner's prediction for the same config (mindscale/perf/planner.py); the MFU/HFU
-formula with the FLOPs per token and the peak used, so the numbers can be redone by hand; the
+throughput and MFU (tools/mfu.py's, docs/mfu.md) next to the planner's prediction for the same
+config (mindscale/perf/planner/); the MFU/HFU formula with the FLOPs per token and the peak used, so the numbers can be redone by hand; the
 profiler summary when the run has a profile; the data mix (the tokens each source, data.path or each
 data.blend entry, gave by the last logged step, from metrics.jsonl's data_tokens, next to its configured
 share) and the time the loop waited for data (data_wait_s); the resolved config. The PNGs are embedded as

@@ -3,7 +3,7 @@
 
 Contents: loss (and validation loss) and learning rate, throughput, MFU/HFU and memory over steps; the steady-state
 measurement (mindscale/perf/mfu.py's `of_run`, the numbers tools/mfu.py prints) next to the planner's prediction
-for the same config (mindscale/perf/planner.py); the MFU/HFU
+for the same config (mindscale/perf/planner/); the MFU/HFU
 formula with the FLOPs per token and the peak used, so the numbers can be redone by hand; the data mix
 (tokens per source) and the time the loop waited for data; the profiler summary (mindscale/perf/profile.py)
 when the run has a profile; the resolved config. The
@@ -32,7 +32,7 @@ COMPARED = [("step_time_s", "step time", "s", "{:.4f}"), ("tokens_per_s", "throu
 
 
 def planner_prediction(cfg, peak_tflops: float | None) -> tuple[dict, list[str]]:
-    """What mindscale/perf/planner.py predicts for `cfg` at the run's peak, keyed like metrics.jsonl, and
+    """What mindscale/perf/planner/ predicts for `cfg` at the run's peak, keyed like metrics.jsonl, and
     the lines that say where it comes from (its assumptions)."""
     try:
         plan = planner.plan(cfg, peak_tflops=peak_tflops)
@@ -40,7 +40,7 @@ def planner_prediction(cfg, peak_tflops: float | None) -> tuple[dict, list[str]]
         return {}, [f"the planner cannot plan this config: {exc}"]
     predicted = {k: v for k, v in plan["predicted"].items() if isinstance(v, (int, float))}
     predicted["memory_gib"] = plan["memory_gib"]["total"]
-    source = [f"mindscale/perf/planner.py at {plan['predicted']['peak_tflops']:g} TFLOP/s per device "
+    source = [f"mindscale/perf/planner/ at {plan['predicted']['peak_tflops']:g} TFLOP/s per device "
               f"(the run's peak); memory {'fits' if plan['fits'] else 'does NOT fit'} the "
               f"{plan['memory_budget_gib']:.1f} GiB budget", *plan["predicted"].get("assumptions", [])]
     return predicted, source

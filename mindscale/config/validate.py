@@ -560,12 +560,12 @@ def validate(cfg: Config) -> None:
     _latent_attention(cfg.model)
     _experts(cfg)
     _tensor_parallel(cfg)
-    _context_parallel(cfg)
     _gradient_accumulation(cfg)
     _pipeline_schedule(cfg)
     _stage_offset(cfg)
     _recompute_layers(cfg)
     _global_batch(cfg)
+    _context_parallel(cfg)  # after the rules Layout.of relies on: it derives the attention kernel
     _offload(cfg)
     _blends(cfg)
     _evaluation(cfg)

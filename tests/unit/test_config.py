@@ -215,6 +215,10 @@ def test_round_trip_through_yaml():
      "offload.layers=1 needs run.mode=graph and run.reuse_layer_graph=true"),
     (["hardware=ascend910b", "offload.layers=1", "run.mode=pynative"],
      "offload.layers=1 needs run.mode=graph and run.reuse_layer_graph=true"),
+    # context parallel's rule derives the Layout: the per-stage lists must be checked before it
+    (["hardware=ascend910b", "parallel.context_parallel=2", "parallel.pipeline_stage=2",
+      "parallel.micro_batch_num=2", "recompute.layers=[1, 2, 3]"],
+     "recompute.layers=[1, 2, 3]: a list needs 2 non-negative integers, one per parallel.pipeline_stage"),
 ])
 def test_validation_rule_messages(overrides, message):
     with pytest.raises(ConfigError) as info:

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from mindscale.train.data.dataset import FORMAT_VERSION, MANIFEST_NAME
+from mindscale.train.data.dataset import FORMAT_VERSION, MANIFEST_NAME, shard_checksums
 
 
 def write_data_folder(folder: Path, rows: np.ndarray, vocab_size: int, tokenizer_sha: str = "t0") -> Path:
     """`rows` (int [samples, seq_length + 1]) as pretraining samples in one shard, with the manifest the
-    loader checks (eos_id 2, pad_id 0: the config defaults; the tokenizer named only by its sha256)."""
+    loader checks (eos_id 2, pad_id 0: the config defaults; the tokenizer named only by its sha256; the shard's
+    sizes and checksums)."""
     from mindspore.mindrecord import FileWriter
 
     samples, length = rows.shape
@@ -24,6 +25,7 @@ def write_data_folder(folder: Path, rows: np.ndarray, vocab_size: int, tokenizer
     manifest = {"format_version": FORMAT_VERSION, "mode": "pretrain", "seq_length": length - 1,
                 "num_samples": samples, "vocab_size": vocab_size, "eos_id": 2, "pad_id": 0, "fields": ["input_ids"],
                 "tokenizer": {"path": f"/tok/{tokenizer_sha}.model", "sha256": tokenizer_sha},
-                "shards": [{"file": "data_00000.mindrecord", "samples": samples}]}
+                "shards": [{"file": "data_00000.mindrecord", "samples": samples,
+                            **shard_checksums(folder / "data_00000.mindrecord")}]}
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
     return folder

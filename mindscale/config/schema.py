@@ -429,11 +429,17 @@ class DataConfig:
         "Held-out MindRecord folder for train.eval_interval: tools/preprocess_data.py --valid-fraction writes "
         "it as <output>/valid. null = no validation.", None)
     valid_blend: Optional[list[BlendSource]] = doc(
-        "Weighted blend of held-out folders instead of data.valid_path (a list of {path, weight}, as data.blend); "
-        "each source is read in stored order and must hold its share of the pass.", None)
+        "Weighted blend of held-out folders instead of data.valid_path (a list of {path, weight}, as data.blend). "
+        "With several, each source is validated on its own calls, its weight's share of train.eval_steps in whole "
+        "steps (at least one), in stored order, and logged with a loss of its own (val_loss_by_source); each must "
+        "hold its share.", None)
     tokenizer: Optional[str] = doc("SentencePiece .model file or Hugging Face tokenizer folder (tokenizer.json, "
                                    "tokenizer_config.json); checked against vocab_size and the data's manifest.", None)
     shuffle: bool = doc("Shuffle samples deterministically by run.seed.", True)
+    verify_checksums: bool = doc(
+        "Hash every shard against its manifest's checksum before the first step, by the process that builds the "
+        "run's sample index (a resume reuses the index and hashes nothing). false: only each shard's size is "
+        "checked (docs/data.md).", True)
     eos_id: int = doc("End-of-sequence id used to join documents.", 2)
     pad_id: int = doc("Padding id (ignored in the loss).", 0)
     max_packed_examples: int = doc(

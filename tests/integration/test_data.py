@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -108,9 +109,9 @@ def stored(folder):
 
 
 def make_cfg(path, vocab=VOCAB, seq=SEQ, dp=1, micro=2, accumulation=1, seed=7, shuffle=True, tokenizer=None,
-             steps=100, **data):
+             steps=100, run_dir="output", **data):
     return config_from_tree({
-        "run": {"seed": seed},
+        "run": {"seed": seed, "output_dir": str(run_dir)},
         "model": {"vocab_size": vocab, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "ffn_hidden_size": 64,
                   "seq_length": seq},
         "parallel": {"data_parallel": dp, "gradient_accumulation_steps": accumulation},
@@ -396,6 +397,70 @@ def test_loader_validation_errors_name_the_problem(work, pretrain_folder, tokeni
         build_dataset(make_cfg(pretrain_folder, dp=2), 0, 3)
 
 
+def damaged_copy(folder, name, damage):
+    """A copy of `folder` whose second shard `damage(path)` changed."""
+    copy = folder.parent / name
+    shutil.copytree(folder, copy)
+    damage(copy / read_manifest(copy)["shards"][1]["file"])
+    return copy
+
+
+def overwrite_data_pages(path):
+    """Random bytes over the shard's first data page (after MindRecord's header, whose size it states), in place:
+    the size stays, MindSpore's reader crashes the process (SIGSEGV) on the page."""
+    header = json.loads(path.read_bytes()[8:].split(b"\0", 1)[0])
+    with open(path, "r+b") as handle:
+        handle.seek(header["header_size"])
+        handle.write(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+
+
+def test_damaged_shards_are_refused_before_reading_and_old_folders_load_unchecked(work, pretrain_folder):
+    """Each shard's size and xxh3_128 are in the manifest: a truncated shard is refused by its size at every start,
+    one with other bytes by its checksum when the run's index is built (before any read: MindSpore's reader
+    crashes on both). A folder from before checksums loads, said unchecked in one line, until --add-checksums
+    records them; data.verify_checksums=false hashes nothing."""
+    shard = read_manifest(pretrain_folder)["shards"][1]
+    assert set(shard) == {"file", "samples", "bytes", "xxh3_128", "db_bytes", "db_xxh3_128"}
+    cut = damaged_copy(pretrain_folder, "cut", lambda path: os.truncate(path, path.stat().st_size // 2))
+    with pytest.raises(DataError) as info:
+        build_dataset(make_cfg(cut, run_dir=work / "runs_cut"), say=lambda line: None)
+    assert str(info.value) == (f"shard {cut}/data_00001.mindrecord holds {shard['bytes'] // 2:,} bytes but "
+                               f"{cut}/manifest.json records {shard['bytes']:,}: it was cut short or changed after "
+                               "preprocessing; copy the folder again from where it was made, or re-run "
+                               "tools/preprocess_data.py")
+    overwritten = damaged_copy(pretrain_folder, "overwritten", overwrite_data_pages)
+    lines = []
+    with pytest.raises(DataError) as info:
+        build_dataset(make_cfg(overwritten, run_dir=work / "runs_overwritten"), say=lines.append)
+    assert str(info.value) == (f"shard {overwritten}/data_00001.mindrecord does not match its xxh3_128 checksum in "
+                               f"{overwritten}/manifest.json: its bytes changed after preprocessing; copy the folder "
+                               "again from where it was made, or re-run tools/preprocess_data.py")
+    assert lines == [] and not (work / "runs_overwritten" / "run" / "index" / "train.json").exists()
+    unchecked = build_dataset(make_cfg(overwritten, run_dir=work / "runs_off", verify_checksums=False),
+                              say=lines.append)
+    assert unchecked.index.note.startswith("built") and not any("checksum" in line for line in lines)
+
+    lines = []
+    build_dataset(make_cfg(pretrain_folder, run_dir=work / "runs_intact"), say=lines.append)
+    shards = len(read_manifest(pretrain_folder)["shards"])
+    assert re.fullmatch(rf"data \(train\): {shards} shard\(s\) match their checksums \(\d+\.\d\d GB read in "
+                        r"\d+\.\d s, xxh3_128\)", lines[0]), lines
+
+    old = work / "before_checksums"
+    shutil.copytree(pretrain_folder, old)
+    manifest = read_manifest(old)
+    manifest["shards"] = [{"file": s["file"], "samples": s["samples"]} for s in manifest["shards"]]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    lines = []
+    build_dataset(make_cfg(old, run_dir=work / "runs_old"), say=lines.append)
+    assert lines[0] == (f"data (train): not checked, their manifest.json records no shard checksums (written before "
+                        f"MindScale kept them): {old}; add them with tools/preprocess_data.py --add-checksums FOLDER")
+    code, out, err = run_cli("preprocess_data", "--add-checksums", old)
+    assert code == 0 and re.fullmatch(rf"{old}: recorded the size and checksum of {shards} shard\(s\) \(\d+\.\d\d GB "
+                                      rf"read in \d+\.\d s\) in {old}/manifest.json\n", out), (out, err)
+    assert read_manifest(old)["shards"] == read_manifest(pretrain_folder)["shards"]
+
+
 # ----------------------------------------------------------------------------------------------
 # SFT
 
@@ -441,7 +506,7 @@ def sft_file(work):
     return path, records
 
 
-def test_sft_samples_pad_truncate_and_align_the_mask_with_labels(work, sft_file, tokenizer, sp, encoder):
+def test_sft_samples_pad_truncate_and_align_the_mask_with_labels(work, sft_file, tokenizer, sp, encoder, capsys):
     path, records = sft_file
     out = work / "sft_plain"
     preprocess("--mode", "sft", "--template", "llama2", "--input", path, "--tokenizer", tokenizer,
@@ -450,6 +515,11 @@ def test_sft_samples_pad_truncate_and_align_the_mask_with_labels(work, sft_file,
     encoded = encode_examples(records, TEMPLATES["llama2"], encoder)
     assert manifest["examples"] == manifest["num_samples"] == len(records)
     assert manifest["truncated_examples"] == sum(len(ids) > 64 for ids, _ in encoded) >= 1
+    # the summary line says what became of the examples, as the pretraining one says what was held out
+    assert capsys.readouterr().out == (
+        f"sft: {len(records)} examples ({manifest['truncated_examples']} truncated, 0 dropped without answer tokens; "
+        f"template llama2) -> {len(records)} samples of 64 tokens ({manifest['num_tokens']} tokens, "
+        f"{manifest['loss_tokens']} trained) in 1 shard(s) -> {out}\n")
     assert manifest["fields"] == ["input_ids", "loss_mask"] and manifest["dropped_examples"] == 0
     for row, (ids, mask) in zip(stored(out), encoded):
         n = min(len(ids), 64)

@@ -2,6 +2,7 @@
 bound, determinism, rank and accumulation invariance, resume, wrap-around epochs, index reuse and rebuild,
 and bad input. Sources are real MindRecord folders written here, read through build_dataset."""
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -165,18 +166,26 @@ def test_a_single_path_is_a_blend_of_one_in_stored_order_without_shuffle(tmp_pat
                             "data": {"path": str(sources[0]), "shuffle": False}})
     rows = global_steps(cfg)
     assert [i for step in rows for _, i in step] == [p % SIZES[0] for p in range(30)]
+    stream = build_dataset(cfg, say=lambda line: None)  # the run log's line names no share: there is one source
+    assert stream.describe() == f"data: {sources[0]} (30 samples of 23, 1.30 epochs) over 10 steps; index " \
+                                f"built {stream.index.folder} in {stream.index.note.split(' in ')[1]}"
 
 
-def test_the_index_is_reused_and_a_changed_input_is_named_and_rebuilt(tmp_path, sources):
+def test_the_index_is_reused_and_a_changed_input_is_named_and_rebuilt(tmp_path, sources, monkeypatch):
     lines = []
     cfg = make_cfg(tmp_path, sources)
     stream = build_dataset(cfg, say=lines.append)
-    assert lines == [f"data index (train): no index yet; building {stream.index.folder}"]
+    assert lines[0].startswith("data (train): 3 shard(s) match their checksums (")  # checked before the build
+    assert lines[1:] == [f"data index (train): no index yet; building {stream.index.folder}"]
     assert stream.drawn(40) == {str(p): int(n) for p, n in zip(sources, (100, 60, 40))}
     header = stream.describe()
     assert header.startswith(f"data: blend of {sources[0]} 50.0% (100 samples of 23, 4.35 epochs)")
+    # found again by a process of the same job (rank 0 after rank 1 took the lock first): built by this run
     again = build_dataset(cfg, say=lines.append)
-    assert len(lines) == 1 and again.index.note == f"reused {stream.index.folder}"
+    assert len(lines) == 2 and again.index.note.startswith(f"built {stream.index.folder} in ")
+    assert again.index.note.endswith(" s (no index yet)") and again.index.note == stream.index.note
+    monkeypatch.setattr(index_module, "PROCESS_STARTED", time.time())  # a later process: a resume, a new job
+    assert build_dataset(cfg, say=lines.append).index.note == f"reused {stream.index.folder}"
     first = global_steps(cfg, count=8)
 
     build_dataset(make_cfg(tmp_path, sources, weights=(0.5, 0.3, 0.25)), say=lines.append)
@@ -244,6 +253,29 @@ def test_an_index_folder_of_another_blend_is_refused_in_one_line(tmp_path, sourc
                                f"delete {folder} and the next run builds it anew")
     shutil.rmtree(folder)
     assert build_dataset(cfg, **quiet).index.note.startswith("built")  # as the message says
+
+
+def test_token_ids_outside_the_vocabulary_stop_the_stream_naming_the_sample_and_its_shard(tmp_path):
+    """A stored id at or past the manifest's vocab_size, or negative, would index past the embedding table: the
+    batch holding it is refused in one line naming the sample and its shard, before it reaches a step; the
+    batches before it pass."""
+    for stored, bad in ((7, 100), (4, -5)):
+        rows = np.tile(np.arange(SEQ + 1), (10, 1))
+        rows[stored, 3] = bad
+        folder = write_data_folder(tmp_path / f"ids_{stored}", rows, vocab_size=100)
+        cfg = config_from_tree({"run": {"output_dir": str(tmp_path / f"run_{stored}")},
+                                "model": {"vocab_size": 100, "seq_length": SEQ},
+                                "train": {"micro_batch_size": 2, "steps": 5},
+                                "data": {"path": str(folder), "shuffle": False}})
+        batches = iter(build_dataset(cfg, say=lambda line: None))
+        for _ in range(stored // 2):
+            next(batches)
+        with pytest.raises(DataError) as info:
+            next(batches)
+        assert str(info.value) == (
+            f"sample {stored} of shard {folder}/data_00000.mindrecord holds token id {bad}, outside the vocabulary "
+            "of 100 its manifest records: the shard is damaged or was not written by tools/preprocess_data.py with "
+            "that tokenizer; copy the folder again from where it was made, or re-run tools/preprocess_data.py")
 
 
 def test_batches_are_read_ahead_in_order_and_the_reader_stops_when_the_stream_is_dropped():

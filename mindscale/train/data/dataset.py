@@ -20,12 +20,19 @@ is the same as running through k steps. Sharding is done here rather than by Min
 num_shards/shard_id, whose shard split would not have this property; MindSpore's dataset API reads the
 chosen records (MindDataset with a SubsetSampler over one window's indices), in the given order whatever
 its number of parallel workers.
+
+Damaged shards are refused before MindDataset reads them: MindSpore 2.9's reader ends the process with a
+segmentation fault on a truncated or overwritten shard read on the loader's thread (once any dataset was
+opened before in the process), which Python cannot catch. Every start compares each shard's size with the
+manifest; the process that builds the run's index first hashes every shard against the manifest's
+checksum (`verify_checksums`); each batch's token ids are range-checked (`DataStream.check_token_ids`).
 """
 from __future__ import annotations
 
 import json
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
@@ -43,6 +50,38 @@ SYNTHETIC = "synthetic"
 MANIFEST_KEYS = ("format_version", "mode", "seq_length", "num_samples", "vocab_size", "eos_id", "pad_id",
                  "tokenizer", "fields", "shards")
 PREPROCESS_HINT = "tools/preprocess_data.py --input ... --tokenizer ... --output DIR"
+CHECKSUM = "xxh3_128"  # a shard's digest in the manifest: it finds damaged bytes, not deliberate edits
+HASH_BLOCK = 8 << 20  # bytes read per call while hashing
+SHARD_FILES = (("", ""), ("db_", ".db"))  # (manifest key prefix, file suffix): the shard and its index
+DAMAGED_FIX = "copy the folder again from where it was made, or re-run tools/preprocess_data.py"
+
+
+def file_checksum(path: Path) -> str:
+    """xxh3_128 of a file's bytes (xxhash: 4.9 GB/s in memory on the test host, against hashlib sha256's 0.4;
+    BENCHMARKS.md "Shard checksums")."""
+    import xxhash
+
+    digest = xxhash.xxh3_128()
+    buffer = bytearray(HASH_BLOCK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while size := handle.readinto(buffer):
+            digest.update(view[:size])
+    return digest.hexdigest()
+
+
+def shard_checksums(path: Path) -> dict:
+    """A shard's manifest entries beside file and samples: the size and checksum of the MindRecord file and of
+    its .db index."""
+    entries = {}
+    for prefix, suffix in SHARD_FILES:
+        file = Path(f"{path}{suffix}")
+        entries.update({f"{prefix}bytes": file.stat().st_size, f"{prefix}{CHECKSUM}": file_checksum(file)})
+    return entries
+
+
+def has_checksums(manifest: dict) -> bool:
+    return all(CHECKSUM in shard for shard in manifest["shards"])
 
 
 def read_manifest(path: str | Path, key: str = "data.path") -> dict:
@@ -118,8 +157,45 @@ def check_manifest(cfg: Config, manifest: dict, folder: Path) -> list[str]:
         if not path.is_file() or not Path(f"{path}.db").is_file():
             raise DataError(f"shard {path} (or its .db index) listed in {where} is missing; "
                             "re-run tools/preprocess_data.py")
+        _check_sizes(path, shard, where)
         files.append(str(path))
     return files
+
+
+def _check_sizes(path: Path, shard: dict, where: Path) -> None:
+    """A shard (and its .db) must have the size its manifest records, when it records one: a truncated file is
+    found here, at no cost, rather than by MindSpore's reader, which crashes the process on it."""
+    for prefix, suffix in SHARD_FILES:
+        file, recorded = Path(f"{path}{suffix}"), shard.get(f"{prefix}bytes")
+        if recorded is not None and file.stat().st_size != recorded:
+            raise DataError(f"shard {file} holds {file.stat().st_size:,} bytes but {where} records {recorded:,}: "
+                            f"it was cut short or changed after preprocessing; {DAMAGED_FIX}")
+
+
+def verify_checksums(sources: list["DataSource"], split: str, say=print) -> None:
+    """Hash every shard of `sources` (and its .db) and compare with its manifest (DataError naming the first
+    that differs); one line says what was checked and what it cost, one more names the folders whose manifest
+    records no checksums (they load unchecked)."""
+    began, hashed, shards, unchecked = time.perf_counter(), 0, 0, []
+    for source in sources:
+        folder = Path(source.files[0]).parent
+        if not has_checksums(source.manifest):
+            unchecked.append(str(folder))
+            continue
+        for path, shard in zip(source.files, source.manifest["shards"]):
+            for prefix, suffix in SHARD_FILES:
+                file = Path(f"{path}{suffix}")
+                if file_checksum(file) != shard[f"{prefix}{CHECKSUM}"]:
+                    raise DataError(f"shard {file} does not match its {CHECKSUM} checksum in {folder / MANIFEST_NAME}"
+                                    f": its bytes changed after preprocessing; {DAMAGED_FIX}")
+                hashed += shard[f"{prefix}bytes"]
+            shards += 1
+    if shards:
+        say(f"data ({split}): {shards} shard(s) match their checksums ({hashed / 1e9:.2f} GB read in "
+            f"{time.perf_counter() - began:.1f} s, {CHECKSUM})")
+    if unchecked:
+        say(f"data ({split}): not checked, their manifest.json records no shard checksums (written before MindScale "
+            f"kept them): {', '.join(unchecked)}; add them with tools/preprocess_data.py --add-checksums FOLDER")
 
 
 @dataclass(frozen=True)
@@ -166,10 +242,15 @@ class DataStream:
         self._rows = rows
 
     def __iter__(self) -> Iterator[dict]:
-        """The batches, read ahead on a thread of their own (`prefetched`): one iteration per stream."""
+        """The batches, read ahead on a thread of their own (`prefetched`): one iteration per stream. Stored
+        batches have their token ids range-checked (`check_token_ids`) before they are handed over."""
         def batches():
             while True:
-                yield make_batch([next(self._rows) for _ in range(self.plan.rows)])
+                rows = [next(self._rows) for _ in range(self.plan.rows)]
+                batch = make_batch(rows)
+                if self.sources:
+                    self.check_token_ids(batch["tokens"], rows)
+                yield batch
 
         micro_steps = self.plan.global_batch // (self.plan.world * self.plan.rows)
         return prefetched(batches(), PREFETCH_STEPS * micro_steps)
@@ -184,11 +265,37 @@ class DataStream:
         """One line for the run log: each source's share, samples and epochs over the indexed steps (MindRecord
         data only)."""
         total = self.drawn(self.index.steps)
-        parts = [f"{s.path} {s.weight / sum(x.weight for x in self.sources):.1%} ({total[s.path]} samples of "
-                 f"{s.manifest['num_samples']}, {total[s.path] / s.manifest['num_samples']:.2f} epochs)"
-                 for s in self.sources]
-        kind = "blend of " if len(self.sources) > 1 else ""
-        return f"data: {kind}{'; '.join(parts)} over {self.index.steps} steps; index {self.index.note}"
+        blend = len(self.sources) > 1
+        parts = [f"{s.path} {f'{s.weight / sum(x.weight for x in self.sources):.1%} ' if blend else ''}"
+                 f"({total[s.path]} samples of {s.manifest['num_samples']}, "
+                 f"{total[s.path] / s.manifest['num_samples']:.2f} epochs)" for s in self.sources]
+        return f"data: {'blend of ' if blend else ''}{'; '.join(parts)} over {self.index.steps} steps; " \
+               f"index {self.index.note}"
+
+    def check_token_ids(self, tokens: np.ndarray, rows: list[dict]) -> None:
+        """Every id of a stored batch must lie in [0, vocab_size) of its manifest: an id outside would index past
+        the embedding table. One vectorised pass (negative ids, seen as unsigned, are large); the offending
+        sample is then named by its shard (DataError)."""
+        vocab = self.manifest["vocab_size"]
+        if int(tokens.view(np.uint32).max()) < vocab:
+            return
+        row = int(np.flatnonzero((tokens.view(np.uint32) >= vocab).any(axis=1))[0])
+        k, stored = rows[row]["origin"]
+        source = self.sources[k]
+        shard, within = shard_of(source.manifest, stored)
+        bad = int(tokens[row][(tokens[row] < 0) | (tokens[row] >= vocab)][0])
+        raise DataError(f"sample {within} of shard {Path(source.files[0]).parent / shard} holds token id {bad}, "
+                        f"outside the vocabulary of {vocab} its manifest records: the shard is damaged or was "
+                        f"not written by tools/preprocess_data.py with that tokenizer; {DAMAGED_FIX}")
+
+
+def shard_of(manifest: dict, stored: int) -> tuple[str, int]:
+    """(shard file, sample within it) of a folder's stored sample `stored`."""
+    for shard in manifest["shards"]:
+        if stored < shard["samples"]:
+            return shard["file"], stored
+        stored -= shard["samples"]
+    raise IndexError(f"sample {stored} is past the folder's samples")
 
 
 PREFETCH_STEPS = 2  # optimizer steps of batches a rank reads ahead
@@ -360,10 +467,28 @@ def _indexed_rows(sources: list[DataSource], index: SampleIndex, plan: BatchPlan
         source, stored = index.window(low, min(low + steps, index.steps), columns)
         readers = [_read_records(list(s.files), fields, stored[source == k], s.manifest["num_samples"])
                    for k, s in enumerate(sources)]
-        for k in source:
-            yield next(readers[k])
+        for k, index_in_source in zip(source.tolist(), stored.tolist()):
+            record = next(readers[k])
+            record["origin"] = (k, index_in_source)  # names the sample should its token ids be out of range
+            yield record
     raise DataError(f"the data stream ends after the {index.steps} steps its index covers; raise train.steps "
                     "(the index is rebuilt for the new length)")
+
+
+def stored_stream(source: DataSource, plan: BatchPlan, steps: int) -> DataStream:
+    """This rank's batches of the first `steps` x G samples of one checked source in stored order, read
+    without an index: a held-out blend's pass validates a source at a time (mindscale/train/loop/evaluate.py).
+    The caller makes sure the source holds them."""
+    def rows() -> Iterator[dict]:
+        positions = plan.mine(np.arange(steps * plan.global_batch))
+        records = _read_records(list(source.files), list(source.manifest["fields"]), positions,
+                                source.manifest["num_samples"])
+        for record, stored in zip(records, positions.tolist()):
+            record["origin"] = (0, stored)
+            yield record
+        raise DataError(f"the held-out stream of {source.key}={source.path} ends after {steps} steps")
+
+    return DataStream(plan, rows(), source.manifest, (source,))
 
 
 def _verified_shards(cfg: Config, folder: Path, manifest: dict) -> list[str]:
@@ -395,8 +520,13 @@ def build_dataset(cfg: Config, rank: int = 0, world: int = 1, start_step: int = 
         return DataStream(plan, _synthetic_rows(cfg, plan, start_step * plan.global_batch), None)
     sources = open_sources(cfg, split)
     steps = cfg.train.steps if split == "train" else cfg.train.eval_steps
+
+    def verify() -> None:  # by the process that builds the index, before it does (a resume reuses both)
+        if cfg.data.verify_checksums:
+            verify_checksums(sources, split, say)
+
     index = SampleIndex.ensure(index_root(cfg), split, [s.index_source() for s in sources], cfg.run.seed,
-                               cfg.data.shuffle, plan.global_batch, steps, say)
+                               cfg.data.shuffle, plan.global_batch, steps, say, before_build=verify)
     rows = _indexed_rows(sources, index, plan, start_step)
     return DataStream(plan, rows, sources[0].manifest, tuple(sources), index)
 

@@ -6,6 +6,8 @@
 Folder `<run>/index/<split>-<digest>/` (split: train or valid; digest: of `key.json`):
 - `key.json`: what the index was built from (seed, shuffle, global batch, steps, and per source its path,
   weight, sample count, manifest digest and each shard's size and mtime);
+- `built.json`: when, in how long and why it was built: the run log says "built" for an index built since
+  the process started (by any rank of the job) and "reused" for an earlier run's;
 - `starts.npy`: int64 [steps + 1, K], draws of each source before each step (mindscale/train/data/blend.py);
 - `order_<k>.npy` (when shuffled): uint32 (int64 past 2^32 samples), source k's whole epochs back to back (as
   many as the steps draw from it): draw j
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import psutil
 
 from mindscale.io import DataError
 from mindscale.train.data.blend import StepCounts, assign, normalized
@@ -50,6 +53,8 @@ CHUNK = 1 << 22  # samples per generated block: the builder's memory
 BUCKET = 1 << 18  # samples per shuffled bucket: 1 MiB of uint32 shuffles at ~30 ns a sample here, 4 MiB at ~120
 GROUP = CHUNK // BUCKET  # buckets put in order and written together: about CHUNK samples
 IOV_MAX = 1024  # buffers of one preadv call (Linux)
+BUILT_NAME = "built.json"  # in an index folder: when it was built (time.time()), in how long and why
+PROCESS_STARTED = psutil.Process().create_time()  # an index built after this was built by this job
 
 
 @dataclass(frozen=True)
@@ -272,8 +277,9 @@ class SampleIndex:
     # -- building ---------------------------------------------------------------------------------
     @classmethod
     def ensure(cls, root: Path, split: str, sources: list[IndexSource], seed: int, shuffle: bool,
-               global_batch: int, steps: int, say=print) -> "SampleIndex":
-        """The index of this key under `root`, built by whichever process gets the lock first."""
+               global_batch: int, steps: int, say=print, before_build=lambda: None) -> "SampleIndex":
+        """The index of this key under `root`, built by whichever process gets the lock first, which calls
+        `before_build` first (the loader's checksum check: a failure there builds nothing)."""
         key = {"version": INDEX_VERSION, "split": split, "seed": seed, "shuffle": shuffle,
                "global_batch": global_batch, "steps": steps, "sources": [s.key() for s in sources]}
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -281,17 +287,18 @@ class SampleIndex:
         with _locked(root / ".lock"):
             if folder.exists():  # named by its key's digest: another key.json or other files came from elsewhere
                 _check_folder(folder, key)
-                return cls(folder, key, f"reused {folder}")
+                return cls(folder, key, _found_note(folder))
             current = root / f"{split}.json"  # which folder is the split's newest
             previous = json.loads(current.read_text()) if current.is_file() else None
-            began = time.perf_counter()
             why = "no index yet" if previous is None else _difference(previous["key"], key)
+            before_build()
+            began = time.perf_counter()
             say(f"data index ({split}): {why}; building {folder}")
-            _build(folder, key, sources)
+            _build(folder, key, sources, why, began)
             current.write_text(json.dumps({"folder": folder.name, "key": key}))
             if previous is not None and previous["folder"] != folder.name:
                 shutil.rmtree(root / previous["folder"], ignore_errors=True)
-            return cls(folder, key, f"built {folder} in {time.perf_counter() - began:.1f} s ({why})")
+            return cls(folder, key, _found_note(folder))
 
     # -- reading ----------------------------------------------------------------------------------
     def starts(self, lo: int, hi: int) -> np.ndarray:
@@ -372,7 +379,19 @@ def _check_header(folder: Path, name: str, shape: tuple, dtype, fix: str) -> Non
                         f"{np.dtype(dtype)} its key.json implies (another blend's index?); {fix}")
 
 
-def _build(folder: Path, key: dict, sources: list[IndexSource]) -> None:
+def _found_note(folder: Path) -> str:
+    """The run log's word on an index folder: "built" when it was built since this process started (by it,
+    or by another rank of the same job that took the lock first), else "reused" (an earlier run's)."""
+    try:
+        built = json.loads((folder / BUILT_NAME).read_text())
+    except (OSError, ValueError):  # an index of an older MindScale: it predates this process
+        built = None
+    if built is None or built["at"] < PROCESS_STARTED:
+        return f"reused {folder}"
+    return f"built {folder} in {built['seconds']:.1f} s ({built['why']})"
+
+
+def _build(folder: Path, key: dict, sources: list[IndexSource], why: str, began: float) -> None:
     partial = folder.parent / f".{folder.name}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     shutil.rmtree(folder, ignore_errors=True)
@@ -393,4 +412,6 @@ def _build(folder: Path, key: dict, sources: list[IndexSource]) -> None:
             _fill_orders(out, n, key["seed"], k)
             out.close()
     (partial / "key.json").write_text(json.dumps(key))
+    (partial / BUILT_NAME).write_text(json.dumps({"at": time.time(), "seconds": time.perf_counter() - began,
+                                                  "why": why}))
     partial.rename(folder)

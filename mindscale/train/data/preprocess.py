@@ -38,10 +38,11 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from mindscale.io import DataError, publish_folder
+from mindscale.io import DataError, publish_folder, write_atomically
 from mindscale.train.data import tokenizers
 from mindscale.train.data.heldout import VALID_DIR, split_documents
-from mindscale.train.data.dataset import FORMAT_VERSION, MANIFEST_NAME, Source, column, read_batches
+from mindscale.train.data.dataset import (FORMAT_VERSION, MANIFEST_NAME, Source, column, has_checksums,
+                                          read_batches, read_manifest, shard_checksums)
 from mindscale.train.data.chat_template import get_template
 from mindscale.train.data.templates import RecordError, encode_examples
 
@@ -111,7 +112,9 @@ class ShardWriter:
     def _close_shard(self) -> None:
         self._flush()
         self.writer.commit()
-        self.shards.append({"file": self.name, "samples": self.in_shard})
+        # hashed while its pages are still in the page cache: the loader checks the shard against these
+        self.shards.append({"file": self.name, "samples": self.in_shard,
+                            **shard_checksums(self.folder / self.name)})
         self.writer, self.in_shard = None, 0
 
     def add(self, sample: dict) -> None:
@@ -392,3 +395,20 @@ def preprocess(output: Path, options: Options, sources: list[Source], tokenizer,
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return manifest
+
+
+def add_checksums(folder: Path) -> tuple[int, int]:
+    """Record the size and checksum of every shard of a folder preprocessed before MindScale kept them (its
+    manifest.json rewritten atomically, nothing else touched); returns (shards, bytes hashed), (0, 0) when the
+    manifest already records them. The shards are taken as they are now: check them first if in doubt."""
+    manifest = read_manifest(folder, "--add-checksums")
+    if has_checksums(manifest):
+        return 0, 0
+    for shard in manifest["shards"]:
+        path = folder / shard["file"]
+        if not path.is_file() or not Path(f"{path}.db").is_file():
+            raise DataError(f"shard {path} (or its .db index) listed in {folder / MANIFEST_NAME} is missing; "
+                            "re-run tools/preprocess_data.py")
+        shard.update(shard_checksums(path))
+    write_atomically(folder / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+    return len(manifest["shards"]), sum(s["bytes"] + s["db_bytes"] for s in manifest["shards"])

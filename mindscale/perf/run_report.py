@@ -58,17 +58,31 @@ def validation_records(records: list[dict]) -> list[dict]:
 
 
 def validation_section(run) -> str | None:
-    """HTML table of the validation passes (step, val_loss, val_ppl, seconds), or None without any."""
+    """HTML table of the validation passes (step, val_loss, each held-out source's loss for a blend of several,
+    val_ppl, seconds) after a sentence naming the held-out set, or None without any pass."""
     validated = validation_records([r for segment in segments(run.metrics.records) for r in segment])
     if not validated:
         return None
-    rows = "".join(f"<tr><td>{r['step']}</td><td>{r['val_loss']:.4f}</td><td>{r['val_ppl']:.2f}</td>"
-                   f"<td>{r.get('val_time_s', float('nan')):.2f}</td></tr>" for r in validated)
-    held_out = html.escape(str(run.config.data.valid_path))
-    return (f"<p>The token-weighted mean loss over the first {run.config.train.eval_steps} x "
-            f"{run.config.global_batch_size} sequences of {held_out} (train.eval_steps x global batch), "
-            f"after the step.</p><table><tr><th>step</th><th>val_loss</th><th>val_ppl</th><th>seconds</th></tr>"
-            f"{rows}</table>")
+    data, eval_steps, batch = run.config.data, run.config.train.eval_steps, run.config.global_batch_size
+    sources = [e.path for e in data.valid_blend or ()] or [data.valid_path]
+    if len(sources) == 1:
+        held_out = (f"The token-weighted mean loss over the first {eval_steps} x {batch} sequences of "
+                    f"{html.escape(str(sources[0]))} (train.eval_steps x global batch), after the step.")
+    else:
+        weights = ", ".join(f"{html.escape(e.path)} (weight {e.weight:g})" for e in data.valid_blend)
+        held_out = (f"The token-weighted mean loss over the held-out blend data.valid_blend, after the step, and "
+                    f"each source's own: {weights}. Each source gives the first sequences of its folder, its "
+                    f"weight's share of train.eval_steps={eval_steps} steps of {batch} sequences in whole steps "
+                    "(at least one; docs/data.md).")
+    per_source = sources if len(sources) > 1 else []
+    head = "".join(f"<th>{html.escape(path)}</th>" for path in per_source)
+    rows = "".join(f"<tr><td>{r['step']}</td><td>{r['val_loss']:.4f}</td>"
+                   + "".join(f"<td>{r.get('val_loss_by_source', {}).get(path, float('nan')):.4f}</td>"
+                             for path in per_source)
+                   + f"<td>{r['val_ppl']:.2f}</td><td>{r.get('val_time_s', float('nan')):.2f}</td></tr>"
+                   for r in validated)
+    return (f"<p>{held_out}</p><table><tr><th>step</th><th>val_loss</th>{head}<th>val_ppl</th><th>seconds</th>"
+            f"</tr>{rows}</table>")
 
 
 def data_mix(records: list[dict]) -> str | None:

@@ -6,6 +6,7 @@ of the final checkpoint over the held-out sequences (numpy cross entropy in floa
 """
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,9 +68,10 @@ def val_losses(run_dir):
     return {r["step"]: r["val_loss"] for r in records(run_dir) if "val_loss" in r}
 
 
-def offline_val_loss(run_dir, sequences):
-    """Token-mean cross entropy of the run's final weights over the first `sequences` held-out samples, in
-    stored order: a forward pass of the model in this process, the loss in numpy float64."""
+def offline_val_loss(run_dir, sequences, folder=None):
+    """Token-mean cross entropy of the run's final weights over the first `sequences` held-out samples (of
+    `folder`, else data.valid_path), in stored order: a forward pass of the model in this process, the loss in
+    numpy float64."""
     import mindspore as ms
     from mindspore import Tensor
     from mindspore.mindrecord import FileReader
@@ -77,7 +79,7 @@ def offline_val_loss(run_dir, sequences):
     import models
 
     cfg = load_config(Path(run_dir) / "config.yaml")
-    folder = Path(cfg.data.valid_path)
+    folder = Path(folder or cfg.data.valid_path)
     rows = []
     for shard in read_manifest(folder)["shards"]:
         reader = FileReader(str(folder / shard["file"]))
@@ -148,20 +150,25 @@ def test_a_held_out_split_that_cannot_serve_is_one_line_and_exit_2(tmp_path, cor
     assert not (tmp_path / "bad" / "checkpoints").exists()
 
 
-def test_a_blend_trains_validates_and_logs_the_tokens_of_each_source(tmp_path, corpus):
+def test_a_blend_trains_validates_and_logs_the_tokens_and_losses_of_each_source(tmp_path, corpus):
     """data.blend of two folders (the corpus and a second one preprocessed with the same tokenizer) and
-    data.valid_blend: the run log's header names each share, metrics.jsonl counts the tokens each source gave
-    (3:1 of G=4 samples of 32 tokens per step) and tools/report.py prints the mix. Index reuse, rebuilds and
-    the order: tests/unit/test_blend.py."""
+    data.valid_blend of their held-out splits, weights 3:1: the run log's header names each share, metrics.jsonl
+    counts the tokens each source gave (3:1 of G=4 samples of 32 tokens per step) and each held-out source's
+    loss, each equal to an offline pass over its sequences (train.eval_steps=2 x 3/4 and 1/4 in whole steps: 2
+    and 1 steps, 8 and 4 sequences); TensorBoard plots both per source, tools/report.py prints the mix and
+    its HTML names the held-out sources. Index reuse, rebuilds and the order: tests/unit/test_blend.py."""
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     other = tmp_path / "other"
     text = tmp_path / "other.txt"
     text.write_text("\n".join(f"seven lazy wizards jump over {n} brown foxes." for n in range(300)))
     subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", str(text), "--text-unit", "line",
-                    "--tokenizer", str(corpus / "tok.model"), "--seq-length", "32", "--output", str(other)],
-                   cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
+                    "--tokenizer", str(corpus / "tok.model"), "--seq-length", "32", "--valid-fraction", "0.2",
+                    "--output", str(other)], cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
     blend = f"data.blend=[{{path: {corpus / 'mr'}, weight: 3}}, {{path: {other}, weight: 1}}]"
-    valid = f"data.valid_blend=[{{path: {corpus / 'mr' / 'valid'}, weight: 1}}]"
-    args = [blend, valid, "data.valid_path=null", f"data.tokenizer={corpus / 'tok.model'}", *EVAL]
+    held_out = [str(corpus / "mr" / "valid"), str(other / "valid")]
+    valid = f"data.valid_blend=[{{path: {held_out[0]}, weight: 3}}, {{path: {held_out[1]}, weight: 1}}]"
+    args = [blend, valid, "data.valid_path=null", f"data.tokenizer={corpus / 'tok.model'}", "run.tensorboard=true",
+            *EVAL]
     run = train(tmp_path, "blend", *args)
     assert f"data: blend of {corpus / 'mr'} 75.0% (12 samples of" in run.stdout
     assert f"{other} 25.0% (4 samples of" in run.stdout
@@ -169,7 +176,44 @@ def test_a_blend_trains_validates_and_logs_the_tokens_of_each_source(tmp_path, c
     logged = records(tmp_path / "blend")
     assert [r["data_tokens"] for r in logged if r["step"] == 4] == [{str(corpus / "mr"): 12 * 32, str(other): 4 * 32}]
     assert sorted(val_losses(tmp_path / "blend")) == [2, 4]
+    last = logged[-1]
+    by_source = [offline_val_loss(tmp_path / "blend", n, folder) for n, folder in zip((8, 4), held_out)]
+    np.testing.assert_allclose([last["val_loss_by_source"][path] for path in held_out], by_source, rtol=1e-5)
+    np.testing.assert_allclose(last["val_loss"], (8 * by_source[0] + 4 * by_source[1]) / 12, rtol=1e-5)
+
+    events = accumulator.EventAccumulator(str(tmp_path / "blend" / "tensorboard"),
+                                          size_guidance={accumulator.SCALARS: 0})
+    events.Reload()
+    assert {f"data_tokens/{corpus / 'mr'}", f"data_tokens/{other}",
+            *(f"val_loss_by_source/{path}" for path in held_out)} <= set(events.Tags()["scalars"])
+    assert events.Scalars(f"data_tokens/{other}")[-1].value == 4 * 32
+
     report = subprocess.run([sys.executable, "tools/report.py", str(tmp_path / "blend")], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
     assert f"data mix at step 4: {corpus / 'mr'} 75.0% (384 tokens), {other} 25.0% (128 tokens)" in report.stdout
+    page = (tmp_path / "blend" / "report.html").read_text()
+    section = page[page.index("<h2>Validation</h2>"):]
+    assert "None" not in section[:section.index("</table>")]
+    assert f"each source's own: {held_out[0]} (weight 3), {held_out[1]} (weight 1)" in section
+    assert f"<th>val_loss</th><th>{held_out[0]}</th><th>{held_out[1]}</th>" in section
+
+
+def test_a_damaged_shard_stops_the_run_in_one_line_before_the_compile(tmp_path, corpus):
+    """Random bytes over a data page of a shard (its size unchanged): MindSpore's reader crashed the process
+    (SIGSEGV, no message, after the compile); the shard's checksum now refuses it before anything compiles."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(corpus / "mr", damaged)
+    shard = damaged / read_manifest(damaged)["shards"][0]["file"]
+    header_size = json.loads(shard.read_bytes()[8:].split(b"\0", 1)[0])["header_size"]
+    with open(shard, "r+b") as handle:
+        handle.seek(header_size)
+        handle.write(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    proc = train(tmp_path, "damaged", f"data.path={damaged}", f"data.tokenizer={corpus / 'tok.model'}",
+                 "train.steps=4", check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and errors == [
+        f"error: shard {shard} does not match its xxh3_128 checksum in {damaged}/manifest.json: its bytes changed "
+        "after preprocessing; copy the folder again from where it was made, or re-run tools/preprocess_data.py"], \
+        proc.stderr[-2000:]
+    assert not any((tmp_path / "damaged" / name).exists() for name in ("compile_cache", "checkpoints"))

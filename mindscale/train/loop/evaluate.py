@@ -1,18 +1,21 @@
 """Validation loss during training (train.eval_interval): a forward-only graph over held-out data.
 
     evaluator = Evaluator(cfg, layout, model, data_rank)   # checks data.valid_path before anything compiles
-    if evaluator.due(step): val_loss, seconds = evaluator.validate(train_step)
+    if evaluator.due(step): val_loss, seconds, by_source = evaluator.validate(train_step)
 
 The held-out set is the first train.eval_steps x global_batch_size sequences of data.valid_path in
-stored order (never shuffled), or of data.valid_blend's sources, each in stored order, interleaved by the
-blend's rule. A pass feeds them as training feeds its steps: eval_steps calls of a
-step's rows per data-parallel rank (its micro batches stacked, sliced in the graph: EvalStep), in the
-stream order of mindscale/train/data/dataset.py (shuffle off, from position 0), so
+stored order (never shuffled). A data.valid_blend of several sources is validated a source at a time, so
+that each has a loss of its own: source k gives the first e_k x global_batch_size sequences of its folder,
+in stored order, e_k its weight's share of train.eval_steps rounded to whole steps and at least one
+(`steps_per_source`); the pass's val_loss is over all of them. A pass feeds them as training feeds its
+steps: a step's rows per call and data-parallel rank (its micro batches stacked, sliced in the graph:
+EvalStep), in the stream order of mindscale/train/data/dataset.py (shuffle off, from position 0), so
 rank r reads its share of every micro batch and the set is the same whatever the world size. Each
 micro batch gives the sum of its token losses and its token count; a call adds them over its micro
 batches and its ranks (data parallel: one all-reduce; sharded: the loss is already the global micro
 batch's mean and the compiler reduces the count over data parallel); the pass's loss is the sum of the
-sums over the sum of the counts, a token-weighted mean, so 1 and 2 workers agree.
+sums over the sum of the counts, a token-weighted mean, so 1 and 2 workers agree; a source's loss is the
+same over its own calls (every call holds one source's rows).
 
 The graph is compiled once, at the first pass (sharded layouts: at start-up, next to the training
 step), and reused: every call has the same shapes. It reads the training weights and writes nothing,
@@ -28,7 +31,9 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindscale.config import Config, ConfigError, Layout
-from mindscale.train.data.dataset import SYNTHETIC, build_dataset, configured_sources, read_manifest, step_rows
+from mindscale.train.data.blend import normalized
+from mindscale.train.data.dataset import (SYNTHETIC, batch_plan, build_dataset, configured_sources, read_manifest,
+                                          step_rows, stored_stream)
 from mindscale.train.loop.step import MicroBatches, micro_batched
 from models.transformer import NextTokenLoss
 
@@ -111,10 +116,12 @@ class Evaluator:
         self.step = EvalStep(model, layout)
 
     def _check_data(self) -> None:
-        """The held-out folders match the model (build_dataset's checks), hold the training data's fields
-        and enough sequences: a short pass (or a source read past its end) would silently change what
-        val_loss means."""
+        """The held-out folders match the model (build_dataset's checks, and their checksums when it builds the
+        split's index), hold the training data's fields and enough sequences: a short pass (or a source read
+        past its end) would silently change what val_loss means."""
         stream = build_dataset(self.held_out, self.data_rank, self.layout.dp, split="valid")
+        self.sources = stream.sources
+        self.steps = steps_per_source([s.weight for s in self.sources], self.cfg.train.eval_steps)
         t, batch = self.cfg.train, self.cfg.global_batch_size
         trained = stream.manifest["fields"] if self.cfg.data.path == SYNTHETIC and not self.cfg.data.blend else \
             read_manifest(configured_sources(self.cfg)[0][1])["fields"]
@@ -124,14 +131,14 @@ class Evaluator:
                               f"holds {trained}; preprocess both the same way (tools/preprocess_data.py "
                               "--valid-fraction writes a matching split)")
         needed = t.eval_steps * batch
-        for source in stream.sources:
-            held, drawn = source.manifest["num_samples"], stream.drawn(t.eval_steps)[source.path]
-            if held >= drawn:
+        for source, steps in zip(stream.sources, self.steps):
+            held = source.manifest["num_samples"]
+            if held >= steps * batch:
                 continue
             if len(stream.sources) > 1:
                 raise ConfigError(f"{source.key}={source.path} holds {held} sequences but its share of train."
-                                  f"eval_steps={t.eval_steps} x global batch {batch} is {drawn}; lower train."
-                                  "eval_steps or its weight, or hold out more")
+                                  f"eval_steps={t.eval_steps}, {steps} step(s) x global batch {batch}, needs "
+                                  f"{steps * batch}; lower train.eval_steps or its weight, or hold out more")
             # train.eval_steps must be >= 1 (validate.py): below one global batch only more held-out data helps
             fix = f"set train.eval_steps <= {held // batch} or hold out more" if held >= batch else \
                 f"hold out at least {batch} sequences, one global batch"
@@ -145,29 +152,54 @@ class Evaluator:
         return bool(interval) and (step % interval == 0 or step == self.cfg.train.steps)
 
     def batches(self):
-        """The held-out calls of this rank, from the start of the split every time: a step's micro batches
-        stacked, as the trainer feeds them."""
-        source = iter(build_dataset(self.held_out, self.data_rank, self.layout.dp, split="valid"))
-        for _ in range(self.cfg.train.eval_steps):
-            micro = [next(source) for _ in range(self.cfg.parallel.gradient_accumulation_steps)]  # as the trainer
-            yield tuple(Tensor(rows) for rows in step_rows(micro, self.layout.packed_examples))
+        """(source, the call's tensors) of this rank's held-out calls, from the start every time: a step's
+        micro batches stacked, as the trainer feeds them. One source: its stream through the split's index;
+        a blend: each source's own calls in turn (stored_stream)."""
+        g = self.cfg.parallel.gradient_accumulation_steps
+        if len(self.sources) == 1:
+            streams = [build_dataset(self.held_out, self.data_rank, self.layout.dp, split="valid")]
+        else:
+            plan = batch_plan(self.held_out, self.data_rank, self.layout.dp)
+            streams = (stored_stream(source, plan, steps) for source, steps in zip(self.sources, self.steps))
+        for k, (stream, steps) in enumerate(zip(streams, self.steps)):
+            batches = iter(stream)
+            try:
+                for _ in range(steps):
+                    micro = [next(batches) for _ in range(g)]  # as the trainer
+                    yield k, tuple(Tensor(rows) for rows in step_rows(micro, self.layout.packed_examples))
+            finally:
+                batches.close()
 
     def compile(self, train_step: nn.Cell) -> None:
         """Compile the graph now (sharded layouts, after the training step: the weights are sliced by then)."""
         self.step.set_train(False)
-        self.step.compile(*next(self.batches()))
+        calls = self.batches()
+        self.step.compile(*next(calls)[1])
+        calls.close()
         train_step.set_train(True)
 
-    def validate(self, train_step: nn.Cell) -> tuple[float, float]:
-        """(token-weighted mean loss over the held-out set, seconds the pass took). `train_step` is set back
-        to training mode afterwards: the model's cells are shared, and their mode is per cell. A heartbeat
-        (`alive`) before each call and after the last keeps the hang watch from taking the pass for a hang."""
+    def validate(self, train_step: nn.Cell) -> tuple[float, float, dict | None]:
+        """(token-weighted mean loss over the held-out set, seconds the pass took, and for a blend of several
+        sources each one's loss by its configured path, else None). `train_step` is set back to training mode
+        afterwards: the model's cells are shared, and their mode is per cell. A heartbeat (`alive`) before each
+        call and after the last keeps the hang watch from taking the pass for a hang."""
         began = time.perf_counter()
         self.step.set_train(False)
-        total = np.zeros(2, np.float64)
-        for batch in self.batches():
+        sums = np.zeros((len(self.sources), 2), np.float64)  # per source: [sum of token losses, tokens]
+        for k, batch in self.batches():
             self.alive()  # before each call: the first compiles the graph (unsharded layouts)
-            total += self.step(*batch).asnumpy()
+            sums[k] += self.step(*batch).asnumpy()
         self.alive()
         train_step.set_train(True)
-        return float(total[0] / max(total[1], 1.0)), time.perf_counter() - began
+        total = sums.sum(axis=0)
+        by_source = {source.path: float(s / max(n, 1.0)) for source, (s, n) in zip(self.sources, sums)} \
+            if len(self.sources) > 1 else None
+        return float(total[0] / max(total[1], 1.0)), time.perf_counter() - began, by_source
+
+
+def steps_per_source(weights: list[float], eval_steps: int) -> list[int]:
+    """Calls of each source in a held-out pass: all train.eval_steps for one source; in a blend, each source's
+    weight share of them rounded to whole steps (halves up), at least one."""
+    if len(weights) == 1:
+        return [eval_steps]
+    return [max(1, int(np.floor(share * eval_steps + 0.5))) for share in normalized(weights)]

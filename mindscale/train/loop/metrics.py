@@ -136,16 +136,18 @@ class MetricsLogger:
             return None
         return (now - last[1]) / (step - last[0]) * (self.cfg.train.steps - step)
 
-    def validated(self, loss: float, seconds: float) -> None:
+    def validated(self, loss: float, seconds: float, by_source: dict | None = None) -> None:
         """A validation pass (mindscale/train/loop/evaluate.py) ran after the coming step: its record holds
-        val_loss, val_ppl and val_time_s, and is written whatever train.log_interval says."""
-        self.validation = (loss, seconds)
+        val_loss, val_ppl and val_time_s (and a held-out blend's val_loss_by_source), and is written whatever
+        train.log_interval says."""
+        self.validation = (loss, seconds, by_source)
 
     def _validation_record(self) -> dict:
         if self.validation is None:
             return {}
-        (loss, seconds), self.validation = self.validation, None
-        return {"val_loss": loss, "val_ppl": perplexity(loss), "val_time_s": seconds}
+        (loss, seconds, by_source), self.validation = self.validation, None
+        return {"val_loss": loss, "val_ppl": perplexity(loss), "val_time_s": seconds,
+                **({"val_loss_by_source": by_source} if by_source else {})}
 
     def routed(self, aux_loss: float, expert_load_max: float) -> None:
         """A mixture of experts' router statistics of the step just taken (models/transformer.py, CausalLMLoss):

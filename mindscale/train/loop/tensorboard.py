@@ -1,8 +1,9 @@
 """TensorBoard event files of the metrics records (`run.tensorboard`, docs/monitoring.md).
 
 Every record MetricsLogger appends to metrics.jsonl becomes one scalar per numeric value, under the
-record's own key, at the record's step: what TensorBoard plots is what metrics.jsonl holds, including
-keys added later. Written by tensorboardX (requirements.txt), imported only when the key is on.
+record's own key (a per-source dict's values under KEY/SOURCE), at the record's step: what TensorBoard
+plots is what metrics.jsonl holds, including keys added later. Written by tensorboardX (requirements.txt),
+imported only when the key is on.
 
 A resumed run re-logs the steps after its checkpoint, and metrics.jsonl drops its records after that
 step. Here each process start opens a new event file in <run>/tensorboard/ that begins with a
@@ -27,10 +28,18 @@ QUEUE_EVENTS = 4096  # tensorboardX blocks the caller when its queue is full; a 
 
 
 def scalars(record: dict) -> dict[str, float]:
-    """The values TensorBoard gets from a record: every int and float but the step itself (nulls, such as
-    the first record's eta_s, flags, strings and lists are not scalars)."""
-    return {key: value for key, value in record.items()
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    """The values TensorBoard gets from a record: every int and float but the step itself, and those of a
+    per-source dict (data_tokens, val_loss_by_source) under KEY/SOURCE, one plot per source in KEY's group
+    (nulls, such as the first record's eta_s, flags, strings and lists are not scalars)."""
+    flat = {key: value for key, value in record.items() if key != "step" and _is_scalar(value)}
+    for key, values in record.items():
+        if isinstance(values, dict):
+            flat.update({f"{key}/{name}": value for name, value in values.items() if _is_scalar(value)})
+    return flat
+
+
+def _is_scalar(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class TensorBoardLog:

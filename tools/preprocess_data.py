@@ -111,7 +111,7 @@ def add_checksums_to(folder: Path, as_json: bool) -> int:
         shards, size = add_checksums(folder)
     except UserError as exc:
         fail(str(exc))
-    line = (f"{folder}: recorded the size and checksum of {shards} shard(s) ({size / 1e9:.2f} GB read in "
+    line = (f"{folder}: recorded the size and checksum of {shards} shard(s) ({size / 1e9:.2f} GB in "
             f"{time.perf_counter() - began:.1f} s) in {folder / 'manifest.json'}" if shards else
             f"{folder}: its manifest.json already records the shard checksums; nothing to do")
     emit({"folder": str(folder), "shards": shards, "bytes": size}, as_json, line)

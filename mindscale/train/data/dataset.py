@@ -29,7 +29,10 @@ checksum (`verify_checksums`); each batch's token ids are range-checked (`DataSt
 """
 from __future__ import annotations
 
+import errno
+import functools
 import json
+import os
 import queue
 import threading
 import time
@@ -51,23 +54,48 @@ MANIFEST_KEYS = ("format_version", "mode", "seq_length", "num_samples", "vocab_s
                  "tokenizer", "fields", "shards")
 PREPROCESS_HINT = "tools/preprocess_data.py --input ... --tokenizer ... --output DIR"
 CHECKSUM = "xxh3_128"  # a shard's digest in the manifest: it finds damaged bytes, not deliberate edits
-HASH_BLOCK = 8 << 20  # bytes read per call while hashing
+HASH_BLOCK = 1 << 20  # bytes hashed (and read) per block: a block in a sparse file's hole is not read
 SHARD_FILES = (("", ""), ("db_", ".db"))  # (manifest key prefix, file suffix): the shard and its index
 DAMAGED_FIX = "copy the folder again from where it was made, or re-run tools/preprocess_data.py"
 
 
 def file_checksum(path: Path) -> str:
-    """xxh3_128 of a file's bytes (xxhash: 4.9 GB/s in memory on the test host, against hashlib sha256's 0.4;
-    BENCHMARKS.md "Shard checksums")."""
+    """The xxh3_128 (xxhash) of the xxh3_128 digests of a file's HASH_BLOCK-byte blocks (the last one shorter)
+    in order: a digest of its bytes whatever the file system stores. A block inside a hole of a sparse file is
+    zeros, its digest known without reading: MindRecord preallocates 48 MiB of pages per shard, mostly holes in a
+    small one. xxh3 hashes 4.9 GB/s in memory on the test host, hashlib's sha256 0.4 (BENCHMARKS.md, "Shard
+    checksums"): the read is the cost."""
     import xxhash
 
-    digest = xxhash.xxh3_128()
+    whole = xxhash.xxh3_128()
     buffer = bytearray(HASH_BLOCK)
-    view = memoryview(buffer)
     with open(path, "rb", buffering=0) as handle:
-        while size := handle.readinto(buffer):
-            digest.update(view[:size])
-    return digest.hexdigest()
+        size = os.fstat(handle.fileno()).st_size
+        for offset in range(0, size, HASH_BLOCK):
+            length = min(HASH_BLOCK, size - offset)
+            if _in_hole(handle.fileno(), offset, length):
+                whole.update(_zeros_digest(length))
+                continue
+            view = memoryview(buffer)[:length]
+            if os.preadv(handle.fileno(), [view], offset) != length:
+                raise DataError(f"{path} changed while it was hashed; run again")
+            whole.update(xxhash.xxh3_128(view).digest())
+    return whole.hexdigest()
+
+
+def _in_hole(fd: int, offset: int, length: int) -> bool:
+    """Whether the file holds no data in [offset, offset + length): a hole reads as zeros."""
+    try:
+        return os.lseek(fd, offset, os.SEEK_DATA) >= offset + length
+    except OSError as exc:  # ENXIO: no data after offset; a file system without SEEK_DATA reads every block
+        return exc.errno == errno.ENXIO
+
+
+@functools.lru_cache(maxsize=4)
+def _zeros_digest(length: int) -> bytes:
+    import xxhash
+
+    return xxhash.xxh3_128(bytes(length)).digest()
 
 
 def shard_checksums(path: Path) -> dict:
@@ -191,7 +219,7 @@ def verify_checksums(sources: list["DataSource"], split: str, say=print) -> None
                 hashed += shard[f"{prefix}bytes"]
             shards += 1
     if shards:
-        say(f"data ({split}): {shards} shard(s) match their checksums ({hashed / 1e9:.2f} GB read in "
+        say(f"data ({split}): {shards} shard(s) match their checksums ({hashed / 1e9:.2f} GB in "
             f"{time.perf_counter() - began:.1f} s, {CHECKSUM})")
     if unchecked:
         say(f"data ({split}): not checked, their manifest.json records no shard checksums (written before MindScale "

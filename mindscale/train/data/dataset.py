@@ -539,9 +539,10 @@ def index_root(cfg: Config) -> Path:
 
 def build_dataset(cfg: Config, rank: int = 0, world: int = 1, start_step: int = 0, split: str = "train",
                   say=print) -> DataStream:
-    """This rank's batches from optimizer step `start_step` on; checks the data against the config first.
-    split "train" reads data.path / data.blend for train.steps steps, "valid" data.valid_path /
-    data.valid_blend for train.eval_steps (the caller turns shuffling off: evaluate.held_out_config)."""
+    """This rank's batches from optimizer step `start_step` on; checks the data against the config first
+    (and the shards' sizes; their checksums when this process builds the split's index). split "train" reads
+    data.path / data.blend for train.steps steps, "valid" data.valid_path / data.valid_blend for
+    train.eval_steps (the caller turns shuffling off: evaluate.held_out_config)."""
     plan = batch_plan(cfg, rank, world)
     if split == "train" and cfg.data.path == SYNTHETIC and not cfg.data.blend:
         check_tokenizer(cfg)

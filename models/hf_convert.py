@@ -10,13 +10,12 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
 
-from mindscale.io import CheckpointError, publish_folder
+from mindscale.io import CheckpointError
 from models.archs import ARCHS
 from models.spec import HFAdapter, HFUnsupported, Rule
 from models.tensor_file import full_index, open_tensors
@@ -25,6 +24,15 @@ from models.tensor_file import full_index, open_tensors
 class HFConversionError(CheckpointError):
     """The Hugging Face checkpoint cannot be converted. One line; the CLIs exit 2."""
 
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+GENERATION_CONFIG = "generation_config.json"  # generate()'s defaults: special-token ids, sampling
+# A tokenizer's files in a Hugging Face folder (SentencePiece, tokenizers' JSON, GPT-2's BPE, the chat template).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+PARTIAL = ".partial-"
 
 # HF tensors that are buffers, not weights (older checkpoints store them).
 IGNORED_HF = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.attn\.masked_bias)$")
@@ -79,6 +87,16 @@ def hf_config_from_model(m) -> dict:
         return ARCHS[m.arch].hf.config_to_hf(m)
     except HFUnsupported as exc:
         raise HFConversionError(str(exc))
+
+
+def carried_from_source(source: dict, m) -> dict:
+    """What an export's config.json keeps of the config.json of the model a run started from (`source`):
+    its special-token ids, and with rotary positions its max_position_embeddings, the context the model
+    was made for, which a shorter training length (model.seq_length) does not change."""
+    keys = {key: source[key] for key in TOKEN_ID_KEYS if source.get(key) is not None}
+    if not ARCHS[m.arch].learned_positions and isinstance(source.get("max_position_embeddings"), int):
+        keys["max_position_embeddings"] = max(source["max_position_embeddings"], m.seq_length)
+    return keys
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,25 +220,32 @@ def mindscale_to_hf(weights: dict[str, np.ndarray], m) -> tuple[dict[str, np.nda
 
 def is_hf_folder(path: str | Path) -> bool:
     path = Path(path)
-    return path.is_dir() and (path / "config.json").is_file()
+    return path.is_dir() and (path / CONFIG_FILE).is_file()
+
+
+def read_hf_config(path: str | Path) -> dict:
+    """The config.json of a Hugging Face model folder."""
+    path = Path(path)
+    if not is_hf_folder(path):
+        raise HFConversionError(f"{path} is not a Hugging Face model folder (no {CONFIG_FILE})")
+    try:
+        return json.loads((path / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as exc:
+        raise HFConversionError(f"{path / CONFIG_FILE} is not valid JSON ({exc.msg})")
 
 
 def read_hf_folder(path: str | Path, lazy: bool = False) -> tuple[dict, dict]:
-    """(tensors, config) of a Hugging Face model folder: config.json + model.safetensors, or the
-    shards listed in model.safetensors.index.json. BF16 widens to fp32. `lazy`: the tensors are
+    """(tensors, config) of a Hugging Face model folder: config.json + model.safetensors, else the
+    shards listed in model.safetensors.index.json (transformers' order: an export written beside an
+    older sharded checkpoint is what both read). BF16 widens to fp32. `lazy`: the tensors are
     StoredTensors (models/tensor_file.py), read only where indexed."""
     path = Path(path)
-    if not is_hf_folder(path):
-        raise HFConversionError(f"{path} is not a Hugging Face model folder (no config.json)")
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise HFConversionError(f"{path / 'config.json'} is not valid JSON ({exc.msg})")
+    config = read_hf_config(path)
     index = path / "model.safetensors.index.json"
-    if index.is_file():
+    if (path / WEIGHTS_FILE).is_file():
+        files = [WEIGHTS_FILE]
+    elif index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (path / "model.safetensors").is_file():
-        files = ["model.safetensors"]
     else:
         raise HFConversionError(f"{path} has no model.safetensors or model.safetensors.index.json "
                                 "(PyTorch .bin checkpoints are not read; re-save with safetensors)")
@@ -232,18 +257,58 @@ def read_hf_folder(path: str | Path, lazy: bool = False) -> tuple[dict, dict]:
     return (tensors if lazy else {name: t[...] for name, t in tensors.items()}), config
 
 
-def write_hf_folder(path: str | Path, hf_state: dict[str, np.ndarray], hf_config: dict) -> Path:
-    """config.json + model.safetensors that transformers' from_pretrained loads, written in a sibling
-    folder and swapped in whole (no half-written folder, no stale shards of an earlier export)."""
+def check_export_folder(path: str | Path, overwrite: bool) -> None:
+    """Refuse an export folder that is a file, or that holds files unless `overwrite` (then the export
+    replaces its own files there and leaves every other one)."""
     path = Path(path)
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    if path.exists() and not path.is_dir():
+        raise HFConversionError(f"--output {path} is a file; pass a folder path")
+    others = sorted(p.name for p in path.iterdir() if not _partial_of_ours(p.name)) if path.is_dir() else []
+    if others and not overwrite:
+        raise HFConversionError(f"--output {path} is not empty ({_names(others)}); pass --overwrite to replace the "
+                                "files the export writes there and keep the others, or choose another folder")
+
+
+def write_hf_folder(path: str | Path, hf_state: dict[str, np.ndarray], hf_config: dict,
+                    files: dict[str, bytes] | None = None, overwrite: bool = False) -> Path:
+    """config.json + model.safetensors that transformers' from_pretrained loads, and `files` (name ->
+    contents: a tokenizer, a generation config), into folder `path`: absent or empty, or any folder with
+    `overwrite` (check_export_folder). Only these files are written and no other is removed. Each is
+    written whole under a temporary name beside its own, then all are renamed into place, config.json
+    last: a kill leaves every file whole, and a new folder becomes a Hugging Face folder (config.json)
+    only when it is complete."""
+    path = Path(path)
+    check_export_folder(path, overwrite)
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.iterdir():  # of an export killed before its renames
+        if _partial_of_ours(stale.name):
+            stale.unlink()
+    writers = {name: (lambda target, data=data: target.write_bytes(data)) for name, data in (files or {}).items()}
+    writers[WEIGHTS_FILE] = lambda target: save_file({k: np.ascontiguousarray(v) for k, v in hf_state.items()},
+                                                     str(target), metadata={"format": "pt"})
+    writers[CONFIG_FILE] = lambda target: target.write_text(json.dumps(hf_config, indent=2) + "\n")
+    partials = {name: path / f".{name}{PARTIAL}{os.getpid()}" for name in writers}
     try:
-        save_file({k: np.ascontiguousarray(v) for k, v in hf_state.items()}, str(partial / "model.safetensors"),
-                  metadata={"format": "pt"})
-        (partial / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-        publish_folder(partial, path)
+        for name, write in writers.items():
+            write(partials[name])
+            _fsync(partials[name])
+        for name, partial in partials.items():  # dicts keep their order: config.json last
+            os.replace(partial, path / name)
     finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        for partial in partials.values():
+            partial.unlink(missing_ok=True)
     return path
+
+
+def _partial_of_ours(name: str) -> bool:
+    """Whether `name` is a file an export writes before renaming it into place (`.config.json.partial-<pid>`)."""
+    return name.startswith(".") and PARTIAL in name
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())

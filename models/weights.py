@@ -26,7 +26,7 @@ from mindscale.config import Config, ConfigError, config_from_tree
 from mindscale.io import CheckpointError, read_tensors, verify_folder
 from models.archs import ARCHS
 from models.hf_convert import (HFConversionError, hf_views, is_hf_folder, model_config_differences,
-                               model_config_from_hf, read_hf_folder)
+                               model_config_from_hf, read_hf_config, read_hf_folder)
 from models.mf_convert import is_mindformers_checkpoint, mf_views, read_mindformers
 from models.tensor_file import extent, full_index, open_tensors
 from models.lora import is_adapter, merge, split_adapters, without_lora
@@ -256,11 +256,10 @@ def _first(items, n: int = 3) -> str:
     return ", ".join(items[:n]) + more
 
 
-def check_weights(model: nn.Cell, weights: dict, layouts: dict | None = None) -> None:
-    """Raise WeightsMismatch unless `weights` has exactly the model's parameter names and full shapes
-    (a compiled sharded model's parameters are slices: `layouts`, its parameter_layout_dict, holds the
-    full shapes). LoRA adapters may be absent (base weights for a LoRA model: the adapters keep their
-    initial values)."""
+def weight_problems(model: nn.Cell, weights: dict, layouts: dict | None = None) -> list[str]:
+    """How `weights` differs from the model's parameter names and full shapes (a compiled sharded model's
+    parameters are slices: `layouts`, its parameter_layout_dict, holds the full shapes): [] when they match.
+    LoRA adapters may be absent (base weights for a LoRA model: the adapters keep their initial values)."""
     layouts = layouts or {}
     params = {p.name: tuple(layouts[p.name][6]) if p.name in layouts else tuple(p.shape)
               for p in model.get_parameters() if p.name in weights or not is_adapter(p.name)}
@@ -275,6 +274,13 @@ def check_weights(model: nn.Cell, weights: dict, layouts: dict | None = None) ->
         problems.append(f"unexpected {len(unexpected)}: {_first(unexpected)}")
     if wrong:
         problems.append(f"wrong shape {len(wrong)}: {_first(wrong)}")
+    return problems
+
+
+def check_weights(model: nn.Cell, weights: dict, layouts: dict | None = None) -> None:
+    """Raise WeightsMismatch unless `weights` has exactly the model's parameter names and full shapes
+    (weight_problems)."""
+    problems = weight_problems(model, weights, layouts)
     if problems:
         raise WeightsMismatch("checkpoint does not match the model config (" + "; ".join(problems) +
                               "); use the config the checkpoint was trained with")
@@ -313,7 +319,8 @@ def load_pretrained(path: str | Path, cfg: Config, sliced: bool = False) -> Mapp
         differ = model_config_differences(hf_model, cfg.model)
         if differ:
             raise WeightsMismatch(f"{path}: the Hugging Face model differs from the config: {_first(differ)}; "
-                                  "set those model keys or use a matching checkpoint")
+                                  "set finetune.hf_dims=true to take the model dims from its config.json, or set "
+                                  "those model keys")
         return _loaded(views, sliced)
     if sliced and Path(path).is_dir():
         return SlicedWeights(step_tensors(Path(path), WEIGHTS))
@@ -334,10 +341,7 @@ def with_hf_dims(cfg: Config, hf_folder: str | Path) -> Config:
     if not is_hf_folder(hf_folder):
         raise HFConversionError(f"{hf_folder} is not a Hugging Face folder (no config.json); "
                                 "finetune.hf_dims and generate's HF mode need one")
-    try:
-        hf_model = model_config_from_hf(json.loads((Path(hf_folder) / "config.json").read_text()))
-    except json.JSONDecodeError as exc:
-        raise HFConversionError(f"{Path(hf_folder) / 'config.json'} is not valid JSON ({exc.msg})")
+    hf_model = model_config_from_hf(read_hf_config(hf_folder))
     if not ARCHS[hf_model["arch"]].learned_positions:
         hf_model.pop("seq_length")
     tree = cfg.to_dict()

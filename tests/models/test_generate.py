@@ -183,3 +183,24 @@ def test_cli_bad_input_is_one_line_exit_2(llama_folder, args, message):
     proc = run_cli("--load_checkpoint", str(llama_folder[0]), "--max_new_tokens", "2", *args)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr[-1500:]
+
+
+def test_without_config_an_hf_folder_brings_its_model_and_a_bare_file_asks_for_one(llama_folder, capsys):
+    """tools/generate.py in-process (PyNative, as its CLI runs on CPU; graph mode is set back for the module)."""
+    from tools import generate as tool
+
+    try:
+        assert tool.main(["--load_checkpoint", str(llama_folder[0]), "--prompt-ids", ",".join(map(str, PROMPT)),
+                          "--max_new_tokens", "6", "--greedy", "--json"]) == 0
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    expected = hf_greedy(llama_folder[1], PROMPT, 6)
+    if 2 in expected:  # the HF config's eos_token_id stops our generation (kept, as transformers does)
+        expected = expected[:expected.index(2) + 1]
+    assert json.loads(capsys.readouterr().out)["ids"] == expected
+    bare = llama_folder[0] / "model.safetensors"
+    with pytest.raises(SystemExit) as refused:
+        tool.main(["--load_checkpoint", str(bare), "--prompt-ids", "1"])
+    assert refused.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        f"error: {bare} has no config.yaml beside its weights (a step folder keeps the config it was trained with); "
+        "pass --config with that config"]

@@ -7,6 +7,7 @@ reproduce the HF tensors bit for bit, through the library and through tools/conv
 """
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -198,6 +199,24 @@ def test_cli_round_trip_and_bad_input_exit_2(converted, tmp_path, capsys):
     assert all(np.array_equal(again[k], hf_state[k]) for k in hf_state)
     if arch != "llama":
         return
+    # ms2hf into the Hugging Face folder it came from: one line, exit 2, nothing touched; with --overwrite it
+    # replaces its own files and keeps the tokenizer and generation config it did not write
+    source = tmp_path / "source"
+    shutil.copytree(folder, source)
+    (source / "tokenizer.model").write_bytes(b"a tokenizer")
+    before = {p.name: p.read_bytes() for p in source.iterdir()}
+    export = ["--direction", "ms2hf", "--input", str(step_dir), "--output", str(source)]
+    with pytest.raises(SystemExit) as refused:
+        convert_checkpoint.main(export)
+    assert refused.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        f"error: --output {source} is not empty (config.json, generation_config.json, model.safetensors and 1 more); "
+        "pass --overwrite to replace the files the export writes there and keep the others, or choose another folder"]
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == before
+    assert convert_checkpoint.main([*export, "--overwrite"]) == 0
+    assert sorted(p.name for p in source.iterdir()) == sorted(before)
+    assert all((source / name).read_bytes() == before[name] for name in ("tokenizer.model", "generation_config.json"))
+    again, _ = read_hf_folder(source)
+    assert all(np.array_equal(again[k], hf_state[k]) for k in hf_state)
     # A config whose dims differ from the checkpoint: one line, exit 2, nothing written.
     run = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "--direction", "hf2ms", "--input",
                           str(folder), "--output", str(tmp_path / "bad"), "--config", "configs/tiny/llama_tiny.yaml"],
@@ -211,8 +230,10 @@ def test_cli_round_trip_and_bad_input_exit_2(converted, tmp_path, capsys):
 def test_load_pretrained_refuses_an_hf_model_that_differs_from_the_config(converted):
     _, _, folder, _, cfg, _, _ = converted
     other = config_from_tree({"model": {**dataclasses.asdict(cfg.model), "hidden_size": 32}})
-    with pytest.raises(models.WeightsMismatch, match="model.hidden_size=64 \\(config has 32\\)"):
+    with pytest.raises(models.WeightsMismatch, match="model.hidden_size=64 \\(config has 32\\)") as refused:
         models.load_pretrained(folder, other)
+    assert str(refused.value).endswith("; set finetune.hf_dims=true to take the model dims from its config.json, or "
+                                       "set those model keys")
 
 
 def test_sharded_index_and_bf16_tensors_are_read(tmp_path):
@@ -261,15 +282,35 @@ def test_unsupported_and_incomplete_checkpoints_are_refused():
         hf_to_mindscale({}, {"model_type": "bert"})
 
 
-def test_export_replaces_the_folder_whole_so_no_stale_shard_index_survives(tmp_path):
-    out = tmp_path / "export"
+def test_export_refuses_a_folder_with_files_and_overwrite_replaces_only_its_own(tmp_path):
+    """Pointed at a Hugging Face folder, the export refuses (nothing touched) unless told to overwrite; then it
+    replaces its own files and keeps the others (a tokenizer, an earlier sharded checkpoint: transformers' order,
+    which read_hf_folder follows, reads the new model.safetensors before the index)."""
+    out = tmp_path / "hf"
     out.mkdir()
-    (out / "model.safetensors.index.json").write_text("{}")  # an earlier sharded export
-    write_hf_folder(out, {"w": np.ones((2, 2), np.float32)}, {"model_type": "llama"})
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    torch_save_file({"w": torch.zeros(2, 2)}, str(out / "model-00001-of-00001.safetensors"))
+    index = {"weight_map": {"w": "model-00001-of-00001.safetensors"}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    (out / "config.json").write_text(json.dumps({"model_type": "llama", "old": True}))
+    (out / "tokenizer.model").write_bytes(b"a tokenizer")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(HFConversionError) as refused:
+        write_hf_folder(out, {"w": np.ones((2, 2), np.float32)}, {"model_type": "llama"})
+    assert str(refused.value) == (f"--output {out} is not empty (config.json, model-00001-of-00001.safetensors, "
+                                  "model.safetensors.index.json and 1 more); pass --overwrite to replace the files the "
+                                  "export writes there and keep the others, or choose another folder")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    write_hf_folder(out, {"w": np.ones((2, 2), np.float32)}, {"model_type": "llama"},
+                    {"generation_config.json": b"{}"}, overwrite=True)
+    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(after) == sorted([*before, "model.safetensors", "generation_config.json"])  # no partial file left
+    assert all(after[name] == before[name] for name in before if name != "config.json")
     tensors, config = read_hf_folder(out)
-    assert list(tensors) == ["w"] and config == {"model_type": "llama"}
-    assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no partial or old folder left
+    assert config == {"model_type": "llama"} and list(tensors) == ["w"] and tensors["w"].tolist() == [[1, 1], [1, 1]]
+    with pytest.raises(HFConversionError, match="is a file; pass a folder path"):
+        write_hf_folder(out / "tokenizer.model", {}, {}, overwrite=True)
+    write_hf_folder(tmp_path / "new" / "hf", {"w": np.ones(1, np.float32)}, {"model_type": "llama"})  # made
+    assert sorted(p.name for p in (tmp_path / "new" / "hf").iterdir()) == ["config.json", "model.safetensors"]
 
 
 def test_a_mixture_of_experts_checkpoint_into_a_dense_config_is_one_line_naming_both(tmp_path):
@@ -310,3 +351,37 @@ def test_a_softmax_family_refuses_to_export_deepseek_routing_in_one_line():
                                           "moe": {"num_experts": 4, "router": "sigmoid", "dense_layers": 1}}})
     with pytest.raises(HFConversionError, match="model.moe.router=sigmoid, dense_layers=1: mixtral's Hugging Face"):
         hf_config_from_model(mixtral.model)
+
+
+def test_an_export_carries_what_transformers_generates_with_from_the_folder_a_run_started_from(tmp_path):
+    """export_extras of a run fine-tuned from a Hugging Face folder (longer context than the run's, its special
+    tokens, a generation config, a tokenizer): those, as they are; a path that is gone is one line naming the fix."""
+    from tokenizers import Tokenizer, models as vocabularies
+    from mindscale.io import CheckpointError
+    from mindscale.config import ConfigError
+    from mindscale.train.inference import export_extras
+
+    source = tmp_path / "hf"
+    hf = hf_model("llama")
+    hf.config.update({"bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 0})
+    hf.generation_config.update(bos_token_id=1, eos_token_id=[2, 3], pad_token_id=0, do_sample=True, top_p=0.9)
+    hf.save_pretrained(source, safe_serialization=True)
+    Tokenizer(vocabularies.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, "hi": 3}, unk_token="<unk>")).save(
+        str(source / "tokenizer.json"))
+    (source / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    model = {"arch": "llama", "vocab_size": VOCAB, "hidden_size": 64, "num_layers": 2, "num_heads": 4,
+             "num_kv_heads": 2, "ffn_hidden_size": 96, "seq_length": SEQ}
+    cfg = config_from_tree({"model": model, "checkpoint": {"load_path": str(source)}})
+    extras = export_extras(cfg)
+    assert extras.config == {"bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 0,
+                             "max_position_embeddings": 64}  # not the run's seq_length, 16
+    assert extras.files == {name: (source / name).read_bytes()
+                            for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json")}
+    assert (extras.tokenizer, extras.generation_config) == (str(source), str(source / "generation_config.json"))
+    assert export_extras(config_from_tree({"model": model})) == type(extras)({}, {}, None, None)
+    gone = config_from_tree({"model": model, "checkpoint": {"load_path": str(tmp_path / "moved")}})
+    with pytest.raises(CheckpointError, match=f"checkpoint.load_path={tmp_path / 'moved'} does not exist: .*--set "
+                                              "checkpoint.load_path=PATH$"):
+        export_extras(gone)
+    with pytest.raises(ConfigError, match="data.tokenizer=nowhere.model does not exist: .*--set data.tokenizer=null$"):
+        export_extras(config_from_tree({"model": model, "data": {"tokenizer": "nowhere.model"}}))

@@ -620,7 +620,7 @@ def test_preprocess_bad_inputs_exit_2_with_one_line(work, tokenizer, pretrain_fo
     assert sorted(p.name for p in pretrain_folder.iterdir()) == before
 
 
-def test_overwrite_replaces_the_folder_whole(work, tokenizer, pretrain_folder):
+def test_overwrite_replaces_a_folder_it_wrote_and_refuses_one_with_other_files(work, tokenizer, pretrain_folder):
     out = work / "replace_me"
     preprocess("--input", work / "docs.jsonl", "--tokenizer", tokenizer, "--seq-length", SEQ, "--output", out)
     first = read_manifest(out)["num_samples"]
@@ -630,6 +630,13 @@ def test_overwrite_replaces_the_folder_whole(work, tokenizer, pretrain_folder):
     assert manifest["seq_length"] == 2 * SEQ and manifest["num_samples"] < first
     assert len(stored(out)) == manifest["num_samples"]
     assert not [p for p in work.iterdir() if p.name.startswith(".replace_me")]
+    # a file the tool did not write is never deleted: --overwrite refuses the folder then
+    (out / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in out.iterdir())
+    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", "--tokenizer", tokenizer, "--seq-length", SEQ,
+                     "--output", out, "--overwrite", match="holds files tools/preprocess_data.py did not write "
+                     "(notes.txt); --overwrite replaces only a folder it wrote")
+    assert sorted(p.name for p in out.iterdir()) == before and (out / "notes.txt").read_text() == "mine"
 
 
 def test_train_tokenizer_bad_inputs_exit_2_with_one_line(work, tokenizer):

@@ -85,12 +85,30 @@ def pad_id_of(tokenizer) -> int:
 
 
 def check_output(output: Path, overwrite: bool) -> None:
-    """Refuse an --output that is a file, or a non-empty folder unless `overwrite`."""
+    """Refuse an --output that is a file, or a non-empty folder unless `overwrite`. The folder is replaced
+    whole, so `overwrite` takes only a folder this tool wrote: its manifest names every file in it."""
     if output.exists() and not output.is_dir():
         raise DataError(f"--output {output} is a file; pass a folder path")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
+    if not output.is_dir() or not any(output.iterdir()):
+        return
+    if not overwrite:
         raise DataError(f"--output {output} exists and is not empty; pass --overwrite to replace it or choose "
                         "another folder")
+    foreign = sorted(p.name for p in output.iterdir() if p.name not in written_names(output))
+    if foreign:
+        listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise DataError(f"--output {output} holds files tools/preprocess_data.py did not write ({listed}); "
+                        "--overwrite replaces only a folder it wrote: move them out or choose another folder")
+
+
+def written_names(folder: Path) -> set[str]:
+    """The names in `folder` that a preprocessing run wrote, by its manifest (none without one)."""
+    try:
+        manifest = json.loads((folder / MANIFEST_NAME).read_text())
+        shards = [shard["file"] for shard in manifest["shards"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+    return {MANIFEST_NAME, *shards, *(f"{name}.db" for name in shards), *([VALID_DIR] if "valid" in manifest else [])}
 
 
 class ShardWriter:

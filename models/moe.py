@@ -32,7 +32,21 @@ capacity factor 1 (docs/models.md, "Mixture of experts").
 
 The layer returns (y [N, h], stats [2]): stats = (the load-balancing loss E sum_e f_e P_e, with f_e the
 fraction of tokens choosing e and P_e its mean probability (Switch; Mixtral's form), the busiest expert's
-token count over the mean). Both are computed over all N tokens (every group, under semi-auto parallel).
+token count over the mean). Both are computed over the tokens the loss trains (every group, under semi-auto
+parallel): the `mask` [B, S] the layer is given, the training loss's own mask, or all N tokens without one
+(pretraining, generation).
+
+Why the loss mask. Padding must not count: a pad token's routing would enter the balance loss, whose gradient
+then trains the pad's embedding row and, through the norm of that row (zero in Hugging Face checkpoints, so
+scaled by 1/sqrt(eps)), swamps the gradient norm that clipping divides by. transformers'
+load_balancing_loss_func takes a mask for the same reason; its models pass their attention_mask, which also
+counts the prompt tokens of SFT data. The loss mask is the one mask every batch carries (pretraining: none,
+every token trained; SFT, padded or packed: loss_mask), and it needs no input of its own (each input costs
+compile time per micro batch, docs/dryrun.md): padded SFT data does not say where an example ends when the
+tokenizer pads with its EOS id (preprocess.pad_id_of), so a real-token mask is not at hand. The balance
+loss thus weighs the routing of the tokens the cross entropy trains, as the cross entropy does; the prompt
+tokens still route and pass their experts. Given the same mask, transformers' function computes this layer's
+numbers (tests/models/test_moe_sft_parity.py).
 """
 from __future__ import annotations
 
@@ -97,7 +111,8 @@ def expert_capacity(tokens: int, top_k: int, factor, experts: int) -> int:
 
 
 class MoE(nn.Cell):
-    """construct(x [N, h]) -> (y [N, h], stats [2] fp32: aux loss, max load / mean load)."""
+    """construct(x [N, h], mask [B, S] fp32 or None) -> (y [N, h], stats [2] fp32: aux loss, max load / mean
+    load, over the tokens `mask` marks (all with None))."""
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, norm_topk_prob: bool,
                  capacity_factor, groups: int, expert_parallel: int, shared_ffn: int, std: float, out_std: float,
@@ -151,21 +166,29 @@ class MoE(nn.Cell):
         self.weigh_outputs = ops.Mul()
         self.sum_choices = ops.ReduceSum()
         self.shared_add = ops.Add()
-        # statistics over all tokens
+        # statistics over all tokens (no mask) or the masked ones
         self.token_fraction = ops.ReduceMean()
         self.mean_prob = ops.ReduceMean()
+        self.mask_choices = ops.Mul()
+        self.mask_probs = ops.Mul()
+        self.masked_choices = ops.ReduceSum()
+        self.masked_probs = ops.ReduceSum()
+        self.masked_tokens = ops.ReduceSum()
+        self.at_least_one = ops.Maximum()
+        self.fraction_div = ops.RealDiv()
+        self.prob_div = ops.RealDiv()
         self.balance_mul = ops.Mul()
         self.balance_sum = ops.ReduceSum()
         self.load_max = ops.ReduceMax()
-        self.load_mean = ops.ReduceMean()
         self.on, self.off = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
         self.choice_numbers = Tensor(np.arange(top_k, dtype=np.float32).reshape(1, top_k, 1))
 
-    def construct(self, x):
-        return self.forward(x, self.capacity_factor)
+    def construct(self, x, mask=None):
+        return self.forward(x, self.capacity_factor, mask)
 
-    def forward(self, x, capacity_factor):
-        """The layer with this capacity factor (None: dropless; generation passes None, as HF routes)."""
+    def forward(self, x, capacity_factor, mask=None):
+        """The layer with this capacity factor (None: dropless; generation passes None, as HF routes), its
+        statistics over the tokens `mask` marks (None: all)."""
         n, h, e, k, g = x.shape[0], self.hidden, self.num_experts, self.top_k, self.groups
         t = n // g
         c = expert_capacity(t, k, capacity_factor, e)
@@ -200,7 +223,7 @@ class MoE(nn.Cell):
         y = self.sum_choices(picked.reshape(g, k, t, h), 1).reshape(n, h)
         if self.shared_expert is not None:
             y = self.shared_add(y, self.shared_expert(x))
-        return y, self.statistics(probs, chosen)
+        return y, self.statistics(probs, chosen, mask)
 
     def route(self, x):
         """(weights [N, k] fp32, experts [N, k], the probabilities [N, E] the statistics read)."""
@@ -217,12 +240,21 @@ class MoE(nn.Cell):
         """[1, T, 1]: each token's index in its group."""
         return Tensor(np.arange(t, dtype=np.float32).reshape(1, t, 1))
 
-    def statistics(self, probs, chosen):
-        """[aux loss E sum_e f_e P_e, max_e f_e / mean_e f_e]: f_e the tokens choosing e over all tokens (summing
-        to k), P_e the mean router probability of e."""
-        fraction = self.token_fraction(chosen, 0)                                        # [E]
-        aux = self.balance_sum(self.balance_mul(fraction, self.mean_prob(probs, 0))) * self.num_experts
-        load = self.load_max(fraction) / self.load_mean(fraction)
+    def statistics(self, probs, chosen, mask):
+        """[aux loss E sum_e f_e P_e, max_e f_e / mean_e f_e]: f_e the tokens choosing e over the tokens counted
+        (summing to k), P_e the mean router probability of e over them; the tokens counted are those `mask`
+        [B, S] marks, all without one. mean_e f_e is k/E whenever a token counts (each chooses k experts), so
+        the load is max_e f_e x E/k: 0, not 0/0, for a batch that trains no token."""
+        if mask is None:
+            fraction = self.token_fraction(chosen, 0)                                    # [E]
+            prob = self.mean_prob(probs, 0)
+        else:
+            weights = mask.reshape(-1, 1)                                                # [N, 1]
+            count = self.at_least_one(self.masked_tokens(weights), 1.0)
+            fraction = self.fraction_div(self.masked_choices(self.mask_choices(chosen, weights), 0), count)
+            prob = self.prob_div(self.masked_probs(self.mask_probs(probs, weights), 0), count)
+        aux = self.balance_sum(self.balance_mul(fraction, prob)) * self.num_experts
+        load = self.load_max(fraction) * (self.num_experts / self.top_k)
         return ops.stack((aux, load))
 
     def shard_strategies(self, style: str, layout) -> dict:
@@ -249,8 +281,10 @@ class MoE(nn.Cell):
             "gather_slots": ((groups, (rows, 1)), None), "weigh_outputs": ((groups, groups), None),
             "sum_choices": ((slots,), None),
             "token_fraction": ((tokens,), None), "mean_prob": ((tokens,), None),
-            "balance_mul": (((1,), (1,)), None), "balance_sum": (((1,),), None),
-            "load_max": (((1,),), None), "load_mean": (((1,),), None),
+            "mask_choices": ((tokens, tokens), None), "mask_probs": ((tokens, tokens), None),
+            "masked_choices": ((tokens,), None), "masked_probs": ((tokens,), None), "masked_tokens": ((tokens,), None),
+            "at_least_one": (((), ()), None), "fraction_div": (((1,), ()), None), "prob_div": (((1,), ()), None),
+            "balance_mul": (((1,), (1,)), None), "balance_sum": (((1,),), None), "load_max": (((1,),), None),
         }
         if self.shared_expert is not None:
             rules["shared_add"] = ((tokens, tokens), None)

@@ -140,20 +140,22 @@ class TransformerBlock(nn.Cell):
         self.cast = ops.Cast()
         self.cast_out = cdt != self.residual_dtype
 
-    def construct(self, x, batch: int, seq: int, segment_ids, routing):
+    def construct(self, x, batch: int, seq: int, segment_ids, routing, loss_mask):
         """The new residual stream; with a mixture of experts (x, routing): `routing` [2] fp32 is the router
         statistics of the layers before, (sum of aux losses, largest max load / mean load), with this layer's
-        added. It travels beside the residual stream, so that a pipeline stage sends it with x to the next
+        added, over the tokens `loss_mask` [B, S] trains (None: all; models/moe.py says why). It travels beside
+        the residual stream, so that a pipeline stage sends it with x to the next
         stage; collected per layer at the end instead, every layer's statistics would cross to the last
         stage on its own, and MindSpore's interleaved-pipeline compile of 8 stages x 2 chunks did not finish
-        in 15 minutes (models/moe.py returns one layer's)."""
+        in 15 minutes (models/moe.py returns one layer's). The mask, a graph input like segment_ids, is read
+        by each layer where it runs, so nothing computed from it crosses a stage."""
         a = self.attention(self.attention_norm(x), batch, seq, segment_ids)
         h = self.attention_residual(x, self.cast(a, self.residual_dtype) if self.cast_out else a)
-        f = self.feed_forward(self.ffn_norm(h))
         if self.moe:
-            y, stats = f
+            y, stats = self.feed_forward(self.ffn_norm(h), loss_mask)
             routing = ops.stack((routing[0] + stats[0], ops.maximum(routing[1], stats[1])))
             return self.add_ffn(h, y), routing
+        f = self.feed_forward(self.ffn_norm(h))
         if routing is not None:  # a dense layer of a mixture of experts passes the statistics on
             return self.add_ffn(h, f), routing
         return self.add_ffn(h, f)
@@ -246,9 +248,10 @@ class CausalLM(nn.Cell):
         relative, so each LLaMA example computes as if alone)."""
         return self.decode(input_ids, segment_ids)[0]
 
-    def decode(self, input_ids, segment_ids=None):
+    def decode(self, input_ids, segment_ids=None, loss_mask=None):
         """(hidden_states, a mixture of experts' router statistics summed over layers [sum of aux losses,
-        largest max load / mean load] (TransformerBlock), else None)."""
+        largest max load / mean load] (TransformerBlock) over the tokens `loss_mask` [B, S] trains (None: all),
+        else None)."""
         batch, seq = input_ids.shape
         x = self.tok_embeddings(input_ids)
         if self.pos_embeddings is not None:
@@ -256,8 +259,9 @@ class CausalLM(nn.Cell):
             x = self.pos_add(x, self.pos_embeddings(positions))
         x = x.reshape(batch * seq, -1)
         routing = self.start_routing(self.no_routing) if self.moe else None
+        loss_mask = loss_mask if self.moe else None  # a dense model's layers take no mask: their graph unchanged
         for layer in self.layers:
-            x = layer(x, batch, seq, segment_ids, routing)
+            x = layer(x, batch, seq, segment_ids, routing, loss_mask)
             if self.moe:
                 x, routing = x
         return self.norm(x), routing
@@ -383,7 +387,8 @@ class ShardedCrossEntropy(nn.Cell):
 class CausalLMLoss(nn.Cell):
     """construct(input_ids, labels, loss_mask=None, segment_ids=None) -> the model's masked mean cross
     entropy (no mask: every token trained), plus
-    `aux_loss_coeff` x the load-balancing loss of a mixture of experts (its mean over layers).
+    `aux_loss_coeff` x the load-balancing loss of a mixture of experts (its mean over layers), over the same
+    tokens: padding and the other untrained tokens do not count (models/moe.py says why).
 
     A mixture of experts' router statistics of the last call (aux loss averaged and busiest-expert load
     maxed over layers) are kept in the parameter `moe_stats` for the host to log, as BatchNorm keeps its
@@ -399,7 +404,7 @@ class CausalLMLoss(nn.Cell):
 
     def construct(self, input_ids, labels, loss_mask=None, segment_ids=None):
         model = self.model
-        hidden, routing = model.decode(input_ids, segment_ids)
+        hidden, routing = model.decode(input_ids, segment_ids, loss_mask)
         if loss_mask is not None:
             hidden = model.loss.mask_hidden(hidden, loss_mask)
         loss = model.loss(model.logits(hidden), labels, loss_mask)

@@ -29,6 +29,7 @@ from models.hf_convert import HFConversionError, hf_to_mindscale, mindscale_to_h
 from models.tensor_file import open_tensors
 from tools import convert_checkpoint
 from mindscale.config import config_from_tree
+from tests.models.test_moe_sft_parity import balance, routed_layers
 from tests.slices import LAYOUTS, assert_every_slice_matches
 from tests.modes import cpu_mode
 
@@ -134,33 +135,24 @@ def test_logits_and_loss_match_hugging_face(converted):
     network = CausalLMLoss(model)  # the cross entropy alone: transformers adds no router loss by default
     loss = network(Tensor(ids.astype(np.int32)), Tensor(labels), Tensor(mask))
     assert float(loss.asnumpy()) == pytest.approx(float(out.loss), abs=1e-5)
-    if cfg.model.moe.enabled and cfg.model.moe.router == "softmax":  # the load-balancing loss: transformers' per layer
+    # the load-balancing loss over the trained tokens (the loss mask), averaged over the layers with experts
+    if cfg.model.moe.enabled and cfg.model.moe.router == "softmax":  # transformers' per layer, given the mask
         with torch.no_grad():
             routers = hf(torch.tensor(ids), output_router_logits=True).router_logits
         moe = cfg.model.moe
-        per_layer = [float(load_balancing_loss_func((r,), moe.num_experts, moe.top_k)) for r in routers]
+        per_layer = [float(load_balancing_loss_func((r,), moe.num_experts, moe.top_k, torch.tensor(mask)))
+                     for r in routers]
         assert float(network.moe_stats.asnumpy()[0]) == pytest.approx(np.mean(per_layer), rel=1e-5)
-    elif cfg.model.moe.enabled:  # the sigmoid router's: its scores normalised per token, over the expert layers
-        assert float(network.moe_stats.asnumpy()[0]) == pytest.approx(sigmoid_aux_loss(hf, ids), rel=1e-5)
+    elif cfg.model.moe.enabled:  # the sigmoid router's: its scores normalised per token
+        assert float(network.moe_stats.asnumpy()[0]) == pytest.approx(sigmoid_aux_loss(hf, ids, mask), rel=1e-5)
 
 
-def sigmoid_aux_loss(hf, ids) -> float:
-    """E x sum_e f_e P_e of each DeepseekV3TopkRouter (its chosen experts, its scores over their sum), averaged
-    over the layers that have one (not the dense first layers)."""
-    gates = [layer.mlp.gate for layer in hf.model.layers if hasattr(layer.mlp, "gate")]
-    seen = []
-    hooks = [gate.register_forward_hook(lambda g, inputs, out: seen.append((g, inputs[0], out[0]))) for gate in gates]
+def sigmoid_aux_loss(hf, ids, mask) -> float:
+    """E x sum_e f_e P_e over the tokens `mask` marks of each DeepseekV3TopkRouter (its chosen experts, its
+    scores over their sum), averaged over the layers that have one (not the dense first layers)."""
     with torch.no_grad():
-        hf(torch.tensor(ids))
-    for hook in hooks:
-        hook.remove()
-    per_layer = []
-    for gate, x, chosen in seen:
-        scores = torch.sigmoid(x.reshape(-1, x.shape[-1]) @ gate.weight.detach().T)
-        experts = scores.shape[-1]
-        fraction = torch.zeros(experts).index_add_(0, chosen.reshape(-1), torch.ones(chosen.numel())) / len(scores)
-        per_layer.append(float(experts * (fraction * (scores / scores.sum(-1, keepdim=True)).mean(0)).sum()))
-    return float(np.mean(per_layer))
+        _, routed = routed_layers(hf, "deepseek_v3", torch.tensor(ids))
+    return float(np.mean([float(balance(probs, chosen, torch.tensor(mask).reshape(-1))[0]) for probs, chosen in routed]))
 
 
 def test_mindscale_to_hf_reproduces_the_tensors_and_transformers_loads_them(converted, tmp_path):

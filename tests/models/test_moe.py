@@ -1,7 +1,8 @@
 """The mixture-of-experts layer (models/moe.py) against a numpy loop over tokens: routing, renormalised or raw
 top-k weights, capacity dropping in priority order (every first choice before any second, then token order),
-token groups (one per data-parallel rank), the shared expert and the router statistics. The dropless case is
-also checked against transformers in test_hf_convert.py and test_generate.py."""
+token groups (one per data-parallel rank), the shared expert and the router statistics (over every token or over
+a loss mask's). The dropless case is also checked against transformers in test_hf_convert.py, test_generate.py
+and, its gradients in SFT with padding, test_moe_sft_parity.py."""
 import json
 import math
 import os
@@ -31,8 +32,9 @@ def swiglu(x, w1, w3, w2):
     return (silu(x @ w1.T) * (x @ w3.T)) @ w2.T
 
 
-def reference(layer: MoE, x: np.ndarray, capacity_factor) -> tuple[np.ndarray, np.ndarray]:
-    """(y, [aux, max load / mean load]) token by token."""
+def reference(layer: MoE, x: np.ndarray, capacity_factor, mask=None) -> tuple[np.ndarray, np.ndarray]:
+    """(y, [aux, max load / mean load]) token by token; the statistics over the tokens `mask` marks (None: all),
+    every token routed."""
     router = layer.router.weight.asnumpy()
     w1, w3, w2 = (getattr(layer.experts, w).asnumpy() for w in ("w1", "w3", "w2"))
     e, k, g = layer.num_experts, layer.top_k, layer.groups
@@ -57,27 +59,46 @@ def reference(layer: MoE, x: np.ndarray, capacity_factor) -> tuple[np.ndarray, n
     if layer.shared_expert is not None:
         s = layer.shared_expert
         y += swiglu(x, s.w1.weight.asnumpy(), s.w3.weight.asnumpy(), s.w2.weight.asnumpy())
+    counted = np.ones(len(x), bool) if mask is None else mask.ravel() > 0
     fraction = np.zeros(e)
-    np.add.at(fraction, choices.ravel(), 1.0 / len(x))
-    return y, np.array([e * (fraction * probs.mean(0)).sum(), fraction.max() / fraction.mean()])
+    np.add.at(fraction, choices[counted].ravel(), 1.0 / counted.sum())
+    return y, np.array([e * (fraction * probs[counted].mean(0)).sum(), fraction.max() / fraction.mean()])
 
 
-@pytest.mark.parametrize("experts, top_k, norm, capacity_factor, groups, shared", [
-    (4, 2, True, None, 1, 0),      # Mixtral-like, dropless
-    (8, 3, False, 0.75, 1, 0),     # Qwen3-MoE-like weights, a quarter of the slots short: tokens drop
-    (4, 1, True, 1.0, 2, SHARED),  # Switch-like top-1 in two data-parallel groups, with a shared expert
-])
-def test_layer_matches_a_loop_over_tokens(experts, top_k, norm, capacity_factor, groups, shared):
+# an SFT loss mask [B, S] over the 24 tokens as 2 rows of 12: answers trained, prompts and padding not
+SFT_MASK = np.array([[0] * 3 + [1] * 9, [0] * 2 + [1] * 4 + [0] * 6], np.float32)
+
+
+@pytest.mark.parametrize("experts, top_k, norm, capacity_factor, groups, shared, mask", [
+    (4, 2, True, None, 1, 0, None),          # Mixtral-like, dropless
+    (4, 2, True, None, 1, 0, SFT_MASK),      # the same, its statistics over the trained tokens only
+    (8, 3, False, 0.75, 1, 0, None),         # Qwen3-MoE-like weights, a quarter of the slots short: tokens drop
+    (4, 1, True, 1.0, 2, SHARED, SFT_MASK),  # Switch-like top-1 in two data-parallel groups, a shared expert
+], ids=["mixtral", "mixtral-sft", "qwen3-moe-drops", "switch-groups-sft"])
+def test_layer_matches_a_loop_over_tokens(experts, top_k, norm, capacity_factor, groups, shared, mask):
     ms.set_seed(0)
     layer = MoE(H, F, experts, top_k, norm, capacity_factor, groups, 1, shared, 0.5, 0.5, ms.float32, ms.float32)
     x = np.random.default_rng(1).normal(size=(24, H)).astype(np.float32)
-    y, stats = layer(Tensor(x))
-    want_y, want_stats = reference(layer, x.astype(np.float64), capacity_factor)
+    y, stats = layer(Tensor(x), None if mask is None else Tensor(mask))
+    want_y, want_stats = reference(layer, x.astype(np.float64), capacity_factor, mask)
     np.testing.assert_allclose(y.asnumpy(), want_y, atol=1e-5)
     np.testing.assert_allclose(stats.asnumpy(), want_stats, rtol=1e-5)
     if capacity_factor == 0.75:  # the case drops tokens, or it would not test dropping
         dropless, _ = reference(layer, x.astype(np.float64), None)
         assert not np.allclose(dropless, want_y, atol=1e-3)
+
+
+def test_statistics_count_only_the_masked_tokens_and_none_is_zero_not_nan():
+    """The padding's routing changes neither statistic; a mask with no trained token gives [0, 0]."""
+    ms.set_seed(0)
+    layer = MoE(H, F, 4, 2, True, None, 1, 1, 0, 0.5, 0.5, ms.float32, ms.float32)
+    x = np.random.default_rng(1).normal(size=(24, H)).astype(np.float32)
+    other_padding = x.copy()
+    other_padding[SFT_MASK.ravel() == 0] = np.random.default_rng(2).normal(size=(11, H))
+    stats = [layer(Tensor(rows), Tensor(SFT_MASK))[1].asnumpy() for rows in (x, other_padding)]
+    np.testing.assert_array_equal(stats[0], stats[1])
+    assert not np.allclose(layer(Tensor(other_padding))[1].asnumpy(), stats[0])  # unmasked, the padding counts
+    np.testing.assert_array_equal(layer(Tensor(x), Tensor(np.zeros_like(SFT_MASK)))[1].asnumpy(), [0.0, 0.0])
 
 
 def test_capacity_is_mindformers_rounded_up_and_at_most_every_token():

@@ -124,7 +124,9 @@ class MoeConfig:
                                "its norm_topk_prob).", True)
     aux_loss_coeff: float = doc(
         "Weight of the load-balancing loss (Switch Transformer / Mixtral form, E x sum_e f_e P_e per layer, "
-        "averaged over the layers with experts) added to the training loss; logged as aux_loss. 0 = not added (still logged).",
+        "averaged over the layers with experts) added to the training loss; logged as aux_loss. f and P count the "
+        "tokens the loss trains (SFT: its loss mask, so padding and prompts are left out). 0 = not added (still "
+        "logged).",
         0.01)
     capacity_factor: Optional[float] = doc(
         "Token dropping: each expert takes at most ceil(top_k x T x capacity_factor / E) of the T tokens of a "

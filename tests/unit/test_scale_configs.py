@@ -1,5 +1,8 @@
 """Every shipped scale config resolves, validates, fits its hardware per the planner, has the published
-parameter count, names its hardware and card count, and says why in a header comment."""
+parameter count, names its hardware and card count, and points to the reasoning for its layout in docs/layouts.md
+from a short header."""
+import itertools
+import re
 import subprocess
 import sys
 
@@ -42,6 +45,36 @@ def rel(path):
     return str(path.relative_to(REPO_ROOT / "configs"))
 
 
+# Config headers: what the file is and one or two sentences of why; the reasoning lives in docs/layouts.md and the
+# history in git. A commit hash is a word of 7-40 hex digits with both a letter and a digit (not a number, not a word).
+HEADER_LINES = 8
+DATE = re.compile(r"\b\d{4}-\d\d-\d\d\b")
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", re.I)
+LAYOUTS = REPO_ROOT / "docs" / "layouts.md"
+LAYOUT_LINK = re.compile(r"docs/layouts\.md#([\w-]+)")
+ALL_YAML = sorted((REPO_ROOT / "configs").rglob("*.yaml"))
+
+
+def header(path):
+    """The comment lines a config file starts with."""
+    return list(itertools.takewhile(lambda line: line.startswith("#"), path.read_text().splitlines()))
+
+
+def github_anchor(heading):
+    """The id GitHub gives a Markdown heading: lower case, punctuation other than - and _ dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def layout_anchors():
+    anchors, fenced = [], False
+    for line in LAYOUTS.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and re.match(r"#{1,6} ", line):
+            anchors.append(github_anchor(line.lstrip("#")))
+    assert len(anchors) == len(set(anchors)), "docs/layouts.md: two headings give the same anchor"
+    return set(anchors)
+
+
 def test_the_shipped_set_is_exactly_the_interface():
     assert sorted(rel(p) for p in shipped_configs()) == sorted(EXPECTED)
 
@@ -75,9 +108,8 @@ def test_fits_its_hardware_with_the_stated_margin(configs, name):
 def test_names_hardware_and_cards_and_explains_itself(configs, name):
     cfg = configs[name]
     assert cfg.hardware.name == "ascend910b"
-    text = (REPO_ROOT / "configs" / name).read_text()
-    header = [line for line in text.splitlines() if line.startswith("#")]
-    assert len(header) >= 4 and f"{cfg.devices} x Ascend 910B" in header[0]
+    lines = header(REPO_ROOT / "configs" / name)
+    assert len(lines) >= 4 and f"{cfg.devices} x Ascend 910B" in lines[0]
     assert cfg.run.name == name.split("/")[1].removesuffix(".yaml")
     assert cfg.train.global_batch_size is not None and cfg.train.warmup_steps > 0
 
@@ -132,3 +164,28 @@ def test_deepseek_v3_count_is_the_released_modules_by_hand(configs):
     mlp, experts = 3 * h * 18432, 256 * h + 256 * 3 * h * 2048 + 3 * h * 2048  # gate, routed, one shared
     total = layers * attention + dense * mlp + (layers - dense) * experts + 2 * vocab * h + h
     assert total == flops.param_count(configs["deepseek_v3/deepseek_v3_671b.yaml"].model) == 671_026_404_352
+
+
+def test_config_headers_are_short_and_comments_stay_inline():
+    too_long = {rel(p): len(header(p)) for p in ALL_YAML if len(header(p)) > HEADER_LINES}
+    assert not too_long, f"headers over {HEADER_LINES} lines (move the reasoning to docs/layouts.md): {too_long}"
+    body_blocks = [rel(p) for p in ALL_YAML
+                   if any(line.lstrip().startswith("#") for line in p.read_text().splitlines()[len(header(p)):])]
+    assert not body_blocks, f"comment lines inside the YAML body (keep a short comment after the value): {body_blocks}"
+
+
+def test_configs_hold_no_dates_or_commit_hashes():
+    found = {rel(p): DATE.findall(p.read_text()) + COMMIT.findall(p.read_text()) for p in ALL_YAML}
+    found = {name: hits for name, hits in found.items() if hits}
+    assert not found, f"dates or commit hashes (git history holds them): {found}"
+
+
+def test_every_ascend_config_cites_its_section_of_docs_layouts():
+    anchors = layout_anchors() if LAYOUTS.exists() else set()
+    missing = {rel(p): sorted(set(LAYOUT_LINK.findall(p.read_text())) - anchors) for p in ALL_YAML}
+    missing = {name: links for name, links in missing.items() if links}
+    assert not missing, f"cited anchors that are no heading of docs/layouts.md: {missing}"
+    configs = [p for p in ALL_YAML if p.parent.name != "hardware" and p.name != "base.yaml"]
+    uncited = [rel(p) for p in configs
+               if load_config(p).hardware.name != "cpu" and not LAYOUT_LINK.search("\n".join(header(p)))]
+    assert not uncited, f"Ascend configs whose header cites no docs/layouts.md#section: {uncited}"

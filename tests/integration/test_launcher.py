@@ -1,8 +1,9 @@
 """The launch scripts, run for real: msrun with CPU workers running tests/fixtures/allreduce_probe.py.
 
 Fast tests check the decisions (worker counts, data_parallel, node ranks, quoting, bad input) via
---dry-run. Slow tests start msrun: two workers AllReduce; a worker that exits 1 or is SIGKILLed
-stops the job within seconds and is named; two "nodes" in two network namespaces form one job.
+--dry-run. Slow tests start msrun: two workers AllReduce; one worker runs the entry point once; a
+worker that exits 1 or is SIGKILLed stops the job within seconds and is named; two "nodes" in two
+network namespaces form one job.
 """
 import json
 import os
@@ -220,6 +221,22 @@ def test_two_workers_allreduce_on_their_own_cores(tmp_path):
     if len(os.sched_getaffinity(0)) > 1:
         assert results[0]["cores"] != results[1]["cores"]
     assert 0 in probe_lines(out.stdout)  # rank 0's log is followed on the console
+
+
+def test_one_worker_runs_the_entry_point_once(tmp_path):
+    """msrun starts its scheduler with the entry point's command line; init() is where that process serves
+    the workers until they end, then exits. The runtime called init() only for several workers, so with
+    one the scheduler ran a second copy of the job beside the worker (a second training into the same run
+    folder, sharing its core)."""
+    cfg = write_config(tmp_path, name="one")
+    out = run_script("run_distribute.sh", cfg, 1, cwd=tmp_path, timeout=LAUNCH_TIMEOUT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    log_dir = tmp_path / "out/one/logs"
+    results = probe_results(log_dir)
+    assert list(results) == [0] and (results[0]["world"], results[0]["allreduce_sum"]) == (1, 1.0)
+    assert (log_dir / "scheduler.exit").read_text() == "0\n"
+    assert "PROBE" not in (log_dir / "scheduler.log").read_text()
+    assert list(probe_lines(out.stdout)) == [0]
 
 
 @pytest.mark.parametrize("how, said", [("exit", "exited with code 1"), ("kill", "was killed by SIGKILL")])

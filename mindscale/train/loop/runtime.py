@@ -14,6 +14,7 @@ from mindspore.communication import get_group_size, get_rank, init
 
 from mindscale.config import OPTIMIZER_SHARD_MIN_KIB, Config, ConfigError, Layout
 from mindscale.devices import detect_device
+from mindscale.train.loop.runnable import check_runnable
 
 
 MAX_CALL_DEPTH = 10000
@@ -56,29 +57,17 @@ def launched_workers() -> int:
     return int(os.environ.get("MS_WORKER_NUM") or os.environ.get("RANK_SIZE") or 1)
 
 
+def joins_cluster(world: int) -> bool:
+    """Whether this process calls init(): every process msrun starts (MS_ROLE), at any worker count, and
+    every rank of several. msrun also starts its scheduler with the entry point's command line; init()
+    is where that process serves the workers until they end, and then exits. Without it the scheduler
+    of a one-worker job ran a whole second training beside the worker's, into the same run folder."""
+    return world > 1 or os.environ.get("MS_ROLE") is not None
+
+
 def dry_run() -> bool:
     """MindSpore's dry run (tools/dryrun.py): the graph is compiled for RANK_ID of RANK_SIZE, nothing runs."""
     return os.environ.get("MS_SIMULATION_LEVEL") is not None
-
-
-def check_runnable(cfg: Config, device: str, world: int) -> None:
-    """Refuse, before compiling, what this device and worker count cannot run (ConfigError)."""
-    p = cfg.parallel
-    if device == "CPU" and (p.model_parallel > 1 or p.pipeline_stage > 1 or p.optimizer_shard):
-        raise ConfigError(
-            f"parallel.model_parallel={p.model_parallel}, parallel.pipeline_stage={p.pipeline_stage}, "
-            f"parallel.optimizer_shard={str(p.optimizer_shard).lower()} need Ascend or GPU (MindSpore refuses "
-            "semi-auto parallel on CPU); on CPU set model_parallel and pipeline_stage to 1, optimizer_shard to false")
-    if device == "CPU" and cfg.hardware.device_target != "CPU":
-        raise ConfigError(f"hardware={cfg.hardware.name!r} describes {cfg.hardware.device_target} but this host runs "
-                          "on CPU; add --set hardware=cpu (MFU needs the right peak)")
-    if cfg.devices != world:
-        dp = p.data_parallel_for(world)
-        fix = f"--set parallel.data_parallel={dp}" if dp else \
-            f"a multiple of {p.replica_devices} workers for another data_parallel"
-        raise ConfigError(f"the config needs {cfg.devices} devices (data_parallel={p.data_parallel} x "
-                          f"{p.replica_product()}) but {world} worker(s) were started; "
-                          f"launch {cfg.devices} workers or {fix}")
 
 
 # the hardware profile that describes each chip MindSpore names (configs/hardware/)
@@ -124,7 +113,7 @@ def setup(cfg: Config) -> Runtime:
     pool = _bound_device_memory(cfg, device)
     ms.set_seed(cfg.run.seed)
     rank = 0
-    if world > 1:
+    if joins_cluster(world):
         if dry_run():  # dummy groups; without this init() asks for CANN's hccl Python package
             from mindspore.communication import _comm_helper
             _comm_helper.GlobalComm.CHECK_ENVS = False

@@ -88,10 +88,11 @@ def _holder_of_busy_lock(fd: int) -> Holder | None:
 
 
 class RunLock:
-    """A held lock: `note` says whose lock was taken over, if any; release() gives it back."""
+    """A held lock: `note` says whose lock was taken over, if any; release() gives it back, and removes
+    the folders `acquire` created for it if nothing was written into them."""
 
-    def __init__(self, path: Path, fd: int, holder: Holder, note: str | None):
-        self.path, self.fd, self.holder, self.note = path, fd, holder, note
+    def __init__(self, path: Path, fd: int, holder: Holder, note: str | None, created: list[Path]):
+        self.path, self.fd, self.holder, self.note, self.created = path, fd, holder, note, created
 
     def release(self) -> None:
         if self.fd is None:
@@ -100,12 +101,32 @@ class RunLock:
             self.path.unlink(missing_ok=True)  # while the flock is held: no one else is in it
         os.close(self.fd)
         self.fd = None
+        remove_if_empty(self.created)
 
     def __enter__(self) -> "RunLock":
         return self
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist, deepest first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def remove_if_empty(folders: list[Path]) -> None:
+    """rmdir `folders` in order (deepest first) while they are empty: a job that failed before writing
+    anything leaves no run folder behind, and nothing anyone wrote is touched."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (something was written), or already gone
+            return
 
 
 def _open_locked(path: Path) -> tuple[int, bool]:
@@ -139,6 +160,7 @@ def _in_use(run_dir: Path, holder: Holder | None) -> RunLocked:
 def acquire(run_dir: str | Path) -> RunLock:
     """Take `<run_dir>/run.lock` for this process (creating the run folder), or raise RunLocked."""
     run_dir = Path(run_dir)
+    created = missing_folders(run_dir.absolute())
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
     fd, free = _open_locked(path)
@@ -161,7 +183,7 @@ def acquire(run_dir: str | Path) -> RunLock:
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(asdict(me)).encode(), 0)
     os.fsync(fd)
-    return RunLock(path, fd, me, note)
+    return RunLock(path, fd, me, note, created)
 
 
 def held_by_launcher(run_dir: str | Path) -> bool:

@@ -79,3 +79,23 @@ def test_run_train_refuses_a_live_run_and_writes_nothing(tmp_path, holder):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"in use by pid {holder.pid}" in errors[0]
     assert os.listdir(tmp_path / "run") == [runlock.LOCK_NAME]
+
+
+def test_a_job_that_wrote_nothing_leaves_no_folder_behind(tmp_path):
+    """The lock creates the run folder (and any missing parents); a job that ends before writing anything
+    (a refused data path, a bad checkpoint) removes only those, and only while they are empty. It used to
+    leave an empty `output/<name>/` behind."""
+    run = tmp_path / "output" / "deep" / "run"
+    with runlock.acquire(run):
+        assert (run / runlock.LOCK_NAME).is_file()
+    assert os.listdir(tmp_path) == []
+    with runlock.acquire(run):
+        (run / "config.yaml").write_text("written\n")
+    assert os.listdir(run) == ["config.yaml"]
+    (run / "config.yaml").unlink()
+    run.rmdir()
+    run.parent.rmdir()
+    (tmp_path / "output" / "theirs").mkdir()  # beside the folders it creates: "output" is not empty
+    with runlock.acquire(run):
+        pass
+    assert os.listdir(tmp_path / "output") == ["theirs"]

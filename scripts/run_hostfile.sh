@@ -3,8 +3,8 @@
 #
 #   bash scripts/run_hostfile.sh HOSTFILE CONFIG [NUM_DEVICES] [--set key=value ...] [--dry-run]
 #
-# HOSTFILE: one host name or address per line ('#' starts a comment); the first host is node 0 and
-# runs the msrun scheduler, so MASTER_ADDR defaults to it (export MASTER_ADDR to use another
+# HOSTFILE: one host name or address per line ('#' starts a comment), each host once; the first host
+# is node 0 and runs the msrun scheduler, so MASTER_ADDR defaults to it (export MASTER_ADDR to use another
 # address of that host). MASTER_PORT defaults to 8118. Every host needs password-less ssh, the
 # repository at this same path and this working directory (a shared file system), because the
 # command runs there as `cd $PWD && NODE_RANK=i bash <repo>/scripts/run_distribute.sh ...`.
@@ -29,6 +29,15 @@ while IFS= read -r line || [[ -n $line ]]; do
   hosts+=("${fields[0]}")
 done < "$hostfile"
 (( ${#hosts[@]} > 0 )) || mindscale_fail "hostfile $hostfile lists no hosts; write one host per line"
+# One node per host: msrun on a host that is MASTER_ADDR starts a scheduler, so a host listed twice
+# starts two and MindSpore fails with "Failed to initialize distributed job cluster".
+declare -A node_of=()
+for rank in "${!hosts[@]}"; do
+  host=${hosts[$rank]}
+  [[ -z ${node_of[$host]:-} ]] || mindscale_fail "hostfile $hostfile lists $host twice (nodes ${node_of[$host]} and" \
+    "$rank): a host runs one node; list it once and give its worker count as NUM_DEVICES"
+  node_of[$host]=$rank
+done
 
 dry_run=0
 args=()

@@ -164,13 +164,19 @@ def test_hostfile_dry_run_commands_run_as_written(tmp_path):
     (None, "does not exist"),
     ("# nobody\n\n", "lists no hosts"),
     ("node-a slots=8\n", "has more than a host name"),
+    # msrun on a host that is MASTER_ADDR starts a scheduler: twice, two schedulers, and MindSpore's
+    # "Failed to initialize distributed job cluster"
+    ("localhost\n# again\nlocalhost\n", "hostfile HOSTS lists localhost twice (nodes 0 and 1): a host runs one "
+     "node; list it once and give its worker count as NUM_DEVICES"),
 ])
 def test_hostfile_bad_input(tmp_path, content, message):
     hostfile = tmp_path / "hosts"
     if content is not None:
         hostfile.write_text(content)
     out = run_script("run_hostfile.sh", hostfile, write_config(tmp_path), "--dry-run", cwd=tmp_path)
+    message = message.replace("HOSTS", str(hostfile))
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and message in out.stderr, out.stderr
+    assert out.stdout == ""
 
 
 def test_slurm_script_gives_each_node_its_rank(tmp_path):

@@ -7,7 +7,8 @@
 # to its own cores). When given, parallel.data_parallel is set so that data x model x pipeline
 # parallel = NNODES x NUM_DEVICES. Multi-node: export MASTER_ADDR (node 0), MASTER_PORT, NNODES
 # and NODE_RANK on every node, as for msrun. Logs: <run.output_dir>/<run.name>/logs/worker_<rank>.log
-# (rank 0's is followed on the console). A dead worker stops the job at once; the exit status is
+# (this node's first worker's is followed on the console; everything msrun printed is in
+# logs/msrun_node_<NODE_RANK>.log). A dead worker stops the job at once; the exit status is
 # non-zero and the last line names that worker's log. SIGTERM/SIGUSR1 stops gracefully: every rank
 # finishes its step and saves a committed checkpoint, exit 0 (again, or Ctrl+C: at once).
 # --max-restarts N (run.max_restarts): relaunch every worker from the newest committed checkpoint after

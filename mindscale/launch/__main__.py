@@ -21,20 +21,26 @@ import typing
 from mindscale.cli import OneLineParser, fail
 from mindscale.devices import detect_device
 from mindscale.config import UserError, load_config
-from mindscale.launch.msrun import LaunchError, fit_data_parallel, plan_distribute, resolve_entry, with_repo_on_path
+from mindscale.launch.msrun import (QUIET_MINDSPORE, LaunchError, fit_data_parallel, plan_distribute, resolve_entry,
+                                    with_repo_on_path)
 from mindscale.launch.supervisor import supervise
 from mindscale.launch.worker import pin_to_core, run_worker
+from mindscale.train.loop.runnable import check_device
 
 def standalone(args: argparse.Namespace, env: dict) -> typing.NoReturn:
-    """One device without msrun: data_parallel set to 1, pinned to one core on CPU, then exec."""
+    """One device without msrun: data_parallel set to 1, pinned to one core on CPU, MindSpore's log at
+    errors as under msrun, then exec."""
     cfg = load_config(args.config, args.overrides)
     fitted = fit_data_parallel(cfg, 1)
     overrides = args.overrides + ([fitted] if fitted else [])
     load_config(args.config, overrides)  # the fitted config must still validate (e.g. global batch)
-    if detect_device(cfg.run.device_target, env) == "CPU":
+    device = detect_device(cfg.run.device_target, env)
+    check_device(cfg, device)
+    if device == "CPU":
         pin_to_core(min(os.sched_getaffinity(0)), env)
     cmd = [sys.executable, str(resolve_entry(env)), "--config", args.config,
            *[a for o in overrides for a in ("--set", o)]]
+    env.setdefault(*QUIET_MINDSPORE)
     os.execve(sys.executable, cmd, {**env, "PYTHONPATH": with_repo_on_path(env)})
 
 

@@ -3,8 +3,8 @@ scripts/run_distribute.sh (mindscale/launch/__main__.py has the command line, su
 the run, worker.py wraps every process msrun starts).
 
 `plan_distribute` resolves the config, decides the worker layout (devices per node from the hardware,
-nodes from MASTER_ADDR / MASTER_PORT / NNODES / NODE_RANK) and makes parallel.data_parallel agree
-with NUM_DEVICES.
+nodes from MASTER_ADDR / MASTER_PORT / NNODES / NODE_RANK), makes parallel.data_parallel agree
+with NUM_DEVICES and refuses what no worker could run on this device, before msrun starts any.
 
 Environment: MINDSCALE_ENTRY swaps the entry point (default run_train.py; relative paths are from
 the repository root) -- a testing and debugging hook. MINDSCALE_CLUSTER_TIMEOUT is msrun's
@@ -22,9 +22,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mindscale.config import REPO_ROOT, Config, UserError, load_config
+from mindscale.config import REPO_ROOT, Config, Layout, UserError, load_config
 from mindscale.devices import count_devices, detect_device
 from mindscale.launch.runlock import HOLDER_ENV, LOCK_NAME
+from mindscale.train.loop.runnable import check_device
 from mindscale.train.resilience.heartbeat import LOG_DIR_ENV
 
 CPU_WORKERS_DEFAULT = 2
@@ -39,6 +40,9 @@ HANG_MARGIN_S = 120       # HCCL waits this much past run.hang_timeout_s: the la
 MSRUN_PORT_DEFAULT = 8118
 POLL_S = 0.5
 CORES_ENV = "MINDSCALE_WORKER_CORES"
+# MindSpore's own log, errors only, unless GLOG_v is set: its warnings on every run (start-up retries, a
+# deprecated context key, "Some side effect nodes were eliminated by mistake" while it compiles) are noise
+QUIET_MINDSPORE = ("GLOG_v", "3")
 
 
 def hccl_timeouts(hang_timeout_s: float) -> dict[str, str]:
@@ -99,11 +103,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def assign_cores(cores: list[int], workers: int) -> list[int]:
+def assign_cores(cores: list[int], workers: int, first_rank: int = 0) -> list[int]:
     """One core per local CPU worker: on CPU "a device" is one worker on one core (docs/mfu.md,
-    configs/hardware/cpu.yaml measures the peak on one core). More workers than cores share them
+    configs/hardware/cpu.yaml measures the peak on one core). Rank r takes the (r mod cores)-th usable
+    core, so the nodes of a job that share one host (two launchers on one machine, as the tests run
+    them) take different cores where there are enough, instead of every node starting at the first;
+    on hosts of their own this only changes which cores. More workers than cores share them
     round-robin; cores beyond the worker count stay idle."""
-    return [cores[i % len(cores)] for i in range(workers)]
+    return [cores[(first_rank + i) % len(cores)] for i in range(workers)]
 
 
 def fit_data_parallel(cfg: Config, world: int) -> str | None:
@@ -137,6 +144,8 @@ class LaunchPlan:
     notes: list[str] = field(default_factory=list)
     max_restarts: int = 0  # run.max_restarts (restarts.py)
     hang_timeout_s: float = 0.0  # run.hang_timeout_s (heartbeat.py); 0 = not watched
+    train_steps: int = 0  # train.steps: a job whose workers all exit 0 before it was stopped gracefully
+    step_rank: int = 0  # the rank that prints the step lines (step_rank)
 
     @property
     def world(self) -> int:
@@ -154,8 +163,20 @@ class LaunchPlan:
     def local_ranks(self) -> range:
         return range(self.first_rank, self.first_rank + self.local_workers)
 
+    @property
+    def tailed_ranks(self) -> list[int]:
+        """The ranks whose logs the console follows: this node's first, and the one printing the step
+        lines when it is here."""
+        return sorted({self.first_rank} | ({self.step_rank} & set(self.local_ranks)))
+
     def worker_log(self, rank: int) -> Path:
         return self.log_dir / f"worker_{rank}.log"
+
+    @property
+    def msrun_log(self) -> Path:
+        """msrun's output on this node: its own lines (the start of each process with its command, its
+        errors), which the console leaves out, and the worker logs it follows."""
+        return self.log_dir / f"msrun_node_{self.node.node_rank}.log"
 
     def entry_args(self) -> list[str]:
         return [str(self.entry), "--config", self.config, *[a for o in self.overrides for a in ("--set", o)]]
@@ -167,7 +188,7 @@ class LaunchPlan:
                 "--cluster_time_out", str(self.cluster_timeout),
                 # msrun (2.9, _get_node_id_and_log_path) numbers a worker node_rank x local_worker_num +
                 # local index and tails the listed ids: the first local worker is this node's first rank
-                "--tail_worker_log", str(self.first_rank)]
+                "--tail_worker_log", ",".join(map(str, self.tailed_ranks))]
         if self.device == "Ascend":
             argv += ["--bind_core", "True"]
         # msrun starts `python <args>` from PATH; `-m mindscale.launch worker` wraps the entry point.
@@ -181,7 +202,7 @@ class LaunchPlan:
         env["PYTHONPATH"] = with_repo_on_path(base)
         env[LOG_DIR_ENV] = str(self.log_dir)
         env[HOLDER_ENV] = str(self.run_dir / LOCK_NAME)  # the workers leave the run-folder lock to us
-        env.setdefault("GLOG_v", "3")  # MindSpore's own log: errors only (startup retries are noise)
+        env.setdefault(*QUIET_MINDSPORE)
         if self.device == "Ascend":
             for name, value in hccl_timeouts(self.hang_timeout_s).items():
                 env.setdefault(name, value)
@@ -232,7 +253,7 @@ def plan_distribute(config: str, num_devices: str | None, overrides: list[str], 
     cores = None
     if device == "CPU":
         available = sorted(os.sched_getaffinity(0))
-        cores = assign_cores(available, local)
+        cores = assign_cores(available, local, node.node_rank * local)
         if local > len(available):
             notes.append(f"{local} workers share {len(available)} cores: per-device numbers (MFU) will be low")
     timeout = _positive_int("MINDSCALE_CLUSTER_TIMEOUT",
@@ -242,8 +263,19 @@ def plan_distribute(config: str, num_devices: str | None, overrides: list[str], 
                           "only this node's workers and the nodes cannot restart together; set run.max_restarts=0 "
                           "and let the scheduler requeue the whole job")
     log_dir = (Path(cfg.run.output_dir) / cfg.run.name / "logs").absolute()
-    return LaunchPlan(config=config, overrides=list(overrides), entry=resolve_entry(env), device=device,
+    entry = resolve_entry(env)
+    check_device(cfg, device)  # what every worker would refuse: refused before msrun starts them
+    world = node.nnodes * local
+    return LaunchPlan(config=config, overrides=list(overrides), entry=entry, device=device,
                       local_workers=local, node=node, master_port=node.master_port or free_port(),
                       log_dir=log_dir, cluster_timeout=timeout, cores=cores, notes=notes,
-                      max_restarts=cfg.run.max_restarts, hang_timeout_s=cfg.run.hang_timeout_s)
+                      max_restarts=cfg.run.max_restarts, hang_timeout_s=cfg.run.hang_timeout_s,
+                      train_steps=cfg.train.steps, step_rank=step_rank(cfg, device, world))
+
+
+def step_rank(cfg: Config, device: str, world: int) -> int:
+    """The rank whose log has the step lines: the first of the last pipeline stage, which holds the loss
+    (mindscale/train/loop/trainer.py logs from it)."""
+    layout = Layout.of(cfg, device, world)
+    return layout.stage_ranks(layout.pp - 1)[0]
 

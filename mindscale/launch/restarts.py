@@ -52,7 +52,7 @@ def archive_logs(plan: LaunchPlan, attempt: int) -> Path:
     """Move this node's logs of a failed attempt to `<logs>/attempt_<k>/`, before msrun reopens them."""
     kept = plan.log_dir / f"attempt_{attempt}"
     kept.mkdir(exist_ok=True)
-    names = [plan.worker_log(r).name for r in plan.local_ranks]
+    names = [plan.worker_log(r).name for r in plan.local_ranks] + [plan.msrun_log.name]
     if plan.node.node_rank == 0:
         names.append("scheduler.log")
     for name in names:

@@ -3,7 +3,8 @@
 (all ranks': on a shared run folder a peer node's failure is seen too) and, on the first failure,
 stops the whole process tree at once and names the log. It also watches the workers' heartbeats
 (hangwatch.py: a stalled rank is named, its stacks dumped, the job stopped) and restarts a failed job
-up to run.max_restarts times (restarts.py).
+up to run.max_restarts times (restarts.py). msrun's output comes through the launcher: all of it into the
+node's msrun log, to the console less msrun's own lines and MindSpore's chatter (MsrunConsole).
 
 Signals: Ctrl+C stops the tree at once; the first SIGTERM/SIGUSR1 is a graceful stop (every worker
 finishes its step, saves a committed checkpoint and exits 0; the last line says where it saved); a
@@ -14,9 +15,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
@@ -93,12 +96,49 @@ def ask_workers_to_stop(proc: subprocess.Popen, signum: int, asked: set[int]) ->
 
 def start_msrun(plan: LaunchPlan, env: dict) -> subprocess.Popen:
     """msrun, dying with us, and deaf to the graceful signals: it has no handler of its own, and their
-    default action (a scheduler signals the whole process group) would kill every worker mid-step."""
+    default action (a scheduler signals the whole process group) would kill every worker mid-step. Its
+    output (its own lines and the worker logs it follows) comes to us through a pipe (MsrunConsole)."""
     def prepare():
         die_with_parent()
         for sig in GRACEFUL:
             signal.signal(sig, signal.SIG_IGN)
-    return subprocess.Popen(plan.msrun_argv(), env=env, preexec_fn=prepare)
+    return subprocess.Popen(plan.msrun_argv(), env=env, preexec_fn=prepare, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
+
+
+MINDSPORE_CHATTER = re.compile(r"^\[(INFO|WARNING)\] ")  # printed at exit whatever GLOG_v says
+# msrun's own lines: one per process it starts, with the whole command line (400 characters and more),
+# and its logger's (an exit status it saw, which the launcher's last line names better)
+MSRUN_OWN = re.compile(r"^Start (scheduler|worker) process|^\[[A-Z]+\] ME\(.*\[mindspore/parallel/cluster/")
+CONSOLE_DRAIN_S = 5.0
+
+
+class MsrunConsole:
+    """msrun's output, line by line: all of it into the node's msrun log (LaunchPlan.msrun_log), and to our
+    console what a reader follows: the worker logs msrun tails, less msrun's own lines and MindSpore's
+    INFO/WARNING chatter (those stay in the log files: msrun's here, the chatter in the worker logs)."""
+
+    def __init__(self, proc: subprocess.Popen, log: Path):
+        self.thread = threading.Thread(target=self._relay, args=(proc.stdout, log), daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _relay(stream, log: Path) -> None:
+        shown = True
+        with open(log, "w") as kept:
+            for line in stream:  # to the end: msrun must never block on a full pipe
+                kept.write(line)
+                kept.flush()
+                if shown and not (MSRUN_OWN.match(line) or MINDSPORE_CHATTER.match(line)):
+                    try:
+                        sys.stdout.write(line)
+                        sys.stdout.flush()
+                    except OSError:  # our console is gone (a closed pipe): the log keeps everything
+                        shown = False
+
+    def close(self) -> None:
+        """Once msrun is gone: the lines still in the pipe are shown before the launcher's last line."""
+        self.thread.join(CONSOLE_DRAIN_S)
 
 
 def exit_files(log_dir: Path) -> dict[Path, int]:
@@ -161,9 +201,6 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-MINDSPORE_CHATTER = re.compile(r"^\[(INFO|WARNING)\] ")  # printed at exit whatever GLOG_v says
-
-
 def show_tail(log: Path, lines_shown: int = 10) -> None:
     """The end of a process's log (its error, or a stack dump) on stderr."""
     lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
@@ -186,12 +223,11 @@ def report_failure(log: Path, code: int, ledger: dict | None) -> Ended:
                  log=log)
 
 
-def report_stall(plan: LaunchPlan, watch: HangWatch, stall, proc: subprocess.Popen,
-                 signals: LauncherSignals) -> Ended:
+def report_stall(plan: LaunchPlan, watch: HangWatch, stall, msrun_pid: int, stop: Callable[[], None]) -> Ended:
     """A stalled rank: its stacks into its log (faulthandler), the tree stopped, the dump shown."""
-    dumped = watch.dump_stacks(stall, proc.pid)
+    dumped = watch.dump_stacks(stall, msrun_pid)
     ledger = watch.beats().get(plan.first_rank)
-    stop_tree(proc, signals)
+    stop()
     for rank in dumped:
         show_tail(plan.worker_log(rank), lines_shown=30)
     where = f"; its Python stacks are in {plan.worker_log(dumped[0])}" if len(dumped) == 1 else \
@@ -212,7 +248,7 @@ def supervise(plan: LaunchPlan, env: dict) -> int:
             ended = Ended(128 + exc.signum, f"{signal.Signals(exc.signum).name}: stopped between restarts; logs in "
                                             f"{plan.log_dir}", interrupted=True)
     if ended.code == 0:
-        report_success(plan, ended.stopped_by)
+        report_success(plan, ended.stopped_by, ended.ledger)
     elif ended.interrupted:
         print(ended.cause, file=sys.stderr)
     else:
@@ -231,12 +267,15 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
     stale = exit_files(plan.log_dir)
     for note in plan.notes:
         print(f"note: {note}", flush=True)
-    which = "rank 0" if plan.first_rank == 0 else f"rank {plan.first_rank} (first on this node)"
-    print(f"MindScale: {plan.world} worker(s) on {plan.node.nnodes} node(s), {plan.local_workers} here "
-          f"({plan.device}); logs in {plan.log_dir}; following the {which} log {plan.worker_log(plan.first_rank)}",
-          flush=True)
+    print(start_line(plan), flush=True)
     watch = HangWatch(plan.log_dir, plan.world, plan.local_ranks, plan.hang_timeout_s)
     proc = start_msrun(plan, env)
+    console = MsrunConsole(proc, plan.msrun_log)
+
+    def stop() -> None:  # the tree, then the lines it left in the pipe, before the launcher's own
+        stop_tree(proc, signals)
+        console.close()
+
     forwarded, asked = None, set()
     try:
         while True:
@@ -249,13 +288,14 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
             failure = first_failure(plan, stale)
             if failure:
                 ledger = watch.beats().get(plan.first_rank)
-                stop_tree(proc, signals)
+                stop()
                 return report_failure(*failure, ledger)
             stall = watch.stalled() if forwarded is None else None
             if stall:
-                return report_stall(plan, watch, stall, proc, signals)
+                return report_stall(plan, watch, stall, proc.pid, stop)
             code = proc.poll()
             if code is not None:
+                console.close()
                 ledger = watch.beats().get(plan.first_rank)
                 failure = first_failure(plan, stale)
                 if failure:
@@ -266,14 +306,37 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
                 return Ended(0, stopped_by=forwarded, ledger=ledger)
             time.sleep(POLL_S)
     except Interrupted as exc:
-        stop_tree(proc, signals)
+        stop()
         return Ended(128 + exc.signum, f"{signal.Signals(exc.signum).name}: stopped all workers; logs in {plan.log_dir}",
                      interrupted=True)
 
 
-def report_success(plan: LaunchPlan, stopped_by: str | None) -> None:
-    """The last line of a job that ended well: how, and where its newest committed checkpoint is."""
-    how = f"stopped on {stopped_by}" if stopped_by else "finished"
+def start_line(plan: LaunchPlan) -> str:
+    """What runs where, where the logs are, and which of them the console follows."""
+    which = "rank 0" if plan.first_rank == 0 else f"rank {plan.first_rank} (first on this node)"
+    line = (f"MindScale: {plan.world} worker(s) on {plan.node.nnodes} node(s), {plan.local_workers} here ({plan.device}); "
+            f"logs in {plan.log_dir} (msrun's output: {plan.msrun_log.name}); following the {which} log "
+            f"{plan.worker_log(plan.first_rank)}")
+    if plan.step_rank not in plan.local_ranks:
+        node = plan.step_rank // plan.local_workers
+        line += f"; the step lines are in the rank {plan.step_rank} log, on node {node}'s console"
+    elif plan.step_rank != plan.first_rank:  # the last pipeline stage's first rank, tailed too
+        line += f" and the rank {plan.step_rank} log {plan.worker_log(plan.step_rank)} (the step lines)"
+    return line
+
+
+def report_success(plan: LaunchPlan, stopped_by: str | None, ledger: dict | None) -> None:
+    """The last line of a job that ended well: how, and where its newest committed checkpoint is. A
+    graceful stop asked elsewhere (a signal to a worker, or to another node's launcher) shows in the
+    first local rank's last heartbeat: fewer steps done than train.steps."""
+    done = (ledger or {}).get("step")
+    if stopped_by:
+        how = f"stopped on {stopped_by}"
+    elif done is not None and done < plan.train_steps:
+        how = (f"stopped gracefully after step {done} of {plan.train_steps} (asked by a signal to a worker or to "
+               "another node's launcher)")
+    else:
+        how = "finished"
     try:
         saved = newest_committed(plan.run_dir / "checkpoints")
     except UserError as exc:

@@ -83,6 +83,10 @@ def test_one_core_per_cpu_worker():
     assert assign_cores([0, 1], 2) == [0, 1]
     assert assign_cores([4, 5, 6, 7], 2) == [4, 5]
     assert assign_cores([0, 1], 3) == [0, 1, 0]
+    # node 1's first rank is 1 (one worker a node) or 2: two nodes on one host take different cores
+    assert assign_cores([0, 1], 1, first_rank=1) == [1]
+    assert assign_cores([4, 5, 6, 7], 2, first_rank=2) == [6, 7]
+    assert assign_cores([0, 1, 2], 2, first_rank=2) == [2, 0]
 
 
 def test_dry_run_defaults_to_two_cpu_workers_and_fits_data_parallel(tmp_path):
@@ -112,6 +116,13 @@ def test_dry_run_multi_node_world_and_ranks(tmp_path):
     assert flags == {**flags, "--worker_num": "6", "--local_worker_num": "2", "--node_rank": "2",
                      "--master_addr": "10.0.0.1", "--master_port": "29500", "--tail_worker_log": "4"}
     assert entry[-2:] == ["--set", "parallel.data_parallel=6"]
+    # 8 pipeline stages over 4 nodes of 32: the step lines come from rank 112, first of the last stage, whose
+    # node's console follows its log beside its own first rank's
+    staged = run_script("run_distribute.sh", ROOT / "configs/llama2/llama2_70b.yaml", 32, "--set",
+                        "run.device_target=Ascend", "--dry-run", cwd=tmp_path,
+                        env=clean_env(NNODES=4, NODE_RANK=3, MASTER_ADDR="10.0.0.1"))
+    assert staged.returncode == 0, staged.stderr
+    assert msrun_call(staged.stdout)[1]["--tail_worker_log"] == "96,112"
 
 
 @pytest.mark.parametrize("args, env, message", [
@@ -129,6 +140,13 @@ def test_dry_run_multi_node_world_and_ranks(tmp_path):
      "run.max_restarts=1 with NNODES=2: a restart relaunches only this node's workers"),
     (["CFG", "--max-restarts", "1", "--set", "checkpoint.resume=false"], {},
      "run.max_restarts=1 needs checkpoint.resume=true"),
+    # what every worker would refuse is refused before msrun starts them (it used to start them all)
+    (["CFG", "2"], {}, "error: parallel.model_parallel=2 needs Ascend or GPU: MindSpore has no semi-auto parallel "
+     "on CPU; on CPU set parallel.model_parallel=1\n"),
+    (["CFG", "2", "--set", "parallel.model_parallel=1", "--set", "parallel.optimizer_shard=true"], {},
+     "error: parallel.optimizer_shard=true needs Ascend or GPU"),
+    (["CFG", "2", "--set", "parallel.model_parallel=1", "--set", "hardware=ascend910b"], {},
+     "error: hardware='ascend910b' describes Ascend but this host runs on CPU; add --set hardware=cpu"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, env, message):
     cfg = write_config(tmp_path, data_parallel=1, model_parallel=2)
@@ -136,6 +154,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, env, message):
                      cwd=tmp_path, env=clean_env(**env))
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.splitlines()) == 1 and message in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_hostfile_dry_run_commands_run_as_written(tmp_path):
@@ -204,11 +223,14 @@ def test_slurm_script_gives_each_node_its_rank(tmp_path):
 
 
 def test_standalone_runs_one_pinned_device(tmp_path):
-    out = run_script("run_standalone.sh", write_config(tmp_path, data_parallel=2), cwd=tmp_path)
+    env = clean_env()
+    env.pop("GLOG_v", None)  # MindSpore's warnings (tests/conftest.py quiets them for the whole session)
+    out = run_script("run_standalone.sh", write_config(tmp_path, data_parallel=2), cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     (result,) = probe_lines(out.stdout).values()
     assert (result["world"], result["data_parallel"], result["omp_num_threads"]) == (1, 1, "1")
     assert len(result["cores"]) == 1
+    assert result["glog_v"] == "3"  # errors only, as under msrun: no "side effect nodes" warning on every run
 
 
 def test_two_workers_allreduce_on_their_own_cores(tmp_path):
@@ -227,6 +249,14 @@ def test_two_workers_allreduce_on_their_own_cores(tmp_path):
     if len(os.sched_getaffinity(0)) > 1:
         assert results[0]["cores"] != results[1]["cores"]
     assert 0 in probe_lines(out.stdout)  # rank 0's log is followed on the console
+    # msrun's own lines (each process's start with its whole command line) and MindSpore's INFO chatter
+    # at exit ("Event base dispatch success!") stay in the logs, off the console
+    console = out.stdout + out.stderr
+    assert "Execute command" not in console and "[INFO]" not in console, console
+    kept = (log_dir / "msrun_node_0.log").read_text()
+    assert kept.count("Execute command: python -m mindscale.launch worker") == 3  # scheduler and two workers
+    assert "[INFO] DISTRIBUTED" in (log_dir / "worker_0.log").read_text()
+    assert f"(msrun's output: msrun_node_0.log); following the rank 0 log {log_dir / 'worker_0.log'}\n" in out.stdout
 
 
 def test_one_worker_runs_the_entry_point_once(tmp_path):
@@ -323,13 +353,19 @@ def test_two_nodes_in_network_namespaces_form_one_job(tmp_path, two_namespaces):
     (log_dir / "worker_1.exit").write_text("-9\n")  # stale: node 0 must not take it for node 1's failure
     nodes = launch_two_nodes(tmp_path, two_namespaces, cfg)
     assert [code for code, _, _ in nodes] == [0, 0], [text[-2000:] for _, text, _ in nodes]
-    assert ["Start scheduler" in text for _, text, _ in nodes] == [True, False]  # one scheduler, on node 0
+    started = [(log_dir / f"msrun_node_{rank}.log").read_text() for rank in (0, 1)]
+    assert ["Start scheduler" in text for text in started] == [True, False]  # one scheduler, on node 0
     # each node's console tails its own first worker (msrun numbers workers by global rank)
     assert ['"rank": 0' in text for _, text, _ in nodes] == [True, False]
     assert ['"rank": 1' in text for _, text, _ in nodes] == [False, True]
+    # node 1 has no step lines to show (rank 0 prints them) and says where they are
+    assert ["the step lines are in the rank 0 log, on node 0's console" in text for _, text, _ in nodes] == \
+        [False, True]
     results = probe_results(log_dir)
     assert sorted(results) == [0, 1]
     assert {(r["world"], r["allreduce_sum"], r["data_parallel"]) for r in results.values()} == {(2, 3.0, 2)}
+    if len(os.sched_getaffinity(0)) > 1:  # both launchers on this host: node 1 starts at the next core
+        assert results[0]["cores"] != results[1]["cores"], results
 
 
 def test_a_dead_worker_on_one_node_stops_the_other_node(tmp_path, two_namespaces):

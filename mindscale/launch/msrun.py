@@ -144,7 +144,7 @@ class LaunchPlan:
     notes: list[str] = field(default_factory=list)
     max_restarts: int = 0  # run.max_restarts (restarts.py)
     hang_timeout_s: float = 0.0  # run.hang_timeout_s (heartbeat.py); 0 = not watched
-    train_steps: int = 0  # train.steps: a job whose workers all exit 0 before it was stopped gracefully
+    train_steps: int = 0  # train.steps: workers that exit 0 with fewer steps done were stopped gracefully
     step_rank: int = 0  # the rank that prints the step lines (step_rank)
 
     @property

@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     cfg = config_from_args(args)
 
     from mindscale.launch import runlock
+    from mindscale.launch.msrun import QUIET_MINDSPORE
+    os.environ.setdefault(*QUIET_MINDSPORE)  # before MindSpore loads: its warnings only when GLOG_v asks
     from mindscale.train.loop.runtime import setup
     from mindscale.train.loop.trainer import Trainer, run_dir_of
     gc.freeze()  # the imports' objects live as long as the process: no collection walks them (~7% of a tiny CPU run)

@@ -27,9 +27,10 @@ from pathlib import Path
 from mindscale.cli import add_config_arguments, config_from_args, emit, fail
 from mindscale.config import Config, UserError
 from mindscale.progress import Progress
-from mindscale.train.data.dataset import check_special_ids, resolve_sources
+from mindscale.train.data.dataset import check_special_ids
 from mindscale.train.data.preprocess import (Options, add_checksums, check_output, load_tokenizer, pad_id_of,
                                              preprocess)
+from mindscale.train.data.raw_text import resolve_sources
 from mindscale.train.data.templates import TEMPLATE_CHOICES
 
 

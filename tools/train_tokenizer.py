@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mindscale.cli import emit, fail
 from mindscale.config import UserError
-from mindscale.train.data.dataset import resolve_sources
+from mindscale.train.data.raw_text import resolve_sources
 from mindscale.train.data.tokenizer_training import RESERVED_IDS, train
 
 

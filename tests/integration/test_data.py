@@ -197,8 +197,8 @@ def test_valid_fraction_holds_out_whole_documents_evenly_and_deterministically(w
 def test_worker_count_and_chunk_size_do_not_change_the_output(work, tokenizer, pretrain_folder):
     """2 tokenizer processes on chunks of ~200 characters (a few documents each, many chunks in flight) write
     byte-identical shards, the same held-out split and the same manifests as 1 process on one chunk."""
-    from mindscale.train.data.dataset import resolve_sources
     from mindscale.train.data.preprocess import Options, load_tokenizer, preprocess as write_folder
+    from mindscale.train.data.raw_text import resolve_sources
 
     sources, encoder = resolve_sources([str(work / "docs.jsonl")]), load_tokenizer(str(tokenizer), None)
     folders = []
@@ -217,8 +217,8 @@ def test_worker_count_and_chunk_size_do_not_change_the_output(work, tokenizer, p
 RSS_CHILD = """
 import json, resource, sys
 from pathlib import Path
-from mindscale.train.data.dataset import resolve_sources
 from mindscale.train.data.preprocess import Options, load_tokenizer, preprocess
+from mindscale.train.data.raw_text import resolve_sources
 if __name__ == "__main__":
     corpus, tokenizer, out = sys.argv[1:4]
     preprocess(Path(out), Options(workers=2, chunk_chars=1 << 14), resolve_sources([corpus]),

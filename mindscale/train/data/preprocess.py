@@ -41,8 +41,8 @@ import numpy as np
 from mindscale.io import DataError, publish_folder, write_atomically
 from mindscale.train.data import tokenizers
 from mindscale.train.data.heldout import VALID_DIR, split_documents
-from mindscale.train.data.dataset import (FORMAT_VERSION, MANIFEST_NAME, Source, column, has_checksums,
-                                          read_batches, read_manifest, shard_checksums)
+from mindscale.train.data.dataset import FORMAT_VERSION, MANIFEST_NAME, has_checksums, read_manifest, shard_checksums
+from mindscale.train.data.raw_text import Source, column, read_batches
 from mindscale.train.data.chat_template import get_template
 from mindscale.train.data.templates import RecordError, encode_examples
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from mindscale.io import DataError, sha256
-from mindscale.train.data.dataset import Source, column, read_batches
+from mindscale.train.data.raw_text import Source, column, read_batches
 
 SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "eos_id": 2, "bos_id": 3}
 BYTE_PIECES = 256

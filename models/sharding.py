@@ -1,8 +1,9 @@
-"""Per-model tensor-parallel plans as data, and the one function that applies them.
+"""The one function that applies an architecture's tensor-parallel plan to a model, and the plan as a table.
 
-A plan (the `plan` of an architecture's entry in models/archs/) maps cell paths (`*` = one path component, e.g. a layer index) to a parallel style, like
-torchtitan's `parallelize_plan`; the styles are defined in models/layers.py, and every layer class
-says next to its primitives how a style splits them (`shard_strategies(style, layout)`):
+A plan (the `plan` of an architecture's entry in models/archs/) maps cell paths (`*` = one path component,
+e.g. a layer index) to a parallel style, like torchtitan's `parallelize_plan`; the styles are named in
+models/spec.py, and every layer class says next to its primitives how a style splits them
+(`shard_strategies(style, layout)`, models/layers.py, attention.py, moe.py, ...):
 
     colwise    output features split over tp (wq/wk/wv, w1/w3; and the per-head or per-feature ops
                that consume those outputs: rotary, attention core, activations)
@@ -12,13 +13,14 @@ says next to its primitives how a style splits them (`shard_strategies(style, la
                keeps them data-parallel (the head's logits then split over the sequence-parallel
                tokens: Layout.logit_split); the loss reduces as the logits are split
                (models.transformer.ShardedCrossEntropy)
-    sequence   tokens split over dp x tp under sequence parallel (norms, residual adds), over dp
-               otherwise
-    replicate  data-parallel only (position table, a mixture of experts' router)
+    sequence   tokens split over dp x cp, and over tp too under sequence parallel (norms, residual
+               adds)
+    replicate  nothing split over tp: tokens over dp x cp, weights whole (position table, a mixture
+               of experts' router, DeepSeek-V3's low-rank down-projections)
     expert     a mixture of experts (models/moe.py): routing split over the token groups, experts over
                expert_parallel (and their width over tp), the tokens AlltoAll'd between the two
 
-`apply_sharding_plan` turns styles into `.shard()` strategies for the layout's dp/tp/sp mesh, sets
+`apply_sharding_plan` turns styles into `.shard()` strategies for the layout's degrees, sets
 `pipeline_stage` per cell (MindSpore's attribute: the stage index, Layout.stage_of) and a gradient
 `comm_fusion` group per layer. It does so only for sharded layouts (semi-auto parallel); stand-alone
 and data-parallel runs (CPU) compile no strategies, so their numbers are unchanged. A plan path

@@ -2,9 +2,9 @@
 
 A data folder written by tools/preprocess_data.py holds MindRecord shards of fixed-length samples
 (`input_ids` int32 [seq_length + 1]; SFT adds `loss_mask` and, when packed, `segment_ids`) and a
-`manifest.json`. `build_dataset(cfg, rank, world, start_step)` yields this worker's batches:
-`input_ids`, `labels` (the tokens shifted by one), `loss_mask` (float32) and, for packed SFT data,
-`segment_ids`, each [rows, seq_length].
+`manifest.json`. `build_dataset(cfg, rank, world, start_step)` yields this worker's batches (`make_batch`):
+`tokens` int32 [rows, seq_length + 1] as stored (the loss network shifts them into inputs and labels), and
+for SFT data `loss_mask` float32 [rows, seq_length] and, when packed, `segment_ids` int32 [rows, seq_length].
 
 Sample order (see docs/data.md): every sample has a position in one global stream. The stream draws from
 one folder (data.path) or a weighted blend of folders (data.blend); mindscale/train/data/blend.py decides

@@ -34,12 +34,12 @@ def main(argv=None) -> int:
     from mindscale.launch.msrun import QUIET_MINDSPORE
     os.environ.setdefault(*QUIET_MINDSPORE)  # before MindSpore loads: its warnings only when GLOG_v asks
     from mindscale.train.loop.runtime import setup
-    from mindscale.train.loop.trainer import Trainer, run_dir_of
+    from mindscale.train.loop.trainer import Trainer
     gc.freeze()  # the imports' objects live as long as the process: no collection walks them (~7% of a tiny CPU run)
     try:
         runtime = setup(cfg)
         # the launcher holds this run folder's lock for its workers; run without it, rank 0 takes it
-        with runlock.hold(run_dir_of(cfg), runtime.is_main and not runlock.held_by_launcher(run_dir_of(cfg))):
+        with runlock.hold(cfg.run_dir, runtime.is_main and not runlock.held_by_launcher(cfg.run_dir)):
             Trainer(cfg, runtime).train(stop)
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))

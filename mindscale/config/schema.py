@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
@@ -519,6 +520,11 @@ class Config:
     context: dict = doc("Passed to mindspore.set_context as is (jit_level, ...; the memory pool's ceiling is "
                         "hardware.max_device_memory_gib).",
                         factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        """The run folder, <run.output_dir>/<run.name>: what a run writes goes in it (docs/design.md, "Contracts")."""
+        return Path(self.run.output_dir) / self.run.name
 
     @property
     def devices(self) -> int:

@@ -532,11 +532,6 @@ def _verified_shards(cfg: Config, folder: Path, manifest: dict) -> list[str]:
     return files
 
 
-def index_root(cfg: Config) -> Path:
-    """Where a run's sample indexes live: <run.output_dir>/<run.name>/index."""
-    return Path(cfg.run.output_dir) / cfg.run.name / "index"
-
-
 def build_dataset(cfg: Config, rank: int = 0, world: int = 1, start_step: int = 0, split: str = "train",
                   say=print) -> DataStream:
     """This rank's batches from optimizer step `start_step` on; checks the data against the config first
@@ -554,7 +549,7 @@ def build_dataset(cfg: Config, rank: int = 0, world: int = 1, start_step: int = 
         if cfg.data.verify_checksums:
             verify_checksums(sources, split, say)
 
-    index = SampleIndex.ensure(index_root(cfg), split, [s.index_source() for s in sources], cfg.run.seed,
+    index = SampleIndex.ensure(cfg.run_dir / "index", split, [s.index_source() for s in sources], cfg.run.seed,
                                cfg.data.shuffle, plan.global_batch, steps, say, before_build=verify)
     rows = _indexed_rows(sources, index, plan, start_step)
     return DataStream(plan, rows, sources[0].manifest, tuple(sources), index)

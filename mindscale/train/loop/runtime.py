@@ -173,7 +173,7 @@ def _set_parallel_context(cfg: Config, layout: Layout, rank: int) -> None:
         ms.set_auto_parallel_context(enable_alltoall=True)
     if not dry_run():  # a dry run must not overwrite the strategy files of a real run of the config
         ms.set_auto_parallel_context(strategy_ckpt_config={
-            "save_file": os.path.join(cfg.run.output_dir, cfg.run.name, "strategy", f"strategy_rank{rank}.ckpt")})
+            "save_file": os.path.join(cfg.run_dir, "strategy", f"strategy_rank{rank}.ckpt")})
 
 
 def set_input_layout(layout: Layout, num_inputs: int) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 from mindspore import Tensor
@@ -30,17 +29,13 @@ from mindscale.train.resilience.stop import StopRequest, StopVotes
 from models.transformer import MOE_STATS
 
 
-def run_dir_of(cfg: Config) -> Path:
-    return Path(cfg.run.output_dir) / cfg.run.name
-
-
 class Trainer:
     def __init__(self, cfg: Config, rt: Runtime):
         self.cfg = cfg = models.resolve_model_dims(cfg)  # finetune.hf_dims
         self.rt = rt
         # the layout of the resolved dims (the runtime's parallel context depends on degrees only)
         self.layout = layout = Layout.of(cfg, rt.device_target, rt.world)
-        self.run_dir = run_dir_of(cfg)
+        self.run_dir = cfg.run_dir
         vote = commit.RankVote(rt.world, layout.sharded)  # a save's commit, and sharded runs' stop votes
         self.stop_schedule = StopVotes(vote, cfg.run.stop_vote_interval)
         self.heartbeat = Heartbeat.of_worker(rt.rank)  # under the launcher: hang watch and goodput

@@ -18,13 +18,13 @@ PEAK_TFLOPS = 0.05
 
 
 def record(cfg, step: int, step_time: float, elapsed: float, memory_gib: float, loss: float) -> dict:
-    tokens_per_s = cfg.global_batch_size * cfg.model.seq_length / step_time
+    tokens_per_s = cfg.samples_per_step * cfg.model.seq_length / step_time
     devices = cfg.devices
     layout = Layout.of(cfg)
     return {"step": step, "loss": loss, "lr": cfg.train.lr * min(1.0, step / max(1, cfg.train.warmup_steps)),
             "grad_norm": 1.0 / step ** 0.5, "step_time_s": step_time, "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_device": tokens_per_s / devices,
-            "samples_per_s_per_device": cfg.global_batch_size / step_time / devices,
+            "samples_per_s_per_device": cfg.samples_per_step / step_time / devices,
             "tflops_per_device": tokens_per_s * flops.model_flops_per_token(cfg.model) / devices / 1e12,
             "mfu": flops.mfu(tokens_per_s, devices, PEAK_TFLOPS, cfg.model),
             "hfu": flops.hfu(tokens_per_s, devices, PEAK_TFLOPS, cfg.model, layout.recompute, len(layout.recomputed)),

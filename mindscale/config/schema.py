@@ -531,7 +531,10 @@ class Config:
         return self.parallel.devices
 
     @property
-    def global_batch_size(self) -> int:
+    def samples_per_step(self) -> int:
+        """Sequences per optimizer step, all ranks and micro batches: micro_batch_size x data_parallel x
+        micro_batch_num x gradient_accumulation_steps, which the key train.global_batch_size must equal when
+        given (validate.py)."""
         p = self.parallel
         return self.train.micro_batch_size * p.data_parallel * p.micro_batch_num * p.gradient_accumulation_steps
 

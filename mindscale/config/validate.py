@@ -420,7 +420,7 @@ def _recompute_layers(cfg: Config) -> None:
 def _global_batch(cfg: Config) -> None:
     """train.global_batch_size, when given, is the product of the batch keys."""
     parallel, train = cfg.parallel, cfg.train
-    derived = cfg.global_batch_size
+    derived = cfg.samples_per_step
     if train.global_batch_size is not None and train.global_batch_size != derived:
         raise ConfigError(
             f"train.global_batch_size={train.global_batch_size} != train.micro_batch_size={train.micro_batch_size} x "

@@ -129,10 +129,10 @@ def compare(baseline_dir: str, optimized_dir: str, targets: Targets = Targets(),
     notes = []
     if opt_lin is None and t is not None:
         notes.append("no linearity for the optimized run: run tools/linearity.py on its sweep or pass --linearity")
-    if base_run.config.global_batch_size != opt_run.config.global_batch_size or \
+    if base_run.config.samples_per_step != opt_run.config.samples_per_step or \
             base_run.config.devices != opt_run.config.devices:
-        notes.append(f"global batch {base_run.config.global_batch_size} on {base_run.config.devices} device(s) vs "
-                     f"{opt_run.config.global_batch_size} on {opt_run.config.devices}: step times cover different work; "
+        notes.append(f"global batch {base_run.config.samples_per_step} on {base_run.config.devices} device(s) vs "
+                     f"{opt_run.config.samples_per_step} on {opt_run.config.devices}: step times cover different work; "
                      "throughput is the fair comparison")
     for run, s in ((base_run, b), (opt_run, o)):
         if not s["steady"]:

@@ -101,8 +101,8 @@ def of_run(run: Run, warmup: int, cfg: Config | None = None, devices: int | None
                            f"gives {run.config.devices}; the folder mixes runs, use a fresh run.name")
     peak, source = peak_and_source(cfg, peak_override, records[-1].get("peak_tflops"))
     step_time = per_step_mean(kept, "step_time_s")
-    result = utilisation(cfg, step_time, cfg.global_batch_size, devices or run.config.devices, peak)
-    per_record = [utilisation(cfg, float(r["step_time_s"]), cfg.global_batch_size, result["devices"], peak)
+    result = utilisation(cfg, step_time, cfg.samples_per_step, devices or run.config.devices, peak)
+    per_record = [utilisation(cfg, float(r["step_time_s"]), cfg.samples_per_step, result["devices"], peak)
                   for r in kept]
     result.update({
         "peak_source": source, "run": str(run.path), "records_used": len(kept),

@@ -63,7 +63,7 @@ def validation_section(run) -> str | None:
     validated = validation_records([r for segment in segments(run.metrics.records) for r in segment])
     if not validated:
         return None
-    data, eval_steps, batch = run.config.data, run.config.train.eval_steps, run.config.global_batch_size
+    data, eval_steps, batch = run.config.data, run.config.train.eval_steps, run.config.samples_per_step
     sources = [e.path for e in data.valid_blend or ()] or [data.valid_path]
     if len(sources) == 1:
         held_out = (f"The token-weighted mean loss over the first {eval_steps} x {batch} sequences of "
@@ -253,7 +253,7 @@ def build(run_dir: str, output: Path | None, warmup: int) -> tuple[Path, list[Pa
     facts = (f"{cfg.model.arch}, {cfg.model.num_layers} layers, hidden {cfg.model.hidden_size}, seq "
              f"{cfg.model.seq_length}; {cfg.devices} device(s) (dp {cfg.parallel.data_parallel}, mp "
              f"{cfg.parallel.model_parallel}, pp {cfg.parallel.pipeline_stage}); global batch "
-             f"{cfg.global_batch_size}; recompute {cfg.recompute.mode}; "
+             f"{cfg.samples_per_step}; recompute {cfg.recompute.mode}; "
              f"{sum(len(s) for s in segments(run.metrics.records))} records, "
              f"{summary['records_used']} after warm-up ({summary['steps_used']} steps)")
     figures = "\n".join(

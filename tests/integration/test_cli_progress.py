@@ -70,7 +70,7 @@ def test_preprocess_draws_a_bar_on_a_terminal(text_and_tokenizer, tmp_path):
 def test_reshard_and_convert_name_their_stages(tmp_path):
     cfg = load_config(TINY)
     source = save_checkpoint(tmp_path / "src", 2, {"w": np.ones((4, 4), np.float32)},
-                             {"w.m": np.zeros((4, 4), np.float32)}, {"samples_consumed": 2 * cfg.global_batch_size})
+                             {"w.m": np.zeros((4, 4), np.float32)}, {"samples_consumed": 2 * cfg.samples_per_step})
     record_steps(tmp_path / "src", [2])
     code, out, err = tool("reshard", "--input", source, "--config", TINY, "--output", tmp_path / "out", "--json")
     assert code == 0, err

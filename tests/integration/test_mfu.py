@@ -111,7 +111,7 @@ def test_every_tool_gives_the_same_throughput_and_mfu_total_tokens_over_total_ti
     run = windowed_run(tmp_path)
     cfg = load_config(run / "config.yaml")
     step_time = (9 * 1.0 + 10 * 1.4 + 10 * 1.1 + 1 * 3.0) / 30           # 37 s over steps 2-31
-    tokens_per_s = cfg.global_batch_size * cfg.model.seq_length / step_time
+    tokens_per_s = cfg.samples_per_step * cfg.model.seq_length / step_time
     mfu = flops.mfu(tokens_per_s, cfg.devices, PEAK_TFLOPS, cfg.model)
 
     measured = run_json(capsys, "--metrics", str(run))

@@ -64,7 +64,7 @@ def test_formula_and_by_hand_mfu(built, run_dir):
     layout = Layout.of(cfg)
     hfpt = flops.hardware_flops_per_token(cfg.model, layout.recompute, len(layout.recomputed))
     assert f"hardware FLOPs per token = {hfpt:.4g}" in page
-    tokens = cfg.global_batch_size * cfg.model.seq_length * 4 / sum([1.0, 1.1, 1.0, 1.3])
+    tokens = cfg.samples_per_step * cfg.model.seq_length * 4 / sum([1.0, 1.1, 1.0, 1.3])
     by_hand = tokens * fpt / (cfg.devices * 0.05e12)
     assert f"= {by_hand:.3%} (the MFU above: {by_hand:.3%})" in page
     assert f"<td>MFU</td><td></td><td>{by_hand:.2%}</td>" in page

@@ -135,7 +135,7 @@ def test_long_epoch_shuffle_in_buckets_is_a_permutation_and_a_longer_run_extends
 def test_blend_counts_at_every_step_and_sources_wrap_with_their_own_shuffle(tmp_path, sources):
     cfg = make_cfg(tmp_path, sources)
     rows = global_steps(cfg)
-    batch, weights = cfg.global_batch_size, np.array(WEIGHTS) / sum(WEIGHTS)
+    batch, weights = cfg.samples_per_step, np.array(WEIGHTS) / sum(WEIGHTS)
     drawn = np.zeros(3, np.int64)
     for s, step in enumerate(rows, 1):
         drawn += np.bincount([k for k, _ in step], minlength=3)

@@ -24,7 +24,7 @@ def test_tiny_config_resolves_with_hardware_profile():
     assert cfg.model.arch == "llama" and cfg.hardware.name == "cpu"
     assert cfg.hardware.device_target == "CPU" and cfg.hardware.peak_tflops is None
     assert cfg.devices == cfg.parallel.data_parallel
-    assert cfg.global_batch_size == cfg.train.micro_batch_size * cfg.parallel.data_parallel
+    assert cfg.samples_per_step == cfg.train.micro_batch_size * cfg.parallel.data_parallel
 
 
 def test_base_inheritance_deep_merges_lists_replace(tmp_path):

@@ -170,7 +170,7 @@ def test_the_pool_ceiling_the_runtime_sets_is_what_the_planner_budgets(cfg70):
 def test_prediction_without_parallelism_is_flops_over_efficient_peak():
     cfg = load_config(TINY, ["hardware=ascend910b", "parallel.data_parallel=1"])
     pred = planner.plan(cfg, efficiency=0.5)["predicted"]
-    tokens = cfg.global_batch_size * cfg.model.seq_length
+    tokens = cfg.samples_per_step * cfg.model.seq_length
     hardware_flops = flops.hardware_flops_per_token(cfg.model, "none", 0)
     assert pred["step_time_s"] == pytest.approx(tokens * hardware_flops / (313e12 * 0.5))
     assert pred["mfu"] == pytest.approx(0.5)   # no recompute, no communication: MFU = efficiency
@@ -378,7 +378,7 @@ def test_data_parallel_gradient_bytes_follow_the_compiled_collectives(cfg70):
 def test_replan_devices_changes_data_parallel_and_keeps_global_batch(cfg70):
     cfg = planner.replan_devices(cfg70, 64)
     assert (cfg.parallel.data_parallel, cfg.parallel.model_parallel, cfg.parallel.pipeline_stage) == (2, 4, 8)
-    assert cfg.global_batch_size == cfg70.global_batch_size
+    assert cfg.samples_per_step == cfg70.samples_per_step
     with pytest.raises(planner.PlanError, match="not a multiple"):
         planner.replan_devices(cfg70, 100)
 
@@ -393,7 +393,7 @@ def test_search_llama2_70b_gives_fitting_ready_to_use_layouts(cfg70, devices):
         applied = load_config(LLAMA2_70B, entry["overrides"])      # the --set lines work as printed
         again = planner.plan(applied)
         assert again["fits"] and applied.devices == devices
-        assert applied.global_batch_size == cfg70.global_batch_size
+        assert applied.samples_per_step == cfg70.samples_per_step
         assert again["predicted"]["tokens_per_s"] == pytest.approx(entry["plan"]["predicted"]["tokens_per_s"])
 
 

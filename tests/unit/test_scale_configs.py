@@ -124,7 +124,7 @@ def test_card_counts_span_8_to_4096_and_beyond(configs):
 
 def test_published_batch_and_learning_rates(configs):
     """GPT-3 Table 2.1 tokens per batch and LR; LLaMA-2 4M tokens, 3e-4 / 1.5e-4; Llama 3 405B 8e-5, 16M."""
-    tokens = {n: c.global_batch_size * c.model.seq_length for n, c in configs.items()}
+    tokens = {n: c.samples_per_step * c.model.seq_length for n, c in configs.items()}
     assert tokens["gpt3/gpt3_125m.yaml"] == 2 ** 19 and configs["gpt3/gpt3_125m.yaml"].train.lr == 6e-4
     assert tokens["gpt3/gpt3_1.3b.yaml"] == 2 ** 20 and configs["gpt3/gpt3_1.3b.yaml"].train.lr == 2e-4
     assert tokens["gpt3/gpt3_13b.yaml"] == 2 ** 21 and configs["gpt3/gpt3_13b.yaml"].train.lr == 1e-4

@@ -34,7 +34,7 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
                    "context_parallel": cfg.parallel.context_parallel,
                    "context_parallel_algo": cfg.parallel.context_parallel_algo,
                    "pipeline_stage": cfg.parallel.pipeline_stage, "micro_batch_num": cfg.parallel.micro_batch_num,
-                   "micro_batch_size": cfg.train.micro_batch_size, "global_batch_size": cfg.global_batch_size,
+                   "micro_batch_size": cfg.train.micro_batch_size, "global_batch_size": cfg.samples_per_step,
                    "gradient_accumulation_steps": cfg.parallel.gradient_accumulation_steps,
                    "sequence_parallel": cfg.parallel.sequence_parallel,
                    "optimizer_shard": cfg.parallel.optimizer_shard,

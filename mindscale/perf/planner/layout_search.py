@@ -150,7 +150,7 @@ def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int, v: int =
     offset = interleaved_offset(model.num_layers, pp, v)
     return [f"parallel.data_parallel={dp}", f"parallel.model_parallel={tp}", f"parallel.pipeline_stage={pp}",
             f"parallel.expert_parallel={ep}",
-            *batch, f"train.micro_batch_size={mbs}", f"train.global_batch_size={cfg.global_batch_size}",
+            *batch, f"train.micro_batch_size={mbs}", f"train.global_batch_size={cfg.samples_per_step}",
             f"parallel.pipeline_interleave={v}", "parallel.pipeline_scheduler=1f1b",
             f"parallel.stage_offset={_yaml(offset)}", f"parallel.sequence_parallel={str(tp > 1).lower()}",
             f"parallel.optimizer_shard={str(dp > 1).lower()}", "parallel.gradient_accumulation_shard=false"]
@@ -178,7 +178,7 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
               for mbs in micro_batch_sizes]
     for tp, pp, mbs in shapes:
         dp = devices // (tp * pp * cp)
-        micro = cfg.global_batch_size // (dp * mbs)
+        micro = cfg.samples_per_step // (dp * mbs)
         experts = cfg.model.moe.num_experts
         expert_splits = [e for e in _divisors(dp) if experts % e == 0] if experts else [1]
         for v, ep in ((v, ep) for v in interleave_choices(cfg.model.num_layers, pp, micro) for ep in expert_splits):
@@ -216,7 +216,7 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
                     found.append({"overrides": sets, "plan": result})
     if not found:
         raise PlanError(f"no layout of {cfg.run.name} fits {devices} x {cfg.hardware.name} "
-                        f"({cfg.hardware.memory_gib:g} GiB) at global batch {cfg.global_batch_size}; "
+                        f"({cfg.hardware.memory_gib:g} GiB) at global batch {cfg.samples_per_step}; "
                         "use more devices, a smaller micro batch or a shorter sequence")
     found.sort(key=lambda c: (-c["plan"]["predicted"]["tokens_per_s"], c["plan"]["memory_gib"]["total"]))
     return found[:top]

@@ -28,7 +28,7 @@ def _copied(node):
 
 def _batch_overrides(cfg: Config, dp: int, pp: int, mbs: int) -> list[str] | None:
     """micro_batch_num / gradient accumulation that keep the global batch, or None if impossible."""
-    g = cfg.global_batch_size
+    g = cfg.samples_per_step
     per_step = mbs * dp
     if g % per_step:
         return None
@@ -51,7 +51,7 @@ def replan_devices(cfg: Config, devices: int) -> Config:
                         "pick a multiple or change them with --set")
     batch = _batch_overrides(cfg, dp, parallel.pipeline_stage, cfg.train.micro_batch_size)
     if batch is None:
-        raise PlanError(f"global batch {cfg.global_batch_size} cannot be split over data_parallel={dp} x "
+        raise PlanError(f"global batch {cfg.samples_per_step} cannot be split over data_parallel={dp} x "
                         f"micro_batch_size={cfg.train.micro_batch_size} (x >= {parallel.pipeline_stage} micro "
                         "batches); "
                         "set train.global_batch_size or train.micro_batch_size with --set")
@@ -62,6 +62,6 @@ def replan_devices(cfg: Config, devices: int) -> Config:
                                     f"parallel.optimizer_shard={str(sharded).lower()}",
                                     f"parallel.gradient_accumulation_shard="
                                     f"{str(sharded and micro and parallel.gradient_accumulation_shard).lower()}",
-                                    f"train.global_batch_size={cfg.global_batch_size}"])
+                                    f"train.global_batch_size={cfg.samples_per_step}"])
     except ConfigError as exc:
         raise PlanError(f"--devices {devices}: {exc}")

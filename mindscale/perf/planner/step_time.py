@@ -71,12 +71,12 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
     once = max(c["dp_grad_reduce"] - c["dp_per_micro_batch"] * micro_steps for c in comm) / dp_bw
     dp_exposed = max(0.0, once - 2 / 3 * slot) + micro_steps * max(0.0, per_micro - 2 / 3 * slot)
     step = pipeline + pp_time + dp_exposed
-    tokens_per_s = cfg.global_batch_size * model.seq_length / step
+    tokens_per_s = cfg.samples_per_step * model.seq_length / step
     devices = cfg.devices
     recomputed = len(layout.recomputed)
     return {
         "step_time_s": step, "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / devices,
-        "samples_per_s_per_device": cfg.global_batch_size / step / devices,
+        "samples_per_s_per_device": cfg.samples_per_step / step / devices,
         "tflops_per_device": tokens_per_s * flops.model_flops_per_token(model) / devices / 1e12,
         "mfu": flops.mfu(tokens_per_s, devices, peak_tflops, model),
         "hfu": flops.hfu(tokens_per_s, devices, peak_tflops, model, layout.recompute, recomputed),

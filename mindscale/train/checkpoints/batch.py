@@ -8,7 +8,7 @@ schedule's position in samples. So it is refused in one line naming what keeps t
 micro batches accumulated more (or fewer) times, which keeps each device's memory, where that still
 resumes the checkpoint's layout; else a larger (smaller) micro batch; or the device count that gives
 the batch back. The global batch is never changed behind the config's back: the config says what
-runs (docs/design.md, global_batch_size = micro_batch_size x data_parallel x micro_batch_num x
+runs (Config.samples_per_step = micro_batch_size x data_parallel x micro_batch_num x
 gradient_accumulation_steps).
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def keeping_overrides(cfg: Config, wanted: int, device: str, world: int, saved_l
     """The `--set` overrides that give cfg the global batch `wanted` on `world` devices and still resume
     `saved_layout`: the accumulation steps (micro batches of a pipeline) scaled, else the micro batch
     scaled; [] when neither does."""
-    p, have = cfg.parallel, cfg.global_batch_size
+    p, have = cfg.parallel, cfg.samples_per_step
     accumulation = ("parallel.micro_batch_num", p.micro_batch_num) if p.pipeline_stage > 1 else \
         ("parallel.gradient_accumulation_steps", p.gradient_accumulation_steps)
     explicit = [f"train.global_batch_size={wanted}"] if cfg.train.global_batch_size is not None else []
@@ -66,7 +66,7 @@ def keeping_overrides(cfg: Config, wanted: int, device: str, world: int, saved_l
 
 def data_parallel_for(cfg: Config, wanted: int) -> int | None:
     """The data_parallel at which cfg's micro batches make the global batch `wanted`, if one does."""
-    per_replica = cfg.global_batch_size // cfg.parallel.data_parallel
+    per_replica = cfg.samples_per_step // cfg.parallel.data_parallel
     return wanted // per_replica if wanted % per_replica == 0 else None
 
 
@@ -76,13 +76,13 @@ def check_global_batch(source: Path, state: dict, cfg: Config, device: str, worl
     `source` (its state.json `state`) was trained at. `device`, `world`: what cfg runs on; `saved_layout`:
     the layout a fix must keep (None: any)."""
     wanted = trained_batch(state)
-    if wanted is None or wanted == cfg.global_batch_size:
+    if wanted is None or wanted == cfg.samples_per_step:
         return
     overrides = keeping_overrides(cfg, wanted, device, world, saved_layout)
     dp = data_parallel_for(cfg, wanted)
     fixes = ([" ".join(f"--set {o}" for o in overrides)] if overrides else []) + \
         ([f"{dp * cfg.parallel.replica_devices} device(s) (parallel.data_parallel={dp})"] if dp else [])
     fix = ", or ".join(fixes) or f"micro batch, accumulation and device count whose product is {wanted}"
-    raise CheckpointError(f"{source} was trained at a global batch of {wanted}, this run's is {cfg.global_batch_size} "
+    raise CheckpointError(f"{source} was trained at a global batch of {wanted}, this run's is {cfg.samples_per_step} "
                           f"({batch_product(cfg)}): {doing} would move its data position (step x global batch) and "
                           f"learning-rate schedule; keep the batch with {fix}")

@@ -229,7 +229,7 @@ class Checkpointer:
         job, healthy = None, True
         if writes:
             state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
-                     "samples_consumed": step * self.cfg.global_batch_size,
+                     "samples_consumed": step * self.cfg.samples_per_step,
                      "layout": ckpt.layout_record(self.cfg, self.layout), **self.trainer_state()}
             healthy = state["healthy"]
             if self.layout.sharded:

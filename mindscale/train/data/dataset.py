@@ -241,7 +241,7 @@ class BatchPlan:
 
 
 def batch_plan(cfg: Config, rank: int, world: int) -> BatchPlan:
-    """Rows per batch = global_batch_size / (world x gradient_accumulation_steps).
+    """Rows per batch = Config.samples_per_step / (world x gradient_accumulation_steps).
 
     `world` is the data-parallel degree and `rank` a rank's data-parallel index (Layout.data_rank):
     the trainer feeds the model-parallel ranks of a group, and the ranks of every pipeline stage, the
@@ -251,10 +251,10 @@ def batch_plan(cfg: Config, rank: int, world: int) -> BatchPlan:
     accumulation = cfg.parallel.gradient_accumulation_steps
     if not 0 <= rank < world:
         raise DataError(f"rank {rank} is outside a world of {world} workers")
-    if cfg.global_batch_size % (world * accumulation):
-        raise DataError(f"global batch {cfg.global_batch_size} does not split over {world} workers x "
+    if cfg.samples_per_step % (world * accumulation):
+        raise DataError(f"global batch {cfg.samples_per_step} does not split over {world} workers x "
                         f"parallel.gradient_accumulation_steps={accumulation}; change train.micro_batch_size")
-    return BatchPlan(cfg.global_batch_size, cfg.global_batch_size // (world * accumulation), world, rank)
+    return BatchPlan(cfg.samples_per_step, cfg.samples_per_step // (world * accumulation), world, rank)
 
 
 class DataStream:

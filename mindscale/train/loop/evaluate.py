@@ -122,7 +122,7 @@ class Evaluator:
         stream = build_dataset(self.held_out, self.data_rank, self.layout.dp, split="valid")
         self.sources = stream.sources
         self.steps = steps_per_source([s.weight for s in self.sources], self.cfg.train.eval_steps)
-        t, batch = self.cfg.train, self.cfg.global_batch_size
+        t, batch = self.cfg.train, self.cfg.samples_per_step
         trained = stream.manifest["fields"] if self.cfg.data.path == SYNTHETIC and not self.cfg.data.blend else \
             read_manifest(configured_sources(self.cfg)[0][1])["fields"]
         first = stream.sources[0]

@@ -46,7 +46,7 @@ class MetricsLogger:
         self.device_target = device_target
         self.write = write
         self.path = run_dir / "metrics.jsonl"
-        self.tokens_per_step = cfg.global_batch_size * cfg.model.seq_length
+        self.tokens_per_step = cfg.samples_per_step * cfg.model.seq_length
         self.flops_per_token = flops.model_flops_per_token(cfg.model)
         layout = Layout.of(cfg)
         self.hflops_per_token = flops.hardware_flops_per_token(cfg.model, layout.recompute, len(layout.recomputed))
@@ -180,7 +180,7 @@ class MetricsLogger:
             "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time,
             "data_wait_s": data_wait,
             "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / devices,
-            "samples_per_s_per_device": self.cfg.global_batch_size / step_time / devices,
+            "samples_per_s_per_device": self.cfg.samples_per_step / step_time / devices,
             "tflops_per_device": tflops,
             "mfu": flops.utilization(tokens_per_s, self.flops_per_token, devices, self.peak),
             "hfu": flops.utilization(tokens_per_s, self.hflops_per_token, devices, self.peak),

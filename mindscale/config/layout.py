@@ -35,6 +35,7 @@ class Layout:
     cp: int                     # context parallel (parallel.context_parallel): activations split along the sequence
     cp_algo: str                # colossalai_cp (K/V all-gathered) | ulysses_cp (all-to-all to a head split)
     ep: int                     # expert parallel: routed experts split over ep of the dp ranks (models/moe.py)
+    devices: int                # ranks in all, dp x tp x cp x pp (ParallelConfig.devices)
     micro_batch_size: int
     micro_steps: int            # micro batches per optimizer step (pipeline micro batches or accumulation)
     sharded: bool               # semi-auto parallel: the plan's .shard() strategies are compiled
@@ -88,7 +89,7 @@ class Layout:
         recomputed = tuple(_first_layers(recompute_layer_counts(cfg), stages))
         return cls(
             device=device, dp=p.data_parallel, tp=p.model_parallel, pp=p.pipeline_stage,
-            cp=p.context_parallel, cp_algo=p.context_parallel_algo, ep=p.expert_parallel,
+            cp=p.context_parallel, cp_algo=p.context_parallel_algo, ep=p.expert_parallel, devices=cfg.devices,
             micro_batch_size=cfg.train.micro_batch_size,
             micro_steps=micro_steps,
             sharded=sharded, data_parallel_mode=world > 1 and not sharded,
@@ -111,10 +112,6 @@ class Layout:
             graph_reuse=_graph_reuse(cfg, sharded, micro_steps))
 
     # -- degrees and groups ---------------------------------------------------------------------
-    @property
-    def devices(self) -> int:
-        return self.dp * self.tp * self.cp * self.pp
-
     @property
     def stage_devices(self) -> int:
         return self.dp * self.cp * self.tp

@@ -324,6 +324,8 @@ class ParallelConfig:
 
     @property
     def devices(self) -> int:
+        """The devices (ranks) of the layout, d x t x c x p: the one count (Config.devices and Layout.devices
+        are this number)."""
         return self.data_parallel * self.replica_devices
 
     @property
@@ -528,6 +530,7 @@ class Config:
 
     @property
     def devices(self) -> int:
+        """parallel.devices."""
         return self.parallel.devices
 
     @property

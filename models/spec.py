@@ -82,7 +82,8 @@ class ArchSpec:
     grouped_query: bool = True  # num_kv_heads may be below num_heads (GQA)
     free_head_dim: bool = True  # model.head_dim may differ from hidden_size / num_heads
     qk_norm: bool = False       # RMSNorm over head_dim on q and k before the rotary embedding (Qwen3)
-    moe: bool = False           # the feed-forward is a mixture of experts (models/moe.py, model.moe.*)
+    moe: bool = False           # the feed-forward is a mixture of experts (models/moe.py, model.moe.*): the one
+                                # test of it (config validation makes model.moe.num_experts > 0 agree)
     mla: bool = False           # multi-head latent attention (DeepSeek-V2/V3; models/mla.py, model.mla.*)
     optional_plan: tuple[str, ...] = ()  # plan paths a model of the family may lack (DeepSeek-V3's, by its keys)
 

@@ -135,10 +135,6 @@ class MoeConfig:
         "null = dropless: the capacity is T, nothing is dropped, at E/top_k times the expert compute of a "
         "factor of 1 (docs/models.md, mixture of experts).", None)
 
-    @property
-    def enabled(self) -> bool:
-        return self.num_experts > 0
-
     def expert_ffn(self, dense_ffn: int) -> int:
         """The inner width of one routed expert."""
         return self.ffn_hidden_size or dense_ffn

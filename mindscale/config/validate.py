@@ -208,7 +208,7 @@ def _experts(cfg: Config) -> None:
     """model.moe and parallel.expert_parallel: an MoE family has experts, a dense one has none, and the expert
     split divides what it splits."""
     model, moe, ep = cfg.model, cfg.model.moe, cfg.parallel.expert_parallel
-    if model.spec.moe and not moe.enabled:
+    if model.spec.moe and moe.num_experts <= 0:
         raise ConfigError(f"model.arch={model.arch} is a mixture of experts but model.moe.num_experts="
                           f"{moe.num_experts}; set model.moe.num_experts (and top_k)")
     if moe.num_experts and not model.spec.moe:
@@ -217,7 +217,7 @@ def _experts(cfg: Config) -> None:
                           f"an MoE arch ({', '.join(moe_archs)}) or set num_experts to 0")
     if ep < 1:
         raise ConfigError(f"parallel.expert_parallel={ep}: must be >= 1")
-    if not moe.enabled:
+    if not model.spec.moe:
         if ep > 1:
             raise ConfigError(f"parallel.expert_parallel={ep} needs a mixture-of-experts model "
                               "(model.moe.num_experts > 0); set it to 1")
@@ -254,7 +254,7 @@ def _tensor_parallel(cfg: Config) -> None:
     for key, value in [("model.num_heads", model.num_heads), ("model.num_kv_heads", model.kv_heads),
                        ("model.ffn_hidden_size", model.ffn_hidden_size),
                        *([("model.moe.ffn_hidden_size", model.moe.expert_ffn(model.ffn_hidden_size))]
-                         if model.moe.enabled else []),
+                         if model.spec.moe else []),
                        *([("model.moe.shared_expert_ffn_hidden_size", model.moe.shared_expert_ffn_hidden_size)]
                          if model.moe.shared_expert_ffn_hidden_size else [])]:
         if value % mp:

@@ -136,14 +136,14 @@ def test_logits_and_loss_match_hugging_face(converted):
     loss = network(Tensor(ids.astype(np.int32)), Tensor(labels), Tensor(mask))
     assert float(loss.asnumpy()) == pytest.approx(float(out.loss), abs=1e-5)
     # the load-balancing loss over the trained tokens (the loss mask), averaged over the layers with experts
-    if cfg.model.moe.enabled and cfg.model.moe.router == "softmax":  # transformers' per layer, given the mask
+    if cfg.model.spec.moe and cfg.model.moe.router == "softmax":  # transformers' per layer, given the mask
         with torch.no_grad():
             routers = hf(torch.tensor(ids), output_router_logits=True).router_logits
         moe = cfg.model.moe
         per_layer = [float(load_balancing_loss_func((r,), moe.num_experts, moe.top_k, torch.tensor(mask)))
                      for r in routers]
         assert float(network.moe_stats.asnumpy()[0]) == pytest.approx(np.mean(per_layer), rel=1e-5)
-    elif cfg.model.moe.enabled:  # the sigmoid router's: its scores normalised per token
+    elif cfg.model.spec.moe:  # the sigmoid router's: its scores normalised per token
         assert float(network.moe_stats.asnumpy()[0]) == pytest.approx(sigmoid_aux_loss(hf, ids, mask), rel=1e-5)
 
 

@@ -131,7 +131,7 @@ def routed_activation_bytes(cfg: Config, recompute: str) -> float:
     SwiGLU inner tensors (4 x E x C x F/t), each choice's gathered output (k x T x h) and the shared
     expert's inner tensors (4 x T x F_shared/t)."""
     model, moe = cfg.model, cfg.model.moe
-    if not moe.enabled or recompute == "full":
+    if not model.spec.moe or recompute == "full":
         return 0.0
     act, t, tokens = DTYPE_BYTES[model.compute_dtype], cfg.parallel.model_parallel, local_tokens(cfg)
     slots = expert_slots(cfg)
@@ -152,7 +152,7 @@ def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool, gath
     comm = cfg.recompute.comm
     local = layer_activation_bytes(model.seq_length // parallel.context_parallel, cfg.train.micro_batch_size,
                                    model.hidden_size, model.num_heads, model.kv_heads,
-                                   0 if model.moe.enabled else model.ffn_hidden_size,
+                                   0 if model.spec.moe else model.ffn_hidden_size,
                                    mlp="swiglu" if model.spec.gated_mlp else "gelu",
                                    t=parallel.model_parallel, sp=parallel.sequence_parallel, recompute=recompute,
                                    flash=flash, dtypes=mindspore_dtypes(model.compute_dtype, model.spec.rms_norm),

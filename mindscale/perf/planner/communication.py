@@ -78,7 +78,7 @@ def communication(cfg: Config, stage: int) -> dict:
     vocab_ends = (stage == 0) + (stage == stages - 1) if layout.vocab_parallel else 0
     tp_vocab = vocab_ends * micro_batches * 2 * (t - 1) / t * x if t > 1 else 0.0
     # the stage's layers with experts (a mixture of experts' dense first layers have none: DeepSeek-V3)
-    experts = [i >= model.moe.dense_layers for i in sorted(layout.layers_of_stage(stage))] if model.moe.enabled else []
+    experts = [i >= model.moe.dense_layers for i in sorted(layout.layers_of_stage(stage))] if model.spec.moe else []
     if any(experts) and t > 1:  # the experts' w2 partial sums (and w1/w3 input gradients): E x C slots, not T
         tp_per_layer += 2 * 2 * (t - 1) / t * (expert_slots(cfg) - local_tokens(cfg)) * model.hidden_size * \
             DTYPE_BYTES[model.compute_dtype] * sum(experts) / len(experts)

@@ -139,7 +139,7 @@ def _offload_candidate(base: Config, recompute_fits: int | None) -> list[str] | 
 def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int, v: int = 1, ep: int = 1) -> list[str] | None:
     model = cfg.model
     widths = (model.num_heads, model.kv_heads, model.ffn_hidden_size, model.vocab_size,
-              *((model.moe.expert_ffn(model.ffn_hidden_size),) if model.moe.enabled else ()))
+              *((model.moe.expert_ffn(model.ffn_hidden_size),) if model.spec.moe else ()))
     if any(x % tp for x in widths) or tp > cfg.hardware.devices_per_node:
         return None
     if pp > model.num_layers or (tp > 1 and model.seq_length % tp):

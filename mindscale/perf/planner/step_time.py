@@ -97,7 +97,7 @@ def _assumptions(cfg: Config, peak_tflops: float, efficiency: float, copy_s: flo
     model, layout = cfg.model, _layout(cfg)
     out = [f"hardware FLOPs run at {efficiency:.0%} of the {peak_tflops:g} TFLOP/s peak",
            "tensor-parallel collectives are on the critical path (not overlapped)"]
-    if model.moe.enabled:
+    if model.spec.moe:
         out.append(f"mixture of experts: the experts' padding slots (capacity beyond the top_k per token) run at the "
                    f"same rate ({flops.routing_flops_per_token(model, local_tokens(cfg)) / 1e9:.3g} GFLOP per token "
                    "and layer beyond the model FLOPs); the dispatch and combine gathers are not timed")

@@ -195,6 +195,12 @@ class Layout:
     def stage_ranks(self, stage: int) -> range:
         return range(stage * self.stage_devices, (stage + 1) * self.stage_devices)
 
+    @property
+    def logging_rank(self) -> int:
+        """The rank that writes metrics.jsonl and the step lines: the first of the last pipeline stage, which
+        holds the loss (the other stages compute zeros)."""
+        return self.stage_ranks(self.pp - 1)[0]
+
     def layers_of_stage(self, stage: int) -> list[int]:
         """The decoder layers `stage` holds, in order: one block, or with interleave v chunks p apart."""
         return [i for i, s in enumerate(self.stages_of_layers) if s == stage]

@@ -18,7 +18,8 @@ def test_ranks_read_by_data_parallel_index_the_same_rows_across_model_parallel_a
                  "parallel.pipeline_stage=2", "parallel.micro_batch_num=2")
     assert [lay.data_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
     assert [lay.stage_of_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert list(lay.stage_ranks(1)) == [4, 5, 6, 7]
+    assert list(lay.stage_ranks(1)) == [4, 5, 6, 7] and lay.logging_rank == 4 and layout().logging_rank == 0
+    assert lay.devices == 8
     assert lay.rows_per_step == 4 * 2 and lay.accumulates_in_graph
 
 

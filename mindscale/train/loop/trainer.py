@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 from mindspore import Tensor
@@ -27,6 +28,19 @@ from mindscale.train.resilience.health import HealthGuard, LossSpikes, TrainingD
 from mindscale.train.resilience.heartbeat import Heartbeat
 from mindscale.train.resilience.stop import StopRequest, StopVotes
 from models.transformer import MOE_STATS
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One optimizer step as the host reads it after the compiled step returned."""
+    step: int  # 1-based
+    loss: float
+    grad_norm: float
+    overflow: bool  # non-finite gradients: the update was skipped
+    loss_scale: float
+    seconds: float  # the compiled step alone
+    data_wait: float  # seconds the loop waited for the step's batch
+    loss_limit: np.float32 | None  # train.loss_spike_factor's limit the graph compared the loss with
 
 
 class Trainer:
@@ -52,30 +66,43 @@ class Trainer:
         self.spikes = LossSpikes(cfg.train.loss_spike_factor, start.state.get("loss_history", ()))
         self.evaluator = Evaluator(cfg, layout, self.model, layout.data_rank(rt.rank), self.heartbeat.alive) \
             if cfg.train.eval_interval else None
-        self.stream = build_dataset(cfg, layout.data_rank(rt.rank), layout.dp, self.start_step) \
-            if self.start_step < cfg.train.steps else None
+        self._open_data()
+        if self.first_batch is not None and (layout.sharded or cfg.run.mode == "graph"):
+            # sharded parameters take their local shapes when the step compiles: assign after that
+            self._compile_step()
+        self.checkpoints.assign_start(start)
+
+    def _open_data(self) -> None:
+        """This rank's batches from the start step (none when the run is already trained), and the first of
+        them, read before the step compiles: the wait for it is the first step's data_wait_s."""
+        if self.start_step < self.cfg.train.steps:
+            self.stream = build_dataset(self.cfg, self.layout.data_rank(self.rt.rank), self.layout.dp,
+                                        self.start_step)
+        else:
+            self.stream = None
         if self.stream is not None and self.stream.sources:
-            rt.say(self.stream.describe())  # the run log's header: each source's share
+            self.rt.say(self.stream.describe())  # the run log's header: each source's share
         self.batches = self._batches()
         began = time.perf_counter()
         self.first_batch = next(self.batches) if self.stream is not None else None
-        self.first_batch_wait = time.perf_counter() - began  # the first step's data_wait_s, read before compiling
-        if self.first_batch is not None and (layout.sharded or cfg.run.mode == "graph"):
-            # sharded parameters take their local shapes when the step compiles: assign after that. The step
-            # is the process's first compile, the one MindSpore's compile cache holds (compile_cache.py)
-            if layout.sharded:
-                set_input_layout(layout, len(self.first_batch))
-            cache = CompileCache.of(cfg, layout, self.run_dir, rt.device_target, rt.rank)
-            if cache.skipped:
-                rt.say(f"compile cache off: {cache.skipped} (run.compile_cache)")
-            with cache.compiling() as compiled:
-                self.step_cell.compile(*self.first_batch)
-            self.heartbeat.compiled(compiled.seconds, compiled.cache)
-            if compiled.cache != "off":
-                rt.say(f"compiled the train step in {compiled.seconds:.1f} s (compile cache {compiled.cache})")
-            if layout.sharded and self.evaluator is not None:
-                self.evaluator.compile(self.step_cell)
-        self.checkpoints.assign_start(start)
+        self.first_batch_wait = time.perf_counter() - began
+
+    def _compile_step(self) -> None:
+        """Compile the train step for the first batch (and, sharded, the validation step beside it). It is the
+        process's first compile, the one MindSpore's compile cache holds (compile_cache.py)."""
+        layout, rt = self.layout, self.rt
+        if layout.sharded:
+            set_input_layout(layout, len(self.first_batch))
+        cache = CompileCache.of(self.cfg, layout, self.run_dir, rt.device_target, rt.rank)
+        if cache.skipped:
+            rt.say(f"compile cache off: {cache.skipped} (run.compile_cache)")
+        with cache.compiling() as compiled:
+            self.step_cell.compile(*self.first_batch)
+        self.heartbeat.compiled(compiled.seconds, compiled.cache)
+        if compiled.cache != "off":
+            rt.say(f"compiled the train step in {compiled.seconds:.1f} s (compile cache {compiled.cache})")
+        if layout.sharded and self.evaluator is not None:
+            self.evaluator.compile(self.step_cell)
 
     def _saved_state(self) -> dict:
         """The trainer's entries of a save's state.json: the loss-spike history, health since the previous save."""
@@ -146,72 +173,100 @@ class Trainer:
         tokens = np.random.default_rng(step).integers(0, self.cfg.model.vocab_size, batch[0].shape, np.int32)
         return (Tensor(tokens), *batch[1:])
 
-    def train(self, stop: StopRequest | None = None) -> list[dict]:
+    def train(self, stop: StopRequest | None = None) -> None:
         """Train to train.steps, or, when `stop` is requested on any rank, to the end of the step then
         running, and save there (mindscale/train/resilience/stop.py)."""
         try:
-            return self._train(stop)
+            self._train(stop)
         finally:
             self.batches.close()  # its read-ahead thread leaves MindDataset before the process exits
 
-    def _train(self, stop: StopRequest | None) -> list[dict]:
-        cfg = self.cfg
+    def _train(self, stop: StopRequest | None) -> None:
+        """The loop, in torchtitan's shape: the step, then the host's work after it."""
         if self.rt.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
-        # the loss exists on the last pipeline stage (the others compute zeros): its first rank logs
-        logs = self.rt.rank == self.layout.stage_ranks(self.layout.pp - 1)[0]
-        logger = MetricsLogger(cfg, self.run_dir, self.rt.device_target, logs, self.start_step,
-                               self.stream.drawn if self.stream is not None else None)
-        profile = ProfileWindow(cfg.profile, self.run_dir / "profile")
-        self.guard = guard = HealthGuard(cfg, dynamic_scale=self.step_cell.scale_update is not None)
-        records, scale, stopped = [], 0.0, None
-        for step in range(self.start_step, cfg.train.steps):
-            waited = time.perf_counter()
-            batch = self.first_batch if step == self.start_step else next(self.batches)
-            data_wait = self.first_batch_wait if step == self.start_step else time.perf_counter() - waited
-            batch = self._injected_fault(step + 1, batch)
-            self.heartbeat.beat(step)
-            profile.before(step)
-            self._raise_stop_flag(stop)
-            limit = self._set_loss_limit()
-            began = time.perf_counter()
-            loss, grad_norm, overflow, scale = self.step_cell(*batch)
-            loss = float(loss.asnumpy())
-            elapsed = time.perf_counter() - began
-            profile.after(step)
-            scale = float(scale.asnumpy())
-            asked, overflow = self._stop_votes(stop, elapsed), bool(overflow.asnumpy())
-            spiked = self._spiked(step + 1, loss, limit, overflow)
-            self._validate(step + 1, logger)
-            if self.moe_stats is not None:
-                logger.routed(*(float(v) for v in self.moe_stats.asnumpy()))
-            record = logger.step(step + 1, loss, float(grad_norm.asnumpy()), elapsed, overflow,
-                                 lr_at(step, cfg.train), scale, force=bool(asked), spiked=spiked, data_wait=data_wait)
-            if record:
-                records.append(record)
-            try:
-                guard.check(step + 1, loss, overflow, scale, spiked)
-            except TrainingDiverged:
-                self.checkpoints.finish_saving()  # an earlier save in flight was healthy: commit it
-                raise
-            if asked:
-                stopped = step + 1
-                by = f"{stop.reason} here" if stop.requested else "a signal to another rank"
-                self.rt.say(f"stopping after step {stopped} of {cfg.train.steps}: asked on {asked} of "
-                          f"{self.rt.world} rank(s) ({by}); the same command resumes from the checkpoint")
+            (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml())
+        logger = MetricsLogger(self.cfg, self.run_dir, self.rt.device_target, self.rt.rank == self.layout.logging_rank,
+                               self.start_step, self.stream.drawn if self.stream is not None else None)
+        profile = ProfileWindow(self.cfg.profile, self.run_dir / "profile")
+        self.guard = HealthGuard(self.cfg, dynamic_scale=self.step_cell.scale_update is not None)
+        done, stopped = None, False
+        for step in range(self.start_step, self.cfg.train.steps):
+            done = self._step(step, stop, profile)
+            stopped = self._after_step(done, stop, logger)
+            if stopped:
                 break
-            blocked = self.checkpoints.after_step(step + 1, scale)
-            if blocked is not None:
-                logger.saved(blocked)
         profile.close()
         logger.close()
-        last = stopped or cfg.train.steps
+        self._end(done.step if stopped else None, done.loss_scale if done is not None else 0.0)
+
+    def _step(self, step: int, stop: StopRequest | None, profile: ProfileWindow) -> StepResult:
+        """Optimizer step `step` (0-based): its batch, what the graph reads besides (this rank's stop vote, the
+        loss limit), the compiled step, and its outputs on the host."""
+        batch, data_wait = self._next_batch(step)
+        batch = self._injected_fault(step + 1, batch)
+        self.heartbeat.beat(step)
+        profile.before(step)
+        self._raise_stop_flag(stop)
+        limit = self._set_loss_limit()
+        began = time.perf_counter()
+        loss, grad_norm, overflow, scale = self.step_cell(*batch)
+        loss = float(loss.asnumpy())
+        seconds = time.perf_counter() - began
+        profile.after(step)
+        return StepResult(step + 1, loss, float(grad_norm.asnumpy()), bool(overflow.asnumpy()),
+                          float(scale.asnumpy()), seconds, data_wait, limit)
+
+    def _next_batch(self, step: int) -> tuple[tuple, float]:
+        """Step `step`'s batch and the seconds waited for it (the first was read before compiling)."""
+        if step == self.start_step:
+            return self.first_batch, self.first_batch_wait
+        waited = time.perf_counter()
+        batch = next(self.batches)
+        return batch, time.perf_counter() - waited
+
+    def _after_step(self, done: StepResult, stop: StopRequest | None, logger: MetricsLogger) -> bool:
+        """The host's work after a step: the ranks' stop votes, loss spikes, validation, the metrics line,
+        the health guards, the step's save. True: stop here (the end saves this step)."""
+        asked = self._stop_votes(stop, done.seconds)
+        spiked = self._spiked(done.step, done.loss, done.loss_limit, done.overflow)
+        self._validate(done.step, logger)
+        if self.moe_stats is not None:
+            logger.routed(*(float(v) for v in self.moe_stats.asnumpy()))
+        logger.step(done.step, done.loss, done.grad_norm, done.seconds, done.overflow,
+                    lr_at(done.step - 1, self.cfg.train), done.loss_scale, force=bool(asked), spiked=spiked,
+                    data_wait=done.data_wait)
+        self._check_health(done, spiked)
+        if asked:
+            self._say_stopping(done.step, asked, stop)
+            return True
+        blocked = self.checkpoints.after_step(done.step, done.loss_scale)
+        if blocked is not None:
+            logger.saved(blocked)
+        return False
+
+    def _check_health(self, done: StepResult, spiked: bool) -> None:
+        """The divergence guards (TrainingDiverged stops the run); an earlier save still in flight was healthy,
+        so it is committed first."""
+        try:
+            self.guard.check(done.step, done.loss, done.overflow, done.loss_scale, spiked)
+        except TrainingDiverged:
+            self.checkpoints.finish_saving()
+            raise
+
+    def _say_stopping(self, step: int, asked: int, stop: StopRequest) -> None:
+        by = f"{stop.reason} here" if stop.requested else "a signal to another rank"
+        self.rt.say(f"stopping after step {step} of {self.cfg.train.steps}: asked on {asked} of "
+                    f"{self.rt.world} rank(s) ({by}); the same command resumes from the checkpoint")
+
+    def _end(self, stopped: int | None, scale: float) -> None:
+        """After the loop (`stopped`: the step a stop ended it after): the last save, and each rank's weights
+        digest."""
+        last = stopped or self.cfg.train.steps
         self.heartbeat.beat(last)
-        self.checkpoints.end(last, scale, save=bool(stopped or cfg.checkpoint.save_at_end)
-                             and self.start_step < cfg.train.steps)
+        self.checkpoints.end(last, scale, save=bool(stopped or self.cfg.checkpoint.save_at_end)
+                             and self.start_step < self.cfg.train.steps)
         print(f"rank {self.rt.rank}: weights sha256 {self.weights_digest()}", flush=True)
-        return records
 
     def weights_digest(self) -> str:
         """A digest of every weight, printed by each rank: data-parallel ranks must agree."""

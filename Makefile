@@ -40,7 +40,7 @@ PRELOAD := $(if $(JEMALLOC),LD_PRELOAD="$(JEMALLOC) $$LD_PRELOAD")
 test: $(VENV)/.dev  # target under 15 minutes: on one host, whose speed varies by half, 823 to 1,197 s on three workers, 797 and 882 s on four (docs/design.md)
 	$(PRELOAD) MINDSCALE_TEST_DURATIONS=output/test-durations.json $(PY) -m pytest -q -n 4 --durations=15 tests bench/test_bench.py
 
-test-quick: $(VENV)/.dev  # no processes: unit and model tests (target under 2 minutes; 104 s on one host at 531386d)
+test-quick: $(VENV)/.dev  # no processes: unit and model tests (target under 2 minutes; 104 s on one host)
 	$(PRELOAD) $(PY) -m pytest -q $(XDIST) -m "not integration" tests
 
 bench: $(VENV)/.dev

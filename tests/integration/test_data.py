@@ -232,7 +232,7 @@ def test_peak_memory_does_not_grow_with_the_input(work, tokenizer):
     """Peak RSS of the main process (VmHWM: its own; ru_maxrss would include the pytest worker that started it,
     whatever that worker held before) and of the tokenizer processes for ~2.5 and ~30 MB of JSON lines in
     16 KiB chunks: the workers' within 4 MiB, the main process's by less than half the extra input (holding
-    even half the extra text would exceed it). Measured (2026-12-05): 709.2 and 716.7 MiB, the same to 0.4 MiB
+    even half the extra text would exceed it). Measured: 709.2 and 716.7 MiB, the same to 0.4 MiB
     from run to run; the few MiB it grows are the reader's 1 MiB blocks and the allocator's."""
     script = work / "rss_child.py"
     script.write_text(RSS_CHILD)

@@ -41,7 +41,7 @@ def test_sharded_and_unsharded_never_match():
 
 
 def test_a_record_missing_other_keys_is_refused():
-    """Only the keys added on 2026-12-06 may be missing: a record without, say, its vocabulary split is not
+    """Only the keys of RECORD_ADDED may be missing: a record without, say, its vocabulary split is not
     a record of the same layout."""
     assert not same_layout({k: v for k, v in record().items() if k != "vocab_parallel"}, record())
 

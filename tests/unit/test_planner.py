@@ -187,7 +187,7 @@ def test_pipeline_bubble_adds_p_minus_1_slots(cfg70):
 # Interleaved 1F1B (Narayanan et al. 2021, §2.2.2; Megatron-LM's interleaved schedule)
 
 LLAMA3_405B = REPO_ROOT / "configs" / "llama3" / "llama3_405b.yaml"
-# the Llama 3 paper's degrees at 8192 GPUs (its Table 4), which the file shipped until 2026-12-05
+# the Llama 3 paper's degrees at 8192 GPUs (its Table 4), which the file once shipped
 PAPER_DEGREES = ["parallel.data_parallel=64", "parallel.pipeline_stage=16", "parallel.micro_batch_num=32"]
 # 126 layers over 16 stages x 2 chunks: 126 // 32 = 3 per chunk, plus one in every chunk but chunk 0 of
 # the first stage and chunk 1 of the last: stages of 7, 8 x 14, 7 (chunks [3, 4], [4, 4], [4, 3])

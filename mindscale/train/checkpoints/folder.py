@@ -48,7 +48,7 @@ def layout_record(cfg, layout) -> dict:
             "stages_of_layers": list(layout.stages_of_layers)} if layout.sharded else {}
 
 
-RECORD_ADDED = ("expert_parallel", "stages_of_layers")  # 2026-12-06
+RECORD_ADDED = ("expert_parallel", "stages_of_layers")  # the keys the record gained last (same_layout)
 
 
 def same_layout(saved: dict, ours: dict) -> bool:

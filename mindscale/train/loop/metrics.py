@@ -15,10 +15,9 @@ from pathlib import Path
 
 import psutil
 
+from mindscale.config import Config, Layout
 from mindscale.perf import flops
-from mindscale.config import Config
 from mindscale.perf.gemm_peak import device_peak_tflops
-from mindscale.config import Layout
 from mindscale.progress import clock
 from mindscale.train.loop.tensorboard import TensorBoardLog
 

@@ -262,7 +262,7 @@ def plan_distribute(config: str, num_devices: str | None, overrides: list[str], 
         raise LaunchError(f"run.max_restarts={cfg.run.max_restarts} with NNODES={node.nnodes}: a restart relaunches "
                           "only this node's workers and the nodes cannot restart together; set run.max_restarts=0 "
                           "and let the scheduler requeue the whole job")
-    log_dir = (Path(cfg.run.output_dir) / cfg.run.name / "logs").absolute()
+    log_dir = (cfg.run_dir / "logs").absolute()
     entry = resolve_entry(env)
     check_device(cfg, device)  # what every worker would refuse: refused before msrun starts them
     world = node.nnodes * local
@@ -274,8 +274,6 @@ def plan_distribute(config: str, num_devices: str | None, overrides: list[str], 
 
 
 def step_rank(cfg: Config, device: str, world: int) -> int:
-    """The rank whose log has the step lines: the first of the last pipeline stage, which holds the loss
-    (mindscale/train/loop/trainer.py logs from it)."""
-    layout = Layout.of(cfg, device, world)
-    return layout.stage_ranks(layout.pp - 1)[0]
+    """The rank whose log has the step lines (Layout.logging_rank: the trainer logs from it)."""
+    return Layout.of(cfg, device, world).logging_rank
 

@@ -102,7 +102,7 @@ def twin(path) -> list[str]:
     if isinstance(cfg.offload.layers, list):  # what recompute leaves of the twin's layers
         offloaded = [min(n, h - k) for n, h, k in zip(cfg.offload.layers, held, recomputed)]
         out.append(f"offload.layers=[{','.join(map(str, offloaded))}]")
-    if m.moe.enabled:  # at least 2 experts per expert-parallel rank and top_k of them, each as wide as the MLP
+    if m.spec.moe:  # at least 2 experts per expert-parallel rank and top_k of them, each as wide as the MLP
         ep = p.expert_parallel
         out += [f"model.moe.num_experts={ep * max(2, -(-m.moe.top_k // ep))}", "model.moe.ffn_hidden_size=null"]
     if m.spec.mla:  # multi-head latent attention's widths shrunk alike, the values narrower than the keys (padded)

@@ -71,7 +71,7 @@ def fed_positions(cfg, layout, ranks) -> dict[int, list[int]]:
     one_worker = iter(build_dataset(cfg, 0, 1))
     whole = step_rows([next(one_worker) for _ in range(cfg.parallel.gradient_accumulation_steps)])[0]
     position = {row.tobytes(): p for p, row in enumerate(whole)}
-    assert len(position) == cfg.global_batch_size  # rows told apart by content
+    assert len(position) == cfg.samples_per_step  # rows told apart by content
     fed = {}
     for rank in ranks:
         stream = build_dataset(cfg, layout.data_rank(rank), layout.dp)  # as Trainer.__init__ opens it
@@ -146,7 +146,7 @@ def test_every_rank_computes_on_the_rows_it_is_fed_and_each_row_once(compiled):
             for group in {tuple(groups[rank]) for rank in stage_ranks}:  # a step uses every row of the batch once
                 rows = sorted(holds[row] for rank in group[::chunks]
                               for micro in compiled_rows(info, block[rank], layout) for row in micro)
-                assert rows == list(range(cfg.global_batch_size))
+                assert rows == list(range(cfg.samples_per_step))
 
 
 def test_no_rank_gathers_the_global_batch(compiled):

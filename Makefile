@@ -29,7 +29,7 @@ finetune-demo: $(VENV)/.runtime
 	bash scripts/finetune_demo.sh
 
 # pytest-xdist workers, a module at a time (tests/conftest.py: work_unit); `pytest FILE` alone still runs
-# in one process. Quick: one per core. Full: four, whose extra two fill the time processes wait (docs/design.md)
+# in one process. Quick: one per core. Full: four, whose extra two fill the time processes wait (tests/README.md)
 XDIST := -n 2
 
 # jemalloc where the host has it (Debian's libjemalloc2; .ci/run installs it): MindSpore's graph compiler spends about
@@ -37,10 +37,10 @@ XDIST := -n 2
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 PRELOAD := $(if $(JEMALLOC),LD_PRELOAD="$(JEMALLOC) $$LD_PRELOAD")
 
-test: $(VENV)/.dev  # target under 15 minutes: on one host, whose speed varies by half, 823 to 1,197 s on three workers, 797 and 882 s on four (docs/design.md)
+test: $(VENV)/.dev  # target under 15 minutes on a 2-core host (measured times: tests/README.md)
 	$(PRELOAD) MINDSCALE_TEST_DURATIONS=output/test-durations.json $(PY) -m pytest -q -n 4 --durations=15 tests bench/test_bench.py
 
-test-quick: $(VENV)/.dev  # no processes: unit and model tests (target under 2 minutes; 104 s on one host)
+test-quick: $(VENV)/.dev  # no processes: unit and model tests (target under 2 minutes; tests/README.md)
 	$(PRELOAD) $(PY) -m pytest -q $(XDIST) -m "not integration" tests
 
 bench: $(VENV)/.dev

@@ -87,8 +87,33 @@ class HardwareConfig:
         "start on Ascend/GPU and logged); null = memory_gib - memory_reserve_gib, leaving the reserve to the "
         "runtime and HCCL buffers. The planner's budget is memory_margin of the same number.", None)
     devices_per_node: int = doc("Devices per server (intra-node vs inter-node links).", 1)
-    intra_node_gbps: float = doc("Per-device intra-node collective bandwidth, GB/s.", 10.0)
-    inter_node_gbps: float = doc("Per-device inter-node bandwidth, GB/s.", 10.0)
+    intra_node_gbps: float = doc("Intra-node bandwidth, GB/s each way: of one link between two devices when "
+                                 "intra_node_mesh, else of one device in a ring.", 10.0)
+    intra_node_mesh: bool = doc(
+        "The devices of a server are fully meshed, each pair by its own link, and a collective of l ranks of a "
+        "server uses l-1 links at once (HCCL's Mesh algorithm); false = a ring at intra_node_gbps per device "
+        "(docs/planner.md, speed model).", False)
+    intra_node_latency_us: float = doc("Latency α of one collective step inside a server, µs (HCCL's α–β "
+                                       "model).", 0.0)
+    inter_node_gbps: float = doc("Per-device inter-node bandwidth, GB/s each way (its NIC).", 10.0)
+    inter_node_latency_us: float = doc("Latency α of one collective step between servers, µs.", 0.0)
+    matmul_efficiency: Optional[float] = doc(
+        "Fraction of peak_tflops a wide matmul runs at (the planner's speed model, fitted on published "
+        "measurements: docs/planner.md); null = every FLOP at a flat 0.55 (Ascend, GPU) or 0.3 (CPU).", None)
+    matmul_half_width: float = doc(
+        "A matmul dimension (rows, contraction or columns) of this size halves its efficiency: each dimension x "
+        "scales it by x / (x + matmul_half_width). 0 = no effect of shape.", 0.0)
+    attention_efficiency: Optional[float] = doc(
+        "Fraction of the peak the attention core (QK^T, scores x V) runs at, of the FLOPs it computes (flash "
+        "attention: the causal half); null = matmul_efficiency.", None)
+    vector_ns_per_element: float = doc(
+        "Nanoseconds the memory-bound operators (norms, residual adds, rotary, activations, the loss) take per "
+        "element of a layer's [tokens, hidden] activations, and of the head's [tokens, vocabulary] logits, on one "
+        "device, forward and backward together (the speed model; 0 = not timed).", 0.0)
+    speed_error: Optional[float] = doc(
+        "The speed model's median absolute error on the published measurements it was fitted against "
+        "(bench/published_ascend.yaml, BENCHMARKS.md); tools/plan.py --search states it beside its ranking. "
+        "null = not calibrated.", None)
     host_link_gbps: Optional[float] = doc(
         "Per-device link to host memory, GB/s each way (PCIe): what offloaded activations move over "
         "(offload.layers); null = none.", None)

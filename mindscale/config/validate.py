@@ -11,6 +11,18 @@ from mindscale.config.schema import TEMPLATE_NAMES, Config, ModelConfig
 from models.archs import ARCHS
 
 
+def _speed_model(hw) -> None:
+    """The planner's speed model keys (docs/planner.md): fractions of the peak in (0, 1], widths and latencies
+    not negative."""
+    for key in ("matmul_efficiency", "attention_efficiency", "speed_error"):
+        value = getattr(hw, key)
+        if value is not None and not 0 < value <= 1:
+            raise ConfigError(f"hardware.{key}={value}: must be in (0, 1], or null")
+    for key in ("matmul_half_width", "vector_ns_per_element", "intra_node_latency_us", "inter_node_latency_us"):
+        if getattr(hw, key) < 0:
+            raise ConfigError(f"hardware.{key}={getattr(hw, key)}: must be >= 0")
+
+
 def _memory_pool(cfg: Config) -> None:
     hw = cfg.hardware
     if not 0 <= hw.memory_reserve_gib < hw.memory_gib:
@@ -60,6 +72,7 @@ def _positive(cfg: Config) -> None:
         raise ConfigError(f"hardware.memory_margin={cfg.hardware.memory_margin}: must be in (0, 1]")
     if cfg.hardware.peak_tflops is not None and cfg.hardware.peak_tflops <= 0:
         raise ConfigError(f"hardware.peak_tflops={cfg.hardware.peak_tflops}: must be > 0 or null (measure)")
+    _speed_model(cfg.hardware)
     ls = cfg.train.loss_scale
     if isinstance(ls, str) and ls not in ("auto", "dynamic"):
         raise ConfigError(f"train.loss_scale={ls!r}: use 'auto', 'dynamic', a number or null")

@@ -11,7 +11,8 @@ Parameters and FLOPs come from mindscale/perf/flops.py (PaLM App. B; Korthikanti
     parameters     every parameter's per-rank slice, and what a rank stores of them
     memory         one device's memory per pipeline stage, and the budget it must fit
     communication  the bytes one rank sends per step, by parallel dimension
-    step_time      the predicted step time, and the assumptions it rests on
+    speed          the speed model: kernels by shape, collectives by HCCL's α–β model
+    step_time      the predicted step time as a sum of where it goes, and the assumptions it rests on
     full_plan      plan(): all of the above for one config (tools/plan.py --json)
     replan         --set overrides and --devices applied to a config
     layout_search  search(): the layouts that fit a number of devices, ranked by predicted tokens/s
@@ -36,7 +37,8 @@ from mindscale.perf.planner.parameters import (READ_IN_COMPUTE_DTYPE, ParameterS
 from mindscale.perf.planner.replan import PlanError, replan_devices, with_overrides
 from mindscale.perf.planner.schedule import bubble_fraction, chunk_forwards, in_flight_forwards, pipeline_sends
 from mindscale.perf.planner.sizes import DTYPE_BYTES, GIB, MOMENT_BYTES
-from mindscale.perf.planner.step_time import DEFAULT_EFFICIENCY, offload_copy_s, offload_exposed_s, predict
+from mindscale.perf.planner.speed import DEFAULT_EFFICIENCY, SpeedModel
+from mindscale.perf.planner.step_time import BREAKDOWN, offload_copy_s, offload_exposed_s, predict
 
 __all__ = [
     # activations
@@ -61,8 +63,10 @@ __all__ = [
     "bubble_fraction", "chunk_forwards", "in_flight_forwards", "pipeline_sends",
     # sizes
     "DTYPE_BYTES", "GIB", "MOMENT_BYTES",
+    # speed
+    "DEFAULT_EFFICIENCY", "SpeedModel",
     # step_time
-    "DEFAULT_EFFICIENCY", "offload_copy_s", "offload_exposed_s", "predict",
+    "BREAKDOWN", "offload_copy_s", "offload_exposed_s", "predict",
 ]
 # Not public: the tests that compare a layer's kept bytes with the compiled graph's read it here.
 from mindscale.perf.planner.activations import _model_layer_activation_bytes  # noqa: E402,F401

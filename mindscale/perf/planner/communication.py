@@ -95,7 +95,9 @@ def communication(cfg: Config, stage: int) -> dict:
     tied = tied_embedding_exchange_bytes(cfg, stage)
     pp = (sends * micro_batches * stream / (t if layout.sp else 1) if stages > 1 else 0.0) + tied
     return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer,
-            "tp_vocab": tp_vocab, "tp": tp, "cp_per_layer": cp_per_layer, "cp": cp, "ep_per_layer": ep_per_layer,
+            "tp_vocab": tp_vocab, "tp": tp, "tp_collectives_per_layer": 2 * all_reduces if t > 1 else 0,
+            "tp_vocab_collectives": 2 * vocab_ends if t > 1 else 0, "cp_per_layer": cp_per_layer, "cp": cp,
+            "ep_per_layer": ep_per_layer,
             "ep": ep, "pp_send_recv": pp, "pp_sends_per_micro_batch": sends if stages > 1 else 0,
             "pp_tied_embedding": tied, "total": dp + tp + cp + ep + pp}
 

@@ -10,13 +10,12 @@ from mindscale.perf.planner.communication import communication
 from mindscale.perf.planner.memory import memory_budget_gib, stage_host_bytes, stage_memory
 from mindscale.perf.planner.schedule import in_flight_forwards
 from mindscale.perf.planner.sizes import GIB
-from mindscale.perf.planner.step_time import DEFAULT_EFFICIENCY, offload_copy_s, predict
+from mindscale.perf.planner.step_time import offload_copy_s, predict
 
 
 def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None = None) -> dict:
     """The plan of `cfg` (tools/plan.py --json, docs/planner.md): params, FLOPs, worst-stage memory, fits, comm bytes, prediction."""
     peak = peak_tflops if peak_tflops is not None else device_peak_tflops(cfg)
-    eff = efficiency if efficiency is not None else DEFAULT_EFFICIENCY[cfg.hardware.device_target]
     layout = _layout(cfg)
     recomputed = [layout.recomputed_in(k) for k in range(layout.pp)]
     stages = [stage_memory(cfg, k) for k in range(layout.pp)]
@@ -60,7 +59,7 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
         "fits": total_gib <= budget and host["fits"],
         "offload": host,
         "comm_bytes_per_step": comm,
-        "predicted": predict(cfg, peak, eff),
+        "predicted": predict(cfg, peak, efficiency),
     }
 
 

@@ -1,79 +1,93 @@
-"""The predicted step time (assumptions are returned with the prediction).
+"""The predicted step time, as a sum of where it goes (assumptions are returned with the prediction).
 
-Hardware FLOPs of the busiest pipeline stage at `efficiency` x peak, plus tensor-parallel
-collectives (on the critical path), times ``(m + p - 1)`` micro-batch slots (1F1B bubble
-``(p-1)/m``; interleaved ``m + (p-1)/v`` slots, bubble ``(p-1)/(v·m)``), plus pipeline send/recv (v times
-as many with v chunks, not overlapped), plus the part of the data-parallel gradient reduction that
-does not overlap the last micro batch's backward (2/3 of its compute). Bandwidths come from the
-hardware profile: a group inside one node uses intra_node_gbps, otherwise inter_node_gbps; ranks
-are ordered tensor-parallel innermost, then data parallel, then pipeline.
+A micro-batch slot of a stage is its compute (speed.stage_compute_s: kernels by shape at the profile's fitted
+efficiencies) plus the collectives MindSpore's compiled graph leaves on the critical path: tensor-parallel
+all-reduces (or all-gather/reduce-scatter pairs under sequence parallel), context-parallel K/V exchange,
+expert-parallel AlltoAlls, and what of the offload copies outlasts the slot. The busiest stage's slot sets the
+pace: ``m + (p-1)/v`` slots a step (1F1B: bubble ``(p-1)/m``; interleaved ``(p-1)/(v·m)``), plus the
+stage-boundary sends (v times as many with v chunks, not overlapped), plus the part of the data-parallel gradient
+reduction that outlasts the last micro batch's backward (2/3 of its slot). Collectives are timed by HCCL's α–β
+model over the group's placement (speed.collective_s); ranks are ordered tensor-parallel innermost, then context,
+data and pipeline parallel.
+
+The step is returned as that sum (`step_breakdown_s`): compute, tensor_parallel, expert_parallel, context_parallel,
+pipeline_sends, bubble, data_parallel_exposed, offload.
 """
 from __future__ import annotations
 
 from mindscale.config import Config, Layout
 from mindscale.perf import flops
-from mindscale.perf.planner.activations import local_tokens, offloaded_layer_bytes
+from mindscale.perf.planner.activations import offloaded_layer_bytes
 from mindscale.perf.planner.caches import _layout
 from mindscale.perf.planner.communication import communication
 from mindscale.perf.planner.schedule import bubble_fraction, pipeline_sends
+from mindscale.perf.planner.speed import SpeedModel, collective_s, ranks_per_server, send_s, stage_compute_s
+
+# What an anchor's run may hide behind compute that MindScale's compiled graph does not (published rows only):
+# tensor-parallel collectives (MindSpeed-LLM's mc2, MindFormers' fine_grain_interleave) and the context-parallel
+# exchange (ring attention). MindScale's own plans overlap neither.
+OVERLAPS = ("tensor_parallel", "context_parallel")
+BREAKDOWN = ("compute", "tensor_parallel", "expert_parallel", "context_parallel", "pipeline_sends", "bubble",
+             "data_parallel_exposed", "offload")
 
 
-# Fraction of the peak the hardware FLOPs are assumed to run at (matmul-bound training step).
-DEFAULT_EFFICIENCY = {"Ascend": 0.55, "GPU": 0.55, "CPU": 0.3}
+def _stage_slot(cfg: Config, stage: int, comm: dict, peak: float, speed: SpeedModel, overlap: frozenset) -> dict:
+    """Seconds of one micro batch on one rank of `stage` (whose traffic is `comm`), by part: compute and the
+    collectives on its critical path (overlapped ones only where they outlast the compute), and the offload copies
+    that outlast the slot."""
+    layout, hw = _layout(cfg), cfg.hardware
+    n, t, c = hw.devices_per_node, layout.tp, layout.cp
+    layers = layout.layers_per_stage[stage]
+    compute = stage_compute_s(cfg, stage, peak, speed)
+    tp = collective_s(cfg, comm["tp_per_layer"] * layers + comm["tp_vocab"] / layout.micro_steps, t,
+                      ranks_per_server(layout, 1, t, n),
+                      comm["tp_collectives_per_layer"] * layers + comm["tp_vocab_collectives"])
+    # operations per layer (each pays the latency): ulysses' four all-to-alls each way, colossalai's K/V all-gather
+    # and reduce-scatter (and the gather again when full recompute repeats communication); expert parallel's four
+    # AlltoAlls, six in a fully recomputed layer
+    full = layout.recompute == "full"
+    cp_ops = 8 if layout.ulysses else 3 if full and cfg.recompute.comm else 2
+    cp = collective_s(cfg, comm["cp_per_layer"] * layers, c, ranks_per_server(layout, t, c, n), cp_ops * layers,
+                      alltoall=layout.ulysses)
+    ep_ops = 4 * layers + (2 * layout.recomputed_in(stage) if full else 0)
+    ep = collective_s(cfg, comm["ep_per_layer"] * layers, layout.ep, ranks_per_server(layout, t * c, layout.ep, n),
+                      ep_ops, alltoall=True)
+    exposed = {"compute": compute,
+               "tensor_parallel": max(0.0, tp - compute) if "tensor_parallel" in overlap else tp,
+               "context_parallel": max(0.0, cp - compute) if "context_parallel" in overlap else cp,
+               "expert_parallel": ep}
+    busy = sum(exposed.values())
+    exposed["offload"] = offload_exposed_s(offload_copy_s(cfg, stage), busy)
+    return exposed
 
 
-def _bandwidth(cfg: Config, span: int) -> float:
-    """Bytes/s of a group whose ranks span `span` consecutive devices."""
-    hw = cfg.hardware
-    gbps = hw.intra_node_gbps if span <= hw.devices_per_node else hw.inter_node_gbps
-    return gbps * 1e9
-
-
-def _stage_flops_per_token(cfg: Config, stage: int) -> float:
-    """Hardware FLOPs per token of one stage (whole tensor-parallel group)."""
-    model, layout = cfg.model, _layout(cfg)
-    output = 6 * flops.output_params(model)
-    per_layer = (flops.model_flops_per_token(model) - output) / model.num_layers
-    extra = flops.recompute_flops_per_token(model, layout.recompute, layout.recomputed_in(stage))
-    per_layer += flops.routing_flops_per_token(model, local_tokens(cfg))
-    return layout.layers_per_stage[stage] * per_layer + extra + (output if stage == layout.pp - 1 else 0)
-
-
-def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
-    """Step time, throughput, MFU/HFU, bubble and exposed communication of `cfg` when its hardware FLOPs run at
-    `efficiency` x `peak_tflops` per device, with the assumptions it rests on (the module's docstring)."""
-    model, layout = cfg.model, _layout(cfg)
-    d, t, cp, stages, micro_steps = layout.dp, layout.tp, layout.cp, layout.pp, layout.micro_steps
-    tokens_per_micro_batch = local_tokens(cfg)  # on one rank: its sequence chunk under context parallel
-    flop_rate = peak_tflops * 1e12 * efficiency
-    # a cp group's ranks are t apart, a data-parallel group's t x cp, a pipeline's t x cp x d
-    tp_bw, cp_bw = _bandwidth(cfg, t), _bandwidth(cfg, t * cp)
-    ep_bw = _bandwidth(cfg, t * cp * layout.ep)  # an expert-parallel group: ep of the data-parallel ranks
-    dp_bw, pp_bw = _bandwidth(cfg, t * cp * d), _bandwidth(cfg, t * cp * d * stages)
-    slots, comm, copies = [], [], []
-    for k in range(stages):
-        c = communication(cfg, k)
-        compute = tokens_per_micro_batch * _stage_flops_per_token(cfg, k) / t / flop_rate
-        slots.append(compute + (c["tp_per_layer"] * layout.layers_per_stage[k] + c["tp_vocab"] / micro_steps) / tp_bw
-                     + c["cp_per_layer"] * layout.layers_per_stage[k] / cp_bw
-                     + c["ep_per_layer"] * layout.layers_per_stage[k] / ep_bw)
-        copies.append(offload_copy_s(cfg, k))
-        comm.append(c)
-    slot = max(busy + offload_exposed_s(copy, busy) for busy, copy in zip(slots, copies))
-    # 1F1B over a pipeline's micro batches; accumulation steps run one after another. Interleaved 1F1B:
-    # the warm-up and cool-down run chunks of 1/v of a stage, so the bubble is (p-1)/v slots
-    v = layout.interleave
-    pipeline = (micro_steps + (stages - 1) / v) * slot
-    pp_time = max(c["pp_send_recv"] for c in comm) / pp_bw
-    # the once-per-step part overlaps the last micro batch's backward; a per-micro-batch reduce-scatter
-    # (gradient_accumulation_shard) overlaps its own micro batch's
-    per_micro = max(c["dp_per_micro_batch"] for c in comm) / dp_bw
-    once = max(c["dp_grad_reduce"] - c["dp_per_micro_batch"] * micro_steps for c in comm) / dp_bw
-    dp_exposed = max(0.0, once - 2 / 3 * slot) + micro_steps * max(0.0, per_micro - 2 / 3 * slot)
-    step = pipeline + pp_time + dp_exposed
+def predict(cfg: Config, peak_tflops: float, efficiency: float | None = None,
+            overlap: frozenset | tuple = ()) -> dict:
+    """Step time, throughput, MFU/HFU, bubble and the step's breakdown of `cfg` at `peak_tflops` per device, with
+    the assumptions it rests on (the module's docstring). `efficiency`: every FLOP at that fraction of the peak
+    instead of the profile's fitted speed model. `overlap`: parts of OVERLAPS an anchor's run hides behind compute
+    (bench/published_ascend.yaml); MindScale's own plans pass none."""
+    model, layout, hw = cfg.model, _layout(cfg), cfg.hardware
+    overlap = frozenset(overlap)
+    speed = SpeedModel.of(cfg, efficiency)
+    peak = peak_tflops * 1e12
+    stages, v, micro_steps = layout.pp, layout.interleave, layout.micro_steps
+    comm = [communication(cfg, k) for k in range(stages)]
+    slots = [_stage_slot(cfg, k, comm[k], peak, speed, overlap) for k in range(stages)]
+    busiest = max(range(stages), key=lambda k: sum(slots[k].values()))
+    slot = sum(slots[busiest].values())
+    n, stride_pp = hw.devices_per_node, layout.tp * layout.cp * layout.dp
+    sends = max(c["pp_sends_per_micro_batch"] for c in comm) * micro_steps
+    pipeline_sends_s = send_s(cfg, max(c["pp_send_recv"] for c in comm), sends, stride_pp >= n)
+    breakdown = {key: micro_steps * value for key, value in slots[busiest].items()}
+    breakdown.update(pipeline_sends=pipeline_sends_s, bubble=(stages - 1) / v * slot,
+                     data_parallel_exposed=_data_parallel_exposed(cfg, comm, slot))
+    breakdown = {key: breakdown[key] for key in BREAKDOWN}
+    step = sum(breakdown.values())
     tokens_per_s = cfg.samples_per_step * model.seq_length / step
     devices = cfg.devices
     recomputed = len(layout.recomputed)
+    hardware_flops = tokens_per_s * flops.hardware_flops_per_token(model, layout.recompute, recomputed) / devices
     return {
         "step_time_s": step, "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / devices,
         "samples_per_s_per_device": cfg.samples_per_step / step / devices,
@@ -82,33 +96,72 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float) -> dict:
         "hfu": flops.hfu(tokens_per_s, devices, peak_tflops, model, layout.recompute, recomputed),
         "bubble_fraction": bubble_fraction(stages, v, micro_steps),
         "pipeline_interleave": v,
-        "compute_s": micro_steps * slot,
-        "comm_exposed_s": pp_time + dp_exposed,
-        "offload_copy_s": max(copies),
-        "offload_exposed_s": (micro_steps + (stages - 1) / v) * (slot - max(slots)),
-        "peak_tflops": peak_tflops, "efficiency": efficiency,
-        "assumptions": _assumptions(cfg, peak_tflops, efficiency, max(copies)),
+        "step_breakdown_s": breakdown,
+        "compute_s": breakdown["compute"],
+        "comm_exposed_s": sum(breakdown[k] for k in ("tensor_parallel", "expert_parallel", "context_parallel",
+                                                      "pipeline_sends", "data_parallel_exposed")),
+        "offload_copy_s": max(offload_copy_s(cfg, k) for k in range(stages)),
+        # what the copies add to the step: the slot with them over the busiest slot without them
+        "offload_exposed_s": (micro_steps + (stages - 1) / v) *
+        (slot - max(sum(s.values()) - s["offload"] for s in slots)),
+        "peak_tflops": peak_tflops,
+        # what the kernels achieved: hardware FLOPs over the compute part of the step (not the whole step)
+        "efficiency": hardware_flops * step / breakdown["compute"] / (peak_tflops * 1e12) if breakdown["compute"]
+        else 0.0,
+        "speed_model": {"matmul_efficiency": speed.matmul_efficiency, "matmul_half_width": speed.matmul_half_width,
+                        "attention_efficiency": speed.attention_efficiency,
+                        "vector_ns_per_element": speed.vector_s_per_element * 1e9, "calibrated": speed.calibrated,
+                        "error": hw.speed_error if speed.calibrated else None},
+        "assumptions": _assumptions(cfg, peak_tflops, speed, max(offload_copy_s(cfg, k) for k in range(stages)),
+                                    overlap),
     }
 
 
-def _assumptions(cfg: Config, peak_tflops: float, efficiency: float, copy_s: float) -> list[str]:
+def _data_parallel_exposed(cfg: Config, comm: list[dict], slot: float) -> float:
+    """What of the data-parallel gradient reduction outlasts the compute it overlaps: the once-per-step part the last
+    micro batch's backward (2/3 of its slot: a layer's gradients are reduced as soon as its last micro batch has
+    accumulated them, each layer its own comm_fusion group), a per-micro-batch reduce-scatter
+    (gradient_accumulation_shard) its own micro batch's."""
+    layout, n = _layout(cfg), cfg.hardware.devices_per_node
+    d, stride = layout.dp, layout.tp * layout.cp
+    per_server = ranks_per_server(layout, stride, d, n)
+    groups = 2 * (max(layout.layers_per_stage) + 2)     # a reduction and a gather per comm_fusion group
+    once = max(collective_s(cfg, c["dp_grad_reduce"] - c["dp_per_micro_batch"] * layout.micro_steps, d, per_server,
+                            groups) for c in comm)
+    per_micro = max(collective_s(cfg, c["dp_per_micro_batch"], d, per_server, groups / 2) for c in comm)
+    return max(0.0, once - 2 / 3 * slot) + layout.micro_steps * max(0.0, per_micro - 2 / 3 * slot)
+
+
+def _assumptions(cfg: Config, peak_tflops: float, speed: SpeedModel, copy_s: float, overlap: frozenset) -> list[str]:
     """What `predict` assumes of `cfg`, in words (tools/plan.py prints them under the prediction); `copy_s`: the
     busiest stage's offload copy time per micro batch, each way."""
-    model, layout = cfg.model, _layout(cfg)
-    out = [f"hardware FLOPs run at {efficiency:.0%} of the {peak_tflops:g} TFLOP/s peak",
-           "tensor-parallel collectives are on the critical path (not overlapped)"]
-    if model.spec.moe:
-        out.append(f"mixture of experts: the experts' padding slots (capacity beyond the top_k per token) run at the "
-                   f"same rate ({flops.routing_flops_per_token(model, local_tokens(cfg)) / 1e9:.3g} GFLOP per token "
-                   "and layer beyond the model FLOPs); the dispatch and combine gathers are not timed")
+    model, layout, hw = cfg.model, _layout(cfg), cfg.hardware
+    if speed.calibrated:
+        error = f"; median error {hw.speed_error:.0%} on the published table" if hw.speed_error else ""
+        out = [f"kernels: a matmul [M, K] x [K, N] at {speed.matmul_efficiency:.0%} of the {peak_tflops:g} TFLOP/s "
+               f"peak x s(M)·s(K)·s(N), s(x) = x/(x + {speed.matmul_half_width:g}); the attention core at "
+               f"{speed.attention_efficiency:.0%} of the peak "
+               + ("(flash attention: the causal half of its FLOPs)" if layout.attention == "flash" else
+                  "(composite: all of its FLOPs)")
+               + f"; fitted on published 910B measurements (bench/published_ascend.yaml{error})"]
+    else:
+        out = [f"hardware FLOPs run at {speed.matmul_efficiency:.0%} of the {peak_tflops:g} TFLOP/s peak (flat: no "
+               "speed model fitted for this profile, or --efficiency)"]
+    hidden = [k.replace("_", "-") for k in OVERLAPS if k in overlap]
+    out.append("tensor-, context- and expert-parallel collectives are on the critical path (MindSpore's compiled "
+               "graph overlaps none of them)" if not hidden else
+               f"{' and '.join(hidden)} collectives overlap compute (the anchor's run), the rest are on the critical "
+               "path")
+    if model.moe.enabled:
+        out.append("mixture of experts: the experts compute their capacity's slots, padding included; the dispatch "
+                   "and combine gathers are not timed")
     if layout.ep > 1:
-        out.append(f"expert parallel (ep={layout.ep}): its AlltoAlls are on the critical path (not overlapped); "
-                   "experts are assumed evenly loaded (the capacity bounds the slowest)")
+        out.append(f"expert parallel (ep={layout.ep}): experts are assumed evenly loaded (the capacity bounds the "
+                   "slowest)")
     if layout.cp > 1:
-        out.append(f"context parallel ({layout.cp_algo}, c={layout.cp}): its K/V all-gathers or all-to-alls are on "
-                   "the critical path (not overlapped), and the causal work is balanced over the cp ranks (it is "
-                   "not: without head-tail chunks the last chunk's queries see the most keys; flash skips the "
-                   "masked blocks, so its rank is the slowest)")
+        out.append(f"context parallel ({layout.cp_algo}, c={layout.cp}): the causal work is balanced over the cp "
+                   "ranks (it is not: without head-tail chunks the last chunk's queries see the most keys; flash "
+                   "skips the masked blocks, so its rank is the slowest)")
     out.append(_pipeline_assumption(layout))
     if layout.interleave > 1:
         middle = 1 if layout.pp > 2 else 0
@@ -116,13 +169,17 @@ def _assumptions(cfg: Config, peak_tflops: float, efficiency: float, copy_s: flo
                    "middle stage (2v), counted in full on the critical path (not overlapped with compute)")
     if layout.offloaded:
         out.append(f"activation offload ({sum(layout.offloaded_in(k) for k in range(layout.pp))} layers): each "
-                   f"crosses the host link ({cfg.hardware.host_link_gbps:g} GB/s each way, full duplex) out in its "
+                   f"crosses the host link ({hw.host_link_gbps:g} GB/s each way, full duplex) out in its "
                    "micro batch's forward and back in its backward; copies run on their own stream and overlap the "
                    "slot's forward third (out) and backward two thirds (in) without slowing compute; what does not "
                    f"overlap is exposed ({copy_s:.3g} s each way per micro batch on the busiest stage)")
+    links = (f"{hw.intra_node_gbps:g} GB/s per link, {hw.devices_per_node} devices fully meshed (HCCL Mesh)"
+             if hw.intra_node_mesh else f"{hw.intra_node_gbps:g} GB/s per device (ring)")
     return out + ["data-parallel gradient reduction overlaps the last micro batch's backward (2/3 of its compute), "
                   "a per-micro-batch reduce-scatter its own micro batch's; the rest is exposed",
-                  "bandwidths: hardware profile, intra-node for groups within devices_per_node, else inter-node",
+                  f"collectives: HCCL's α–β model, inside a server {links}, between servers {hw.inter_node_gbps:g} "
+                  f"GB/s per device's NIC; latency {hw.intra_node_latency_us:g} / {hw.inter_node_latency_us:g} µs "
+                  "a step",
                   "optimizer update, data loading and host overhead are not counted"]
 
 

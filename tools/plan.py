@@ -1,6 +1,7 @@
 """Plan a config before compiling it: parameters, FLOPs, per-device memory, communication, predicted
-step time and MFU (mindscale/perf/planner/, as text by mindscale/perf/planner/text.py; formulas and their
-sources in docs/planner.md).
+step time (as a sum of where it goes) and MFU, and the published figures of the anchors for the same model and
+card count (mindscale/perf/planner/, as text by mindscale/perf/planner/text.py; formulas and their sources in
+docs/planner.md).
 
     python tools/plan.py --config configs/llama2/llama2_70b.yaml [--set k=v ...] [--json]
     python tools/plan.py --config configs/llama2/llama2_70b.yaml --devices 64          # re-plan: data_parallel changes
@@ -17,6 +18,7 @@ import sys
 from mindscale.cli import add_config_arguments, config_from_args, fail
 from mindscale.config import UserError
 from mindscale.perf import planner
+from mindscale.perf.planner import published
 from mindscale.perf.planner.text import readme_table, search_json, search_text, shipped_configs, text
 
 
@@ -31,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategies", action="store_true", help="print the per-layer sharding strategies")
     parser.add_argument("--readme-table", action="store_true", help="Markdown table of all shipped scale configs")
     parser.add_argument("--peak-tflops", type=float, help="override the hardware profile's peak per device")
-    parser.add_argument("--efficiency", type=float, help="fraction of peak the hardware FLOPs run at "
-                                                         f"(default {planner.DEFAULT_EFFICIENCY})")
+    parser.add_argument("--efficiency", type=float, help="run every hardware FLOP at this fraction of the peak "
+                                                         "instead of the profile's fitted speed model (uncalibrated "
+                                                         f"profiles: {planner.DEFAULT_EFFICIENCY})")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 
@@ -59,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.devices is not None and args.devices != cfg.devices:
             cfg = planner.replan_devices(cfg, args.devices)
         result = planner.plan(cfg, args.peak_tflops, args.efficiency)
+        result["published"] = published.entries(cfg)
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     print(json.dumps(result) if args.json else text(result))

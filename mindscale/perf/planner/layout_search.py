@@ -207,7 +207,8 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
                     continue
                 result = plan(candidate, peak, efficiency)
                 if result["fits"]:
-                    keeps = [] if any(x.startswith("recompute.mode=") for x in extra) else ["recompute.mode=none"]
+                    keeps = [] if any(x.startswith("recompute.mode=") for x in extra) else \
+                        ["recompute.mode=none", "recompute.layers=null"]
                     if any(offload_layer_counts(cfg)) and not any(x.startswith("offload.") for x in extra):
                         keeps.append("offload.layers=0")
                     if cfg.recompute.comm and "recompute.comm=true" not in extra:

@@ -72,7 +72,7 @@ def text(result: dict) -> str:
                  "tools/dryrun.py compares them)")
     verdict = "FITS" if result["fits"] else "DOES NOT FIT"
     lines.append(f"  budget      {_gib(result['memory_budget_gib'])} of {result['device_memory_gib']:g} GiB "
-                 f"(memory_margin of what the reserve leaves): {verdict}")
+                 f"(memory_margin of what the reserve leaves): {verdict}" + _near_budget(result, "; "))
     lines.append(pipeline_line(result))
     if any(lay["offload_layers"]):
         lines.append(offload_line(result))
@@ -84,13 +84,52 @@ def text(result: dict) -> str:
                  + (f"expert-parallel AlltoAll {_bytes(comm['ep'])} ({_bytes(comm['ep_per_layer'])} per layer and "
                     "micro batch), " if lay["expert_parallel"] > 1 else "")
                  + f"pipeline send/recv {_bytes(comm['pp_send_recv'])}")
-    lines.append(f"predicted: step {pred['step_time_s']:.3g} s, {pred['tokens_per_s']:,.0f} tokens/s "
+    lines.append(f"predicted (not measured): {pred['tokens_per_s']:,.0f} tokens/s "
                  f"({pred['tokens_per_s_per_device']:,.1f}/device), MFU {pred['mfu']:.1%}, HFU {pred['hfu']:.1%} "
-                 f"(peak {pred['peak_tflops']:g} TFLOP/s per device; bubble {pred['bubble_fraction']:.1%}, "
-                 f"exposed communication {pred['comm_exposed_s']:.3g} s)")
+                 f"(peak {pred['peak_tflops']:g} TFLOP/s per device){_model_error(pred)}")
+    lines.append(breakdown_line(pred))
+    lines += published_lines(result.get("published", []))
     lines.append("assumptions:")
     lines += [f"  - {a}" for a in pred["assumptions"]]
     return "\n".join(lines)
+
+
+STEP_PARTS = {"compute": "compute", "tensor_parallel": "tensor-parallel", "expert_parallel": "expert-parallel",
+              "context_parallel": "context-parallel", "pipeline_sends": "pipeline sends", "bubble": "bubble",
+              "data_parallel_exposed": "exposed data-parallel", "offload": "offload"}
+NEAR_BUDGET_GIB = 1.0   # a plan this close to its budget is flagged: the activation estimate is not exact
+
+
+def breakdown_line(pred: dict) -> str:
+    """Where the predicted step goes: `step S s = compute ... + offload ... s`."""
+    parts = " + ".join(f"{label} {pred['step_breakdown_s'][key]:.3g}" for key, label in STEP_PARTS.items())
+    return f"  step {pred['step_time_s']:.3g} s = {parts} s"
+
+
+def _model_error(pred: dict) -> str:
+    """`; the speed model's median error ...` when the profile's speed model is calibrated, else nothing."""
+    error = pred["speed_model"]["error"]
+    return (f"; the speed model's median error on published 910B figures is {error:.0%} (docs/planner.md)"
+            if error else "")
+
+
+def _near_budget(result: dict, before: str = "") -> str:
+    """A flag for a plan that fits within NEAR_BUDGET_GIB of its memory budget, else nothing."""
+    if not result["fits"] or result["memory_budget_gib"] - result["memory_gib"]["total"] >= NEAR_BUDGET_GIB:
+        return ""
+    return f"{before}within {NEAR_BUDGET_GIB:g} GiB of the budget: the activation estimate may not hold there"
+
+
+def published_lines(entries: list[dict]) -> list[str]:
+    """The published figures that cover the config's model and card count (the anchors' claims, cited), each with
+    the prediction for the anchor's own layout."""
+    out = []
+    for e in entries:
+        out.append(f"published by {e['anchor']} (its claim, not a MindScale measurement; {e['source']}): "
+                   f"{e['tokens_per_s_per_card']:,} tokens/s per card, {e['model']}, {e['hardware']}, {e['layout']}, "
+                   f"global batch {e['global_batch']}, recompute {e['recompute']}; "
+                   f"predicted for that layout: {e['predicted_tokens_per_s_per_card']:,.0f} ({e['error']:+.1%})")
+    return out
 
 
 def pipeline_line(result: dict) -> str:
@@ -141,8 +180,11 @@ def set_line(overrides: list[str]) -> str:
 
 
 def search_text(devices: int, found: list[dict]) -> str:
-    """The layouts `planner.search` found, best first, each with its `--set` line."""
+    """The layouts `planner.search` found, best first, each with its `--set` line, how far below the best it is
+    predicted against the speed model's error, and a flag where it fits within NEAR_BUDGET_GIB of the budget."""
     lines = [f"top {len(found)} layouts for {devices} devices (ranked by predicted tokens/s among plans that fit):"]
+    best = found[0]["plan"]["predicted"]["tokens_per_s"]
+    error = found[0]["plan"]["predicted"]["speed_model"]["error"]
     for rank, entry in enumerate(found, 1):
         p, pred = entry["plan"], entry["plan"]["predicted"]
         lay = p["layout"]
@@ -156,18 +198,40 @@ def search_text(devices: int, found: list[dict]) -> str:
                      + (", accumulation buffers sharded" if lay["gradient_accumulation_shard"] else "")
                      + f": {pred['tokens_per_s']:,.0f} tokens/s, "
                      f"MFU {pred['mfu']:.1%}, bubble {pred['bubble_fraction']:.1%}, memory {p['memory_gib']['total']:.1f} of "
-                     f"{p['memory_budget_gib']:.1f} GiB")
+                     f"{p['memory_budget_gib']:.1f} GiB"
+                     + (f" ({pred['tokens_per_s'] / best - 1:+.1%} vs layout 1)" if rank > 1 else "")
+                     + _near_budget(p, "; "))
         lines.append(f"   {set_line(entry['overrides'])}")
+    lines.append(spread_line(found, error))
     return "\n".join(lines)
+
+
+def spread_line(found: list[dict], error: float | None) -> str:
+    """How far apart the top layouts are predicted, against the speed model's error: those within it of the best
+    are not told apart by the model."""
+    rates = [e["plan"]["predicted"]["tokens_per_s"] for e in found]
+    spread = 1 - rates[-1] / rates[0]
+    if not error:
+        return (f"the {len(found)} layouts span {spread:.1%} of predicted tokens/s; the profile's speed model is not "
+                "calibrated, so how much of that is real is not known")
+    close = sum(1 for r in rates if 1 - r / rates[0] <= error)
+    return (f"the {len(found)} layouts span {spread:.1%} of predicted tokens/s; the speed model's median error on "
+            f"published 910B figures is {error:.0%}, so " +
+            (f"layouts 1 to {close} are within it of each other: the model does not tell them apart"
+             if close > 1 else "layout 1 leads the others by more than that error"))
 
 
 def search_json(found: list[dict]) -> dict:
     """The best layout's plan, with every layout `planner.search` found under "search", best first."""
     best = dict(found[0]["plan"])
+    top = found[0]["plan"]["predicted"]["tokens_per_s"]
     best["search"] = [{"rank": i, "overrides": e["overrides"], "set": set_line(e["overrides"]),
                        "predicted": e["plan"]["predicted"], "memory_gib": e["plan"]["memory_gib"],
-                       "layout": e["plan"]["layout"], "fits": e["plan"]["fits"]}
+                       "layout": e["plan"]["layout"], "fits": e["plan"]["fits"],
+                       "vs_best": e["plan"]["predicted"]["tokens_per_s"] / top - 1,
+                       "near_budget": bool(_near_budget(e["plan"]))}
                       for i, e in enumerate(found, 1)]
+    best["search_spread"] = spread_line(found, found[0]["plan"]["predicted"]["speed_model"]["error"])
     return best
 
 
@@ -177,9 +241,11 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
     rows = ["| config | params | cards | dp/mp/pp | micro batches x size | recompute (offload) | memory per card (GiB) "
             "| predicted MFU |",
             "|---|---|---|---|---|---|---|---|"]
+    errors = set()
     for path in configs:
         cfg = load_config(path)
         result = plan(cfg, peak_tflops)
+        errors.add(result["predicted"]["speed_model"]["error"])
         lay = result["layout"]
         micro = lay["micro_batch_num"] * lay["gradient_accumulation_steps"]
         recompute = lay["recompute"] if lay["recompute"] != "full" or cfg.recompute.layers is None else \
@@ -194,7 +260,11 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
                     f"{result['memory_gib']['total']:.1f} of {result['device_memory_gib']:g} | "
                     f"{result['predicted']['mfu']:.1%} |")
     rows.append("")
-    rows.append("Generated by `python tools/plan.py --readme-table`; MFU predicted at the efficiency and peaks "
-                "stated in docs/planner.md (not measured). `+ comm`: `recompute.comm`, the backward gathers the "
-                "sequence-parallel inputs again instead of keeping them gathered (docs/planner.md).")
+    calibrated = f", median error {errors.pop():.0%} on them" if len(errors) == 1 and None not in errors else ""
+    rows.append("Generated by `python tools/plan.py --readme-table`; MFU predicted by the planner's speed model "
+                f"(docs/planner.md: fitted on published 910B figures{calibrated}; not measured). MFU "
+                "counts the attention core whole (PaLM's definition) while flash attention computes its causal half, "
+                "so at 128K, where the core is most of the FLOPs, MFU exceeds what the hardware does. `+ comm`: "
+                "`recompute.comm`, the backward gathers the sequence-parallel inputs again instead of keeping them "
+                "gathered (docs/planner.md).")
     return "\n".join(rows)

@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench import data_index, data_wait, micro_batch_compile, preprocess_throughput
+from bench import data_index, data_wait, micro_batch_compile, preprocess_throughput, published_ascend
 from mindscale.cli import fail
 from mindscale.io import write_atomically
 from mindscale.perf.flops import formula_text
@@ -70,6 +70,9 @@ def targets_table(results: dict) -> list[str]:
     if results.get("micro_batch_compile"):
         label, measured, ok = micro_batch_compile.targets(results["micro_batch_compile"])
         rows.append(f"| dry run (§10): {label} | {measured} | {verdict(ok)} |")
+    if results.get("published_ascend"):
+        rows += [f"| {label} | {measured} | {verdict(ok)} |"
+                 for label, measured, ok in published_ascend.targets(results["published_ascend"])]
     lin, ceiling = linearity_value(results), results["linearity"].get("ceiling")
     bound = f" (all-reduce ceiling {fmt(ceiling['value'], 3)}, §3)" if ceiling else ""
     rows.append(f"| CPU data-parallel linearity ≥ {LINEARITY_TARGET} (2 workers) | {fmt(lin, 3)}{bound} | "
@@ -349,7 +352,7 @@ def render(results: dict, changes: str) -> str:
             "activations and — for MindSpore — the compiled graph.", "", *memory_section(results), "",
             *checkpoint_section(results), *dryrun_compare_section(results), *data_index.section(results),
             *preprocess_throughput.section(results), *data_wait.section(results),
-            *micro_batch_compile.section(results)]
+            *micro_batch_compile.section(results), *published_ascend.section(results)]
     failed = failures(results["throughput"]) + failures(results["compile"])
     if failed:
         out += ["## Failed runs", "", *failed, ""]

@@ -28,7 +28,9 @@ as failed with its last error line, never dropped):
 9. waiting for data (bench/data_wait.py): metrics.jsonl's data_wait_s against the step time, per step, on
    the demo (scripts/demo.sh, 2 workers) and on the peer config reading a two-source MindRecord blend;
 10. compile time against micro batches (bench/micro_batch_compile.py): rank 0 of llama2_13b's layout under
-   the dry run at 8, 64 and 256 micro batches a step, MindScale against MindFormers.
+   the dry run at 8, 64 and 256 micro batches a step, MindScale against MindFormers;
+11. the planner's speed model against published 910B throughput (bench/published_ascend.py): every row of
+   bench/published_ascend.yaml predicted, with its error (no run: the anchors' figures, the planner's predictions).
 Results go to output/bench/results.json and, rendered by bench/benchmarks_md.py, to --out.
 `--set` overrides reach every throughput, linearity and checkpoint run (e.g. a tiny model for a smoke test);
 phase 6 keeps its own scaled widths.
@@ -46,7 +48,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench import SYSTEMS, data_index, data_wait, dryrun_compare, micro_batch_compile, preprocess_throughput
+from bench import (SYSTEMS, data_index, data_wait, dryrun_compare, micro_batch_compile, preprocess_throughput,
+                   published_ascend)
 from bench.checkpoint_io import checkpoint_io
 from bench.machine import describe, torch_gemm_tflops
 from bench.benchmarks_md import lower_sweep, render
@@ -408,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     results["preprocess"] = preprocess_throughput.run(log)
     results["data_wait"] = data_wait.run(log)
     results["micro_batch_compile"] = micro_batch_compile.run(log)
+    results["published_ascend"] = published_ascend.run(log)
     log("GEMM peaks again")
     results["gemm"] = best_gemm_peaks(first_peaks, gemm_peaks(cores[0]))
     results["load_1m_end"] = os.getloadavg()[0]

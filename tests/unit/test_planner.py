@@ -412,6 +412,7 @@ def test_search_llama2_70b_gives_fitting_ready_to_use_layouts(cfg70, devices):
     for rank, entry in enumerate(found, 1):
         line = next(x for x in text if x.startswith(f"{rank}. "))
         headroom = entry["plan"]["memory_budget_gib"] - entry["plan"]["memory_gib"]["total"]
+        assert entry["plan"]["memory_headroom_gib"] == pytest.approx(headroom)
         assert ("within 1 GiB of the budget" in line) == (headroom < 1)
         assert (f"{speeds[rank - 1] / speeds[0] - 1:+.1%} vs layout 1" in line) == (rank > 1)
     for entry in found:

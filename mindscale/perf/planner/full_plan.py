@@ -56,6 +56,7 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
         "device_memory_gib": cfg.hardware.memory_gib,
         "memory_pool_gib": cfg.hardware.memory_pool_gib,
         "memory_budget_gib": budget,
+        "memory_headroom_gib": budget - total_gib,
         "fits": total_gib <= budget and host["fits"],
         "offload": host,
         "comm_bytes_per_step": comm,

@@ -115,7 +115,7 @@ def _model_error(pred: dict) -> str:
 
 def _near_budget(result: dict, before: str = "") -> str:
     """A flag for a plan that fits within NEAR_BUDGET_GIB of its memory budget, else nothing."""
-    if not result["fits"] or result["memory_budget_gib"] - result["memory_gib"]["total"] >= NEAR_BUDGET_GIB:
+    if not result["fits"] or result["memory_headroom_gib"] >= NEAR_BUDGET_GIB:
         return ""
     return f"{before}within {NEAR_BUDGET_GIB:g} GiB of the budget: the activation estimate may not hold there"
 

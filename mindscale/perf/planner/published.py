@@ -93,9 +93,9 @@ def summary(found: list[tuple[dict, float, float]]) -> dict:
 
 
 def _model_key(cfg: Config) -> tuple:
-    m = cfg.model
-    return (m.arch, m.hidden_size, m.num_layers, m.num_heads, m.kv_heads, m.ffn_hidden_size, m.vocab_size,
-            m.seq_length, m.moe.num_experts, m.moe.top_k)
+    model = cfg.model
+    return (model.arch, model.hidden_size, model.num_layers, model.num_heads, model.kv_heads, model.ffn_hidden_size, model.vocab_size,
+            model.seq_length, model.moe.num_experts, model.moe.top_k)
 
 
 def covering(cfg: Config) -> list[dict]:

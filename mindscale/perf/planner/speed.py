@@ -101,12 +101,12 @@ def layer_matmuls(cfg: Config, experts: bool) -> list[Matmul]:
 def _attention_matmuls(cfg: Config, tokens: int, t: int) -> list[Matmul]:
     """q, k, v and o; under multi-head latent attention the low-rank down-projections (not split) and the
     up-projections (split over the heads)."""
-    m = cfg.model
-    h = m.hidden_size
-    if not m.spec.mla:
-        return [Matmul(tokens, h, m.num_heads * m.head_size / t), Matmul(tokens, h, m.kv_heads * m.head_size / t, 2),
-                Matmul(tokens, m.num_heads * m.head_size / t, h)]
-    mla, heads = m.mla, m.num_heads / t
+    model = cfg.model
+    h = model.hidden_size
+    if not model.spec.mla:
+        return [Matmul(tokens, h, model.num_heads * model.head_size / t), Matmul(tokens, h, model.kv_heads * model.head_size / t, 2),
+                Matmul(tokens, model.num_heads * model.head_size / t, h)]
+    mla, heads = model.mla, model.num_heads / t
     q = ([Matmul(tokens, h, mla.q_lora_rank), Matmul(tokens, mla.q_lora_rank, heads * mla.qk_head_dim)]
          if mla.q_lora_rank else [Matmul(tokens, h, heads * mla.qk_head_dim)])
     return q + [Matmul(tokens, h, mla.kv_lora_rank + mla.qk_rope_head_dim),
@@ -137,12 +137,12 @@ def stage_compute_s(cfg: Config, stage: int, peak: float, speed: SpeedModel) -> 
     model, layout = cfg.model, _layout(cfg)
     vector_s = speed.vector_s_per_element * local_tokens(cfg) * model.hidden_size / (layout.tp if layout.sp else 1)
     dense_s = matmul_s(layer_matmuls(cfg, experts=False), peak, speed) + vector_s / 3
-    expert_s = matmul_s(layer_matmuls(cfg, experts=True), peak, speed) + vector_s / 3 if model.moe.enabled else dense_s
+    expert_s = matmul_s(layer_matmuls(cfg, experts=True), peak, speed) + vector_s / 3 if model.spec.moe else dense_s
     core_s = attention_core_s(cfg, peak, speed)
     recomputed = set(layout.recomputed)
     total = 0.0
     for i in layout.layers_of_stage(stage):
-        forward = expert_s if model.moe.enabled and i >= model.moe.dense_layers else dense_s
+        forward = expert_s if model.spec.moe and i >= model.moe.dense_layers else dense_s
         again = i in recomputed
         total += forward * (4 if again and layout.recompute == "full" else 3)
         repeat_core = again and (layout.recompute == "full" or layout.attention == "composite")

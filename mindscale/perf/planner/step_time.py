@@ -152,7 +152,7 @@ def _assumptions(cfg: Config, peak_tflops: float, speed: SpeedModel, copy_s: flo
                "graph overlaps none of them)" if not hidden else
                f"{' and '.join(hidden)} collectives overlap compute (the anchor's run), the rest are on the critical "
                "path")
-    if model.moe.enabled:
+    if model.spec.moe:
         out.append("mixture of experts: the experts compute their capacity's slots, padding included; the dispatch "
                    "and combine gathers are not timed")
     if layout.ep > 1:

@@ -33,22 +33,22 @@ class KVCacheDecoder(nn.Cell):
 
     def __init__(self, model: CausalLM, cfg: Config, max_length: int):
         super().__init__(auto_prefix=False)
-        m = cfg.model
-        if model.pos_embeddings is not None and max_length > m.seq_length:
-            raise ValueError(f"prompt + new tokens = {max_length} exceeds model.seq_length={m.seq_length}, the "
+        model_config = cfg.model
+        if model.pos_embeddings is not None and max_length > model_config.seq_length:
+            raise ValueError(f"prompt + new tokens = {max_length} exceeds model.seq_length={model_config.seq_length}, the "
                              "learned positions of this GPT; shorten the prompt or --max_new_tokens")
         self.model = model
         self.max_length = max_length
-        self.num_heads, self.num_kv_heads, self.head_dim = m.num_heads, m.kv_heads, m.head_size
-        self.group = m.num_heads // m.kv_heads
-        self.rotary = m.spec.rotary
-        dtype = DTYPES[m.compute_dtype]
+        self.num_heads, self.num_kv_heads, self.head_dim = model_config.num_heads, model_config.kv_heads, model_config.head_size
+        self.group = model_config.num_heads // model_config.kv_heads
+        self.rotary = model_config.spec.rotary
+        dtype = DTYPES[model_config.compute_dtype]
         self.compute_dtype = dtype
         # the rotary part: the whole head, or multi-head latent attention's last rope_head_size features
-        self.rope_dim = m.rope_head_size
-        self.cos, self.sin = rotary_tables(max_length, self.rope_dim, m.rope_theta, m.rope_scaling_params, dtype)
+        self.rope_dim = model_config.rope_head_size
+        self.cos, self.sin = rotary_tables(max_length, self.rope_dim, model_config.rope_theta, model_config.rope_scaling_params, dtype)
         self.half = self.rope_dim // 2
-        self.scale = 1.0 / math.sqrt(m.head_size)
+        self.scale = 1.0 / math.sqrt(model_config.head_size)
         self.slots = Tensor(np.arange(max_length, dtype=np.int32).reshape(1, max_length))
 
     def cache_shape(self, batch: int) -> tuple:

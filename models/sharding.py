@@ -146,15 +146,15 @@ def describe_plan(cfg: Config) -> str:
     out_strategy, pipeline stage(s). Every layer shares one plan, so layers are shown once as
     `layers.*` with their stage range; then the layers each stage holds, chunk by chunk."""
     layout = Layout.of(cfg)
-    p = cfg.parallel
-    header = (f"sharding plan: {cfg.model.arch}, data_parallel={p.data_parallel} model_parallel={p.model_parallel} "
-              f"{f'context_parallel={p.context_parallel} ({p.context_parallel_algo}) ' if p.context_parallel > 1 else ''}"
-              f"{f'expert_parallel={p.expert_parallel} ' if p.expert_parallel > 1 else ''}"
-              f"pipeline_stage={p.pipeline_stage} "
-              f"{f'pipeline_interleave={p.pipeline_interleave} ' if p.pipeline_interleave > 1 else ''}"
-              f"{f'pipeline_scheduler={p.pipeline_scheduler} ' if p.pipeline_scheduler != '1f1b' else ''}"
-              f"sequence_parallel={p.sequence_parallel} "
-              f"vocab_emb_dp={p.vocab_emb_dp}")
+    parallel = cfg.parallel
+    header = (f"sharding plan: {cfg.model.arch}, data_parallel={parallel.data_parallel} model_parallel={parallel.model_parallel} "
+              f"{f'context_parallel={parallel.context_parallel} ({parallel.context_parallel_algo}) ' if parallel.context_parallel > 1 else ''}"
+              f"{f'expert_parallel={parallel.expert_parallel} ' if parallel.expert_parallel > 1 else ''}"
+              f"pipeline_stage={parallel.pipeline_stage} "
+              f"{f'pipeline_interleave={parallel.pipeline_interleave} ' if parallel.pipeline_interleave > 1 else ''}"
+              f"{f'pipeline_scheduler={parallel.pipeline_scheduler} ' if parallel.pipeline_scheduler != '1f1b' else ''}"
+              f"sequence_parallel={parallel.sequence_parallel} "
+              f"vocab_emb_dp={parallel.vocab_emb_dp}")
     if not layout.sharded:
         return header + "\n(not sharded: stand-alone or data-parallel, no strategies are compiled)"
     # one layer, or with dense first layers (DeepSeek-V3) one dense and one with experts, shown as one `layers.*`

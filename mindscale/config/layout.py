@@ -66,17 +66,17 @@ class Layout:
     def of(cls, cfg: Config, device: str | None = None, world: int | None = None) -> "Layout":
         """`device` defaults to the hardware profile's and `world` to the config's device count: the
         layout a run on that hardware compiles. A stand-alone process (world 1) is never sharded."""
-        p, m = cfg.parallel, cfg.model
+        parallel, model = cfg.parallel, cfg.model
         device = device or cfg.hardware.device_target
         world = cfg.devices if world is None else world
-        micro_steps = p.micro_batch_num if p.pipeline_stage > 1 else p.gradient_accumulation_steps
+        micro_steps = parallel.micro_batch_num if parallel.pipeline_stage > 1 else parallel.gradient_accumulation_steps
         # Accumulation with several workers on an accelerator compiles sharded too, with data-parallel
         # strategies only: the parallel passes make each micro batch's backward end before the next one's
         # forward starts, and reduce the accumulated gradients once. Under DATA_PARALLEL nothing orders the
         # micro batches (docs/launch.md, "Gradient accumulation with several workers"); CPU has only that.
-        sharded = world > 1 and (p.model_parallel > 1 or p.pipeline_stage > 1 or p.context_parallel > 1 or
-                                 p.expert_parallel > 1 or
-                                 (p.optimizer_shard and p.data_parallel > 1) or
+        sharded = world > 1 and (parallel.model_parallel > 1 or parallel.pipeline_stage > 1 or parallel.context_parallel > 1 or
+                                 parallel.expert_parallel > 1 or
+                                 (parallel.optimizer_shard and parallel.data_parallel > 1) or
                                  (micro_steps > 1 and device != "CPU"))
         a2_kernels = cfg.hardware.flash_attention and device == "Ascend"
         chunks = chunk_layer_counts_of(cfg)
@@ -84,24 +84,24 @@ class Layout:
         placed = [(stage, chunk) for chunk, per_stage in enumerate(chunks)
                   for stage, n in enumerate(per_stage) for _ in range(n)]
         stages = [stage for stage, _ in placed]
-        flash = m.attention == "flash" or (m.attention == "auto" and a2_kernels and
-                                           m.compute_dtype in FLASH_ATTENTION_DTYPES)
+        flash = model.attention == "flash" or (model.attention == "auto" and a2_kernels and
+                                           model.compute_dtype in FLASH_ATTENTION_DTYPES)
         recomputed = tuple(_first_layers(recompute_layer_counts(cfg), stages))
         return cls(
-            device=device, dp=p.data_parallel, tp=p.model_parallel, pp=p.pipeline_stage,
-            cp=p.context_parallel, cp_algo=p.context_parallel_algo, ep=p.expert_parallel, devices=cfg.devices,
+            device=device, dp=parallel.data_parallel, tp=parallel.model_parallel, pp=parallel.pipeline_stage,
+            cp=parallel.context_parallel, cp_algo=parallel.context_parallel_algo, ep=parallel.expert_parallel, devices=cfg.devices,
             micro_batch_size=cfg.train.micro_batch_size,
             micro_steps=micro_steps,
             sharded=sharded, data_parallel_mode=world > 1 and not sharded,
-            sp=p.sequence_parallel and p.model_parallel > 1,
-            optimizer_shard=p.optimizer_shard and p.data_parallel > 1,
-            accumulation_shard=p.gradient_accumulation_shard,
-            vocab_parallel=p.model_parallel > 1 and not p.vocab_emb_dp,
+            sp=parallel.sequence_parallel and parallel.model_parallel > 1,
+            optimizer_shard=parallel.optimizer_shard and parallel.data_parallel > 1,
+            accumulation_shard=parallel.gradient_accumulation_shard,
+            vocab_parallel=parallel.model_parallel > 1 and not parallel.vocab_emb_dp,
             attention="flash" if flash else "composite",
             packed_examples=cfg.data.max_packed_examples if flash else None,
             fused_norm=a2_kernels or flash,  # the RmsNorm kernel where the model has RMSNorm
             cpu_kernels=device == "CPU" and not sharded,
-            interleave=p.pipeline_interleave, scheduler=p.pipeline_scheduler,
+            interleave=parallel.pipeline_interleave, scheduler=parallel.pipeline_scheduler,
             stages_of_layers=tuple(stages),
             chunks_of_layers=tuple(chunk for _, chunk in placed),
             layers_per_stage=tuple(counts),
@@ -252,8 +252,8 @@ def chunk_layer_counts(num_layers: int, stages: int, interleave: int, offset: in
 
 
 def chunk_layer_counts_of(cfg: Config) -> list[list[int]]:
-    p = cfg.parallel
-    return chunk_layer_counts(cfg.model.num_layers, p.pipeline_stage, p.pipeline_interleave, p.stage_offset)
+    parallel = cfg.parallel
+    return chunk_layer_counts(cfg.model.num_layers, parallel.pipeline_stage, parallel.pipeline_interleave, parallel.stage_offset)
 
 
 def stage_totals(chunks: list[list[int]]) -> list[int]:

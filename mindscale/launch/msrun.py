@@ -115,13 +115,13 @@ def assign_cores(cores: list[int], workers: int, first_rank: int = 0) -> list[in
 
 def fit_data_parallel(cfg: Config, world: int) -> str | None:
     """The `--set parallel.data_parallel=N` that makes the config use `world` devices, or None."""
-    p = cfg.parallel
-    if p.devices == world:
+    parallel = cfg.parallel
+    if parallel.devices == world:
         return None
-    dp = p.data_parallel_for(world)
+    dp = parallel.data_parallel_for(world)
     if dp is None:
-        raise LaunchError(f"{world} device(s) cannot hold {p.replica_product('parallel.')} = {p.replica_devices}; "
-                          f"use a multiple of {p.replica_devices} devices")
+        raise LaunchError(f"{world} device(s) cannot hold {parallel.replica_product('parallel.')} = {parallel.replica_devices}; "
+                          f"use a multiple of {parallel.replica_devices} devices")
     return f"parallel.data_parallel={dp}"
 
 

@@ -30,22 +30,22 @@ def peak_and_source(cfg: Config, override: float | None, logged: float | None) -
 
 def flop_counts(cfg: Config) -> dict:
     """Parameter counts and FLOPs per token of `cfg`'s model, recompute counted as its layout runs it."""
-    m, layout = cfg.model, Layout.of(cfg)
+    model, layout = cfg.model, Layout.of(cfg)
     recomputed = len(layout.recomputed)
-    return {"flops_per_token": flops.model_flops_per_token(m),
-            "hflops_per_token": flops.hardware_flops_per_token(m, layout.recompute, recomputed),
-            "params": flops.param_count(m), "matmul_params": flops.matmul_param_count(m),
+    return {"flops_per_token": flops.model_flops_per_token(model),
+            "hflops_per_token": flops.hardware_flops_per_token(model, layout.recompute, recomputed),
+            "params": flops.param_count(model), "matmul_params": flops.matmul_param_count(model),
             "recompute": layout.recompute, "recomputed_layers": recomputed}
 
 
 def utilisation(cfg: Config, step_time_s: float, global_batch: int, devices: int, peak: float) -> dict:
     """MFU, HFU, throughput and the counts behind them, for one step time."""
-    m = cfg.model
+    model = cfg.model
     counts = flop_counts(cfg)
-    tokens_per_s = global_batch * m.seq_length / step_time_s
+    tokens_per_s = global_batch * model.seq_length / step_time_s
     return {
-        "mfu": flops.mfu(tokens_per_s, devices, peak, m),
-        "hfu": flops.hfu(tokens_per_s, devices, peak, m, counts["recompute"], counts["recomputed_layers"]),
+        "mfu": flops.mfu(tokens_per_s, devices, peak, model),
+        "hfu": flops.hfu(tokens_per_s, devices, peak, model, counts["recompute"], counts["recomputed_layers"]),
         "flops_per_token": counts["flops_per_token"], "hflops_per_token": counts["hflops_per_token"],
         "tokens_per_s": tokens_per_s,
         "tokens_per_s_per_device": tokens_per_s / devices,
@@ -115,14 +115,14 @@ def of_run(run: Run, warmup: int, cfg: Config | None = None, devices: int | None
 
 def text(r: dict, cfg: Config) -> str:
     """The result with its formula, counts and peak, for reading (or redoing by hand)."""
-    m = cfg.model
+    model = cfg.model
     lines = [f"MFU {r['mfu']:.2%}   HFU {r['hfu']:.2%}   (peak {r['peak_tflops']:g} TFLOP/s per device: {r['peak_source']})",
              f"tokens/s {r['tokens_per_s']:,.1f} ({r['tokens_per_s_per_device']:,.2f} per device, {r['devices']} "
              f"devices), model TFLOP/s per device {r['tflops_per_device']:.4g}, step time {r['step_time_s']:.4g} s, "
-             f"global batch {r['global_batch']} x {m.seq_length} tokens",
+             f"global batch {r['global_batch']} x {model.seq_length} tokens",
              f"model FLOPs per token {r['flops_per_token']:.4g} = 6N + 12·L·H·Q·T with N = {r['matmul_params']:,} "
-             f"matmul parameters ({r['params']:,} in all), L={m.num_layers}, H={m.num_heads}, Q={m.head_size}, "
-             f"T={m.seq_length}",
+             f"matmul parameters ({r['params']:,} in all), L={model.num_layers}, H={model.num_heads}, Q={model.head_size}, "
+             f"T={model.seq_length}",
              f"hardware FLOPs per token {r['hflops_per_token']:.4g} (recompute {r['recompute']}, "
              f"{r['recomputed_layers']} layers)",
              r["formula"]]

@@ -28,10 +28,10 @@ def trained_batch(state: dict) -> int | None:
 
 def batch_product(cfg: Config) -> str:
     """What cfg's global batch is made of, in its keys."""
-    p = cfg.parallel
-    keys = [f"train.micro_batch_size={cfg.train.micro_batch_size}", f"parallel.data_parallel={p.data_parallel}",
-            *([f"parallel.micro_batch_num={p.micro_batch_num}"] if p.pipeline_stage > 1 else []),
-            f"parallel.gradient_accumulation_steps={p.gradient_accumulation_steps}"]
+    parallel = cfg.parallel
+    keys = [f"train.micro_batch_size={cfg.train.micro_batch_size}", f"parallel.data_parallel={parallel.data_parallel}",
+            *([f"parallel.micro_batch_num={parallel.micro_batch_num}"] if parallel.pipeline_stage > 1 else []),
+            f"parallel.gradient_accumulation_steps={parallel.gradient_accumulation_steps}"]
     return " x ".join(keys)
 
 
@@ -52,9 +52,9 @@ def keeping_overrides(cfg: Config, wanted: int, device: str, world: int, saved_l
     """The `--set` overrides that give cfg the global batch `wanted` on `world` devices and still resume
     `saved_layout`: the accumulation steps (micro batches of a pipeline) scaled, else the micro batch
     scaled; [] when neither does."""
-    p, have = cfg.parallel, cfg.samples_per_step
-    accumulation = ("parallel.micro_batch_num", p.micro_batch_num) if p.pipeline_stage > 1 else \
-        ("parallel.gradient_accumulation_steps", p.gradient_accumulation_steps)
+    parallel, have = cfg.parallel, cfg.samples_per_step
+    accumulation = ("parallel.micro_batch_num", parallel.micro_batch_num) if parallel.pipeline_stage > 1 else \
+        ("parallel.gradient_accumulation_steps", parallel.gradient_accumulation_steps)
     explicit = [f"train.global_batch_size={wanted}"] if cfg.train.global_batch_size is not None else []
     for key, value in (accumulation, ("train.micro_batch_size", cfg.train.micro_batch_size)):
         if (value * wanted) % have == 0:

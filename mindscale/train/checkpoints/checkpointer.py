@@ -148,17 +148,17 @@ class Checkpointer:
     def read_start(self) -> Start:
         """The resume point (checkpoint.resume, checkpoint.resume_step) and checkpoint.load_path, read and
         checked against this run (layout, global batch, names and shapes) before the step compiles."""
-        c = self.cfg.checkpoint
+        checkpoint = self.cfg.checkpoint
         ours = ckpt.layout_record(self.cfg, self.layout)
-        latest = commit.resume_point(self.root, self.own_dir, self.vote, self.rt.rank, c.resume_step, layout=ours) \
-            if c.resume or c.resume_step is not None else None
+        latest = commit.resume_point(self.root, self.own_dir, self.vote, self.rt.rank, checkpoint.resume_step, layout=ours) \
+            if checkpoint.resume or checkpoint.resume_step is not None else None
         pretrained = None
-        if c.load_path and (latest is None or models.lora_enabled(self.cfg)):
+        if checkpoint.load_path and (latest is None or models.lora_enabled(self.cfg)):
             # lazy: nothing read but headers until assign_start (a sharded rank then reads only its slices)
-            pretrained = models.load_pretrained(c.load_path, self.cfg, sliced=True)
+            pretrained = models.load_pretrained(checkpoint.load_path, self.cfg, sliced=True)
             base = {p.name: tuple(p.shape) for p in self.graph.model.get_parameters()  # LoRA adapters may be absent
                     if p.name in pretrained or not models.lora.is_adapter(p.name)}
-            check_fit(f"checkpoint.load_path={c.load_path}", pretrained.shapes, base, True, saved_config(c.load_path),
+            check_fit(f"checkpoint.load_path={checkpoint.load_path}", pretrained.shapes, base, True, saved_config(checkpoint.load_path),
                       self.cfg, "use the model config it was trained with")
         if latest is None:
             return Start(pretrained=pretrained)

@@ -41,10 +41,10 @@ def layout_record(cfg, layout) -> dict:
     """What a rank's checkpoint slices depend on (state.json "layout"): compared on resume (same_layout); {}
     unsharded. stages_of_layers is which stage holds each decoder layer, which pipeline_interleave and
     stage_offset change under the same pipeline_stage."""
-    p = cfg.parallel
-    return {"devices": layout.devices, "data_parallel": p.data_parallel, "model_parallel": p.model_parallel,
-            "pipeline_stage": p.pipeline_stage, "optimizer_shard": layout.optimizer_shard,
-            "vocab_parallel": layout.vocab_parallel, "expert_parallel": p.expert_parallel,
+    parallel = cfg.parallel
+    return {"devices": layout.devices, "data_parallel": parallel.data_parallel, "model_parallel": parallel.model_parallel,
+            "pipeline_stage": parallel.pipeline_stage, "optimizer_shard": layout.optimizer_shard,
+            "vocab_parallel": layout.vocab_parallel, "expert_parallel": parallel.expert_parallel,
             "stages_of_layers": list(layout.stages_of_layers)} if layout.sharded else {}
 
 

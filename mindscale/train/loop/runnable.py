@@ -8,13 +8,13 @@ from mindscale.config import Config, ConfigError
 
 def semi_auto_keys(cfg: Config) -> dict[str, tuple[str, str]]:
     """The parallel keys of `cfg` that need semi-auto parallel: {key: (its value, the value CPU runs)}."""
-    p = cfg.parallel
+    parallel = cfg.parallel
     found = {}
-    if p.model_parallel > 1:
-        found["parallel.model_parallel"] = (str(p.model_parallel), "1")
-    if p.pipeline_stage > 1:
-        found["parallel.pipeline_stage"] = (str(p.pipeline_stage), "1")
-    if p.optimizer_shard:
+    if parallel.model_parallel > 1:
+        found["parallel.model_parallel"] = (str(parallel.model_parallel), "1")
+    if parallel.pipeline_stage > 1:
+        found["parallel.pipeline_stage"] = (str(parallel.pipeline_stage), "1")
+    if parallel.optimizer_shard:
         found["parallel.optimizer_shard"] = ("true", "false")
     return found
 
@@ -38,14 +38,14 @@ def check_device(cfg: Config, device: str) -> None:
 
 def check_workers(cfg: Config, world: int) -> None:
     """Refuse a worker count other than the devices the config's layout needs, naming the fix."""
-    p = cfg.parallel
+    parallel = cfg.parallel
     if cfg.devices == world:
         return
-    dp = p.data_parallel_for(world)
+    dp = parallel.data_parallel_for(world)
     fix = f"--set parallel.data_parallel={dp}" if dp else \
-        f"a multiple of {p.replica_devices} workers for another data_parallel"
-    raise ConfigError(f"the config needs {cfg.devices} devices (data_parallel={p.data_parallel} x "
-                      f"{p.replica_product()}) but {world} worker(s) were started; "
+        f"a multiple of {parallel.replica_devices} workers for another data_parallel"
+    raise ConfigError(f"the config needs {cfg.devices} devices (data_parallel={parallel.data_parallel} x "
+                      f"{parallel.replica_product()}) but {world} worker(s) were started; "
                       f"launch {cfg.devices} workers or {fix}")
 
 

@@ -190,7 +190,7 @@ def test_fp16_overflowing_steps_are_skipped_and_counted(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (["data.path=/nonexistent/data"], "/nonexistent/data"),
     (["parallel.data_parallel=2"], "needs 2 devices"),
-    (["parallel.model_parallel=2"], "need Ascend or GPU"),
+    (["parallel.model_parallel=2"], "needs Ascend or GPU"),
     (["hardware=ascend910b"], "add --set hardware=cpu"),
     (["hardware=ascend910a", "model.compute_dtype=bfloat16"], "the Ascend 910A has no bf16 matmul"),
     (["checkpoint.load_path=/nonexistent/ckpt"], "does not exist"),

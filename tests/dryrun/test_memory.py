@@ -18,6 +18,7 @@ import pytest
 from mindscale.config import REPO_ROOT
 from mindscale.launch import standins
 from mindscale.launch.dryrun_memory import parse_plan
+from mindscale.perf.planner.memory import LOSS_LOGIT_BYTES
 from tools import dryrun as dryrun_tool
 
 TINY_LLAMA = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
@@ -91,5 +92,7 @@ def test_mindspores_plan_of_a_twin_is_what_its_step_takes_and_near_the_planners(
     loss = [t for t in memory["top_tensors"] if "CrossEntropy" in t["node"]]
     assert len(loss) == 3 and {t["bytes"] for t in loss} == {512 * 1024 * 4 + 512}, memory["top_tensors"]
     assert memory["constant_bytes"] < 512 * 1024 * 4  # no [tokens, vocabulary] constant (the 7B slice had one)
+    # ... which is what the planner budgets for the loss: 3 fp32 bytes per logit of the rank's split
+    assert 3 * LOSS_LOGIT_BYTES * 512 * 1024 == sum(t["bytes"] - 512 for t in loss)  # SOMAS adds 512 to each
     assert PLANNER_BAND[0] <= report["planned"]["device_memory_ratio"] <= PLANNER_BAND[1], report["planned"]
     assert memory["reserve"]["outside_pool_bytes"] == 3 * 2 ** 30  # ascend910b: 64 GiB, a 61 GiB pool

@@ -7,11 +7,11 @@
     python tools/dryrun.py --config C --memory [run]                               # and MindSpore's device memory
 
 Each rank compiles in its own process (mindscale.launch.dryrun_worker, driven by mindscale.launch.dryrun_ranks) with
-MS_SIMULATION_LEVEL=0 and, where CANN is not installed, the stand-in libraries of mindscale.launch.standins
-(built once; needs gcc and binutils).
+MS_SIMULATION_LEVEL=0 (1 with --memory) and, where CANN is not installed, the stand-in libraries of
+mindscale.launch.standins (built once; needs gcc and binutils).
 A dry run verifies that MindSpore's parallel compiler accepts the graph (strategies, redistribution,
 pipeline split, optimizer shard) and reports the compiled layouts and collectives. It does not
-verify kernels, numerics, speed or device memory (docs/dryrun.md).
+verify kernels, numerics or speed, and device memory only as MindSpore plans it (--memory; docs/dryrun.md).
 
 --json prints one JSON object per rank, one per line: compiled, error, rank, stage, devices,
 local_shapes, bytes, groups, collectives, inputs, row_groups, compile_s, host_peak_rss_gib, and
@@ -19,8 +19,9 @@ local_shapes, bytes, groups, collectives, inputs, row_groups, compile_s, host_pe
 the compiled ones).
 --memory runs MindSpore's dry run at level 1 and adds `device_memory`: its plan of the rank's device memory
 (persistent bytes plus its SOMAS block, the largest tensors at the peak, what it leaves out); `--memory run`
-executes one step too (the rank's parameters are then allocated on the host) and adds the peaks MindSpore's
-pool reports (docs/dryrun.md, "Device memory").
+executes one step too (the rank's parameters are then allocated on the host) and adds the peak of what
+MindSpore's pool handed out; `planned` then adds the planner's device memory and its ratio to MindSpore's
+(docs/dryrun.md, "Device memory").
 Exit status: 0 every rank compiled, 1 a compile failed, 2 bad input.
 """
 from __future__ import annotations

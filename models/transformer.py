@@ -328,6 +328,59 @@ class MaskedCrossEntropy(nn.Cell):
         return (mean_ce * tokens - (tokens - kept) * self.log_vocab) / ops.maximum(kept, 1.0)
 
 
+class TokenCrossEntropy(nn.Cell):
+    """Each token's cross entropy from fp32 logits [N, V] and labels [N], with the gradient written out:
+    construct -> (log Z + max - the label's logit [N, 1], exp(logits - max) [N, V], its row sums Z [N, 1], the
+    labels' one-hot [N, V]); bprop: d logits = (exp / Z - one_hot) * d loss, Megatron's vocab-parallel cross
+    entropy.
+
+    Why the bprop is ours: MindSpore's autodiff of the forward held five fp32 [N, V] tensors at the step's
+    peak (the shifted logits, their exp, the one-hot, the sum's Tile and the exp's gradient), and folded the
+    label pick's gradient, a constant when the loss scale is, into an [N, V] fp32 graph constant held all
+    step (llama2_7b's widths, 8,192 tokens a rank: 1,000 MiB each; docs/dryrun.md, "Device memory"). Here at
+    most three [N, V] tensors are live in the forward (the logits, the one-hot and their product; the pick is
+    of the logits, and the shift waits for it) and in the backward (the scaled exp, the one-hot times d loss,
+    their difference). The `depend`s keep that order: with a fixed loss scale and no mask d loss is a
+    constant, and the scheduler would otherwise make the backward's [N, V] tensors while the forward's live.
+    The one-hot is the forward's, kept for the backward: the loss's forward and backward follow each other,
+    so it adds nothing to the peak. Strategies: ShardedCrossEntropy, which also hands it the logits in its
+    own split (MindSpore's parallel passes do not know the split of what a bprop returns)."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.row_max = ops.ReduceMax(keep_dims=True)
+        self.one_hot = ops.OneHot()
+        self.pick = ops.Mul()
+        self.sum_picked = ops.ReduceSum(keep_dims=True)
+        self.shift = ops.Sub()
+        self.exp = ops.Exp()
+        self.sum_exp = ops.ReduceSum(keep_dims=True)
+        self.log = ops.Log()
+        self.add_max = ops.Add()
+        self.token_ce = ops.Sub()
+        self.row_scale = ops.RealDiv()  # d loss / Z, [N, 1]
+        self.probs = ops.Mul()          # exp * (d loss / Z): the softmax times d loss
+        self.label_grad = ops.Mul()     # one_hot * d loss
+        self.minus_label = ops.Sub()
+        self.on, self.off = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
+
+    def construct(self, logits, labels):
+        row_max = self.row_max(logits, -1)
+        one_hot = self.one_hot(ops.depend(labels, logits), self.vocab_size, self.on, self.off)
+        picked = self.sum_picked(self.pick(logits, one_hot), -1)
+        exp = self.exp(self.shift(ops.depend(logits, picked), row_max))
+        sum_exp = self.sum_exp(exp, -1)
+        return self.token_ce(self.add_max(self.log(sum_exp), row_max), picked), exp, sum_exp, one_hot
+
+    def bprop(self, logits, labels, out, dout):
+        token_ce, exp, sum_exp, one_hot = out
+        d_loss = dout[0]
+        scaled = self.probs(ops.depend(exp, token_ce), self.row_scale(d_loss, sum_exp))  # after the forward
+        d_logits = self.minus_label(scaled, self.label_grad(ops.depend(one_hot, scaled), d_loss))
+        return d_logits, ops.zeros_like(labels)
+
+
 class ShardedCrossEntropy(nn.Cell):
     """sum(ce * mask) / max(sum(mask), 1) from elementary ops, each with a strategy (semi-auto parallel).
 
@@ -339,24 +392,20 @@ class ShardedCrossEntropy(nn.Cell):
     for that head), so every rank computes the loss of the whole global batch. The fused kernel of MaskedCrossEntropy cannot
     serve here: it returns one rank's mean, and its batch-parallel strategy splits tokens over all
     devices. Same numbers as MaskedCrossEntropy (tested on CPU); slower there (the one-hot product).
+    The [N, V] part and its gradient: TokenCrossEntropy; `to_split`, a StridedSlice of the whole logits with
+    the loss's strategy, gives it the logits in its own split (a slice of the vocabulary of a head that is not
+    vocab-split), so the split of the gradient it returns is the one MindSpore's passes expect there (without
+    it a head that is not vocab-split failed to compile under tp 2: its MatMul's backward got the loss's
+    [N, V/2] slice). Where the head's split is the loss's, the slice is a view: no memory, no copy (SOMAS).
     """
 
     def __init__(self, vocab_size: int):
         super().__init__()
-        self.vocab_size = vocab_size
-        self.row_max = ops.ReduceMax(keep_dims=True)
-        self.shift = ops.Sub()
-        self.exp = ops.Exp()
-        self.sum_exp = ops.ReduceSum(keep_dims=True)
-        self.log = ops.Log()
-        self.one_hot = ops.OneHot()
-        self.pick = ops.Mul()
-        self.sum_picked = ops.ReduceSum(keep_dims=True)
-        self.token_ce = ops.Sub()
+        self.tokens = TokenCrossEntropy(vocab_size)
+        self.to_split = ops.StridedSlice()
         self.apply_mask = ops.Mul()
         self.sum_loss = ops.ReduceSum()
         self.sum_mask = ops.ReduceSum()
-        self.on, self.off = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
 
     def mask_hidden(self, hidden, loss_mask):
         return hidden
@@ -367,17 +416,18 @@ class ShardedCrossEntropy(nn.Cell):
         rows, vocab = layout.logit_split
         split = (rows, layout.tp) if rows * vocab == layout.token_rows else (rows, vocab)
         rows = (split[0], 1)
-        return {"row_max": ((split,), None), "shift": ((split, rows), None), "exp": ((split,), None),
-                "sum_exp": ((split,), None), "log": ((rows,), None), "one_hot": ((split, (), ()), None),
-                "pick": ((split, split), None), "sum_picked": ((split,), None), "token_ce": ((rows, rows), None),
+        per_token = {"row_max": (split,), "one_hot": (split, (), ()), "pick": (split, split), "sum_picked": (split,),
+                     "shift": (split, rows), "exp": (split,), "sum_exp": (split,), "log": (rows,),
+                     "add_max": (rows, rows), "token_ce": (rows, rows), "row_scale": (rows, rows),
+                     "probs": (split, rows), "label_grad": (split, rows),
+                     "minus_label": (split, split)}
+        return {**{f"tokens.{name}": (strategy, None) for name, strategy in per_token.items()},
+                "to_split": ((split,), None),
                 "apply_mask": ((rows, rows), None), "sum_loss": ((rows,), None), "sum_mask": ((rows,), None)}
 
     def construct(self, logits, labels, loss_mask=None):
-        shifted = self.shift(logits, ops.stop_gradient(self.row_max(logits, -1)))
-        log_z = self.log(self.sum_exp(self.exp(shifted), -1))
-        picked = self.sum_picked(self.pick(shifted, self.one_hot(labels.reshape(-1), self.vocab_size, self.on,
-                                                                  self.off)), -1)
-        token_ce = self.token_ce(log_z, picked)
+        n, v = logits.shape
+        token_ce = self.tokens(self.to_split(logits, (0, 0), (n, v), (1, 1)), labels.reshape(-1))[0]
         if loss_mask is None:  # every token trained: the mean over the global batch's (static) token count
             return self.sum_loss(token_ce) / float(labels.shape[0] * labels.shape[1])
         mask = loss_mask.reshape(-1, 1)

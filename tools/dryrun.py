@@ -4,18 +4,24 @@
     python tools/dryrun.py --config C --rank 5 [--set k=v ...] [--json]
     python tools/dryrun.py --config C --ranks stages                               # the first rank of every stage
     python tools/dryrun.py --config C --ranks 0,7 --packed                         # packed SFT inputs (segment_ids)
+    python tools/dryrun.py --config C --memory [run]                               # and MindSpore's device memory
 
 Each rank compiles in its own process (mindscale.launch.dryrun_worker, driven by mindscale.launch.dryrun_ranks) with
-MS_SIMULATION_LEVEL=0 and, where CANN is not installed, the stand-in libraries of mindscale.launch.standins
-(built once; needs gcc and binutils).
+MS_SIMULATION_LEVEL=0 (1 with --memory) and, where CANN is not installed, the stand-in libraries of
+mindscale.launch.standins (built once; needs gcc and binutils).
 A dry run verifies that MindSpore's parallel compiler accepts the graph (strategies, redistribution,
 pipeline split, optimizer shard) and reports the compiled layouts and collectives. It does not
-verify kernels, numerics, speed or device memory (docs/dryrun.md).
+verify kernels, numerics or speed, and device memory only as MindSpore plans it (--memory; docs/dryrun.md).
 
 --json prints one JSON object per rank, one per line: compiled, error, rank, stage, devices,
 local_shapes, bytes, groups, collectives, inputs, row_groups, compile_s, host_peak_rss_gib, and
 `planned` (the planner's bytes for that rank's stage and its predicted communication, with ratios to
 the compiled ones).
+--memory runs MindSpore's dry run at level 1 and adds `device_memory`: its plan of the rank's device memory
+(persistent bytes plus its SOMAS block, the largest tensors at the peak, what it leaves out); `--memory run`
+executes one step too (the rank's parameters are then allocated on the host) and adds the peak of what
+MindSpore's pool handed out; `planned` then adds the planner's device memory and its ratio to MindSpore's
+(docs/dryrun.md, "Device memory").
 Exit status: 0 every rank compiled, 1 a compile failed, 2 bad input.
 """
 from __future__ import annotations
@@ -45,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ir-dir", help="keep each rank's compiled graph (the validate IR) in DIR/rank<R>/ "
                                          "(default: read for the collectives, then deleted)")
     parser.add_argument("--json", action="store_true", help="one JSON object per rank, one per line")
+    parser.add_argument("--memory", nargs="?", const="plan", choices=("plan", "run"),
+                        help="MindSpore's device-memory plan of each rank (level-1 dry run); run: execute a step too")
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     try:
@@ -63,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ir_dir and args.no_collectives:
         fail("--ir-dir keeps the compiled graph that --no-collectives does not dump; drop one of them")
     job = Job(args.config, tuple(args.overrides), log_dir, args.packed, not args.no_collectives, args.timeout,
-              ir_dir=Path(args.ir_dir).resolve() if args.ir_dir else None)
+              ir_dir=Path(args.ir_dir).resolve() if args.ir_dir else None, memory=args.memory)
     failed = False
     try:
         for report in compile_ranks(cfg, job, ranks, args.jobs):

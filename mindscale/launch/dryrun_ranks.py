@@ -26,6 +26,7 @@ from typing import Iterator
 
 from mindscale.config import REPO_ROOT, Config, ConfigError, Layout
 from mindscale.io import CheckpointError
+from mindscale.launch.dryrun_memory import reserve
 from mindscale.launch.standins import cann_lib64, dryrun_environment, libgomp
 from mindscale.perf import planner
 from mindscale.progress import Progress
@@ -52,6 +53,9 @@ class Job:
     # MindSpore's compile cache in this folder (bench/compile_cache.py measures it); None: off, whatever the
     # environment says, because a rank loaded from the cache runs none of the parallel passes a dry run checks
     compile_cache: Path | None = None
+    # "plan": MindSpore's level-1 dry run, the rank's device-memory plan (mindscale.launch.dryrun_memory); "run":
+    # and one step executed (the rank's parameters are then allocated on the host)
+    memory: str | None = None
 
 
 def for_ascend(cfg: Config) -> tuple[Config, Layout]:
@@ -110,6 +114,9 @@ def planned(cfg: Config, report: dict) -> dict:
     out["comm_bytes_per_step"] = comm["total"]
     out["compiled_comm_bytes_per_step"] = compiled_comm
     out["comm_ratio"] = compiled_comm / comm["total"] if comm["total"] else None
+    if report.get("device_memory"):  # the planner's device memory inside MindSpore's pool, next to MindSpore's
+        out["device_memory_bytes"] = memory["total"] - memory["reserve"]
+        out["device_memory_ratio"] = out["device_memory_bytes"] / report["device_memory"]["peak_bytes"]
     return out
 
 
@@ -123,7 +130,9 @@ def shared_environment(job: Job, devices: int) -> dict:
     """The environment every rank of the job shares (each child takes it, and the process they are forked from
     is started with its STARTUP variables: dryrun_forks.py); each child adds its own RANK_ID and
     MS_DEV_SAVE_GRAPHS_PATH."""
-    env = dryrun_environment(dict(os.environ), 0, devices)
+    env = dryrun_environment(dict(os.environ), 0, devices, level=1 if job.memory else 0)
+    if job.memory:  # SOMAS writes its plan (rank_<R>/Ascend_somas_tensor_offset_<graph>.ir) with the tracker on
+        env["MS_ALLOC_CONF"] = "memory_tracker:True"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.update({"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(job.compile_cache)}
                if job.compile_cache else {"MS_COMPILER_CACHE_ENABLE": "0"})
@@ -207,7 +216,8 @@ def forked_ranks(job: Job, ranks: list[int], devices: int, workers: int) -> Iter
     spec = {"worker": job.worker, "jobs": workers, "timeout": job.timeout, "env": shared_environment(job, devices),
             "log": str(log), "ranks": [],
             "argv": ["--config", str(Path(job.config).resolve()),
-                     *[x for o in [*job.overrides, ASCEND] for x in ("--set", o)], *(["--packed"] if job.packed else [])]}
+                     *[x for o in [*job.overrides, ASCEND] for x in ("--set", o)], *(["--packed"] if job.packed else []),
+                     *(["--run-step"] if job.memory == "run" else [])]}
     for index, rank in enumerate(ranks):
         workdir = job.log_dir / f"rank{rank}"  # MindSpore writes what it dumps on a failure here (analyze_fail.ir)
         workdir.mkdir(exist_ok=True)
@@ -267,6 +277,8 @@ def compile_ranks(cfg: Config, job: Job, ranks: list[int], workers: int = 1) -> 
                 if "bad_input" in report:
                     raise ConfigError(report["bad_input"])
                 if report["compiled"]:
+                    if report.get("device_memory"):
+                        report["device_memory"]["reserve"] = reserve(cfg)
                     report["planned"] = planned(cfg, report)
                 yield report
 
@@ -287,7 +299,24 @@ def line(report: dict) -> str:
             f"weights {b['weights'] / gib:.3f} GiB, grads {b['grads'] / gib:.3f}, optimizer {b['optimizer'] / gib:.3f} "
             f"(planner {p['weights'] / gib:.3f}, {p['grads'] / gib:.3f}, {p['optimizer'] / gib:.3f})  "
             f"collectives: {comm or 'none'}; sent {p['compiled_comm_bytes_per_step'] / 1e9:.3g} GB/step"
-            + (f" ({ratio:.2f}x the planner's)" if ratio else ""))
+            + (f" ({ratio:.2f}x the planner's)" if ratio else "") + memory_line(report))
+
+
+def memory_line(report: dict) -> str:
+    """MindSpore's device memory for the rank (level 1), next to the planner's; empty without it."""
+    m = report.get("device_memory")
+    if not m:
+        return ""
+    mib = 2 ** 20
+    ran = f"; a step executed: {m['executed_peak_bytes'] / mib:,.0f} MiB" if "executed_peak_bytes" in m else ""
+    top = ", ".join(f"{t['node'].rsplit('/', 1)[-1]} {t['bytes'] / mib:,.0f}" for t in m["top_tensors"][:3])
+    p = report.get("planned", {})
+    return (f"\n    device memory (MindSpore's plan): used {m['used_bytes'] / mib:,.0f} MiB, with fragments "
+            f"{m['peak_bytes'] / mib:,.0f} MiB (persistent {m['persistent_bytes'] / mib:,.0f} + SOMAS block "
+            f"{m['somas_bytes'] / mib:,.0f}){ran}; planner "
+            f"{p.get('device_memory_bytes', 0) / mib:,.0f} MiB ({p.get('device_memory_ratio', 0):.2f}x); at the peak: "
+            f"{top} MiB; not counted: {m['reserve']['not_counted']} "
+            f"({m['reserve']['outside_pool_bytes'] / 2 ** 30:g} GiB outside the pool)")
 
 
 def rank_layouts(config: str, overrides: list[str], cfg: Config, jobs: int, progress: Progress) -> dict[int, dict]:

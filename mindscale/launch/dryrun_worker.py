@@ -24,7 +24,9 @@ What the report holds, and where it comes from:
                 model chunk (the chunk MindSpore derived for it; pipeline_chunks below)
   ordered_micro_batches  the accumulation micro batches whose backward the graph finishes before the
                 next one's forward starts (ordered_micro_batches below)
-What it cannot tell: whether kernels exist and run, numerics, speed, device memory.
+  device_memory  at MS_SIMULATION_LEVEL=1 (tools/dryrun.py --memory): MindSpore's plan of the rank's device
+                memory (mindscale.launch.dryrun_memory); with --memory run one step is executed as well
+What it cannot tell: whether kernels exist and run, numerics, speed; device memory only at level 1.
 """
 from __future__ import annotations
 
@@ -352,18 +354,54 @@ def compile_step(step, inputs: tuple, model, network, rt, ir_dir: Path | None = 
     return report
 
 
-def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:
+def memory_level() -> bool:
+    """MindSpore's level-1 dry run (device memory, tools/dryrun.py --memory)."""
+    return os.environ.get("MS_SIMULATION_LEVEL") == "1"
+
+
+def for_memory_plan(cfg):
+    """At level 1: memory_optimize_level O1, so MindSpore's SOMAS pass plans the step's memory at compile time
+    (mindscale.launch.dryrun_memory), and two dispatch threads: on a 2-core host MindSpore starts one, which
+    turns off kernel-by-kernel sub-graphs and refuses the step's overflow branch ("Can not build a sub graph
+    which contains ConditionSwitch ... by kbk")."""
+    import dataclasses
+
+    import mindspore as ms
+    ms.runtime.dispatch_threads_num(2)
+    return dataclasses.replace(cfg, context={**cfg.context, "memory_optimize_level": "O1"})
+
+
+def run_one_step(step, inputs: tuple) -> dict:
+    """Execute one step at level 1 (nothing computes; the rank's parameters are allocated on the host) and read
+    the peak of what MindSpore's device memory pool handed out."""
+    import mindspore as ms
+
+    step(*inputs)
+    ms.runtime.synchronize()
+    return {"executed_peak_bytes": ms.runtime.max_memory_allocated()}
+
+
+def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None, run_step: bool = False) -> dict:
     """Compile this process's rank (RANK_ID of RANK_SIZE) of the training graph run_train.py trains (and
-    its validation graph with train.eval_interval)."""
+    its validation graph with train.eval_interval); at level 1 with its device-memory plan, and with
+    `run_step` one step executed on zero weights (level 1 allocates them on the host)."""
     from mindspore.nn.utils import no_init_parameters
 
+    from mindscale.launch.dryrun_memory import device_memory
     from mindscale.train.loop.runtime import setup
     from mindscale.train.loop.step import build_train_graph
 
+    if memory_level():
+        cfg = for_memory_plan(cfg)
     rt = setup(cfg)
     with no_init_parameters():
         graph = build_train_graph(cfg, rt.layout)
-    report = compile_step(graph.step, example_inputs(cfg, rt.layout, packed), graph.model, graph.network, rt, ir_dir)
+    inputs = example_inputs(cfg, rt.layout, packed)
+    report = compile_step(graph.step, inputs, graph.model, graph.network, rt, ir_dir)
+    if report["compiled"] and memory_level():
+        report["device_memory"] = device_memory([p for p in (ir_dir, Path.cwd()) if p], rt.rank)
+        if run_step and report["device_memory"]:
+            report["device_memory"].update(run_one_step(graph.step, inputs))
     if report["compiled"] and cfg.train.eval_interval:  # after the step's IR was read: its IR files come too
         _compile_validation(cfg, graph, rt.layout, packed, report)
     return report
@@ -391,11 +429,13 @@ def main(argv: list[str] | None = None, compile_fn=compile_rank) -> int:
     parser = argparse.ArgumentParser(description="Compile rank RANK_ID under MindSpore's dry run (see tools/dryrun.py).")
     add_config_arguments(parser)
     parser.add_argument("--packed", action="store_true", help="feed segment_ids as packed SFT data does")
+    parser.add_argument("--run-step", action="store_true", help="at level 1: execute one step after the compile")
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     ir_dir = os.environ.get("MS_DEV_SAVE_GRAPHS_PATH")
     try:
-        report = compile_fn(cfg, args.packed, Path(ir_dir) if ir_dir else None)
+        report = compile_fn(cfg, args.packed, Path(ir_dir) if ir_dir else None,
+                            **({"run_step": True} if args.run_step else {}))
     except ConfigError as exc:
         fail(str(exc))
     report["host_peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2)

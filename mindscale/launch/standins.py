@@ -6,14 +6,21 @@ libraries (libascendcl, libhccl, libge_runner, ...). On a host without CANN, lib
 same names whose every function returns 0 let the plugin load; at level 0 none of them is asked
 to compute anything. On a host with CANN installed the real libraries are used instead.
 
-Built once per MindSpore install into `$XDG_CACHE_HOME/mindscale/cann-standins/<key>/lib64`
+Built once per MindSpore install into `$XDG_CACHE_HOME/mindscale/dryrun-standins/<key>/cann/lib64`
 (needs gcc and binutils' nm and strings):
   1. the undefined dynamic symbols of every plugin library, minus those MindSpore itself, libc,
      libm, libstdc++, libgcc_s and libgomp define, plus the identifiers the plugin looks up with
      dlsym (acl*, hccl*, rt*, Msprof*, ... found by `strings`);
-  2. one C file defining each as `long f(void) { return 0; }` (vtables and typeinfo as zeroed data);
-  3. compiled once per library name. The folder must be called lib64: the plugin looks for
-     `<folder of libascendcl.so>/../lib64/...` and `lib64/driver/libascend_hal.so`.
+  2. one C file defining each as `long f(void) { return 0; }` (vtables and typeinfo as zeroed data),
+     except the functions that build a `ge::Operator` (OPERATOR_BUILDERS), which zero it;
+  3. compiled once per library name.
+
+Two folder names are MindSpore's rules. The plugin looks for `<folder of libascendcl.so>/../lib64/...`
+and `lib64/driver/libascend_hal.so`, so the libraries sit in `lib64`. And it finds CANN's root by cutting
+the path of the loaded libascendcl.so after its last "cann" or "latest" (GetAscendPath in MindSpore's
+`res_manager/symbol_interface/symbol_utils.cc`); at level 1 (device memory, docs/dryrun.md) it loads
+`<root>/lib64/libascendcl.so` from there, and a root that does not exist fails as "aclInit is null". So
+`lib64` sits in a folder named `cann`, and no other part of the path after it says "cann" or "latest".
 """
 from __future__ import annotations
 
@@ -101,12 +108,25 @@ def needed_symbols(ms: Path) -> list[str]:
     return sorted(n for n in wanted - defined if re.fullmatch(r"[A-Za-z_][\w.$]*", n) and not n.startswith("__"))
 
 
+# The functions that make a ge::Operator (24 bytes: a vtable pointer and a shared_ptr to its implementation):
+# ge::OperatorFactory::CreateOperator returns one by value, i.e. into memory its caller passes as the
+# first argument, and the constructors build one at `this`. MindSpore's aclop kernels (ReduceSum, AddN,
+# StridedSlice, Gather, OneHot, RealDiv, ...) make one when a level-1 dry run resizes them and copy its
+# shared_ptr; left uninitialised, that copy segfaults. Zeroed, it is an empty shared_ptr.
+GE_OPERATOR_BYTES = 24
+OPERATOR_BUILDERS = re.compile(r"_ZN2ge15OperatorFactory14CreateOperatorE\w*|_ZN2ge8OperatorC[12]E\w*")
+
+
 def c_source(names: list[str]) -> str:
-    """Each name a function returning 0; C++ vtables/typeinfo (_ZTV/_ZTI/_ZTS) as zeroed data."""
-    lines = []
+    """Each name a function returning 0; C++ vtables/typeinfo (_ZTV/_ZTI/_ZTS) as zeroed data; the builders
+    of a ge::Operator (OPERATOR_BUILDERS) zero the object their first argument points at and return it."""
+    lines = ["#include <string.h>"]
     for i, name in enumerate(names):
         if name.startswith(("_ZTV", "_ZTI", "_ZTS")):
             lines.append(f'char d{i}[512] __asm__("{name}") = {{0}};')
+        elif OPERATOR_BUILDERS.fullmatch(name):
+            lines.append(f'void *f{i}(void *made) __asm__("{name}");\n'
+                         f'void *f{i}(void *made) {{ return memset(made, 0, {GE_OPERATOR_BYTES}); }}')
         else:
             lines.append(f'long f{i}(void) __asm__("{name}");\nlong f{i}(void) {{ return 0; }}')
     return "\n".join(lines) + "\n"
@@ -123,7 +143,7 @@ def cache_key(ms: Path) -> str:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mindscale" / "cann-standins"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mindscale" / "dryrun-standins"
 
 
 def build(lib64: Path, ms: Path) -> None:
@@ -163,7 +183,7 @@ def cann_lib64() -> Path:
     if real and (Path(real) / "lib64" / "libascendcl.so").is_file():
         return Path(real) / "lib64"
     ms = mindspore_dir()
-    lib64 = cache_root() / cache_key(ms) / "lib64"
+    lib64 = cache_root() / cache_key(ms) / "cann" / "lib64"
     if not (lib64 / "libascendcl.so").is_file():
         print(f"building the CANN stand-ins for the dry run once, into {lib64.parent}", file=sys.stderr, flush=True)
         lib64.parent.parent.mkdir(parents=True, exist_ok=True)
@@ -171,8 +191,9 @@ def cann_lib64() -> Path:
     return lib64
 
 
-def dryrun_environment(base: dict, rank: int, world: int) -> dict:
-    """The environment a dry-run process must start with (the loader reads it before Python runs)."""
+def dryrun_environment(base: dict, rank: int, world: int, level: int = 0) -> dict:
+    """The environment a dry-run process must start with (the loader reads it before Python runs): MindSpore's
+    dry run at `level` (0: compile; 1: and plan device memory, docs/dryrun.md)."""
     ms = mindspore_dir()
     lib64 = cann_lib64()
     paths = [str(lib64), str(ms / "lib"), str(ms / "lib" / "plugin"), str(ms / "lib" / "plugin" / "ascend")]
@@ -182,7 +203,7 @@ def dryrun_environment(base: dict, rank: int, world: int) -> dict:
     for path in filter(None, [libgomp(), jemalloc(), *re.split(r"[\s:]+", base.get("LD_PRELOAD", ""))]):
         preload.setdefault(os.path.realpath(path), path)
     return {**base, "LD_LIBRARY_PATH": ":".join(paths), "LD_PRELOAD": " ".join(preload.values()),
-            "MS_SIMULATION_LEVEL": "0", "RANK_SIZE": str(world), "RANK_ID": str(rank), "GLOG_v": base.get("GLOG_v", "3")}
+            "MS_SIMULATION_LEVEL": str(level), "RANK_SIZE": str(world), "RANK_ID": str(rank), "GLOG_v": base.get("GLOG_v", "3")}
 
 
 if __name__ == "__main__":

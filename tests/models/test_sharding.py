@@ -7,6 +7,7 @@ under its dry run (tests/dryrun/test_dryrun.py). The flash-attention path is nev
 """
 import math
 import re
+from operator import attrgetter
 
 import mindspore as ms
 import numpy as np
@@ -76,14 +77,14 @@ def test_llama_strategies_follow_the_plan(dp, mp, sp):
     # the loss reduces over the split vocabulary instead of gathering [tokens, V] logits, and its token
     # sums over data parallel (every rank holds the global batch's loss)
     assert isinstance(model.loss, ShardedCrossEntropy)
-    assert strategy(model.loss.row_max) == strategy(model.loss.sum_exp) == ((dp, mp),)
-    assert strategy(model.loss.one_hot) == ((dp, mp), (), ())
-    assert strategy(model.loss.log) == ((dp, 1),)
+    assert strategy(model.loss.tokens.row_max) == strategy(model.loss.tokens.sum_exp) == ((dp, mp),)
+    assert strategy(model.loss.tokens.one_hot) == ((dp, mp), (), ())
+    assert strategy(model.loss.tokens.log) == ((dp, 1),)
     assert strategy(model.loss.sum_loss) == strategy(model.loss.sum_mask) == ((dp, 1),)
     # every planned row is what the primitive recorded, and no matmul/softmax/gather was left out
     cells = dict(model.cells_and_names())
     for path, _style, attr, in_strategy, _out in rows:
-        assert strategy(getattr(cells[path], attr)) == in_strategy, (path, attr)
+        assert strategy(attrgetter(attr)(cells[path])) == in_strategy, (path, attr)
     for path, cell in cells.items():
         for attr, value in vars(cell).items():
             if isinstance(value, (ops.MatMul, ops.BatchMatMul, ops.Softmax, ops.Gather)):
@@ -100,12 +101,12 @@ def test_vocab_emb_dp_keeps_embedding_and_head_data_parallel():
     assert strategy(model.layers[0].feed_forward.act) == ((2, 4),)
     assert strategy(model.layers[0].attention_norm.norm) == ((2, 1), (1,), (1,))
     # the loss still splits the vocabulary over model_parallel: the head's logits are sliced locally
-    assert isinstance(model.loss, ShardedCrossEntropy) and strategy(model.loss.exp) == ((2, 4),)
+    assert isinstance(model.loss, ShardedCrossEntropy) and strategy(model.loss.tokens.exp) == ((2, 4),)
     # under sequence parallel each tp rank computes the logits of its own tokens, and the loss reduces over them
     model, _ = planned(config("gpt", "parallel.data_parallel=2", "parallel.model_parallel=4",
                               "parallel.vocab_emb_dp=true", "parallel.sequence_parallel=true"))
     assert strategy(model.output.matmul) == ((8, 1), (1, 1))
-    assert strategy(model.loss.exp) == ((8, 1),) and strategy(model.loss.sum_loss) == ((8, 1),)
+    assert strategy(model.loss.tokens.exp) == ((8, 1),) and strategy(model.loss.sum_loss) == ((8, 1),)
 
 
 def test_pipeline_stages_follow_stage_offset_and_comm_fusion_is_per_layer():

@@ -4,9 +4,11 @@ What the rank stores of its parameters is exact (parameters.py); its activations
 (schedule.py) keeps of its layers (activations.py); the rest is estimated:
 * Transient: a compute-dtype copy of the weights when it differs from the parameter dtype or the optimizer shard
   all-gathers them, and one layer's gradients before their reduce-scatter.
-* The output logits are kept in the compute dtype, cast to fp32 for the loss, and the fp32 softmax
-  of the loss is kept for its backward: (compute bytes + 8) per logit of one micro batch on the
-  last stage (vocab split over t).
+* The loss's peak on the last stage, per logit of one micro batch: the fp32 logits (whole on each rank of a tp
+  group unless split, Layout.logit_split), the labels' fp32 one-hot and their product (vocabulary or tokens
+  split over t): 4 / parts + 8 / t bytes. That is what MindSpore's plan of the step holds there
+  (models/transformer.py, TokenCrossEntropy; `tools/dryrun.py --memory`, docs/dryrun.md): three fp32
+  [tokens, vocabulary] tensors, the compute-dtype logits freed by then.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from mindscale.perf.planner.caches import _layout, _per_config
 from mindscale.perf.planner.parameters import layer_slice_params, stage_bytes, stage_params
 from mindscale.perf.planner.schedule import chunk_forwards, in_flight_forwards
 from mindscale.perf.planner.sizes import DTYPE_BYTES, GIB
+
+LOSS_LOGIT_BYTES = 4  # the loss computes in fp32
 
 
 def _in_flight_bytes(layout: Layout, stage: int, per_layer: list[float]) -> float:
@@ -78,10 +82,10 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
         sb = local_tokens(cfg)
         t = layout.tp
         activations += sb * model.hidden_size * 4 / (t if layout.sp else 1)    # final norm input
-        # the logits in the compute dtype (Layout.logit_split: whole on each rank of a tp group unless split),
-        # and the loss's fp32 work, split over t
+        # the loss's peak (module docstring): the fp32 logits (Layout.logit_split: whole on each rank of a tp group
+        # unless split), the one-hot and their product, split over t
         logit_parts = math.prod(layout.logit_split) // layout.token_rows
-        activations += sb * model.vocab_size * (cb / logit_parts + 8 / t)
+        activations += sb * model.vocab_size * (LOSS_LOGIT_BYTES / logit_parts + 2 * LOSS_LOGIT_BYTES / t)
     reserve = (hw.memory_gib - hw.memory_pool_gib) * GIB  # outside MindSpore's pool: runtime, HCCL buffers
     parts = {**stored, "transient": transient, "activations": activations, "reserve": reserve}
     parts["total"] = sum(parts.values())

@@ -136,7 +136,8 @@ def _bound_device_memory(cfg: Config, device: str) -> float | None:
     if device == "CPU":
         return None
     pool = cfg.hardware.memory_pool_gib
-    ms.runtime.set_memory(max_size=f"{pool:.2f}GB")
+    # set_memory sets the optimize level too (default O0): pass the context's, which it would otherwise undo
+    ms.runtime.set_memory(max_size=f"{pool:.2f}GB", optimize_level=cfg.context.get("memory_optimize_level", "O0"))
     return pool
 
 

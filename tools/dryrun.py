@@ -5,6 +5,7 @@
     python tools/dryrun.py --config C --ranks stages                               # the first rank of every stage
     python tools/dryrun.py --config C --ranks 0,7 --packed                         # packed SFT inputs (segment_ids)
     python tools/dryrun.py --config C --memory [run]                               # and MindSpore's device memory
+    python tools/dryrun.py --config C [--set k=v ...] --twin                      # its scaled twin: minutes, not hours
 
 Each rank compiles in its own process (mindscale.launch.dryrun_worker, driven by mindscale.launch.dryrun_ranks) with
 MS_SIMULATION_LEVEL=0 (1 with --memory) and, where CANN is not installed, the stand-in libraries of
@@ -22,6 +23,10 @@ the compiled ones).
 executes one step too (the rank's parameters are then allocated on the host) and adds the peak of what
 MindSpore's pool handed out; `planned` then adds the planner's device memory and its ratio to MindSpore's
 (docs/dryrun.md, "Device memory").
+--twin compiles the config's scaled twin (mindscale.config.twin): its widths, keys and degrees, so every
+parameter shape, strategy and optimizer shard, with one layer for each kind of layer a stage holds (recomputed,
+offloaded, kept), as many micro batches as stages and a 64-token sequence; the overrides it adds are printed on
+stderr. The --set assignments apply first: the twin is that of the config they give.
 Exit status: 0 every rank compiled, 1 a compile failed, 2 bad input.
 """
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pathlib import Path
 
 from mindscale.cli import OneLineParser, add_config_arguments, config_from_args, fail
 from mindscale.config import UserError, validate_packed
+from mindscale.config.twin import twin_overrides
 from mindscale.launch.dryrun_ranks import DEFAULT_TIMEOUT_S, Job, choose_ranks, compile_ranks, for_ascend, line
 
 
@@ -50,11 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-dir", help="where each rank's compile log goes (default: a temporary folder)")
     parser.add_argument("--ir-dir", help="keep each rank's compiled graph (the validate IR) in DIR/rank<R>/ "
                                          "(default: read for the collectives, then deleted)")
+    parser.add_argument("--twin", action="store_true",
+                        help="compile the config's scaled twin: its widths and layout, few layers and micro batches")
     parser.add_argument("--json", action="store_true", help="one JSON object per rank, one per line")
     parser.add_argument("--memory", nargs="?", const="plan", choices=("plan", "run"),
                         help="MindSpore's device-memory plan of each rank (level-1 dry run); run: execute a step too")
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
+    if args.twin:
+        twin = twin_overrides(cfg)
+        print(f"twin of {args.config}: --set {' --set '.join(twin)}", file=sys.stderr)
+        args.overrides = [*args.overrides, *twin]
+        cfg = config_from_args(args)
     try:
         cfg, layout = for_ascend(cfg)
         ranks = [args.rank] if args.rank is not None else choose_ranks(args.ranks, layout)

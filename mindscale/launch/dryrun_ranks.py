@@ -283,8 +283,16 @@ def compile_ranks(cfg: Config, job: Job, ranks: list[int], workers: int = 1) -> 
                 yield report
 
 
+def size(n: float) -> str:
+    """Bytes in the largest binary unit that leaves a number of at least 1, to 4 figures: `1.002 GiB`, `384 KiB`."""
+    for unit, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n:.0f} B"
+
+
 def line(report: dict) -> str:
-    """One rank's report for reading: compiled bytes next to the planner's, the collectives."""
+    """One rank's report for reading: compiled bytes next to the planner's, the collectives, offload's copies."""
     head = f"rank {report['rank']:>4}  stage {report.get('stage', '?')}"
     if not report["compiled"]:
         return f"{head}  FAILED  {report['error']}"
@@ -294,12 +302,13 @@ def line(report: dict) -> str:
         kinds[row["kind"]] = kinds.get(row["kind"], 0) + row["count"]
     comm = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items()))
     ratio = p.get("comm_ratio")
-    gib = planner.GIB
+    out = sum(c["bytes"] for c in report.get("offload_copies", []) if c["to"] == "CPU")
     return (f"{head}  compiled in {report['compile_s']:.1f} s (host peak {report['host_peak_rss_gib']:.1f} GiB)  "
-            f"weights {b['weights'] / gib:.3f} GiB, grads {b['grads'] / gib:.3f}, optimizer {b['optimizer'] / gib:.3f} "
-            f"(planner {p['weights'] / gib:.3f}, {p['grads'] / gib:.3f}, {p['optimizer'] / gib:.3f})  "
+            f"weights {size(b['weights'])}, grads {size(b['grads'])}, optimizer {size(b['optimizer'])} "
+            f"(planner {size(p['weights'])}, {size(p['grads'])}, {size(p['optimizer'])})  "
             f"collectives: {comm or 'none'}; sent {p['compiled_comm_bytes_per_step'] / 1e9:.3g} GB/step"
-            + (f" ({ratio:.2f}x the planner's)" if ratio else "") + memory_line(report))
+            + (f" ({ratio:.2f}x the planner's)" if ratio else "")
+            + (f"; offloaded {size(out)}/step to host memory" if out else "") + memory_line(report))
 
 
 def memory_line(report: dict) -> str:

@@ -16,6 +16,7 @@ What the report holds, and where it comes from:
   bytes         weights, grads, optimizer on this rank (docs/dryrun.md defines each)
   collectives   from the compiled graph (the `validate` IR): kind, group size, count and bytes per step
   groups        the communication groups those collectives use
+  offload_copies  activation offload's copies to host memory and back: destination, count and bytes per step
   inputs        how the step's inputs reach the computation: gathered over which ranks, sliced into
   row_groups    which micro-batch rows, and the ranks whose tokens are distinct parts of the batch (input_rows)
   pipeline_config  MindSpore's pipeline_interleave and pipeline_scheduler, as the runtime set them
@@ -50,8 +51,11 @@ DTYPE_BYTES = {"Float32": 4, "Float16": 2, "BFloat16": 2, "Int32": 4, "Int64": 8
                "Float64": 8}
 COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "AlltoAll", "AllToAll", "Broadcast", "Send", "Receive",
                "MicroStepAllGather", "MiniStepAllGather", "AllGatherV", "ReduceScatterV", "AlltoAllV", "Reduce")
-# What a collective is for, from the instance name the parallel passes give it.
-PURPOSES = (("parallel_optimizer", "optimizer_shard"), ("GLOBALNORM", "grad_norm"), ("mirror", "grad_reduce"),
+# What a collective is for, from the instance name the parallel passes give it (the optimizer shard's: its weight
+# all-gathers, and with gradient_accumulation_shard the gradient reduce-scatter into the sharded buffer every
+# micro batch, `_grad_accumulation_shard_grad_VirtualAssignAdd`).
+PURPOSES = (("parallel_optimizer", "optimizer_shard"), ("grad_accumulation_shard", "optimizer_shard"),
+            ("GLOBALNORM", "grad_norm"), ("mirror", "grad_reduce"),
             ("redistribution", "redistribution"))  # anything else: an operator's own communication
 # Which tensor of a collective is "its bytes": the one each rank contributes (input), or for the ops that
 # end with more than they start with, the result (AllGather, Receive).
@@ -69,6 +73,7 @@ _REF = re.compile(r"@([^\s(),\[\]]+)")
 _REORDERED = re.compile(r"grad_accu_reorder2: I64\((\d+)\)")
 _FORWARD_BORDER = re.compile(r"^\s+%\d+\(\S+\) = (Send|Receive)\(.*cnode_primal_attrs: \{(.*)\}\s*$")
 _CHUNK = re.compile(r"\bchunk: I64\((\d+)\)")
+_MOVE_TO = re.compile(r'MoveTo\(%[\w.]+, "(\w+)"')  # MoveTo(%x, "CPU", Bool(0)): the destination
 
 
 def _tensor_bytes(text: str) -> int:
@@ -97,15 +102,17 @@ def _callees(rhs: str) -> list[str]:
 
 
 def parse_ir(text: str, rank: int) -> dict:
-    """{graph: {"collectives": [(kind, purpose, ranks, bytes)], "calls": [graph, ...]}} of one IR file;
-    `calls` lists a callee once per calling node (both branches of an `if` count as taken)."""
+    """{graph: {"collectives": [(kind, purpose, ranks, bytes)], "copies": [(destination, bytes)], "calls": [graph,
+    ...]}} of one IR file: `copies` are the MoveTo nodes activation offload puts in (to "CPU" in the forward,
+    back to "Ascend" before the backward); `calls` lists a callee once per calling node (both branches of an `if`
+    count as taken)."""
     graphs: dict[str, dict] = {}
     current = None
     lines = text.splitlines()
     for i, line in enumerate(lines):
         start = _GRAPH.match(line)
         if start:
-            current = graphs.setdefault(start.group(1), {"collectives": [], "calls": []})
+            current = graphs.setdefault(start.group(1), {"collectives": [], "copies": [], "calls": []})
             continue
         node = _NODE.match(line) if current is not None else None
         if not node:
@@ -113,6 +120,9 @@ def parse_ir(text: str, rank: int) -> dict:
         rhs = node.group(1)
         current["calls"] += _callees(rhs)
         kind = rhs.split("(", 1)[0].removeprefix("PrimFunc_")
+        if kind == "MoveTo":
+            types = lines[i + 1] if i + 1 < len(lines) else ""
+            current["copies"].append((_MOVE_TO.search(rhs).group(1), _tensor_bytes(types.partition("->")[0])))
         if kind not in COLLECTIVES:
             continue
         ranks = _attr(line, "group_rank_ids") or _attr(line, "rank_list") or "()"
@@ -163,6 +173,18 @@ def collectives_of(graphs: dict) -> tuple[list[dict], dict[str, list[int]]]:
              "bytes": size} for (kind, purpose, ranks), (n, size) in sorted(total.items()) if n]
     groups = {"-".join(map(str, ranks)): list(ranks) for (_k, _p, ranks), (n, _s) in total.items() if n and ranks}
     return rows, groups
+
+
+def offload_copies(graphs: dict) -> list[dict]:
+    """Activation offload's copies per step, one entry per destination ("CPU": out of device memory in the
+    forward, "Ascend": back before the backward): count and bytes, counted per call as collectives are."""
+    counts = graph_call_counts(graphs)
+    total: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for name, info in graphs.items():
+        for destination, size in info["copies"]:
+            total[destination][0] += counts.get(name, 0)
+            total[destination][1] += counts.get(name, 0) * size
+    return [{"to": to, "count": n, "bytes": size} for to, (n, size) in sorted(total.items()) if n]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -312,7 +334,9 @@ def describe_compiled(step, model, network, ir_dir: Path | None, rank: int) -> d
     }
     if ir_dir is not None:
         text = read_validate_ir(ir_dir)
-        report["collectives"], report["groups"] = collectives_of(parse_ir(text, rank))
+        graphs = parse_ir(text, rank)
+        report["collectives"], report["groups"] = collectives_of(graphs)
+        report["offload_copies"] = offload_copies(graphs)
         report.update(input_rows(text))
         report["ordered_micro_batches"] = ordered_micro_batches(text)
         report["pipeline_chunks"] = pipeline_chunks(text)

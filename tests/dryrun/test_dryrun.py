@@ -5,10 +5,11 @@ split, optimizer shard) for one rank, with CANN stand-ins in place of an Ascend 
 executes, so these tests prove what the compiler accepts and what the compiled graph contains
 (layouts, collectives), not kernels, numerics or speed.
 
-* Scaled twins: every shipped Ascend config with its layout kept (data/model/pipeline degrees,
-  sequence parallel, optimizer shard, vocabulary split, recompute per stage, attention, dtypes) and
-  small widths; its first and last pipeline stage compile, and the planner's per-rank bytes and
-  shapes equal the compiled ones exactly.
+* Scaled twins (tools/dryrun.py --twin, mindscale/config/twin.py): every shipped Ascend config with its widths,
+  keys and degrees kept, few layers, micro batches and tokens; its first and last pipeline stage compile, the
+  planner's per-rank bytes and shapes equal the compiled ones exactly, and the step moves what the layout
+  implies: the optimizer shard's gathers and reduce-scatters of the parameters it slices at full size, and
+  activation offload's copies.
 * The SFT configs' twins are fed packed data (segment_ids: flash attention in its TND layout), and compile
   the parameters and collectives of their pretraining configs' twins.
 * Extra layouts (LoRA and packed SFT under model parallel) and what the compiled graph must show:
@@ -30,7 +31,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from mindscale.config import REPO_ROOT, Layout, load_config, parse_yaml
-from mindscale.launch.dryrun_ranks import ring_send_bytes
+from mindscale.config.twin import twin_overrides
+from mindscale.launch.dryrun_ranks import line, ring_send_bytes
 from mindscale.launch.dryrun_worker import read_validate_ir
 from mindscale.io import CheckpointError
 from mindscale.perf import planner
@@ -51,16 +53,17 @@ SMALL = ["hardware=ascend910b", "model.hidden_size=64", "model.num_heads=4", "mo
          "model.vocab_size=256", "model.seq_length=64", "model.num_layers=4", "train.global_batch_size=null"]
 
 
-def dryrun(config, *overrides, ranks="first,last", packed=False, ir_dir=None):
+def dryrun(config, *overrides, ranks="first,last", packed=False, ir_dir=None, as_twin=False):
     """tools/dryrun.py --json as a user runs it, called in this process (its ranks compile in their own): one
-    report per rank (with `ir_dir`, each rank's validate IR kept in <ir_dir>/rank<R>). A successful compile
-    without `ir_dir` is compiled once in the session and shared by every test (and xdist worker) asking for
-    the same arguments (tests/shared.py; test_input_rows.py reads the shipped twins' compiles)."""
+    report per rank (with `ir_dir`, each rank's validate IR kept in <ir_dir>/rank<R>; with `as_twin`, --twin: the
+    scaled twin of the config with `overrides`). A successful compile without `ir_dir` is compiled once in the
+    session and shared by every test (and xdist worker) asking for the same arguments (tests/shared.py;
+    test_input_rows.py reads the shipped twins' compiles)."""
     def compile_ranks():
         log_dir = tempfile.mkdtemp(dir=shared.ROOT, prefix="dryrun-")
         argv = ["--config", str(config), "--ranks", ranks, "--jobs", "2", "--json", "--log-dir", log_dir,
                 "--timeout", "900", *[a for o in overrides for a in ("--set", o)], *(["--packed"] if packed else []),
-                *(["--ir-dir", str(ir_dir)] if ir_dir else [])]
+                *(["--ir-dir", str(ir_dir)] if ir_dir else []), *(["--twin"] if as_twin else [])]
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             code = dryrun_tool.main(argv)
@@ -68,60 +71,63 @@ def dryrun(config, *overrides, ranks="first,last", packed=False, ir_dir=None):
         assert code == 0 and all(r["compiled"] for r in reports), [r.get("error") for r in reports] or log_dir
         return reports
 
-    return compile_ranks() if ir_dir else shared.once(["dryrun", str(config), overrides, ranks, packed], compile_ranks)
+    return compile_ranks() if ir_dir else shared.once(["dryrun", str(config), overrides, ranks, packed, as_twin],
+                                                      compile_ranks)
 
 
 def twin(path) -> list[str]:
-    """Overrides that shrink a config's widths and micro-batch counts and keep its layout."""
-    cfg = load_config(path)
-    m, p, r = cfg.model, cfg.parallel, cfg.recompute
-    mp, pp = p.model_parallel, p.pipeline_stage
-    gqa = m.kv_heads < m.num_heads
-    heads = 2 * mp if gqa else max(2, mp)
-    # an interleaved pipeline keeps interleaving in its twin, with 2 one-layer chunks per stage and no offsets
-    # (p x v layers at the shipped v would make the largest twins' compiles several times longer)
-    chunks = min(p.pipeline_interleave, 2)
-    offsets = [0] * pp if chunks > 1 else \
-        p.stage_offset if isinstance(p.stage_offset, list) else [p.stage_offset] * pp
-    layers = pp * chunks if chunks > 1 else max(2, pp) + sum(offsets) if pp > 1 else 2
-    # a context-parallel twin keeps 2 tokens per rank of each sequence chunk's split (cp, x tp under sp)
-    seq = max(64, 2 * p.context_parallel * (mp if p.sequence_parallel else 1))
-    out = [f"model.num_heads={heads}", f"model.num_kv_heads={mp if gqa else 'null'}", f"model.hidden_size={16 * heads}",
-           f"model.ffn_hidden_size={32 * heads}", f"model.vocab_size={128 * mp}", f"model.seq_length={seq}",
-           f"model.num_layers={layers}", "train.global_batch_size=null",
-           f"parallel.micro_batch_num={pp if pp > 1 else 1}",
-           f"parallel.gradient_accumulation_steps={min(p.gradient_accumulation_steps, 2)}"]
-    if chunks > 1:
-        out += [f"parallel.pipeline_interleave={chunks}", "parallel.stage_offset=0"]
-    held = [layers // pp + o for o in offsets]
-    asked = r.layers if isinstance(r.layers, list) else [0 if r.mode == "none" else h if r.layers is None else r.layers
-                                                         for h in held]
-    recomputed = [min(n, h) for n, h in zip(asked, held)]
-    if isinstance(r.layers, list):
-        out.append(f"recompute.layers=[{','.join(map(str, recomputed))}]")
-    if isinstance(cfg.offload.layers, list):  # what recompute leaves of the twin's layers
-        offloaded = [min(n, h - k) for n, h, k in zip(cfg.offload.layers, held, recomputed)]
-        out.append(f"offload.layers=[{','.join(map(str, offloaded))}]")
-    if m.spec.moe:  # at least 2 experts per expert-parallel rank and top_k of them, each as wide as the MLP
-        ep = p.expert_parallel
-        out += [f"model.moe.num_experts={ep * max(2, -(-m.moe.top_k // ep))}", "model.moe.ffn_hidden_size=null"]
-    if m.spec.mla:  # multi-head latent attention's widths shrunk alike, the values narrower than the keys (padded)
-        out += ["model.mla.q_lora_rank=32", "model.mla.kv_lora_rank=16", "model.mla.qk_nope_head_dim=8",
-                "model.mla.qk_rope_head_dim=8", "model.mla.v_head_dim=8"]
-    if cfg.finetune.lora.rank or cfg.checkpoint.load_path:
-        out.append("checkpoint.load_path=/not/read/by/a/dry/run")
-    return out
+    """The overrides of a config's scaled twin (mindscale.config.twin: its widths and layout, few layers)."""
+    return twin_overrides(load_config(path))
+
+
+def kind(name: str) -> str:
+    """A parameter's name with its layer index left out: `layers.*.attention.wq.weight`."""
+    return re.sub(r"^layers\.\d+\.", "layers.*.", name)
+
+
+def implied_by_the_layout(full, cfg, stage: int, report: dict) -> None:
+    """What the layout makes the compiled step move, against the full-size config `full` and its twin `cfg`:
+    the optimizer shard slices the parameters of the kinds it slices at full size (the twin keeps every shape),
+    all-gathers them and reduce-scatters their gradients (every micro batch with the accumulation buffers
+    sharded), the gradient traffic being the planner's (gradient_reduce_bytes); activation offload
+    copies the planner's bytes of each offloaded layer out to host memory and back, every micro batch (and a
+    2-byte scalar of the attention: tests/dryrun/test_offload.py)."""
+    layout, full_layout = Layout.of(cfg, "Ascend"), Layout.of(full, "Ascend")
+    sharded = {kind(p.name) for p in planner.parameter_slices(full, full_layout)
+               if stage in p.stages and planner.optimizer_shard(p, full_layout) > 1}
+    compiled = {kind(name) for name, (*_, group) in report["layouts"].items()
+                if group and not name.startswith(("adam_", "accu_grads."))}
+    assert compiled == sharded
+    rows = report["collectives"]
+    if sharded:
+        assert {("AllGather", "optimizer_shard"), ("ReduceScatter", "optimizer_shard")} <= \
+            {(row["kind"], row["purpose"]) for row in rows}
+    # (within 1e-4: the planner counts a sharded bias's all-gather in the parameter dtype, where MindSpore gathers
+    # it cast to the compute dtype: gpt3_175b's twin 46,080 bytes of 8.8 GB, its two layers' fp32 w1.bias)
+    once, per_micro_batch = planner.gradient_reduce_bytes(cfg, stage)
+    gradients = sum(ring_send_bytes(row) for row in rows if row["purpose"] in ("grad_reduce", "optimizer_shard"))
+    assert gradients == pytest.approx(once + per_micro_batch * layout.micro_steps, rel=1e-4)
+    copies = {copy["to"]: (copy["count"], copy["bytes"]) for copy in report["offload_copies"]}
+    layers = layout.offloaded_in(stage)
+    assert bool(layers) == bool(full_layout.offloaded_in(stage)) == bool(copies)
+    if layers:
+        # context parallel's all-gathered K and V stay on the device (the gather carries no offload mark); the
+        # planner counts them among the moved bytes (planner.offloaded_layer_bytes; llama3_1_70b_128k's twin)
+        moved = planner.offloaded_layer_bytes(cfg, layout) - planner.gathered_kv_bytes(cfg) + 2
+        assert copies["CPU"] == copies["Ascend"] and copies["CPU"][1] == layout.micro_steps * layers * moved
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_scaled_twin_of_every_shipped_config_compiles_and_matches_the_planner(path):
+    full = load_config(path)
     cfg = load_config(path, twin(path))
     layout = Layout.of(cfg, "Ascend")
-    reports = dryrun(path, *twin(path), packed=path in SFT)
+    reports = dryrun(path, as_twin=True, packed=path in SFT)
     assert [r["stage"] for r in reports] == sorted({0, layout.pp - 1})
     for report in reports:
         planned = report["planned"]
-        assert report["devices"] == cfg.devices == load_config(path).devices
+        assert report["devices"] == cfg.devices == full.devices
+        implied_by_the_layout(full, cfg, report["stage"], report)
         assert planned["shape_mismatches"] == {}
         assert report["bytes"] == {k: planned[k] for k in ("weights", "grads", "optimizer")}
         # MindSpore's pool is capped at the number the planner budgets (not the whole device)
@@ -185,6 +191,19 @@ def test_data_parallel_accumulation_orders_its_micro_batches_and_reduces_once():
     assert sum(row["count"] for row in reduced) == len(trained)
     assert sum(row["bytes"] for row in reduced) == report["bytes"]["grads"]  # every gradient, once
     assert report["planned"]["shape_mismatches"] == {}
+
+
+def test_the_text_report_shows_each_figure_in_a_unit_that_shows_it():
+    """tools/dryrun.py without --json: weights, gradients and optimizer state in the binary unit that leaves a
+    number of at least 1 (every figure of a narrow twin read `0.000 GiB`), the compiled ones then the planner's."""
+    report = dryrun(TINY_LLAMA, *SMALL, "parallel.data_parallel=2", "parallel.gradient_accumulation_steps=4",
+                    ranks="0")[0]
+    units = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
+    figures = re.findall(r"\b([\d.]+) (B|KiB|MiB|GiB)\b", line(report).split("GiB)", 1)[1])  # after the host peak
+    assert [float(n) * units[u] for n, u in figures] == pytest.approx(
+        [report["bytes"][k] for k in ("weights", "grads", "optimizer")] +
+        [report["planned"][k] for k in ("weights", "grads", "optimizer")], rel=1e-3)
+    assert all(float(n) >= 1 for n, u in figures if u != "B")
 
 
 def test_pipeline_stages_send_activations_and_reduce_the_norm_across_stages(gpt_pp2):
@@ -330,7 +349,7 @@ def test_packed_sft_twins_compile_what_their_pretraining_twins_do(path):
     base = (path.parent / parse_yaml(path.read_text())["base"]).resolve()
     layout = Layout.of(load_config(path, twin(path)), "Ascend")
     assert layout == Layout.of(load_config(base, twin(base)), "Ascend")
-    for packed, plain in zip(dryrun(path, *twin(path), packed=True), dryrun(base, *twin(base))):
+    for packed, plain in zip(dryrun(path, as_twin=True, packed=True), dryrun(base, as_twin=True)):
         assert packed["rank"] == plain["rank"]
         for key in ("local_shapes", "bytes"):
             assert packed[key] == plain[key], key

@@ -18,7 +18,7 @@ import re
 import pytest
 
 from mindscale.config import Layout, load_config
-from mindscale.launch.dryrun_worker import read_validate_ir
+from mindscale.launch.compiled_ir import read_validate_ir
 from mindscale.perf import planner
 from test_dryrun import dryrun
 from test_offload import LLAMA3_405B, SMALL, moves_of, nbytes

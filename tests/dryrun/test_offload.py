@@ -22,7 +22,7 @@ import re
 import pytest
 
 from mindscale.config import REPO_ROOT, Layout, load_config
-from mindscale.launch.dryrun_worker import read_validate_ir
+from mindscale.launch.compiled_ir import read_validate_ir
 from mindscale.perf import planner
 from test_dryrun import dryrun
 

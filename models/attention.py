@@ -266,7 +266,7 @@ class FlashAttention(nn.Cell):
 class Attention(nn.Cell):
     """Multi-head (GQA when kv_heads < heads) causal self-attention on [tokens, hidden]."""
 
-    GATHERED_INPUT = ("wq", "wk", "wv")  # the Linears reading the input, all-gathered under sequence parallel
+    REGATHERED_INPUT = ("wq", "wk", "wv")  # the Linears reading the input, which sequence parallel all-gathers
 
     def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, seq_length: int, *,
                  bias: bool, qkv_bias: bool, qk_norm_eps: float | None, rope: tuple | None, core: nn.Cell,

@@ -74,10 +74,10 @@ class Linear(nn.Cell):
 
     PARAMETER_INPUTS = {"weight": ("matmul", 1), "bias": ("bias_add", 1)}
 
-    def gather_input_again(self) -> None:
-        """Make the backward all-gather this (column-parallel) matmul's sequence-parallel input again for the weight
-        gradient instead of keeping the forward's gathered copy: MindSpore recomputes the all-gather its parallel
-        pass inserts before an op marked `recompute_comm_op` (MindFormers' select_comm_recompute)."""
+    def regather_input(self) -> None:
+        """Regather this (column-parallel) matmul's sequence-parallel input: the backward all-gathers it again for the
+        weight gradient instead of keeping the forward's gathered copy. MindSpore recomputes the all-gather its
+        parallel pass inserts before an op marked `recompute_comm_op` (MindFormers' select_comm_recompute)."""
         self.matmul.add_prim_attr("recompute_comm_op", True)
 
     def shard_strategies(self, style: str, layout) -> dict:
@@ -337,7 +337,7 @@ class SwiGLU(nn.Cell):
 
 
     SELECTIVE_RECOMPUTE = ("act", "gate_mul")
-    GATHERED_INPUT = ("w1", "w3")  # the Linears reading the MLP input, all-gathered under sequence parallel
+    REGATHERED_INPUT = ("w1", "w3")  # the Linears reading the MLP input, which sequence parallel all-gathers
 
     def shard_strategies(self, style: str, layout) -> dict:
         x = (layout.token_rows, layout.tp)
@@ -356,7 +356,7 @@ class GeluMLP(nn.Cell):
         return self.w2(self.act(self.w1(x)))
 
     SELECTIVE_RECOMPUTE = ("act",)
-    GATHERED_INPUT = ("w1",)
+    REGATHERED_INPUT = ("w1",)
 
     def shard_strategies(self, style: str, layout) -> dict:
         return {"act": (((layout.token_rows, layout.tp),), None)}

@@ -67,9 +67,9 @@ class LoraLinear(nn.Cell):
 
     PARAMETER_INPUTS = {"lora_a": ("matmul_a", 1), "lora_b": ("matmul_b", 1)}
 
-    def gather_input_again(self) -> None:
-        """Linear.gather_input_again for both matmuls that read the input: the base and the adapter's A."""
-        self.base.gather_input_again()
+    def regather_input(self) -> None:
+        """Linear.regather_input for both matmuls that read the input: the base and the adapter's A."""
+        self.base.regather_input()
         self.matmul_a.add_prim_attr("recompute_comm_op", True)
 
     def shard_strategies(self, style: str, layout) -> dict:

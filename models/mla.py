@@ -34,7 +34,7 @@ class MLAttention(nn.Cell):
     """construct(x [tokens, hidden], batch, seq, segment_ids) -> [tokens, hidden]: causal multi-head latent
     attention (the module docstring)."""
 
-    GATHERED_INPUT = ("wq", "wkv_a")  # the Linears reading the input, all-gathered under sequence parallel
+    REGATHERED_INPUT = ("wq", "wkv_a")  # the Linears reading the input, which sequence parallel all-gathers
 
     def __init__(self, hidden: int, num_heads: int, mla, seq_length: int, rope_theta: float, *, core: nn.Cell,
                  std: float, out_std: float, param_dtype, compute_dtype):

@@ -51,7 +51,7 @@ def dense_layer(m: ModelConfig, index: int) -> bool:
 
 def layer_graph_keys(layout: Layout, m: ModelConfig) -> list[str]:
     """Per layer, the key of the compiled graph it shares: its pipeline stage, recompute mode, offload, whether
-    it gathers its inputs again, and in a mixture of experts whether its MLP is dense (a graph of other cells)."""
+    it regathers its inputs, and in a mixture of experts whether its MLP is dense (a graph of other cells)."""
     recomputed, offloaded, regathered = set(layout.recomputed), set(layout.offloaded), set(layout.regathered)
     return [f"stage {stage}, recompute {layout.recompute if i in recomputed else 'none'}"
             + (", offloaded" if i in offloaded else "") + (", regathered" if i in regathered else "")
@@ -71,7 +71,7 @@ def attention_core(m: ModelConfig, layout: Layout) -> nn.Cell:
 
 def listed_members(block: nn.Cell, listing: str):
     """The members every layer of `block` names in its class attribute `listing` (SELECTIVE_RECOMPUTE,
-    GATHERED_INPUT); naming one the layer does not have is an error."""
+    REGATHERED_INPUT); naming one the layer does not have is an error."""
     for path, cell in block.cells_and_names():
         for name in getattr(type(cell), listing, ()):
             member = getattr(cell, name, None)
@@ -87,11 +87,11 @@ def mark_selective_recompute(block: nn.Cell) -> None:
         op.recompute()
 
 
-def mark_gathered_inputs(block: nn.Cell) -> None:
-    """gather_input_again() on the Linears every layer of `block` lists in its GATHERED_INPUT: the column-parallel
+def mark_regathered_inputs(block: nn.Cell) -> None:
+    """regather_input() on the Linears every layer of `block` lists in its REGATHERED_INPUT: the column-parallel
     matmuls whose input sequence parallel all-gathers."""
-    for linear in listed_members(block, "GATHERED_INPUT"):
-        linear.gather_input_again()
+    for linear in listed_members(block, "REGATHERED_INPUT"):
+        linear.regather_input()
 
 
 def attention_layer(m: ModelConfig, spec: ArchSpec, layout: Layout, out_std: float) -> nn.Cell:
@@ -177,10 +177,11 @@ class TransformerBlock(nn.Cell):
             mark_selective_recompute(self)
 
     def mark_regather(self) -> None:
-        """Under sequence parallel the backward all-gathers the input of QKV and of the MLP's first matmuls again for
-        their weight gradients, as Megatron does, instead of keeping the forward's gathered copies (recompute.comm
-        on a layer that is not fully recomputed): 2·s·b·h·(1 - 1/t) fewer bytes kept, two more all-gathers."""
-        mark_gathered_inputs(self)
+        """Regather under sequence parallel: the backward all-gathers the input of QKV and of the MLP's first matmuls
+        again for their weight gradients, as Megatron does, instead of keeping the forward's gathered copies
+        (recompute.comm on a layer that is not fully recomputed): 2·s·b·h·(1 - 1/t) fewer bytes kept, two more
+        all-gathers."""
+        mark_regathered_inputs(self)
 
     def mark_offload(self, backward_prefetch: int) -> None:
         """Every op of the block offloads the activations the backward pass reads: MindSpore copies them to
@@ -280,7 +281,7 @@ class CausalLM(nn.Cell):
 
     def mark_recompute(self, layout: Layout) -> list[int]:
         """recompute.mode on the layers Layout.recomputed chose (the first n of every pipeline stage), and the
-        gather again on the layers Layout.regathered chose (recompute.comm); after LoRA, whose adapters a fully
+        regather on the layers Layout.regathered chose (recompute.comm); after LoRA, whose adapters a fully
         recomputed block must hold. Returns the recomputed layers."""
         for index in layout.recomputed:
             self.layers[index].mark_recompute(layout.recompute, layout.recompute_comm)

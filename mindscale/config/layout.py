@@ -143,8 +143,8 @@ class Layout:
 
     @property
     def regathered(self) -> tuple:
-        """Layers whose column-parallel matmuls all-gather their sequence-parallel input again in the backward
-        instead of keeping the forward's gathered copy (recompute.comm under sequence parallel); a fully recomputed
+        """Layers that regather: their column-parallel matmuls all-gather their sequence-parallel input again in the
+        backward instead of keeping the forward's gathered copy (recompute.comm under sequence parallel); a fully recomputed
         layer repeats all of its tensor-parallel communication instead (MindSpore's mp_comm_recompute)."""
         if not (self.recompute_comm and self.sp and self.sharded):
             return ()

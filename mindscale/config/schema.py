@@ -376,8 +376,8 @@ class RecomputeConfig:
         "Layers recomputed: null = all; int = the first n of every stage; list = n per stage.", None)
     comm: bool = doc("Repeat tensor-parallel communication in the backward instead of keeping its outputs: fully "
                      "recomputed layers recompute their collectives too (MindSpore's mp_comm_recompute); under "
-                     "sequence parallel every other layer all-gathers the input of its column-parallel matmuls "
-                     "again (MindFormers' select_comm_recompute), keeping 2·s·b·h·(1 - 1/t) bytes fewer "
+                     "sequence parallel every other layer regathers the input of its column-parallel matmuls "
+                     "(all-gathers it again; MindFormers' select_comm_recompute), keeping 2·s·b·h·(1 - 1/t) bytes fewer "
                      "(docs/planner.md).", False)
 
 

@@ -22,8 +22,8 @@ import pytest
 
 from mindscale.config import Layout, load_config
 from mindscale.config.layout import flash_causal_band
+from mindscale.launch.compiled_ir import read_validate_ir
 from mindscale.launch.dryrun_ranks import ring_send_bytes
-from mindscale.launch.dryrun_worker import read_validate_ir
 from mindscale.perf import planner
 from test_dryrun import TINY_LLAMA, dryrun
 

@@ -32,8 +32,8 @@ from safetensors.numpy import save_file
 
 from mindscale.config import REPO_ROOT, Layout, load_config, parse_yaml
 from mindscale.config.twin import twin_overrides
+from mindscale.launch.compiled_ir import read_validate_ir
 from mindscale.launch.dryrun_ranks import line, ring_send_bytes
-from mindscale.launch.dryrun_worker import read_validate_ir
 from mindscale.io import CheckpointError
 from mindscale.perf import planner
 from mindscale.train.checkpoints import folder as ckpt

@@ -2,7 +2,7 @@
 feeds that rank (Layout.data_rank), from MindSpore's dry run of dp4·tp2, dp2·tp4 and scaled twins of
 llama3_405b (dp128·tp8) and gpt3_175b (dp16·tp4), each with and without pipeline stages.
 
-From a rank's compiled graph (mindscale.launch.dryrun_worker.input_rows, the `validate` IR): each input's local
+From a rank's compiled graph (mindscale.launch.compiled_ir.input_rows, the `validate` IR): each input's local
 and global rows, an AllGather of it (its group in concatenation order), the micro-batch StridedSlices (row
 range and split), and `row_groups`, the ranks the loss's scalar sums are all-reduced over: the ranks whose
 rows are distinct blocks of the global batch, block = position in the group (the order an AllGather of

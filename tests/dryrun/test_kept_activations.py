@@ -5,7 +5,7 @@ One LLaMA twin of llama3_405b's kind (GQA, bf16, flash attention, dp2 x tp2 with
 so each layer is its own reused graph): layer 0 fully recomputed, layer 1 offloaded, layer 2 kept; compiled with
 recompute.comm false and true. What the IR must show, and the planner count:
 * the kept layer's weight-gradient MatMuls of wq/wk/wv/w1/w3 read the forward's AllGather output (the gathered input
-  is kept), or with recompute.comm an AllGather the backward repeats (marked recompute);
+  is kept), or with recompute.comm the backward's own AllGather, which regathers it (marked recompute);
 * the offloaded layer moves the planner's offloaded_layer_bytes: the gathered inputs, or the split ones;
 * the fully recomputed layer's recomputed forward repeats no collective and reads the forward's gathered inputs and
   reduce-scatter output, or with recompute.comm repeats them and reads only the layer input: the planner's bytes
@@ -18,7 +18,7 @@ import re
 import pytest
 
 from mindscale.config import Layout, load_config
-from mindscale.launch.dryrun_worker import read_validate_ir
+from mindscale.launch.compiled_ir import read_validate_ir
 from mindscale.perf import planner
 from test_dryrun import dryrun
 from test_offload import LLAMA3_405B, SMALL, moves_of, nbytes
@@ -79,11 +79,11 @@ def test_the_twin_recomputes_offloads_and_keeps_one_layer_each(compiled):
         assert report["planned"]["shape_mismatches"] == {}
 
 
-def test_weight_gradients_read_the_forward_gather_or_one_the_backward_repeats(compiled):
+def test_weight_gradients_read_the_forward_gather_or_a_regather(compiled):
     """The kept layer's forward hands its backward a Partial; in the backward the weight-gradient MatMul of each
     column-parallel Linear (Grad_MatMul with transpose_a) reads its input X: without recompute.comm a parameter
     of the backward graph that the forward computed by AllGather, with it an AllGather of the backward graph
-    itself, which the parallel pass marked for recompute."""
+    itself (the regather), which the parallel pass marked for recompute."""
     for comm, (_, _, _, graphs, _) in compiled.items():
         [forward] = [body for _, body in layer_graphs(graphs, KEPT).values() if "= Partial(@" in body]
         backward_name = re.search(r"= Partial\(@(\S+?),", forward).group(1)

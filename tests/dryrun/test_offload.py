@@ -1,7 +1,7 @@
 """Activation offload (offload.layers) compiled by MindSpore's dry run, read from the saved validate IR.
 
 Two LLaMA twins of llama3_405b's kind (GQA, bf16, flash attention, tp2 with sequence parallel, optimizer shard, the
-inputs gathered again in the backward: recompute.comm), one per way MindSpore reuses a compiled graph
+inputs regathered in the backward: recompute.comm), one per way MindSpore reuses a compiled graph
 (Layout.graph_reuse; tests/dryrun/test_kept_activations.py offloads without recompute.comm too):
 * "model": dp2 x tp2 x pp2 with 2 chunks per stage, 4 micro batches, 8 layers (stage 0 holds layers 0-1 and
   4-5, stage 1 layers 2-3 and 6-7); each stage recomputes its first layer and offloads the next ones (2 on
@@ -22,7 +22,7 @@ import re
 import pytest
 
 from mindscale.config import REPO_ROOT, Layout, load_config
-from mindscale.launch.dryrun_worker import read_validate_ir
+from mindscale.launch.compiled_ir import read_validate_ir
 from mindscale.perf import planner
 from test_dryrun import dryrun
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from mindscale.config import REPO_ROOT, Layout, load_config
-from mindscale.launch.dryrun_worker import read_validate_ir
+from mindscale.launch.compiled_ir import read_validate_ir
 from test_context_parallel import ops_named
 from test_dryrun import SMALL, TINY_LLAMA, dryrun
 from tests import shared

@@ -147,9 +147,9 @@ def comm_marks(layer) -> dict:
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt"])
-def test_recompute_comm_gathers_the_column_parallel_inputs_again_under_sequence_parallel(arch):
-    """recompute.comm: each layer that is not fully recomputed marks the matmuls reading its sequence-parallel input
-    (QKV and the MLP's first; tests/dryrun/test_kept_activations.py compiles what that does), a fully recomputed
+def test_recompute_comm_regathers_the_column_parallel_inputs_under_sequence_parallel(arch):
+    """recompute.comm: each layer that is not fully recomputed regathers, marking the matmuls reading its
+    sequence-parallel input (QKV and the MLP's first; tests/dryrun/test_kept_activations.py compiles what that does), a fully recomputed
     one carries mp_comm_recompute on all of its ops; nothing without sequence parallel, and without recompute.comm
     only the recomputed layer's mp_comm_recompute=False."""
     sets = ["parallel.data_parallel=2", "parallel.model_parallel=2", "recompute.mode=full", "recompute.layers=1"]

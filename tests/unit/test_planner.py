@@ -336,7 +336,7 @@ def test_offload_copies_overlap_the_forward_third_out_and_the_backward_two_third
 
 
 def test_llama3_405b_offloads_within_device_and_host_memory_at_38_percent():
-    """The shipped layout (dp 128 x tp 8 x pp 8, 8 chunks): nothing recomputed, the inputs gathered again
+    """The shipped layout (dp 128 x tp 8 x pp 8, 8 chunks): nothing recomputed, the inputs regathered
     (recompute.comm), 11 layers a stage offloaded, more than the fewest that fit, so that 5 GiB or more of the
     budget stay free (the header says why); the copies hidden at the profile's host link; at a tenth of that link
     they are not, and the step grows by what they expose. The paper's degrees, as shipped before, predict less."""
@@ -375,8 +375,8 @@ def test_data_parallel_gradient_bytes_follow_the_compiled_collectives(cfg70):
                                                                                   rel=1e-3)
     x = 4096 * 1 * 8192 * 2
     assert planner.communication(cfg70, 1)["tp_per_layer"] == pytest.approx(4 * 2 * 3 / 4 * x)
-    # recompute.comm: stage 0 (one of its 10 layers fully recomputed) gathers again, per micro batch, both inputs
-    # and the attention output's reduce-scatter of its recomputed layer and both inputs of the other 9
+    # recompute.comm: stage 0 (one of its 10 layers fully recomputed) repeats, per micro batch, both all-gathers
+    # and the attention output's reduce-scatter of its recomputed layer and regathers both inputs of the other 9
     again = planner.with_overrides(cfg70, ["recompute.comm=true"])
     assert planner.communication(again, 0)["tp_per_layer"] == pytest.approx((5.5 + 9 * 5) / 10 * 2 * 3 / 4 * x)
     assert planner.communication(again, 1)["tp_per_layer"] == pytest.approx(5 * 2 * 3 / 4 * x)

@@ -25,10 +25,10 @@ How MindSpore differs from the paper, and what the planner does about it
   mean and variance (fp32 per token each; the paper ignores them).
 * Under sequence parallel MindSpore keeps the input of the column-parallel matmuls (QKV, the MLP's first)
   all-gathered: the weight-gradient MatMul reads the forward's AllGather output (validate IR), where Megatron
-  keeps the split norm output and gathers it again in the backward; 2·s·b·h·(1 - 1/t) compute-dtype bytes more
-  per layer and micro batch. recompute.comm marks those matmuls `recompute_comm_op` (MindFormers'
-  select_comm_recompute), which makes the backward gather again as Megatron does: the paper's bytes, one more
-  all-gather of each input in the backward.
+  keeps the split norm output and regathers it (all-gathers it again) in the backward; 2·s·b·h·(1 - 1/t)
+  compute-dtype bytes more per layer and micro batch. recompute.comm marks those matmuls `recompute_comm_op`
+  (MindFormers' select_comm_recompute), which makes the backward regather as Megatron does: the paper's bytes, one
+  more all-gather of each input in the backward.
 * Full recompute without recompute.comm (MindSpore's mp_comm_recompute=False) repeats no collective: the
   recomputed forward reads the forward's all-gathered inputs and the attention's reduce-scatter output (its
   all-reduce output without sequence parallel), which stay on the device with the layer input.
@@ -83,7 +83,7 @@ def layer_activation_bytes(seq: int, batch: int, hidden: int, heads: int, kv_hea
     Two ways MindSpore keeps more than the paper (Megatron) under tensor parallel, both read from the validate
     IR (docs/planner.md, "What MindSpore keeps beyond the paper"):
     * `gathered`: under sequence parallel the column-parallel matmuls (QKV, the MLP's first) keep their input
-      all-gathered over t for their weight gradients, where Megatron keeps it split and gathers it again in the
+      all-gathered over t for their weight gradients, where Megatron keeps it split and regathers it in the
       backward: the two norm outputs are kept whole, 2·s·b·h·(1 - 1/t) more (MindSpore without recompute.comm).
     * `comm` False (full recompute): the recomputed forward repeats no communication but reads the forward's
       outputs of it, which stay: under sequence parallel both all-gathered inputs and the attention's
@@ -145,7 +145,7 @@ def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool, gath
     """One layer's kept bytes for one micro batch on one rank, as MindSpore keeps them (layer_activation_bytes with
     the model's dtypes): its S/cp tokens under context parallel, and the keys and values gathered from the other cp
     ranks, which the attention's backward reads. Under sequence parallel the column-parallel inputs are kept
-    gathered unless recompute.comm gathers them again in the backward (`gathered` overrides: a fully recomputed
+    gathered unless recompute.comm regathers them in the backward (`gathered` overrides: a fully recomputed
     layer's rematerialised forward keeps them gathered either way; read from dense layers' IR, a mixture of
     experts' counted alike). A mixture of experts: the dense layer without its MLP, plus routed_activation_bytes."""
     model, parallel = cfg.model, cfg.parallel
@@ -166,7 +166,7 @@ def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool, gath
 
 def rematerialised_bytes(cfg: Config, flash: bool) -> float:
     """What a fully recomputed layer adds while its backward runs: its activations, recomputed, with the
-    column-parallel inputs gathered (gathered again with recompute.comm; without, the forward's kept all-gather
+    column-parallel inputs gathered (regathered with recompute.comm; without, the forward's kept all-gather
     outputs are read, already counted in what the layer kept)."""
     remat = _model_layer_activation_bytes(cfg, "none", flash, gathered=True)
     if cfg.recompute.comm or not _layout(cfg).sp:

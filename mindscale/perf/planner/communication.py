@@ -138,7 +138,7 @@ def tp_all_reduces(cfg: Config, role: str) -> float:
     MindSpore gathers or reduces again in the backward (validate IR, docs/planner.md): a fully recomputed layer
     repeats the forward collectives its backward reads, the attention's all-reduce (1), or under sequence
     parallel both all-gathers and the attention's reduce-scatter (1.5; the MLP's reduce-scatter feeds only the
-    layer output); any other layer all-gathers its two column-parallel inputs again under sequence parallel (1)."""
+    layer output); any other layer regathers its two column-parallel inputs under sequence parallel (1)."""
     layout = _layout(cfg)
     if not cfg.recompute.comm:
         return 4.0

@@ -338,7 +338,7 @@ class TokenCrossEntropy(nn.Cell):
     Why the bprop is ours: MindSpore's autodiff of the forward held five fp32 [N, V] tensors at the step's
     peak (the shifted logits, their exp, the one-hot, the sum's Tile and the exp's gradient), and folded the
     label pick's gradient, a constant when the loss scale is, into an [N, V] fp32 graph constant held all
-    step (llama2_7b's widths, 8,192 tokens a rank: 1,000 MiB each; docs/dryrun.md, "Device memory"). Here at
+    step (llama2_7b's widths, 8,192 tokens a rank: 1,000 MiB each; docs/evidence/dryrun.md). Here at
     most three [N, V] tensors are live in the forward (the logits, the one-hot and their product; the pick is
     of the logits, and the shift waits for it) and in the backward (the scaled exp, the one-hot times d loss,
     their difference). The `depend`s keep that order: with a fixed loss scale and no mask d loss is a

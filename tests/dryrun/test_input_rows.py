@@ -167,7 +167,7 @@ def test_compiled_traffic_is_the_planners(compiled):
     all-gathered its input: Layout.logit_split) and a tied head's exchange between the end stages
     (planner.tied_embedding_exchange_bytes). The rest is the vocabulary-split lookup under sequence parallel,
     which MindSpore all-reduces twice per micro batch where the planner counts Megatron's reduce-scatter and
-    all-gather (docs/planner.md, "Full-size dry runs"): 0.1% of the llama3_405b twin's first stage at its full
+    all-gather (docs/evidence/planner.md): 0.1% of the llama3_405b twin's first stage at its full
     widths (5% when twins were 256 wide: the LLaMA twins were left out then)."""
     _, _, reports = compiled
     for report in reports.values():

@@ -363,7 +363,7 @@ def test_data_parallel_gradient_bytes_follow_the_compiled_collectives(cfg70):
     """Ring bytes per step: an fp32 all-reduce without the optimizer shard; with it an fp32 reduce-scatter
     and a bf16 all-gather of the weights (MindSpore gathers after the cast), the reduce-scatter once per
     micro batch when the accumulation buffers are sharded, as the compiled graphs show (tools/dryrun.py
-    reports both figures; docs/planner.md records them for every shipped config)."""
+    reports both figures; docs/evidence/planner.md records them for every shipped config)."""
     d, micro = cfg70.parallel.data_parallel, cfg70.parallel.micro_batch_num
     params = planner.stage_params(cfg70)[1]
     plain = planner.with_overrides(cfg70, ["parallel.optimizer_shard=false"])

@@ -17,7 +17,7 @@ numbers cached graphs by their order of compilation in the process. Hence three 
   incomplete parameter layouts.
 
 Hit or miss is read from the cache file: a compile that loaded it leaves it untouched, one that
-compiled writes it anew. docs/launch.md has the measurements.
+compiled writes it anew. docs/evidence/launch.md has the measurements.
 
 MINDSCALE_COMPILE_CACHE_DIR=<folder> puts the `<key>/rank_<r>/` folders there instead of in the run folder,
 so that runs of one graph share them (a sweep of runs; the test suite shares one folder per session). Jobs

@@ -268,12 +268,12 @@ _IR_NODE = re.compile(r"^\s+%(\d+)\(\S*?\) = (?:PrimFunc_)?(\w+)\((.*)$")
 def ir_nodes(text: str) -> dict[str, dict[str, tuple]]:
     """{graph: {node id: (op, input ids, line)}} of a validate IR file."""
     graphs, current = {}, None
-    for line in text.splitlines():
-        if line.startswith("subgraph @"):
-            current = graphs.setdefault(line.split("@", 1)[1].split("(", 1)[0], {})
-        elif current is not None and (node := _IR_NODE.match(line)):
+    for ir_line in text.splitlines():
+        if ir_line.startswith("subgraph @"):
+            current = graphs.setdefault(ir_line.split("@", 1)[1].split("(", 1)[0], {})
+        elif current is not None and (node := _IR_NODE.match(ir_line)):
             args = re.split(r"\) \{| primitive_attrs:| cnode_attrs:", node.group(3))[0]
-            current[node.group(1)] = (node.group(2), re.findall(r"%(\d+)", args), line)
+            current[node.group(1)] = (node.group(2), re.findall(r"%(\d+)", args), ir_line)
     return graphs
 
 

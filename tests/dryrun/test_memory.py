@@ -13,7 +13,6 @@ import io
 import json
 import subprocess
 
-import pytest
 
 from mindscale.config import REPO_ROOT
 from mindscale.launch import standins

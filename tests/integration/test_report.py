@@ -101,7 +101,7 @@ def test_planner_prediction_next_to_measurement(built, run_dir):
     predicted = plan["predicted"]["step_time_s"]
     assert (f"<td>step time</td><td>s</td><td>{step:.4f}</td><td>{predicted:.4f}</td>"
             f"<td>{step / predicted:.2f}</td>") in page
-    assert f"<td>MFU</td><td></td><td>" in page and f"{plan['predicted']['mfu']:.2%}" in page
+    assert "<td>MFU</td><td></td><td>" in page and f"{plan['predicted']['mfu']:.2%}" in page
     assert f"{plan['memory_gib']['total']:.2f}" in page and plan["predicted"]["assumptions"][0] in page
 
 

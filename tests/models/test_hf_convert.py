@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import mindspore as ms
 import numpy as np
 import pytest
 import torch

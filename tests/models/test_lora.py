@@ -1,5 +1,4 @@
 """LoRA: config rules, frozen base, merge = base + adapters, adapters' sharding strategies."""
-import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor

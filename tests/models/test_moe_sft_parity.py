@@ -18,7 +18,6 @@ Counted over every token, padding included, the balance loss gave that row a gra
 """
 import tempfile
 
-import mindspore as ms
 import numpy as np
 import pytest
 import torch

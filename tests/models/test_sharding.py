@@ -221,9 +221,9 @@ def test_describe_plan_prints_a_table_with_stages():
     lines = text.splitlines()
     assert lines[0].startswith("sharding plan: llama, data_parallel=2 model_parallel=4 pipeline_stage=2")
     assert lines[1].split() == ["cell", "style", "op", "in_strategy", "out_strategy", "stage"]
-    assert ["layers.*.attention.wq", "colwise", "matmul", "((2,1),(4,1))", "-", "0-1"] in [l.split() for l in lines]
-    assert ["layers.*.attention.wo", "rowwise", "matmul", "((2,4),(1,4))", "((8,1),)", "0-1"] in [l.split() for l in lines]
-    assert ["output", "vocab", "matmul", "((2,1),(4,1))", "-", "1"] in [l.split() for l in lines]
+    assert ["layers.*.attention.wq", "colwise", "matmul", "((2,1),(4,1))", "-", "0-1"] in [row.split() for row in lines]
+    assert ["layers.*.attention.wo", "rowwise", "matmul", "((2,4),(1,4))", "((8,1),)", "0-1"] in [row.split() for row in lines]
+    assert ["output", "vocab", "matmul", "((2,1),(4,1))", "-", "1"] in [row.split() for row in lines]
     assert "stage 0: layers 0-1 (2)" in lines and "stage 1: layers 2-3 (2)" in lines
     # every entry of the plan table matches at least one cell of the model
     layout = Layout.of(cfg)

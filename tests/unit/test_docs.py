@@ -1,5 +1,4 @@
 """Generated docs are current: README's scale-config table and docs/config.md come from commands."""
-import pytest
 import importlib.util
 
 from mindscale.config import REPO_ROOT, reference_markdown

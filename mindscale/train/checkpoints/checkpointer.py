@@ -79,7 +79,10 @@ def check_fit(source: str, stored: dict[str, tuple], model: dict[str, tuple], co
     wrong = [n for n in model if n in stored and not _same_shape(tuple(stored[n]), model[n])]
     unexpected = [n for n in stored if n not in model]
     missing = [n for n in model if n not in stored] if complete else []
-    more = lambda items: f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+
+    def more(items: list) -> str:
+        return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+
     if wrong:
         problem = f"{wrong[0]} is {tuple(stored[wrong[0]])} there, {model[wrong[0]]} here{more(wrong)}"
     elif unexpected:

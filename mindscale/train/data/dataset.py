@@ -44,7 +44,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from mindscale.config import Config
-from mindscale.io import DataError, sha256
+from mindscale.io import DataError
 from mindscale.train.data.index import IndexSource, SampleIndex, fingerprint
 
 MANIFEST_NAME = "manifest.json"

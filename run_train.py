@@ -9,6 +9,7 @@ launcher it leaves that line in logs/worker_<rank>.diverged too, so the run is n
 SIGTERM or SIGUSR1 finishes the step, saves a committed checkpoint and exits 0 (a second signal stops
 at once): mindscale/train/resilience/stop.py.
 """
+
 import argparse
 import gc
 import os
@@ -32,9 +33,11 @@ def main(argv=None) -> int:
 
     from mindscale.launch import runlock
     from mindscale.launch.msrun import QUIET_MINDSPORE
+
     os.environ.setdefault(*QUIET_MINDSPORE)  # before MindSpore loads: its warnings only when GLOG_v asks
     from mindscale.train.loop.runtime import setup
     from mindscale.train.loop.trainer import Trainer
+
     gc.freeze()  # the imports' objects live as long as the process: no collection walks them (~7% of a tiny CPU run)
     try:
         runtime = setup(cfg)

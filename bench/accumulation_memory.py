@@ -11,6 +11,7 @@ and optimizer state) and `peak_gib` (its peak resident memory, VmHWM, after the 
 peak - compiled is what the steps themselves held at most: activations, gradients, workspace.
 docs/launch.md ("Gradient accumulation with several workers") has the numbers.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,7 @@ from mindscale.cli import OneLineParser, add_config_arguments, config_from_args,
 from mindscale.launch.msrun import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-GIB = 2 ** 30
+GIB = 2**30
 WORKER_ENV = "MINDSCALE_ACCUMULATION_WORKER"  # set in the processes this script starts (msrun parses --flags)
 
 
@@ -48,23 +49,47 @@ def measure_rank() -> dict:
     for _ in range(2):
         loss = float(step(*inputs)[0].asnumpy())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"rank": rt.rank, "compiled_gib": round(compiled / GIB, 3), "peak_gib": round(peak / GIB, 3),
-            "step_gib": round((peak - compiled) / GIB, 3), "loss": loss}
+    return {
+        "rank": rt.rank,
+        "compiled_gib": round(compiled / GIB, 3),
+        "peak_gib": round(peak / GIB, 3),
+        "step_gib": round((peak - compiled) / GIB, 3),
+        "loss": loss,
+    }
 
 
 def run(args, accumulation: int, log_dir: Path) -> dict:
     """One accumulation count: rank 0's report."""
-    sets = [*args.overrides, f"parallel.gradient_accumulation_steps={accumulation}",
-            f"parallel.data_parallel={args.workers}", "train.global_batch_size=null"]
+    sets = [
+        *args.overrides,
+        f"parallel.gradient_accumulation_steps={accumulation}",
+        f"parallel.data_parallel={args.workers}",
+        "train.global_batch_size=null",
+    ]
     worker = [str(Path(__file__).resolve()), "--config", args.config, *[a for o in sets for a in ("--set", o)]]
-    env = {**os.environ, WORKER_ENV: "1", "PYTHONPATH": str(REPO),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        WORKER_ENV: "1",
+        "PYTHONPATH": str(REPO),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
     if args.workers == 1:
         proc = subprocess.run([sys.executable, *worker], env=env, capture_output=True, text=True)
         lines = proc.stdout.splitlines()
     else:  # msrun starts `python` from PATH
-        msrun = ["msrun", "--worker_num", str(args.workers), "--local_worker_num", str(args.workers),
-                 "--master_port", str(free_port()), "--log_dir", str(log_dir), "--join", "True"]
+        msrun = [
+            "msrun",
+            "--worker_num",
+            str(args.workers),
+            "--local_worker_num",
+            str(args.workers),
+            "--master_port",
+            str(free_port()),
+            "--log_dir",
+            str(log_dir),
+            "--join",
+            "True",
+        ]
         proc = subprocess.run([*msrun, *worker], env=env, capture_output=True, text=True)
         log = log_dir / "worker_0.log"
         lines = log.read_text().splitlines() if log.exists() else []
@@ -96,9 +121,10 @@ def main(argv=None) -> int:
     args.config = str(Path(args.config).resolve())
     with tempfile.TemporaryDirectory(prefix="mindscale-accumulation-") as tmp:
         rows = [run(args, int(g), Path(tmp) / f"g{g}") for g in args.accumulation.split(",")]
-    table = "\n".join(["accumulation  compiled_gib  peak_gib  step_gib"] +
-                      [f"{r['accumulation']:>12}  {r['compiled_gib']:>12}  {r['peak_gib']:>8}  {r['step_gib']:>8}"
-                       for r in rows])
+    table = "\n".join(
+        ["accumulation  compiled_gib  peak_gib  step_gib"]
+        + [f"{r['accumulation']:>12}  {r['compiled_gib']:>12}  {r['peak_gib']:>8}  {r['step_gib']:>8}" for r in rows]
+    )
     emit({"workers": args.workers, "rows": rows}, args.json, table)
     return 0
 

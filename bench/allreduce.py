@@ -16,6 +16,7 @@ each of them: one warm-up (compile) call, then the median of 5 calls of wall tim
 process's CPU time (all its threads, MCCL's included). Rank 0 writes one JSON object to --out.
 Exit status: 0 measured, 2 bad input (one line on stderr), 1 MindSpore failed.
 """
+
 from __future__ import annotations
 
 import json
@@ -87,11 +88,20 @@ def measure(cfg) -> dict:
         wall.append(time.perf_counter() - began_wall)
         cpu.append(time.process_time() - began_cpu)
     size = sum(g.nbytes for g in grads)
-    return {"rank": get_rank(), "workers": get_group_size(), "tensors": len(grads), "bytes": size,
-            "wall_s": statistics.median(wall), "cpu_s": statistics.median(cpu),
-            "mb_per_s": size / 1e6 / statistics.median(wall), "wall_s_calls": wall, "cpu_s_calls": cpu,
-            "core": min(os.sched_getaffinity(0)), "threads": 1,
-            "versions": {"python": platform.python_version(), **versions()}}
+    return {
+        "rank": get_rank(),
+        "workers": get_group_size(),
+        "tensors": len(grads),
+        "bytes": size,
+        "wall_s": statistics.median(wall),
+        "cpu_s": statistics.median(cpu),
+        "mb_per_s": size / 1e6 / statistics.median(wall),
+        "wall_s_calls": wall,
+        "cpu_s_calls": cpu,
+        "core": min(os.sched_getaffinity(0)),
+        "threads": 1,
+        "versions": {"python": platform.python_version(), **versions()},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,7 @@ The process works in output/bench/work (MindSpore drops rank_0/om/analyze_fail.i
 directory when a graph fails to compile). Exit status: 0 measured, 2 bad input (one line on
 stderr), 1 the system failed.
 """
+
 from __future__ import annotations
 
 import os
@@ -103,7 +104,7 @@ def peak_rss_gib() -> float:
     pytest that has compiled models, measured 1.47 GiB) reported its parent's peak, whatever it ran."""
     with open("/proc/self/status") as status:
         kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-    return kib / 2 ** 20
+    return kib / 2**20
 
 
 def measure(system_name: str, cfg, steps: int, warmup: int) -> dict:
@@ -129,14 +130,21 @@ def measure(system_name: str, cfg, steps: int, warmup: int) -> dict:
     median_step = statistics.median(times) if times else None
     tokens_per_s = tokens_per_step / median_step if median_step else None
     return {
-        "system": system_name, "framework": system.framework,
+        "system": system_name,
+        "framework": system.framework,
         "tokens_per_s": tokens_per_s,
         "tflops": tokens_per_s * flops_per_token / 1e12 if tokens_per_s else None,
-        "compile_s": compile_s, "build_s": build_s,
+        "compile_s": compile_s,
+        "build_s": build_s,
         "peak_rss_gib": peak_rss_gib(),
-        "median_step_s": median_step, "step_times_s": times,
-        "tokens_per_step": tokens_per_step, "flops_per_token": flops_per_token, "params": system.params,
-        "losses": losses, "layers": cfg.model.num_layers, "hidden": cfg.model.hidden_size,
+        "median_step_s": median_step,
+        "step_times_s": times,
+        "tokens_per_step": tokens_per_step,
+        "flops_per_token": flops_per_token,
+        "params": system.params,
+        "losses": losses,
+        "layers": cfg.model.num_layers,
+        "hidden": cfg.model.hidden_size,
         "warmup_steps": warmup,
     }
 
@@ -149,11 +157,21 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.system, cfg, args.steps, args.warmup)
     sys.stdout.flush()
     os.dup2(real_stdout, 1)
-    result.update(core=args.core, threads=len(os.sched_getaffinity(0)), load_1m_before=load,
-                  load_1m_after=os.getloadavg()[0], config=args.config, overrides=args.overrides)
+    result.update(
+        core=args.core,
+        threads=len(os.sched_getaffinity(0)),
+        load_1m_before=load,
+        load_1m_after=os.getloadavg()[0],
+        config=args.config,
+        overrides=args.overrides,
+    )
     rate = f"{result['tokens_per_s']:.1f} tokens/s, {result['tflops']:.4f} TFLOP/s, " if result["tokens_per_s"] else ""
-    emit(result, args.json, f"{args.system} ({result['framework']}), {cfg.model.num_layers} layers: {rate}"
-                            f"compile+first step {result['compile_s']:.2f} s, peak RSS {result['peak_rss_gib']:.2f} GiB")
+    emit(
+        result,
+        args.json,
+        f"{args.system} ({result['framework']}), {cfg.model.num_layers} layers: {rate}"
+        f"compile+first step {result['compile_s']:.2f} s, peak RSS {result['peak_rss_gib']:.2f} GiB",
+    )
     return 0
 
 

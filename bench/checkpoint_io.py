@@ -10,6 +10,7 @@
    the step's full bytes over read + cut/merge + write, the compile apart.
 Every number is this CPU host's disk and memory: no Ascend device is involved.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,12 @@ from mindscale.config import load_config
 REPO = Path(__file__).resolve().parent.parent
 SAVE_INTERVAL = 2
 SAVES = 3  # interval saves per run
-RESHARD_SET = ["hardware=ascend910b", "parallel.data_parallel=2", "parallel.model_parallel=2",
-               "parallel.optimizer_shard=true"]  # + half the micro batch: the global batch stays
+RESHARD_SET = [
+    "hardware=ascend910b",
+    "parallel.data_parallel=2",
+    "parallel.model_parallel=2",
+    "parallel.optimizer_shard=true",
+]  # + half the micro batch: the global batch stays
 TRAIN_TIMEOUT_S = 900
 RESHARD_TIMEOUT_S = 1200
 
@@ -57,10 +62,24 @@ def save_run(config: str, name: str, background: bool, overrides: list[str]) -> 
     """One training run with interval saves: the seconds each blocked training and the bytes of a step."""
     shutil.rmtree(REPO / "output" / "bench" / name, ignore_errors=True)
     steps = SAVE_INTERVAL * SAVES + 1
-    command = ["bash", "scripts/run_standalone.sh", config, "--set", f"run.name={name}",
-               "--set", f"train.steps={steps}", "--set", f"checkpoint.save_interval={SAVE_INTERVAL}",
-               "--set", f"checkpoint.async_save={str(background).lower()}", "--set", "checkpoint.keep_last=1",
-               "--set", "train.log_interval=1", *_sets(overrides)]
+    command = [
+        "bash",
+        "scripts/run_standalone.sh",
+        config,
+        "--set",
+        f"run.name={name}",
+        "--set",
+        f"train.steps={steps}",
+        "--set",
+        f"checkpoint.save_interval={SAVE_INTERVAL}",
+        "--set",
+        f"checkpoint.async_save={str(background).lower()}",
+        "--set",
+        "checkpoint.keep_last=1",
+        "--set",
+        "train.log_interval=1",
+        *_sets(overrides),
+    ]
     record = {"async": background, "command": shlex.join(command), "run": f"output/bench/{name}"}
     error, _ = _run(command, TRAIN_TIMEOUT_S)
     if error:
@@ -69,15 +88,31 @@ def save_run(config: str, name: str, background: bool, overrides: list[str]) -> 
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     blocked = [m["save_blocked_s"] for m in metrics if m["step"] % SAVE_INTERVAL == 1 and m["step"] > 1]
     newest = max((run / "checkpoints").glob("step_*"))
-    return record | {"blocked_s": blocked, "median_blocked_s": statistics.median(blocked),
-                     "step_bytes": folder_bytes(newest), "step_folder": str(newest.relative_to(REPO))}
+    return record | {
+        "blocked_s": blocked,
+        "median_blocked_s": statistics.median(blocked),
+        "step_bytes": folder_bytes(newest),
+        "step_folder": str(newest.relative_to(REPO)),
+    }
 
 
 def reshard_run(source: str, config: str, output: str, overrides: list[str]) -> dict:
     """tools/reshard.py of `source` into `config` + `overrides`: its JSON result plus the command."""
     shutil.rmtree(REPO / output, ignore_errors=True)
-    command = [sys.executable, "tools/reshard.py", "--input", source, "--config", config, "--output", output,
-               "--jobs", "2", "--json", *_sets(overrides)]
+    command = [
+        sys.executable,
+        "tools/reshard.py",
+        "--input",
+        source,
+        "--config",
+        config,
+        "--output",
+        output,
+        "--jobs",
+        "2",
+        "--json",
+        *_sets(overrides),
+    ]
     record = {"command": shlex.join([Path(sys.executable).name, *command[1:]])}
     error, stdout = _run(command, RESHARD_TIMEOUT_S)
     return record | ({"error": error} if error else json.loads(stdout))
@@ -103,7 +138,6 @@ def checkpoint_io(config: str, overrides: list[str], log) -> dict:
         return out
     log("checkpoint I/O: merge back to one whole step")
     rank_folder = next((REPO / cut["output"]).glob(f"rank_0/{Path(source).name}"))
-    merged = reshard_run(str(rank_folder.relative_to(REPO)), config, "output/bench/ckpt_merged/checkpoints",
-                         overrides)
+    merged = reshard_run(str(rank_folder.relative_to(REPO)), config, "output/bench/ckpt_merged/checkpoints", overrides)
     out["reshard"].append(merged | {"into": "whole (the peer config)"})
     return out

@@ -17,6 +17,7 @@ widths) at each micro-batch count, compiled twice with MindSpore's cache on in a
 (dryrun_ranks.Job.compile_cache): `compile_s` of each. The dry run compiles and runs nothing;
 tools/dryrun.py turns the cache off (a dry run exists to compile).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,13 @@ from mindscale.launch.dryrun_ranks import Job, compile_ranks, for_ascend
 from mindscale.train.resilience.heartbeat import heartbeat_file
 
 TINY = "configs/tiny/llama_tiny.yaml"
-CPU_SETS = ["train.steps=6", "train.micro_batch_size=2", "checkpoint.save_interval=2", "checkpoint.keep_last=3",
-            "train.log_interval=1"]
+CPU_SETS = [
+    "train.steps=6",
+    "train.micro_batch_size=2",
+    "checkpoint.save_interval=2",
+    "checkpoint.keep_last=3",
+    "train.log_interval=1",
+]
 LAYOUT = "configs/llama2/llama2_13b.yaml"
 
 
@@ -45,8 +51,14 @@ def distribute(out: Path, name: str, *args: str, fault: str | None = None) -> di
     if fault:
         env["MINDSCALE_FAULT"] = fault
     sets = [x for o in (f"run.output_dir={out}", f"run.name={name}", *CPU_SETS) for x in ("--set", o)]
-    proc = subprocess.run(["bash", "scripts/run_distribute.sh", TINY, "2", *sets, *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run(
+        ["bash", "scripts/run_distribute.sh", TINY, "2", *sets, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     logs = out / name / "logs"
     ranks = {}
     for rank in (0, 1):
@@ -71,28 +83,40 @@ def cpu_part() -> dict:
         same = all(after[s] == before[s] for s in before if s > 2)  # step 3: logged by both launches
         restarted = distribute(out, "restart", "--max-restarts", "1", fault="kill:1:4")
         goodput = json.loads((out / "restart" / "goodput.json").read_text())
-        return {"first_launch": killed, "relaunch": relaunched, "relaunch_losses_equal": same,
-                "restart": restarted, "restart_goodput": {k: goodput[k] for k in
-                                                          ("compile_s", "cache_load_s", "compile_cache")}}
+        return {
+            "first_launch": killed,
+            "relaunch": relaunched,
+            "relaunch_losses_equal": same,
+            "restart": restarted,
+            "restart_goodput": {k: goodput[k] for k in ("compile_s", "cache_load_s", "compile_cache")},
+        }
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
 
 def dryrun_part(micro: list[int]) -> dict:
     from bench.dryrun_compare import overrides
+
     rows = {}
     for m in micro:
         sets = (*overrides(LAYOUT), f"parallel.micro_batch_num={m}")
         cfg, _ = for_ascend(load_config(REPO_ROOT / LAYOUT, list(sets)))
         folder = Path(tempfile.mkdtemp(prefix="mindscale-ccache-dry-"))
-        job = Job(config=str(REPO_ROOT / LAYOUT), overrides=sets, log_dir=folder, collectives=False,
-                  timeout=3600, compile_cache=folder / "cache")
+        job = Job(
+            config=str(REPO_ROOT / LAYOUT),
+            overrides=sets,
+            log_dir=folder,
+            collectives=False,
+            timeout=3600,
+            compile_cache=folder / "cache",
+        )
         try:
             times = [next(compile_ranks(cfg, job, [0])) for _ in range(2)]
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        rows[m] = {name: r["compile_s"] if r["compiled"] else r["error"] for name, r in zip(("first_s", "cached_s"),
-                                                                                             times)}
+        rows[m] = {
+            name: r["compile_s"] if r["compiled"] else r["error"] for name, r in zip(("first_s", "cached_s"), times)
+        }
     return rows
 
 
@@ -109,8 +133,9 @@ def micro_counts(raw: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("cpu", "dryrun", "both"), default="both")
-    parser.add_argument("--micro", type=micro_counts, default=[32, 128],
-                        help="dry run: micro-batch counts, comma-separated")
+    parser.add_argument(
+        "--micro", type=micro_counts, default=[32, 128], help="dry run: micro-batch counts, comma-separated"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     result = {}

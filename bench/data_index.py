@@ -16,6 +16,7 @@ n / 1024 steps, every source shuffled: about one epoch of each.
 `--markdown` splices the section into BENCHMARKS.md (run_all.py renders the same section from
 results.json). Numbers are this 2-core host's disk and CPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,15 +52,18 @@ def _status_mib(field: str) -> float:
 def _sources(samples: int):
     from mindscale.train.data.index import IndexSource
 
-    return [IndexSource(f"synthetic-{k}", w, max(1, int(samples * w)), {"manifest_sha256": "-", "shards": []})
-            for k, w in enumerate(WEIGHTS)]
+    return [
+        IndexSource(f"synthetic-{k}", w, max(1, int(samples * w)), {"manifest_sha256": "-", "shards": []})
+        for k, w in enumerate(WEIGHTS)
+    ]
 
 
 def _ensure(root: Path, samples: int):
     from mindscale.train.data.index import SampleIndex
 
-    return SampleIndex.ensure(root, "train", _sources(samples), 1234, True, GLOBAL_BATCH, samples // GLOBAL_BATCH,
-                              say=lambda line: None)
+    return SampleIndex.ensure(
+        root, "train", _sources(samples), 1234, True, GLOBAL_BATCH, samples // GLOBAL_BATCH, say=lambda line: None
+    )
 
 
 def _cpu_s() -> float:
@@ -76,9 +80,14 @@ def child_build(root: Path, samples: int) -> dict:
     build_s, build_cpu_s = time.perf_counter() - began, _cpu_s() - cpu
     began = time.perf_counter()
     _ensure(root, samples).close()
-    return {"build_s": build_s, "build_cpu_s": build_cpu_s, "peak_mib": _status_mib("VmHWM"), "baseline_mib": before,
-            "reuse_s": time.perf_counter() - began,
-            "disk_bytes": sum(p.stat().st_size for p in root.rglob("*.npy"))}
+    return {
+        "build_s": build_s,
+        "build_cpu_s": build_cpu_s,
+        "peak_mib": _status_mib("VmHWM"),
+        "baseline_mib": before,
+        "reuse_s": time.perf_counter() - began,
+        "disk_bytes": sum(p.stat().st_size for p in root.rglob("*.npy")),
+    }
 
 
 def child_rank(root: Path, samples: int) -> dict:
@@ -103,8 +112,12 @@ def child_rank(root: Path, samples: int) -> dict:
             break
         source, _ = index.window(low, min(low + steps, index.steps), columns)
         read += len(source)
-    return {"first_batch_s": first_s, "rank_peak_mib": _status_mib("VmHWM") - before, "rows_read": read,
-            "read_s": time.perf_counter() - began}
+    return {
+        "first_batch_s": first_s,
+        "rank_peak_mib": _status_mib("VmHWM") - before,
+        "rows_read": read,
+        "read_s": time.perf_counter() - began,
+    }
 
 
 def measure(samples: int, log=print) -> dict:
@@ -119,17 +132,24 @@ def measure(samples: int, log=print) -> dict:
                 return {**out, "error": lines[-1] if lines else f"exit {proc.returncode}"}
             out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
         out["command"] = f"python bench/data_index.py --samples {samples:.0e}"
-        log(f"index of {samples:.0e} samples: build {out['build_s']:.1f} s ({out['build_cpu_s']:.1f} CPU s), peak "
+        log(
+            f"index of {samples:.0e} samples: build {out['build_s']:.1f} s ({out['build_cpu_s']:.1f} CPU s), peak "
             f"{out['peak_mib']:.0f} MiB; "
-            f"rank {out['rank_peak_mib']:.1f} MiB")
+            f"rank {out['rank_peak_mib']:.1f} MiB"
+        )
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(log=print, sizes=(10 ** 7, 10 ** 8, 10 ** 9)) -> dict:
-    return {"sizes": [measure(n, log) for n in sizes], "weights": WEIGHTS, "global_batch": GLOBAL_BATCH,
-            "ranks": RANKS, "windows": WINDOWS}
+def run(log=print, sizes=(10**7, 10**8, 10**9)) -> dict:
+    return {
+        "sizes": [measure(n, log) for n in sizes],
+        "weights": WEIGHTS,
+        "global_batch": GLOBAL_BATCH,
+        "ranks": RANKS,
+        "windows": WINDOWS,
+    }
 
 
 def section(results: dict) -> list[str]:
@@ -142,35 +162,53 @@ def section(results: dict) -> list[str]:
         if "error" in r:
             rows.append(f"| {r['samples']:.0e} | failed: {r['error']} | | | | | | | |")
             continue
-        rows.append(f"| {r['samples']:.0e} | {r['build_s']:.1f} | {r['build_cpu_s']:.1f} "
-                    f"({r['build_cpu_s'] / r['samples'] * 1e9:.0f} ns a sample) | {r['load_1m']:.1f} "
-                    f"| {r['peak_mib']:.0f} ({r['baseline_mib']:.0f} before) | {r['disk_bytes'] / 2 ** 30:.2f} "
-                    f"| {r['reuse_s'] * 1e3:.1f} | {r['first_batch_s'] * 1e3:.1f} | {r['rank_peak_mib']:.1f} |")
+        rows.append(
+            f"| {r['samples']:.0e} | {r['build_s']:.1f} | {r['build_cpu_s']:.1f} "
+            f"({r['build_cpu_s'] / r['samples'] * 1e9:.0f} ns a sample) | {r['load_1m']:.1f} "
+            f"| {r['peak_mib']:.0f} ({r['baseline_mib']:.0f} before) | {r['disk_bytes'] / 2**30:.2f} "
+            f"| {r['reuse_s'] * 1e3:.1f} | {r['first_batch_s'] * 1e3:.1f} | {r['rank_peak_mib']:.1f} |"
+        )
     measured = [r for r in data["sizes"] if "error" not in r]
     largest = data["sizes"][-1]
     met = "error" not in largest and largest["build_s"] < TARGET_BUILD_S and largest["rank_peak_mib"] <= TARGET_RANK_MIB
-    target = (f"Targets at {largest['samples']:.0e} samples (issue 31): build under {TARGET_BUILD_S:.0f} s, a rank's "
-              f"index memory at most {TARGET_RANK_MIB:.0f} MiB: {'met' if met else 'NOT met'}.")
+    target = (
+        f"Targets at {largest['samples']:.0e} samples (issue 31): build under {TARGET_BUILD_S:.0f} s, a rank's "
+        f"index memory at most {TARGET_RANK_MIB:.0f} MiB: {'met' if met else 'NOT met'}."
+    )
     if len(measured) > 1:  # linear: the CPU time per sample stays within LINEAR_SLACK of the smaller size's
         per_sample = [r["build_cpu_s"] / r["samples"] for r in measured]
         linear = all(b <= a * LINEAR_SLACK for a, b in zip(per_sample, per_sample[1:]))
-        growth = ", ".join(f"{a['samples']:.0e} to {b['samples']:.0e}: {b['build_s'] / a['build_s']:.1f}x wall, "
-                           f"{b['build_cpu_s'] / a['build_cpu_s']:.1f}x CPU" for a, b in zip(measured, measured[1:]))
-        target += (f" Growth ({growth}): linear, i.e. the CPU time per sample at most {LINEAR_SLACK}x the next "
-                   f"smaller size's: {'met' if linear else 'NOT met'}.")
-    return ["## 7. Sample index build and read (mindscale/train/data/index.py)", "",
-            f"A blend of three sources of 0.5n, 0.3n and 0.2n samples, weights {'/'.join(map(str, data['weights']))}, "
-            f"global batch {data['global_batch']}, n / {data['global_batch']} steps, shuffled (about one epoch of "
-            "each): synthetic sample counts, the index never opens a shard. The builder is a process of its own "
-            "(its CPU seconds, user + system, and their cost per sample; the host's 1-minute load average before "
-            "it; peak resident memory VmHWM, and the same process before it built: Python and numpy); reuse is a "
-            f"second open of the same key; the rank is rank 0 of {data['ranks']} resuming at the middle step "
-            f"(time to its first batch's stored indices; its VmHWM growth over {data['windows']} windows of 64 "
-            "steps). This host's disk and 2 cores (`bench/data_index.py`).", "",
-            "| samples | build, s | build, CPU s | host load | builder peak MiB | index on disk, GiB | reuse check, ms "
-            "| resume: first batch's indices, ms | rank index memory, MiB |", "|---|---|---|---|---|---|---|---|---|",
-            *rows, "", target, "",
-            "Commands: " + "; ".join(f"`{r['command']}`" for r in data["sizes"] if "command" in r) + ".", ""]
+        growth = ", ".join(
+            f"{a['samples']:.0e} to {b['samples']:.0e}: {b['build_s'] / a['build_s']:.1f}x wall, "
+            f"{b['build_cpu_s'] / a['build_cpu_s']:.1f}x CPU"
+            for a, b in zip(measured, measured[1:])
+        )
+        target += (
+            f" Growth ({growth}): linear, i.e. the CPU time per sample at most {LINEAR_SLACK}x the next "
+            f"smaller size's: {'met' if linear else 'NOT met'}."
+        )
+    return [
+        "## 7. Sample index build and read (mindscale/train/data/index.py)",
+        "",
+        f"A blend of three sources of 0.5n, 0.3n and 0.2n samples, weights {'/'.join(map(str, data['weights']))}, "
+        f"global batch {data['global_batch']}, n / {data['global_batch']} steps, shuffled (about one epoch of "
+        "each): synthetic sample counts, the index never opens a shard. The builder is a process of its own "
+        "(its CPU seconds, user + system, and their cost per sample; the host's 1-minute load average before "
+        "it; peak resident memory VmHWM, and the same process before it built: Python and numpy); reuse is a "
+        f"second open of the same key; the rank is rank 0 of {data['ranks']} resuming at the middle step "
+        f"(time to its first batch's stored indices; its VmHWM growth over {data['windows']} windows of 64 "
+        "steps). This host's disk and 2 cores (`bench/data_index.py`).",
+        "",
+        "| samples | build, s | build, CPU s | host load | builder peak MiB | index on disk, GiB | reuse check, ms "
+        "| resume: first batch's indices, ms | rank index memory, MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        target,
+        "",
+        "Commands: " + "; ".join(f"`{r['command']}`" for r in data["sizes"] if "command" in r) + ".",
+        "",
+    ]
 
 
 def splice(markdown: str, lines: list[str]) -> str:
@@ -212,10 +250,17 @@ def phase_main(argv, doc: str, key: str, section, add_arguments, children: dict,
 
 def main(argv: list[str] | None = None) -> int:
     return phase_main(
-        argv, __doc__, "data_index", section,
+        argv,
+        __doc__,
+        "data_index",
+        section,
         lambda parser: parser.add_argument("--samples", type=float, nargs="+", default=[1e7, 1e8, 1e9]),
-        {"build": lambda a: child_build(a.dir, int(a.samples[0])), "rank": lambda a: child_rank(a.dir, int(a.samples[0]))},
-        lambda a, log: run(log, [int(n) for n in a.samples]))
+        {
+            "build": lambda a: child_build(a.dir, int(a.samples[0])),
+            "rank": lambda a: child_rank(a.dir, int(a.samples[0])),
+        },
+        lambda a, log: run(log, [int(n) for n in a.samples]),
+    )
 
 
 if __name__ == "__main__":

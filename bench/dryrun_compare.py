@@ -16,6 +16,7 @@ are the config's, the micro-batch count is cut to MICRO_PER_STAGE x the stages. 
 and runs nothing: these are what MindSpore's parallel compiler produced for each stack, not Ascend
 speed or device memory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,12 @@ def overrides(path: str) -> list[str]:
     pp = cfg.parallel.pipeline_stage
     kv = min(cfg.model.kv_heads, SCALED["model.num_heads"])
     return [f"{k}={v}" for k, v in SCALED.items()] + [
-        f"model.num_kv_heads={kv if kv < SCALED['model.num_heads'] else 'null'}", f"model.num_layers={2 * pp}",
-        f"parallel.micro_batch_num={MICRO_PER_STAGE * pp}", "parallel.stage_offset=0", "train.global_batch_size=null"]
+        f"model.num_kv_heads={kv if kv < SCALED['model.num_heads'] else 'null'}",
+        f"model.num_layers={2 * pp}",
+        f"parallel.micro_batch_num={MICRO_PER_STAGE * pp}",
+        "parallel.stage_offset=0",
+        "train.global_batch_size=null",
+    ]
 
 
 def by_kind(report: dict) -> dict[str, dict]:
@@ -60,11 +65,18 @@ def summary(report: dict) -> dict:
     """What the comparison keeps of one rank's dry-run report."""
     if not report["compiled"]:
         return {"rank": report["rank"], "compiled": False, "error": report.get("error")}
-    return {"rank": report["rank"], "stage": report["stage"], "compiled": True, "compile_s": report["compile_s"],
-            "host_peak_rss_gib": report.get("host_peak_rss_gib"), "bytes": report["bytes"],
-            "collectives": by_kind(report), "sent_bytes": report["planned"]["compiled_comm_bytes_per_step"],
-            "planned_sent_bytes": report["planned"]["comm_bytes_per_step"],
-            "planned_bytes": {k: report["planned"][k] for k in ("weights", "grads", "optimizer")}}
+    return {
+        "rank": report["rank"],
+        "stage": report["stage"],
+        "compiled": True,
+        "compile_s": report["compile_s"],
+        "host_peak_rss_gib": report.get("host_peak_rss_gib"),
+        "bytes": report["bytes"],
+        "collectives": by_kind(report),
+        "sent_bytes": report["planned"]["compiled_comm_bytes_per_step"],
+        "planned_sent_bytes": report["planned"]["comm_bytes_per_step"],
+        "planned_bytes": {k: report["planned"][k] for k in ("weights", "grads", "optimizer")},
+    }
 
 
 def compare(path: str, log_dir: Path, jobs: int = 2, sets: list[str] | None = None, ranks: str = "first,last") -> dict:
@@ -72,15 +84,26 @@ def compare(path: str, log_dir: Path, jobs: int = 2, sets: list[str] | None = No
     sets = overrides(path) if sets is None else sets
     cfg, layout = for_ascend(load_config(REPO_ROOT / path, sets))
     ranks = choose_ranks(ranks, layout)
-    out = {"config": path, "overrides": sets, "ranks": ranks, "devices": layout.devices,
-           "layout": {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "sp": layout.sp,
-                      "micro_batches": layout.micro_steps, "optimizer_shard": layout.optimizer_shard,
-                      "attention": layout.attention, "recompute": layout.recompute}}
+    out = {
+        "config": path,
+        "overrides": sets,
+        "ranks": ranks,
+        "devices": layout.devices,
+        "layout": {
+            "dp": layout.dp,
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "sp": layout.sp,
+            "micro_batches": layout.micro_steps,
+            "optimizer_shard": layout.optimizer_shard,
+            "attention": layout.attention,
+            "recompute": layout.recompute,
+        },
+    }
     for system, worker in WORKERS.items():
         folder = log_dir / Path(path).stem / system
         folder.mkdir(parents=True, exist_ok=True)
-        job = Job(config=str(REPO_ROOT / path), overrides=tuple(sets), log_dir=folder, timeout=TIMEOUT_S,
-                  worker=worker)
+        job = Job(config=str(REPO_ROOT / path), overrides=tuple(sets), log_dir=folder, timeout=TIMEOUT_S, worker=worker)
         out[system] = [summary(r) for r in compile_ranks(cfg, job, ranks, workers=jobs)]
     return out
 

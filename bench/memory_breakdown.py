@@ -33,6 +33,7 @@ Memory: on the peer config (one core, MindSpore 2.9.0) MindScale's peak is the f
 since models/cpu_kernels.py gives every Add/Sub/Mul equal-shape inputs, `--kernels` lists none and
 the peak is 1.96 GiB. bench/changes.md has the measurements.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -47,7 +48,7 @@ from collections import defaultdict
 from bench.bench_train import WORK_DIR, add_peer_arguments, enter_peer_process, settle_peer_arguments, stdout_to_stderr
 from mindscale.cli import OneLineParser, emit, fail
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def parse_args(argv):
@@ -55,8 +56,11 @@ def parse_args(argv):
     add_peer_arguments(parser)
     parser.add_argument("--steps", type=int, default=2, help="steps after the first (default 2)")
     parser.add_argument("--maps", type=int, default=0, help="print the N largest /proc/self/smaps groups at the end")
-    parser.add_argument("--kernels", action="store_true",
-                        help="MindSpore: dump the kernel graph and sum the CPU broadcast kernels' index buffers")
+    parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="MindSpore: dump the kernel graph and sum the CPU broadcast kernels' index buffers",
+    )
     args = settle_peer_arguments(parser.parse_args(argv))
     if args.kernels and args.system == "hf":
         fail("--kernels: only for the MindSpore systems (mindscale, mindformers)")
@@ -91,9 +95,21 @@ def reset_peak() -> bool:
 
 
 class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _libc():
@@ -118,7 +134,7 @@ def heap() -> dict:
 
 def _group(path: str, size: int) -> str:
     if not path:
-        return "anon (no name, >= 64 MiB)" if size >= 64 * 2 ** 20 else "anon (no name, < 64 MiB)"
+        return "anon (no name, >= 64 MiB)" if size >= 64 * 2**20 else "anon (no name, < 64 MiB)"
     if path.startswith("["):
         return path
     name = os.path.basename(path)
@@ -150,8 +166,23 @@ def smaps_groups() -> dict:
 
 
 KERNEL = re.compile(r"= PrimFunc_(\w+)\(")  # a kernel node of a kernel-graph IR, and its op
-BROADCAST_OPS = {"Mul", "Add", "AddV2", "Sub", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum", "Pow",
-                 "SquaredDifference", "FloorDiv", "Mod", "FloorMod", "Atan2"}
+BROADCAST_OPS = {
+    "Mul",
+    "Add",
+    "AddV2",
+    "Sub",
+    "RealDiv",
+    "Div",
+    "DivNoNan",
+    "Maximum",
+    "Minimum",
+    "Pow",
+    "SquaredDifference",
+    "FloorDiv",
+    "Mod",
+    "FloorMod",
+    "Atan2",
+}
 
 
 def broadcast_kernels(ir_text: str) -> list[dict]:
@@ -163,15 +194,23 @@ def broadcast_kernels(ir_text: str) -> list[dict]:
         m = KERNEL.search(line)
         if not m or m.group(1) not in BROADCAST_OPS or i + 1 >= len(lines):
             continue
-        shapes = [tuple(int(d) for d in s.split(",") if d.strip())
-                  for s in re.findall(r"<Tensor\[\w+\], \(([\d, ]*)\)[^>]*>", lines[i + 1])]
+        shapes = [
+            tuple(int(d) for d in s.split(",") if d.strip())
+            for s in re.findall(r"<Tensor\[\w+\], \(([\d, ]*)\)[^>]*>", lines[i + 1])
+        ]
         if len(shapes) < 3:
             continue
         a, b, out = shapes[:3]
         if a == b or math.prod(a) == 1 or math.prod(b) == 1:
             continue
-        scope = next((re.sub(r"^.*Fullname with scope: \(", "", lines[j]).rstrip(")") for j in range(i + 1, min(i + 6, len(lines)))
-                      if "Fullname with scope" in lines[j]), "")
+        scope = next(
+            (
+                re.sub(r"^.*Fullname with scope: \(", "", lines[j]).rstrip(")")
+                for j in range(i + 1, min(i + 6, len(lines)))
+                if "Fullname with scope" in lines[j]
+            ),
+            "",
+        )
         found.append({"op": m.group(1), "inputs": [a, b], "output": out, "bytes": 16 * math.prod(out), "scope": scope})
     return found
 
@@ -192,8 +231,12 @@ def kernel_summary(found: list[dict], arithmetic: int, top: int = 8) -> dict:
         g["kernels"] += 1
         g["bytes"] += k["bytes"]
     ordered = sorted(groups.items(), key=lambda kv: -kv[1]["bytes"])
-    return {"arithmetic": arithmetic, "kernels": len(found), "bytes": sum(k["bytes"] for k in found),
-            "largest": [{"where": name, **v} for name, v in ordered[:top]]}
+    return {
+        "arithmetic": arithmetic,
+        "kernels": len(found),
+        "bytes": sum(k["bytes"] for k in found),
+        "largest": [{"where": name, **v} for name, v in ordered[:top]],
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -220,6 +263,7 @@ def import_framework(system: str) -> None:
         import transformers  # noqa: F401
     else:
         import mindspore  # noqa: F401
+
         if system == "mindformers":
             import mindformers  # noqa: F401
 
@@ -229,9 +273,16 @@ def tensor_bytes(cfg, params: int) -> dict:
     from mindscale.perf.planner import layer_activation_bytes, mindspore_dtypes
 
     m, b = cfg.model, cfg.train.micro_batch_size
-    act = m.num_layers * layer_activation_bytes(m.seq_length, b, m.hidden_size, m.num_heads, m.kv_heads,
-                                                m.ffn_hidden_size, mlp="swiglu" if m.spec.gated_mlp else "gelu",
-                                                dtypes=mindspore_dtypes("float32"))
+    act = m.num_layers * layer_activation_bytes(
+        m.seq_length,
+        b,
+        m.hidden_size,
+        m.num_heads,
+        m.kv_heads,
+        m.ffn_hidden_size,
+        mlp="swiglu" if m.spec.gated_mlp else "gelu",
+        dtypes=mindspore_dtypes("float32"),
+    )
     logits = b * m.seq_length * m.vocab_size * 4 * 2  # the logits and their softmax/gradient
     return {"params": 4 * params, "grads_and_adam_moments": 3 * 4 * params, "activations_estimate": act + logits}
 
@@ -246,14 +297,27 @@ def measure(system_name: str, cfg, steps: int) -> dict:
     if system.compile is not None:
         phases.run("compile", system.compile)
     losses = [phases.run("step 1", system.step)]
-    phases.run(f"steps 2-{steps + 1}" if steps else "steps", lambda: [losses.append(system.step()) for _ in range(steps)])
+    phases.run(
+        f"steps 2-{steps + 1}" if steps else "steps", lambda: [losses.append(system.step()) for _ in range(steps)]
+    )
     peak = max(r["peak"] for r in phases.rows)
-    return {"system": system_name, "framework": system.framework, "phases": phases.rows, "peak": peak,
-            "peak_phase": max(phases.rows, key=lambda r: r["peak"])["phase"], "compiled_separately": system.compile is not None,
-            "peak_per_phase_exact": phases.resets, "losses": losses, "params": system.params,
-            "tensors": tensor_bytes(cfg, system.params),
-            "env": {k: os.environ[k] for k in ("MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MS_ALLOC_CONF",
-                                                "LD_PRELOAD") if k in os.environ}}
+    return {
+        "system": system_name,
+        "framework": system.framework,
+        "phases": phases.rows,
+        "peak": peak,
+        "peak_phase": max(phases.rows, key=lambda r: r["peak"])["phase"],
+        "compiled_separately": system.compile is not None,
+        "peak_per_phase_exact": phases.resets,
+        "losses": losses,
+        "params": system.params,
+        "tensors": tensor_bytes(cfg, system.params),
+        "env": {
+            k: os.environ[k]
+            for k in ("MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MS_ALLOC_CONF", "LD_PRELOAD")
+            if k in os.environ
+        },
+    }
 
 
 def _row_of(s: dict) -> dict:
@@ -262,21 +326,30 @@ def _row_of(s: dict) -> dict:
 
 def render(result: dict, maps: dict | None = None) -> str:
     g = lambda v: f"{v / GIB:9.3f}" if v is not None else f"{'-':>9}"  # noqa: E731
-    lines = [f"{result['system']} ({result['framework']}), {result['params'] / 1e6:.1f} M parameters; "
-             f"peak {result['peak'] / GIB:.3f} GiB in phase {result['peak_phase']!r}",
-             f"{'phase':<12}{'seconds':>9}{'rss':>9}{'anon':>9}{'file':>9}{'peak':>9}{'heap used':>11}{'heap free':>11}"]
+    lines = [
+        f"{result['system']} ({result['framework']}), {result['params'] / 1e6:.1f} M parameters; "
+        f"peak {result['peak'] / GIB:.3f} GiB in phase {result['peak_phase']!r}",
+        f"{'phase':<12}{'seconds':>9}{'rss':>9}{'anon':>9}{'file':>9}{'peak':>9}{'heap used':>11}{'heap free':>11}",
+    ]
     for r in result["phases"]:
-        lines.append(f"{r['phase']:<12}{r['seconds']:9.1f}{g(r['rss'])}{g(r['anon'])}{g(r['file'])}{g(r['peak'])}"
-                     f"  {g(r.get('heap_used'))}  {g(r.get('heap_free'))}")
+        lines.append(
+            f"{r['phase']:<12}{r['seconds']:9.1f}{g(r['rss'])}{g(r['anon'])}{g(r['file'])}{g(r['peak'])}"
+            f"  {g(r.get('heap_used'))}  {g(r.get('heap_free'))}"
+        )
     t = result["tensors"]
-    lines.append("tensors (fp32): params {:.3f}, grads + 2 AdamW moments {:.3f}, one step's activations ~{:.3f} GiB"
-                 .format(t["params"] / GIB, t["grads_and_adam_moments"] / GIB, t["activations_estimate"] / GIB))
+    lines.append(
+        "tensors (fp32): params {:.3f}, grads + 2 AdamW moments {:.3f}, one step's activations ~{:.3f} GiB".format(
+            t["params"] / GIB, t["grads_and_adam_moments"] / GIB, t["activations_estimate"] / GIB
+        )
+    )
     if not result["peak_per_phase_exact"]:
         lines.append("note: /proc/self/clear_refs refused; each peak is the process's peak so far")
     if result.get("broadcast_kernels"):
         k = result["broadcast_kernels"]
-        lines.append(f"CPU arithmetic kernels: {k['arithmetic']}, of them broadcasting: {k['kernels']}, their index "
-                     f"vectors {k['bytes'] / GIB:.3f} GiB" + ("; largest:" if k["largest"] else ""))
+        lines.append(
+            f"CPU arithmetic kernels: {k['arithmetic']}, of them broadcasting: {k['kernels']}, their index "
+            f"vectors {k['bytes'] / GIB:.3f} GiB" + ("; largest:" if k["largest"] else "")
+        )
         lines.extend(f"  {g['bytes'] / GIB:6.3f} GiB {g['kernels']:3d}x {g['where']}" for g in k["largest"])
     if maps:
         lines.append(f"{'smaps group at the end':<32}{'rss':>9}{'anon':>9}")
@@ -296,10 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.system, cfg, args.steps)
     if args.kernels:
         texts = [f.read_text() for f in sorted(ir_dir.rglob("graph_build_*.ir"))]
-        result["broadcast_kernels"] = kernel_summary([k for t in texts for k in broadcast_kernels(t)],
-                                                     sum(arithmetic_kernels(t) for t in texts))
-    result["smaps_at_end"] = dict(sorted(smaps_groups().items(), key=lambda kv: -kv[1]["rss"])[:args.maps]) \
-        if args.maps else None
+        result["broadcast_kernels"] = kernel_summary(
+            [k for t in texts for k in broadcast_kernels(t)], sum(arithmetic_kernels(t) for t in texts)
+        )
+    result["smaps_at_end"] = (
+        dict(sorted(smaps_groups().items(), key=lambda kv: -kv[1]["rss"])[: args.maps]) if args.maps else None
+    )
     sys.stdout.flush()
     os.dup2(real_stdout, 1)
     emit(result, args.json, render(result, result["smaps_at_end"]))

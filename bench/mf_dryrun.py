@@ -8,6 +8,7 @@ network in MindSpore's PipelineCell under pipeline stages, then MFPipelineWithLo
 MFTrainOneStepCell without micro batches), with MindScale's optimizer (MindSpore's AdamWeightDecay,
 same parameter groups) so the optimizer state is the same by construction.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,6 +28,7 @@ def host_reshape():
     """Tensor.reshape on the host while MindFormers builds its model: its generation mixin reshapes a
     constant eagerly at construction, which the dry run has no device to run (training never uses it)."""
     from mindspore import Tensor
+
     device_reshape = Tensor.reshape
     Tensor.reshape = lambda self, *shape: Tensor(self.asnumpy().reshape(*shape))
     try:
@@ -41,20 +43,42 @@ def mindformers_llama(cfg, layout):
     from mindformers.modules.transformer.transformer import TransformerOpParallelConfig, TransformerRecomputeConfig
 
     m, p, r = cfg.model, cfg.parallel, cfg.recompute
-    recompute = TransformerRecomputeConfig(recompute=r.mode == "full", select_recompute=r.mode == "selective",
-                                           recompute_slice_activation=r.mode != "none")
+    recompute = TransformerRecomputeConfig(
+        recompute=r.mode == "full", select_recompute=r.mode == "selective", recompute_slice_activation=r.mode != "none"
+    )
     parallel = TransformerOpParallelConfig(
-        data_parallel=layout.dp, model_parallel=layout.tp, pipeline_stage=layout.pp,
-        micro_batch_num=layout.micro_steps if layout.pp > 1 else 1, use_seq_parallel=p.sequence_parallel,
-        vocab_emb_dp=p.vocab_emb_dp, recompute=recompute, gradient_aggregation_group=4)
+        data_parallel=layout.dp,
+        model_parallel=layout.tp,
+        pipeline_stage=layout.pp,
+        micro_batch_num=layout.micro_steps if layout.pp > 1 else 1,
+        use_seq_parallel=p.sequence_parallel,
+        vocab_emb_dp=p.vocab_emb_dp,
+        recompute=recompute,
+        gradient_aggregation_group=4,
+    )
     config = LlamaConfig(
-        batch_size=cfg.train.micro_batch_size, seq_length=m.seq_length, hidden_size=m.hidden_size,
-        num_layers=m.num_layers, num_heads=m.num_heads, n_kv_heads=m.kv_heads, intermediate_size=m.ffn_hidden_size,
-        vocab_size=m.vocab_size, rms_norm_eps=m.norm_eps, theta=m.rope_theta, tie_word_embeddings=m.tie_embeddings,
-        compute_dtype=m.compute_dtype, param_init_type=m.param_dtype, layernorm_compute_type="float32",
-        softmax_compute_type="float32", rotary_dtype="float32", use_flash_attention=layout.attention == "flash",
-        use_rope_slice=False, fused_rms_norm=True, parallel_config=parallel,
-        offset=p.stage_offset)
+        batch_size=cfg.train.micro_batch_size,
+        seq_length=m.seq_length,
+        hidden_size=m.hidden_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        n_kv_heads=m.kv_heads,
+        intermediate_size=m.ffn_hidden_size,
+        vocab_size=m.vocab_size,
+        rms_norm_eps=m.norm_eps,
+        theta=m.rope_theta,
+        tie_word_embeddings=m.tie_embeddings,
+        compute_dtype=m.compute_dtype,
+        param_init_type=m.param_dtype,
+        layernorm_compute_type="float32",
+        softmax_compute_type="float32",
+        rotary_dtype="float32",
+        use_flash_attention=layout.attention == "flash",
+        use_rope_slice=False,
+        fused_rms_norm=True,
+        parallel_config=parallel,
+        offset=p.stage_offset,
+    )
     with host_reshape():
         return LlamaForCausalLM(config)
 
@@ -75,10 +99,17 @@ def train_cell(cfg, layout, network):
     wrapped = _VirtualDatasetCell(wrapped)
     clip = cfg.train.grad_clip > 0
     if layout.micro_steps > 1:
-        return MFPipelineWithLossScaleCell(wrapped, optimizer, use_clip_grad=clip, max_grad_norm=cfg.train.grad_clip,
-                                           scale_sense=Tensor(1.0), micro_batch_num=layout.micro_steps)
-    return MFTrainOneStepCell(wrapped, optimizer, use_clip_grad=clip, max_grad_norm=cfg.train.grad_clip,
-                              scale_sense=Tensor(1.0))
+        return MFPipelineWithLossScaleCell(
+            wrapped,
+            optimizer,
+            use_clip_grad=clip,
+            max_grad_norm=cfg.train.grad_clip,
+            scale_sense=Tensor(1.0),
+            micro_batch_num=layout.micro_steps,
+        )
+    return MFTrainOneStepCell(
+        wrapped, optimizer, use_clip_grad=clip, max_grad_norm=cfg.train.grad_clip, scale_sense=Tensor(1.0)
+    )
 
 
 def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None) -> dict:

@@ -10,6 +10,7 @@ is compiled by MindSpore's dry run with only `parallel.micro_batch_num` changed:
 time, the two stacks alternating at each count so that both see the same host. The dry run compiles and
 runs nothing: these are host-side compile seconds of this machine, not an Ascend measurement.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,14 @@ TARGET_EACH, TARGET_AT_MOST = 1.0, 0.8  # issue 28: <= 1.0x MindFormers at every
 def compile_seconds(worker: str, sets: list[str], log_dir: Path) -> dict:
     """One stack's rank 0 compiled under the dry run: {compile_s} or {error}."""
     cfg, _ = for_ascend(load_config(REPO_ROOT / LAYOUT, sets))
-    job = Job(config=str(REPO_ROOT / LAYOUT), overrides=tuple(sets), log_dir=log_dir, timeout=TIMEOUT_S,
-              worker=worker, collectives=False)
+    job = Job(
+        config=str(REPO_ROOT / LAYOUT),
+        overrides=tuple(sets),
+        log_dir=log_dir,
+        timeout=TIMEOUT_S,
+        worker=worker,
+        collectives=False,
+    )
     report = next(iter(compile_ranks(cfg, job, [0], workers=1)))
     return {"compile_s": report["compile_s"]} if report["compiled"] else {"error": report.get("error")}
 
@@ -61,12 +68,19 @@ def ratio(point: dict) -> float | None:
 def targets(data: dict) -> tuple[str, str, bool]:
     """(target, measured ratios, met): every count at most TARGET_EACH, the largest at most TARGET_AT_MOST."""
     ratios = [ratio(p) for p in data["points"]]
-    met = all(r is not None for r in ratios) and all(r <= TARGET_EACH for r in ratios) \
-        and ratios[-1] <= TARGET_AT_MOST
-    shown = ", ".join(f"{p['micro_batches']}: {r:.2f}×" if r is not None else f"{p['micro_batches']}: failed"
-                      for p, r in zip(data["points"], ratios))
-    return (f"MindScale ÷ MindFormers compile ≤ {TARGET_EACH}× at every micro-batch count and ≤ {TARGET_AT_MOST}× "
-            f"at {data['points'][-1]['micro_batches']}"), shown, met
+    met = all(r is not None for r in ratios) and all(r <= TARGET_EACH for r in ratios) and ratios[-1] <= TARGET_AT_MOST
+    shown = ", ".join(
+        f"{p['micro_batches']}: {r:.2f}×" if r is not None else f"{p['micro_batches']}: failed"
+        for p, r in zip(data["points"], ratios)
+    )
+    return (
+        (
+            f"MindScale ÷ MindFormers compile ≤ {TARGET_EACH}× at every micro-batch count and ≤ {TARGET_AT_MOST}× "
+            f"at {data['points'][-1]['micro_batches']}"
+        ),
+        shown,
+        met,
+    )
 
 
 def chart(data: dict) -> list[str]:
@@ -74,11 +88,16 @@ def chart(data: dict) -> list[str]:
     points = [p for p in data["points"] if ratio(p) is not None]
     top = max(max(p["mindscale"]["compile_s"], p["mindformers"]["compile_s"]) for p in points)
     line = lambda system: ", ".join(f"{p[system]['compile_s']:.1f}" for p in points)  # noqa: E731
-    return ["```mermaid", "xychart-beta",
-            '    title "Compile seconds of rank 0 against micro batches a step (first line MindScale, second MindFormers)"',
-            "    x-axis \"micro batches\" [" + ", ".join(str(p["micro_batches"]) for p in points) + "]",
-            f'    y-axis "compile s" 0 --> {top * 1.1:.0f}',
-            f"    line [{line('mindscale')}]", f"    line [{line('mindformers')}]", "```"]
+    return [
+        "```mermaid",
+        "xychart-beta",
+        '    title "Compile seconds of rank 0 against micro batches a step (first line MindScale, second MindFormers)"',
+        "    x-axis \"micro batches\" [" + ", ".join(str(p["micro_batches"]) for p in points) + "]",
+        f'    y-axis "compile s" 0 --> {top * 1.1:.0f}',
+        f"    line [{line('mindscale')}]",
+        f"    line [{line('mindformers')}]",
+        "```",
+    ]
 
 
 def section(results: dict) -> list[str]:
@@ -88,31 +107,47 @@ def section(results: dict) -> list[str]:
         return []
     rows = []
     for p in data["points"]:
-        cells = [f"{p[s]['compile_s']:.1f}" if "compile_s" in p[s] else f"failed: `{p[s]['error']}`"
-                 for s in WORKERS]
+        cells = [f"{p[s]['compile_s']:.1f}" if "compile_s" in p[s] else f"failed: `{p[s]['error']}`" for s in WORKERS]
         r = ratio(p)
-        rows.append(f"| {p['micro_batches']} | {cells[0]} | {cells[1]} | {'' if r is None else f'{r:.2f}×'} "
-                    f"| {p['load_1m']:.1f} |")
+        rows.append(
+            f"| {p['micro_batches']} | {cells[0]} | {cells[1]} | {'' if r is None else f'{r:.2f}×'} "
+            f"| {p['load_1m']:.1f} |"
+        )
     label, shown, met = targets(data)
     sets = " ".join(f"`{s}`" for s in data["overrides"])
-    return ["## 10. Compile time vs micro batches (dry run, rank 0 of llama2_13b's layout)", "",
-            f"`{data['config']}`'s layout (dp4·pp4) at the widths of section 6 ({sets}), only "
-            "`parallel.micro_batch_num` changed; rank 0 of each stack's training step compiled by MindSpore's dry "
-            "run, one compile at a time, the stacks alternating (`bench/micro_batch_compile.py`). Host-side "
-            "compile seconds of this 2-core machine; a dry run runs nothing on a device.", "",
-            *(chart(data) if any(ratio(p) is not None for p in data["points"]) else []), "",
-            "| micro batches | MindScale s | MindFormers s | MindScale ÷ MindFormers | host load |",
-            "|---|---|---|---|---|", *rows, "",
-            f"Target (issue 28): {label} ({shown}): {'met' if met else 'NOT met'}.", "",
-            "Command: `python bench/micro_batch_compile.py --micro "
-            + " ".join(str(p["micro_batches"]) for p in data["points"]) + "`.", ""]
+    return [
+        "## 10. Compile time vs micro batches (dry run, rank 0 of llama2_13b's layout)",
+        "",
+        f"`{data['config']}`'s layout (dp4·pp4) at the widths of section 6 ({sets}), only "
+        "`parallel.micro_batch_num` changed; rank 0 of each stack's training step compiled by MindSpore's dry "
+        "run, one compile at a time, the stacks alternating (`bench/micro_batch_compile.py`). Host-side "
+        "compile seconds of this 2-core machine; a dry run runs nothing on a device.",
+        "",
+        *(chart(data) if any(ratio(p) is not None for p in data["points"]) else []),
+        "",
+        "| micro batches | MindScale s | MindFormers s | MindScale ÷ MindFormers | host load |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Target (issue 28): {label} ({shown}): {'met' if met else 'NOT met'}.",
+        "",
+        "Command: `python bench/micro_batch_compile.py --micro "
+        + " ".join(str(p["micro_batches"]) for p in data["points"])
+        + "`.",
+        "",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     return phase_main(
-        argv, __doc__, "micro_batch_compile", section,
+        argv,
+        __doc__,
+        "micro_batch_compile",
+        section,
         lambda parser: parser.add_argument("--micro", type=int, nargs="+", default=list(MICRO)),
-        {}, lambda a, log: run(log, a.micro))
+        {},
+        lambda a, log: run(log, a.micro),
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@
 MB/s is text bytes / seconds, tokens/s the manifest's num_tokens / seconds. `--markdown` splices the
 section into BENCHMARKS.md (run_all.py renders the same section from results.json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,9 +73,24 @@ def make_corpus(folder: Path, megabytes: float) -> dict:
             size += len(text)
             if size >= min(TOKENIZER_SAMPLE_BYTES, max(megabytes * 1e6, 1 << 20)):  # a tiny run trains on 1 MiB
                 break
-    subprocess.run([sys.executable, "tools/train_tokenizer.py", "--input", str(sample), "--vocab-size", str(VOCAB),
-                    "--output", str(folder / "tok"), "--max-sentences", "200000"], cwd=REPO, check=True,
-                   capture_output=True, timeout=TIMEOUT_S)
+    subprocess.run(
+        [
+            sys.executable,
+            "tools/train_tokenizer.py",
+            "--input",
+            str(sample),
+            "--vocab-size",
+            str(VOCAB),
+            "--output",
+            str(folder / "tok"),
+            "--max-sentences",
+            "200000",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=TIMEOUT_S,
+    )
     return {"text_bytes": text_bytes, "documents": documents, "file_bytes": corpus.stat().st_size}
 
 
@@ -107,9 +123,21 @@ def child_ceiling(folder: Path, workers: int) -> dict:
 
 def child_tool(folder: Path, workers: int) -> dict:
     out = folder / "out"
-    sys.argv = ["tools/preprocess_data.py", "--input", str(folder / "corpus.jsonl"), "--tokenizer",
-                str(folder / "tok.model"), "--seq-length", str(SEQ_LENGTH), "--workers", str(workers),
-                "--output", str(out), "--overwrite", "--json"]
+    sys.argv = [
+        "tools/preprocess_data.py",
+        "--input",
+        str(folder / "corpus.jsonl"),
+        "--tokenizer",
+        str(folder / "tok.model"),
+        "--seq-length",
+        str(SEQ_LENGTH),
+        "--workers",
+        str(workers),
+        "--output",
+        str(out),
+        "--overwrite",
+        "--json",
+    ]
     began = time.perf_counter()
     try:
         runpy.run_path(str(REPO / "tools" / "preprocess_data.py"), run_name="__main__")
@@ -120,15 +148,27 @@ def child_tool(folder: Path, workers: int) -> dict:
     manifest = json.loads((out / "manifest.json").read_text())
     shutil.rmtree(out)
     main, workers_ = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"wall_s": wall_s, "num_tokens": manifest["num_tokens"], "num_samples": manifest["num_samples"],
-            "main_peak_mib": main.ru_maxrss / 1024, "worker_peak_mib": workers_.ru_maxrss / 1024,
-            "main_cpu_s": main.ru_utime + main.ru_stime, "workers_cpu_s": workers_.ru_utime + workers_.ru_stime}
+    return {
+        "wall_s": wall_s,
+        "num_tokens": manifest["num_tokens"],
+        "num_samples": manifest["num_samples"],
+        "main_peak_mib": main.ru_maxrss / 1024,
+        "worker_peak_mib": workers_.ru_maxrss / 1024,
+        "main_cpu_s": main.ru_utime + main.ru_stime,
+        "workers_cpu_s": workers_.ru_utime + workers_.ru_stime,
+    }
 
 
 def _child(kind: str, folder: Path, workers: int) -> dict:
     command = [sys.executable, __file__, "--child", kind, "--dir", str(folder), "--workers", str(workers)]
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
-                          env={**__import__("os").environ, "PYTHONPATH": str(REPO), "GLOG_v": "3"})
+    proc = subprocess.run(
+        command,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO), "GLOG_v": "3"},
+    )
     if proc.returncode:
         lines = proc.stderr.strip().splitlines()
         raise RuntimeError(lines[-1] if lines else f"{kind}: exit {proc.returncode}")
@@ -137,8 +177,13 @@ def _child(kind: str, folder: Path, workers: int) -> dict:
 
 def run(log=print, megabytes: float = 500, workers: int = 2) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="mindscale-preprocess-bench-"))
-    out = {"megabytes": megabytes, "workers": workers, "seq_length": SEQ_LENGTH, "vocab": VOCAB,
-           "command": f"python bench/preprocess_throughput.py --mb {megabytes:g} --workers {workers}"}
+    out = {
+        "megabytes": megabytes,
+        "workers": workers,
+        "seq_length": SEQ_LENGTH,
+        "vocab": VOCAB,
+        "command": f"python bench/preprocess_throughput.py --mb {megabytes:g} --workers {workers}",
+    }
     try:
         out["corpus"] = make_corpus(folder, megabytes)
         before = _child("ceiling", folder, workers)
@@ -153,8 +198,10 @@ def run(log=print, megabytes: float = 500, workers: int = 2) -> dict:
     mb = out["corpus"]["text_bytes"] / 1e6
     out["tool_mb_s"], out["ceiling_mb_s"] = mb / out["tool"]["wall_s"], mb / out["ceiling"]["encode_s"]
     out["ratio"] = out["tool_mb_s"] / out["ceiling_mb_s"]
-    log(f"preprocess {mb:.0f} MB, {workers} workers: {out['tool_mb_s']:.2f} MB/s vs tokenizer {out['ceiling_mb_s']:.2f} "
-        f"MB/s ({out['ratio']:.2f}x); peak {out['tool']['main_peak_mib']:.0f} MiB main")
+    log(
+        f"preprocess {mb:.0f} MB, {workers} workers: {out['tool_mb_s']:.2f} MB/s vs tokenizer {out['ceiling_mb_s']:.2f} "
+        f"MB/s ({out['ratio']:.2f}x); peak {out['tool']['main_peak_mib']:.0f} MiB main"
+    )
     return out
 
 
@@ -169,28 +216,35 @@ def section(results: dict) -> list[str]:
     c, t = r["corpus"], r["tool"]
     peak = max(t["main_peak_mib"], t["worker_peak_mib"])
     met = r["ratio"] >= TARGET_RATIO and peak < TARGET_RSS_MIB
-    return [*head,
-            f"{c['text_bytes'] / 1e6:.0f} MB of text ({c['documents']:,} documents: this Python's standard library "
-            f"sources in a seeded random order, repeated; {c['file_bytes'] / 1e6:.0f} MB of JSON lines), a "
-            f"{r['vocab']}-token SentencePiece BPE model, seq_length {r['seq_length']}, {r['workers']} workers on "
-            "this shared 2-core host. The tool's time is its whole process (imports, reading, tokenizing, packing, "
-            "writing MindRecord); the ceiling times only SentencePiece's encode calls on the same chunks with "
-            f"num_threads={r['workers']} (the faster of a run before and one after the tool: "
-            f"{', '.join(f'{s:.0f}' for s in r['ceiling_runs_s'])} s). Peak memory is ru_maxrss of each process "
-            "(`bench/preprocess_throughput.py`).", "",
-            "| | MB/s of text | tokens/s | seconds | peak RSS, MiB |", "|---|---|---|---|---|",
-            f"| tools/preprocess_data.py --workers {r['workers']} | {r['tool_mb_s']:.2f} | "
-            f"{t['num_tokens'] / t['wall_s']:,.0f} | {t['wall_s']:.0f} | {t['main_peak_mib']:.0f} main, "
-            f"{t['worker_peak_mib']:.0f} largest worker |",
-            f"| SentencePiece encode alone, {r['workers']} threads (ceiling) | {r['ceiling_mb_s']:.2f} | "
-            f"{r['ceiling']['tokens'] / r['ceiling']['encode_s']:,.0f} | {r['ceiling']['encode_s']:.0f} | |", "",
-            f"CPU seconds of the tool: {t['main_cpu_s']:.0f} in the main process (reading, packing, writing), "
-            f"{t['workers_cpu_s']:.0f} in its tokenizer processes. "
-            f"Ratio {r['ratio']:.2f} x the ceiling; the two ceiling runs differ by "
-            f"{max(r['ceiling_runs_s']) / min(r['ceiling_runs_s']) - 1:.0%}, the noise of this shared host, so "
-            f"the ratio is known to about that much. Targets (issue 31): at least {TARGET_RATIO} x the ceiling and peak "
-            f"RSS under {TARGET_RSS_MIB / 1024:.0f} GiB: {'met' if met else 'NOT met'}.", "",
-            f"Command: `{r['command']}`.", ""]
+    return [
+        *head,
+        f"{c['text_bytes'] / 1e6:.0f} MB of text ({c['documents']:,} documents: this Python's standard library "
+        f"sources in a seeded random order, repeated; {c['file_bytes'] / 1e6:.0f} MB of JSON lines), a "
+        f"{r['vocab']}-token SentencePiece BPE model, seq_length {r['seq_length']}, {r['workers']} workers on "
+        "this shared 2-core host. The tool's time is its whole process (imports, reading, tokenizing, packing, "
+        "writing MindRecord); the ceiling times only SentencePiece's encode calls on the same chunks with "
+        f"num_threads={r['workers']} (the faster of a run before and one after the tool: "
+        f"{', '.join(f'{s:.0f}' for s in r['ceiling_runs_s'])} s). Peak memory is ru_maxrss of each process "
+        "(`bench/preprocess_throughput.py`).",
+        "",
+        "| | MB/s of text | tokens/s | seconds | peak RSS, MiB |",
+        "|---|---|---|---|---|",
+        f"| tools/preprocess_data.py --workers {r['workers']} | {r['tool_mb_s']:.2f} | "
+        f"{t['num_tokens'] / t['wall_s']:,.0f} | {t['wall_s']:.0f} | {t['main_peak_mib']:.0f} main, "
+        f"{t['worker_peak_mib']:.0f} largest worker |",
+        f"| SentencePiece encode alone, {r['workers']} threads (ceiling) | {r['ceiling_mb_s']:.2f} | "
+        f"{r['ceiling']['tokens'] / r['ceiling']['encode_s']:,.0f} | {r['ceiling']['encode_s']:.0f} | |",
+        "",
+        f"CPU seconds of the tool: {t['main_cpu_s']:.0f} in the main process (reading, packing, writing), "
+        f"{t['workers_cpu_s']:.0f} in its tokenizer processes. "
+        f"Ratio {r['ratio']:.2f} x the ceiling; the two ceiling runs differ by "
+        f"{max(r['ceiling_runs_s']) / min(r['ceiling_runs_s']) - 1:.0%}, the noise of this shared host, so "
+        f"the ratio is known to about that much. Targets (issue 31): at least {TARGET_RATIO} x the ceiling and peak "
+        f"RSS under {TARGET_RSS_MIB / 1024:.0f} GiB: {'met' if met else 'NOT met'}.",
+        "",
+        f"Command: `{r['command']}`.",
+        "",
+    ]
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,9 +255,15 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     from bench.data_index import phase_main
 
-    return phase_main(argv, __doc__, "preprocess", section, _arguments,
-                      {"ceiling": lambda a: child_ceiling(a.dir, a.workers), "tool": lambda a: child_tool(a.dir, a.workers)},
-                      lambda a, log: run(log, a.mb, a.workers))
+    return phase_main(
+        argv,
+        __doc__,
+        "preprocess",
+        section,
+        _arguments,
+        {"ceiling": lambda a: child_ceiling(a.dir, a.workers), "tool": lambda a: child_tool(a.dir, a.workers)},
+        lambda a, log: run(log, a.mb, a.workers),
+    )
 
 
 if __name__ == "__main__":

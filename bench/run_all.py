@@ -35,6 +35,7 @@ Results go to output/bench/results.json and, rendered by bench/benchmarks_md.py,
 `--set` overrides reach every throughput, linearity and checkpoint run (e.g. a tiny model for a smoke test);
 phase 6 keeps its own scaled widths.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,15 @@ import sys
 import time
 from pathlib import Path
 
-from bench import (SYSTEMS, data_index, data_wait, dryrun_compare, micro_batch_compile, preprocess_throughput,
-                   published_ascend)
+from bench import (
+    SYSTEMS,
+    data_index,
+    data_wait,
+    dryrun_compare,
+    micro_batch_compile,
+    preprocess_throughput,
+    published_ascend,
+)
 from bench.checkpoint_io import checkpoint_io
 from bench.machine import describe, torch_gemm_tflops
 from bench.benchmarks_md import lower_sweep, render
@@ -64,9 +72,15 @@ REPO = Path(__file__).resolve().parent.parent
 PEER_CONFIG = "bench/llama_peer.yaml"
 RESULTS = REPO / "output" / "bench" / "results.json"
 # Compile vs depth: a small width, so the time is the graph's, not the arithmetic's.
-DEPTH_SWEEP_SET = ["model.hidden_size=128", "model.num_heads=4", "model.num_kv_heads=4",
-                   "model.ffn_hidden_size=384", "model.vocab_size=2048", "model.seq_length=128",
-                   "train.micro_batch_size=1"]
+DEPTH_SWEEP_SET = [
+    "model.hidden_size=128",
+    "model.num_heads=4",
+    "model.num_kv_heads=4",
+    "model.ffn_hidden_size=384",
+    "model.vocab_size=2048",
+    "model.seq_length=128",
+    "train.micro_batch_size=1",
+]
 COMPILED = ("mindscale", "mindformers")
 THROUGHPUT_TIMEOUT_S = 900
 COMPILE_TIMEOUT_S = 1500
@@ -86,8 +100,17 @@ def python() -> str:
 
 
 def bench_command(system: str, overrides: list[str], extra: list[str]) -> list[str]:
-    return [python(), "bench/bench_train.py", "--system", system, "--config", PEER_CONFIG,
-            *[a for o in overrides for a in ("--set", o)], *extra, "--json"]
+    return [
+        python(),
+        "bench/bench_train.py",
+        "--system",
+        system,
+        "--config",
+        PEER_CONFIG,
+        *[a for o in overrides for a in ("--set", o)],
+        *extra,
+        "--json",
+    ]
 
 
 EXCEPTION = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b:?")
@@ -96,8 +119,14 @@ EXCEPTION = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b:?")
 def useful_lines(text: str) -> list[str]:
     """Non-empty lines that are not log chatter (MindSpore's [WARNING]/[INFO], MindFormers' logger)."""
     stripped = (line.strip() for line in text.splitlines())
-    return [line for line in stripped if line and not line.startswith(("[WARNING]", "[INFO]"))
-            and " - INFO - " not in line and " - WARNING - " not in line]
+    return [
+        line
+        for line in stripped
+        if line
+        and not line.startswith(("[WARNING]", "[INFO]"))
+        and " - INFO - " not in line
+        and " - WARNING - " not in line
+    ]
 
 
 def error_line(stderr: str, code: int) -> str:
@@ -110,7 +139,7 @@ def error_line(stderr: str, code: int) -> str:
         if EXCEPTION.match(useful[i]):
             text = useful[i]
             if text.endswith(":") or ":" not in text:
-                text += " " + next((line for line in useful[i + 1:] if not set(line) <= set("-")), "")
+                text += " " + next((line for line in useful[i + 1 :] if not set(line) <= set("-")), "")
             return text.strip()[:300]
     return (useful or lines or [f"exit status {code}, no output"])[-1][:300]
 
@@ -167,8 +196,10 @@ def best_gemm_peaks(start: dict, end: dict) -> dict:
 
 def gemm_peaks(core: int) -> dict:
     peaks = {}
-    for name, measure in (("mindspore_tflops", lambda: mindspore_gemm_tflops(timeout=GEMM_TIMEOUT_S)),
-                          ("torch_tflops", lambda: torch_gemm_tflops(core, GEMM_TIMEOUT_S))):
+    for name, measure in (
+        ("mindspore_tflops", lambda: mindspore_gemm_tflops(timeout=GEMM_TIMEOUT_S)),
+        ("torch_tflops", lambda: torch_gemm_tflops(core, GEMM_TIMEOUT_S)),
+    ):
         try:
             peaks[name] = measure()
         except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
@@ -208,8 +239,10 @@ def compile_sweep(args, cores: list[int]) -> list[dict]:
             for result in results:
                 result.update(rep=rep, depth=depth)
                 runs.append(result)
-            log(f"compile depth {depth} rep {rep + 1}: "
-                + ", ".join(f"{r['system']} {r.get('compile_s') or r.get('error')}" for r in results))
+            log(
+                f"compile depth {depth} rep {rep + 1}: "
+                + ", ".join(f"{r['system']} {r.get('compile_s') or r.get('error')}" for r in results)
+            )
     return runs
 
 
@@ -235,17 +268,33 @@ def data_parallel_runs(args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for name, workers in LINEARITY_RUNS:
         shutil.rmtree(REPO / "output" / "bench" / name, ignore_errors=True)
-        command = ["bash", "scripts/run_distribute.sh", PEER_CONFIG, str(workers),
-                   "--set", f"run.name={name}", "--set", f"train.steps={args.dp_steps}",
-                   *[a for o in args.overrides for a in ("--set", o)]]
+        command = [
+            "bash",
+            "scripts/run_distribute.sh",
+            PEER_CONFIG,
+            str(workers),
+            "--set",
+            f"run.name={name}",
+            "--set",
+            f"train.steps={args.dp_steps}",
+            *[a for o in args.overrides for a in ("--set", o)],
+        ]
         out["commands"].append(shlex.join(command))
         log(f"linearity: {name}, {workers} worker(s)")
         load = os.getloadavg()[0]
         code, stderr = run_tree(command, env, LINEARITY_TIMEOUT_S)
-        error = (f"timed out after {LINEARITY_TIMEOUT_S} s" if code is None else
-                 error_line(stderr, code) if code else None)
-        out["runs"].append({"run": f"output/bench/{name}", "workers": workers, "load_1m_before": load,
-                            "load_1m_after": os.getloadavg()[0], "error": error})
+        error = (
+            f"timed out after {LINEARITY_TIMEOUT_S} s" if code is None else error_line(stderr, code) if code else None
+        )
+        out["runs"].append(
+            {
+                "run": f"output/bench/{name}",
+                "workers": workers,
+                "load_1m_before": load,
+                "load_1m_after": os.getloadavg()[0],
+                "error": error,
+            }
+        )
         if error:
             out["error"] = f"{name} ({workers} worker(s)): {error}"
             return out
@@ -264,11 +313,24 @@ def data_parallel_runs(args) -> dict:
 def allreduce(args) -> dict:
     """bench/allreduce.py under msrun, 2 workers: its JSON plus the command, or {"error", "command"}."""
     bin_dir = Path(python()).parent  # msrun starts `python` from PATH: this interpreter's
-    command = [str(bin_dir / "msrun"), "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
-               f"--log_dir={ALLREDUCE_LOGS}", "--join=True", "bench/allreduce.py", "--out", str(ALLREDUCE_OUT),
-               *[a for o in args.overrides for a in ("--set", o)]]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "GLOG_v": "3",
-           "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    command = [
+        str(bin_dir / "msrun"),
+        "--worker_num=2",
+        "--local_worker_num=2",
+        f"--master_port={free_port()}",
+        f"--log_dir={ALLREDUCE_LOGS}",
+        "--join=True",
+        "bench/allreduce.py",
+        "--out",
+        str(ALLREDUCE_OUT),
+        *[a for o in args.overrides for a in ("--set", o)],
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "GLOG_v": "3",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     record = {"command": shlex.join(command)}
     log("linearity: gradient all-reduce alone, 2 workers")
     ALLREDUCE_OUT.unlink(missing_ok=True)
@@ -315,8 +377,12 @@ def ceiling(lin: dict) -> dict | None:
     if sweep is None or wall is None:
         return None
     base = sweep["points"][0]
-    return {"value": base["step_time_s"] / (base["step_time_s"] + wall), "one_worker_step_s": base["step_time_s"],
-            "base_run": base["run"], "allreduce_wall_s": wall}
+    return {
+        "value": base["step_time_s"] / (base["step_time_s"] + wall),
+        "one_worker_step_s": base["step_time_s"],
+        "base_run": base["run"],
+        "allreduce_wall_s": wall,
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -328,8 +394,12 @@ def medians(runs: list[dict], key: str) -> dict:
     for system in {r["system"] for r in runs}:
         values = [r[key] for r in runs if r["system"] == system and r.get(key) is not None]
         if values:
-            by_system[system] = {"median": statistics.median(values), "min": min(values), "max": max(values),
-                                 "n": len(values)}
+            by_system[system] = {
+                "median": statistics.median(values),
+                "min": min(values),
+                "max": max(values),
+                "n": len(values),
+            }
     return by_system
 
 
@@ -347,26 +417,48 @@ def paired_ratios(runs: list[dict], key: str, ours: str, peer: str, group: str) 
 
 def summarize(results: dict) -> dict:
     runs, peak = results["throughput"], results["gemm"].get("mindspore_tflops")
-    summary = {"tokens_per_s": medians(runs, "tokens_per_s"), "tflops": medians(runs, "tflops"),
-               "compile_s": medians(runs, "compile_s"), "peak_rss_gib": medians(runs, "peak_rss_gib"),
-               "ratio_vs": {peer: paired_ratios(runs, "tokens_per_s", "mindscale", peer, "rep")
-                            for peer in ("mindformers", "hf")}}
+    summary = {
+        "tokens_per_s": medians(runs, "tokens_per_s"),
+        "tflops": medians(runs, "tflops"),
+        "compile_s": medians(runs, "compile_s"),
+        "peak_rss_gib": medians(runs, "peak_rss_gib"),
+        "ratio_vs": {
+            peer: paired_ratios(runs, "tokens_per_s", "mindscale", peer, "rep") for peer in ("mindformers", "hf")
+        },
+    }
     summary["mfu"] = {s: v["median"] / peak for s, v in summary["tflops"].items()} if peak else {}
     sweep = results["compile"]
     summary["compile_by_depth"] = {
-        depth: {"systems": medians([r for r in sweep if r["depth"] == depth], "compile_s"),
-                "ratio": paired_ratios([r for r in sweep if r["depth"] == depth], "compile_s", "mindscale",
-                                       "mindformers", "rep")}
-        for depth in sorted({r["depth"] for r in sweep})}
+        depth: {
+            "systems": medians([r for r in sweep if r["depth"] == depth], "compile_s"),
+            "ratio": paired_ratios(
+                [r for r in sweep if r["depth"] == depth], "compile_s", "mindscale", "mindformers", "rep"
+            ),
+        }
+        for depth in sorted({r["depth"] for r in sweep})
+    }
     return summary
 
 
 def describe_peer(cfg) -> dict:
     m, t = cfg.model, cfg.train
-    return {"batch": t.micro_batch_size, "seq": m.seq_length, "hidden": m.hidden_size, "layers": m.num_layers,
-            "heads": m.num_heads, "kv_heads": m.kv_heads, "ffn": m.ffn_hidden_size, "vocab": m.vocab_size,
-            "lr": t.lr, "schedule": t.lr_schedule, "betas": f"{t.adam_beta1}/{t.adam_beta2}", "eps": t.adam_eps,
-            "weight_decay": t.weight_decay, "grad_clip": t.grad_clip, "init_std": m.init_std}
+    return {
+        "batch": t.micro_batch_size,
+        "seq": m.seq_length,
+        "hidden": m.hidden_size,
+        "layers": m.num_layers,
+        "heads": m.num_heads,
+        "kv_heads": m.kv_heads,
+        "ffn": m.ffn_hidden_size,
+        "vocab": m.vocab_size,
+        "lr": t.lr,
+        "schedule": t.lr_schedule,
+        "betas": f"{t.adam_beta1}/{t.adam_beta2}",
+        "eps": t.adam_eps,
+        "weight_decay": t.weight_decay,
+        "grad_clip": t.grad_clip,
+        "init_std": m.init_std,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,8 +469,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depths", type=int, nargs="+", default=[4, 16, 32, 80], help="compile sweep depths")
     parser.add_argument("--depth-reps", type=int, default=1, help="compile sweep repetitions (default 1)")
     parser.add_argument("--dp-steps", type=int, default=5, help="steps of each linearity run (default 5)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override for every throughput, linearity and checkpoint run (smoke tests)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override for every throughput, linearity and checkpoint run (smoke tests)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md", help="Markdown to (re)write")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     args = parser.parse_args(argv)
@@ -396,10 +494,15 @@ def main(argv: list[str] | None = None) -> int:
 
     began = time.time()
     cores = sorted(os.sched_getaffinity(0))
-    results = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": describe(),
-               "load_1m_start": os.getloadavg()[0], "peer": describe_peer(peer),
-               "depth_sweep_set": DEPTH_SWEEP_SET, "settings": vars(args) | {"out": str(args.out)},
-               "command": shlex.join([Path(sys.executable).name, "bench/run_all.py", *(argv or sys.argv[1:])])}
+    results = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": describe(),
+        "load_1m_start": os.getloadavg()[0],
+        "peer": describe_peer(peer),
+        "depth_sweep_set": DEPTH_SWEEP_SET,
+        "settings": vars(args) | {"out": str(args.out)},
+        "command": shlex.join([Path(sys.executable).name, "bench/run_all.py", *(argv or sys.argv[1:])]),
+    }
     log("GEMM peaks")
     first_peaks = gemm_peaks(cores[0])
     results["throughput"] = throughput(args)

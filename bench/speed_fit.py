@@ -10,6 +10,7 @@ squared log of predicted over published; the collective half (links, latencies) 
 stated figures, not fitted. The result is written into configs/hardware/ascend910b.yaml by hand, with the median
 error (`speed_error`); tests/unit/test_planner.py checks that the profile's figures are this script's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,10 @@ def fit() -> tuple[dict, list]:
 def report(found: list) -> str:
     lines = [f"{'row':26s} fit  published  predicted  error"]
     for row, pred, err in found:
-        lines.append(f"{row['id']:26s} {'yes' if row.get('fit') else '   '}  {row['tokens_per_s_per_card']:9,.0f}  "
-                     f"{pred:9,.0f}  {err:+6.1%}")
+        lines.append(
+            f"{row['id']:26s} {'yes' if row.get('fit') else '   '}  {row['tokens_per_s_per_card']:9,.0f}  "
+            f"{pred:9,.0f}  {err:+6.1%}"
+        )
     return "\n".join(lines + [json.dumps(published.summary(found))])
 
 

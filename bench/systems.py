@@ -15,6 +15,7 @@ optimizer step and returns the loss as a Python float (which waits for the step 
 Every system sees the same token/label pairs: `batch` is [B, S + 1] ids; inputs are batch[:, :-1], labels
 batch[:, 1:], every position counted in the loss.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,11 +27,12 @@ import numpy as np
 from bench import SYSTEMS
 from mindscale.config import REPO_ROOT, Config
 
+
 @dataclass
 class System:
     step: Callable[[], float]
-    params: int            # trainable parameters (equal across systems when the configs agree)
-    framework: str         # "mindspore 2.9.0", "torch 2.13.0", ...
+    params: int  # trainable parameters (equal across systems when the configs agree)
+    framework: str  # "mindspore 2.9.0", "torch 2.13.0", ...
     compile: Callable[[], None] | None = None  # MindSpore: the step's graph compile on its own
 
 
@@ -71,8 +73,12 @@ def build_mindscale(cfg: Config, batch: np.ndarray) -> System:
         loss, _grad_norm, _overflow, _scale = step_cell(tokens)
         return float(loss.asnumpy())
 
-    return System(step, _mindspore_param_count(graph.model.trainable_params()), f"mindspore {ms.__version__}",
-                  lambda: step_cell.compile(tokens))
+    return System(
+        step,
+        _mindspore_param_count(graph.model.trainable_params()),
+        f"mindspore {ms.__version__}",
+        lambda: step_cell.compile(tokens),
+    )
 
 
 def _mindspore_param_count(params) -> int:
@@ -122,12 +128,27 @@ def build_mindformers(cfg: Config, batch: np.ndarray) -> System:
 
     m = cfg.model
     config = LlamaConfig(
-        batch_size=cfg.train.micro_batch_size, seq_length=m.seq_length, hidden_size=m.hidden_size,
-        num_layers=m.num_layers, num_heads=m.num_heads, n_kv_heads=m.kv_heads, intermediate_size=m.ffn_hidden_size,
-        vocab_size=m.vocab_size, rms_norm_eps=m.norm_eps, theta=m.rope_theta, tie_word_embeddings=m.tie_embeddings,
-        compute_dtype="float32", param_init_type="float32", layernorm_compute_type="float32",
-        softmax_compute_type="float32", rotary_dtype="float32", init_method_std=m.init_std,
-        use_rope_slice=True, fused_rms_norm=False, use_flash_attention=False)
+        batch_size=cfg.train.micro_batch_size,
+        seq_length=m.seq_length,
+        hidden_size=m.hidden_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        n_kv_heads=m.kv_heads,
+        intermediate_size=m.ffn_hidden_size,
+        vocab_size=m.vocab_size,
+        rms_norm_eps=m.norm_eps,
+        theta=m.rope_theta,
+        tie_word_embeddings=m.tie_embeddings,
+        compute_dtype="float32",
+        param_init_type="float32",
+        layernorm_compute_type="float32",
+        softmax_compute_type="float32",
+        rotary_dtype="float32",
+        init_method_std=m.init_std,
+        use_rope_slice=True,
+        fused_rms_norm=False,
+        use_flash_attention=False,
+    )
     network = LlamaForCausalLM(config)
     network.set_train(True)
     # MindFormers draws its lm_head with a different std; give every matrix the shared init scale.
@@ -141,9 +162,12 @@ def build_mindformers(cfg: Config, batch: np.ndarray) -> System:
     def step() -> float:
         return float(train_cell(input_ids).asnumpy().reshape(-1)[0])
 
-    return System(step, _mindspore_param_count(network.trainable_params()),
-                  f"mindspore {ms.__version__}, mindformers {mindformers.__version__}",
-                  lambda: train_cell.compile(input_ids))
+    return System(
+        step,
+        _mindspore_param_count(network.trainable_params()),
+        f"mindspore {ms.__version__}, mindformers {mindformers.__version__}",
+        lambda: train_cell.compile(input_ids),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -154,6 +178,7 @@ def optimizer_rules() -> tuple[Callable, Callable]:
     """`lr_at` and `decays`, MindScale's schedule and decay rule (mindscale/train/loop/schedule.py imports no
     MindSpore, which would add ~350 MB to the hf process's peak RSS)."""
     from mindscale.train.loop.schedule import decays, lr_at
+
     return lr_at, decays
 
 
@@ -167,15 +192,27 @@ def build_hf(cfg: Config, batch: np.ndarray) -> System:
     m, t = cfg.model, cfg.train
     lr_at, decays = optimizer_rules()
     config = LlamaConfig(
-        vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
-        num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads, num_key_value_heads=m.kv_heads,
-        max_position_embeddings=m.seq_length, rms_norm_eps=m.norm_eps, rope_theta=m.rope_theta,
-        initializer_range=m.init_std, tie_word_embeddings=m.tie_embeddings, use_cache=False,
-        attn_implementation="sdpa", torch_dtype=torch.float32)
+        vocab_size=m.vocab_size,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.ffn_hidden_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.kv_heads,
+        max_position_embeddings=m.seq_length,
+        rms_norm_eps=m.norm_eps,
+        rope_theta=m.rope_theta,
+        initializer_range=m.init_std,
+        tie_word_embeddings=m.tie_embeddings,
+        use_cache=False,
+        attn_implementation="sdpa",
+        torch_dtype=torch.float32,
+    )
     model = LlamaForCausalLM(config).train()
     named = list(model.named_parameters())
-    groups = [{"params": [p for n, p in named if decays(n, tuple(p.shape))], "weight_decay": t.weight_decay},
-              {"params": [p for n, p in named if not decays(n, tuple(p.shape))], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for n, p in named if decays(n, tuple(p.shape))], "weight_decay": t.weight_decay},
+        {"params": [p for n, p in named if not decays(n, tuple(p.shape))], "weight_decay": 0.0},
+    ]
     optimizer = torch.optim.AdamW(groups, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, t) / t.lr)
     tokens = torch.from_numpy(batch.astype(np.int64))
@@ -192,8 +229,9 @@ def build_hf(cfg: Config, batch: np.ndarray) -> System:
         schedule.step()
         return float(loss.detach())
 
-    return System(step, sum(p.numel() for _, p in named),
-                  f"torch {torch.__version__}, transformers {transformers.__version__}")
+    return System(
+        step, sum(p.numel() for _, p in named), f"torch {torch.__version__}, transformers {transformers.__version__}"
+    )
 
 
 BUILDERS = {"mindscale": build_mindscale, "mindformers": build_mindformers, "hf": build_hf}

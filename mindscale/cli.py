@@ -3,6 +3,7 @@
 A tool is argument parsing plus output over library functions; it catches the one base class of the
 errors a user can fix, mindscale.config.UserError, and reports it with `fail`: one line, exit 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,14 @@ class OneLineParser(argparse.ArgumentParser):
 
 def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument("--config", required=required, help="YAML config (see docs/config.md)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key, YAML-typed (repeatable), e.g. --set train.steps=10")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, YAML-typed (repeatable), e.g. --set train.steps=10",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

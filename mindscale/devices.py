@@ -1,12 +1,15 @@
 """Which accelerator this host has, decided one way for the launcher and for every worker: the
 *_VISIBLE_DEVICES list, else the device files. Pure Python (no MindSpore import), so the launcher
 stays fast; a worker then checks that MindSpore's backend for it is installed (train/loop/runtime.py)."""
+
 from __future__ import annotations
 
 import glob
 
-VISIBLE = {"Ascend": ("ASCEND_RT_VISIBLE_DEVICES", "/dev/davinci[0-9]*"),
-           "GPU": ("CUDA_VISIBLE_DEVICES", "/dev/nvidia[0-9]*")}
+VISIBLE = {
+    "Ascend": ("ASCEND_RT_VISIBLE_DEVICES", "/dev/davinci[0-9]*"),
+    "GPU": ("CUDA_VISIBLE_DEVICES", "/dev/nvidia[0-9]*"),
+}
 
 
 def count_devices(device: str, env: dict) -> int:

@@ -6,6 +6,7 @@ file; the folder is written under a hidden temporary name, fsynced and renamed i
 process killed at any moment leaves either the previous folder or the new one, and a folder without
 a valid marker (a kill, a truncated copy) is never read (mindscale/train/checkpoints/folder.py, docs/checkpoints.md).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -94,8 +95,10 @@ def verify_folder(path: str | Path, deep: bool = False) -> None:
     path = Path(path)
     marker = path / MARKER
     if not marker.is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint (no {MARKER} marker: interrupted write "
-                              "or not a MindScale checkpoint); point to a step_* folder that has one")
+        raise CheckpointError(
+            f"{path} is not a complete checkpoint (no {MARKER} marker: interrupted write "
+            "or not a MindScale checkpoint); point to a step_* folder that has one"
+        )
     try:
         entries = json.loads(marker.read_text())
     except json.JSONDecodeError:
@@ -103,8 +106,9 @@ def verify_folder(path: str | Path, deep: bool = False) -> None:
     for name, meta in entries.items():
         file = path / name
         if not file.is_file() or file.stat().st_size != meta["bytes"]:
-            raise CheckpointError(f"{file} is missing or truncated (expected {meta['bytes']} bytes); "
-                                  "use an older checkpoint")
+            raise CheckpointError(
+                f"{file} is missing or truncated (expected {meta['bytes']} bytes); use an older checkpoint"
+            )
         if deep and sha256(file) != meta["sha256"]:
             raise CheckpointError(f"{file} does not match its checksum; use an older checkpoint")
 
@@ -114,5 +118,4 @@ def read_tensors(file: Path) -> dict[str, np.ndarray]:
     try:
         return load_file(str(file))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{file} cannot be read ({str(exc).splitlines()[0]}); "
-                              "it is truncated or not safetensors")
+        raise CheckpointError(f"{file} cannot be read ({str(exc).splitlines()[0]}); it is truncated or not safetensors")

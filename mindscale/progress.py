@@ -7,6 +7,7 @@ total is known, the share done and an ETA. Work quicker than that prints nothing
 fails prints no line of its own, so bad input found early still ends in the one-line error alone on
 stderr. stdout stays the tool's answer (--json).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -57,9 +58,16 @@ class Progress:
         self.began = self.last_line = time.monotonic()
         if self.stream.isatty():
             from tqdm import tqdm
+
             single = {"bar_format": "{desc}: {elapsed}"} if total == 1 else {}  # a 1/1 bar says nothing
-            self.bar = tqdm(total=total, desc=f"{self.tool}: {what}", unit=f" {unit}", file=self.stream,
-                            dynamic_ncols=True, **single)
+            self.bar = tqdm(
+                total=total,
+                desc=f"{self.tool}: {what}",
+                unit=f" {unit}",
+                file=self.stream,
+                dynamic_ncols=True,
+                **single,
+            )
 
     def advance(self, n: int = 1) -> None:
         self.count += n

@@ -12,17 +12,32 @@ stand-alone for the device MindSpore is set to (inference, conversion, tests).
 The names load on first use: the architecture registry (models/spec.py, models/archs/) sits below
 the config layer, which reads it, so importing this package must not import MindSpore or the config.
 """
+
 from __future__ import annotations
 
 import importlib
 
 _HOME = {
-    "CausalLM": "models.transformer", "build_model": "models.build", "standalone_layout": "models.build",
-    "build_train_network": "models.build", "count_parameters": "models.build", "lora_enabled": "models.lora",
-    "apply_sharding_plan": "models.sharding", "describe_plan": "models.sharding",
-    **{name: "models.weights" for name in ("WeightsMismatch", "check_weights", "load_inference_weights",
-                                            "load_pretrained", "load_weights_into", "resolve_model_dims",
-                                            "with_hf_dims")},
+    "CausalLM": "models.transformer",
+    "build_model": "models.build",
+    "standalone_layout": "models.build",
+    "build_train_network": "models.build",
+    "count_parameters": "models.build",
+    "lora_enabled": "models.lora",
+    "apply_sharding_plan": "models.sharding",
+    "describe_plan": "models.sharding",
+    **{
+        name: "models.weights"
+        for name in (
+            "WeightsMismatch",
+            "check_weights",
+            "load_inference_weights",
+            "load_pretrained",
+            "load_weights_into",
+            "resolve_model_dims",
+            "with_hf_dims",
+        )
+    },
 }
 __all__ = list(_HOME)
 

@@ -12,6 +12,7 @@ uses them, and hands q, k, v to a core that returns [tokens, heads * d]:
 GQA without copying k/v: the heads that share a kv head are laid side by side along the query
 axis ([B, kv_heads, group * S, d]), so one BatchMatMul per kv head serves the whole group.
 """
+
 from __future__ import annotations
 
 import math
@@ -81,8 +82,7 @@ class CompositeAttention(nn.Cell):
 
     def construct(self, q, k, v, segment_ids=None):
         b, s, n, d = q.shape
-        q = self.transpose_q(self.scale_q(q, self.scale), (0, 2, 1, 3)).reshape(b, self.num_kv_heads, self.group,
-                                                                                 s, d)
+        q = self.transpose_q(self.scale_q(q, self.scale), (0, 2, 1, 3)).reshape(b, self.num_kv_heads, self.group, s, d)
         k = self.transpose_k(k, (0, 2, 1, 3))
         v = self.transpose_v(v, (0, 2, 1, 3))
         rows, cols = (self.rows, self.cols) if s == self.seq_length else (self.rows[:s], self.cols[:, :s])
@@ -113,17 +113,27 @@ class CompositeAttention(nn.Cell):
 
     def shard_strategies(self, style: str, layout) -> dict:
         dp, tp = layout.dp, layout.tp
-        bsnd = (dp, 1, tp, 1)         # [B, S, heads, d]
-        heads = (dp, tp, 1, 1)        # [B, kv_heads, group * S, d] and [B, heads, S, d]
-        grouped = (dp, tp, 1, 1, 1)   # [B, kv_heads, group, S, S]
-        per_row = (dp, 1, 1, 1, 1)    # the packed-segment mask [B, 1, 1, S, S]
-        return {"future": (((1, 1), (1, 1)), None), "mask_scale": (((1, 1), ()), None),
-                "scale_q": ((bsnd, ()), None), "transpose_q": ((bsnd,), None), "transpose_k": ((bsnd,), None),
-                "transpose_v": ((bsnd,), None), "bmm_qk": ((heads, heads), None),
-                "mask_add": ((grouped, (1, 1)), None), "softmax": ((grouped,), None),
-                "other_segment": ((per_row, per_row), None), "segment_cast": (((per_row,)), None),
-                "segment_scale": ((per_row, ()), None), "segment_add": ((grouped, per_row), None),
-                "bmm_pv": ((heads, heads), None), "transpose_out": ((heads,), None)}
+        bsnd = (dp, 1, tp, 1)  # [B, S, heads, d]
+        heads = (dp, tp, 1, 1)  # [B, kv_heads, group * S, d] and [B, heads, S, d]
+        grouped = (dp, tp, 1, 1, 1)  # [B, kv_heads, group, S, S]
+        per_row = (dp, 1, 1, 1, 1)  # the packed-segment mask [B, 1, 1, S, S]
+        return {
+            "future": (((1, 1), (1, 1)), None),
+            "mask_scale": (((1, 1), ()), None),
+            "scale_q": ((bsnd, ()), None),
+            "transpose_q": ((bsnd,), None),
+            "transpose_k": ((bsnd,), None),
+            "transpose_v": ((bsnd,), None),
+            "bmm_qk": ((heads, heads), None),
+            "mask_add": ((grouped, (1, 1)), None),
+            "softmax": ((grouped,), None),
+            "other_segment": ((per_row, per_row), None),
+            "segment_cast": (((per_row,)), None),
+            "segment_scale": ((per_row, ()), None),
+            "segment_add": ((grouped, per_row), None),
+            "bmm_pv": ((heads, heads), None),
+            "transpose_out": ((heads,), None),
+        }
 
 
 class FlashAttention(nn.Cell):
@@ -147,22 +157,31 @@ class FlashAttention(nn.Cell):
     `sequence_ends` computes from segment_ids in the graph (docs/models.md, "Packed data under flash attention").
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, ulysses: tuple | None = None,
-                 packed_slots: int = 1, row_blocks: int = 1):
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        ulysses: tuple | None = None,
+        packed_slots: int = 1,
+        row_blocks: int = 1,
+    ):
         """ulysses: (tp, cp) for the all-to-all form of context parallel, else None. For packed data
         (`sequence_ends`): packed_slots, the ends a row gives the kernel (its examples' and its padding's), and
         Layout.row_blocks."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.causal_mask = flash_causal_mask()
-        self.flash = FlashAttentionScore(head_num=num_heads, scale_value=1.0 / math.sqrt(head_dim),
-                                         input_layout="BSH", sparse_mode=2)
+        self.flash = FlashAttentionScore(
+            head_num=num_heads, scale_value=1.0 / math.sqrt(head_dim), input_layout="BSH", sparse_mode=2
+        )
         # Packed data: every row's tokens one after another ([T, heads, d]), each example a causal sequence of
         # its own, bounded by the cumulative ends actual_seq_qlen = actual_seq_kvlen. sparse_mode 3 (right-down
         # causal per sequence; with equal query and key lengths the same mask as 2) with next_tokens 0, as
         # MindSpore 2.9 asks of TND and MindFormers 1.9 builds it.
-        self.flash_packed = FlashAttentionScore(head_num=num_heads, scale_value=1.0 / math.sqrt(head_dim),
-                                                next_tokens=0, input_layout="TND", sparse_mode=3)
+        self.flash_packed = FlashAttentionScore(
+            head_num=num_heads, scale_value=1.0 / math.sqrt(head_dim), next_tokens=0, input_layout="TND", sparse_mode=3
+        )
         self.row_blocks = row_blocks
         self.slot_shift = ops.Add()
         self.slot_of = ops.FloorMod()
@@ -176,10 +195,10 @@ class FlashAttention(nn.Cell):
         self.ends_cast = ops.Cast()
         self.ulysses = ulysses
         if ulysses is not None:
-            self.swap_in = ops.Transpose()    # [B, S, tp, cp, r, d] -> [B, S, cp, tp, r, d]
-            self.all_to_all_in = ops.Transpose()   # identity: the sequence split moves to the cp factor
+            self.swap_in = ops.Transpose()  # [B, S, tp, cp, r, d] -> [B, S, cp, tp, r, d]
+            self.all_to_all_in = ops.Transpose()  # identity: the sequence split moves to the cp factor
             self.all_to_all_out = ops.Transpose()  # identity: back to the sequence split
-            self.swap_out = ops.Transpose()   # [B, S, cp, tp, r, d] -> [B, S, tp, cp, r, d]
+            self.swap_out = ops.Transpose()  # [B, S, cp, tp, r, d] -> [B, S, tp, cp, r, d]
 
     def to_heads(self, x, heads: int):
         """[B, S, heads, d] split (dp, cp, tp, 1) -> [B, S, heads * d] split (dp, 1, cp * tp)."""
@@ -192,8 +211,7 @@ class FlashAttention(nn.Cell):
         """to_heads' inverse for the output [B, S, heads * d]: [B*S, heads * d] split (dp*cp, tp)."""
         b, s = x.shape[:2]
         tp, cp = self.ulysses
-        x = self.all_to_all_out(x.reshape(b, s, cp, tp, self.num_heads // (tp * cp), self.head_dim),
-                                (0, 1, 2, 3, 4, 5))
+        x = self.all_to_all_out(x.reshape(b, s, cp, tp, self.num_heads // (tp * cp), self.head_dim), (0, 1, 2, 3, 4, 5))
         return self.swap_out(x, (0, 1, 3, 2, 4, 5)).reshape(b * s, self.num_heads * self.head_dim)
 
     def sequence_ends(self, segment_ids):
@@ -242,9 +260,13 @@ class FlashAttention(nn.Cell):
         if layout.ulysses:
             heads = (dp, 1, cp * tp)  # BSH, heads inside H split over cp x tp, the whole sequence
             by_sequence, by_heads = (dp, cp, 1, tp, 1, 1), (dp, 1, cp, tp, 1, 1)
-            return {"flash": ((heads, heads, heads, (1, 1)), None), "swap_in": (((dp, cp, tp, 1, 1, 1),), None),
-                    "all_to_all_in": ((by_heads,), None), "all_to_all_out": ((by_sequence,), None),
-                    "swap_out": ((by_sequence,), None)}
+            return {
+                "flash": ((heads, heads, heads, (1, 1)), None),
+                "swap_in": (((dp, cp, tp, 1, 1, 1),), None),
+                "all_to_all_in": ((by_heads,), None),
+                "all_to_all_out": ((by_sequence,), None),
+                "swap_out": ((by_sequence,), None),
+            }
         # queries split along the sequence over cp, K and V whole (all-gathered over cp when cp > 1)
         return {"flash": (((dp, cp, tp), (dp, 1, tp), (dp, 1, tp), (1, 1)), None), **self.packed_strategies(dp, tp)}
 
@@ -255,12 +277,18 @@ class FlashAttention(nn.Cell):
         (MindSpore 2.9's flash_attention_score_info.cc splits them so, and rewrites their values only when
         the tokens are split along a sequence)."""
         tnd, rows = (dp, tp, 1), (dp, 1, 1, 1)  # rows: [blocks, rows, S, slots], one block per dp rank
-        return {"flash_packed": ((tnd, tnd, tnd, (1, 1), (dp,), (dp,)), None),
-                "slot_shift": ((rows, ()), None), "slot_of": ((rows, ()), None),
-                "in_slot": ((rows, (1, 1, 1, 1)), None), "in_slot_cast": ((rows,), None),
-                "count_ends": ((rows,), None), "row_length": (((dp, 1, 1),), None),
-                "row_start": (((dp, 1, 1),), None), "offset_ends": (((dp, 1, 1), (dp, 1, 1)), None),
-                "ends_cast": (((dp, 1, 1),), None)}
+        return {
+            "flash_packed": ((tnd, tnd, tnd, (1, 1), (dp,), (dp,)), None),
+            "slot_shift": ((rows, ()), None),
+            "slot_of": ((rows, ()), None),
+            "in_slot": ((rows, (1, 1, 1, 1)), None),
+            "in_slot_cast": ((rows,), None),
+            "count_ends": ((rows,), None),
+            "row_length": (((dp, 1, 1),), None),
+            "row_start": (((dp, 1, 1),), None),
+            "offset_ends": (((dp, 1, 1), (dp, 1, 1)), None),
+            "ends_cast": (((dp, 1, 1),), None),
+        }
 
 
 class Attention(nn.Cell):
@@ -268,9 +296,24 @@ class Attention(nn.Cell):
 
     REGATHERED_INPUT = ("wq", "wk", "wv")  # the Linears reading the input, which sequence parallel all-gathers
 
-    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, seq_length: int, *,
-                 bias: bool, qkv_bias: bool, qk_norm_eps: float | None, rope: tuple | None, core: nn.Cell,
-                 std: float, out_std: float, param_dtype, compute_dtype):
+    def __init__(
+        self,
+        hidden: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        seq_length: int,
+        *,
+        bias: bool,
+        qkv_bias: bool,
+        qk_norm_eps: float | None,
+        rope: tuple | None,
+        core: nn.Cell,
+        std: float,
+        out_std: float,
+        param_dtype,
+        compute_dtype,
+    ):
         """bias: on wo too (GPT); qkv_bias: on wq/wk/wv; qk_norm_eps: RMSNorm of each q and k head (Qwen3)
         with that epsilon, or None; rope: (theta, scaling params) or None."""
         super().__init__()

@@ -1,4 +1,5 @@
 """Building a model and its loss network for a config and a layout."""
+
 from __future__ import annotations
 
 import numpy as np

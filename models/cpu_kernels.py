@@ -4,6 +4,7 @@ expand_broadcasts gives every Add/Sub/Mul equal-shape inputs (EqualShapes). Asce
 (under semi-auto parallel these would need strategies of their own); the numbers are the same
 (tests/models/test_models.py compares both).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -71,8 +72,12 @@ class SplitCausalAttention(CompositeAttention):
         h = s // 2
         low = None if segments is None else segments[..., :h, :h]
         high = None if segments is None else segments[..., h:, :]
-        return self.concat_halves((self.attend(q[:, :, :, :h], k[:, :, :h], v[:, :, :h], mask[..., :h, :h], low),
-                                   self.attend(q[:, :, :, h:], k, v, mask[..., h:, :], high)))
+        return self.concat_halves(
+            (
+                self.attend(q[:, :, :, :h], k[:, :, :h], v[:, :, :h], mask[..., :h, :h], low),
+                self.attend(q[:, :, :, h:], k, v, mask[..., h:, :], high),
+            )
+        )
 
 
 def broadcast_shape(x: tuple, y: tuple) -> tuple:
@@ -124,8 +129,12 @@ BROADCASTING = (ops.Add, ops.Sub, ops.Mul)
 
 def expand_broadcasts(network: nn.Cell) -> None:
     """Wrap every Add, Sub and Mul primitive held by a cell of `network` in EqualShapes."""
-    found = [(cell, name, prim) for _, cell in network.cells_and_names()
-             for name, prim in cell._primitives.items() if type(prim) in BROADCASTING]
+    found = [
+        (cell, name, prim)
+        for _, cell in network.cells_and_names()
+        for name, prim in cell._primitives.items()
+        if type(prim) in BROADCASTING
+    ]
     for cell, name, prim in found:
         del cell._primitives[name]  # Cell.__setattr__ refuses a cell under a name that holds a primitive
         setattr(cell, name, EqualShapes(prim))

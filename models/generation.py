@@ -13,6 +13,7 @@ a query at position p sees cache rows 0..p: shapes never change, no dynamic slic
 The layer math is the model's: the same Linear/norm/MLP cells (LoRA-wrapped ones too) and the
 same rotate-half rotary formula, evaluated at absolute positions; sampling runs on the host.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,18 +36,26 @@ class KVCacheDecoder(nn.Cell):
         super().__init__(auto_prefix=False)
         model_config = cfg.model
         if model.pos_embeddings is not None and max_length > model_config.seq_length:
-            raise ValueError(f"prompt + new tokens = {max_length} exceeds model.seq_length={model_config.seq_length}, the "
-                             "learned positions of this GPT; shorten the prompt or --max_new_tokens")
+            raise ValueError(
+                f"prompt + new tokens = {max_length} exceeds model.seq_length={model_config.seq_length}, the "
+                "learned positions of this GPT; shorten the prompt or --max_new_tokens"
+            )
         self.model = model
         self.max_length = max_length
-        self.num_heads, self.num_kv_heads, self.head_dim = model_config.num_heads, model_config.kv_heads, model_config.head_size
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            model_config.num_heads,
+            model_config.kv_heads,
+            model_config.head_size,
+        )
         self.group = model_config.num_heads // model_config.kv_heads
         self.rotary = model_config.spec.rotary
         dtype = DTYPES[model_config.compute_dtype]
         self.compute_dtype = dtype
         # the rotary part: the whole head, or multi-head latent attention's last rope_head_size features
         self.rope_dim = model_config.rope_head_size
-        self.cos, self.sin = rotary_tables(max_length, self.rope_dim, model_config.rope_theta, model_config.rope_scaling_params, dtype)
+        self.cos, self.sin = rotary_tables(
+            max_length, self.rope_dim, model_config.rope_theta, model_config.rope_scaling_params, dtype
+        )
         self.half = self.rope_dim // 2
         self.scale = 1.0 / math.sqrt(model_config.head_size)
         self.slots = Tensor(np.arange(max_length, dtype=np.int32).reshape(1, max_length))
@@ -61,8 +70,8 @@ class KVCacheDecoder(nn.Cell):
     def _rope(self, x, cos, sin):
         """Rotate-half rotary embedding of the last rope_dim features of x [B, s, heads, d] (all of them but
         under multi-head latent attention) at the gathered positions' cos/sin [s, 1, rope_dim]."""
-        kept, x = x[..., :self.head_dim - self.rope_dim], x[..., self.head_dim - self.rope_dim:]
-        low, high = x[..., :self.half], x[..., self.half:]
+        kept, x = x[..., : self.head_dim - self.rope_dim], x[..., self.head_dim - self.rope_dim :]
+        low, high = x[..., : self.half], x[..., self.half :]
         rotated = x * cos + ops.concat((high, low), -1) * sin
         return rotated if self.rope_dim == self.head_dim else ops.concat((kept, rotated), -1)
 
@@ -84,7 +93,7 @@ class KVCacheDecoder(nn.Cell):
             q, k, v = att.qkv(h, b, s)
             if self.rotary:
                 q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            keys = k_cache[i] + ops.matmul(write, ops.transpose(k, (0, 2, 1, 3)))      # [B, kv, T, d]
+            keys = k_cache[i] + ops.matmul(write, ops.transpose(k, (0, 2, 1, 3)))  # [B, kv, T, d]
             values = v_cache[i] + ops.matmul(write, ops.transpose(v, (0, 2, 1, 3)))
             new_k.append(keys)
             new_v.append(values)
@@ -106,6 +115,7 @@ class KVCacheDecoder(nn.Cell):
 class Sampler:
     """Next-token choice from logits: greedy (argmax), or temperature then top-k then top-p (nucleus)
     sampling from a numpy generator seeded once, so a seed reproduces a generation."""
+
     greedy: bool = True
     temperature: float = 1.0
     top_k: int = 0
@@ -145,14 +155,17 @@ class Sampler:
         return choose
 
 
-def generate(decoder: KVCacheDecoder, prompt: list[int], max_new_tokens: int, sampler: Sampler,
-             eos_id: int | None = None) -> list[int]:
+def generate(
+    decoder: KVCacheDecoder, prompt: list[int], max_new_tokens: int, sampler: Sampler, eos_id: int | None = None
+) -> list[int]:
     """New token ids after `prompt` (not including it); stops after eos_id (kept) or max_new_tokens."""
     if not prompt:
         raise ValueError("the prompt is empty; give at least one token")
     if len(prompt) + max_new_tokens > decoder.max_length:
-        raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) > the decoder's "
-                         f"max_length {decoder.max_length}")
+        raise ValueError(
+            f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) > the decoder's "
+            f"max_length {decoder.max_length}"
+        )
     choose = sampler.chooser()
     k_cache, v_cache = decoder.empty_cache(1)
     ids = Tensor(np.array([prompt], np.int32))

@@ -4,6 +4,7 @@
 Every conversion is a pure re-arrangement (rename, transpose, split, concatenate) so a round trip
 reproduces the original tensors bit for bit.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +30,17 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 GENERATION_CONFIG = "generation_config.json"  # generate()'s defaults: special-token ids, sampling
 # A tokenizer's files in a Hugging Face folder (SentencePiece, tokenizers' JSON, GPT-2's BPE, the chat template).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 PARTIAL = ".partial-"
 
@@ -64,8 +74,10 @@ def model_config_differences(hf_model: dict, m) -> list[str]:
     config: its experts would have nowhere to go)."""
     if hf_model["arch"] != m.arch:
         kind = {True: "a mixture of experts", False: "dense"}
-        return [f"model.arch={hf_model['arch']!r}, {kind[ARCHS[hf_model['arch']].moe]} (config has {m.arch!r}, "
-                f"{kind[m.spec.moe]})"]
+        return [
+            f"model.arch={hf_model['arch']!r}, {kind[ARCHS[hf_model['arch']].moe]} (config has {m.arch!r}, "
+            f"{kind[m.spec.moe]})"
+        ]
     hf_model = dict(hf_model)
     sections = {name: hf_model.pop(name) for name in ("moe", "mla") if name in hf_model}
     ours = {key: getattr(m, key) for key in hf_model}
@@ -74,11 +86,16 @@ def model_config_differences(hf_model: dict, m) -> list[str]:
         ours["head_dim"] = m.head_size
         hf_model = hf_model | {"head_dim": hf_model["head_dim"] or hf_model["hidden_size"] // hf_model["num_heads"]}
     skip = set() if ARCHS[hf_model["arch"]].learned_positions else {"seq_length"}
-    return [f"model.{key}={hf_model[key]!r} (config has {ours[key]!r})"
-            for key in hf_model if key not in skip and hf_model[key] != ours[key]] + \
-        [f"model.{name}.{key}={value!r} (config has {getattr(getattr(m, name), key)!r})"
-         for name, section in sections.items() for key, value in section.items()
-         if value != getattr(getattr(m, name), key)]
+    return [
+        f"model.{key}={hf_model[key]!r} (config has {ours[key]!r})"
+        for key in hf_model
+        if key not in skip and hf_model[key] != ours[key]
+    ] + [
+        f"model.{name}.{key}={value!r} (config has {getattr(getattr(m, name), key)!r})"
+        for name, section in sections.items()
+        for key, value in section.items()
+        if value != getattr(getattr(m, name), key)
+    ]
 
 
 def hf_config_from_model(m) -> dict:
@@ -111,8 +128,11 @@ def _expand(adapter: HFAdapter, model: dict) -> list[Rule]:
         if model["tie_embeddings"] and rule.ours == "output.weight":
             continue
         layers = range(model["num_layers"]) if "{i}" in rule.ours else [None]
-        rules += [Rule(rule.ours.format(i=i), rule.theirs.replace("{i}", str(i)), rule.transpose, rule.part)
-                  for i in layers if adapter.applies is None or adapter.applies(model, rule, i)]
+        rules += [
+            Rule(rule.ours.format(i=i), rule.theirs.replace("{i}", str(i)), rule.transpose, rule.part)
+            for i in layers
+            if adapter.applies is None or adapter.applies(model, rule, i)
+        ]
     return rules
 
 
@@ -171,19 +191,27 @@ def hf_views(hf_state: dict, hf_config: dict) -> tuple[dict, dict[str, RuleView]
     model = model_config_from_hf(hf_config)
     adapter = ARCHS[model["arch"]].hf
     unloaded = adapter.unloaded(hf_config) if adapter.unloaded else (lambda name: False)
-    state = {k: v for k, v in _add_prefix(hf_state, adapter.unprefixed).items()
-             if not IGNORED_HF.search(k) and not unloaded(k)}
+    state = {
+        k: v
+        for k, v in _add_prefix(hf_state, adapter.unprefixed).items()
+        if not IGNORED_HF.search(k) and not unloaded(k)
+    }
     rules = _expand(adapter, model)
     experts = model.get("moe", {}).get("num_experts", 0)
     needed = {each.theirs for r in rules for each in _experts(r, experts)}
     missing = sorted(needed - set(state))
     unused = sorted(set(state) - needed - ({"lm_head.weight"} if model["tie_embeddings"] else set()))
     if missing or unused:
-        parts = ([f"missing {len(missing)}: {', '.join(missing[:3])}"] if missing else []) + \
-                ([f"unexpected {len(unused)}: {', '.join(unused[:3])}"] if unused else [])
+        parts = ([f"missing {len(missing)}: {', '.join(missing[:3])}"] if missing else []) + (
+            [f"unexpected {len(unused)}: {', '.join(unused[:3])}"] if unused else []
+        )
         raise HFConversionError(f"Hugging Face tensors do not match config.json ({'; '.join(parts)})")
-    return model, {r.ours: StackedView([RuleView(each, state[each.theirs]) for each in _experts(r, experts)])
-                   if r.per_expert else RuleView(r, state[r.theirs]) for r in rules}
+    return model, {
+        r.ours: StackedView([RuleView(each, state[each.theirs]) for each in _experts(r, experts)])
+        if r.per_expert
+        else RuleView(r, state[r.theirs])
+        for r in rules
+    }
 
 
 def hf_to_mindscale(hf_state: dict, hf_config: dict) -> tuple[dict, dict[str, np.ndarray]]:
@@ -197,8 +225,10 @@ def mindscale_to_hf(weights: dict[str, np.ndarray], m) -> tuple[dict[str, np.nda
     rules = _expand(ARCHS[m.arch].hf, dataclasses.asdict(m))
     missing = [r.ours for r in rules if r.ours not in weights]
     if missing:
-        raise HFConversionError(f"MindScale weights lack {len(missing)} tensors (first: {', '.join(missing[:3])}); "
-                                "the checkpoint does not match the config")
+        raise HFConversionError(
+            f"MindScale weights lack {len(missing)} tensors (first: {', '.join(missing[:3])}); "
+            "the checkpoint does not match the config"
+        )
     grouped: dict[str, list[Rule]] = {}
     state = {}
     for r in rules:
@@ -247,8 +277,10 @@ def read_hf_folder(path: str | Path, lazy: bool = False) -> tuple[dict, dict]:
     elif index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     else:
-        raise HFConversionError(f"{path} has no model.safetensors or model.safetensors.index.json "
-                                "(PyTorch .bin checkpoints are not read; re-save with safetensors)")
+        raise HFConversionError(
+            f"{path} has no model.safetensors or model.safetensors.index.json "
+            "(PyTorch .bin checkpoints are not read; re-save with safetensors)"
+        )
     tensors = {}
     for name in files:
         if not (path / name).is_file():
@@ -265,12 +297,19 @@ def check_export_folder(path: str | Path, overwrite: bool) -> None:
         raise HFConversionError(f"--output {path} is a file; pass a folder path")
     others = sorted(p.name for p in path.iterdir() if not _partial_of_ours(p.name)) if path.is_dir() else []
     if others and not overwrite:
-        raise HFConversionError(f"--output {path} is not empty ({_names(others)}); pass --overwrite to replace the "
-                                "files the export writes there and keep the others, or choose another folder")
+        raise HFConversionError(
+            f"--output {path} is not empty ({_names(others)}); pass --overwrite to replace the "
+            "files the export writes there and keep the others, or choose another folder"
+        )
 
 
-def write_hf_folder(path: str | Path, hf_state: dict[str, np.ndarray], hf_config: dict,
-                    files: dict[str, bytes] | None = None, overwrite: bool = False) -> Path:
+def write_hf_folder(
+    path: str | Path,
+    hf_state: dict[str, np.ndarray],
+    hf_config: dict,
+    files: dict[str, bytes] | None = None,
+    overwrite: bool = False,
+) -> Path:
     """config.json + model.safetensors that transformers' from_pretrained loads, and `files` (name ->
     contents: a tokenizer, a generation config), into folder `path`: absent or empty, or any folder with
     `overwrite` (check_export_folder). Only these files are written and no other is removed. Each is
@@ -284,8 +323,9 @@ def write_hf_folder(path: str | Path, hf_state: dict[str, np.ndarray], hf_config
         if _partial_of_ours(stale.name):
             stale.unlink()
     writers = {name: (lambda target, data=data: target.write_bytes(data)) for name, data in (files or {}).items()}
-    writers[WEIGHTS_FILE] = lambda target: save_file({k: np.ascontiguousarray(v) for k, v in hf_state.items()},
-                                                     str(target), metadata={"format": "pt"})
+    writers[WEIGHTS_FILE] = lambda target: save_file(
+        {k: np.ascontiguousarray(v) for k, v in hf_state.items()}, str(target), metadata={"format": "pt"}
+    )
     writers[CONFIG_FILE] = lambda target: target.write_text(json.dumps(hf_config, indent=2) + "\n")
     partials = {name: path / f".{name}{PARTIAL}{os.getpid()}" for name in writers}
     try:

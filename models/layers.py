@@ -20,6 +20,7 @@ Dtypes: parameters are stored in `param_dtype` and read in `compute_dtype` (matm
 residual stream is in `ModelConfig.residual_dtype` (the compute dtype unless Megatron's
 `fp32_residual_connection`); norms, softmax and the loss compute in fp32.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -33,6 +34,7 @@ from mindspore.ops.auto_generate import SiLU
 from models.spec import COLWISE, REPLICATE, ROWWISE, SEQUENCE, VOCAB
 
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
 
 def token_split(layout, style: str) -> int:
     """Into how many parts an op of `style` splits the token dimension of [B*S, h]: data x context parallel
@@ -53,8 +55,15 @@ def param(shape: tuple, dtype, init) -> Parameter:
 class Linear(nn.Cell):
     """y = x W^T (+ b), W stored [out, in] as in PyTorch/Hugging Face checkpoints."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, std: float,
-                 param_dtype=ms.float32, compute_dtype=ms.float32):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        std: float,
+        param_dtype=ms.float32,
+        compute_dtype=ms.float32,
+    ):
         super().__init__()
         self.weight = param((out_features, in_features), param_dtype, Normal(std))
         self.bias = Parameter(initializer(Zero(), (out_features,), param_dtype), name="bias") if bias else None
@@ -71,7 +80,6 @@ class Linear(nn.Cell):
             y = self.bias_add(y, self.cast(self.bias, self.compute_dtype) if self.cast_weight else self.bias)
         return y
 
-
     PARAMETER_INPUTS = {"weight": ("matmul", 1), "bias": ("bias_add", 1)}
 
     def regather_input(self) -> None:
@@ -86,13 +94,16 @@ class Linear(nn.Cell):
             rules = {"matmul": (((rows, 1), (tp, 1)), None), "bias_add": (((rows, tp), (tp,)), None)}
         elif style == ROWWISE:
             scatter = ((rows * tp, 1),) if layout.sp else None
-            rules = {"matmul": (((rows, tp), (1, tp)), scatter),
-                     "bias_add": (((token_split(layout, SEQUENCE), 1), (1,)), None)}
+            rules = {
+                "matmul": (((rows, tp), (1, tp)), scatter),
+                "bias_add": (((token_split(layout, SEQUENCE), 1), (1,)), None),
+            }
         else:
             rules = {"matmul": (((rows, 1), (1, 1)), None), "bias_add": (((rows, 1), (1,)), None)}
         if self.bias is None:
             del rules["bias_add"]
         return rules
+
 
 class Embedding(nn.Cell):
     """Token (or position) lookup table [num, dim]: read in `read_dtype` (the compute dtype, like every
@@ -106,8 +117,9 @@ class Embedding(nn.Cell):
     (docs/dryrun.md#against-mindformers).
     """
 
-    def __init__(self, num: int, dim: int, std: float, param_dtype=ms.float32, read_dtype=ms.float32,
-                 out_dtype=ms.float32):
+    def __init__(
+        self, num: int, dim: int, std: float, param_dtype=ms.float32, read_dtype=ms.float32, out_dtype=ms.float32
+    ):
         super().__init__()
         self.weight = param((num, dim), param_dtype, Normal(std))
         self.gather = ops.Gather()
@@ -120,13 +132,13 @@ class Embedding(nn.Cell):
         out = self.gather(table, ids, 0)
         return self.cast(out, self.out_dtype) if self.cast_out else out
 
-
     PARAMETER_INPUTS = {"weight": ("gather", 0)}
 
     def shard_strategies(self, style: str, layout) -> dict:
         if style == VOCAB:  # ids [B, S]: rows over dp, the sequence over cp
             return {"gather": (((layout.tp if layout.vocab_parallel else 1, 1), (layout.dp, layout.cp)), None)}
         return {"gather": (((1, 1), (layout.cp,)), None)}  # the position table, at the rank's [S/cp] positions
+
 
 class OutputHead(nn.Cell):
     """Logits = h E^T with its own weight `output.weight`, or with the token embedding when tied.
@@ -135,8 +147,9 @@ class OutputHead(nn.Cell):
     would rename `tok_embeddings.weight`); the caller passes the embedding weight in.
     """
 
-    def __init__(self, hidden: int, vocab: int, tied: bool, std: float, param_dtype=ms.float32,
-                 compute_dtype=ms.float32):
+    def __init__(
+        self, hidden: int, vocab: int, tied: bool, std: float, param_dtype=ms.float32, compute_dtype=ms.float32
+    ):
         super().__init__()
         self.weight = None if tied else param((vocab, hidden), param_dtype, Normal(std))
         self.matmul = ops.MatMul(transpose_b=True)
@@ -149,7 +162,6 @@ class OutputHead(nn.Cell):
         if self.cast_weight:
             weight = self.cast(weight, self.compute_dtype)
         return self.matmul(h, weight)
-
 
     PARAMETER_INPUTS = {"weight": ("matmul", 1)}
 
@@ -191,8 +203,11 @@ class RMSNorm(Fp32Norm):
 
     def construct(self, x):
         x = self.fp32(x)
-        return self.out(self.mul_weight(self.mul(x, self.rsqrt(self.add(self.mean(self.square(x), -1), self.eps))),
-                                        self.fp32(self.weight)))
+        return self.out(
+            self.mul_weight(
+                self.mul(x, self.rsqrt(self.add(self.mean(self.square(x), -1), self.eps))), self.fp32(self.weight)
+            )
+        )
 
     PARAMETER_INPUTS = {"weight": ("mul_weight", 1)}
 
@@ -202,8 +217,14 @@ class RMSNorm(Fp32Norm):
 
     def shard_strategies(self, style: str, layout) -> dict:
         x = self.split(style, layout)
-        return {"square": ((x,), None), "mean": ((x,), None), "add": ((x, ()), None), "rsqrt": ((x,), None),
-                "mul": ((x, x), None), "mul_weight": ((x, (1,)), None)}
+        return {
+            "square": ((x,), None),
+            "mean": ((x,), None),
+            "add": ((x, ()), None),
+            "rsqrt": ((x,), None),
+            "mul": ((x, x), None),
+            "mul_weight": ((x, (1,)), None),
+        }
 
 
 class HeadRMSNorm(RMSNorm):
@@ -264,8 +285,9 @@ def rope_frequencies(head_dim: int, theta: float, scaling: tuple | None = None) 
 
 
 @lru_cache(maxsize=4)
-def rotary_tables(seq_length: int, head_dim: int, theta: float, scaling: tuple | None = None,
-                  dtype=ms.float32) -> tuple[Tensor, Tensor]:
+def rotary_tables(
+    seq_length: int, head_dim: int, theta: float, scaling: tuple | None = None, dtype=ms.float32
+) -> tuple[Tensor, Tensor]:
     """cos and sign-folded sin tables [seq, 1, head_dim] for the rotate-half convention, built once
     and shared by every layer (graph constants).
 
@@ -287,8 +309,9 @@ class RotaryEmbedding(nn.Cell):
     and, unlike a matmul over a flattened view, it shards per head.
     """
 
-    def __init__(self, seq_length: int, head_dim: int, theta: float, scaling: tuple | None = None,
-                 compute_dtype=ms.float32):
+    def __init__(
+        self, seq_length: int, head_dim: int, theta: float, scaling: tuple | None = None, compute_dtype=ms.float32
+    ):
         super().__init__()
         self.cos, self.sin = rotary_tables(seq_length, head_dim, theta, scaling, compute_dtype)
         self.seq_length = seq_length
@@ -309,7 +332,6 @@ class RotaryEmbedding(nn.Cell):
         high = self.slice_high(x, (0, 0, 0, self.half), (b, s, n, d), (1, 1, 1, 1))
         return self.add(self.mul_cos(x, cos), self.mul_sin(self.concat((high, low)), sin))
 
-
     def shard_strategies(self, style: str, layout) -> dict:
         """The tables [S, 1, d] split along the sequence as the heads are: each context-parallel rank
         rotates by its own positions (context_positions), sliced from the constants by the compiler. The
@@ -317,9 +339,15 @@ class RotaryEmbedding(nn.Cell):
         heads, table = head_split(layout), (layout.cp, 1, 1)  # [B, S, heads, d]
         if style == REPLICATE:  # one head shared by all (multi-head latent attention's rotary key): not split
             heads = (*heads[:2], 1, 1)
-        return {"slice_low": ((heads,), None), "slice_high": ((heads,), None), "concat": ((heads, heads), None),
-                "mul_cos": ((heads, table), None), "mul_sin": ((heads, table), None),
-                "add": ((heads, heads), None)}
+        return {
+            "slice_low": ((heads,), None),
+            "slice_high": ((heads,), None),
+            "concat": ((heads, heads), None),
+            "mul_cos": ((heads, table), None),
+            "mul_sin": ((heads, table), None),
+            "add": ((heads, heads), None),
+        }
+
 
 class SwiGLU(nn.Cell):
     """LLaMA feed-forward: w2(silu(w1 x) * w3 x), separate w1/w3 so nothing is sliced."""
@@ -335,13 +363,13 @@ class SwiGLU(nn.Cell):
     def construct(self, x):
         return self.w2(self.gate_mul(self.act(self.w1(x)), self.w3(x)))
 
-
     SELECTIVE_RECOMPUTE = ("act", "gate_mul")
     REGATHERED_INPUT = ("w1", "w3")  # the Linears reading the MLP input, which sequence parallel all-gathers
 
     def shard_strategies(self, style: str, layout) -> dict:
         x = (layout.token_rows, layout.tp)
         return {"act": ((x,), None), "gate_mul": ((x, x), None)}
+
 
 class GeluMLP(nn.Cell):
     """GPT feed-forward: w2(gelu(w1 x + b1)) + b2; GELU in the tanh form of GPT-2/GPT-3."""

@@ -14,6 +14,7 @@ and keeps its primitives for the sharding plan), and it takes its sharding strat
 constructor arguments in MindFormers' style; wrapping our Linear takes less code than adapting
 either, and lets the adapters' strategies follow from the wrapped layer's (LoraLinear.shard_strategies).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,8 +47,9 @@ class LoraLinear(nn.Cell):
         out_features, in_features = base.weight.shape
         self.base = base
         self.scale = alpha / rank
-        self.lora_a = Parameter(initializer(HeUniform(negative_slope=math.sqrt(5)), (rank, in_features),
-                                            base.weight.dtype), name="lora_a")
+        self.lora_a = Parameter(
+            initializer(HeUniform(negative_slope=math.sqrt(5)), (rank, in_features), base.weight.dtype), name="lora_a"
+        )
         self.lora_b = Parameter(initializer(Zero(), (out_features, rank), base.weight.dtype), name="lora_b")
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else None
         self.matmul_a = ops.MatMul(transpose_b=True)
@@ -85,8 +87,14 @@ class LoraLinear(nn.Cell):
             a, b, out = ((rows, tp), (1, tp)), ((rows, 1), (1, 1)), (token_split(layout, SEQUENCE), 1)
         else:
             a, b, out = ((rows, 1), (1, 1)), ((rows, 1), (1, 1)), (rows, 1)
-        rules.update({"matmul_a": (a, None), "matmul_b": (b, None), "scale_mul": ((out, ()), None),
-                      "lora_add": ((out, out), None)})
+        rules.update(
+            {
+                "matmul_a": (a, None),
+                "matmul_b": (b, None),
+                "scale_mul": ((out, ()), None),
+                "lora_add": ((out, out), None),
+            }
+        )
         return rules
 
 
@@ -126,12 +134,13 @@ def merge(base: dict[str, np.ndarray], adapters: dict[str, np.ndarray], lora: Lo
 
 def split_adapters(weights: dict[str, np.ndarray]) -> tuple[dict, dict]:
     """(base weights, adapter weights) of a checkpoint's tensors."""
-    return ({k: v for k, v in weights.items() if not is_adapter(k)},
-            {k: v for k, v in weights.items() if is_adapter(k)})
+    return (
+        {k: v for k, v in weights.items() if not is_adapter(k)},
+        {k: v for k, v in weights.items() if is_adapter(k)},
+    )
 
 
 def without_lora(cfg: Config) -> Config:
     """The same config with LoRA off: the model a merged checkpoint loads into."""
     finetune = dataclasses.replace(cfg.finetune, lora=dataclasses.replace(cfg.finetune.lora, rank=0))
     return dataclasses.replace(cfg, finetune=finetune)
-

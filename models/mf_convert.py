@@ -18,6 +18,7 @@ Both files are read lazily (models/tensor_file.py): opening one reads its header
 tensor's parts are views of its rows (RowsOf), so a sharded rank reads only its slices of them and a
 .ckpt's optimizer state is never read.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,7 +31,11 @@ from mindscale.io import CheckpointError
 from models.tensor_file import full_index, open_ckpt, open_tensors
 
 EMBEDDING = "model.tok_embeddings.embedding_weight"
-RENAMES = {EMBEDDING: "tok_embeddings.weight", "model.norm_out.weight": "norm.weight", "lm_head.weight": "output.weight"}
+RENAMES = {
+    EMBEDDING: "tok_embeddings.weight",
+    "model.norm_out.weight": "norm.weight",
+    "lm_head.weight": "output.weight",
+}
 FUSED = re.compile(r"^layers\.(\d+)\.(attention\.w_qkv|feed_forward\.w_gate_hidden)\.weight$")
 
 
@@ -107,8 +112,10 @@ def mf_views(mf_state: dict, num_heads: int, num_kv_heads: int) -> dict:
         rows = value.shape[0]
         if kind == "attention.w_qkv":
             if rows % (num_heads + 2 * num_kv_heads):
-                raise MindFormersError(f"{name} has {rows} rows, not a multiple of heads + 2 kv heads = "
-                                       f"{num_heads + 2 * num_kv_heads}; give the checkpoint's head counts")
+                raise MindFormersError(
+                    f"{name} has {rows} rows, not a multiple of heads + 2 kv heads = "
+                    f"{num_heads + 2 * num_kv_heads}; give the checkpoint's head counts"
+                )
             parts = zip(("wq", "wk", "wv"), _qkv_rows(rows, num_heads, num_kv_heads))
             weights.update({f"layers.{layer}.attention.{w}.weight": RowsOf(value, part) for w, part in parts})
         else:  # gate (w1) and up (w3) rows interleaved
@@ -124,19 +131,33 @@ def model_config_from_mf(mf_state: dict[str, np.ndarray], mf_yaml: str | Path | 
     layers = {int(n.split(".")[2]) for n in mf_state if n.startswith("model.layers.")}
     w1 = mf_state.get("model.layers.0.feed_forward.w1.weight")
     ffn = w1.shape[0] if w1 is not None else mf_state["model.layers.0.feed_forward.w_gate_hidden.weight"].shape[0] // 2
-    model = {"arch": "llama", "vocab_size": int(vocab), "hidden_size": int(hidden), "num_layers": len(layers),
-             "ffn_hidden_size": int(ffn), "tie_embeddings": "lm_head.weight" not in mf_state}
+    model = {
+        "arch": "llama",
+        "vocab_size": int(vocab),
+        "hidden_size": int(hidden),
+        "num_layers": len(layers),
+        "ffn_hidden_size": int(ffn),
+        "tie_embeddings": "lm_head.weight" not in mf_state,
+    }
     if mf_yaml is None:
         return model
     try:
         mc = yaml.safe_load(Path(mf_yaml).read_text())["model"]["model_config"]
         heads = int(mc["num_heads"])
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
-        raise MindFormersError(f"--mf-yaml {mf_yaml}: no model.model_config with num_heads ({type(exc).__name__}); "
-                               "pass the YAML the checkpoint was trained with")
+        raise MindFormersError(
+            f"--mf-yaml {mf_yaml}: no model.model_config with num_heads ({type(exc).__name__}); "
+            "pass the YAML the checkpoint was trained with"
+        )
     if str(mc.get("extend_method", "None")) != "None" or mc.get("qkv_has_bias") or mc.get("attn_proj_has_bias"):
-        raise MindFormersError(f"--mf-yaml {mf_yaml}: RoPE extension methods and attention biases are not "
-                               "supported; convert a plain LLaMA checkpoint")
-    return model | {"num_heads": heads, "num_kv_heads": int(mc.get("n_kv_heads") or heads),
-                    "rope_theta": float(mc.get("theta", 10000.0)), "norm_eps": float(mc.get("rms_norm_eps", 1e-5)),
-                    "seq_length": int(mc.get("seq_length", 4096))}
+        raise MindFormersError(
+            f"--mf-yaml {mf_yaml}: RoPE extension methods and attention biases are not "
+            "supported; convert a plain LLaMA checkpoint"
+        )
+    return model | {
+        "num_heads": heads,
+        "num_kv_heads": int(mc.get("n_kv_heads") or heads),
+        "rope_theta": float(mc.get("theta", 10000.0)),
+        "norm_eps": float(mc.get("rms_norm_eps", 1e-5)),
+        "seq_length": int(mc.get("seq_length", 4096)),
+    }

@@ -20,6 +20,7 @@ as Hugging Face's apply_rotary_pos_emb_interleave does, so the weights load unpe
 
 The latent norms use epsilon 1e-6 whatever model.norm_eps is, as Hugging Face's DeepseekV3RMSNorm(rank) does.
 """
+
 from __future__ import annotations
 
 from mindspore import Tensor, nn, ops
@@ -36,8 +37,20 @@ class MLAttention(nn.Cell):
 
     REGATHERED_INPUT = ("wq", "wkv_a")  # the Linears reading the input, which sequence parallel all-gathers
 
-    def __init__(self, hidden: int, num_heads: int, mla, seq_length: int, rope_theta: float, *, core: nn.Cell,
-                 std: float, out_std: float, param_dtype, compute_dtype):
+    def __init__(
+        self,
+        hidden: int,
+        num_heads: int,
+        mla,
+        seq_length: int,
+        rope_theta: float,
+        *,
+        core: nn.Cell,
+        std: float,
+        out_std: float,
+        param_dtype,
+        compute_dtype,
+    ):
         """mla: model.mla (mindscale.config.MlaConfig)."""
         super().__init__()
         n, self.nope, self.rope, self.v_dim = num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
@@ -86,7 +99,7 @@ class MLAttention(nn.Cell):
         q = q.reshape(b, s, n, d)
         q_nope = self.q_nope(q, (0, 0, 0, 0), (b, s, n, self.nope), (1, 1, 1, 1))
         q_rope = self.deinterleave(self.q_rope(q, (0, 0, 0, self.nope), (b, s, n, d), (1, 1, 1, 1)), self.q_pairs)
-        compressed = self.wkv_a(x)                                                   # [B*S, rank + rope]
+        compressed = self.wkv_a(x)  # [B*S, rank + rope]
         latent = self.latent(compressed, (0, 0), (b * s, self.rank), (1, 1))
         k_rope = self.k_rope(compressed, (0, self.rank), (b * s, self.rank + self.rope), (1, 1))
         k_rope = self.deinterleave(k_rope.reshape(b, s, 1, self.rope), self.k_pairs)
@@ -123,12 +136,20 @@ class MLAttention(nn.Cell):
         latent, one per token, split only the tokens."""
         heads, shared = head_split(layout), (layout.dp, layout.cp, 1, 1)
         pairs, rows = (*heads, 1), (layout.token_rows, 1)
-        rules = {"q_nope": ((heads,), None), "q_rope": ((heads,), None), "latent": ((rows,), None),
-                 "k_rope": ((rows,), None), "k_nope": ((heads,), None), "values": ((heads,), None),
-                 "q_pairs": ((pairs,), None), "k_pairs": (((*shared, 1),), None),
-                 "join_q": ((heads, heads), None), "join_k": ((heads, heads), None),
-                 "every_head": ((shared, (1, 1, layout.tp, 1)), None),
-                 "unpad": (((layout.token_rows, layout.tp, 1),), None)}
+        rules = {
+            "q_nope": ((heads,), None),
+            "q_rope": ((heads,), None),
+            "latent": ((rows,), None),
+            "k_rope": ((rows,), None),
+            "k_nope": ((heads,), None),
+            "values": ((heads,), None),
+            "q_pairs": ((pairs,), None),
+            "k_pairs": (((*shared, 1),), None),
+            "join_q": ((heads, heads), None),
+            "join_k": ((heads, heads), None),
+            "every_head": ((shared, (1, 1, layout.tp, 1)), None),
+            "unpad": (((layout.token_rows, layout.tp, 1),), None),
+        }
         if self.pad_v is not None:
             rules["pad_v"] = ((heads, ()), None)
         else:

@@ -48,6 +48,7 @@ loss thus weighs the routing of the tokens the cross entropy trains, as the cros
 tokens still route and pass their experts. Given the same mask, transformers' function computes this layer's
 numbers (tests/models/test_moe_sft_parity.py).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -65,8 +66,7 @@ class Experts(nn.Cell):
 
     SELECTIVE_RECOMPUTE = ("act", "gate_mul")
 
-    def __init__(self, num_experts: int, hidden: int, ffn: int, std: float, out_std: float, param_dtype,
-                 compute_dtype):
+    def __init__(self, num_experts: int, hidden: int, ffn: int, std: float, out_std: float, param_dtype, compute_dtype):
         super().__init__()
         self.w1 = Parameter(initializer(Normal(std), (num_experts, ffn, hidden), param_dtype), name="w1")
         self.w3 = Parameter(initializer(Normal(std), (num_experts, ffn, hidden), param_dtype), name="w3")
@@ -83,8 +83,11 @@ class Experts(nn.Cell):
     def construct(self, x):
         w1, w3, w2 = self.w1, self.w3, self.w2
         if self.cast_weights:
-            w1, w3, w2 = self.cast(w1, self.compute_dtype), self.cast(w3, self.compute_dtype), \
-                self.cast(w2, self.compute_dtype)
+            w1, w3, w2 = (
+                self.cast(w1, self.compute_dtype),
+                self.cast(w3, self.compute_dtype),
+                self.cast(w2, self.compute_dtype),
+            )
         return self.matmul_w2(self.gate_mul(self.act(self.matmul_w1(x, w1)), self.matmul_w3(x, w3)), w2)
 
     PARAMETER_INPUTS = {"w1": ("matmul_w1", 1), "w3": ("matmul_w3", 1), "w2": ("matmul_w2", 1)}
@@ -93,9 +96,13 @@ class Experts(nn.Cell):
         """Experts over ep, the tokens they hold over the other dp/ep ranks of their group, F over tp."""
         ep, tp = layout.ep, layout.tp
         x, inner = (ep, layout.token_rows // ep, 1), (ep, layout.token_rows // ep, tp)
-        return {"matmul_w1": ((x, (ep, tp, 1)), None), "matmul_w3": ((x, (ep, tp, 1)), None),
-                "act": ((inner,), None), "gate_mul": ((inner, inner), None),
-                "matmul_w2": ((inner, (ep, 1, tp)), None)}
+        return {
+            "matmul_w1": ((x, (ep, tp, 1)), None),
+            "matmul_w3": ((x, (ep, tp, 1)), None),
+            "act": ((inner,), None),
+            "gate_mul": ((inner, inner), None),
+            "matmul_w2": ((inner, (ep, 1, tp)), None),
+        }
 
 
 def expert_capacity(tokens: int, top_k: int, factor, experts: int) -> int:
@@ -114,9 +121,23 @@ class MoE(nn.Cell):
     """construct(x [N, h], mask [B, S] fp32 or None) -> (y [N, h], stats [2] fp32: aux loss, max load / mean
     load, over the tokens `mask` marks (all with None))."""
 
-    def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, norm_topk_prob: bool,
-                 capacity_factor, groups: int, expert_parallel: int, shared_ffn: int, std: float, out_std: float,
-                 param_dtype, compute_dtype, routing: nn.Cell | None = None):
+    def __init__(
+        self,
+        hidden: int,
+        ffn: int,
+        num_experts: int,
+        top_k: int,
+        norm_topk_prob: bool,
+        capacity_factor,
+        groups: int,
+        expert_parallel: int,
+        shared_ffn: int,
+        std: float,
+        out_std: float,
+        param_dtype,
+        compute_dtype,
+        routing: nn.Cell | None = None,
+    ):
         """routing: the cell choosing experts from the router's fp32 logits (models/router.py's SigmoidRouting),
         or None for the softmax top-k."""
         super().__init__()
@@ -127,8 +148,9 @@ class MoE(nn.Cell):
         self.compute_dtype = compute_dtype
         self.router = Linear(hidden, num_experts, False, std, param_dtype, compute_dtype)
         self.experts = Experts(num_experts, hidden, ffn, std, out_std, param_dtype, compute_dtype)
-        self.shared_expert = SwiGLU(hidden, shared_ffn, std, out_std, param_dtype, compute_dtype) \
-            if shared_ffn else None
+        self.shared_expert = (
+            SwiGLU(hidden, shared_ffn, std, out_std, param_dtype, compute_dtype) if shared_ffn else None
+        )
         self.cast = ops.Cast()
         # router: [N, E] fp32
         self.router_fp32 = ops.Cast()
@@ -136,26 +158,26 @@ class MoE(nn.Cell):
         self.topk = ops.TopK(sorted=True)
         self.topk_sum = ops.ReduceSum(keep_dims=True)
         self.topk_norm = ops.RealDiv()
-        self.choice_onehot = ops.OneHot()            # [N, k, E]
-        self.chosen = ops.ReduceSum()                # [N, E]: 1 where chosen
+        self.choice_onehot = ops.OneHot()  # [N, k, E]
+        self.chosen = ops.ReduceSum()  # [N, E]: 1 where chosen
         self.number_choices = ops.Mul()
-        self.slots = ops.ReduceSum()                 # [N, E]: which of its k choices e is (0 = first)
+        self.slots = ops.ReduceSum()  # [N, E]: which of its k choices e is (0 = first)
         self.slot_rank = ops.Mul()
         self.order_sub = ops.Sub()
         self.token_sub = ops.Sub()
         self.priority_mask = ops.Mul()
         self.transpose_priority = ops.Transpose()
-        self.take = ops.TopK(sorted=True)            # [G, E, C]: each expert's C tokens, first priority first
-        self.filled = ops.Greater()                  # a slot some token fills (priority > 0)
+        self.take = ops.TopK(sorted=True)  # [G, E, C]: each expert's C tokens, first priority first
+        self.filled = ops.Greater()  # a slot some token fills (priority > 0)
         self.gather_tokens = ops.Gather(batch_dims=1)  # [G, T, h] at [G, E*C] -> [G, E*C, h]
         self.fill_mask = ops.Mul()
-        self.to_experts = ops.Transpose()            # [ep, G/ep, E, C, h] -> [E, G/ep, ep, C, h]: the AlltoAll
-        self.from_experts = ops.Transpose()          # and back
-        self.transpose_ranked = ops.Transpose()      # choices [G, T, k, E] -> [G, k, T, E]: priority order
+        self.to_experts = ops.Transpose()  # [ep, G/ep, E, C, h] -> [E, G/ep, ep, C, h]: the AlltoAll
+        self.from_experts = ops.Transpose()  # and back
+        self.transpose_ranked = ops.Transpose()  # choices [G, T, k, E] -> [G, k, T, E]: priority order
         self.count_before = ops.CumSum(exclusive=True)
         self.position_mul = ops.Mul()
-        self.position = ops.ReduceSum()              # [G, k*T]: each choice's rank among its expert's tokens
-        self.kept = ops.Less()                       # the rank is within the capacity
+        self.position = ops.ReduceSum()  # [G, k*T]: each choice's rank among its expert's tokens
+        self.kept = ops.Less()  # the rank is within the capacity
         self.transpose_experts = ops.Transpose()
         self.transpose_weights = ops.Transpose()
         self.slot_base = ops.Mul()
@@ -192,15 +214,15 @@ class MoE(nn.Cell):
         n, h, e, k, g = x.shape[0], self.hidden, self.num_experts, self.top_k, self.groups
         t = n // g
         c = expert_capacity(t, k, capacity_factor, e)
-        weights, experts, probs = self.route(x)                                          # [N, k], [N, E]
-        choices = self.choice_onehot(experts, e, self.on, self.off)                      # [N, k, E]
-        chosen = self.chosen(choices, 1)                                                 # [N, E]
+        weights, experts, probs = self.route(x)  # [N, k], [N, E]
+        choices = self.choice_onehot(experts, e, self.on, self.off)  # [N, k, E]
+        chosen = self.chosen(choices, 1)  # [N, E]
         # priority of (token, expert): k*T - slot*T - token_in_group > 0 where chosen, 0 elsewhere
-        slot = self.slots(self.number_choices(choices, self.choice_numbers), 1)          # [N, E]
+        slot = self.slots(self.number_choices(choices, self.choice_numbers), 1)  # [N, E]
         order = self.order_sub(k * t, self.slot_rank(slot, t)).reshape(g, t, e)
         order = self.token_sub(order, self.token_numbers(t))
         priority = self.transpose_priority(self.priority_mask(order, chosen.reshape(g, t, e)), (0, 2, 1))
-        top, taken = self.take(priority, c)                                              # [G, E, C]
+        top, taken = self.take(priority, c)  # [G, E, C]
         filled = self.cast(self.filled(top, 0.0), self.compute_dtype).reshape(g, e * c, 1)
         routed = self.fill_mask(self.gather_tokens(x.reshape(g, t, h), taken.reshape(g, e * c), 1), filled)
         # groups as [ep, G/ep]: each expert-parallel group's ranks swap the group split for an expert split in
@@ -215,8 +237,7 @@ class MoE(nn.Cell):
         position = self.position(self.position_mul(self.count_before(ranked, 1), ranked), -1)  # [G, k*T]
         kept = self.kept(position, c)
         chosen_experts = self.transpose_experts(experts.reshape(g, t, k), (0, 2, 1)).reshape(g, k * t)
-        index = self.slot_add(self.slot_base(chosen_experts, c),
-                              self.slot_offset(self.cast(position, ms.int32), c - 1))
+        index = self.slot_add(self.slot_base(chosen_experts, c), self.slot_offset(self.cast(position, ms.int32), c - 1))
         weights = self.transpose_weights(weights.reshape(g, t, k), (0, 2, 1)).reshape(g, k * t)
         weights = self.cast(self.keep_weights(weights, self.cast(kept, ms.float32)), self.compute_dtype)
         picked = self.weigh_outputs(self.gather_slots(out, index, 1), weights.reshape(g, k * t, 1))
@@ -246,10 +267,10 @@ class MoE(nn.Cell):
         [B, S] marks, all without one. mean_e f_e is k/E whenever a token counts (each chooses k experts), so
         the load is max_e f_e x E/k: 0, not 0/0, for a batch that trains no token."""
         if mask is None:
-            fraction = self.token_fraction(chosen, 0)                                    # [E]
+            fraction = self.token_fraction(chosen, 0)  # [E]
             prob = self.mean_prob(probs, 0)
         else:
-            weights = mask.reshape(-1, 1)                                                # [N, 1]
+            weights = mask.reshape(-1, 1)  # [N, 1]
             count = self.at_least_one(self.masked_tokens(weights), 1.0)
             fraction = self.fraction_div(self.masked_choices(self.mask_choices(chosen, weights), 0), count)
             prob = self.prob_div(self.masked_probs(self.mask_probs(probs, weights), 0), count)
@@ -263,28 +284,53 @@ class MoE(nn.Cell):
         rows, ep = layout.token_rows, layout.ep
         tokens, per_token, groups, slots = (rows, 1), (rows, 1, 1), (rows, 1, 1), (rows, 1, 1, 1)
         rules = {
-            "router_fp32": ((tokens,), None), "softmax": ((tokens,), None), "topk": ((tokens,), None),
-            "topk_sum": ((tokens,), None), "topk_norm": ((tokens, tokens), None),
+            "router_fp32": ((tokens,), None),
+            "softmax": ((tokens,), None),
+            "topk": ((tokens,), None),
+            "topk_sum": ((tokens,), None),
+            "topk_norm": ((tokens, tokens), None),
             "choice_onehot": ((per_token, (), ()), None),  # OneHot's strategy is its output's
             "chosen": ((per_token,), None),
-            "number_choices": ((per_token, (1, 1, 1)), None), "slots": ((per_token,), None),
-            "slot_rank": ((tokens, ()), None), "order_sub": (((), tokens), None),
-            "token_sub": ((groups, (1, 1, 1)), None), "priority_mask": ((groups, groups), None),
-            "transpose_priority": ((groups,), None), "take": ((groups,), None), "filled": ((groups, ()), None),
-            "gather_tokens": ((groups, (rows, 1)), None), "fill_mask": ((groups, groups), None),
-            "to_experts": (((ep, rows // ep, 1, 1, 1),), None), "from_experts": (((ep, rows // ep, 1, 1, 1),), None),
-            "transpose_ranked": ((slots,), None), "count_before": ((groups,), None),
-            "position_mul": ((groups, groups), None), "position": ((groups,), None), "kept": ((tokens, ()), None),
-            "transpose_experts": ((groups,), None), "transpose_weights": ((groups,), None),
-            "slot_base": ((tokens, ()), None), "slot_offset": ((tokens, ()), None),
-            "slot_add": ((tokens, tokens), None), "keep_weights": ((tokens, tokens), None),
-            "gather_slots": ((groups, (rows, 1)), None), "weigh_outputs": ((groups, groups), None),
+            "number_choices": ((per_token, (1, 1, 1)), None),
+            "slots": ((per_token,), None),
+            "slot_rank": ((tokens, ()), None),
+            "order_sub": (((), tokens), None),
+            "token_sub": ((groups, (1, 1, 1)), None),
+            "priority_mask": ((groups, groups), None),
+            "transpose_priority": ((groups,), None),
+            "take": ((groups,), None),
+            "filled": ((groups, ()), None),
+            "gather_tokens": ((groups, (rows, 1)), None),
+            "fill_mask": ((groups, groups), None),
+            "to_experts": (((ep, rows // ep, 1, 1, 1),), None),
+            "from_experts": (((ep, rows // ep, 1, 1, 1),), None),
+            "transpose_ranked": ((slots,), None),
+            "count_before": ((groups,), None),
+            "position_mul": ((groups, groups), None),
+            "position": ((groups,), None),
+            "kept": ((tokens, ()), None),
+            "transpose_experts": ((groups,), None),
+            "transpose_weights": ((groups,), None),
+            "slot_base": ((tokens, ()), None),
+            "slot_offset": ((tokens, ()), None),
+            "slot_add": ((tokens, tokens), None),
+            "keep_weights": ((tokens, tokens), None),
+            "gather_slots": ((groups, (rows, 1)), None),
+            "weigh_outputs": ((groups, groups), None),
             "sum_choices": ((slots,), None),
-            "token_fraction": ((tokens,), None), "mean_prob": ((tokens,), None),
-            "mask_choices": ((tokens, tokens), None), "mask_probs": ((tokens, tokens), None),
-            "masked_choices": ((tokens,), None), "masked_probs": ((tokens,), None), "masked_tokens": ((tokens,), None),
-            "at_least_one": (((), ()), None), "fraction_div": (((1,), ()), None), "prob_div": (((1,), ()), None),
-            "balance_mul": (((1,), (1,)), None), "balance_sum": (((1,),), None), "load_max": (((1,),), None),
+            "token_fraction": ((tokens,), None),
+            "mean_prob": ((tokens,), None),
+            "mask_choices": ((tokens, tokens), None),
+            "mask_probs": ((tokens, tokens), None),
+            "masked_choices": ((tokens,), None),
+            "masked_probs": ((tokens,), None),
+            "masked_tokens": ((tokens,), None),
+            "at_least_one": (((), ()), None),
+            "fraction_div": (((1,), ()), None),
+            "prob_div": (((1,), ()), None),
+            "balance_mul": (((1,), (1,)), None),
+            "balance_sum": (((1,),), None),
+            "load_max": (((1,),), None),
         }
         if self.shared_expert is not None:
             rules["shared_add"] = ((tokens, tokens), None)

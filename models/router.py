@@ -16,6 +16,7 @@ balancing); that update is not built, so here it stays what the checkpoint holds
 For the load-balancing statistics the router also returns s normalised per token (summing to 1 like a
 softmax), which models/moe.py's Switch-form aux loss reads as its probabilities.
 """
+
 from __future__ import annotations
 
 import mindspore as ms
@@ -28,20 +29,22 @@ EXCLUDED = -1e9  # added to the biased scores of the experts outside a token's c
 class SigmoidRouting(nn.Cell):
     """construct(logits [N, E] fp32) -> (weights [N, k] fp32, experts [N, k] int32, normalised scores [N, E])."""
 
-    def __init__(self, num_experts: int, top_k: int, groups: int, topk_groups: int, norm_topk_prob: bool,
-                 scaling: float):
+    def __init__(
+        self, num_experts: int, top_k: int, groups: int, topk_groups: int, norm_topk_prob: bool, scaling: float
+    ):
         super().__init__()
         self.num_experts, self.top_k, self.groups, self.topk_groups = num_experts, top_k, groups, topk_groups
         self.norm_topk_prob, self.scaling = norm_topk_prob, scaling
-        self.router_bias = Parameter(initializer(Zero(), (num_experts,), ms.float32), name="router_bias",
-                                     requires_grad=False)
+        self.router_bias = Parameter(
+            initializer(Zero(), (num_experts,), ms.float32), name="router_bias", requires_grad=False
+        )
         self.sigmoid = ops.Sigmoid()
         self.add_bias = ops.Add()
-        self.group_best = ops.TopK(sorted=True)     # [N, G, 2]: each group's two best biased scores
+        self.group_best = ops.TopK(sorted=True)  # [N, G, 2]: each group's two best biased scores
         self.group_score = ops.ReduceSum()
-        self.pick_groups = ops.TopK(sorted=True)    # [N, topk_groups]
-        self.group_onehot = ops.OneHot()            # [N, topk_groups, G]
-        self.group_kept = ops.ReduceSum()           # [N, G]: 1 for a kept group
+        self.pick_groups = ops.TopK(sorted=True)  # [N, topk_groups]
+        self.group_onehot = ops.OneHot()  # [N, topk_groups, G]
+        self.group_kept = ops.ReduceSum()  # [N, G]: 1 for a kept group
         self.exclude_sub = ops.Sub()
         self.exclude_scale = ops.Mul()
         self.exclude_add = ops.Add()
@@ -77,12 +80,23 @@ class SigmoidRouting(nn.Cell):
     def shard_strategies(self, style: str, layout) -> dict:
         """Every op splits the tokens (the data x context-parallel rows); the bias is whole on every rank."""
         tokens, grouped = (layout.token_rows, 1), (layout.token_rows, 1, 1)
-        return {"sigmoid": ((tokens,), None), "add_bias": ((tokens, (1,)), None),
-                "group_best": ((grouped,), None), "group_score": ((grouped,), None),
-                "pick_groups": ((tokens,), None), "group_onehot": ((grouped, (), ()), None),
-                "group_kept": ((grouped,), None), "exclude_sub": ((grouped, ()), None), "exclude_scale": ((grouped, ()), None),
-                "exclude_add": ((grouped, grouped), None), "topk": ((tokens,), None),
-                "gather_scores": ((tokens, tokens), None), "topk_sum": ((tokens,), None),
-                "topk_eps": ((tokens, ()), None), "topk_norm": ((tokens, tokens), None),
-                "scale": ((tokens, ()), None), "score_sum": ((tokens,), None),
-                "score_norm": ((tokens, tokens), None)}
+        return {
+            "sigmoid": ((tokens,), None),
+            "add_bias": ((tokens, (1,)), None),
+            "group_best": ((grouped,), None),
+            "group_score": ((grouped,), None),
+            "pick_groups": ((tokens,), None),
+            "group_onehot": ((grouped, (), ()), None),
+            "group_kept": ((grouped,), None),
+            "exclude_sub": ((grouped, ()), None),
+            "exclude_scale": ((grouped, ()), None),
+            "exclude_add": ((grouped, grouped), None),
+            "topk": ((tokens,), None),
+            "gather_scores": ((tokens, tokens), None),
+            "topk_sum": ((tokens,), None),
+            "topk_eps": ((tokens, ()), None),
+            "topk_norm": ((tokens, tokens), None),
+            "scale": ((tokens, ()), None),
+            "score_sum": ((tokens,), None),
+            "score_norm": ((tokens, tokens), None),
+        }

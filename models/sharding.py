@@ -27,6 +27,7 @@ and data-parallel runs (CPU) compile no strategies, so their numbers are unchang
 that matches no cell, a planned cell without strategies and a strategy naming an op the layer does
 not have are errors.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,6 +40,7 @@ from mindspore.nn.utils import no_init_parameters
 from models.transformer import CausalLM
 from mindscale.config import Config, Layout
 
+
 def _pattern(path: str) -> re.Pattern:
     return re.compile("^" + re.escape(path).replace(r"\*", r"[^.]+") + "$")
 
@@ -50,8 +52,9 @@ def _op(cell, attr: str, path: str):
     except AttributeError:
         op = None
     if not isinstance(op, Primitive):
-        raise AttributeError(f"{type(cell).__name__}.shard_strategies names {attr!r}, which is not a primitive "
-                             f"of {path or 'the model'}")
+        raise AttributeError(
+            f"{type(cell).__name__}.shard_strategies names {attr!r}, which is not a primitive of {path or 'the model'}"
+        )
     return op
 
 
@@ -67,8 +70,10 @@ def planned_strategies(model: CausalLM, cfg: Config, layout: Layout) -> list[tup
         key, style = hit
         matched.add(key)
         if not hasattr(cell, "shard_strategies"):
-            raise TypeError(f"{path} is a {type(cell).__name__}, which the {style} style has no strategies for: "
-                            "build the model with the layout the plan is applied for")
+            raise TypeError(
+                f"{path} is a {type(cell).__name__}, which the {style} style has no strategies for: "
+                "build the model with the layout the plan is applied for"
+            )
         for attr, (in_strategy, out_strategy) in cell.shard_strategies(style, layout).items():
             _op(cell, attr, path)
             rows.append((path, style, attr, in_strategy, out_strategy))
@@ -147,23 +152,31 @@ def describe_plan(cfg: Config) -> str:
     `layers.*` with their stage range; then the layers each stage holds, chunk by chunk."""
     layout = Layout.of(cfg)
     parallel = cfg.parallel
-    header = (f"sharding plan: {cfg.model.arch}, data_parallel={parallel.data_parallel} model_parallel={parallel.model_parallel} "
-              f"{f'context_parallel={parallel.context_parallel} ({parallel.context_parallel_algo}) ' if parallel.context_parallel > 1 else ''}"
-              f"{f'expert_parallel={parallel.expert_parallel} ' if parallel.expert_parallel > 1 else ''}"
-              f"pipeline_stage={parallel.pipeline_stage} "
-              f"{f'pipeline_interleave={parallel.pipeline_interleave} ' if parallel.pipeline_interleave > 1 else ''}"
-              f"{f'pipeline_scheduler={parallel.pipeline_scheduler} ' if parallel.pipeline_scheduler != '1f1b' else ''}"
-              f"sequence_parallel={parallel.sequence_parallel} "
-              f"vocab_emb_dp={parallel.vocab_emb_dp}")
+    header = (
+        f"sharding plan: {cfg.model.arch}, data_parallel={parallel.data_parallel} model_parallel={parallel.model_parallel} "
+        f"{f'context_parallel={parallel.context_parallel} ({parallel.context_parallel_algo}) ' if parallel.context_parallel > 1 else ''}"
+        f"{f'expert_parallel={parallel.expert_parallel} ' if parallel.expert_parallel > 1 else ''}"
+        f"pipeline_stage={parallel.pipeline_stage} "
+        f"{f'pipeline_interleave={parallel.pipeline_interleave} ' if parallel.pipeline_interleave > 1 else ''}"
+        f"{f'pipeline_scheduler={parallel.pipeline_scheduler} ' if parallel.pipeline_scheduler != '1f1b' else ''}"
+        f"sequence_parallel={parallel.sequence_parallel} "
+        f"vocab_emb_dp={parallel.vocab_emb_dp}"
+    )
     if not layout.sharded:
         return header + "\n(not sharded: stand-alone or data-parallel, no strategies are compiled)"
     # one layer, or with dense first layers (DeepSeek-V3) one dense and one with experts, shown as one `layers.*`
     kinds = 2 if cfg.model.spec.moe and cfg.model.moe.dense_layers else 1
-    one_layer = dataclasses.replace(cfg, model=dataclasses.replace(
-        cfg.model, num_layers=kinds, moe=dataclasses.replace(cfg.model.moe, dense_layers=kinds - 1)))
+    one_layer = dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(
+            cfg.model, num_layers=kinds, moe=dataclasses.replace(cfg.model.moe, dense_layers=kinds - 1)
+        ),
+    )
     with no_init_parameters():
-        model = CausalLM(one_layer.model, dataclasses.replace(layout, stages_of_layers=(0,) * kinds, recomputed=(),
-                                                              graph_reuse="none"))
+        model = CausalLM(
+            one_layer.model,
+            dataclasses.replace(layout, stages_of_layers=(0,) * kinds, recomputed=(), graph_reuse="none"),
+        )
     table = [("cell", "style", "op", "in_strategy", "out_strategy", "stage")]
     stages = layout.stages_of_layers
     layer_stage_range = f"{stages[0]}-{stages[-1]}" if stages[0] != stages[-1] else str(stages[0])
@@ -176,8 +189,9 @@ def describe_plan(cfg: Config) -> str:
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = [header] + ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
     for stage, n in enumerate(layout.layers_per_stage):
-        lines.append(f"stage {stage}: layers {', '.join(_chunk_ranges(layout, stage))} ({n}"
-                     f"{f' in {layout.interleave} chunks' if layout.interleave > 1 else ''})")
-    lines.append("comm_fusion: 1 = embeddings, 2+i = layer i, "
-                 f"{cfg.model.num_layers + 2} = final norm and output")
+        lines.append(
+            f"stage {stage}: layers {', '.join(_chunk_ranges(layout, stage))} ({n}"
+            f"{f' in {layout.interleave} chunks' if layout.interleave > 1 else ''})"
+        )
+    lines.append(f"comm_fusion: 1 = embeddings, 2+i = layer i, {cfg.model.num_layers + 2} = final norm and output")
     return "\n".join(lines)

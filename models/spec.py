@@ -13,6 +13,7 @@ An entry holds everything the rest of MindScale needs to know about a family (to
 Nothing here imports MindSpore: the config layer reads the names and traits (mindscale/config/schema.py)
 without loading a framework. Adding a model: docs/design.md "Adding a model".
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,11 +21,11 @@ from typing import Callable, Mapping
 
 # Plan styles (torchtitan's ParallelStyle); models/layers.py says per layer how each splits its ops.
 # Activations are [tokens, features] between layers.
-COLWISE = "colwise"      # output features split over tp (wq/wk/wv, w1/w3, and the per-head ops after them)
-ROWWISE = "rowwise"      # input features split, partial sums reduced (wo, w2); a reduce-scatter under sp
-EXPERT = "expert"        # routed experts split over expert_parallel, tokens dispatched to them (models/moe.py)
-VOCAB = "vocab"          # vocabulary split over tp (embedding, head, loss) unless parallel.vocab_emb_dp
-SEQUENCE = "sequence"    # tokens split over dp x tp under sp (norms, residual adds), over dp otherwise
+COLWISE = "colwise"  # output features split over tp (wq/wk/wv, w1/w3, and the per-head ops after them)
+ROWWISE = "rowwise"  # input features split, partial sums reduced (wo, w2); a reduce-scatter under sp
+EXPERT = "expert"  # routed experts split over expert_parallel, tokens dispatched to them (models/moe.py)
+VOCAB = "vocab"  # vocabulary split over tp (embedding, head, loss) unless parallel.vocab_emb_dp
+SEQUENCE = "sequence"  # tokens split over dp x tp under sp (norms, residual adds), over dp otherwise
 REPLICATE = "replicate"  # data parallel only (the position table)
 
 
@@ -38,6 +39,7 @@ class Rule:
     """MindScale tensor `ours` is (part `part[0]` of `part[1]` equal row blocks of) HF tensor `theirs`,
     transposed first when HF stores it [in, out]. `{i}` stands for the layer index; `{e}` in `theirs` for an
     expert's: then `ours` [E, ...] stacks the E expert tensors (a mixture of experts' batched weights)."""
+
     ours: str
     theirs: str
     transpose: bool = False
@@ -52,11 +54,12 @@ class Rule:
 class HFAdapter:
     """How a family's checkpoints look in transformers. Every conversion is a pure re-arrangement
     (rename, transpose, split, concatenate), so a round trip reproduces the tensors bit for bit."""
-    model_type: str                          # config.json's model_type
+
+    model_type: str  # config.json's model_type
     table: tuple[Rule, ...]
-    config_from_hf: Callable[[dict], dict]   # config.json -> our `model:` keys (raises HFUnsupported)
-    config_to_hf: Callable[[object], dict]   # ModelConfig -> config.json
-    unprefixed: str = ""                     # a prefix some checkpoints omit (GPT-2's `transformer.`)
+    config_from_hf: Callable[[dict], dict]  # config.json -> our `model:` keys (raises HFUnsupported)
+    config_to_hf: Callable[[object], dict]  # ModelConfig -> config.json
+    unprefixed: str = ""  # a prefix some checkpoints omit (GPT-2's `transformer.`)
     # whether `rule` applies at layer `layer` (None: not a layer's) of the model whose `model:` keys are the dict
     # (nested sections as dicts); None = every rule everywhere. DeepSeek-V3: its dense first layers, its optional
     # query down-projection
@@ -68,23 +71,23 @@ class HFAdapter:
 
 @dataclass(frozen=True)
 class ArchSpec:
-    name: str                 # model.arch
-    summary: str              # one clause for the config reference
-    rms_norm: bool            # RMSNorm; else LayerNorm with a bias
-    gated_mlp: bool           # SwiGLU (gate, up, down); else GELU (up, down)
-    bias: bool                # biases on every linear layer
-    qkv_bias: bool            # biases on the q/k/v projections
-    rotary: bool              # rotary positions; else a learned position table
+    name: str  # model.arch
+    summary: str  # one clause for the config reference
+    rms_norm: bool  # RMSNorm; else LayerNorm with a bias
+    gated_mlp: bool  # SwiGLU (gate, up, down); else GELU (up, down)
+    bias: bool  # biases on every linear layer
+    qkv_bias: bool  # biases on the q/k/v projections
+    rotary: bool  # rotary positions; else a learned position table
     plan: Mapping[str, str]
     hf: HFAdapter
     lora_targets: tuple[str, ...]
     config_dirs: tuple[str, ...]
     grouped_query: bool = True  # num_kv_heads may be below num_heads (GQA)
     free_head_dim: bool = True  # model.head_dim may differ from hidden_size / num_heads
-    qk_norm: bool = False       # RMSNorm over head_dim on q and k before the rotary embedding (Qwen3)
-    moe: bool = False           # the feed-forward is a mixture of experts (models/moe.py, model.moe.*): the one
-                                # test of it (config validation makes model.moe.num_experts > 0 agree)
-    mla: bool = False           # multi-head latent attention (DeepSeek-V2/V3; models/mla.py, model.mla.*)
+    qk_norm: bool = False  # RMSNorm over head_dim on q and k before the rotary embedding (Qwen3)
+    moe: bool = False  # the feed-forward is a mixture of experts (models/moe.py, model.moe.*): the one
+    # test of it (config validation makes model.moe.num_experts > 0 agree)
+    mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3; models/mla.py, model.mla.*)
     optional_plan: tuple[str, ...] = ()  # plan paths a model of the family may lack (DeepSeek-V3's, by its keys)
 
     @property

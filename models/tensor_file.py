@@ -12,6 +12,7 @@ numbers (models/mf_convert.py's rows of a fused tensor); numpy arrays take the s
 BF16, which numpy lacks and most HF checkpoints use, is read as its raw 16 bits and widened to fp32
 after slicing, exactly (bf16 is the top half of an fp32); safetensors' own numpy reader cannot slice it.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -26,19 +27,40 @@ import numpy as np
 
 from mindscale.io import CheckpointError
 
-DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
-          "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": np.uint16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
 # MindSpore's .ckpt tensor_type names of the same dtypes
-CKPT_DTYPES = {"Float64": "F64", "Float32": "F32", "Float16": "F16", "BFloat16": "BF16", "Int64": "I64",
-               "Int32": "I32", "Int16": "I16", "Int8": "I8", "UInt8": "U8", "Bool": "BOOL"}
+CKPT_DTYPES = {
+    "Float64": "F64",
+    "Float32": "F32",
+    "Float16": "F16",
+    "BFloat16": "BF16",
+    "Int64": "I64",
+    "Int32": "I32",
+    "Int16": "I16",
+    "Int8": "I8",
+    "UInt8": "U8",
+    "Bool": "BOOL",
+}
 
 
 def full_index(index, shape: tuple) -> tuple:
     """`index` (Ellipsis, or one selection per dimension) as explicit [start, stop) slices, a row array as it is."""
     if index is Ellipsis:
         return tuple(slice(0, n) for n in shape)
-    return tuple(np.asarray(s, np.int64) if isinstance(s, np.ndarray) else slice(*s.indices(n)[:2])
-                 for s, n in zip(index, shape))
+    return tuple(
+        np.asarray(s, np.int64) if isinstance(s, np.ndarray) else slice(*s.indices(n)[:2]) for s, n in zip(index, shape)
+    )
 
 
 def extent(selection) -> int:
@@ -62,7 +84,7 @@ def byte_runs(shape: tuple, index: tuple, itemsize: int) -> list[tuple[int, int]
     if not partial:
         return [(0, math.prod(shape) * itemsize)]
     last = partial[-1]
-    strides = [math.prod(shape[d + 1:]) for d in range(last + 1)]
+    strides = [math.prod(shape[d + 1 :]) for d in range(last + 1)]
     base = np.zeros(1, np.int64)  # the element offset of every combination of the dimensions before `last`
     for d, s in enumerate(index[:last]):
         positions = np.arange(s.start, s.stop) if isinstance(s, slice) else s
@@ -112,7 +134,7 @@ class StoredTensor:
             buffer, at = memoryview(part.reshape(-1).view(np.uint8)), 0
             for run in byte_runs(self.shape, index, self.dtype.itemsize):
                 for offset, length in self._in_file(*run):
-                    self._read_into(buffer[at:at + length], offset)
+                    self._read_into(buffer[at : at + length], offset)
                     at += length
         return (part.astype(np.uint32) << 16).view(np.float32) if self.bf16 else part
 
@@ -147,8 +169,10 @@ def open_tensors(path: str | Path) -> dict[str, StoredTensor]:
         if name == "__metadata__":
             continue
         if meta["dtype"] not in DTYPES:
-            raise CheckpointError(f"{path}: tensor {name} has dtype {meta['dtype']}, which is not read; "
-                                  f"re-save it as one of {', '.join(DTYPES)}")
+            raise CheckpointError(
+                f"{path}: tensor {name} has dtype {meta['dtype']}, which is not read; "
+                f"re-save it as one of {', '.join(DTYPES)}"
+            )
         start, end = meta["data_offsets"]
         tensor = StoredTensor(handle, [(body + start, end - start)], meta["shape"], meta["dtype"])
         if body + end > size or end - start != tensor.nbytes:
@@ -232,8 +256,7 @@ def open_ckpt(path: str | Path, keep: Callable[[str], bool]) -> dict[str, Stored
     kept tensor the bytes before its contents: the rest (an optimizer's moments, say) is skipped
     unread. An encrypted, truncated or foreign file is a CheckpointError (one line)."""
     path = Path(path)
-    problem = (f"{path} cannot be read as a MindSpore checkpoint ({{}}); it is truncated, encrypted or not "
-               "a .ckpt")
+    problem = f"{path} cannot be read as a MindSpore checkpoint ({{}}); it is truncated, encrypted or not a .ckpt"
     handle, size = _open(path, problem)
     fields = _Fields(handle)
     end = size - 17 if size >= 17 and fields.read(size - 17, 7) == b"crc_num" else size
@@ -261,15 +284,19 @@ def open_ckpt(path: str | Path, keep: Callable[[str], bool]) -> dict[str, Stored
     return {name: _ckpt_chunks(path, handle, name, *entry) for name, entry in found.items()}
 
 
-def _ckpt_chunks(path: Path, handle, name: str, dims: list[int], kind: str,
-                 chunks: list[tuple[int, int]]) -> StoredTensor:
+def _ckpt_chunks(
+    path: Path, handle, name: str, dims: list[int], kind: str, chunks: list[tuple[int, int]]
+) -> StoredTensor:
     """One .ckpt tensor from the contents of its Values, in order."""
     if kind not in CKPT_DTYPES:
-        raise CheckpointError(f"{path}: tensor {name} has type {kind}, which is not read; re-save it as one of "
-                              f"{', '.join(CKPT_DTYPES)}")
+        raise CheckpointError(
+            f"{path}: tensor {name} has type {kind}, which is not read; re-save it as one of {', '.join(CKPT_DTYPES)}"
+        )
     shape = () if dims == [0] else tuple(dims)  # MindSpore writes a scalar's dims as [0]
     tensor = StoredTensor(handle, chunks, shape, CKPT_DTYPES[kind])
     if tensor.starts[-1] != tensor.nbytes:
-        raise CheckpointError(f"{path}: tensor {name}'s contents do not fill its shape {list(shape)}; "
-                              "the file is truncated or not a MindSpore checkpoint")
+        raise CheckpointError(
+            f"{path}: tensor {name}'s contents do not fill its shape {list(shape)}; "
+            "the file is truncated or not a MindSpore checkpoint"
+        )
     return tensor

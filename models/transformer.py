@@ -15,6 +15,7 @@ Parameter names (stable; checkpoints and the Hugging Face table in models/hf_con
 Init: normal(0, init_std) for every matrix; the projections that write into the residual stream
 (attention.wo, feed_forward.w2) use init_std / sqrt(2 L) as in GPT-2; norms start at 1, biases at 0.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from models.attention import Attention, CompositeAttention, FlashAttention
 from models.cpu_kernels import SplitCausalAttention, expand_broadcasts
-from models.layers import (DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, OutputHead, RMSNorm, SwiGLU,
-                           token_split)
+from models.layers import DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, OutputHead, RMSNorm, SwiGLU, token_split
 from models.mla import MLAttention
 from models.moe import MoE
 from models.router import SigmoidRouting
@@ -53,18 +53,27 @@ def layer_graph_keys(layout: Layout, m: ModelConfig) -> list[str]:
     """Per layer, the key of the compiled graph it shares: its pipeline stage, recompute mode, offload, whether
     it regathers its inputs, and in a mixture of experts whether its MLP is dense (a graph of other cells)."""
     recomputed, offloaded, regathered = set(layout.recomputed), set(layout.offloaded), set(layout.regathered)
-    return [f"stage {stage}, recompute {layout.recompute if i in recomputed else 'none'}"
-            + (", offloaded" if i in offloaded else "") + (", regathered" if i in regathered else "")
-            + (", dense" if m.spec.moe and dense_layer(m, i) else "")
-            for i, stage in enumerate(layout.stages_of_layers)]
+    return [
+        f"stage {stage}, recompute {layout.recompute if i in recomputed else 'none'}"
+        + (", offloaded" if i in offloaded else "")
+        + (", regathered" if i in regathered else "")
+        + (", dense" if m.spec.moe and dense_layer(m, i) else "")
+        for i, stage in enumerate(layout.stages_of_layers)
+    ]
 
 
 def attention_core(m: ModelConfig, layout: Layout) -> nn.Cell:
     """The attention kernel of the layout: flash, the composite one, or its CPU fast path."""
     head_dim = m.head_size
     if layout.attention == "flash":
-        return FlashAttention(m.num_heads, m.kv_heads, head_dim, (layout.tp, layout.cp) if layout.ulysses else None,
-                              layout.packed_examples + 1, layout.row_blocks)
+        return FlashAttention(
+            m.num_heads,
+            m.kv_heads,
+            head_dim,
+            (layout.tp, layout.cp) if layout.ulysses else None,
+            layout.packed_examples + 1,
+            layout.row_blocks,
+        )
     core = SplitCausalAttention if layout.cpu_kernels else CompositeAttention
     return core(m.num_heads, m.kv_heads, head_dim, m.seq_length, DTYPES[m.compute_dtype])
 
@@ -76,8 +85,9 @@ def listed_members(block: nn.Cell, listing: str):
         for name in getattr(type(cell), listing, ()):
             member = getattr(cell, name, None)
             if member is None:
-                raise AttributeError(f"{type(cell).__name__}.{listing} names {name!r}, which "
-                                     f"{path or 'the block'} does not have")
+                raise AttributeError(
+                    f"{type(cell).__name__}.{listing} names {name!r}, which {path or 'the block'} does not have"
+                )
             yield member
 
 
@@ -98,23 +108,62 @@ def attention_layer(m: ModelConfig, spec: ArchSpec, layout: Layout, out_std: flo
     """The family's attention: multi-head latent attention (DeepSeek-V3), else multi-head/GQA."""
     pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
     if spec.mla:
-        return MLAttention(m.hidden_size, m.num_heads, m.mla, m.seq_length, m.rope_theta, core=attention_core(m, layout),
-                           std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
-    return Attention(m.hidden_size, m.num_heads, m.kv_heads, m.head_size, m.seq_length, bias=spec.bias,
-                     qkv_bias=spec.qkv_bias, qk_norm_eps=m.norm_eps if spec.qk_norm else None,
-                     rope=(m.rope_theta, m.rope_scaling_params) if spec.rotary else None,
-                     core=attention_core(m, layout), std=m.init_std, out_std=out_std, param_dtype=pdt, compute_dtype=cdt)
+        return MLAttention(
+            m.hidden_size,
+            m.num_heads,
+            m.mla,
+            m.seq_length,
+            m.rope_theta,
+            core=attention_core(m, layout),
+            std=m.init_std,
+            out_std=out_std,
+            param_dtype=pdt,
+            compute_dtype=cdt,
+        )
+    return Attention(
+        m.hidden_size,
+        m.num_heads,
+        m.kv_heads,
+        m.head_size,
+        m.seq_length,
+        bias=spec.bias,
+        qkv_bias=spec.qkv_bias,
+        qk_norm_eps=m.norm_eps if spec.qk_norm else None,
+        rope=(m.rope_theta, m.rope_scaling_params) if spec.rotary else None,
+        core=attention_core(m, layout),
+        std=m.init_std,
+        out_std=out_std,
+        param_dtype=pdt,
+        compute_dtype=cdt,
+    )
 
 
 def mixture_of_experts(m: ModelConfig, layout: Layout, out_std: float) -> MoE:
     """The MoE feed-forward of model.moe, with DeepSeek-V3's sigmoid router when model.moe.router says so."""
     moe = m.moe
-    routing = SigmoidRouting(moe.num_experts, moe.top_k, moe.num_groups, moe.topk_groups, moe.norm_topk_prob,
-                             moe.routed_scaling_factor) if moe.router == "sigmoid" else None
-    return MoE(m.hidden_size, moe.expert_ffn(m.ffn_hidden_size), moe.num_experts, moe.top_k, moe.norm_topk_prob,
-               moe.capacity_factor, layout.token_rows if layout.sharded else 1, layout.ep if layout.sharded else 1,
-               moe.shared_expert_ffn_hidden_size, m.init_std, out_std, DTYPES[m.param_dtype], DTYPES[m.compute_dtype],
-               routing)
+    routing = (
+        SigmoidRouting(
+            moe.num_experts, moe.top_k, moe.num_groups, moe.topk_groups, moe.norm_topk_prob, moe.routed_scaling_factor
+        )
+        if moe.router == "sigmoid"
+        else None
+    )
+    return MoE(
+        m.hidden_size,
+        moe.expert_ffn(m.ffn_hidden_size),
+        moe.num_experts,
+        moe.top_k,
+        moe.norm_topk_prob,
+        moe.capacity_factor,
+        layout.token_rows if layout.sharded else 1,
+        layout.ep if layout.sharded else 1,
+        moe.shared_expert_ffn_hidden_size,
+        m.init_std,
+        out_std,
+        DTYPES[m.param_dtype],
+        DTYPES[m.compute_dtype],
+        routing,
+    )
 
 
 class TransformerBlock(nn.Cell):
@@ -134,7 +183,9 @@ class TransformerBlock(nn.Cell):
         if self.moe:
             self.feed_forward = mixture_of_experts(m, layout, out_std)
         else:
-            self.feed_forward = (SwiGLU if spec.gated_mlp else GeluMLP)(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt)
+            self.feed_forward = (SwiGLU if spec.gated_mlp else GeluMLP)(
+                m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, pdt, cdt
+            )
         self.attention_residual = ops.Add()
         self.ffn_residual = ops.Add()
         self.cast = ops.Cast()
@@ -221,8 +272,10 @@ class CausalLM(nn.Cell):
             self.positions = Tensor(np.arange(m.seq_length, dtype=np.int32))
             self.pos_add = ops.Add()
         if layout.graph_reuse == "layer":
-            blocks = [ReusedTransformerBlock(m, spec, layout, key, dense_layer(m, i))
-                      for i, key in enumerate(layer_graph_keys(layout, m))]
+            blocks = [
+                ReusedTransformerBlock(m, spec, layout, key, dense_layer(m, i))
+                for i, key in enumerate(layer_graph_keys(layout, m))
+            ]
         else:
             blocks = [TransformerBlock(m, spec, layout, dense_layer(m, i)) for i in range(m.num_layers)]
         self.layers = nn.CellList(blocks)
@@ -276,8 +329,9 @@ class CausalLM(nn.Cell):
         return self.logits(self.hidden_states(input_ids)).reshape(batch, seq, self.vocab_size)
 
     def shard_strategies(self, style: str, layout: Layout) -> dict:
-        return {"pos_add": (((layout.dp, layout.cp, 1), (layout.cp, 1)), None)} if self.pos_embeddings is not None \
-            else {}
+        return (
+            {"pos_add": (((layout.dp, layout.cp, 1), (layout.cp, 1)), None)} if self.pos_embeddings is not None else {}
+        )
 
     def mark_recompute(self, layout: Layout) -> list[int]:
         """recompute.mode on the layers Layout.recomputed chose (the first n of every pipeline stage), and the
@@ -361,8 +415,8 @@ class TokenCrossEntropy(nn.Cell):
         self.add_max = ops.Add()
         self.token_ce = ops.Sub()
         self.row_scale = ops.RealDiv()  # d loss / Z, [N, 1]
-        self.probs = ops.Mul()          # exp * (d loss / Z): the softmax times d loss
-        self.label_grad = ops.Mul()     # one_hot * d loss
+        self.probs = ops.Mul()  # exp * (d loss / Z): the softmax times d loss
+        self.label_grad = ops.Mul()  # one_hot * d loss
         self.minus_label = ops.Sub()
         self.on, self.off = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
 
@@ -417,14 +471,29 @@ class ShardedCrossEntropy(nn.Cell):
         rows, vocab = layout.logit_split
         split = (rows, layout.tp) if rows * vocab == layout.token_rows else (rows, vocab)
         rows = (split[0], 1)
-        per_token = {"row_max": (split,), "one_hot": (split, (), ()), "pick": (split, split), "sum_picked": (split,),
-                     "shift": (split, rows), "exp": (split,), "sum_exp": (split,), "log": (rows,),
-                     "add_max": (rows, rows), "token_ce": (rows, rows), "row_scale": (rows, rows),
-                     "probs": (split, rows), "label_grad": (split, rows),
-                     "minus_label": (split, split)}
-        return {**{f"tokens.{name}": (strategy, None) for name, strategy in per_token.items()},
-                "to_split": ((split,), None),
-                "apply_mask": ((rows, rows), None), "sum_loss": ((rows,), None), "sum_mask": ((rows,), None)}
+        per_token = {
+            "row_max": (split,),
+            "one_hot": (split, (), ()),
+            "pick": (split, split),
+            "sum_picked": (split,),
+            "shift": (split, rows),
+            "exp": (split,),
+            "sum_exp": (split,),
+            "log": (rows,),
+            "add_max": (rows, rows),
+            "token_ce": (rows, rows),
+            "row_scale": (rows, rows),
+            "probs": (split, rows),
+            "label_grad": (split, rows),
+            "minus_label": (split, split),
+        }
+        return {
+            **{f"tokens.{name}": (strategy, None) for name, strategy in per_token.items()},
+            "to_split": ((split,), None),
+            "apply_mask": ((rows, rows), None),
+            "sum_loss": ((rows,), None),
+            "sum_mask": ((rows,), None),
+        }
 
     def construct(self, logits, labels, loss_mask=None):
         n, v = logits.shape
@@ -449,8 +518,9 @@ class CausalLMLoss(nn.Cell):
         super().__init__(auto_prefix=False)  # keep the model's parameter names unprefixed
         self.model = model
         self.aux_loss_coeff = aux_loss_coeff
-        self.moe_stats = Parameter(Tensor([0.0, 0.0], ms.float32), name=MOE_STATS, requires_grad=False) \
-            if model.moe else None
+        self.moe_stats = (
+            Parameter(Tensor([0.0, 0.0], ms.float32), name=MOE_STATS, requires_grad=False) if model.moe else None
+        )
         self.record = ops.Assign().shard(((1,), (1,)))  # whole on every rank (a strategy unused unsharded)
 
     def construct(self, input_ids, labels, loss_mask=None, segment_ids=None):

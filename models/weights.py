@@ -12,6 +12,7 @@ a full tensor the same way; this gives the index ranges instead, so a reader tak
 A pipeline stage's graph holds only its own parameters (`held`: what a rank loads, saves and
 resumes), so full weights are checked against the whole model and read only where a rank holds them.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,15 @@ from mindspore import nn
 from mindscale.config import Config, ConfigError, config_from_tree
 from mindscale.io import CheckpointError, read_tensors, verify_folder
 from models.archs import ARCHS
-from models.hf_convert import (HFConversionError, hf_views, is_hf_folder, model_config_differences,
-                               model_config_from_hf, read_hf_config, read_hf_folder)
+from models.hf_convert import (
+    HFConversionError,
+    hf_views,
+    is_hf_folder,
+    model_config_differences,
+    model_config_from_hf,
+    read_hf_config,
+    read_hf_folder,
+)
 from models.mf_convert import is_mindformers_checkpoint, mf_views, read_mindformers
 from models.tensor_file import extent, full_index, open_tensors
 from models.lora import is_adapter, merge, split_adapters, without_lora
@@ -112,8 +120,10 @@ class Merged:
             part[into] = value
             covered[into] = True
         if part is None or not covered.all():
-            raise CheckpointError(f"{self.name}: the ranks' slices cover {covered.mean():.0%} of the part read; "
-                                  "a rank's checkpoint part is missing")
+            raise CheckpointError(
+                f"{self.name}: the ranks' slices cover {covered.mean():.0%} of the part read; "
+                "a rank's checkpoint part is missing"
+            )
         return part
 
 
@@ -188,20 +198,25 @@ def assign(params, values: dict[str, np.ndarray], what: str, layouts: dict | Non
     by_name = {p.name: p for p in params}
     missing = sorted(set(by_name) - set(values))
     if missing:
-        raise CheckpointError(f"{what} lacks {len(missing)} tensors (first: {missing[:3]}); "
-                              "it was written by a different model or optimizer")
+        raise CheckpointError(
+            f"{what} lacks {len(missing)} tensors (first: {missing[:3]}); "
+            "it was written by a different model or optimizer"
+        )
     for name, param in by_name.items():
         shape, layout = tuple(param.shape), layouts.get(name)
-        sliced = (isinstance(values, SlicedWeights) and layout is not None and layout[1]
-                  and _shape(values, name) != shape)
+        sliced = (
+            isinstance(values, SlicedWeights) and layout is not None and layout[1] and _shape(values, name) != shape
+        )
         value = values.local(name, layout, rank) if sliced else values[name]
         if value.size == 1 and param.size == 1:  # safetensors stores 0-d scalars as shape (1,)
             value = value.reshape(shape)
         if tuple(value.shape) != shape and layout is not None and tuple(value.shape) == tuple(layout[6]):
             value = take_slice(value, layout, rank)
         if tuple(value.shape) != shape:
-            raise CheckpointError(f"{what}: {name} has shape {tuple(value.shape)}, the model needs "
-                                  f"{tuple(layout[6]) if layout else shape}; check the model config")
+            raise CheckpointError(
+                f"{what}: {name} has shape {tuple(value.shape)}, the model needs "
+                f"{tuple(layout[6]) if layout else shape}; check the model config"
+            )
         param.set_data(Tensor(value, dtype=param.dtype))
 
 
@@ -233,11 +248,14 @@ def step_tensors(folder: Path, file: str) -> dict:
     for rank_folder in folder.parent.parent.glob(f"rank_*/{folder.name}"):
         verify_folder(rank_folder)
         held = open_tensors(rank_folder / file) if (rank_folder / file).is_file() else {}
-        parts[int(rank_folder.parent.name[len("rank_"):])] = (_layouts(rank_folder), held)
+        parts[int(rank_folder.parent.name[len("rank_") :])] = (_layouts(rank_folder), held)
     names = {n for _, tensors in parts.values() for n in tensors}
-    return {n: Merged(n, [(r, layouts.get(n), tensors[n]) for r, (layouts, tensors) in sorted(parts.items())
-                          if n in tensors])
-            for n in sorted(names)}
+    return {
+        n: Merged(
+            n, [(r, layouts.get(n), tensors[n]) for r, (layouts, tensors) in sorted(parts.items()) if n in tensors]
+        )
+        for n in sorted(names)
+    }
 
 
 def _layouts(folder: Path) -> dict | None:
@@ -261,13 +279,19 @@ def weight_problems(model: nn.Cell, weights: dict, layouts: dict | None = None) 
     parameters are slices: `layouts`, its parameter_layout_dict, holds the full shapes): [] when they match.
     LoRA adapters may be absent (base weights for a LoRA model: the adapters keep their initial values)."""
     layouts = layouts or {}
-    params = {p.name: tuple(layouts[p.name][6]) if p.name in layouts else tuple(p.shape)
-              for p in model.get_parameters() if p.name in weights or not is_adapter(p.name)}
+    params = {
+        p.name: tuple(layouts[p.name][6]) if p.name in layouts else tuple(p.shape)
+        for p in model.get_parameters()
+        if p.name in weights or not is_adapter(p.name)
+    }
     problems = []
     missing = [n for n in params if n not in weights]
     unexpected = [n for n in weights if n not in params]
-    wrong = [f"{n} {_shape(weights, n)} vs model {shape}"
-             for n, shape in params.items() if n in weights and _shape(weights, n) != shape]
+    wrong = [
+        f"{n} {_shape(weights, n)} vs model {shape}"
+        for n, shape in params.items()
+        if n in weights and _shape(weights, n) != shape
+    ]
     if missing:
         problems.append(f"missing {len(missing)}: {_first(missing)}")
     if unexpected:
@@ -282,8 +306,11 @@ def check_weights(model: nn.Cell, weights: dict, layouts: dict | None = None) ->
     (weight_problems)."""
     problems = weight_problems(model, weights, layouts)
     if problems:
-        raise WeightsMismatch("checkpoint does not match the model config (" + "; ".join(problems) +
-                              "); use the config the checkpoint was trained with")
+        raise WeightsMismatch(
+            "checkpoint does not match the model config ("
+            + "; ".join(problems)
+            + "); use the config the checkpoint was trained with"
+        )
 
 
 def held(params, layouts: dict | None, pp: int = 1) -> list:
@@ -294,15 +321,15 @@ def held(params, layouts: dict | None, pp: int = 1) -> list:
     return params if pp == 1 else [p for p in params if p.name in (layouts or {})]
 
 
-def load_weights_into(model: nn.Cell, weights: dict, layouts: dict | None = None, rank: int = 0,
-                      pp: int = 1) -> None:
+def load_weights_into(model: nn.Cell, weights: dict, layouts: dict | None = None, rank: int = 0, pp: int = 1) -> None:
     """Copy full weights into the model after checking all names and shapes against the whole model (no
     partial loads). A compiled sharded model takes `rank`'s slice of each, cut by its compiled layout
     (`layouts`); a pipeline stage (`pp` > 1) only the parameters it holds (`held`): from lazy weights
     (SlicedWeights) the other stages' tensors are never read."""
     check_weights(model, weights, layouts)
-    assign([p for p in held(model.get_parameters(), layouts, pp) if p.name in weights], weights, "weights",
-           layouts, rank)
+    assign(
+        [p for p in held(model.get_parameters(), layouts, pp) if p.name in weights], weights, "weights", layouts, rank
+    )
 
 
 def load_pretrained(path: str | Path, cfg: Config, sliced: bool = False) -> Mapping[str, np.ndarray]:
@@ -318,9 +345,11 @@ def load_pretrained(path: str | Path, cfg: Config, sliced: bool = False) -> Mapp
         hf_model, views = hf_views(*read_hf_folder(path, lazy=True))
         differ = model_config_differences(hf_model, cfg.model)
         if differ:
-            raise WeightsMismatch(f"{path}: the Hugging Face model differs from the config: {_first(differ)}; "
-                                  "set finetune.hf_dims=true to take the model dims from its config.json, or set "
-                                  "those model keys")
+            raise WeightsMismatch(
+                f"{path}: the Hugging Face model differs from the config: {_first(differ)}; "
+                "set finetune.hf_dims=true to take the model dims from its config.json, or set "
+                "those model keys"
+            )
         return _loaded(views, sliced)
     if sliced and Path(path).is_dir():
         return SlicedWeights(step_tensors(Path(path), WEIGHTS))
@@ -339,8 +368,10 @@ def with_hf_dims(cfg: Config, hf_folder: str | Path) -> Config:
     keep the config's seq_length (max_position_embeddings is a limit, not the training length); dtypes stay
     the config's."""
     if not is_hf_folder(hf_folder):
-        raise HFConversionError(f"{hf_folder} is not a Hugging Face folder (no config.json); "
-                                "finetune.hf_dims and generate's HF mode need one")
+        raise HFConversionError(
+            f"{hf_folder} is not a Hugging Face folder (no config.json); "
+            "finetune.hf_dims and generate's HF mode need one"
+        )
     hf_model = model_config_from_hf(read_hf_config(hf_folder))
     if not ARCHS[hf_model["arch"]].learned_positions:
         hf_model.pop("seq_length")
@@ -367,8 +398,10 @@ def load_inference_weights(path: str | Path, cfg: Config) -> tuple[dict[str, np.
     base, adapters = split_adapters(load_pretrained(path, cfg))
     if adapters:
         if not cfg.checkpoint.load_path:
-            raise WeightsMismatch(f"{path} holds LoRA adapters only and the config has no checkpoint.load_path "
-                                  "for the base weights; pass the config the LoRA run used")
+            raise WeightsMismatch(
+                f"{path} holds LoRA adapters only and the config has no checkpoint.load_path "
+                "for the base weights; pass the config the LoRA run used"
+            )
         base = load_pretrained(cfg.checkpoint.load_path, cfg)
         base = merge(base, adapters, cfg.finetune.lora)
     return base, without_lora(cfg)

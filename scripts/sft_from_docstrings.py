@@ -1,13 +1,41 @@
 """Alpaca-style SFT records from the Python standard library's docstrings (no download), for
 `make finetune-demo`: "What does module.function do?" -> the docstring's first sentence."""
+
 import argparse
 import importlib
 import inspect
 import json
 
-MODULES = ["os", "os.path", "shutil", "json", "re", "string", "textwrap", "math", "statistics", "random",
-           "itertools", "functools", "collections", "heapq", "bisect", "glob", "fnmatch", "tempfile",
-           "datetime", "calendar", "base64", "hashlib", "zlib", "gzip", "csv", "pathlib", "copy", "pprint"]
+MODULES = [
+    "os",
+    "os.path",
+    "shutil",
+    "json",
+    "re",
+    "string",
+    "textwrap",
+    "math",
+    "statistics",
+    "random",
+    "itertools",
+    "functools",
+    "collections",
+    "heapq",
+    "bisect",
+    "glob",
+    "fnmatch",
+    "tempfile",
+    "datetime",
+    "calendar",
+    "base64",
+    "hashlib",
+    "zlib",
+    "gzip",
+    "csv",
+    "pathlib",
+    "copy",
+    "pprint",
+]
 
 
 def records():

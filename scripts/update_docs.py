@@ -1,5 +1,6 @@
 """Regenerate the generated parts of the docs (`make docs`): the config key reference and the README's
 scale-config table. tests/unit/test_docs.py fails when they are stale."""
+
 import re
 import subprocess
 import sys
@@ -13,8 +14,9 @@ BEGIN, END = "<!-- generated: python tools/plan.py --readme-table -->", "<!-- en
 
 
 def readme_table() -> str:
-    out = subprocess.run([sys.executable, "tools/plan.py", "--readme-table"], cwd=ROOT, check=True,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "tools/plan.py", "--readme-table"], cwd=ROOT, check=True, capture_output=True, text=True
+    )
     return out.stdout.strip()
 
 

@@ -12,6 +12,7 @@ Both run on pytest-xdist workers (`-n 2` quick, `-n 4` full: the Makefile), a wo
 (tests/schedule.py: the longest units first), so module fixtures are built once; dry-run compiles are shared
 across workers through tests/shared.py, single-core runs pin to the worker's own core (tests/cores.py).
 """
+
 import gc
 import json
 import os

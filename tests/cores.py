@@ -4,6 +4,7 @@ Runs pinned to one core are deterministic (bit-identical losses across runs). `m
 pytest-xdist workers at once, so each worker pins its runs to a core of its own (worker gw<N> takes the
 N-th core it may use, round-robin), instead of all taking the lowest one.
 """
+
 import os
 
 

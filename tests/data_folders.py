@@ -1,5 +1,6 @@
 """Test helper: a data folder as tools/preprocess_data.py writes it (MindRecord shard + manifest.json),
 written directly from chosen rows so tests know every sample without a tokenizer."""
+
 from __future__ import annotations
 
 import json
@@ -22,10 +23,19 @@ def write_data_folder(folder: Path, rows: np.ndarray, vocab_size: int, tokenizer
     writer.add_schema({"input_ids": {"type": "int32", "shape": [length]}}, "samples")
     writer.write_raw_data([{"input_ids": row.astype(np.int32)} for row in rows])
     writer.commit()
-    manifest = {"format_version": FORMAT_VERSION, "mode": "pretrain", "seq_length": length - 1,
-                "num_samples": samples, "vocab_size": vocab_size, "eos_id": 2, "pad_id": 0, "fields": ["input_ids"],
-                "tokenizer": {"path": f"/tok/{tokenizer_sha}.model", "sha256": tokenizer_sha},
-                "shards": [{"file": "data_00000.mindrecord", "samples": samples,
-                            **shard_checksums(folder / "data_00000.mindrecord")}]}
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "mode": "pretrain",
+        "seq_length": length - 1,
+        "num_samples": samples,
+        "vocab_size": vocab_size,
+        "eos_id": 2,
+        "pad_id": 0,
+        "fields": ["input_ids"],
+        "tokenizer": {"path": f"/tok/{tokenizer_sha}.model", "sha256": tokenizer_sha},
+        "shards": [
+            {"file": "data_00000.mindrecord", "samples": samples, **shard_checksums(folder / "data_00000.mindrecord")}
+        ],
+    }
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
     return folder

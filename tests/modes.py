@@ -3,6 +3,7 @@
 
     pynative_mode = cpu_mode("pynative")   # at module level: an autouse, module-scoped fixture
 """
+
 import mindspore as ms
 import pytest
 

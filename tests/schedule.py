@@ -1,6 +1,7 @@
 """How `make test`'s pytest-xdist workers share the suite (tests/conftest.py hooks these in): in work units
 (`work_unit`), the longest first (`longest_first`), so that the workers finish together instead of one
 running a long unit that happened to come last while the others wait."""
+
 import json
 from pathlib import Path
 
@@ -20,7 +21,7 @@ def work_unit(nodeid: str) -> str:
         return module
     if module.endswith("test_dryrun.py"):
         return nodeid
-    return module + (test[test.index("["):] if "[" in test else "")
+    return module + (test[test.index("[") :] if "[" in test else "")
 
 
 # Seconds each work unit took in a full run (`make test` writes output/test-durations.json; copy it here to

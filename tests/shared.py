@@ -6,6 +6,7 @@ lock of its own: a worker asking for a key another worker is computing waits for
 a computation that returned is kept; one that raised is computed again by the next caller, as it would
 be without the cache. Nothing outlives the session, so every session computes everything afresh.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -15,6 +15,7 @@ No target is judged unless asked for: --targets seed judges the goals MindScale 
 --*-target sets (or, after a preset, replaces) one. Exit 0 when no judged target is missed, 1 when one
 is (so a CI job can gate on it), 2 on bad input.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,10 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Before/after comparison table of two runs.")
     parser.add_argument("baseline", help="baseline run folder")
     parser.add_argument("optimized", help="optimized run folder")
-    parser.add_argument("--targets", metavar="PRESET",
-                        help=f"judge a named set of targets ({', '.join(PRESETS)}); default: none")
-    parser.add_argument("--step-time-target", type=float,
-                        help="required relative step-time change, e.g. -0.30 (30%% faster)")
+    parser.add_argument(
+        "--targets", metavar="PRESET", help=f"judge a named set of targets ({', '.join(PRESETS)}); default: none"
+    )
+    parser.add_argument(
+        "--step-time-target", type=float, help="required relative step-time change, e.g. -0.30 (30%% faster)"
+    )
     parser.add_argument("--throughput-target", type=float, help="required relative throughput change, e.g. 0.50")
     parser.add_argument("--mfu-target", type=float, help="required MFU of the optimized run, e.g. 0.60")
     parser.add_argument("--linearity-target", type=float, help="required linearity of the optimized run, e.g. 0.8")
@@ -45,8 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     add_warmup_argument(parser)
     args = parser.parse_args(argv)
     try:
-        targets = targets_of(args.targets, step_time=args.step_time_target, throughput=args.throughput_target,
-                             mfu=args.mfu_target, linearity=args.linearity_target)
+        targets = targets_of(
+            args.targets,
+            step_time=args.step_time_target,
+            throughput=args.throughput_target,
+            mfu=args.mfu_target,
+            linearity=args.linearity_target,
+        )
         result = compare(args.baseline, args.optimized, targets, args.warmup, args.linearity, args.baseline_linearity)
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))

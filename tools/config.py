@@ -1,8 +1,9 @@
 """Resolve and validate a config, or print the key reference (docs/config.md).
 
-    python tools/config.py --config configs/tiny/llama_tiny.yaml [--set k=v ...]   # the resolved YAML
-    python tools/config.py --doc                                                  # the key reference
+python tools/config.py --config configs/tiny/llama_tiny.yaml [--set k=v ...]   # the resolved YAML
+python tools/config.py --doc                                                  # the key reference
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,9 @@ from mindscale.config import reference_markdown
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python tools/config.py",
-                                     description="Resolve and validate a MindScale config.")
+    parser = argparse.ArgumentParser(
+        prog="python tools/config.py", description="Resolve and validate a MindScale config."
+    )
     add_config_arguments(parser, required=False)
     parser.add_argument("--doc", action="store_true", help="print the key reference as Markdown")
     args = parser.parse_args(argv)

@@ -24,6 +24,7 @@ Qwen3-MoE, DeepSeek-V3); MindFormers 1.x LlamaForCausalLM (models/mf_convert.py)
 Exit 2 with one line on stderr for a bad or mismatched checkpoint. Progress (reading, converting,
 writing) goes to stderr: a bar on a terminal, else plain lines every 10 s (mindscale/progress.py).
 """
+
 from __future__ import annotations
 
 import sys
@@ -32,8 +33,14 @@ from pathlib import Path
 from mindspore.nn.utils import no_init_parameters
 
 from models import WeightsMismatch, build_model, check_weights, count_parameters
-from models.hf_convert import (check_export_folder, hf_to_mindscale, mindscale_to_hf, model_config_differences,
-                               read_hf_folder, write_hf_folder)
+from models.hf_convert import (
+    check_export_folder,
+    hf_to_mindscale,
+    mindscale_to_hf,
+    model_config_differences,
+    read_hf_folder,
+    write_hf_folder,
+)
 from models.mf_convert import MindFormersError, mf_views, model_config_from_mf, read_mindformers
 from mindscale.train.checkpoints.folder import save_checkpoint, step_dir_name
 from mindscale.train.inference import export_extras, inference_config, inference_weights
@@ -50,8 +57,9 @@ def _config_for_model(args, found: dict) -> Config:
     cfg = load_config(args.config, args.overrides)
     differ = model_config_differences(found, cfg.model)
     if differ:
-        raise WeightsMismatch(f"{args.input} does not match {args.config}: {', '.join(differ[:4])}; "
-                              "fix the config or drop --config")
+        raise WeightsMismatch(
+            f"{args.input} does not match {args.config}: {', '.join(differ[:4])}; fix the config or drop --config"
+        )
     return cfg
 
 
@@ -76,15 +84,16 @@ def _write_checkpoint(args, progress: Progress, weights: dict, cfg: Config):
 def hf2ms(args, progress: Progress) -> dict:
     _check_checkpoint_output(args)
     stored, hf_config = read_hf_folder(args.input, lazy=True)  # read below, tensor by tensor
-    hf_state = {name: tensor[...] for name, tensor in
-                progress.track(stored.items(), f"reading {args.input}", len(stored), "tensor")}
+    hf_state = {
+        name: tensor[...]
+        for name, tensor in progress.track(stored.items(), f"reading {args.input}", len(stored), "tensor")
+    }
     with progress.single("converting", "model"):
         hf_model, weights = hf_to_mindscale(hf_state, hf_config)
         cfg = _config_for_model(args, hf_model)
         _check_against_model(cfg, weights)
     folder = _write_checkpoint(args, progress, weights, cfg)
-    return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(weights),
-            "parameters": count_parameters(cfg)}
+    return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(weights), "parameters": count_parameters(cfg)}
 
 
 def mf2ms(args, progress: Progress) -> dict:
@@ -92,17 +101,19 @@ def mf2ms(args, progress: Progress) -> dict:
     mf_state = read_mindformers(args.input)  # headers only: read below, tensor by tensor
     found = model_config_from_mf(mf_state, args.mf_yaml)
     if "num_heads" not in found and not args.config:
-        raise MindFormersError("mf2ms needs the head counts: pass --mf-yaml (the MindFormers YAML the checkpoint "
-                               "was trained with) or --config")
+        raise MindFormersError(
+            "mf2ms needs the head counts: pass --mf-yaml (the MindFormers YAML the checkpoint "
+            "was trained with) or --config"
+        )
     cfg = _config_for_model(args, found)
     views = mf_views(mf_state, cfg.model.num_heads, cfg.model.kv_heads)
-    weights = {name: view[...] for name, view in
-               progress.track(views.items(), f"reading {args.input}", len(views), "tensor")}
+    weights = {
+        name: view[...] for name, view in progress.track(views.items(), f"reading {args.input}", len(views), "tensor")
+    }
     with progress.single("converting", "model"):
         _check_against_model(cfg, weights)
     folder = _write_checkpoint(args, progress, weights, cfg)
-    return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(weights),
-            "parameters": count_parameters(cfg)}
+    return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(weights), "parameters": count_parameters(cfg)}
 
 
 def ms2hf(args, progress: Progress) -> dict:
@@ -116,17 +127,27 @@ def ms2hf(args, progress: Progress) -> dict:
         extras = export_extras(cfg)
     with progress.single(f"writing {args.output}", "folder"):
         folder = write_hf_folder(args.output, hf_state, hf_config | extras.config, extras.files, args.overwrite)
-    return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(hf_state),
-            "parameters": count_parameters(cfg), "tokenizer": extras.tokenizer,
-            "generation_config": extras.generation_config}
+    return {
+        "output": str(folder),
+        "arch": cfg.model.arch,
+        "tensors": len(hf_state),
+        "parameters": count_parameters(cfg),
+        "tokenizer": extras.tokenizer,
+        "generation_config": extras.generation_config,
+    }
 
 
 def _described(result: dict) -> str:
     """The tool's line: what it wrote, and for an export where its tokenizer and generation config came from."""
-    line = f"wrote {result['output']} ({result['arch']}, {result['tensors']} tensors, " \
-           f"{result['parameters']:,} parameters"
+    line = (
+        f"wrote {result['output']} ({result['arch']}, {result['tensors']} tensors, {result['parameters']:,} parameters"
+    )
     if "tokenizer" in result:
-        line += f"; tokenizer from {result['tokenizer']}" if result["tokenizer"] else "; no tokenizer (data.tokenizer unset)"
+        line += (
+            f"; tokenizer from {result['tokenizer']}"
+            if result["tokenizer"]
+            else "; no tokenizer (data.tokenizer unset)"
+        )
     if result.get("generation_config"):
         line += f"; generation_config.json from {result['generation_config']}"
     return line + ")"
@@ -135,12 +156,18 @@ def _described(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--direction", required=True, choices=["hf2ms", "ms2hf", "mf2ms"])
-    parser.add_argument("--input", required=True, help="HF model folder (hf2ms), MindScale checkpoint (ms2hf) or "
-                                                       "MindFormers .ckpt/.safetensors file (mf2ms)")
+    parser.add_argument(
+        "--input",
+        required=True,
+        help="HF model folder (hf2ms), MindScale checkpoint (ms2hf) or MindFormers .ckpt/.safetensors file (mf2ms)",
+    )
     parser.add_argument("--mf-yaml", help="mf2ms: the MindFormers YAML (model.model_config: head counts, theta)")
     parser.add_argument("--output", required=True, help="checkpoint root (hf2ms) or HF folder to write (ms2hf)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="write into a non-empty --output: replace the files this conversion writes, keep the rest")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a non-empty --output: replace the files this conversion writes, keep the rest",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object with the result")
     add_config_arguments(parser, required=False)
     args = parser.parse_args(argv)

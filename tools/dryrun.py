@@ -29,6 +29,7 @@ offloaded, kept), as many micro batches as stages and a 64-token sequence; the o
 stderr. The --set assignments apply first: the twin is that of the config they give.
 Exit status: 0 every rank compiled, 1 a compile failed, 2 bad input.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,18 +50,32 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--rank", type=int, help="compile this rank")
     which.add_argument("--ranks", default="first,last", help="first,last (default), stages, or a list like 0,7")
     parser.add_argument("--packed", action="store_true", help="inputs carry segment_ids (packed SFT data)")
-    parser.add_argument("--no-collectives", action="store_true",
-                        help="do not dump the compiled graph to read its collectives (saves time and memory)")
+    parser.add_argument(
+        "--no-collectives",
+        action="store_true",
+        help="do not dump the compiled graph to read its collectives (saves time and memory)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="ranks compiled at once (each in its own process)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per rank")
     parser.add_argument("--log-dir", help="where each rank's compile log goes (default: a temporary folder)")
-    parser.add_argument("--ir-dir", help="keep each rank's compiled graph (the validate IR) in DIR/rank<R>/ "
-                                         "(default: read for the collectives, then deleted)")
-    parser.add_argument("--twin", action="store_true",
-                        help="compile the config's scaled twin: its widths and layout, few layers and micro batches")
+    parser.add_argument(
+        "--ir-dir",
+        help="keep each rank's compiled graph (the validate IR) in DIR/rank<R>/ "
+        "(default: read for the collectives, then deleted)",
+    )
+    parser.add_argument(
+        "--twin",
+        action="store_true",
+        help="compile the config's scaled twin: its widths and layout, few layers and micro batches",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per rank, one per line")
-    parser.add_argument("--memory", nargs="?", const="plan", choices=("plan", "run"),
-                        help="MindSpore's device-memory plan of each rank (level-1 dry run); run: execute a step too")
+    parser.add_argument(
+        "--memory",
+        nargs="?",
+        const="plan",
+        choices=("plan", "run"),
+        help="MindSpore's device-memory plan of each rank (level-1 dry run); run: execute a step too",
+    )
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     if args.twin:
@@ -83,8 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     if args.ir_dir and args.no_collectives:
         fail("--ir-dir keeps the compiled graph that --no-collectives does not dump; drop one of them")
-    job = Job(args.config, tuple(args.overrides), log_dir, args.packed, not args.no_collectives, args.timeout,
-              ir_dir=Path(args.ir_dir).resolve() if args.ir_dir else None, memory=args.memory)
+    job = Job(
+        args.config,
+        tuple(args.overrides),
+        log_dir,
+        args.packed,
+        not args.no_collectives,
+        args.timeout,
+        ir_dir=Path(args.ir_dir).resolve() if args.ir_dir else None,
+        memory=args.memory,
+    )
     failed = False
     try:
         for report in compile_ranks(cfg, job, ranks, args.jobs):

@@ -12,6 +12,7 @@ generation stops at the EOS id or after N tokens (the choices are described in
 mindscale/train/inference.py, which does the work). --json prints {"ids": [...new ids], "text": ...,
 "prompt_ids": [...]}; text is null without a tokenizer. Exit 2 with one line for bad input.
 """
+
 from __future__ import annotations
 
 import sys
@@ -42,12 +43,19 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         fail(str(exc))
     from models.generation import Sampler  # imports MindSpore: after the arguments are read
+
     try:
         # sampling flags are checked here, before anything heavy is loaded
-        sampler = Sampler(greedy=args.greedy or not sampling, temperature=args.temperature, top_k=args.top_k,
-                          top_p=args.top_p, seed=args.seed)
-        result = generate_from_checkpoint(cfg, args.load_checkpoint, sampler, args.max_new_tokens, args.prompt,
-                                          args.prompt_ids, args.config)
+        sampler = Sampler(
+            greedy=args.greedy or not sampling,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+        )
+        result = generate_from_checkpoint(
+            cfg, args.load_checkpoint, sampler, args.max_new_tokens, args.prompt, args.prompt_ids, args.config
+        )
     except ValueError as exc:  # every UserError (config, checkpoint, prompt), and bad sampling or lengths
         fail(str(exc))
     emit(result, args.json, result["text"] if result["text"] is not None else " ".join(map(str, result["ids"])))

@@ -11,6 +11,7 @@ number tools/mfu.py prints). With base = the smallest device count, linearity at
 Points below --threshold are flagged; the exit status stays 0 (2 on bad input). The sweep is also
 written as linearity.json into every run folder, where tools/compare_runs.py looks for it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,9 @@ from mindscale.perf.metrics_io import add_warmup_argument
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Linearity of a device-count sweep (docs/mfu.md).")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders of the same config")
-    parser.add_argument("--threshold", type=float, default=TARGET,
-                        help=f"flag linearity below this (default {TARGET:g})")
+    parser.add_argument(
+        "--threshold", type=float, default=TARGET, help=f"flag linearity below this (default {TARGET:g})"
+    )
     parser.add_argument("--plot", type=Path, help="write a PNG of per-device throughput and linearity")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     add_warmup_argument(parser)

@@ -13,6 +13,7 @@ warning; an empty one, or one with nothing but warm-up records, is an error (exi
 Peak: --peak-tflops, else the hardware profile's, else (CPU) the peak logged by the run, else the
 cached measured GEMM peak (mindscale/perf/gemm_peak.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--global-batch", type=int, help="sequences per optimizer step")
     parser.add_argument("--devices", type=int, help="devices (default: the config's data x model x pipeline)")
     parser.add_argument("--peak-tflops", type=float, help="peak per device, overrides the hardware profile")
-    parser.add_argument("--skip", "--warmup", dest="skip", type=int, default=1,
-                        help="records dropped at the start of each training process (default 1: the compile step)")
+    parser.add_argument(
+        "--skip",
+        "--warmup",
+        dest="skip",
+        type=int,
+        default=1,
+        help="records dropped at the start of each training process (default 1: the compile step)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 

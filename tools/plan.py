@@ -9,6 +9,7 @@ docs/planner.md).
     python tools/plan.py --config configs/llama2/llama2_7b.yaml --strategies           # per-layer shard strategies
     python tools/plan.py --readme-table                                                # Markdown table of shipped configs
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,17 +26,27 @@ from mindscale.perf.planner.text import readme_table, search_json, search_text, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Plan memory, communication and MFU of a config before compiling.")
     add_config_arguments(parser, required=False)
-    parser.add_argument("--devices", type=int, help="re-plan for N devices (data_parallel changes; with --search: "
-                                                    "the device count to search)")
-    parser.add_argument("--search", action="store_true", help="rank valid (dp, mp, pp, micro batches, recompute) "
-                                                              "layouts and print the top ones as --set lines")
+    parser.add_argument(
+        "--devices",
+        type=int,
+        help="re-plan for N devices (data_parallel changes; with --search: the device count to search)",
+    )
+    parser.add_argument(
+        "--search",
+        action="store_true",
+        help="rank valid (dp, mp, pp, micro batches, recompute) layouts and print the top ones as --set lines",
+    )
     parser.add_argument("--top", type=int, default=5, help="layouts printed by --search (default 5)")
     parser.add_argument("--strategies", action="store_true", help="print the per-layer sharding strategies")
     parser.add_argument("--readme-table", action="store_true", help="Markdown table of all shipped scale configs")
     parser.add_argument("--peak-tflops", type=float, help="override the hardware profile's peak per device")
-    parser.add_argument("--efficiency", type=float, help="run every hardware FLOP at this fraction of the peak "
-                                                         "instead of the profile's fitted speed model (uncalibrated "
-                                                         f"profiles: {planner.DEFAULT_EFFICIENCY})")
+    parser.add_argument(
+        "--efficiency",
+        type=float,
+        help="run every hardware FLOP at this fraction of the peak "
+        "instead of the profile's fitted speed model (uncalibrated "
+        f"profiles: {planner.DEFAULT_EFFICIENCY})",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 
@@ -51,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(args)
     if args.strategies:
         from models.sharding import describe_plan  # imports MindSpore: only here
+
         print(describe_plan(cfg))
         return 0
     try:

@@ -17,6 +17,7 @@ while the main process reads, packs and writes, with the same output for any N (
 stderr: a bar on a terminal, else a line every 10 s (mindscale/progress.py). The layout of the samples
 is described in mindscale/train/data/preprocess.py (which does the work) and docs/data.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,7 @@ from mindscale.cli import add_config_arguments, config_from_args, emit, fail
 from mindscale.config import Config, UserError
 from mindscale.progress import Progress
 from mindscale.train.data.dataset import check_special_ids
-from mindscale.train.data.preprocess import (Options, add_checksums, check_output, load_tokenizer, pad_id_of,
-                                             preprocess)
+from mindscale.train.data.preprocess import Options, add_checksums, check_output, load_tokenizer, pad_id_of, preprocess
 from mindscale.train.data.raw_text import resolve_sources
 from mindscale.train.data.templates import TEMPLATE_CHOICES
 
@@ -38,29 +38,52 @@ def parse_args(argv):
     defaults = Options()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arguments(parser, required=False)
-    parser.add_argument("--add-checksums", metavar="DIR", help="only record the size and checksum of each shard "
-                                                               "of DIR in its manifest.json (a folder written "
-                                                               "before MindScale kept them), then exit")
+    parser.add_argument(
+        "--add-checksums",
+        metavar="DIR",
+        help="only record the size and checksum of each shard "
+        "of DIR in its manifest.json (a folder written "
+        "before MindScale kept them), then exit",
+    )
     parser.add_argument("--input", nargs="+", help="files, globs or save_to_disk folders")
-    parser.add_argument("--tokenizer", help="SentencePiece .model or Hugging Face folder with tokenizer.json "
-                                            "(default: the config's data.tokenizer)")
+    parser.add_argument(
+        "--tokenizer",
+        help="SentencePiece .model or Hugging Face folder with tokenizer.json (default: the config's data.tokenizer)",
+    )
     parser.add_argument("--seq-length", type=int, help="model sequence length S (default: model.seq_length)")
     parser.add_argument("--output", help="folder for the MindRecord shards and manifest.json")
     parser.add_argument("--mode", choices=["pretrain", "sft"], default=defaults.mode)
-    parser.add_argument("--template", choices=TEMPLATE_CHOICES, default=defaults.template,
-                        help="SFT prompt template; hf = the tokenizer folder's chat_template")
+    parser.add_argument(
+        "--template",
+        choices=TEMPLATE_CHOICES,
+        default=defaults.template,
+        help="SFT prompt template; hf = the tokenizer folder's chat_template",
+    )
     parser.add_argument("--pack", action="store_true", help="SFT: pack several examples per sample")
     parser.add_argument("--shard-size", type=int, default=defaults.shard_size, help="samples per MindRecord file")
     parser.add_argument("--text-key", default=defaults.text_key, help="pretrain: column holding the text")
-    parser.add_argument("--text-unit", choices=["document", "paragraph", "line"], default=defaults.text_unit,
-                        help="text files: what one document is (a whole file, a blank-line block, a line)")
-    parser.add_argument("--workers", type=int, default=defaults.workers,
-                        help="tokenizer processes (pretrain; the main process reads and writes) or threads (sft)")
-    parser.add_argument("--vocab-size", type=int, help="refuse a tokenizer larger than this (default: "
-                                                       "model.vocab_size with --config)")
-    parser.add_argument("--valid-fraction", type=float, default=defaults.valid_fraction,
-                        help="pretrain: hold out this fraction of the documents (whole, evenly spread) into "
-                             "OUTPUT/valid, for data.valid_path")
+    parser.add_argument(
+        "--text-unit",
+        choices=["document", "paragraph", "line"],
+        default=defaults.text_unit,
+        help="text files: what one document is (a whole file, a blank-line block, a line)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=defaults.workers,
+        help="tokenizer processes (pretrain; the main process reads and writes) or threads (sft)",
+    )
+    parser.add_argument(
+        "--vocab-size", type=int, help="refuse a tokenizer larger than this (default: model.vocab_size with --config)"
+    )
+    parser.add_argument(
+        "--valid-fraction",
+        type=float,
+        default=defaults.valid_fraction,
+        help="pretrain: hold out this fraction of the documents (whole, evenly spread) into "
+        "OUTPUT/valid, for data.valid_path",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --output folder")
     parser.add_argument("--json", action="store_true", help="print the manifest as one JSON object")
     return parser.parse_args(argv)
@@ -83,8 +106,10 @@ def resolve_settings(args) -> tuple[Config | None, int, str, int | None]:
     if not 0 <= args.valid_fraction < 1:
         fail(f"--valid-fraction {args.valid_fraction}: must be in [0, 1)")
     if args.valid_fraction and args.mode != "pretrain":
-        fail("--valid-fraction applies to --mode pretrain (SFT examples are not split yet); hold out a file of "
-             "examples and preprocess it on its own")
+        fail(
+            "--valid-fraction applies to --mode pretrain (SFT examples are not split yet); hold out a file of "
+            "examples and preprocess it on its own"
+        )
     if args.pack and args.mode != "sft":
         fail("--pack applies to --mode sft (pretraining always packs documents)")
     return cfg, seq_length, tokenizer, vocab_limit
@@ -94,15 +119,23 @@ def summary(manifest: dict, seq_length: int, output: Path) -> str:
     """The line printed at the end: what was written, and for SFT what became of the examples."""
     sft = manifest["mode"] == "sft"
     tokens = f"{manifest['num_tokens']} tokens" + (f", {manifest['loss_tokens']} trained" if sft else "")
-    written = (f"{manifest['num_samples']} samples of {seq_length + 1} tokens ({tokens}) in "
-               f"{len(manifest['shards'])} shard(s) -> {output}")
+    written = (
+        f"{manifest['num_samples']} samples of {seq_length + 1} tokens ({tokens}) in "
+        f"{len(manifest['shards'])} shard(s) -> {output}"
+    )
     if sft:
-        return (f"sft: {manifest['examples']} examples ({manifest['truncated_examples']} truncated, "
-                f"{manifest['dropped_examples']} dropped without answer tokens; template {manifest['template']}"
-                f"{', packed' if manifest['pack'] else ''}) -> {written}")
+        return (
+            f"sft: {manifest['examples']} examples ({manifest['truncated_examples']} truncated, "
+            f"{manifest['dropped_examples']} dropped without answer tokens; template {manifest['template']}"
+            f"{', packed' if manifest['pack'] else ''}) -> {written}"
+        )
     held_out = manifest.get("valid")
-    return f"pretrain: {written}" + (f"; held out {held_out['documents']} document(s), {held_out['num_samples']} "
-                                     f"samples -> {output / held_out['path']}" if held_out else "")
+    return f"pretrain: {written}" + (
+        f"; held out {held_out['documents']} document(s), {held_out['num_samples']} "
+        f"samples -> {output / held_out['path']}"
+        if held_out
+        else ""
+    )
 
 
 def add_checksums_to(folder: Path, as_json: bool) -> int:
@@ -112,9 +145,12 @@ def add_checksums_to(folder: Path, as_json: bool) -> int:
         shards, size = add_checksums(folder)
     except UserError as exc:
         fail(str(exc))
-    line = (f"{folder}: recorded the size and checksum of {shards} shard(s) ({size / 1e9:.2f} GB in "
-            f"{time.perf_counter() - began:.1f} s) in {folder / 'manifest.json'}" if shards else
-            f"{folder}: its manifest.json already records the shard checksums; nothing to do")
+    line = (
+        f"{folder}: recorded the size and checksum of {shards} shard(s) ({size / 1e9:.2f} GB in "
+        f"{time.perf_counter() - began:.1f} s) in {folder / 'manifest.json'}"
+        if shards
+        else f"{folder}: its manifest.json already records the shard checksums; nothing to do"
+    )
     emit({"folder": str(folder), "shards": shards, "bytes": size}, as_json, line)
     return 0
 
@@ -125,8 +161,16 @@ def main(argv=None) -> int:
         return add_checksums_to(Path(args.add_checksums), args.json)
     cfg, seq_length, tokenizer, vocab_limit = resolve_settings(args)
     output = Path(args.output)
-    options = Options(args.mode, args.template, args.pack, args.shard_size, args.text_key, args.text_unit,
-                      args.workers, args.valid_fraction)
+    options = Options(
+        args.mode,
+        args.template,
+        args.pack,
+        args.shard_size,
+        args.text_key,
+        args.text_unit,
+        args.workers,
+        args.valid_fraction,
+    )
     try:
         check_output(output, args.overwrite)
         encoder = load_tokenizer(tokenizer, vocab_limit)

@@ -10,6 +10,7 @@ The knobs it advises are filtered by the device (the profile's layout) and the r
 config.yaml of the run folder holding profile/, or --config (with --set) when the profile sits elsewhere.
 The layouts read and the time split are described in mindscale/perf/profile.py and docs/tools.md.
 """
+
 import argparse
 import json
 import sys
@@ -35,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--top {args.top}: must be >= 1")
     try:
         cfg = load_config(args.config, args.overrides) if args.config else None
-        report = analyse(args.profile_dir, args.steps, args.top, args.rank, args.all_ranks, cfg, args.config,
-                         args.overrides)
+        report = analyse(
+            args.profile_dir, args.steps, args.top, args.rank, args.all_ranks, cfg, args.config, args.overrides
+        )
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))
     print(json.dumps(report.to_dict()) if args.json else text(report))

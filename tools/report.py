@@ -12,6 +12,7 @@ share) and the time the loop waited for data (data_wait_s); the resolved config.
 base64 and written next to the HTML as <stem>_<plot>.png. A run on MindRecord data also gets the data mix
 as one line on stdout.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -10,6 +10,7 @@ checkpoints folder with the step committed: a run of TARGET.yaml whose run folde
 there. docs/checkpoints.md describes the protocol. Progress goes to stderr (a bar on a terminal, else
 plain lines: mindscale/progress.py). Exit 2 with one line for bad input.
 """
+
 from __future__ import annotations
 
 import sys
@@ -37,9 +38,13 @@ def main(argv: list[str] | None = None) -> int:
             result = reshard(args.input, cfg, args.output, layouts, progress)
     except UserError as exc:
         fail(str(exc))
-    emit(result, args.json, f"wrote step {result['step']} for {result['ranks']} rank folder(s) under "
-                            f"{result['output']} ({result['bytes'] / 1e9:.3g} GB in {result['seconds']} s, "
-                            f"{result['compile_s']} s of it compiling the target layout)")
+    emit(
+        result,
+        args.json,
+        f"wrote step {result['step']} for {result['ranks']} rank folder(s) under "
+        f"{result['output']} ({result['bytes'] / 1e9:.3g} GB in {result['seconds']} s, "
+        f"{result['compile_s']} s of it compiling the target layout)",
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ Rank order (MindSpore's device matrix, tensor parallel innermost): rank = stage 
 dp_index * (cp * tp) + cp_index * tp + tp_index. Ranks that differ only in tp_index, cp_index or stage read
 the same rows; ranks that differ in cp_index hold different sequence chunks of them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,39 +29,39 @@ FLASH_TND_MAX_SEQUENCES = 1024
 
 @dataclass(frozen=True)
 class Layout:
-    device: str                 # Ascend | GPU | CPU: the device the graph is compiled for
-    dp: int                     # data parallel
-    tp: int                     # tensor parallel (parallel.model_parallel)
-    pp: int                     # pipeline stages
-    cp: int                     # context parallel (parallel.context_parallel): activations split along the sequence
-    cp_algo: str                # colossalai_cp (K/V all-gathered) | ulysses_cp (all-to-all to a head split)
-    ep: int                     # expert parallel: routed experts split over ep of the dp ranks (models/moe.py)
-    devices: int                # ranks in all, dp x tp x cp x pp (ParallelConfig.devices)
+    device: str  # Ascend | GPU | CPU: the device the graph is compiled for
+    dp: int  # data parallel
+    tp: int  # tensor parallel (parallel.model_parallel)
+    pp: int  # pipeline stages
+    cp: int  # context parallel (parallel.context_parallel): activations split along the sequence
+    cp_algo: str  # colossalai_cp (K/V all-gathered) | ulysses_cp (all-to-all to a head split)
+    ep: int  # expert parallel: routed experts split over ep of the dp ranks (models/moe.py)
+    devices: int  # ranks in all, dp x tp x cp x pp (ParallelConfig.devices)
     micro_batch_size: int
-    micro_steps: int            # micro batches per optimizer step (pipeline micro batches or accumulation)
-    sharded: bool               # semi-auto parallel: the plan's .shard() strategies are compiled
-    data_parallel_mode: bool    # several workers, no strategies: DATA_PARALLEL with an explicit all-reduce
-    sp: bool                    # sequence parallel (parallel.sequence_parallel, with tp > 1): norms and
-                                # residual adds split tokens over dp x tp, rowwise outputs reduce-scatter
+    micro_steps: int  # micro batches per optimizer step (pipeline micro batches or accumulation)
+    sharded: bool  # semi-auto parallel: the plan's .shard() strategies are compiled
+    data_parallel_mode: bool  # several workers, no strategies: DATA_PARALLEL with an explicit all-reduce
+    sp: bool  # sequence parallel (parallel.sequence_parallel, with tp > 1): norms and
+    # residual adds split tokens over dp x tp, rowwise outputs reduce-scatter
     optimizer_shard: bool
-    accumulation_shard: bool    # gradient-accumulation buffers sharded like the optimizer state
-    vocab_parallel: bool        # embedding and output head split over the vocabulary (tp > 1, not vocab_emb_dp)
-    attention: str              # flash | composite (auto: flash on Atlas A2 in a dtype FlashAttentionScore takes)
-    packed_examples: int | None # flash: the most examples a packed row may hold (data.max_packed_examples), whose
-                                # ends FlashAttentionScore's TND layout takes; composite: None (any number)
-    fused_norm: bool            # the RmsNorm kernel (Atlas A2) instead of composite RMSNorm
-    cpu_kernels: bool           # CPU-only fast paths (models/cpu_kernels.py; the train step's MatMul norm)
-    interleave: int             # model chunks per stage v (parallel.pipeline_interleave)
-    scheduler: str              # MindSpore's pipeline scheduler (parallel.pipeline_scheduler)
-    stages_of_layers: tuple     # pipeline stage of each decoder layer
-    chunks_of_layers: tuple     # which of its stage's v chunks each decoder layer is in (0 .. v-1)
+    accumulation_shard: bool  # gradient-accumulation buffers sharded like the optimizer state
+    vocab_parallel: bool  # embedding and output head split over the vocabulary (tp > 1, not vocab_emb_dp)
+    attention: str  # flash | composite (auto: flash on Atlas A2 in a dtype FlashAttentionScore takes)
+    packed_examples: int | None  # flash: the most examples a packed row may hold (data.max_packed_examples), whose
+    # ends FlashAttentionScore's TND layout takes; composite: None (any number)
+    fused_norm: bool  # the RmsNorm kernel (Atlas A2) instead of composite RMSNorm
+    cpu_kernels: bool  # CPU-only fast paths (models/cpu_kernels.py; the train step's MatMul norm)
+    interleave: int  # model chunks per stage v (parallel.pipeline_interleave)
+    scheduler: str  # MindSpore's pipeline scheduler (parallel.pipeline_scheduler)
+    stages_of_layers: tuple  # pipeline stage of each decoder layer
+    chunks_of_layers: tuple  # which of its stage's v chunks each decoder layer is in (0 .. v-1)
     layers_per_stage: tuple
-    recomputed: tuple           # indices of the recomputed decoder layers
-    recompute: str              # none | selective | full
-    recompute_comm: bool        # recompute.comm: the backward repeats tensor-parallel communication (regathered)
-    offloaded: tuple            # indices of the layers whose activations go to host memory (never recomputed ones)
-    offload_prefetch: int       # offload.backward_prefetch: operators ahead that a copy back starts
-    graph_reuse: str            # layer | model | none: which compiled graph is reused (MindSpore lazy_inline)
+    recomputed: tuple  # indices of the recomputed decoder layers
+    recompute: str  # none | selective | full
+    recompute_comm: bool  # recompute.comm: the backward repeats tensor-parallel communication (regathered)
+    offloaded: tuple  # indices of the layers whose activations go to host memory (never recomputed ones)
+    offload_prefetch: int  # offload.backward_prefetch: operators ahead that a copy back starts
+    graph_reuse: str  # layer | model | none: which compiled graph is reused (MindSpore lazy_inline)
 
     @classmethod
     def of(cls, cfg: Config, device: str | None = None, world: int | None = None) -> "Layout":
@@ -74,25 +75,41 @@ class Layout:
         # strategies only: the parallel passes make each micro batch's backward end before the next one's
         # forward starts, and reduce the accumulated gradients once. Under DATA_PARALLEL nothing orders the
         # micro batches (docs/launch.md, "Gradient accumulation with several workers"); CPU has only that.
-        sharded = world > 1 and (parallel.model_parallel > 1 or parallel.pipeline_stage > 1 or parallel.context_parallel > 1 or
-                                 parallel.expert_parallel > 1 or
-                                 (parallel.optimizer_shard and parallel.data_parallel > 1) or
-                                 (micro_steps > 1 and device != "CPU"))
+        sharded = world > 1 and (
+            parallel.model_parallel > 1
+            or parallel.pipeline_stage > 1
+            or parallel.context_parallel > 1
+            or parallel.expert_parallel > 1
+            or (parallel.optimizer_shard and parallel.data_parallel > 1)
+            or (micro_steps > 1 and device != "CPU")
+        )
         a2_kernels = cfg.hardware.flash_attention and device == "Ascend"
         chunks = chunk_layer_counts_of(cfg)
         counts = stage_totals(chunks)
-        placed = [(stage, chunk) for chunk, per_stage in enumerate(chunks)
-                  for stage, n in enumerate(per_stage) for _ in range(n)]
+        placed = [
+            (stage, chunk)
+            for chunk, per_stage in enumerate(chunks)
+            for stage, n in enumerate(per_stage)
+            for _ in range(n)
+        ]
         stages = [stage for stage, _ in placed]
-        flash = model.attention == "flash" or (model.attention == "auto" and a2_kernels and
-                                           model.compute_dtype in FLASH_ATTENTION_DTYPES)
+        flash = model.attention == "flash" or (
+            model.attention == "auto" and a2_kernels and model.compute_dtype in FLASH_ATTENTION_DTYPES
+        )
         recomputed = tuple(_first_layers(recompute_layer_counts(cfg), stages))
         return cls(
-            device=device, dp=parallel.data_parallel, tp=parallel.model_parallel, pp=parallel.pipeline_stage,
-            cp=parallel.context_parallel, cp_algo=parallel.context_parallel_algo, ep=parallel.expert_parallel, devices=cfg.devices,
+            device=device,
+            dp=parallel.data_parallel,
+            tp=parallel.model_parallel,
+            pp=parallel.pipeline_stage,
+            cp=parallel.context_parallel,
+            cp_algo=parallel.context_parallel_algo,
+            ep=parallel.expert_parallel,
+            devices=cfg.devices,
             micro_batch_size=cfg.train.micro_batch_size,
             micro_steps=micro_steps,
-            sharded=sharded, data_parallel_mode=world > 1 and not sharded,
+            sharded=sharded,
+            data_parallel_mode=world > 1 and not sharded,
             sp=parallel.sequence_parallel and parallel.model_parallel > 1,
             optimizer_shard=parallel.optimizer_shard and parallel.data_parallel > 1,
             accumulation_shard=parallel.gradient_accumulation_shard,
@@ -101,15 +118,18 @@ class Layout:
             packed_examples=cfg.data.max_packed_examples if flash else None,
             fused_norm=a2_kernels or flash,  # the RmsNorm kernel where the model has RMSNorm
             cpu_kernels=device == "CPU" and not sharded,
-            interleave=parallel.pipeline_interleave, scheduler=parallel.pipeline_scheduler,
+            interleave=parallel.pipeline_interleave,
+            scheduler=parallel.pipeline_scheduler,
             stages_of_layers=tuple(stages),
             chunks_of_layers=tuple(chunk for _, chunk in placed),
             layers_per_stage=tuple(counts),
-            recomputed=recomputed, recompute=cfg.recompute.mode,
+            recomputed=recomputed,
+            recompute=cfg.recompute.mode,
             recompute_comm=cfg.recompute.comm,
             offloaded=tuple(_first_layers(offload_layer_counts(cfg), stages, skip=recomputed)),
             offload_prefetch=cfg.offload.backward_prefetch,
-            graph_reuse=_graph_reuse(cfg, sharded, micro_steps))
+            graph_reuse=_graph_reuse(cfg, sharded, micro_steps),
+        )
 
     # -- degrees and groups ---------------------------------------------------------------------
     @property
@@ -253,7 +273,9 @@ def chunk_layer_counts(num_layers: int, stages: int, interleave: int, offset: in
 
 def chunk_layer_counts_of(cfg: Config) -> list[list[int]]:
     parallel = cfg.parallel
-    return chunk_layer_counts(cfg.model.num_layers, parallel.pipeline_stage, parallel.pipeline_interleave, parallel.stage_offset)
+    return chunk_layer_counts(
+        cfg.model.num_layers, parallel.pipeline_stage, parallel.pipeline_interleave, parallel.stage_offset
+    )
 
 
 def stage_totals(chunks: list[list[int]]) -> list[int]:

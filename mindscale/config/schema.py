@@ -4,6 +4,7 @@ The meaning of each key is the field's `doc`; docs/config.md is generated from i
 (`python tools/config.py --doc`). Loading, typing and validation live in mindscale/config/load.py
 and validate.py; decisions derived from the parallel keys, in mindscale/config/layout.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,50 +28,62 @@ def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasse
     return field(default=default, metadata={"doc": text})
 
 
-
 @dataclass
 class RunConfig:
     name: str = doc("Run name; the run folder is <output_dir>/<name>.", "run")
     output_dir: str = doc("Parent folder of run folders (relative to the working directory).", "output")
     seed: int = doc("Seed for weights, data order and dropout.", 1234)
     device_target: Literal["auto", "Ascend", "GPU", "CPU"] = doc(
-        "Backend; auto picks Ascend, then GPU, then CPU.", "auto")
+        "Backend; auto picks Ascend, then GPU, then CPU.", "auto"
+    )
     mode: Literal["graph", "pynative"] = doc("MindSpore execution mode.", "graph")
     reuse_layer_graph: bool = doc(
         "Graph mode: reuse compiled graphs (MindSpore lazy_inline): one decoder layer's for every layer with "
         "the same recompute setting and stage (compile time at 32 layers halves on CPU), or, in a sharded "
         "layout with several micro batches per step, the whole loss network's, called per micro batch "
         "(needed by parallel.gradient_accumulation_shard). false compiles every layer and micro batch on "
-        "its own; the numbers are the same.", True)
+        "its own; the numbers are the same.",
+        True,
+    )
     compile_cache: bool = doc(
         "Graph mode: keep the train step's compiled graph in <run>/compile_cache/<key>/rank_<r>/ (MindSpore's "
         "compile cache), so a relaunch or a --max-restarts restart of an unchanged graph loads it instead of "
         "compiling again. The key hashes the sources of mindscale/ and models/, this config (less the run's "
         "name, folders, logging and checkpoint keys), the device and MindSpore's version; a change of any "
-        "compiles afresh (docs/launch.md). false compiles at every launch.", True)
+        "compiles afresh (docs/launch.md). false compiles at every launch.",
+        True,
+    )
     tensorboard: bool = doc(
         "The logging rank also writes every scalar of each metrics.jsonl record (loss, lr, loss_scale, "
         "skipped_steps, throughput, MFU, ...) as TensorBoard events in <run>/tensorboard/ (needs tensorboardX); "
-        "view with `tensorboard --logdir <output_dir>` after `make extras` (docs/monitoring.md).", False)
+        "view with `tensorboard --logdir <output_dir>` after `make extras` (docs/monitoring.md).",
+        False,
+    )
     max_restarts: int = doc(
         "scripts/run_distribute.sh (--max-restarts N overrides it): after a worker fails or stalls, relaunch "
         "every worker from the newest committed (healthy) checkpoint, at most this many times, then give up "
         "with exit 1. A worker's exit status 2 (bad input) and a health guard's stop (train.max_skipped_steps, "
         "a non-finite loss) are never retried. One node only (refused with "
-        "NNODES > 1). Needs checkpoint.resume=true. 0 = no restarts.", 0)
+        "NNODES > 1). Needs checkpoint.resume=true. 0 = no restarts.",
+        0,
+    )
     hang_timeout_s: float = doc(
         "scripts/run_distribute.sh: seconds without a worker heartbeat (written after every step) after which "
         "the launcher names the stalled rank and its last step, dumps that rank's Python stacks into its "
         "log and stops the job (exit 1, or a restart under max_restarts). Must exceed the longest step plus "
         "a checkpoint save, and the longest validation batch (the first compiles the validation graph; a pass "
         "beats at each batch); a rank's first step (the compile) is not timed. On Ascend HCCL_EXEC_TIMEOUT is "
-        "derived from it (docs/launch.md). 0 = off.", 1800.0)
+        "derived from it (docs/launch.md). 0 = off.",
+        1800.0,
+    )
     stop_vote_interval: Optional[int] = doc(
         "Sharded layouts: the ranks vote on a graceful stop (SIGTERM/SIGUSR1) every this many steps, so all stop "
         "after the same step; a vote is a collective of its own. null = agreed by the ranks from measured costs: "
         "the fewest steps that keep a vote under 0.1% of the training time, at most 10 s of steps "
         "(mindscale/train/resilience/stop.py). Data-parallel runs vote at every step inside the loss's all-reduce, at no "
-        "cost, whatever this says.", None)
+        "cost, whatever this says.",
+        None,
+    )
 
 
 @dataclass
@@ -78,53 +91,75 @@ class HardwareConfig:
     name: str = doc("Profile name (a file in configs/hardware/ or 'inline').", "cpu")
     device_target: Literal["Ascend", "GPU", "CPU"] = doc("Backend this profile describes.", "CPU")
     peak_tflops: Optional[float] = doc(
-        "Dense fp16/bf16 peak per device in TFLOP/s; null on CPU = measure a GEMM once and cache.", None)
+        "Dense fp16/bf16 peak per device in TFLOP/s; null on CPU = measure a GEMM once and cache.", None
+    )
     memory_gib: float = doc("Device memory per device in GiB.", 16.0)
     memory_reserve_gib: float = doc("Memory the framework/runtime keeps for itself per device.", 0.0)
     memory_margin: float = doc("Fraction of usable memory a plan may fill (planner 'fits' test).", 0.9)
     max_device_memory_gib: Optional[float] = doc(
         "The ceiling of MindSpore's device memory pool per device (mindspore.runtime.set_memory max_size, set at "
         "start on Ascend/GPU and logged); null = memory_gib - memory_reserve_gib, leaving the reserve to the "
-        "runtime and HCCL buffers. The planner's budget is memory_margin of the same number.", None)
+        "runtime and HCCL buffers. The planner's budget is memory_margin of the same number.",
+        None,
+    )
     devices_per_node: int = doc("Devices per server (intra-node vs inter-node links).", 1)
-    intra_node_gbps: float = doc("Intra-node bandwidth, GB/s each way: of one link between two devices when "
-                                 "intra_node_mesh, else of one device in a ring.", 10.0)
+    intra_node_gbps: float = doc(
+        "Intra-node bandwidth, GB/s each way: of one link between two devices when "
+        "intra_node_mesh, else of one device in a ring.",
+        10.0,
+    )
     intra_node_mesh: bool = doc(
         "The devices of a server are fully meshed, each pair by its own link, and a collective of l ranks of a "
         "server uses l-1 links at once (HCCL's Mesh algorithm); false = a ring at intra_node_gbps per device "
-        "(docs/planner.md, speed model).", False)
-    intra_node_latency_us: float = doc("Latency α of one collective step inside a server, µs (HCCL's α–β "
-                                       "model).", 0.0)
+        "(docs/planner.md, speed model).",
+        False,
+    )
+    intra_node_latency_us: float = doc("Latency α of one collective step inside a server, µs (HCCL's α–β model).", 0.0)
     inter_node_gbps: float = doc("Per-device inter-node bandwidth, GB/s each way (its NIC).", 10.0)
     inter_node_latency_us: float = doc("Latency α of one collective step between servers, µs.", 0.0)
     matmul_efficiency: Optional[float] = doc(
         "Fraction of peak_tflops a wide matmul runs at (the planner's speed model, fitted on published "
-        "measurements: docs/planner.md); null = every FLOP at a flat 0.55 (Ascend, GPU) or 0.3 (CPU).", None)
+        "measurements: docs/planner.md); null = every FLOP at a flat 0.55 (Ascend, GPU) or 0.3 (CPU).",
+        None,
+    )
     matmul_half_width: float = doc(
         "A matmul dimension (rows, contraction or columns) of this size halves its efficiency: each dimension x "
-        "scales it by x / (x + matmul_half_width). 0 = no effect of shape.", 0.0)
+        "scales it by x / (x + matmul_half_width). 0 = no effect of shape.",
+        0.0,
+    )
     attention_efficiency: Optional[float] = doc(
         "Fraction of the peak the attention core (QK^T, scores x V) runs at, of the FLOPs it computes (flash "
-        "attention: the causal half); null = matmul_efficiency.", None)
+        "attention: the causal half); null = matmul_efficiency.",
+        None,
+    )
     vector_ns_per_element: float = doc(
         "Nanoseconds the memory-bound operators (norms, residual adds, rotary, activations, the loss) take per "
         "element of a layer's [tokens, hidden] activations, and of the head's [tokens, vocabulary] logits, on one "
-        "device, forward and backward together (the speed model; 0 = not timed).", 0.0)
+        "device, forward and backward together (the speed model; 0 = not timed).",
+        0.0,
+    )
     speed_error: Optional[float] = doc(
         "The speed model's median absolute error on the published measurements it was fitted against "
         "(bench/published_ascend.yaml, BENCHMARKS.md); tools/plan.py --search states it beside its ranking. "
-        "null = not calibrated.", None)
+        "null = not calibrated.",
+        None,
+    )
     host_link_gbps: Optional[float] = doc(
         "Per-device link to host memory, GB/s each way (PCIe): what offloaded activations move over "
-        "(offload.layers); null = none.", None)
+        "(offload.layers); null = none.",
+        None,
+    )
     host_memory_gib: Optional[float] = doc(
-        "Host memory per device that offloaded activations may fill, GiB; null = none.", None)
+        "Host memory per device that offloaded activations may fill, GiB; null = none.", None
+    )
     flash_attention: bool = doc("Whether ops.flash_attention_score exists on this device.", False)
     soc_version: Optional[Literal["ascend910", "ascend910b", "ascend910_93", "ascend950"]] = doc(
         "The chip as MindSpore names it (its get_ascend_soc_version()); null off Ascend. ascend910 (910A) has no "
         "bf16 matmul (refused) and saturates fp16 overflow instead of giving inf/nan, so the train step reads "
         "the device's float status to detect overflow (docs/models.md); the profile decides, so the dry run "
-        "compiles what that chip runs.", None)
+        "compiles what that chip runs.",
+        None,
+    )
     source: str = doc("Where the numbers come from.", "")
 
     @property
@@ -138,27 +173,37 @@ class HardwareConfig:
 
 @dataclass
 class MoeConfig:
-    num_experts: int = doc("Routed experts E per layer (model.arch mixtral, qwen3_moe); 0 = a dense MLP (the "
-                           "other families).", 0)
+    num_experts: int = doc(
+        "Routed experts E per layer (model.arch mixtral, qwen3_moe); 0 = a dense MLP (the other families).", 0
+    )
     top_k: int = doc("Experts each token is routed to (softmax over E router logits, then the k largest).", 2)
-    ffn_hidden_size: Optional[int] = doc("Inner width of one routed expert's SwiGLU (Qwen3-MoE's "
-                                         "moe_intermediate_size); null = model.ffn_hidden_size (Mixtral).", None)
+    ffn_hidden_size: Optional[int] = doc(
+        "Inner width of one routed expert's SwiGLU (Qwen3-MoE's "
+        "moe_intermediate_size); null = model.ffn_hidden_size (Mixtral).",
+        None,
+    )
     shared_expert_ffn_hidden_size: int = doc(
         "Inner width of a shared SwiGLU expert every token passes through, added to the routed experts' output "
-        "(DeepSeek-style, ungated); 0 = none (Mixtral, Qwen3-MoE).", 0)
-    norm_topk_prob: bool = doc("Renormalise the k chosen probabilities to sum to 1 (Mixtral: always; Qwen3-MoE: "
-                               "its norm_topk_prob).", True)
+        "(DeepSeek-style, ungated); 0 = none (Mixtral, Qwen3-MoE).",
+        0,
+    )
+    norm_topk_prob: bool = doc(
+        "Renormalise the k chosen probabilities to sum to 1 (Mixtral: always; Qwen3-MoE: its norm_topk_prob).", True
+    )
     aux_loss_coeff: float = doc(
         "Weight of the load-balancing loss (Switch Transformer / Mixtral form, E x sum_e f_e P_e per layer, "
         "averaged over the layers with experts) added to the training loss; logged as aux_loss. f and P count the "
         "tokens the loss trains (SFT: its loss mask, so padding and prompts are left out). 0 = not added (still "
         "logged).",
-        0.01)
+        0.01,
+    )
     capacity_factor: Optional[float] = doc(
         "Token dropping: each expert takes at most ceil(top_k x T x capacity_factor / E) of the T tokens of a "
         "data-parallel rank (first slot-1 choices, then in token order); the rest of its tokens pass it by. "
         "null = dropless: the capacity is T, nothing is dropped, at E/top_k times the expert compute of a "
-        "factor of 1 (docs/models.md, mixture of experts).", None)
+        "factor of 1 (docs/models.md, mixture of experts).",
+        None,
+    )
 
     def expert_ffn(self, dense_ffn: int) -> int:
         """The inner width of one routed expert."""
@@ -168,15 +213,24 @@ class MoeConfig:
         "Router scores: softmax over the E logits, the top_k largest chosen (Mixtral, Qwen3-MoE); sigmoid "
         "(DeepSeek-V3): a sigmoid per expert in fp32, the choice made on the scores plus a per-expert correction "
         "bias (router_bias, a parameter that is not trained: its aux-loss-free update is not built), the "
-        "weights the unbiased scores of the chosen experts.", "softmax")
-    num_groups: int = doc("Sigmoid router: the E experts form this many equal groups; a token chooses among the "
-                          "experts of its topk_groups best groups, a group scored by the sum of its two best biased "
-                          "scores (DeepSeek-V3's n_group). 1 = no group limit.", 1)
+        "weights the unbiased scores of the chosen experts.",
+        "softmax",
+    )
+    num_groups: int = doc(
+        "Sigmoid router: the E experts form this many equal groups; a token chooses among the "
+        "experts of its topk_groups best groups, a group scored by the sum of its two best biased "
+        "scores (DeepSeek-V3's n_group). 1 = no group limit.",
+        1,
+    )
     topk_groups: int = doc("Sigmoid router: the groups a token may choose from (DeepSeek-V3's topk_group).", 1)
-    routed_scaling_factor: float = doc("Sigmoid router: the chosen weights (after norm_topk_prob) are multiplied by "
-                                       "this (DeepSeek-V3: 2.5).", 1.0)
-    dense_layers: int = doc("The first this many layers have a dense SwiGLU MLP of model.ffn_hidden_size instead of "
-                            "experts (DeepSeek-V3's first_k_dense_replace: 3).", 0)
+    routed_scaling_factor: float = doc(
+        "Sigmoid router: the chosen weights (after norm_topk_prob) are multiplied by this (DeepSeek-V3: 2.5).", 1.0
+    )
+    dense_layers: int = doc(
+        "The first this many layers have a dense SwiGLU MLP of model.ffn_hidden_size instead of "
+        "experts (DeepSeek-V3's first_k_dense_replace: 3).",
+        0,
+    )
 
     def capacity(self, tokens: int) -> int:
         """Slots per expert for the `tokens` of one data-parallel rank (MindFormers' calculate_expert_capacity,
@@ -191,16 +245,22 @@ class MlaConfig:
     """Multi-head latent attention (DeepSeek-V2/V3; model.arch deepseek_v3 only): low-rank query and key/value
     projections, each head's key and query a no-position part and a rotary part, the rotary key shared by
     every head (models/mla.py)."""
-    q_lora_rank: Optional[int] = doc("Rank of the query's down-projection (an RMSNorm between it and the up-"
-                                     "projection); null = one full query projection.", 1536)
+
+    q_lora_rank: Optional[int] = doc(
+        "Rank of the query's down-projection (an RMSNorm between it and the up-"
+        "projection); null = one full query projection.",
+        1536,
+    )
     kv_lora_rank: int = doc("Rank of the compressed key/value latent (what a KV cache of MLA would hold).", 512)
     qk_nope_head_dim: int = doc("Per-head width of the query/key part without positions.", 128)
-    qk_rope_head_dim: int = doc("Per-head width of the rotary query/key part (the key's is shared by all heads).",
-                                64)
+    qk_rope_head_dim: int = doc("Per-head width of the rotary query/key part (the key's is shared by all heads).", 64)
     v_head_dim: int = doc("Per-head width of the values.", 128)
-    rope_interleave: bool = doc("The rotary part's weights store the pairs interleaved (x0, x1), (x2, x3), ... as "
-                                "DeepSeek's checkpoints do (Hugging Face's rope_interleave, true for DeepSeek-V3): "
-                                "they are de-interleaved into the rotate-half layout before the rotation.", True)
+    rope_interleave: bool = doc(
+        "The rotary part's weights store the pairs interleaved (x0, x1), (x2, x3), ... as "
+        "DeepSeek's checkpoints do (Hugging Face's rope_interleave, true for DeepSeek-V3): "
+        "they are de-interleaved into the rotate-half layout before the rotation.",
+        True,
+    )
 
     @property
     def qk_head_dim(self) -> int:
@@ -211,47 +271,61 @@ class MlaConfig:
 class ModelConfig:
     arch: ArchName = doc(
         "Model family (one entry each in models/archs/): "
-        + ", ".join(f"{spec.name} ({spec.summary})" for spec in ARCHS.values()) + ".", "llama")
+        + ", ".join(f"{spec.name} ({spec.summary})" for spec in ARCHS.values())
+        + ".",
+        "llama",
+    )
     vocab_size: int = doc("Vocabulary size.", 32000)
     hidden_size: int = doc("Model width h.", 4096)
     num_layers: int = doc("Transformer layers L.", 32)
     num_heads: int = doc("Attention heads a.", 32)
     num_kv_heads: Optional[int] = doc("Key/value heads (GQA); null = num_heads.", None)
-    head_dim: Optional[int] = doc("Width of one attention head; null = hidden_size / num_heads (Qwen3 32B: 128, "
-                                  "with hidden_size 5120 and 64 heads).", None)
+    head_dim: Optional[int] = doc(
+        "Width of one attention head; null = hidden_size / num_heads (Qwen3 32B: 128, "
+        "with hidden_size 5120 and 64 heads).",
+        None,
+    )
     ffn_hidden_size: int = doc("MLP inner width (SwiGLU: per gate).", 11008)
     seq_length: int = doc("Training sequence length s (GPT: also the number of learned positions).", 4096)
     rope_theta: float = doc("RoPE base (LLaMA, Qwen2).", 10000.0)
     rope_scaling: Literal["none", "llama3"] = doc(
         "RoPE frequency scaling: llama3 (LLaMA-3.1/3.2, Hugging Face's rope_type llama3) divides the "
         "low frequencies by rope_scaling_factor and blends the band between the two wavelength limits below.",
-        "none")
+        "none",
+    )
     rope_scaling_factor: float = doc("llama3 scaling: the factor low frequencies are divided by.", 8.0)
-    rope_low_freq_factor: float = doc("llama3 scaling: wavelengths above original_max_positions / this are "
-                                      "scaled fully.", 1.0)
-    rope_high_freq_factor: float = doc("llama3 scaling: wavelengths below original_max_positions / this are "
-                                       "kept.", 4.0)
-    rope_original_max_positions: int = doc("llama3 scaling: the context length the model was pretrained at.",
-                                           8192)
+    rope_low_freq_factor: float = doc(
+        "llama3 scaling: wavelengths above original_max_positions / this are scaled fully.", 1.0
+    )
+    rope_high_freq_factor: float = doc("llama3 scaling: wavelengths below original_max_positions / this are kept.", 4.0)
+    rope_original_max_positions: int = doc("llama3 scaling: the context length the model was pretrained at.", 8192)
     norm_eps: float = doc("Epsilon of RMSNorm/LayerNorm.", 1e-5)
     tie_embeddings: bool = doc("Share the input embedding with the output projection.", False)
     attention: Literal["auto", "flash", "composite"] = doc(
         "Attention kernel: flash (Ascend A2 FlashAttentionScore, float16 or bfloat16 compute only), composite "
         "(matmul+softmax), auto = flash where the hardware profile has it and compute_dtype is one it takes "
-        "(docs/models.md).", "auto")
+        "(docs/models.md).",
+        "auto",
+    )
     compute_dtype: Literal["float32", "float16", "bfloat16"] = doc(
         "Dtype of matmuls and of the residual stream (see fp32_residual_connection); norms, softmax and the "
-        "loss compute in fp32.", "float32")
+        "loss compute in fp32.",
+        "float32",
+    )
     param_dtype: Literal["float32", "float16", "bfloat16"] = doc("Dtype of stored weights.", "float32")
     fp32_residual_connection: bool = doc(
         "Keep the residual stream (embedding rows, residual adds, what pipeline stages send) in fp32, "
         "Megatron-Core's key; off, it is in compute_dtype, as in Megatron-Core and MindFormers, and with "
-        "bf16 the stage sends move half the bytes. Norms compute in fp32 either way.", False)
+        "bf16 the stage sends move half the bytes. Norms compute in fp32 either way.",
+        False,
+    )
     init_std: float = doc("Std of the normal weight init.", 0.02)
-    moe: MoeConfig = doc("Mixture of experts: the feed-forward of every layer is E routed SwiGLU experts.",
-                         factory=MoeConfig)
-    mla: MlaConfig = doc("Multi-head latent attention's widths (model.arch deepseek_v3; ignored by the others).",
-                         factory=MlaConfig)
+    moe: MoeConfig = doc(
+        "Mixture of experts: the feed-forward of every layer is E routed SwiGLU experts.", factory=MoeConfig
+    )
+    mla: MlaConfig = doc(
+        "Multi-head latent attention's widths (model.arch deepseek_v3; ignored by the others).", factory=MlaConfig
+    )
 
     @property
     def residual_dtype(self) -> str:
@@ -271,8 +345,12 @@ class ModelConfig:
         """(factor, low_freq_factor, high_freq_factor, original_max_positions) of llama3 scaling, or None."""
         if self.rope_scaling == "none":
             return None
-        return (self.rope_scaling_factor, self.rope_low_freq_factor, self.rope_high_freq_factor,
-                self.rope_original_max_positions)
+        return (
+            self.rope_scaling_factor,
+            self.rope_low_freq_factor,
+            self.rope_high_freq_factor,
+            self.rope_original_max_positions,
+        )
 
     @property
     def head_size(self) -> int:
@@ -302,32 +380,43 @@ class ParallelConfig:
     stage_offset: Union[int, list] = doc(
         "Extra layers per stage on top of num_layers // pipeline_stage (int for all stages or "
         "one per stage, MindFormers' `offset`). With pipeline_interleave v > 1 also a list of v lists of "
-        "pipeline_stage ints: extra layers per chunk on top of num_layers // (pipeline_stage x v).", 0)
+        "pipeline_stage ints: extra layers per chunk on top of num_layers // (pipeline_stage x v).",
+        0,
+    )
     pipeline_interleave: int = doc(
         "Model chunks per stage v (Megatron's virtual pipeline, MindFormers' pp_interleave_num): each "
         "stage's layers split into v chunks, placed round-robin (chunk k on stage k mod p), so the "
         "bubble shrinks to (p-1)/(v x m) at the cost of v chunks' activations in flight. Needs "
-        "run.reuse_layer_graph (MindSpore interleaves only a lazy_inline graph).", 1)
+        "run.reuse_layer_graph (MindSpore interleaves only a lazy_inline graph).",
+        1,
+    )
     pipeline_scheduler: Literal["1f1b", "gpipe", "seqpipe", "seqvpp", "seqsmartvpp", "zero_bubble_v"] = doc(
         "MindSpore's pipeline scheduler (pipeline_config): 1f1b, gpipe, seqpipe, seqvpp, seqsmartvpp or "
         "zero_bubble_v; anything but 1f1b needs pipeline_interleave > 1 (MindSpore 2.9 refuses it). "
         "zero_bubble_v is refused: it needs the chunks placed in a V, which MindScale does not build "
-        "(docs/dryrun.md, interleaved pipeline).", "1f1b")
+        "(docs/dryrun.md, interleaved pipeline).",
+        "1f1b",
+    )
     context_parallel: int = doc(
         "Context-parallel degree c (MindFormers' context_parallel, Megatron's --context-parallel-size): every "
         "activation is split along the sequence over c ranks, [B, S/c, h]; attention gathers what it needs "
         "(context_parallel_algo). Devices = d x t x c x p. Needs flash attention, train.micro_batch_size 1 and "
-        "a seq_length that c divides (docs/dryrun.md, context parallel).", 1)
+        "a seq_length that c divides (docs/dryrun.md, context parallel).",
+        1,
+    )
     context_parallel_algo: Literal["colossalai_cp", "ulysses_cp"] = doc(
         "How attention sees the whole sequence under context_parallel (MindFormers' names): colossalai_cp "
         "all-gathers K and V over the c ranks (each rank's queries attend to the whole sequence; the "
         "backward reduce-scatters their gradients); ulysses_cp swaps the sequence split for a head split "
         "with an all-to-all before attention and back after it (heads and kv heads divisible by t x c).",
-        "colossalai_cp")
+        "colossalai_cp",
+    )
     expert_parallel: int = doc(
         "Expert-parallel degree e: the routed experts of each layer split over e of the data-parallel ranks "
         "(e divides data_parallel and model.moe.num_experts); tokens reach their experts by AlltoAll, and an "
-        "expert's gradients reduce over the data_parallel / e ranks that hold it (docs/models.md).", 1)
+        "expert's gradients reduce over the data_parallel / e ranks that hold it (docs/models.md).",
+        1,
+    )
     sequence_parallel: bool = doc("Shard norms/dropout activations along the sequence (needs t > 1).", False)
     vocab_emb_dp: bool = doc("Keep the embedding data-parallel instead of vocab-sharded over t.", True)
     optimizer_shard: bool = doc("Shard optimizer states (and master weights) over data parallel.", False)
@@ -335,13 +424,17 @@ class ParallelConfig:
         "Micro steps accumulated per optimizer step, in one compiled graph. With several workers on Ascend/GPU "
         "it compiles under semi-auto parallel (data-parallel strategies only, if that is all the layout has), "
         "which ends each micro batch's backward before the next one's forward and reduces the gradients once "
-        "per step; on CPU under DATA_PARALLEL, which does not order them (docs/launch.md).", 1)
+        "per step; on CPU under DATA_PARALLEL, which does not order them (docs/launch.md).",
+        1,
+    )
     gradient_accumulation_shard: bool = doc(
         "With optimizer_shard and a pipeline (pipeline_stage > 1; without one MindSpore's compile of it grows "
         "exponentially with the layer count, docs/dryrun.md): keep the "
         "gradient-accumulation buffers sharded over the data-parallel replicas (MindSpore's "
         "gradient_accumulation_shard). Saves most of one full gradient copy (param_dtype) per rank; costs a "
-        "reduce-scatter of the gradients per micro batch instead of one per step.", False)
+        "reduce-scatter of the gradients per micro batch instead of one per step.",
+        False,
+    )
 
     @property
     def devices(self) -> int:
@@ -357,9 +450,11 @@ class ParallelConfig:
     def replica_product(self, prefix: str = "") -> str:
         """`replica_devices` as its degrees, for messages: 'model_parallel=4 x context_parallel=8 x
         pipeline_stage=1' (context_parallel only when used; each key after `prefix`)."""
-        degrees = {"model_parallel": self.model_parallel,
-                   **({"context_parallel": self.context_parallel} if self.context_parallel > 1 else {}),
-                   "pipeline_stage": self.pipeline_stage}
+        degrees = {
+            "model_parallel": self.model_parallel,
+            **({"context_parallel": self.context_parallel} if self.context_parallel > 1 else {}),
+            "pipeline_stage": self.pipeline_stage,
+        }
         return " x ".join(f"{prefix}{key}={n}" for key, n in degrees.items())
 
     def data_parallel_for(self, world: int) -> int | None:
@@ -370,15 +465,19 @@ class ParallelConfig:
 @dataclass
 class RecomputeConfig:
     mode: Literal["none", "selective", "full"] = doc(
-        "none; selective = attention core + activations (Korthikanti et al. 2022); full = whole layer.",
-        "none")
+        "none; selective = attention core + activations (Korthikanti et al. 2022); full = whole layer.", "none"
+    )
     layers: Union[int, list, None] = doc(
-        "Layers recomputed: null = all; int = the first n of every stage; list = n per stage.", None)
-    comm: bool = doc("Repeat tensor-parallel communication in the backward instead of keeping its outputs: fully "
-                     "recomputed layers recompute their collectives too (MindSpore's mp_comm_recompute); under "
-                     "sequence parallel every other layer regathers the input of its column-parallel matmuls "
-                     "(all-gathers it again; MindFormers' select_comm_recompute), keeping 2·s·b·h·(1 - 1/t) bytes fewer "
-                     "(docs/planner.md).", False)
+        "Layers recomputed: null = all; int = the first n of every stage; list = n per stage.", None
+    )
+    comm: bool = doc(
+        "Repeat tensor-parallel communication in the backward instead of keeping its outputs: fully "
+        "recomputed layers recompute their collectives too (MindSpore's mp_comm_recompute); under "
+        "sequence parallel every other layer regathers the input of its column-parallel matmuls "
+        "(all-gathers it again; MindFormers' select_comm_recompute), keeping 2·s·b·h·(1 - 1/t) bytes fewer "
+        "(docs/planner.md).",
+        False,
+    )
 
 
 @dataclass
@@ -390,10 +489,14 @@ class OffloadConfig:
         "(a layer is recomputed or offloaded, never both: MindSpore ignores offload on a recomputed op), so with a "
         "list recompute.layers + offload.layers may not exceed a stage's layers. Ascend graph mode with "
         "run.reuse_layer_graph (MindSpore offloads only inside a lazy_inline graph); refused on CPU, where MindSpore "
-        "2.9 compiles the marks and moves nothing (docs/models.md).", 0)
+        "2.9 compiles the marks and moves nothing (docs/models.md).",
+        0,
+    )
     backward_prefetch: int = doc(
         "How many operators before the backward op that reads an offloaded activation its copy back to the device "
-        "starts (MindSpore's backward_prefetch, MindFormers' default_prefetch).", 1)
+        "starts (MindSpore's backward_prefetch, MindFormers' default_prefetch).",
+        1,
+    )
 
 
 @dataclass
@@ -401,7 +504,9 @@ class TrainConfig:
     micro_batch_size: int = doc("Sequences per device per micro step.", 1)
     global_batch_size: Optional[int] = doc(
         "Sequences per optimizer step; null = micro_batch_size x data_parallel x micro_batch_num "
-        "x gradient_accumulation_steps (must equal it when given).", None)
+        "x gradient_accumulation_steps (must equal it when given).",
+        None,
+    )
     steps: int = doc("Optimizer steps.", 100)
     lr: float = doc("Peak learning rate.", 3e-4)
     min_lr: float = doc("Final learning rate of the decay.", 3e-5)
@@ -413,33 +518,43 @@ class TrainConfig:
     adam_eps: float = doc("AdamW epsilon.", 1e-8)
     grad_clip: float = doc("Global gradient-norm clip; 0 = off.", 1.0)
     loss_scale: Union[str, float, None] = doc(
-        "'auto' (dynamic for fp16, none otherwise), 'dynamic', a fixed number, or null.", "auto")
+        "'auto' (dynamic for fp16, none otherwise), 'dynamic', a fixed number, or null.", "auto"
+    )
     log_interval: int = doc("Steps between metric lines.", 1)
     max_skipped_steps: int = doc(
         "Consecutive steps skipped for non-finite gradients (fp16 overflow) that stop the run with exit 1 "
         "and a line naming the cause: a loss scale that cannot recover, or a diverged run. A dynamic scale "
         "starting at 2^16 needs at most ~16 halvings to find a usable scale; 0 = never stop. Steps skipped "
-        "for loss spikes count too.", 50)
+        "for loss spikes count too.",
+        50,
+    )
     loss_spike_factor: Optional[float] = doc(
         "Skip the optimizer update of a step whose loss exceeds this factor x the median loss of the last "
         "50 updated steps (once there are 10), and say so; decided inside the compiled step from the global "
-        "loss, before the update. null = off. Not with pipeline stages (only the last holds the loss).", None)
+        "loss, before the update. null = off. Not with pipeline stages (only the last holds the loss).",
+        None,
+    )
     eval_interval: int = doc(
         "Steps between validation passes over data.valid_path or data.valid_blend (and after the last step); "
         "0 = off. A pass is "
         "a forward-only graph, compiled once, over the same held-out batches every time (docs/monitoring.md). "
-        "Not with gradient accumulation in a sharded layout.", 0)
+        "Not with gradient accumulation in a sharded layout.",
+        0,
+    )
     eval_steps: int = doc(
         "Batches of train.global_batch_size sequences per validation pass: the first eval_steps x "
         "global_batch_size sequences of data.valid_path (or data.valid_blend), in stored order, whatever the "
-        "world size.", 10)
+        "world size.",
+        10,
+    )
 
 
 @dataclass
 class BlendSource:
     path: Optional[str] = doc("MindRecord folder from tools/preprocess_data.py (required).", None)
-    weight: Optional[float] = doc("Relative share of the samples (required, > 0; a blend's weights are normalised).",
-                                  None)
+    weight: Optional[float] = doc(
+        "Relative share of the samples (required, > 0; a blend's weights are normalised).", None
+    )
 
 
 @dataclass
@@ -450,29 +565,41 @@ class DataConfig:
         "the samples drawn from each source are within one of weight share x samples so far; a source drawn "
         "past its end starts its next epoch, shuffled anew. All sources need the same tokenizer, fields and "
         "sequence length. The order is an index in <run>/index/ built once (docs/data.md). null = data.path.",
-        None)
+        None,
+    )
     valid_path: Optional[str] = doc(
         "Held-out MindRecord folder for train.eval_interval: tools/preprocess_data.py --valid-fraction writes "
-        "it as <output>/valid. null = no validation.", None)
+        "it as <output>/valid. null = no validation.",
+        None,
+    )
     valid_blend: Optional[list[BlendSource]] = doc(
         "Weighted blend of held-out folders instead of data.valid_path (a list of {path, weight}, as data.blend). "
         "With several, each source is validated on its own calls, its weight's share of train.eval_steps in whole "
         "steps (at least one), in stored order, and logged with a loss of its own (val_loss_by_source); each must "
-        "hold its share.", None)
-    tokenizer: Optional[str] = doc("SentencePiece .model file or Hugging Face tokenizer folder (tokenizer.json, "
-                                   "tokenizer_config.json); checked against vocab_size and the data's manifest.", None)
+        "hold its share.",
+        None,
+    )
+    tokenizer: Optional[str] = doc(
+        "SentencePiece .model file or Hugging Face tokenizer folder (tokenizer.json, "
+        "tokenizer_config.json); checked against vocab_size and the data's manifest.",
+        None,
+    )
     shuffle: bool = doc("Shuffle samples deterministically by run.seed.", True)
     verify_checksums: bool = doc(
         "Hash every shard against its manifest's checksum before the first step, by the process that builds the "
         "run's sample index (a resume reuses the index and hashes nothing). false: only each shard's size is "
-        "checked (docs/data.md).", True)
+        "checked (docs/data.md).",
+        True,
+    )
     eos_id: int = doc("End-of-sequence id used to join documents.", 2)
     pad_id: int = doc("Padding id (ignored in the loss).", 0)
     max_packed_examples: int = doc(
         "Packed SFT data under flash attention: the most examples one packed sample may hold. FlashAttentionScore's "
         "TND layout takes each row's example ends in this many slots plus one for its padding (MindFormers' "
         "eod_pad_length); train.micro_batch_size x (this + 1) must stay within the kernel's 1024 sequences per "
-        "call. A sample holding more is refused. Composite attention takes any number.", 127)
+        "call. A sample holding more is refused. Composite attention takes any number.",
+        127,
+    )
 
 
 @dataclass
@@ -480,17 +607,25 @@ class CheckpointConfig:
     save_interval: int = doc("Steps between checkpoints; 0 = only at the end.", 0)
     keep_last: int = doc("Complete checkpoints kept in the run folder.", 2)
     load_path: Optional[str] = doc(
-        "Weights to start from (MindScale checkpoint or Hugging Face folder); optimizer state is not loaded.",
-        None)
-    resume: bool = doc("Continue from the newest step in the run folder that every rank committed and can read "
-                       "(an unreadable one is skipped, named on one line).", True)
-    resume_step: Optional[int] = doc("Resume from exactly this committed step (refused if any rank cannot read "
-                                     "it; later steps leave the run's history).", None)
+        "Weights to start from (MindScale checkpoint or Hugging Face folder); optimizer state is not loaded.", None
+    )
+    resume: bool = doc(
+        "Continue from the newest step in the run folder that every rank committed and can read "
+        "(an unreadable one is skipped, named on one line).",
+        True,
+    )
+    resume_step: Optional[int] = doc(
+        "Resume from exactly this committed step (refused if any rank cannot read "
+        "it; later steps leave the run's history).",
+        None,
+    )
     save_at_end: bool = doc("Save a checkpoint after the last step.", True)
-    async_save: bool = doc("Write checkpoints on a background thread from host copies of the tensors (one "
-                           "more copy of the saved state in host memory); the step is committed at the next "
-                           "save or the end. metrics.jsonl's save_blocked_s shows what saving cost training.",
-                           False)
+    async_save: bool = doc(
+        "Write checkpoints on a background thread from host copies of the tensors (one "
+        "more copy of the saved state in host memory); the step is committed at the next "
+        "save or the end. metrics.jsonl's save_blocked_s shows what saving cost training.",
+        False,
+    )
 
 
 @dataclass
@@ -511,25 +646,34 @@ class LoraConfig:
     dropout: float = doc("Dropout on the adapters' input during training.", 0.0)
     target_modules: list = doc(
         "Linear layers that get adapters, by name: wq, wk, wv, wo (attention), w1, w2, w3 (MLP; w3 LLaMA only).",
-        factory=lambda: ["wq", "wv"])
+        factory=lambda: ["wq", "wv"],
+    )
 
 
 @dataclass
 class FinetuneConfig:
-    lora: LoraConfig = doc("Low-rank adapters; with rank > 0 only the adapters train and are saved.",
-                           factory=LoraConfig)
-    hf_dims: bool = doc("Take the model dims from checkpoint.load_path's Hugging Face config.json instead of "
-                        "model: (seq_length and dtypes stay the config's).", False)
-    template: Optional[str] = doc("SFT prompt template (alpaca, llama2, llama3, or hf: the tokenizer folder's "
-                                  "chat_template) that tools/generate.py wraps a text prompt in; null = the raw "
-                                  "text after BOS.", None)
+    lora: LoraConfig = doc(
+        "Low-rank adapters; with rank > 0 only the adapters train and are saved.", factory=LoraConfig
+    )
+    hf_dims: bool = doc(
+        "Take the model dims from checkpoint.load_path's Hugging Face config.json instead of "
+        "model: (seq_length and dtypes stay the config's).",
+        False,
+    )
+    template: Optional[str] = doc(
+        "SFT prompt template (alpaca, llama2, llama3, or hf: the tokenizer folder's "
+        "chat_template) that tools/generate.py wraps a text prompt in; null = the raw "
+        "text after BOS.",
+        None,
+    )
 
 
 @dataclass
 class Config:
     run: RunConfig = doc("Run identity and backend.", factory=RunConfig)
-    hardware: HardwareConfig = doc("Device profile (name of configs/hardware/<name>.yaml or a mapping).",
-                                   factory=HardwareConfig)
+    hardware: HardwareConfig = doc(
+        "Device profile (name of configs/hardware/<name>.yaml or a mapping).", factory=HardwareConfig
+    )
     model: ModelConfig = doc("Model dimensions.", factory=ModelConfig)
     parallel: ParallelConfig = doc("Parallel layout.", factory=ParallelConfig)
     recompute: RecomputeConfig = doc("Activation recompute.", factory=RecomputeConfig)
@@ -538,11 +682,15 @@ class Config:
     data: DataConfig = doc("Training data.", factory=DataConfig)
     checkpoint: CheckpointConfig = doc("Saving and loading.", factory=CheckpointConfig)
     profile: ProfileConfig = doc("Profiler window.", factory=ProfileConfig)
-    finetune: FinetuneConfig = doc("Fine-tuning: LoRA adapters, model dims from a Hugging Face checkpoint, "
-                                   "the generation prompt template.", factory=FinetuneConfig)
-    context: dict = doc("Passed to mindspore.set_context as is (jit_level, ...; the memory pool's ceiling is "
-                        "hardware.max_device_memory_gib).",
-                        factory=dict)
+    finetune: FinetuneConfig = doc(
+        "Fine-tuning: LoRA adapters, model dims from a Hugging Face checkpoint, the generation prompt template.",
+        factory=FinetuneConfig,
+    )
+    context: dict = doc(
+        "Passed to mindspore.set_context as is (jit_level, ...; the memory pool's ceiling is "
+        "hardware.max_device_memory_gib).",
+        factory=dict,
+    )
 
     @property
     def run_dir(self) -> Path:

@@ -20,6 +20,7 @@ and degree, and shrinks only:
 tests/dryrun compiles every shipped config's twin (and tests/unit/test_twin.py checks what it keeps);
 `tools/dryrun.py --twin` compiles a config's twin for a user (docs/dryrun.md).
 """
+
 from __future__ import annotations
 
 from mindscale.config.layout import Layout
@@ -65,11 +66,15 @@ def twin_overrides(cfg: Config) -> list[str]:
     num_layers = sum(map(len, stages))
     split = 2 * p.context_parallel * (p.model_parallel if p.sequence_parallel else 1)
     seq = min(cfg.model.seq_length, max(TWIN_SEQ_LENGTH, split))
-    out = [f"model.num_layers={num_layers}", f"model.seq_length={seq}", "train.global_batch_size=null",
-           f"parallel.micro_batch_num={pp if pp > 1 else 1}",
-           f"parallel.gradient_accumulation_steps={min(p.gradient_accumulation_steps, 2)}",
-           f"parallel.pipeline_interleave={chunks}",
-           f"parallel.stage_offset={_list([len(s) - num_layers // pp for s in stages]) if pp > 1 else 0}"]
+    out = [
+        f"model.num_layers={num_layers}",
+        f"model.seq_length={seq}",
+        "train.global_batch_size=null",
+        f"parallel.micro_batch_num={pp if pp > 1 else 1}",
+        f"parallel.gradient_accumulation_steps={min(p.gradient_accumulation_steps, 2)}",
+        f"parallel.pipeline_interleave={chunks}",
+        f"parallel.stage_offset={_list([len(s) - num_layers // pp for s in stages]) if pp > 1 else 0}",
+    ]
     if cfg.recompute.mode != "none":
         out.append(f"recompute.layers={_list([sum(r == 'recomputed' for r, _ in s) for s in stages])}")
     if layout.offloaded:
@@ -83,8 +88,12 @@ def twin_overrides(cfg: Config) -> list[str]:
 def model_order(stages: list[list], chunks: int) -> list:
     """The layers of `stages` (each in its stage's order) in the model's order: chunk 0 of every stage, then
     chunk 1 (Layout's round-robin), each stage's layers split evenly over its chunks."""
-    return [layer for c in range(chunks) for stage in stages
-            for layer in stage[c * len(stage) // chunks:(c + 1) * len(stage) // chunks]]
+    return [
+        layer
+        for c in range(chunks)
+        for stage in stages
+        for layer in stage[c * len(stage) // chunks : (c + 1) * len(stage) // chunks]
+    ]
 
 
 def _list(values: list[int]) -> str:

@@ -2,11 +2,20 @@
 
 `validate(cfg)` raises ConfigError (one line: the key, the value, the fix).
 """
+
 from __future__ import annotations
 
 from mindscale.config.errors import ConfigError
-from mindscale.config.layout import (FLASH_ATTENTION_DTYPES, FLASH_TND_MAX_SEQUENCES, Layout, chunk_layer_counts_of,
-                                     offload_layer_counts, recompute_layer_counts, stage_layer_counts, stage_totals)
+from mindscale.config.layout import (
+    FLASH_ATTENTION_DTYPES,
+    FLASH_TND_MAX_SEQUENCES,
+    Layout,
+    chunk_layer_counts_of,
+    offload_layer_counts,
+    recompute_layer_counts,
+    stage_layer_counts,
+    stage_totals,
+)
 from mindscale.config.schema import TEMPLATE_NAMES, Config, ModelConfig
 from models.archs import ARCHS
 
@@ -26,21 +35,33 @@ def _speed_model(hw) -> None:
 def _memory_pool(cfg: Config) -> None:
     hw = cfg.hardware
     if not 0 <= hw.memory_reserve_gib < hw.memory_gib:
-        raise ConfigError(f"hardware.memory_reserve_gib={hw.memory_reserve_gib}: must be in [0, memory_gib="
-                          f"{hw.memory_gib})")
+        raise ConfigError(
+            f"hardware.memory_reserve_gib={hw.memory_reserve_gib}: must be in [0, memory_gib={hw.memory_gib})"
+        )
     if hw.max_device_memory_gib is not None and not 0 < hw.max_device_memory_gib <= hw.memory_gib:
-        raise ConfigError(f"hardware.max_device_memory_gib={hw.max_device_memory_gib}: must be in (0, memory_gib="
-                          f"{hw.memory_gib}], or null for memory_gib - memory_reserve_gib")
+        raise ConfigError(
+            f"hardware.max_device_memory_gib={hw.max_device_memory_gib}: must be in (0, memory_gib="
+            f"{hw.memory_gib}], or null for memory_gib - memory_reserve_gib"
+        )
     if "max_device_memory" in cfg.context:
-        raise ConfigError(f"context.max_device_memory={cfg.context['max_device_memory']!r}: the pool's ceiling is "
-                          "hardware.max_device_memory_gib (the planner budgets the same number); set that instead")
+        raise ConfigError(
+            f"context.max_device_memory={cfg.context['max_device_memory']!r}: the pool's ceiling is "
+            "hardware.max_device_memory_gib (the planner budgets the same number); set that instead"
+        )
 
 
 def _positive(cfg: Config) -> None:
     for section, names in {
         "model": ["vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_hidden_size", "seq_length"],
-        "parallel": ["data_parallel", "model_parallel", "context_parallel", "pipeline_stage", "micro_batch_num",
-                     "pipeline_interleave", "gradient_accumulation_steps"],
+        "parallel": [
+            "data_parallel",
+            "model_parallel",
+            "context_parallel",
+            "pipeline_stage",
+            "micro_batch_num",
+            "pipeline_interleave",
+            "gradient_accumulation_steps",
+        ],
         "train": ["micro_batch_size", "steps", "log_interval"],
         "checkpoint": ["keep_last", "resume_step"],
         "run": ["stop_vote_interval"],
@@ -50,16 +71,25 @@ def _positive(cfg: Config) -> None:
             value = getattr(getattr(cfg, section), name)
             if value is not None and value < 1:
                 raise ConfigError(f"{section}.{name}={value}: must be >= 1")
-    for key, value in [("model.rope_theta", cfg.model.rope_theta), ("model.norm_eps", cfg.model.norm_eps),
-                       ("model.init_std", cfg.model.init_std), ("hardware.memory_gib", cfg.hardware.memory_gib)]:
+    for key, value in [
+        ("model.rope_theta", cfg.model.rope_theta),
+        ("model.norm_eps", cfg.model.norm_eps),
+        ("model.init_std", cfg.model.init_std),
+        ("hardware.memory_gib", cfg.hardware.memory_gib),
+    ]:
         if value <= 0:
             raise ConfigError(f"{key}={value}: must be > 0")
-    for key, value in [("train.lr", cfg.train.lr), ("train.min_lr", cfg.train.min_lr),
-                       ("train.weight_decay", cfg.train.weight_decay), ("train.grad_clip", cfg.train.grad_clip),
-                       ("train.warmup_steps", cfg.train.warmup_steps),
-                       ("train.max_skipped_steps", cfg.train.max_skipped_steps),
-                       ("run.max_restarts", cfg.run.max_restarts), ("run.hang_timeout_s", cfg.run.hang_timeout_s),
-                       ("checkpoint.save_interval", cfg.checkpoint.save_interval)]:
+    for key, value in [
+        ("train.lr", cfg.train.lr),
+        ("train.min_lr", cfg.train.min_lr),
+        ("train.weight_decay", cfg.train.weight_decay),
+        ("train.grad_clip", cfg.train.grad_clip),
+        ("train.warmup_steps", cfg.train.warmup_steps),
+        ("train.max_skipped_steps", cfg.train.max_skipped_steps),
+        ("run.max_restarts", cfg.run.max_restarts),
+        ("run.hang_timeout_s", cfg.run.hang_timeout_s),
+        ("checkpoint.save_interval", cfg.checkpoint.save_interval),
+    ]:
         if value < 0:
             raise ConfigError(f"{key}={value}: must be >= 0")
     if cfg.train.min_lr > cfg.train.lr:
@@ -82,15 +112,21 @@ def _positive(cfg: Config) -> None:
     if factor is not None and factor <= 1:
         raise ConfigError(f"train.loss_spike_factor={factor}: must be > 1 (a multiple of the median loss) or null")
     if factor is not None and cfg.parallel.pipeline_stage > 1:
-        raise ConfigError(f"train.loss_spike_factor={factor} needs the loss on every rank before the update, but with "
-                          f"parallel.pipeline_stage={cfg.parallel.pipeline_stage} only the last stage has it; set it "
-                          "to null")
+        raise ConfigError(
+            f"train.loss_spike_factor={factor} needs the loss on every rank before the update, but with "
+            f"parallel.pipeline_stage={cfg.parallel.pipeline_stage} only the last stage has it; set it "
+            "to null"
+        )
     if cfg.run.max_restarts and not cfg.checkpoint.resume:
-        raise ConfigError(f"run.max_restarts={cfg.run.max_restarts} needs checkpoint.resume=true (a restart resumes "
-                          "from the newest committed checkpoint); set checkpoint.resume=true or run.max_restarts=0")
+        raise ConfigError(
+            f"run.max_restarts={cfg.run.max_restarts} needs checkpoint.resume=true (a restart resumes "
+            "from the newest committed checkpoint); set checkpoint.resume=true or run.max_restarts=0"
+        )
     if cfg.profile.enable and not 0 <= cfg.profile.start_step < cfg.profile.stop_step:
-        raise ConfigError(f"profile.start_step={cfg.profile.start_step}, profile.stop_step={cfg.profile.stop_step}: "
-                          "need 0 <= start_step < stop_step")
+        raise ConfigError(
+            f"profile.start_step={cfg.profile.start_step}, profile.stop_step={cfg.profile.stop_step}: "
+            "need 0 <= start_step < stop_step"
+        )
 
 
 def _blends(cfg: Config) -> None:
@@ -103,24 +139,32 @@ def _blends(cfg: Config) -> None:
         if not entries:
             raise ConfigError(f"data.{blend} is an empty list; list {{path, weight}} sources or set it to null")
         if getattr(cfg.data, single) != unset:
-            raise ConfigError(f"data.{blend} and data.{single}={getattr(cfg.data, single)} are both set; a blend "
-                              f"replaces data.{single}: remove one (a single folder is a blend of one)")
+            raise ConfigError(
+                f"data.{blend} and data.{single}={getattr(cfg.data, single)} are both set; a blend "
+                f"replaces data.{single}: remove one (a single folder is a blend of one)"
+            )
         seen = {}
         for i, entry in enumerate(entries):
             where = f"data.{blend}[{i}]"
             if not entry.path:
                 raise ConfigError(f"{where} has no path; give each source {{path: FOLDER, weight: W}}")
             if entry.path == "synthetic":
-                raise ConfigError(f"{where}.path=synthetic: synthetic data cannot be blended; use MindRecord "
-                                  "folders, or data.path=synthetic alone")
+                raise ConfigError(
+                    f"{where}.path=synthetic: synthetic data cannot be blended; use MindRecord "
+                    "folders, or data.path=synthetic alone"
+                )
             if entry.weight is None:
                 raise ConfigError(f"{where} ({entry.path}) has no weight; give each source a weight > 0")
             if not entry.weight > 0 or entry.weight == float("inf"):
-                raise ConfigError(f"{where}.weight={entry.weight}: must be a finite number > 0 (a share of the "
-                                  "samples; drop the source to leave it out)")
+                raise ConfigError(
+                    f"{where}.weight={entry.weight}: must be a finite number > 0 (a share of the "
+                    "samples; drop the source to leave it out)"
+                )
             if entry.path in seen:
-                raise ConfigError(f"{where}.path={entry.path} repeats data.{blend}[{seen[entry.path]}]; list a "
-                                  "folder once and add the weights")
+                raise ConfigError(
+                    f"{where}.path={entry.path} repeats data.{blend}[{seen[entry.path]}]; list a "
+                    "folder once and add the weights"
+                )
             seen[entry.path] = i
 
 
@@ -133,40 +177,57 @@ def _evaluation(cfg: Config) -> None:
     if not train.eval_interval:
         return
     if (not cfg.data.valid_path or cfg.data.valid_path == "synthetic") and not cfg.data.valid_blend:
-        raise ConfigError(f"train.eval_interval={train.eval_interval} needs data.valid_path (a held-out MindRecord "
-                          "folder: tools/preprocess_data.py --valid-fraction writes <output>/valid); set it, or "
-                          "set train.eval_interval=0")
+        raise ConfigError(
+            f"train.eval_interval={train.eval_interval} needs data.valid_path (a held-out MindRecord "
+            "folder: tools/preprocess_data.py --valid-fraction writes <output>/valid); set it, or "
+            "set train.eval_interval=0"
+        )
     if cfg.parallel.pipeline_stage == 1 and Layout.of(cfg).accumulates_in_graph:
-        raise ConfigError(f"train.eval_interval={train.eval_interval} with parallel.gradient_accumulation_steps="
-                          f"{cfg.parallel.gradient_accumulation_steps} in a sharded layout: MindSpore 2.9 compiles no "
-                          "forward-only graph with gradient accumulation under semi-auto parallel (\"Current not "
-                          "support predict with grad_accu\", docs/monitoring.md); set gradient_accumulation_steps=1 "
-                          "or train.eval_interval=0")
+        raise ConfigError(
+            f"train.eval_interval={train.eval_interval} with parallel.gradient_accumulation_steps="
+            f"{cfg.parallel.gradient_accumulation_steps} in a sharded layout: MindSpore 2.9 compiles no "
+            "forward-only graph with gradient accumulation under semi-auto parallel (\"Current not "
+            "support predict with grad_accu\", docs/monitoring.md); set gradient_accumulation_steps=1 "
+            "or train.eval_interval=0"
+        )
 
 
 def _model_shapes(model: ModelConfig) -> None:
     if model.head_dim is not None and not model.spec.free_head_dim:
-        raise ConfigError(f"model.head_dim={model.head_dim}: {model.arch} heads are hidden_size/num_heads wide; "
-                          "remove it")
+        raise ConfigError(
+            f"model.head_dim={model.head_dim}: {model.arch} heads are hidden_size/num_heads wide; remove it"
+        )
     if model.head_dim is None and not model.spec.mla and model.hidden_size % model.num_heads:
-        raise ConfigError(f"model.hidden_size={model.hidden_size} is not divisible by model.num_heads="
-                          f"{model.num_heads}; pick a head count that divides the width")
+        raise ConfigError(
+            f"model.hidden_size={model.hidden_size} is not divisible by model.num_heads="
+            f"{model.num_heads}; pick a head count that divides the width"
+        )
     if model.num_heads % model.kv_heads:
-        raise ConfigError(f"model.num_heads={model.num_heads} is not divisible by model.num_kv_heads={model.kv_heads}; "
-                          "GQA needs a whole number of query heads per kv head")
+        raise ConfigError(
+            f"model.num_heads={model.num_heads} is not divisible by model.num_kv_heads={model.kv_heads}; "
+            "GQA needs a whole number of query heads per kv head"
+        )
     if model.head_size % 2 and model.spec.rotary:
-        raise ConfigError(f"the head width {model.head_size} (model.head_dim, or hidden_size/num_heads) is odd; rotary "
-                          "embeddings need an even head dim")
+        raise ConfigError(
+            f"the head width {model.head_size} (model.head_dim, or hidden_size/num_heads) is odd; rotary "
+            "embeddings need an even head dim"
+        )
     if not model.spec.grouped_query and model.num_kv_heads not in (None, model.num_heads):
         raise ConfigError(f"model.num_kv_heads={model.num_kv_heads}: {model.arch} uses multi-head attention; remove it")
     if model.rope_scaling != "none" and not model.spec.rotary:
-        raise ConfigError(f"model.rope_scaling={model.rope_scaling}: {model.arch} has learned positions, not RoPE; "
-                          "remove it")
-    if model.rope_scaling == "llama3" and not (model.rope_scaling_factor >= 1 and 0 < model.rope_low_freq_factor
-                                           < model.rope_high_freq_factor and model.rope_original_max_positions > 0):
-        raise ConfigError(f"model.rope_scaling=llama3 needs rope_scaling_factor >= 1, 0 < rope_low_freq_factor < "
-                          f"rope_high_freq_factor and rope_original_max_positions > 0 (got "
-                          f"{model.rope_scaling_params}); use the values of the checkpoint's config.json")
+        raise ConfigError(
+            f"model.rope_scaling={model.rope_scaling}: {model.arch} has learned positions, not RoPE; remove it"
+        )
+    if model.rope_scaling == "llama3" and not (
+        model.rope_scaling_factor >= 1
+        and 0 < model.rope_low_freq_factor < model.rope_high_freq_factor
+        and model.rope_original_max_positions > 0
+    ):
+        raise ConfigError(
+            f"model.rope_scaling=llama3 needs rope_scaling_factor >= 1, 0 < rope_low_freq_factor < "
+            f"rope_high_freq_factor and rope_original_max_positions > 0 (got "
+            f"{model.rope_scaling_params}); use the values of the checkpoint's config.json"
+        )
 
 
 def _latent_attention(model: ModelConfig) -> None:
@@ -175,46 +236,63 @@ def _latent_attention(model: ModelConfig) -> None:
     if not model.spec.mla:
         return
     mla = model.mla
-    widths = {"kv_lora_rank": mla.kv_lora_rank, "qk_nope_head_dim": mla.qk_nope_head_dim,
-              "qk_rope_head_dim": mla.qk_rope_head_dim, "v_head_dim": mla.v_head_dim,
-              "q_lora_rank": 1 if mla.q_lora_rank is None else mla.q_lora_rank}
+    widths = {
+        "kv_lora_rank": mla.kv_lora_rank,
+        "qk_nope_head_dim": mla.qk_nope_head_dim,
+        "qk_rope_head_dim": mla.qk_rope_head_dim,
+        "v_head_dim": mla.v_head_dim,
+        "q_lora_rank": 1 if mla.q_lora_rank is None else mla.q_lora_rank,
+    }
     bad = [f"model.mla.{key}={value}" for key, value in widths.items() if value < 1]
     if bad:
         raise ConfigError(f"{', '.join(bad)}: must be >= 1 (q_lora_rank may be null)")
     if mla.qk_rope_head_dim % 2:
-        raise ConfigError(f"model.mla.qk_rope_head_dim={mla.qk_rope_head_dim} is odd; rotary embeddings need an even "
-                          "width")
+        raise ConfigError(
+            f"model.mla.qk_rope_head_dim={mla.qk_rope_head_dim} is odd; rotary embeddings need an even width"
+        )
     if mla.v_head_dim > mla.qk_head_dim:
-        raise ConfigError(f"model.mla.v_head_dim={mla.v_head_dim} exceeds qk_nope_head_dim + qk_rope_head_dim="
-                          f"{mla.qk_head_dim}: the values are padded to the query width for the attention core; "
-                          "use a narrower v_head_dim")
+        raise ConfigError(
+            f"model.mla.v_head_dim={mla.v_head_dim} exceeds qk_nope_head_dim + qk_rope_head_dim="
+            f"{mla.qk_head_dim}: the values are padded to the query width for the attention core; "
+            "use a narrower v_head_dim"
+        )
     if model.head_dim is not None:
         raise ConfigError(f"model.head_dim={model.head_dim}: {model.arch}'s head widths are model.mla's; remove it")
     if model.rope_scaling != "none":
-        raise ConfigError(f"model.rope_scaling={model.rope_scaling} with {model.arch}: RoPE scaling of multi-head "
-                          "latent attention (DeepSeek-V3's YaRN) is not built; set it to none")
+        raise ConfigError(
+            f"model.rope_scaling={model.rope_scaling} with {model.arch}: RoPE scaling of multi-head "
+            "latent attention (DeepSeek-V3's YaRN) is not built; set it to none"
+        )
 
 
 def _router(cfg: Config) -> None:
     """The sigmoid router's groups and the dense first layers (DeepSeek-V3)."""
     model, moe = cfg.model, cfg.model.moe
     if moe.router == "softmax" and (moe.num_groups, moe.topk_groups, moe.routed_scaling_factor) != (1, 1, 1.0):
-        raise ConfigError(f"model.moe.num_groups={moe.num_groups}, topk_groups={moe.topk_groups}, routed_scaling_factor="
-                          f"{moe.routed_scaling_factor} with router softmax: group-limited routing and the scaling "
-                          "are built for the sigmoid router only; set router: sigmoid or remove them")
+        raise ConfigError(
+            f"model.moe.num_groups={moe.num_groups}, topk_groups={moe.topk_groups}, routed_scaling_factor="
+            f"{moe.routed_scaling_factor} with router softmax: group-limited routing and the scaling "
+            "are built for the sigmoid router only; set router: sigmoid or remove them"
+        )
     if not (moe.num_groups >= 1 and moe.num_experts % moe.num_groups == 0 and 1 <= moe.topk_groups <= moe.num_groups):
-        raise ConfigError(f"model.moe.num_groups={moe.num_groups}, topk_groups={moe.topk_groups} with num_experts="
-                          f"{moe.num_experts}: need num_groups dividing the experts and 1 <= topk_groups <= num_groups")
+        raise ConfigError(
+            f"model.moe.num_groups={moe.num_groups}, topk_groups={moe.topk_groups} with num_experts="
+            f"{moe.num_experts}: need num_groups dividing the experts and 1 <= topk_groups <= num_groups"
+        )
     per_group = moe.num_experts // moe.num_groups
     if moe.num_groups > 1 and (per_group < 2 or moe.top_k > moe.topk_groups * per_group):
-        raise ConfigError(f"model.moe.top_k={moe.top_k} with {moe.topk_groups} of {moe.num_groups} groups of "
-                          f"{per_group} experts: a group needs >= 2 experts (scored by its best two) and the kept "
-                          "groups >= top_k experts; choose fewer groups or a smaller top_k")
+        raise ConfigError(
+            f"model.moe.top_k={moe.top_k} with {moe.topk_groups} of {moe.num_groups} groups of "
+            f"{per_group} experts: a group needs >= 2 experts (scored by its best two) and the kept "
+            "groups >= top_k experts; choose fewer groups or a smaller top_k"
+        )
     if not moe.routed_scaling_factor > 0:
         raise ConfigError(f"model.moe.routed_scaling_factor={moe.routed_scaling_factor}: must be > 0")
     if not 0 <= moe.dense_layers < model.num_layers:
-        raise ConfigError(f"model.moe.dense_layers={moe.dense_layers} with model.num_layers={model.num_layers}: "
-                          "need 0 <= dense_layers < num_layers (at least one layer of experts)")
+        raise ConfigError(
+            f"model.moe.dense_layers={moe.dense_layers} with model.num_layers={model.num_layers}: "
+            "need 0 <= dense_layers < num_layers (at least one layer of experts)"
+        )
 
 
 def _experts(cfg: Config) -> None:
@@ -222,24 +300,34 @@ def _experts(cfg: Config) -> None:
     split divides what it splits."""
     model, moe, ep = cfg.model, cfg.model.moe, cfg.parallel.expert_parallel
     if model.spec.moe and moe.num_experts <= 0:
-        raise ConfigError(f"model.arch={model.arch} is a mixture of experts but model.moe.num_experts="
-                          f"{moe.num_experts}; set model.moe.num_experts (and top_k)")
+        raise ConfigError(
+            f"model.arch={model.arch} is a mixture of experts but model.moe.num_experts="
+            f"{moe.num_experts}; set model.moe.num_experts (and top_k)"
+        )
     if moe.num_experts and not model.spec.moe:
         moe_archs = [name for name, spec in ARCHS.items() if spec.moe]
-        raise ConfigError(f"model.moe.num_experts={moe.num_experts} with model.arch={model.arch}, a dense family; use "
-                          f"an MoE arch ({', '.join(moe_archs)}) or set num_experts to 0")
+        raise ConfigError(
+            f"model.moe.num_experts={moe.num_experts} with model.arch={model.arch}, a dense family; use "
+            f"an MoE arch ({', '.join(moe_archs)}) or set num_experts to 0"
+        )
     if ep < 1:
         raise ConfigError(f"parallel.expert_parallel={ep}: must be >= 1")
     if not model.spec.moe:
         if ep > 1:
-            raise ConfigError(f"parallel.expert_parallel={ep} needs a mixture-of-experts model "
-                              "(model.moe.num_experts > 0); set it to 1")
+            raise ConfigError(
+                f"parallel.expert_parallel={ep} needs a mixture-of-experts model "
+                "(model.moe.num_experts > 0); set it to 1"
+            )
         return
     if moe.num_experts < 0 or not 1 <= moe.top_k <= moe.num_experts:
-        raise ConfigError(f"model.moe.top_k={moe.top_k} with model.moe.num_experts={moe.num_experts}: need 1 <= "
-                          "top_k <= num_experts (a token is routed to k distinct experts)")
-    for key, value in [("model.moe.ffn_hidden_size", moe.ffn_hidden_size),
-                       ("model.moe.shared_expert_ffn_hidden_size", moe.shared_expert_ffn_hidden_size)]:
+        raise ConfigError(
+            f"model.moe.top_k={moe.top_k} with model.moe.num_experts={moe.num_experts}: need 1 <= "
+            "top_k <= num_experts (a token is routed to k distinct experts)"
+        )
+    for key, value in [
+        ("model.moe.ffn_hidden_size", moe.ffn_hidden_size),
+        ("model.moe.shared_expert_ffn_hidden_size", moe.shared_expert_ffn_hidden_size),
+    ]:
         if value is not None and value < 0:
             raise ConfigError(f"{key}={value}: must be >= 1 (or null/0 where it may be)")
     _router(cfg)
@@ -248,40 +336,57 @@ def _experts(cfg: Config) -> None:
     if moe.capacity_factor is not None and not moe.capacity_factor > 0:
         raise ConfigError(f"model.moe.capacity_factor={moe.capacity_factor}: must be > 0, or null (dropless)")
     if moe.num_experts % ep:
-        raise ConfigError(f"model.moe.num_experts={moe.num_experts} is not divisible by parallel.expert_parallel="
-                          f"{ep}; choose an expert_parallel that divides the experts")
+        raise ConfigError(
+            f"model.moe.num_experts={moe.num_experts} is not divisible by parallel.expert_parallel="
+            f"{ep}; choose an expert_parallel that divides the experts"
+        )
     if cfg.parallel.data_parallel % ep:
-        raise ConfigError(f"parallel.data_parallel={cfg.parallel.data_parallel} is not divisible by "
-                          f"parallel.expert_parallel={ep} (experts split over data-parallel ranks); choose an "
-                          "expert_parallel that divides data_parallel")
+        raise ConfigError(
+            f"parallel.data_parallel={cfg.parallel.data_parallel} is not divisible by "
+            f"parallel.expert_parallel={ep} (experts split over data-parallel ranks); choose an "
+            "expert_parallel that divides data_parallel"
+        )
     if ep > 1 and cfg.hardware.device_target == "CPU":
-        raise ConfigError(f"parallel.expert_parallel={ep} on CPU: it compiles under semi-auto parallel, which "
-                          "MindSpore refuses on CPU; set expert_parallel=1 (data-parallel MoE runs on CPU), or use "
-                          "an Ascend hardware profile (tools/dryrun.py compiles it here)")
+        raise ConfigError(
+            f"parallel.expert_parallel={ep} on CPU: it compiles under semi-auto parallel, which "
+            "MindSpore refuses on CPU; set expert_parallel=1 (data-parallel MoE runs on CPU), or use "
+            "an Ascend hardware profile (tools/dryrun.py compiles it here)"
+        )
 
 
 def _tensor_parallel(cfg: Config) -> None:
     """parallel.model_parallel divides every width it splits; sequence parallel needs it and splits the sequence."""
     model, parallel = cfg.model, cfg.parallel
     mp = parallel.model_parallel
-    for key, value in [("model.num_heads", model.num_heads), ("model.num_kv_heads", model.kv_heads),
-                       ("model.ffn_hidden_size", model.ffn_hidden_size),
-                       *([("model.moe.ffn_hidden_size", model.moe.expert_ffn(model.ffn_hidden_size))]
-                         if model.spec.moe else []),
-                       *([("model.moe.shared_expert_ffn_hidden_size", model.moe.shared_expert_ffn_hidden_size)]
-                         if model.moe.shared_expert_ffn_hidden_size else [])]:
+    for key, value in [
+        ("model.num_heads", model.num_heads),
+        ("model.num_kv_heads", model.kv_heads),
+        ("model.ffn_hidden_size", model.ffn_hidden_size),
+        *([("model.moe.ffn_hidden_size", model.moe.expert_ffn(model.ffn_hidden_size))] if model.spec.moe else []),
+        *(
+            [("model.moe.shared_expert_ffn_hidden_size", model.moe.shared_expert_ffn_hidden_size)]
+            if model.moe.shared_expert_ffn_hidden_size
+            else []
+        ),
+    ]:
         if value % mp:
-            raise ConfigError(f"{key}={value} is not divisible by parallel.model_parallel={mp}; "
-                              f"choose a model_parallel that divides {value}")
+            raise ConfigError(
+                f"{key}={value} is not divisible by parallel.model_parallel={mp}; "
+                f"choose a model_parallel that divides {value}"
+            )
     if model.vocab_size % mp:  # the sharded loss splits the vocabulary over model_parallel, vocab_emb_dp or not
-        raise ConfigError(f"model.vocab_size={model.vocab_size} is not divisible by parallel.model_parallel={mp}; "
-                          f"pad the vocabulary to a multiple of {mp} (Megatron pads 50257 to 50304) or lower "
-                          "model_parallel")
+        raise ConfigError(
+            f"model.vocab_size={model.vocab_size} is not divisible by parallel.model_parallel={mp}; "
+            f"pad the vocabulary to a multiple of {mp} (Megatron pads 50257 to 50304) or lower "
+            "model_parallel"
+        )
     if parallel.sequence_parallel and mp == 1:
         raise ConfigError("parallel.sequence_parallel=true needs parallel.model_parallel > 1; set it to false")
     if parallel.sequence_parallel and model.seq_length % mp:
-        raise ConfigError(f"model.seq_length={model.seq_length} is not divisible by parallel.model_parallel={mp} "
-                          "(sequence_parallel); change one of them")
+        raise ConfigError(
+            f"model.seq_length={model.seq_length} is not divisible by parallel.model_parallel={mp} "
+            "(sequence_parallel); change one of them"
+        )
 
 
 def _context_parallel(cfg: Config) -> None:
@@ -290,34 +395,49 @@ def _context_parallel(cfg: Config) -> None:
     cp, mp = parallel.context_parallel, parallel.model_parallel
     if cp == 1:
         if parallel.context_parallel_algo != "colossalai_cp":
-            raise ConfigError(f"parallel.context_parallel_algo={parallel.context_parallel_algo} needs "
-                              "parallel.context_parallel > 1; set context_parallel or drop the algorithm")
+            raise ConfigError(
+                f"parallel.context_parallel_algo={parallel.context_parallel_algo} needs "
+                "parallel.context_parallel > 1; set context_parallel or drop the algorithm"
+            )
         return
     split = cp * mp if parallel.sequence_parallel else cp
     if model.seq_length % split:
-        what = f"parallel.context_parallel={cp} x parallel.model_parallel={mp} (sequence_parallel)" \
-            if parallel.sequence_parallel else f"parallel.context_parallel={cp}"
-        raise ConfigError(f"model.seq_length={model.seq_length} is not divisible by {what}; pick a context_parallel "
-                          f"that divides the sequence, or a seq_length that is a multiple of {split}")
+        what = (
+            f"parallel.context_parallel={cp} x parallel.model_parallel={mp} (sequence_parallel)"
+            if parallel.sequence_parallel
+            else f"parallel.context_parallel={cp}"
+        )
+        raise ConfigError(
+            f"model.seq_length={model.seq_length} is not divisible by {what}; pick a context_parallel "
+            f"that divides the sequence, or a seq_length that is a multiple of {split}"
+        )
     if cfg.hardware.device_target == "CPU":
-        raise ConfigError(f"parallel.context_parallel={cp} on CPU: it compiles under semi-auto parallel, which "
-                          "MindSpore refuses on CPU; set context_parallel=1, or use an Ascend hardware profile "
-                          "(tools/dryrun.py compiles it here)")
+        raise ConfigError(
+            f"parallel.context_parallel={cp} on CPU: it compiles under semi-auto parallel, which "
+            "MindSpore refuses on CPU; set context_parallel=1, or use an Ascend hardware profile "
+            "(tools/dryrun.py compiles it here)"
+        )
     if Layout.of(cfg).attention != "flash":
-        raise ConfigError(f"parallel.context_parallel={cp} needs flash attention (FlashAttentionScore shards "
-                          "its queries along the sequence and bands the causal mask per rank); use a 910B profile "
-                          "with model.attention=auto or flash and compute_dtype bfloat16 or float16")
+        raise ConfigError(
+            f"parallel.context_parallel={cp} needs flash attention (FlashAttentionScore shards "
+            "its queries along the sequence and bands the causal mask per rank); use a 910B profile "
+            "with model.attention=auto or flash and compute_dtype bfloat16 or float16"
+        )
     if cfg.train.micro_batch_size != 1:
-        raise ConfigError(f"parallel.context_parallel={cp} with train.micro_batch_size="
-                          f"{cfg.train.micro_batch_size}: tokens flow as [B*S, h] split over data_parallel x "
-                          "context_parallel, each rank's sequence chunk only with one row per data-parallel rank; "
-                          "set micro_batch_size=1 and raise micro_batch_num or gradient_accumulation_steps")
+        raise ConfigError(
+            f"parallel.context_parallel={cp} with train.micro_batch_size="
+            f"{cfg.train.micro_batch_size}: tokens flow as [B*S, h] split over data_parallel x "
+            "context_parallel, each rank's sequence chunk only with one row per data-parallel rank; "
+            "set micro_batch_size=1 and raise micro_batch_num or gradient_accumulation_steps"
+        )
     if parallel.context_parallel_algo == "ulysses_cp":
         for key, value in [("model.num_heads", model.num_heads), ("model.num_kv_heads", model.kv_heads)]:
             if value % (mp * cp):
-                raise ConfigError(f"{key}={value} is not divisible by parallel.model_parallel={mp} x "
-                                  f"parallel.context_parallel={cp} (ulysses_cp splits heads over both); use "
-                                  "context_parallel_algo=colossalai_cp or a smaller context_parallel")
+                raise ConfigError(
+                    f"{key}={value} is not divisible by parallel.model_parallel={mp} x "
+                    f"parallel.context_parallel={cp} (ulysses_cp splits heads over both); use "
+                    "context_parallel_algo=colossalai_cp or a smaller context_parallel"
+                )
 
 
 def _gradient_accumulation(cfg: Config) -> None:
@@ -326,23 +446,33 @@ def _gradient_accumulation(cfg: Config) -> None:
     parallel = cfg.parallel
     pp = parallel.pipeline_stage
     if pp > 1 and parallel.gradient_accumulation_steps > 1:
-        raise ConfigError(f"parallel.gradient_accumulation_steps={parallel.gradient_accumulation_steps} with "
-                          f"parallel.pipeline_stage={pp}: a pipeline accumulates its micro batches; raise "
-                          "parallel.micro_batch_num instead and set gradient_accumulation_steps to 1")
+        raise ConfigError(
+            f"parallel.gradient_accumulation_steps={parallel.gradient_accumulation_steps} with "
+            f"parallel.pipeline_stage={pp}: a pipeline accumulates its micro batches; raise "
+            "parallel.micro_batch_num instead and set gradient_accumulation_steps to 1"
+        )
     if parallel.gradient_accumulation_shard and not (parallel.optimizer_shard and parallel.data_parallel > 1):
-        raise ConfigError("parallel.gradient_accumulation_shard=true needs parallel.optimizer_shard=true and "
-                          "parallel.data_parallel > 1 (it shards the buffers like the optimizer state); set it false")
+        raise ConfigError(
+            "parallel.gradient_accumulation_shard=true needs parallel.optimizer_shard=true and "
+            "parallel.data_parallel > 1 (it shards the buffers like the optimizer state); set it false"
+        )
     if parallel.gradient_accumulation_shard and pp == 1:
-        raise ConfigError("parallel.gradient_accumulation_shard=true needs parallel.pipeline_stage > 1: with "
-                          "accumulation alone MindSpore 2.9 takes time exponential in the layer count to compile "
-                          "it (docs/dryrun.md); set it false, or use pipeline stages")
+        raise ConfigError(
+            "parallel.gradient_accumulation_shard=true needs parallel.pipeline_stage > 1: with "
+            "accumulation alone MindSpore 2.9 takes time exponential in the layer count to compile "
+            "it (docs/dryrun.md); set it false, or use pipeline stages"
+        )
     if parallel.gradient_accumulation_shard and cfg.model.tie_embeddings:
-        raise ConfigError("parallel.gradient_accumulation_shard=true with model.tie_embeddings=true: MindSpore 2.9 "
-                          "shards the shared embedding's accumulation buffer twice and the compile fails "
-                          "(docs/dryrun.md); set gradient_accumulation_shard false")
+        raise ConfigError(
+            "parallel.gradient_accumulation_shard=true with model.tie_embeddings=true: MindSpore 2.9 "
+            "shards the shared embedding's accumulation buffer twice and the compile fails "
+            "(docs/dryrun.md); set gradient_accumulation_shard false"
+        )
     if parallel.gradient_accumulation_shard and not cfg.run.reuse_layer_graph:
-        raise ConfigError("parallel.gradient_accumulation_shard=true needs run.reuse_layer_graph=true (MindSpore "
-                          "shards accumulation buffers only in a reused, lazy_inline graph)")
+        raise ConfigError(
+            "parallel.gradient_accumulation_shard=true needs run.reuse_layer_graph=true (MindSpore "
+            "shards accumulation buffers only in a reused, lazy_inline graph)"
+        )
 
 
 def _pipeline_schedule(cfg: Config) -> None:
@@ -350,29 +480,41 @@ def _pipeline_schedule(cfg: Config) -> None:
     parallel = cfg.parallel
     pp = parallel.pipeline_stage
     if pp == 1 and parallel.micro_batch_num != 1:
-        raise ConfigError(f"parallel.micro_batch_num={parallel.micro_batch_num} needs parallel.pipeline_stage > 1; "
-                          "use parallel.gradient_accumulation_steps without a pipeline")
+        raise ConfigError(
+            f"parallel.micro_batch_num={parallel.micro_batch_num} needs parallel.pipeline_stage > 1; "
+            "use parallel.gradient_accumulation_steps without a pipeline"
+        )
     if pp > 1 and parallel.micro_batch_num < pp:
-        raise ConfigError(f"parallel.micro_batch_num={parallel.micro_batch_num} < parallel.pipeline_stage={pp}: "
-                          "the pipeline would idle; use at least as many micro batches as stages")
+        raise ConfigError(
+            f"parallel.micro_batch_num={parallel.micro_batch_num} < parallel.pipeline_stage={pp}: "
+            "the pipeline would idle; use at least as many micro batches as stages"
+        )
     v = parallel.pipeline_interleave
     if v > 1 and pp == 1:
-        raise ConfigError(f"parallel.pipeline_interleave={v} needs parallel.pipeline_stage > 1 (it splits each "
-                          "stage into chunks); set it to 1")
+        raise ConfigError(
+            f"parallel.pipeline_interleave={v} needs parallel.pipeline_stage > 1 (it splits each "
+            "stage into chunks); set it to 1"
+        )
     if parallel.pipeline_scheduler != "1f1b" and v == 1:
-        raise ConfigError(f"parallel.pipeline_scheduler={parallel.pipeline_scheduler} needs "
-                          "parallel.pipeline_interleave > 1 (MindSpore 2.9 allows only 1f1b without interleave); set "
-                          "the scheduler to 1f1b")
+        raise ConfigError(
+            f"parallel.pipeline_scheduler={parallel.pipeline_scheduler} needs "
+            "parallel.pipeline_interleave > 1 (MindSpore 2.9 allows only 1f1b without interleave); set "
+            "the scheduler to 1f1b"
+        )
     if v > 1 and not cfg.run.reuse_layer_graph:
         # MindSpore 2.9 (dry run): "Using pipeline parallel with interleave, should enable lazy_inline."
-        raise ConfigError(f"parallel.pipeline_interleave={v} needs run.reuse_layer_graph=true (MindSpore "
-                          "interleaves only a lazy_inline graph); set it to true or pipeline_interleave to 1")
+        raise ConfigError(
+            f"parallel.pipeline_interleave={v} needs run.reuse_layer_graph=true (MindSpore "
+            "interleaves only a lazy_inline graph); set it to true or pipeline_interleave to 1"
+        )
     if parallel.pipeline_scheduler == "zero_bubble_v":
         # MindSpore 2.9's ZBV check (dry run): "When the segment is 1, the stage must be configured in
         # descending order"; Layout places chunks round-robin, not in the V it needs (docs/dryrun.md)
-        raise ConfigError("parallel.pipeline_scheduler=zero_bubble_v needs its chunks placed in a V (the second "
-                          "chunk on the stages in descending order), which MindScale does not build; use 1f1b, "
-                          "gpipe, seqpipe, seqvpp or seqsmartvpp")
+        raise ConfigError(
+            "parallel.pipeline_scheduler=zero_bubble_v needs its chunks placed in a V (the second "
+            "chunk on the stages in descending order), which MindScale does not build; use 1f1b, "
+            "gpipe, seqpipe, seqvpp or seqsmartvpp"
+        )
 
 
 def _stage_offset(cfg: Config) -> None:
@@ -383,35 +525,46 @@ def _stage_offset(cfg: Config) -> None:
     per_chunk = isinstance(parallel.stage_offset, list) and any(isinstance(o, list) for o in parallel.stage_offset)
     rows = parallel.stage_offset if per_chunk else [parallel.stage_offset]
     if per_chunk and len(rows) != v:
-        raise ConfigError(f"parallel.stage_offset={parallel.stage_offset}: a list of lists is per chunk and needs "
-                          f"{v} lists (parallel.pipeline_interleave) of {pp} integers")
+        raise ConfigError(
+            f"parallel.stage_offset={parallel.stage_offset}: a list of lists is per chunk and needs "
+            f"{v} lists (parallel.pipeline_interleave) of {pp} integers"
+        )
     for row in rows:
-        if isinstance(row, list) and (len(row) != pp or not all(isinstance(o, int) and not isinstance(o, bool)
-                                                                for o in row)):
-            raise ConfigError(f"parallel.stage_offset={parallel.stage_offset}: needs {pp} integers "
-                              f"(one per parallel.pipeline_stage){' in each list' if per_chunk else ''}")
+        if isinstance(row, list) and (
+            len(row) != pp or not all(isinstance(o, int) and not isinstance(o, bool) for o in row)
+        ):
+            raise ConfigError(
+                f"parallel.stage_offset={parallel.stage_offset}: needs {pp} integers "
+                f"(one per parallel.pipeline_stage){' in each list' if per_chunk else ''}"
+            )
     if pp > model.num_layers:
         raise ConfigError(f"parallel.pipeline_stage={pp} > model.num_layers={model.num_layers}; use fewer stages")
     if not per_chunk:
         counts = stage_layer_counts(model.num_layers, pp, parallel.stage_offset)
         if sum(counts) != model.num_layers or min(counts) < 1:
-            raise ConfigError(f"parallel.stage_offset={parallel.stage_offset} gives layers per stage {counts} "
-                              f"(sum {sum(counts)}) for model.num_layers={model.num_layers} over "
-                              f"parallel.pipeline_stage={pp}; offsets must add "
-                              f"{model.num_layers - (model.num_layers // pp) * pp} layers in all and leave every stage "
-                              "at least one")
+            raise ConfigError(
+                f"parallel.stage_offset={parallel.stage_offset} gives layers per stage {counts} "
+                f"(sum {sum(counts)}) for model.num_layers={model.num_layers} over "
+                f"parallel.pipeline_stage={pp}; offsets must add "
+                f"{model.num_layers - (model.num_layers // pp) * pp} layers in all and leave every stage "
+                "at least one"
+            )
         if any(n % v for n in counts):
-            raise ConfigError(f"parallel.pipeline_interleave={v} does not divide the layers per stage {counts} "
-                              f"(model.num_layers={model.num_layers}, parallel.stage_offset="
-                              f"{parallel.stage_offset}); pick a v that divides them, or give parallel.stage_offset "
-                              "per chunk (v lists)")
+            raise ConfigError(
+                f"parallel.pipeline_interleave={v} does not divide the layers per stage {counts} "
+                f"(model.num_layers={model.num_layers}, parallel.stage_offset="
+                f"{parallel.stage_offset}); pick a v that divides them, or give parallel.stage_offset "
+                "per chunk (v lists)"
+            )
     chunks = chunk_layer_counts_of(cfg)
     if per_chunk and (sum(map(sum, chunks)) != model.num_layers or min(map(min, chunks)) < 1):
-        raise ConfigError(f"parallel.stage_offset={parallel.stage_offset} gives layers per chunk {chunks} "
-                          f"(sum {sum(map(sum, chunks))}) for model.num_layers={model.num_layers} over "
-                          f"parallel.pipeline_stage={pp} x parallel.pipeline_interleave={v}; offsets must add "
-                          f"{model.num_layers - (model.num_layers // (pp * v)) * pp * v} layers in all and leave every "
-                          "chunk at least one")
+        raise ConfigError(
+            f"parallel.stage_offset={parallel.stage_offset} gives layers per chunk {chunks} "
+            f"(sum {sum(map(sum, chunks))}) for model.num_layers={model.num_layers} over "
+            f"parallel.pipeline_stage={pp} x parallel.pipeline_interleave={v}; offsets must add "
+            f"{model.num_layers - (model.num_layers // (pp * v)) * pp * v} layers in all and leave every "
+            "chunk at least one"
+        )
 
 
 def _recompute_layers(cfg: Config) -> None:
@@ -419,13 +572,17 @@ def _recompute_layers(cfg: Config) -> None:
     recompute, pp = cfg.recompute, cfg.parallel.pipeline_stage
     if isinstance(recompute.layers, list):
         if len(recompute.layers) != pp or not all(isinstance(n, int) and 0 <= n for n in recompute.layers):
-            raise ConfigError(f"recompute.layers={recompute.layers}: a list needs {pp} non-negative integers, "
-                              "one per parallel.pipeline_stage")
+            raise ConfigError(
+                f"recompute.layers={recompute.layers}: a list needs {pp} non-negative integers, "
+                "one per parallel.pipeline_stage"
+            )
         counts = stage_totals(chunk_layer_counts_of(cfg))
         for stage, (n, have) in enumerate(zip(recompute.layers, counts)):
             if n > have:
-                raise ConfigError(f"recompute.layers={recompute.layers}: stage {stage} recomputes {n} layers "
-                                  f"but holds {have}; lower it")
+                raise ConfigError(
+                    f"recompute.layers={recompute.layers}: stage {stage} recomputes {n} layers "
+                    f"but holds {have}; lower it"
+                )
     elif isinstance(recompute.layers, int) and recompute.layers < 0:
         raise ConfigError(f"recompute.layers={recompute.layers}: must be >= 0 or null (all layers)")
 
@@ -439,72 +596,100 @@ def _global_batch(cfg: Config) -> None:
             f"train.global_batch_size={train.global_batch_size} != train.micro_batch_size={train.micro_batch_size} x "
             f"parallel.data_parallel={parallel.data_parallel} x parallel.micro_batch_num={parallel.micro_batch_num} x "
             f"parallel.gradient_accumulation_steps={parallel.gradient_accumulation_steps} = {derived}; "
-            "change one of them or drop global_batch_size")
+            "change one of them or drop global_batch_size"
+        )
 
 
 def _offload(cfg: Config) -> None:
     """offload.layers: how many per stage, beside the recomputed layers, and where MindSpore offloads at all."""
     offload, pp = cfg.offload, cfg.parallel.pipeline_stage
     if isinstance(offload.layers, list):
-        if len(offload.layers) != pp or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
-                                                for n in offload.layers):
-            raise ConfigError(f"offload.layers={offload.layers}: a list needs {pp} non-negative integers, one per "
-                              "parallel.pipeline_stage")
+        if len(offload.layers) != pp or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in offload.layers
+        ):
+            raise ConfigError(
+                f"offload.layers={offload.layers}: a list needs {pp} non-negative integers, one per "
+                "parallel.pipeline_stage"
+            )
         held = stage_totals(chunk_layer_counts_of(cfg))
         for stage, (n, r, have) in enumerate(zip(offload.layers, recompute_layer_counts(cfg), held)):
             if n + r > have:
-                raise ConfigError(f"offload.layers={offload.layers}: stage {stage} holds {have} layers and recomputes "
-                                  f"{r} (recompute.layers), so it can offload at most {have - r}, not {n} (a layer is "
-                                  "recomputed or offloaded, never both); lower one of them")
+                raise ConfigError(
+                    f"offload.layers={offload.layers}: stage {stage} holds {have} layers and recomputes "
+                    f"{r} (recompute.layers), so it can offload at most {have - r}, not {n} (a layer is "
+                    "recomputed or offloaded, never both); lower one of them"
+                )
     elif offload.layers < 0:
         raise ConfigError(f"offload.layers={offload.layers}: must be >= 0 (0 = none) or a list of one count per stage")
     if offload.backward_prefetch < 1:
-        raise ConfigError(f"offload.backward_prefetch={offload.backward_prefetch}: must be >= 1 (operators ahead of "
-                          "the backward op that reads an offloaded activation)")
+        raise ConfigError(
+            f"offload.backward_prefetch={offload.backward_prefetch}: must be >= 1 (operators ahead of "
+            "the backward op that reads an offloaded activation)"
+        )
     if not any(offload_layer_counts(cfg)):
         return
     if not Layout.of(cfg).offloaded:  # (offload_layer_counts asks for some, recompute left none)
-        raise ConfigError(f"offload.layers={offload.layers} with recompute.mode={cfg.recompute.mode} and "
-                          f"recompute.layers={cfg.recompute.layers}: every layer is recomputed, none is left to "
-                          "offload; recompute fewer layers or set offload.layers=0")
+        raise ConfigError(
+            f"offload.layers={offload.layers} with recompute.mode={cfg.recompute.mode} and "
+            f"recompute.layers={cfg.recompute.layers}: every layer is recomputed, none is left to "
+            "offload; recompute fewer layers or set offload.layers=0"
+        )
     if cfg.hardware.device_target == "CPU":
-        raise ConfigError(f"offload.layers={offload.layers} on CPU: MindSpore 2.9 compiles the offload marks there "
-                          "but moves nothing to host memory (no MoveTo in the graph; tests/models/test_offload.py); "
-                          "set offload.layers=0, or use an Ascend hardware profile")
+        raise ConfigError(
+            f"offload.layers={offload.layers} on CPU: MindSpore 2.9 compiles the offload marks there "
+            "but moves nothing to host memory (no MoveTo in the graph; tests/models/test_offload.py); "
+            "set offload.layers=0, or use an Ascend hardware profile"
+        )
     hw = cfg.hardware
     if not hw.host_link_gbps or not hw.host_memory_gib:
-        raise ConfigError(f"offload.layers={offload.layers} with hardware {hw.name!r}, which gives no host link or "
-                          "host memory (hardware.host_link_gbps, hardware.host_memory_gib): the planner cannot count "
-                          "the offload; set both in the profile or set offload.layers=0")
+        raise ConfigError(
+            f"offload.layers={offload.layers} with hardware {hw.name!r}, which gives no host link or "
+            "host memory (hardware.host_link_gbps, hardware.host_memory_gib): the planner cannot count "
+            "the offload; set both in the profile or set offload.layers=0"
+        )
     if cfg.run.mode != "graph" or not cfg.run.reuse_layer_graph:
-        raise ConfigError(f"offload.layers={offload.layers} needs run.mode=graph and run.reuse_layer_graph=true "
-                          "(MindSpore offloads activations only inside a lazy_inline graph, in graph mode); set them, "
-                          "or offload.layers=0")
+        raise ConfigError(
+            f"offload.layers={offload.layers} needs run.mode=graph and run.reuse_layer_graph=true "
+            "(MindSpore offloads activations only inside a lazy_inline graph, in graph mode); set them, "
+            "or offload.layers=0"
+        )
 
 
 def _backend(cfg: Config) -> None:
     if cfg.model.attention == "flash" and not cfg.hardware.flash_attention:
-        raise ConfigError(f"model.attention=flash but hardware {cfg.hardware.name!r} has no FlashAttentionScore "
-                          "(Atlas A2 only); use model.attention=auto or composite")
+        raise ConfigError(
+            f"model.attention=flash but hardware {cfg.hardware.name!r} has no FlashAttentionScore "
+            "(Atlas A2 only); use model.attention=auto or composite"
+        )
     if cfg.hardware.device_target == "CPU" and cfg.model.compute_dtype == "bfloat16":
-        raise ConfigError("model.compute_dtype=bfloat16 is not supported by MindSpore's CPU MatMul; "
-                          "use float32 or float16 on CPU")
-    bf16 = [f"model.{key}=bfloat16" for key in ("compute_dtype", "param_dtype") if getattr(cfg.model, key) == "bfloat16"]
+        raise ConfigError(
+            "model.compute_dtype=bfloat16 is not supported by MindSpore's CPU MatMul; use float32 or float16 on CPU"
+        )
+    bf16 = [
+        f"model.{key}=bfloat16" for key in ("compute_dtype", "param_dtype") if getattr(cfg.model, key) == "bfloat16"
+    ]
     if bf16 and cfg.hardware.soc_version == "ascend910":
-        raise ConfigError(f"{' and '.join(bf16)} with hardware {cfg.hardware.name!r} (hardware.soc_version=ascend910): "
-                          "the Ascend 910A has no bf16 matmul; use float16 (train.loss_scale=auto makes the loss "
-                          "scale dynamic) or a 910B profile (hardware=ascend910b)")
+        raise ConfigError(
+            f"{' and '.join(bf16)} with hardware {cfg.hardware.name!r} (hardware.soc_version=ascend910): "
+            "the Ascend 910A has no bf16 matmul; use float16 (train.loss_scale=auto makes the loss "
+            "scale dynamic) or a 910B profile (hardware=ascend910b)"
+        )
 
 
 def _kernel_dtypes(cfg: Config) -> None:
     """The Ascend-only kernels a config can force, in a dtype they do not take (docs/models.md,
     "Ascend-only kernels"). The fused RmsNorm is not here: every norm feeds it fp32, which it takes."""
     model = cfg.model
-    if model.attention == "flash" and cfg.hardware.flash_attention and \
-            model.compute_dtype not in FLASH_ATTENTION_DTYPES:
-        raise ConfigError(f"model.attention=flash with model.compute_dtype={model.compute_dtype}: FlashAttentionScore "
-                          f"takes {' or '.join(FLASH_ATTENTION_DTYPES)} only (docs/models.md); set "
-                          "model.compute_dtype=bfloat16, or model.attention=auto (composite attention under float32)")
+    if (
+        model.attention == "flash"
+        and cfg.hardware.flash_attention
+        and model.compute_dtype not in FLASH_ATTENTION_DTYPES
+    ):
+        raise ConfigError(
+            f"model.attention=flash with model.compute_dtype={model.compute_dtype}: FlashAttentionScore "
+            f"takes {' or '.join(FLASH_ATTENTION_DTYPES)} only (docs/models.md); set "
+            "model.compute_dtype=bfloat16, or model.attention=auto (composite attention under float32)"
+        )
 
 
 def _accumulation_on_one_device(cfg: Config) -> None:
@@ -513,10 +698,12 @@ def _accumulation_on_one_device(cfg: Config) -> None:
     g x the rows would (docs/launch.md, "Gradient accumulation with several workers")."""
     g, mbs = cfg.parallel.gradient_accumulation_steps, cfg.train.micro_batch_size
     if g > 1 and cfg.devices == 1 and cfg.hardware.device_target != "CPU":
-        raise ConfigError(f"parallel.gradient_accumulation_steps={g} on one {cfg.hardware.device_target} device: "
-                          f"its {g} micro batches would be live at once (only semi-auto parallel, on 2+ devices, "
-                          f"orders them); set train.micro_batch_size={mbs * g} and gradient_accumulation_steps=1 "
-                          "(the same memory and numbers, one graph), or use 2+ devices")
+        raise ConfigError(
+            f"parallel.gradient_accumulation_steps={g} on one {cfg.hardware.device_target} device: "
+            f"its {g} micro batches would be live at once (only semi-auto parallel, on 2+ devices, "
+            f"orders them); set train.micro_batch_size={mbs * g} and gradient_accumulation_steps=1 "
+            "(the same memory and numbers, one graph), or use 2+ devices"
+        )
 
 
 def _finetune(cfg: Config) -> None:
@@ -530,18 +717,26 @@ def _finetune(cfg: Config) -> None:
     allowed = cfg.model.spec.lora_targets
     wrong = [t for t in lora.target_modules if t not in allowed]
     if wrong and cfg.model.spec.moe and lora.rank:
-        raise ConfigError(f"finetune.lora.target_modules={lora.target_modules}: the experts of {cfg.model.arch} are "
-                          "batched [E, F, h] weights, not the Linear layers LoRA adapts (per-expert adapters are not "
-                          f"built); target attention only, a subset of {list(allowed)}")
+        raise ConfigError(
+            f"finetune.lora.target_modules={lora.target_modules}: the experts of {cfg.model.arch} are "
+            "batched [E, F, h] weights, not the Linear layers LoRA adapts (per-expert adapters are not "
+            f"built); target attention only, a subset of {list(allowed)}"
+        )
     if lora.rank and (wrong or not lora.target_modules):  # unchecked when off: MLA has no wv for the default
-        raise ConfigError(f"finetune.lora.target_modules={lora.target_modules}: use a non-empty subset of "
-                          f"{list(allowed)} for model.arch={cfg.model.arch}")
+        raise ConfigError(
+            f"finetune.lora.target_modules={lora.target_modules}: use a non-empty subset of "
+            f"{list(allowed)} for model.arch={cfg.model.arch}"
+        )
     if lora.rank and not cfg.checkpoint.load_path:
-        raise ConfigError(f"finetune.lora.rank={lora.rank} needs checkpoint.load_path (the frozen base weights, "
-                          "loaded again on resume); set it or set finetune.lora.rank=0")
+        raise ConfigError(
+            f"finetune.lora.rank={lora.rank} needs checkpoint.load_path (the frozen base weights, "
+            "loaded again on resume); set it or set finetune.lora.rank=0"
+        )
     if finetune.hf_dims and not cfg.checkpoint.load_path:
-        raise ConfigError("finetune.hf_dims=true needs checkpoint.load_path (a Hugging Face folder); set it or "
-                          "set finetune.hf_dims=false")
+        raise ConfigError(
+            "finetune.hf_dims=true needs checkpoint.load_path (a Hugging Face folder); set it or "
+            "set finetune.hf_dims=false"
+        )
     if finetune.template is not None and finetune.template not in TEMPLATE_NAMES:
         raise ConfigError(f"finetune.template={finetune.template!r}: use one of {sorted(TEMPLATE_NAMES)} or null")
 
@@ -552,17 +747,21 @@ def validate_packed(cfg: Config, layout: Layout) -> None:
     if layout.attention != "flash":
         return
     if layout.cp > 1:
-        raise ConfigError(f"packed SFT data (segment_ids) with parallel.context_parallel={layout.cp}: flash "
-                          "attention's TND layout is built here for whole sequences only (MindSpore 2.9 splits "
-                          "TND tokens along a sequence only under a Layout strategy); set context_parallel=1, or "
-                          "preprocess without --pack")
+        raise ConfigError(
+            f"packed SFT data (segment_ids) with parallel.context_parallel={layout.cp}: flash "
+            "attention's TND layout is built here for whole sequences only (MindSpore 2.9 splits "
+            "TND tokens along a sequence only under a Layout strategy); set context_parallel=1, or "
+            "preprocess without --pack"
+        )
     sequences = cfg.train.micro_batch_size * (layout.packed_examples + 1)
     if sequences > FLASH_TND_MAX_SEQUENCES:
         mbs = cfg.train.micro_batch_size
-        raise ConfigError(f"packed SFT data with flash attention: train.micro_batch_size={mbs} x "
-                          f"(data.max_packed_examples={layout.packed_examples} + 1) = {sequences} sequences per "
-                          f"FlashAttentionScore call, over the {FLASH_TND_MAX_SEQUENCES} MindSpore 2.9 documents for "
-                          "its TND layout; lower micro_batch_size (raise micro_batch_num) or max_packed_examples")
+        raise ConfigError(
+            f"packed SFT data with flash attention: train.micro_batch_size={mbs} x "
+            f"(data.max_packed_examples={layout.packed_examples} + 1) = {sequences} sequences per "
+            f"FlashAttentionScore call, over the {FLASH_TND_MAX_SEQUENCES} MindSpore 2.9 documents for "
+            "its TND layout; lower micro_batch_size (raise micro_batch_num) or max_packed_examples"
+        )
 
 
 def validate(cfg: Config) -> None:

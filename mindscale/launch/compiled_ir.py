@@ -9,6 +9,7 @@ reads the text, no MindSpore needed:
   pipeline_chunks            the forward Sends and Receives between stages, per model chunk
   describe_ir                all of the above for one rank, as its dry-run report holds them
 """
+
 from __future__ import annotations
 
 import re
@@ -18,16 +19,43 @@ from pathlib import Path
 import numpy as np
 
 IR_PASS = "validate"  # the last frontend IR: after the parallel passes, recompute and the optimizer shard
-DTYPE_BYTES = {"Float32": 4, "Float16": 2, "BFloat16": 2, "Int32": 4, "Int64": 8, "Bool": 1, "UInt8": 1, "Int8": 1,
-               "Float64": 8}
-COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "AlltoAll", "AllToAll", "Broadcast", "Send", "Receive",
-               "MicroStepAllGather", "MiniStepAllGather", "AllGatherV", "ReduceScatterV", "AlltoAllV", "Reduce")
+DTYPE_BYTES = {
+    "Float32": 4,
+    "Float16": 2,
+    "BFloat16": 2,
+    "Int32": 4,
+    "Int64": 8,
+    "Bool": 1,
+    "UInt8": 1,
+    "Int8": 1,
+    "Float64": 8,
+}
+COLLECTIVES = (
+    "AllReduce",
+    "AllGather",
+    "ReduceScatter",
+    "AlltoAll",
+    "AllToAll",
+    "Broadcast",
+    "Send",
+    "Receive",
+    "MicroStepAllGather",
+    "MiniStepAllGather",
+    "AllGatherV",
+    "ReduceScatterV",
+    "AlltoAllV",
+    "Reduce",
+)
 # What a collective is for, from the instance name the parallel passes give it (the optimizer shard's: its weight
 # all-gathers, and with gradient_accumulation_shard the gradient reduce-scatter into the sharded buffer every
 # micro batch, `_grad_accumulation_shard_grad_VirtualAssignAdd`).
-PURPOSES = (("parallel_optimizer", "optimizer_shard"), ("grad_accumulation_shard", "optimizer_shard"),
-            ("GLOBALNORM", "grad_norm"), ("mirror", "grad_reduce"),
-            ("redistribution", "redistribution"))  # anything else: an operator's own communication
+PURPOSES = (
+    ("parallel_optimizer", "optimizer_shard"),
+    ("grad_accumulation_shard", "optimizer_shard"),
+    ("GLOBALNORM", "grad_norm"),
+    ("mirror", "grad_reduce"),
+    ("redistribution", "redistribution"),
+)  # anything else: an operator's own communication
 # Which tensor of a collective is "its bytes": the one each rank contributes (input), or for the ops that
 # end with more than they start with, the result (AllGather, Receive).
 OUTPUT_SIZED = ("AllGather", "Receive", "MicroStepAllGather", "MiniStepAllGather", "AllGatherV")
@@ -103,12 +131,14 @@ def parse_ir(text: str, rank: int) -> dict:
             peer = _attr(line, f"{side}_global_rank") or _attr(line, f"{side}_rank")  # the primitive's, listed first
             ranks = tuple(sorted({rank, int(re.findall(r"\d+", peer)[-1])}))  # the value of I64(4)
         instance = _attr(line, "instance name") or ""
-        purpose = "pipeline" if kind in ("Send", "Receive") else next(
-            (p for key, p in PURPOSES if key in instance), "operator")
+        purpose = (
+            "pipeline"
+            if kind in ("Send", "Receive")
+            else next((p for key, p in PURPOSES if key in instance), "operator")
+        )
         types = lines[i + 1] if i + 1 < len(lines) else ""
         inputs, _, output = types.partition("->")
-        current["collectives"].append((kind, purpose, ranks,
-                                       _tensor_bytes(output if kind in OUTPUT_SIZED else inputs)))
+        current["collectives"].append((kind, purpose, ranks, _tensor_bytes(output if kind in OUTPUT_SIZED else inputs)))
     return graphs
 
 
@@ -140,8 +170,11 @@ def collectives_of(graphs: dict) -> tuple[list[dict], dict[str, list[int]]]:
             entry = total[(kind, purpose, ranks)]
             entry[0] += counts.get(name, 0)
             entry[1] += counts.get(name, 0) * size
-    rows = [{"kind": kind, "purpose": purpose, "group_size": len(ranks), "ranks": list(ranks), "count": n,
-             "bytes": size} for (kind, purpose, ranks), (n, size) in sorted(total.items()) if n]
+    rows = [
+        {"kind": kind, "purpose": purpose, "group_size": len(ranks), "ranks": list(ranks), "count": n, "bytes": size}
+        for (kind, purpose, ranks), (n, size) in sorted(total.items())
+        if n
+    ]
     groups = {"-".join(map(str, ranks)): list(ranks) for (_k, _p, ranks), (n, _s) in total.items() if n and ranks}
     return rows, groups
 
@@ -191,8 +224,13 @@ def input_rows(text: str) -> dict:
             continue
         param = _INPUT_PARAM.match(line)
         if param:
-            inputs[f"%{param.group(1)}"] = {"input": int(param.group(2)), "rows": int(param.group(3)),
-                                            "global_rows": int(param.group(4)), "gathered_over": [], "micro": {}}
+            inputs[f"%{param.group(1)}"] = {
+                "input": int(param.group(2)),
+                "rows": int(param.group(3)),
+                "global_rows": int(param.group(4)),
+                "gathered_over": [],
+                "micro": {},
+            }
             continue
         node = _NODE.match(line)
         if not node:
@@ -213,10 +251,16 @@ def input_rows(text: str) -> dict:
             types, scope = (lines[i + 1] if i + 1 < len(lines) else ""), (lines[i + 2] if i + 2 < len(lines) else "")
             if "], ()>) ->" in types and "/loss-" in scope and "Gradients" not in scope:
                 row_groups.add(tuple(int(r) for r in re.findall(r"\d+", _attr(line, "group_rank_ids"))))
-    return {"inputs": [{**{k: v for k, v in info.items() if k != "micro"},
-                        "micro_batches": [info["micro"][m] for m in sorted(info["micro"])]}
-                       for info in sorted(inputs.values(), key=lambda info: info["input"])],
-            "row_groups": sorted(list(group) for group in row_groups)}
+    return {
+        "inputs": [
+            {
+                **{k: v for k, v in info.items() if k != "micro"},
+                "micro_batches": [info["micro"][m] for m in sorted(info["micro"])],
+            }
+            for info in sorted(inputs.values(), key=lambda info: info["input"])
+        ],
+        "row_groups": sorted(list(group) for group in row_groups),
+    }
 
 
 def ordered_micro_batches(text: str) -> list[int]:

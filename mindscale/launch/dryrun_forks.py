@@ -19,6 +19,7 @@ Protocol: one JSON line on stdin per job, {"worker", "argv", "jobs", "timeout", 
 "returncode"} (negative: the signal that ended it; SIGALRM when it ran past `timeout` seconds), then
 {"done": true}. While a job runs, this process's own stderr goes to the job's `log`.
 """
+
 from __future__ import annotations
 
 import gc
@@ -31,7 +32,13 @@ import sys
 import traceback
 
 # what every worker compiles with
-PRELOADED = ("mindspore", "mindscale.train.loop.runtime", "mindscale.train.loop.step", "models.build", "models.sharding")
+PRELOADED = (
+    "mindspore",
+    "mindscale.train.loop.runtime",
+    "mindscale.train.loop.step",
+    "models.build",
+    "models.sharding",
+)
 
 
 def run_child(module, job: dict, rank: dict) -> None:

@@ -18,6 +18,7 @@ step). Executed at level 1 (`--memory run`), the pool's peak (mindspore.runtime.
 `peak_bytes` up to each persistent block's alignment (tests/dryrun/test_memory.py). What it leaves out: kernel workspaces (0 at level 1: sized by CANN's kernels, which a level-2 run needs a device for),
 HCCL's buffers and the driver's memory (outside MindSpore's pool: hardware.memory_gib - memory_pool_gib).
 """
+
 from __future__ import annotations
 
 import re
@@ -27,7 +28,7 @@ SOMAS_FILE = "Ascend_somas_tensor_offset_*.ir"
 _PARAMETER = re.compile(r"^%\d+P\t#(\d+)S\t(\S+)", re.M)
 _TENSOR = re.compile(r"^%\d+T\t#(\d+)S\t#\d+S\t&(\d+)\t\w+\t\w+\t(\d+)\t(\d+)\t(\S+)", re.M)
 CONSTANT = "Default/data-"  # a graph constant's parameter name in the plan
-TOP = 8                     # tensors listed at the peak
+TOP = 8  # tensors listed at the peak
 
 
 def _peak_step(tensors: list[tuple]) -> tuple[int, int]:
@@ -40,8 +41,12 @@ def _peak_step(tensors: list[tuple]) -> tuple[int, int]:
             lives[-1][1] = max(lives[-1][1], last)
         else:
             lives.append([first, last])
-    events = sorted((step, change) for (_, size), lives in ranges.items() for first, last in lives
-                    for step, change in ((first, size), (last + 1, -size)))
+    events = sorted(
+        (step, change)
+        for (_, size), lives in ranges.items()
+        for first, last in lives
+        for step, change in ((first, size), (last + 1, -size))
+    )
     best, used = (0, 0), 0
     for i, (step, change) in enumerate(events):
         used += change
@@ -55,17 +60,22 @@ def parse_plan(text: str) -> dict:
     block's size, the step at which most of it is in use, and the largest tensors live then."""
     head, _, body = text.partition("All Tensors:")
     params = [(int(size), name) for size, name in _PARAMETER.findall(head)]
-    tensors = [(int(size), int(off), int(first), int(last), name) for size, off, first, last, name in
-               _TENSOR.findall(body)]
+    tensors = [
+        (int(size), int(off), int(first), int(last), name) for size, off, first, last, name in _TENSOR.findall(body)
+    ]
     peak_step, used = _peak_step(tensors)
     live = sorted((t for t in tensors if t[2] <= peak_step <= t[3]), key=lambda t: -t[0])
-    return {"persistent_bytes": sum(size for size, _ in params),
-            "constant_bytes": sum(size for size, name in params if name.startswith(CONSTANT)),
-            "somas_bytes": max((off + size for size, off, *_ in tensors), default=0),
-            "peak_step": peak_step, "somas_used_at_peak_bytes": used,
-            "top_tensors": [{"node": name, "bytes": size, "life": [first, last]}
-                            for size, _, first, last, name in live[:TOP]],
-            "largest_persistent": [{"name": name, "bytes": size} for size, name in sorted(params, reverse=True)[:TOP]]}
+    return {
+        "persistent_bytes": sum(size for size, _ in params),
+        "constant_bytes": sum(size for size, name in params if name.startswith(CONSTANT)),
+        "somas_bytes": max((off + size for size, off, *_ in tensors), default=0),
+        "peak_step": peak_step,
+        "somas_used_at_peak_bytes": used,
+        "top_tensors": [
+            {"node": name, "bytes": size, "life": [first, last]} for size, _, first, last, name in live[:TOP]
+        ],
+        "largest_persistent": [{"name": name, "bytes": size} for size, name in sorted(params, reverse=True)[:TOP]],
+    }
 
 
 def plan_files(folders: list[Path], rank: int) -> list[Path]:
@@ -86,13 +96,20 @@ def device_memory(folders: list[Path], rank: int) -> dict | None:
     graphs = [parse_plan(f.read_text()) for f in files]
     peak = max(graphs, key=lambda g: g["somas_bytes"])
     persistent = sum(g["persistent_bytes"] for g in graphs)
-    return {"source": "MindSpore SOMAS plan, level-1 dry run", "graphs": len(graphs),
-            "persistent_bytes": persistent, "constant_bytes": sum(g["constant_bytes"] for g in graphs),
-            "somas_bytes": peak["somas_bytes"], "somas_used_bytes": peak["somas_used_at_peak_bytes"],
-            "used_bytes": persistent + peak["somas_used_at_peak_bytes"], "peak_bytes": persistent + peak["somas_bytes"],
-            "top_tensors": peak["top_tensors"],
-            "largest_persistent": sorted((p for g in graphs for p in g["largest_persistent"]),
-                                         key=lambda p: -p["bytes"])[:TOP]}
+    return {
+        "source": "MindSpore SOMAS plan, level-1 dry run",
+        "graphs": len(graphs),
+        "persistent_bytes": persistent,
+        "constant_bytes": sum(g["constant_bytes"] for g in graphs),
+        "somas_bytes": peak["somas_bytes"],
+        "somas_used_bytes": peak["somas_used_at_peak_bytes"],
+        "used_bytes": persistent + peak["somas_used_at_peak_bytes"],
+        "peak_bytes": persistent + peak["somas_bytes"],
+        "top_tensors": peak["top_tensors"],
+        "largest_persistent": sorted((p for g in graphs for p in g["largest_persistent"]), key=lambda p: -p["bytes"])[
+            :TOP
+        ],
+    }
 
 
 def reserve(cfg) -> dict:
@@ -100,6 +117,9 @@ def reserve(cfg) -> dict:
     the runtime: hardware.memory_gib - memory_pool_gib), and kernel workspaces, which live inside the pool and
     level 1 does not size; `headroom_bytes` is what the pool leaves them."""
     hw = cfg.hardware
-    gib = 2 ** 30
-    return {"outside_pool_bytes": (hw.memory_gib - hw.memory_pool_gib) * gib, "pool_bytes": hw.memory_pool_gib * gib,
-            "not_counted": "kernel workspaces (0 at level 1), HCCL buffers, driver memory"}
+    gib = 2**30
+    return {
+        "outside_pool_bytes": (hw.memory_gib - hw.memory_pool_gib) * gib,
+        "pool_bytes": hw.memory_pool_gib * gib,
+        "not_counted": "kernel workspaces (0 at level 1), HCCL buffers, driver memory",
+    }

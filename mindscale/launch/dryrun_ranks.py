@@ -8,6 +8,7 @@ imported them once (mindscale.launch.dryrun_forks). A rank's report is the worke
 JSON, or {"compiled": False, "error": ...} when its process failed; a compiled one gets `planned`: the
 planner's bytes for that rank's stage and its predicted communication, with ratios to the compiled ones.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -41,15 +42,16 @@ NOISE = re.compile(r"WARNING|No module named 'te'|relies on whl package \"te\"|C
 @dataclass(frozen=True)
 class Job:
     """What every rank's compile process is given."""
-    config: str                     # the YAML file as named on the command line
-    overrides: tuple[str, ...]      # --set assignments
-    log_dir: Path                   # dryrun_forks.log, and each rank's dryrun_rank<R>.log and rank<R>/ (its
-                                    # working folder, and report.json: what it printed)
-    packed: bool = False            # inputs carry segment_ids (packed SFT data)
-    collectives: bool = True        # dump the compiled graph to read its collectives
+
+    config: str  # the YAML file as named on the command line
+    overrides: tuple[str, ...]  # --set assignments
+    log_dir: Path  # dryrun_forks.log, and each rank's dryrun_rank<R>.log and rank<R>/ (its
+    # working folder, and report.json: what it printed)
+    packed: bool = False  # inputs carry segment_ids (packed SFT data)
+    collectives: bool = True  # dump the compiled graph to read its collectives
     timeout: float = DEFAULT_TIMEOUT_S
     worker: str = "mindscale.launch.dryrun_worker"  # the module compiling a rank (bench/mf_dryrun.py: MindFormers')
-    ir_dir: Path | None = None      # keep each rank's validate IR in <ir_dir>/rank<R> (default: read, then deleted)
+    ir_dir: Path | None = None  # keep each rank's validate IR in <ir_dir>/rank<R> (default: read, then deleted)
     # MindSpore's compile cache in this folder (bench/compile_cache.py measures it); None: off, whatever the
     # environment says, because a rank loaded from the cache runs none of the parallel passes a dry run checks
     compile_cache: Path | None = None
@@ -63,8 +65,10 @@ def for_ascend(cfg: Config) -> tuple[Config, Layout]:
     that is not Ascend's is refused."""
     cfg = planner.with_overrides(cfg, [ASCEND])
     if cfg.hardware.device_target != "Ascend":
-        raise ConfigError(f"hardware={cfg.hardware.name!r}: the dry run compiles for Ascend; add --set "
-                          "hardware=ascend910b (or ascend910a)")
+        raise ConfigError(
+            f"hardware={cfg.hardware.name!r}: the dry run compiles for Ascend; add --set "
+            "hardware=ascend910b (or ascend910a)"
+        )
     return cfg, Layout.of(cfg, "Ascend")
 
 
@@ -82,8 +86,10 @@ def choose_ranks(spec: str, layout: Layout) -> list[int]:
         raise ConfigError(f"--ranks {spec}: use first,last, stages or a list of ranks like 0,7") from None
     wrong = [r for r in ranks if not 0 <= r < layout.devices]
     if wrong:
-        raise ConfigError(f"--ranks {spec}: rank {wrong[0]} is outside 0..{layout.devices - 1} (the config's "
-                          f"{layout.devices} devices)")
+        raise ConfigError(
+            f"--ranks {spec}: rank {wrong[0]} is outside 0..{layout.devices - 1} (the config's "
+            f"{layout.devices} devices)"
+        )
     return list(dict.fromkeys(ranks))  # a rank named twice is compiled once
 
 
@@ -107,10 +113,16 @@ def planned(cfg: Config, report: dict) -> dict:
     out = {key: memory[key] for key in ("weights", "grads", "optimizer")}
     shapes = planner.stored_shapes(cfg, stage)
     weights = {p.name for p in planner.parameter_slices(cfg)}
-    compiled = {name: tuple(shape) for name, shape in report["local_shapes"].items()
-                if name.split(".", 1)[0] in ("adam_m", "adam_v", "accu_grads") or name in weights}
-    out["shape_mismatches"] = {name: [list(compiled.get(name, ())), list(shapes.get(name, ()))]
-                               for name in sorted(set(compiled) | set(shapes)) if compiled.get(name) != shapes.get(name)}
+    compiled = {
+        name: tuple(shape)
+        for name, shape in report["local_shapes"].items()
+        if name.split(".", 1)[0] in ("adam_m", "adam_v", "accu_grads") or name in weights
+    }
+    out["shape_mismatches"] = {
+        name: [list(compiled.get(name, ())), list(shapes.get(name, ()))]
+        for name in sorted(set(compiled) | set(shapes))
+        if compiled.get(name) != shapes.get(name)
+    }
     out["comm_bytes_per_step"] = comm["total"]
     out["compiled_comm_bytes_per_step"] = compiled_comm
     out["comm_ratio"] = compiled_comm / comm["total"] if comm["total"] else None
@@ -134,8 +146,11 @@ def shared_environment(job: Job, devices: int) -> dict:
     if job.memory:  # SOMAS writes its plan (rank_<R>/Ascend_somas_tensor_offset_<graph>.ir) with the tracker on
         env["MS_ALLOC_CONF"] = "memory_tracker:True"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    env.update({"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(job.compile_cache)}
-               if job.compile_cache else {"MS_COMPILER_CACHE_ENABLE": "0"})
+    env.update(
+        {"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(job.compile_cache)}
+        if job.compile_cache
+        else {"MS_COMPILER_CACHE_ENABLE": "0"}
+    )
     if job.collectives:  # the compiled graph as text: MindSpore writes only this pass's IR
         env.update({"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_DUMP_IR_PASSES": "validate"})
     return env
@@ -150,7 +165,7 @@ def rank_report(job: Job, rank: int, returncode: int, stdout: str) -> dict:
         return {"compiled": False, "error": f"compile did not finish in {job.timeout} s (log {log})", "rank": rank}
     if returncode == 2:  # bad input the worker found: reported by the caller, in one line
         said = [line for line in text.splitlines() if line.startswith("error: ")]
-        return {"compiled": False, "rank": rank, "bad_input": (said or ["error: bad input"])[-1][len("error: "):]}
+        return {"compiled": False, "rank": rank, "bad_input": (said or ["error: bad input"])[-1][len("error: ") :]}
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if lines and returncode == 0:
         report = json.loads(lines[-1])
@@ -159,10 +174,16 @@ def rank_report(job: Job, rank: int, returncode: int, stdout: str) -> dict:
             report["error"] += f"; {reason}"
         return report
     tail = [line for line in text.splitlines() if line.strip() and not NOISE.search(line)][-3:]
-    cause = (f"signal {-returncode}" + (" (SIGKILL: most likely out of host memory)" if returncode == -9
-                                        else "")) if returncode < 0 else f"exit {returncode}"
-    return {"compiled": False, "error": f"the compile process ended with {cause}: {' | '.join(tail)} (log {log})",
-            "rank": rank}
+    cause = (
+        (f"signal {-returncode}" + (" (SIGKILL: most likely out of host memory)" if returncode == -9 else ""))
+        if returncode < 0
+        else f"exit {returncode}"
+    )
+    return {
+        "compiled": False,
+        "error": f"the compile process ended with {cause}: {' | '.join(tail)} (log {log})",
+        "rank": rank,
+    }
 
 
 # the variables a process reads before or while it imports MindSpore (the loader's, Python's, glog's and
@@ -201,8 +222,15 @@ def fork_server(worker: str, env: dict, log: Path) -> tuple[tuple, subprocess.Po
             return key, proc
         stop_server(proc)
     with open(log, "a") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "mindscale.launch.dryrun_forks"], env=env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mindscale.launch.dryrun_forks"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
     _servers.add(proc)
     return key, proc
 
@@ -213,11 +241,21 @@ def forked_ranks(job: Job, ranks: list[int], devices: int, workers: int) -> Iter
     serves the next job with the same start-up variables; one that stops early is ended with its compiles."""
     scratch = Path(tempfile.mkdtemp(prefix="mindscale-ir-"))
     log = job.log_dir / "dryrun_forks.log"
-    spec = {"worker": job.worker, "jobs": workers, "timeout": job.timeout, "env": shared_environment(job, devices),
-            "log": str(log), "ranks": [],
-            "argv": ["--config", str(Path(job.config).resolve()),
-                     *[x for o in [*job.overrides, ASCEND] for x in ("--set", o)], *(["--packed"] if job.packed else []),
-                     *(["--run-step"] if job.memory == "run" else [])]}
+    spec = {
+        "worker": job.worker,
+        "jobs": workers,
+        "timeout": job.timeout,
+        "env": shared_environment(job, devices),
+        "log": str(log),
+        "ranks": [],
+        "argv": [
+            "--config",
+            str(Path(job.config).resolve()),
+            *[x for o in [*job.overrides, ASCEND] for x in ("--set", o)],
+            *(["--packed"] if job.packed else []),
+            *(["--run-step"] if job.memory == "run" else []),
+        ],
+    }
     for index, rank in enumerate(ranks):
         workdir = job.log_dir / f"rank{rank}"  # MindSpore writes what it dumps on a failure here (analyze_fail.ir)
         workdir.mkdir(exist_ok=True)
@@ -253,12 +291,19 @@ def forked_ranks(job: Job, ranks: list[int], devices: int, workers: int) -> Iter
     if done:
         return
     tail = [line for line in log.read_text().splitlines() if line.strip() and not NOISE.search(line)][-3:]
-    ended = f"did not import MindSpore in {job.timeout} s" if proc.returncode == -signal.SIGALRM else \
-        f"ended with exit {proc.returncode}"
+    ended = (
+        f"did not import MindSpore in {job.timeout} s"
+        if proc.returncode == -signal.SIGALRM
+        else f"ended with exit {proc.returncode}"
+    )
     for index in sorted(set(range(len(ranks))) - reported):
-        yield {"index": index, "compiled": False, "rank": ranks[index],
-               "error": f"the dry-run process {ended} before compiling this rank"
-                        f"{': ' + ' | '.join(tail) if tail else ''} (log {log})"}
+        yield {
+            "index": index,
+            "compiled": False,
+            "rank": ranks[index],
+            "error": f"the dry-run process {ended} before compiling this rank"
+            f"{': ' + ' | '.join(tail) if tail else ''} (log {log})",
+        }
 
 
 def compile_ranks(cfg: Config, job: Job, ranks: list[int], workers: int = 1) -> Iterator[dict]:
@@ -285,7 +330,7 @@ def compile_ranks(cfg: Config, job: Job, ranks: list[int], workers: int = 1) -> 
 
 def size(n: float) -> str:
     """Bytes in the largest binary unit that leaves a number of at least 1, to 4 figures: `1.002 GiB`, `384 KiB`."""
-    for unit, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= scale:
             return f"{n / scale:.4g} {unit}"
     return f"{n:.0f} B"
@@ -303,12 +348,15 @@ def line(report: dict) -> str:
     comm = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items()))
     ratio = p.get("comm_ratio")
     out = sum(c["bytes"] for c in report.get("offload_copies", []) if c["to"] == "CPU")
-    return (f"{head}  compiled in {report['compile_s']:.1f} s (host peak {report['host_peak_rss_gib']:.1f} GiB)  "
-            f"weights {size(b['weights'])}, grads {size(b['grads'])}, optimizer {size(b['optimizer'])} "
-            f"(planner {size(p['weights'])}, {size(p['grads'])}, {size(p['optimizer'])})  "
-            f"collectives: {comm or 'none'}; sent {p['compiled_comm_bytes_per_step'] / 1e9:.3g} GB/step"
-            + (f" ({ratio:.2f}x the planner's)" if ratio else "")
-            + (f"; offloaded {size(out)}/step to host memory" if out else "") + memory_line(report))
+    return (
+        f"{head}  compiled in {report['compile_s']:.1f} s (host peak {report['host_peak_rss_gib']:.1f} GiB)  "
+        f"weights {size(b['weights'])}, grads {size(b['grads'])}, optimizer {size(b['optimizer'])} "
+        f"(planner {size(p['weights'])}, {size(p['grads'])}, {size(p['optimizer'])})  "
+        f"collectives: {comm or 'none'}; sent {p['compiled_comm_bytes_per_step'] / 1e9:.3g} GB/step"
+        + (f" ({ratio:.2f}x the planner's)" if ratio else "")
+        + (f"; offloaded {size(out)}/step to host memory" if out else "")
+        + memory_line(report)
+    )
 
 
 def memory_line(report: dict) -> str:
@@ -316,16 +364,18 @@ def memory_line(report: dict) -> str:
     m = report.get("device_memory")
     if not m:
         return ""
-    mib = 2 ** 20
+    mib = 2**20
     ran = f"; a step executed: {m['executed_peak_bytes'] / mib:,.0f} MiB" if "executed_peak_bytes" in m else ""
     top = ", ".join(f"{t['node'].rsplit('/', 1)[-1]} {t['bytes'] / mib:,.0f}" for t in m["top_tensors"][:3])
     p = report.get("planned", {})
-    return (f"\n    device memory (MindSpore's plan): used {m['used_bytes'] / mib:,.0f} MiB, with fragments "
-            f"{m['peak_bytes'] / mib:,.0f} MiB (persistent {m['persistent_bytes'] / mib:,.0f} + SOMAS block "
-            f"{m['somas_bytes'] / mib:,.0f}){ran}; planner "
-            f"{p.get('device_memory_bytes', 0) / mib:,.0f} MiB ({p.get('device_memory_ratio', 0):.2f}x); at the peak: "
-            f"{top} MiB; not counted: {m['reserve']['not_counted']} "
-            f"({m['reserve']['outside_pool_bytes'] / 2 ** 30:g} GiB outside the pool)")
+    return (
+        f"\n    device memory (MindSpore's plan): used {m['used_bytes'] / mib:,.0f} MiB, with fragments "
+        f"{m['peak_bytes'] / mib:,.0f} MiB (persistent {m['persistent_bytes'] / mib:,.0f} + SOMAS block "
+        f"{m['somas_bytes'] / mib:,.0f}){ran}; planner "
+        f"{p.get('device_memory_bytes', 0) / mib:,.0f} MiB ({p.get('device_memory_ratio', 0):.2f}x); at the peak: "
+        f"{top} MiB; not counted: {m['reserve']['not_counted']} "
+        f"({m['reserve']['outside_pool_bytes'] / 2**30:g} GiB outside the pool)"
+    )
 
 
 def rank_layouts(config: str, overrides: list[str], cfg: Config, jobs: int, progress: Progress) -> dict[int, dict]:
@@ -338,8 +388,10 @@ def rank_layouts(config: str, overrides: list[str], cfg: Config, jobs: int, prog
         for report in progress.track(compiled, "compiling the target layout (dry run)", len(firsts), "stage"):
             if not report["compiled"]:
                 raise CheckpointError(f"the target layout does not compile: {report['error']}")
-            raw = {n: (dev, tmap, None, 1, True, group, shape)
-                   for n, (dev, tmap, shape, group) in report["layouts"].items()}
+            raw = {
+                n: (dev, tmap, None, 1, True, group, shape)
+                for n, (dev, tmap, shape, group) in report["layouts"].items()
+            }
             for rank in layout.stage_ranks(report["stage"]):
                 by_rank[rank] = raw
     return by_rank

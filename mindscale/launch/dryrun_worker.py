@@ -30,6 +30,7 @@ What the report holds, and where it comes from:
                 memory (mindscale.launch.dryrun_memory); with --memory run one step is executed as well
 What it cannot tell: whether kernels exist and run, numerics, speed; device memory only at level 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,6 +61,7 @@ def example_inputs(cfg, layout, packed: bool) -> tuple:
     """Zero batches of the shapes and dtypes the trainer feeds (mindscale/train/data/dataset.py, make_batch):
     pretraining data's tokens [rows, seq + 1]; `packed` SFT data's also loss_mask and segment_ids [rows, seq]."""
     from mindspore import Tensor
+
     rows, seq = layout.rows_per_step, cfg.model.seq_length
     tokens = Tensor(np.zeros((rows, seq + 1), np.int32))
     if not packed:
@@ -69,6 +71,7 @@ def example_inputs(cfg, layout, packed: bool) -> tuple:
 
 def _nbytes(param) -> int:
     from mindspore.common.dtype import dtype_to_nptype
+
     return int(np.prod(param.shape, dtype=np.int64)) * np.dtype(dtype_to_nptype(param.dtype)).itemsize
 
 
@@ -81,11 +84,15 @@ def describe_compiled(step, model, network, ir_dir: Path | None, rank: int) -> d
     # unallocated shapes); the compiled layouts name exactly those
     held = step.parameter_layout_dict
     params = [p for p in step.get_parameters() if p.name in held]
-    report = {"local_shapes": {p.name: list(p.shape) for p in params},
-              # the compiled layout of each (device matrix, tensor map, full shape, optimizer-shard group):
-              # what a restore slices full tensors by (models.weights)
-              "layouts": {p.name: [list(held[p.name][0]), list(held[p.name][1]), list(held[p.name][6]),
-                                   held[p.name][5]] for p in params}}
+    report = {
+        "local_shapes": {p.name: list(p.shape) for p in params},
+        # the compiled layout of each (device matrix, tensor map, full shape, optimizer-shard group):
+        # what a restore slices full tensors by (models.weights)
+        "layouts": {
+            p.name: [list(held[p.name][0]), list(held[p.name][1]), list(held[p.name][6]), held[p.name][5]]
+            for p in params
+        },
+    }
     weights = {p.name for p in model.get_parameters()}
     trainable = {p.name for p in network.trainable_params()}
     accumulated = [p for p in params if p.name.startswith("accu_grads.")]
@@ -104,12 +111,14 @@ def describe_compiled(step, model, network, ir_dir: Path | None, rank: int) -> d
 def _memory_pool_set(rt) -> float | None:
     """The pool ceiling the runtime gave MindSpore (train/loop/runtime.py), if MindSpore reports it configured."""
     from mindspore._c_expression import RuntimeConf
+
     return rt.memory_pool_gib if RuntimeConf.get_instance().is_memory_configured() else None
 
 
 def _pipeline_config() -> dict:
     """MindSpore's pipeline_config as the runtime left it (train/loop/runtime.py)."""
     import mindspore as ms
+
     return {key: ms.get_auto_parallel_context(key) for key in ("pipeline_interleave", "pipeline_scheduler")}
 
 
@@ -119,9 +128,20 @@ def compile_step(step, inputs: tuple, model, network, rt, ir_dir: Path | None = 
     from mindscale.train.loop.runtime import set_input_layout
 
     layout = rt.layout
-    report = {"compiled": False, "error": None, "rank": rt.rank, "stage": layout.stage_of_rank(rt.rank),
-              "devices": layout.devices, "local_shapes": {}, "bytes": {}, "groups": {}, "collectives": [],
-              "compile_s": None, "memory_pool_gib": _memory_pool_set(rt), "pipeline_config": _pipeline_config()}
+    report = {
+        "compiled": False,
+        "error": None,
+        "rank": rt.rank,
+        "stage": layout.stage_of_rank(rt.rank),
+        "devices": layout.devices,
+        "local_shapes": {},
+        "bytes": {},
+        "groups": {},
+        "collectives": [],
+        "compile_s": None,
+        "memory_pool_gib": _memory_pool_set(rt),
+        "pipeline_config": _pipeline_config(),
+    }
     set_input_layout(layout, len(inputs))
     began = time.perf_counter()
     try:
@@ -149,6 +169,7 @@ def for_memory_plan(cfg):
     import dataclasses
 
     import mindspore as ms
+
     ms.runtime.dispatch_threads_num(2)
     return dataclasses.replace(cfg, context={**cfg.context, "memory_optimize_level": "O1"})
 
@@ -208,7 +229,9 @@ def _compile_validation(cfg, graph, layout, packed: bool, report: dict) -> None:
 def main(argv: list[str] | None = None, compile_fn=compile_rank) -> int:
     """The dry-run worker: `compile_fn(cfg, packed, ir_dir)` (MindScale's graph; bench/mf_dryrun.py passes
     MindFormers') compiles this rank, and its report is printed as one JSON line."""
-    parser = argparse.ArgumentParser(description="Compile rank RANK_ID under MindSpore's dry run (see tools/dryrun.py).")
+    parser = argparse.ArgumentParser(
+        description="Compile rank RANK_ID under MindSpore's dry run (see tools/dryrun.py)."
+    )
     add_config_arguments(parser)
     parser.add_argument("--packed", action="store_true", help="feed segment_ids as packed SFT data does")
     parser.add_argument("--run-step", action="store_true", help="at level 1: execute one step after the compile")
@@ -216,11 +239,12 @@ def main(argv: list[str] | None = None, compile_fn=compile_rank) -> int:
     cfg = config_from_args(args)
     ir_dir = os.environ.get("MS_DEV_SAVE_GRAPHS_PATH")
     try:
-        report = compile_fn(cfg, args.packed, Path(ir_dir) if ir_dir else None,
-                            **({"run_step": True} if args.run_step else {}))
+        report = compile_fn(
+            cfg, args.packed, Path(ir_dir) if ir_dir else None, **({"run_step": True} if args.run_step else {})
+        )
     except ConfigError as exc:
         fail(str(exc))
-    report["host_peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2)
+    report["host_peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
     print(json.dumps(report))
     return 0
 

@@ -19,6 +19,7 @@ up to it exactly:
 
 goodput = training / wall. Printed as one line and written to `<run>/goodput.json` (node 0).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,15 +30,16 @@ from mindscale.io import write_atomically
 from mindscale.progress import clock
 
 GOODPUT_FILE = "goodput.json"
-BUCKETS = dict(startup_s=0.0, compile_s=0.0, cache_load_s=0.0, checkpoint_s=0.0, lost_s=0.0, training_s=0.0,
-               lost_steps=0)
+BUCKETS = dict(
+    startup_s=0.0, compile_s=0.0, cache_load_s=0.0, checkpoint_s=0.0, lost_s=0.0, training_s=0.0, lost_steps=0
+)
 
 
 @dataclass
 class Attempt:
     began: float
     ended: float
-    ledger: dict | None   # the first local rank's last heartbeat of this attempt, None without one
+    ledger: dict | None  # the first local rank's last heartbeat of this attempt, None without one
     failed: bool
     committed: int | None  # newest committed step when it ended
     cause: str | None = None  # why it failed (restarted or not)
@@ -77,20 +79,26 @@ def summarise(attempts: list[Attempt], wall_s: float) -> dict:
         for key, value in _split(attempt, nxt["first_step"] if nxt else None).items():
             total[key] += value
     total["other_s"] = wall_s - sum(v for k, v in total.items() if k.endswith("_s"))
-    return {"wall_s": wall_s, **total, "goodput": total["training_s"] / wall_s if wall_s > 0 else 0.0,
-            "restarts": [a.cause for a in attempts[:-1]],
-            "compile_cache": [a.ledger["compile_cache"] if a.ledger else None for a in attempts]}
+    return {
+        "wall_s": wall_s,
+        **total,
+        "goodput": total["training_s"] / wall_s if wall_s > 0 else 0.0,
+        "restarts": [a.cause for a in attempts[:-1]],
+        "compile_cache": [a.ledger["compile_cache"] if a.ledger else None for a in attempts],
+    }
 
 
 def describe(summary: dict) -> str:
     restarts = summary["restarts"]
     why = f": {'; '.join(restarts)}" if restarts else ""
-    return (f"MindScale goodput: {summary['goodput'] * 100:.0f}% of {clock(summary['wall_s'])} wall time trained "
-            f"({summary['training_s']:.1f} s); compile {summary['compile_s']:.1f} s, compile cache load "
-            f"{summary['cache_load_s']:.1f} s, checkpoints "
-            f"{summary['checkpoint_s']:.1f} s, start-up {summary['startup_s']:.1f} s, lost {summary['lost_steps']} "
-            f"step(s) after their last save {summary['lost_s']:.1f} s, other {summary['other_s']:.1f} s; "
-            f"{len(restarts)} restart(s){why}")
+    return (
+        f"MindScale goodput: {summary['goodput'] * 100:.0f}% of {clock(summary['wall_s'])} wall time trained "
+        f"({summary['training_s']:.1f} s); compile {summary['compile_s']:.1f} s, compile cache load "
+        f"{summary['cache_load_s']:.1f} s, checkpoints "
+        f"{summary['checkpoint_s']:.1f} s, start-up {summary['startup_s']:.1f} s, lost {summary['lost_steps']} "
+        f"step(s) after their last save {summary['lost_s']:.1f} s, other {summary['other_s']:.1f} s; "
+        f"{len(restarts)} restart(s){why}"
+    )
 
 
 def report(attempts: list[Attempt], wall_s: float, run_dir: Path, writes: bool) -> dict | None:

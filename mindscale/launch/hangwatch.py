@@ -9,6 +9,7 @@ sends the local ones STACK_SIGNAL, on which faulthandler writes every thread's P
 rank's log, then stops the job. A rank that never reaches its first
 collective is left to msrun's --cluster_time_out and, on Ascend, HCCL's timeouts.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,15 +26,17 @@ DUMP_WAIT_S = 1.0  # faulthandler writes from its signal handler; time to reach 
 
 @dataclass(frozen=True)
 class Stall:
-    ranks: list[int]   # the ranks at the lowest completed step
-    step: int          # their last completed step
-    silent_s: float    # seconds since the newest heartbeat among them
+    ranks: list[int]  # the ranks at the lowest completed step
+    step: int  # their last completed step
+    silent_s: float  # seconds since the newest heartbeat among them
     timeout_s: float
 
     def describe(self) -> str:
         who = f"rank {self.ranks[0]}" if len(self.ranks) == 1 else "ranks " + ", ".join(map(str, self.ranks))
-        return (f"{who} stalled: no heartbeat for {self.silent_s:.0f} s, the last one after step {self.step} "
-                f"(run.hang_timeout_s={self.timeout_s:g})")
+        return (
+            f"{who} stalled: no heartbeat for {self.silent_s:.0f} s, the last one after step {self.step} "
+            f"(run.hang_timeout_s={self.timeout_s:g})"
+        )
 
 
 class HangWatch:

@@ -13,6 +13,7 @@ MindFormers uses, 600 on CPU). On Ascend, HCCL_CONNECT_TIMEOUT (link set-up) and
 collective waiting for its peers) default to values derived from run.hang_timeout_s (hccl_timeouts);
 set them to override.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,7 +37,7 @@ HCCL_CONNECT_MAX_S = 7200
 HCCL_EXEC_MAX_S = 17340
 HCCL_EXEC_GRANULE_S = 68
 HCCL_WAIT_FLOOR_S = 7200  # a rank at its first collective while a slower one still compiles (not hang-timed)
-HANG_MARGIN_S = 120       # HCCL waits this much past run.hang_timeout_s: the launcher names the rank first
+HANG_MARGIN_S = 120  # HCCL waits this much past run.hang_timeout_s: the launcher names the rank first
 MSRUN_PORT_DEFAULT = 8118
 POLL_S = 0.5
 CORES_ENV = "MINDSCALE_WORKER_CORES"
@@ -74,6 +75,7 @@ def _positive_int(name: str, raw: str, hint: str) -> int:
 @dataclass(frozen=True)
 class Node:
     """This node's place in the job (same meaning as msrun's flags)."""
+
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
@@ -120,8 +122,10 @@ def fit_data_parallel(cfg: Config, world: int) -> str | None:
         return None
     dp = parallel.data_parallel_for(world)
     if dp is None:
-        raise LaunchError(f"{world} device(s) cannot hold {parallel.replica_product('parallel.')} = {parallel.replica_devices}; "
-                          f"use a multiple of {parallel.replica_devices} devices")
+        raise LaunchError(
+            f"{world} device(s) cannot hold {parallel.replica_product('parallel.')} = {parallel.replica_devices}; "
+            f"use a multiple of {parallel.replica_devices} devices"
+        )
     return f"parallel.data_parallel={dp}"
 
 
@@ -182,13 +186,29 @@ class LaunchPlan:
         return [str(self.entry), "--config", self.config, *[a for o in self.overrides for a in ("--set", o)]]
 
     def msrun_argv(self) -> list[str]:
-        argv = ["msrun", "--worker_num", str(self.world), "--local_worker_num", str(self.local_workers),
-                "--master_addr", self.node.master_addr, "--master_port", str(self.master_port),
-                "--node_rank", str(self.node.node_rank), "--log_dir", str(self.log_dir), "--join", "True",
-                "--cluster_time_out", str(self.cluster_timeout),
-                # msrun (2.9, _get_node_id_and_log_path) numbers a worker node_rank x local_worker_num +
-                # local index and tails the listed ids: the first local worker is this node's first rank
-                "--tail_worker_log", ",".join(map(str, self.tailed_ranks))]
+        argv = [
+            "msrun",
+            "--worker_num",
+            str(self.world),
+            "--local_worker_num",
+            str(self.local_workers),
+            "--master_addr",
+            self.node.master_addr,
+            "--master_port",
+            str(self.master_port),
+            "--node_rank",
+            str(self.node.node_rank),
+            "--log_dir",
+            str(self.log_dir),
+            "--join",
+            "True",
+            "--cluster_time_out",
+            str(self.cluster_timeout),
+            # msrun (2.9, _get_node_id_and_log_path) numbers a worker node_rank x local_worker_num +
+            # local index and tails the listed ids: the first local worker is this node's first rank
+            "--tail_worker_log",
+            ",".join(map(str, self.tailed_ranks)),
+        ]
         if self.device == "Ascend":
             argv += ["--bind_core", "True"]
         # msrun starts `python <args>` from PATH; `-m mindscale.launch worker` wraps the entry point.
@@ -239,8 +259,10 @@ def plan_distribute(config: str, num_devices: str | None, overrides: list[str], 
         local = _positive_int("NUM_DEVICES", num_devices, "devices (workers) per node, e.g. 2")
         fitted = fit_data_parallel(cfg, node.nnodes * local)
         if fitted:
-            notes.append(f"{node.nnodes * local} device(s): adding --set {fitted} "
-                         f"(config has parallel.data_parallel={cfg.parallel.data_parallel})")
+            notes.append(
+                f"{node.nnodes * local} device(s): adding --set {fitted} "
+                f"(config has parallel.data_parallel={cfg.parallel.data_parallel})"
+            )
             overrides = [*overrides, fitted]
             cfg = load_config(config, overrides)
     elif device == "CPU":
@@ -248,32 +270,50 @@ def plan_distribute(config: str, num_devices: str | None, overrides: list[str], 
     else:
         local = count_devices(device, env)
         if not local:
-            raise LaunchError(f"run.device_target={device} but no {device} devices are visible here; "
-                              "pass NUM_DEVICES or fix the device target")
+            raise LaunchError(
+                f"run.device_target={device} but no {device} devices are visible here; "
+                "pass NUM_DEVICES or fix the device target"
+            )
     cores = None
     if device == "CPU":
         available = sorted(os.sched_getaffinity(0))
         cores = assign_cores(available, local, node.node_rank * local)
         if local > len(available):
             notes.append(f"{local} workers share {len(available)} cores: per-device numbers (MFU) will be low")
-    timeout = _positive_int("MINDSCALE_CLUSTER_TIMEOUT",
-                            env.get("MINDSCALE_CLUSTER_TIMEOUT", str(CLUSTER_TIMEOUT_DEFAULT[device])), "seconds")
+    timeout = _positive_int(
+        "MINDSCALE_CLUSTER_TIMEOUT",
+        env.get("MINDSCALE_CLUSTER_TIMEOUT", str(CLUSTER_TIMEOUT_DEFAULT[device])),
+        "seconds",
+    )
     if cfg.run.max_restarts and node.nnodes > 1:
-        raise LaunchError(f"run.max_restarts={cfg.run.max_restarts} with NNODES={node.nnodes}: a restart relaunches "
-                          "only this node's workers and the nodes cannot restart together; set run.max_restarts=0 "
-                          "and let the scheduler requeue the whole job")
+        raise LaunchError(
+            f"run.max_restarts={cfg.run.max_restarts} with NNODES={node.nnodes}: a restart relaunches "
+            "only this node's workers and the nodes cannot restart together; set run.max_restarts=0 "
+            "and let the scheduler requeue the whole job"
+        )
     log_dir = (cfg.run_dir / "logs").absolute()
     entry = resolve_entry(env)
     check_device(cfg, device)  # what every worker would refuse: refused before msrun starts them
     world = node.nnodes * local
-    return LaunchPlan(config=config, overrides=list(overrides), entry=entry, device=device,
-                      local_workers=local, node=node, master_port=node.master_port or free_port(),
-                      log_dir=log_dir, cluster_timeout=timeout, cores=cores, notes=notes,
-                      max_restarts=cfg.run.max_restarts, hang_timeout_s=cfg.run.hang_timeout_s,
-                      train_steps=cfg.train.steps, step_rank=step_rank(cfg, device, world))
+    return LaunchPlan(
+        config=config,
+        overrides=list(overrides),
+        entry=entry,
+        device=device,
+        local_workers=local,
+        node=node,
+        master_port=node.master_port or free_port(),
+        log_dir=log_dir,
+        cluster_timeout=timeout,
+        cores=cores,
+        notes=notes,
+        max_restarts=cfg.run.max_restarts,
+        hang_timeout_s=cfg.run.hang_timeout_s,
+        train_steps=cfg.train.steps,
+        step_rank=step_rank(cfg, device, world),
+    )
 
 
 def step_rank(cfg: Config, device: str, world: int) -> int:
     """The rank whose log has the step lines (Layout.logging_rank: the trainer logs from it)."""
     return Layout.of(cfg, device, world).logging_rank
-

@@ -13,6 +13,7 @@ After max_restarts the job gives up with exit 1, naming the last cause.
 One node only: the other nodes' launchers cannot learn that node 0 restarted, so a restart with
 NNODES > 1 is refused before anything starts (msrun.py); requeue the whole job with the scheduler.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,13 +32,14 @@ from mindscale.train.checkpoints.committed import committed_steps
 @dataclass
 class Ended:
     """How one msrun attempt ended."""
-    code: int                      # the launcher's exit status if it is the last attempt
-    cause: str | None = None       # what failed, one line without its log (None: success)
+
+    code: int  # the launcher's exit status if it is the last attempt
+    cause: str | None = None  # what failed, one line without its log (None: success)
     restartable: bool = False
     stopped_by: str | None = None  # a graceful stop's signal name
-    interrupted: bool = False      # Ctrl+C or a second signal: `cause` is the whole last line
-    ledger: dict | None = None     # the first local rank's last heartbeat (goodput)
-    log: Path | None = None        # the failed process's log
+    interrupted: bool = False  # Ctrl+C or a second signal: `cause` is the whole last line
+    ledger: dict | None = None  # the first local rank's last heartbeat (goodput)
+    log: Path | None = None  # the failed process's log
 
 
 def newest_committed_step(plan: LaunchPlan) -> int | None:
@@ -78,18 +80,27 @@ def run(plan: LaunchPlan, attempt: Callable[[LaunchPlan], Ended], stopping: Call
     while True:
         started = time.time()
         ended = attempt(plan)
-        attempts.append(goodput.Attempt(started, time.time(), ended.ledger, failed=ended.code != 0,
-                                        committed=newest_committed_step(plan), cause=ended.cause))
-        if (ended.code == 0 or ended.interrupted or not ended.restartable or restarts >= plan.max_restarts
-                or stopping()):
+        attempts.append(
+            goodput.Attempt(
+                started,
+                time.time(),
+                ended.ledger,
+                failed=ended.code != 0,
+                committed=newest_committed_step(plan),
+                cause=ended.cause,
+            )
+        )
+        if ended.code == 0 or ended.interrupted or not ended.restartable or restarts >= plan.max_restarts or stopping():
             break
         restarts += 1
         kept = archive_logs(plan, restarts)
         step = newest_committed_step(plan)
         where = f" (its log: {kept / ended.log.name})" if ended.log else f" (logs in {kept})"
-        print(f"MindScale: restart {restarts} of {plan.max_restarts}: {ended.cause}{where}; relaunching every "
-              f"worker from {f'committed step {step}' if step is not None else 'the start (nothing committed)'}",
-              flush=True)
+        print(
+            f"MindScale: restart {restarts} of {plan.max_restarts}: {ended.cause}{where}; relaunching every "
+            f"worker from {f'committed step {step}' if step is not None else 'the start (nothing committed)'}",
+            flush=True,
+        )
         plan = for_restart(plan)
     goodput.report(attempts, time.time() - began, plan.run_dir, plan.node.node_rank == 0)
     if ended.restartable and plan.max_restarts and restarts >= plan.max_restarts:

@@ -14,6 +14,7 @@ when it dies by any signal, kill -9 included; the record says who it was. A seco
   whether that process lives (file systems differ in whether they share flocks between hosts), and
   says to delete the file once that job is known to be gone.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -176,8 +177,10 @@ def acquire(run_dir: str | Path) -> RunLock:
         if alive is not False:
             os.close(fd)
             if alive is None:
-                raise RunLocked(f"run folder {run_dir} is locked by {previous.describe()}, another host; if that job "
-                                f"is gone, delete {path}, else stop it first or set another run.name")
+                raise RunLocked(
+                    f"run folder {run_dir} is locked by {previous.describe()}, another host; if that job "
+                    f"is gone, delete {path}, else stop it first or set another run.name"
+                )
             raise _in_use(run_dir, previous)
         note = f"took over the run folder lock of {previous.describe()}: that process is gone"
     os.ftruncate(fd, 0)

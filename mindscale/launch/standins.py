@@ -22,6 +22,7 @@ the path of the loaded libascendcl.so after its last "cann" or "latest" (GetAsce
 `<root>/lib64/libascendcl.so` from there, and a root that does not exist fails as "aclInit is null". So
 `lib64` sits in a folder named `cann`, and no other part of the path after it says "cann" or "latest".
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,14 +37,34 @@ from pathlib import Path
 
 from mindscale.config import UserError
 
-LIBRARIES = ("libacl_dvpp", "libacl_dvpp_mpi", "libacl_dvpp_op", "libacl_op_compiler", "libacl_tdt_channel",
-             "libascend_hal", "libascendalog", "libascendcl", "libatb", "libc_sec", "libge_runner", "libgraph",
-             "libhccl", "libmmpa", "libmsprofiler", "libnnopbase", "libplatform", "libprofapi", "libregister",
-             "libruntime")
+LIBRARIES = (
+    "libacl_dvpp",
+    "libacl_dvpp_mpi",
+    "libacl_dvpp_op",
+    "libacl_op_compiler",
+    "libacl_tdt_channel",
+    "libascend_hal",
+    "libascendalog",
+    "libascendcl",
+    "libatb",
+    "libc_sec",
+    "libge_runner",
+    "libgraph",
+    "libhccl",
+    "libmmpa",
+    "libmsprofiler",
+    "libnnopbase",
+    "libplatform",
+    "libprofapi",
+    "libregister",
+    "libruntime",
+)
 SYSTEM_LIBRARIES = ("libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libgomp.so.1")
 # a whitespace-separated word of `strings` output that names a CANN function
-DLSYM_NAMES = re.compile(r"(?<!\S)((?:acl|Acl|hccl|Hccl|rt[A-Z]|Msprof|Nnopbase|hal[A-Z]|drv[A-Z]|prof[A-Z]|mstx|"
-                         r"Mstx|dcmi|Dlog|Alog|atb|Atb|lccl|Lccl)\w*)(?!\S)")
+DLSYM_NAMES = re.compile(
+    r"(?<!\S)((?:acl|Acl|hccl|Hccl|rt[A-Z]|Msprof|Nnopbase|hal[A-Z]|drv[A-Z]|prof[A-Z]|mstx|"
+    r"Mstx|dcmi|Dlog|Alog|atb|Atb|lccl|Lccl)\w*)(?!\S)"
+)
 TOOLS = ("gcc", "nm", "strings")
 
 
@@ -53,6 +74,7 @@ class StandinError(UserError):
 
 def mindspore_dir() -> Path:
     import importlib.util
+
     spec = importlib.util.find_spec("mindspore")
     if spec is None or not spec.origin:
         raise StandinError("mindspore is not installed; install requirements.txt")
@@ -77,8 +99,14 @@ def jemalloc() -> str | None:
 
 
 def _system_library(name: str) -> Path | None:
-    for folder in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
-                   "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64"):
+    for folder in (
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib/aarch64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/lib64",
+        "/usr/lib64",
+    ):
         if (Path(folder) / name).is_file():
             return Path(folder) / name
     return None
@@ -101,8 +129,10 @@ def needed_symbols(ms: Path) -> list[str]:
     with ThreadPoolExecutor() as pool:  # ~280 nm/strings runs: 43 s one at a time on 2 cores
         defined = pool.map(lambda p: _symbols(p, "--defined-only"), providers)
         undefined = pool.map(lambda p: _symbols(p, "--undefined-only"), plugin)
-        looked_up = pool.map(lambda p: DLSYM_NAMES.findall(
-            subprocess.run(["strings", str(p)], capture_output=True, text=True).stdout), plugin)
+        looked_up = pool.map(
+            lambda p: DLSYM_NAMES.findall(subprocess.run(["strings", str(p)], capture_output=True, text=True).stdout),
+            plugin,
+        )
         defined = set().union(*defined)
         wanted = set().union(*undefined, *map(set, looked_up))
     return sorted(n for n in wanted - defined if re.fullmatch(r"[A-Za-z_][\w.$]*", n) and not n.startswith("__"))
@@ -125,8 +155,10 @@ def c_source(names: list[str]) -> str:
         if name.startswith(("_ZTV", "_ZTI", "_ZTS")):
             lines.append(f'char d{i}[512] __asm__("{name}") = {{0}};')
         elif OPERATOR_BUILDERS.fullmatch(name):
-            lines.append(f'void *f{i}(void *made) __asm__("{name}");\n'
-                         f'void *f{i}(void *made) {{ return memset(made, 0, {GE_OPERATOR_BYTES}); }}')
+            lines.append(
+                f'void *f{i}(void *made) __asm__("{name}");\n'
+                f'void *f{i}(void *made) {{ return memset(made, 0, {GE_OPERATOR_BYTES}); }}'
+            )
         else:
             lines.append(f'long f{i}(void) __asm__("{name}");\nlong f{i}(void) {{ return 0; }}')
     return "\n".join(lines) + "\n"
@@ -149,8 +181,10 @@ def cache_root() -> Path:
 def build(lib64: Path, ms: Path) -> None:
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
-        raise StandinError(f"building the CANN stand-ins for the dry run needs {', '.join(missing)}; "
-                           "install gcc and binutils (Debian: apt-get install gcc binutils)")
+        raise StandinError(
+            f"building the CANN stand-ins for the dry run needs {', '.join(missing)}; "
+            "install gcc and binutils (Debian: apt-get install gcc binutils)"
+        )
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=lib64.parent.parent))
     try:
         source = staging / "standins.c"
@@ -159,8 +193,10 @@ def build(lib64: Path, ms: Path) -> None:
         (out / "driver").mkdir(parents=True)
         objects = staging / "standins.o"
         commands = [(["gcc", "-c", "-fPIC", "-O0", "-o", str(objects), str(source)], "standins.o")]  # compiled once
-        commands += [(["gcc", "-shared", f"-Wl,-soname,{name}.so", "-o", str(out / f"{name}.so"), str(objects)],
-                      f"{name}.so") for name in LIBRARIES]  # linked under every library name
+        commands += [
+            (["gcc", "-shared", f"-Wl,-soname,{name}.so", "-o", str(out / f"{name}.so"), str(objects)], f"{name}.so")
+            for name in LIBRARIES
+        ]  # linked under every library name
         for argv, made in commands:
             done = subprocess.run(argv, capture_output=True, text=True)
             if done.returncode:
@@ -202,8 +238,15 @@ def dryrun_environment(base: dict, rank: int, world: int, level: int = 0) -> dic
     preload: dict[str, str] = {}  # each library once (the caller may preload jemalloc too, by another path)
     for path in filter(None, [libgomp(), jemalloc(), *re.split(r"[\s:]+", base.get("LD_PRELOAD", ""))]):
         preload.setdefault(os.path.realpath(path), path)
-    return {**base, "LD_LIBRARY_PATH": ":".join(paths), "LD_PRELOAD": " ".join(preload.values()),
-            "MS_SIMULATION_LEVEL": str(level), "RANK_SIZE": str(world), "RANK_ID": str(rank), "GLOG_v": base.get("GLOG_v", "3")}
+    return {
+        **base,
+        "LD_LIBRARY_PATH": ":".join(paths),
+        "LD_PRELOAD": " ".join(preload.values()),
+        "MS_SIMULATION_LEVEL": str(level),
+        "RANK_SIZE": str(world),
+        "RANK_ID": str(rank),
+        "GLOG_v": base.get("GLOG_v", "3"),
+    }
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ node's msrun log, to the console less msrun's own lines and MindSpore's chatter 
 Signals: Ctrl+C stops the tree at once; the first SIGTERM/SIGUSR1 is a graceful stop (every worker
 finishes its step, saves a committed checkpoint and exits 0; the last line says where it saved); a
 second signal stops at once (LauncherSignals)."""
+
 from __future__ import annotations
 
 import re
@@ -32,6 +33,7 @@ from mindscale.launch.worker import die_with_parent
 from mindscale.train.checkpoints.committed import newest_committed
 from mindscale.train.resilience.heartbeat import diverged_file
 from mindscale.train.resilience.stop import GRACEFUL
+
 
 class Interrupted(Exception):
     """Ctrl+C, or a second stop signal, reached the launcher: stop the job at once."""
@@ -86,8 +88,7 @@ def ask_workers_to_stop(proc: subprocess.Popen, signum: int, asked: set[int]) ->
         return
     for p in tree:
         try:
-            if (p.pid not in asked and "mindscale.launch" in p.cmdline()
-                    and p.environ().get("MS_ROLE") == "MS_WORKER"):
+            if p.pid not in asked and "mindscale.launch" in p.cmdline() and p.environ().get("MS_ROLE") == "MS_WORKER":
                 p.send_signal(signum)
                 asked.add(p.pid)
         except psutil.Error:
@@ -98,12 +99,21 @@ def start_msrun(plan: LaunchPlan, env: dict) -> subprocess.Popen:
     """msrun, dying with us, and deaf to the graceful signals: it has no handler of its own, and their
     default action (a scheduler signals the whole process group) would kill every worker mid-step. Its
     output (its own lines and the worker logs it follows) comes to us through a pipe (MsrunConsole)."""
+
     def prepare():
         die_with_parent()
         for sig in GRACEFUL:
             signal.signal(sig, signal.SIG_IGN)
-    return subprocess.Popen(plan.msrun_argv(), env=env, preexec_fn=prepare, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace")
+
+    return subprocess.Popen(
+        plan.msrun_argv(),
+        env=env,
+        preexec_fn=prepare,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
 
 
 MINDSPORE_CHATTER = re.compile(r"^\[(INFO|WARNING)\] ")  # printed at exit whatever GLOG_v says
@@ -217,10 +227,13 @@ def report_failure(log: Path, code: int, ledger: dict | None) -> Ended:
     show_tail(log)
     diverged = diverged_file(log.parent, rank) if code == 1 and rank is not None else None
     if diverged is not None and diverged.is_file():
-        return Ended(1, f"{name} stopped by a health guard, not restarted: {diverged.read_text().strip()}",
-                     ledger=ledger, log=log)
-    return Ended(2 if code == 2 else 1, f"{name} {describe_exit(code)}", restartable=code != 2, ledger=ledger,
-                 log=log)
+        return Ended(
+            1,
+            f"{name} stopped by a health guard, not restarted: {diverged.read_text().strip()}",
+            ledger=ledger,
+            log=log,
+        )
+    return Ended(2 if code == 2 else 1, f"{name} {describe_exit(code)}", restartable=code != 2, ledger=ledger, log=log)
 
 
 def report_stall(plan: LaunchPlan, watch: HangWatch, stall, msrun_pid: int, stop: Callable[[], None]) -> Ended:
@@ -230,8 +243,13 @@ def report_stall(plan: LaunchPlan, watch: HangWatch, stall, msrun_pid: int, stop
     stop()
     for rank in dumped:
         show_tail(plan.worker_log(rank), lines_shown=30)
-    where = f"; its Python stacks are in {plan.worker_log(dumped[0])}" if len(dumped) == 1 else \
-        f"; Python stacks of ranks {', '.join(map(str, dumped))} are in their logs" if dumped else ""
+    where = (
+        f"; its Python stacks are in {plan.worker_log(dumped[0])}"
+        if len(dumped) == 1
+        else f"; Python stacks of ranks {', '.join(map(str, dumped))} are in their logs"
+        if dumped
+        else ""
+    )
     return Ended(1, stall.describe() + where, restartable=True, ledger=ledger)
 
 
@@ -242,11 +260,15 @@ def supervise(plan: LaunchPlan, env: dict) -> int:
     signals = LauncherSignals().install()
     with runlock.hold(plan.run_dir, plan.node.node_rank == 0):
         try:
-            ended = restarts.run(plan, lambda attempt: _supervise(attempt, env, signals),
-                                 stopping=lambda: signals.graceful is not None)
+            ended = restarts.run(
+                plan, lambda attempt: _supervise(attempt, env, signals), stopping=lambda: signals.graceful is not None
+            )
         except Interrupted as exc:  # between two attempts: nothing runs
-            ended = Ended(128 + exc.signum, f"{signal.Signals(exc.signum).name}: stopped between restarts; logs in "
-                                            f"{plan.log_dir}", interrupted=True)
+            ended = Ended(
+                128 + exc.signum,
+                f"{signal.Signals(exc.signum).name}: stopped between restarts; logs in {plan.log_dir}",
+                interrupted=True,
+            )
     if ended.code == 0:
         report_success(plan, ended.stopped_by, ended.ledger)
     elif ended.interrupted:
@@ -282,8 +304,11 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
             if signals.graceful is not None:
                 if forwarded is None:
                     forwarded = signal.Signals(signals.graceful).name
-                    print(f"MindScale: {forwarded}: every worker finishes its step, saves a checkpoint and exits "
-                          "(signal again or Ctrl+C to stop at once)", flush=True)
+                    print(
+                        f"MindScale: {forwarded}: every worker finishes its step, saves a checkpoint and exits "
+                        "(signal again or Ctrl+C to stop at once)",
+                        flush=True,
+                    )
                 ask_workers_to_stop(proc, signals.graceful, asked)
             failure = first_failure(plan, stale)
             if failure:
@@ -301,22 +326,31 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
                 if failure:
                     return report_failure(*failure, ledger)
                 if code:
-                    return Ended(1, f"msrun exited with code {code} and no worker reported a failure; see "
-                                    f"{plan.log_dir}", restartable=True, ledger=ledger)
+                    return Ended(
+                        1,
+                        f"msrun exited with code {code} and no worker reported a failure; see {plan.log_dir}",
+                        restartable=True,
+                        ledger=ledger,
+                    )
                 return Ended(0, stopped_by=forwarded, ledger=ledger)
             time.sleep(POLL_S)
     except Interrupted as exc:
         stop()
-        return Ended(128 + exc.signum, f"{signal.Signals(exc.signum).name}: stopped all workers; logs in {plan.log_dir}",
-                     interrupted=True)
+        return Ended(
+            128 + exc.signum,
+            f"{signal.Signals(exc.signum).name}: stopped all workers; logs in {plan.log_dir}",
+            interrupted=True,
+        )
 
 
 def start_line(plan: LaunchPlan) -> str:
     """What runs where, where the logs are, and which of them the console follows."""
     which = "rank 0" if plan.first_rank == 0 else f"rank {plan.first_rank} (first on this node)"
-    line = (f"MindScale: {plan.world} worker(s) on {plan.node.nnodes} node(s), {plan.local_workers} here ({plan.device}); "
-            f"logs in {plan.log_dir} (msrun's output: {plan.msrun_log.name}); following the {which} log "
-            f"{plan.worker_log(plan.first_rank)}")
+    line = (
+        f"MindScale: {plan.world} worker(s) on {plan.node.nnodes} node(s), {plan.local_workers} here ({plan.device}); "
+        f"logs in {plan.log_dir} (msrun's output: {plan.msrun_log.name}); following the {which} log "
+        f"{plan.worker_log(plan.first_rank)}"
+    )
     if plan.step_rank not in plan.local_ranks:
         node = plan.step_rank // plan.local_workers
         line += f"; the step lines are in the rank {plan.step_rank} log, on node {node}'s console"
@@ -333,8 +367,10 @@ def report_success(plan: LaunchPlan, stopped_by: str | None, ledger: dict | None
     if stopped_by:
         how = f"stopped on {stopped_by}"
     elif done is not None and done < plan.train_steps:
-        how = (f"stopped gracefully after step {done} of {plan.train_steps} (asked by a signal to a worker or to "
-               "another node's launcher)")
+        how = (
+            f"stopped gracefully after step {done} of {plan.train_steps} (asked by a signal to a worker or to "
+            "another node's launcher)"
+        )
     else:
         how = "finished"
     try:
@@ -342,5 +378,6 @@ def report_success(plan: LaunchPlan, stopped_by: str | None, ledger: dict | None
     except UserError as exc:
         saved = f"none readable ({exc})"
     where = f"; newest committed checkpoint: {saved}" if saved else ""
-    print(f"MindScale: all {plan.local_workers} worker(s) on this node {how}{where}; logs in {plan.log_dir}",
-          flush=True)
+    print(
+        f"MindScale: all {plan.local_workers} worker(s) on this node {how}{where}; logs in {plan.log_dir}", flush=True
+    )

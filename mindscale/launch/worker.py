@@ -6,6 +6,7 @@ msrun starts every worker in a session of its own, so a launcher or msrun killed
 scheduler's SIGKILL of the job's process group) used to leave the workers training, and writing
 checkpoints, re-parented to init. Now the wrapper dies with msrun and the entry point with the
 wrapper (Linux's parent-death signal)."""
+
 from __future__ import annotations
 
 import ctypes

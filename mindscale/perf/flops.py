@@ -32,6 +32,7 @@ H·Q read from the model, the same decomposition covers GQA (smaller k/v matrice
 When only some layers recompute, the extra FLOPs scale with the number of recomputed layers, which
 callers take from the Layout (mindscale/config/layout.py decides which layers recompute).
 """
+
 from __future__ import annotations
 
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -81,8 +82,9 @@ def mlp_params(m, active: bool, dense: bool = False) -> int:
         return (3 if m.spec.gated_mlp else 2) * h * m.ffn_hidden_size  # SwiGLU gate/up/down; GELU up/down
     moe = m.moe
     experts = moe.top_k if active else moe.num_experts
-    return h * moe.num_experts + 3 * h * (experts * moe.expert_ffn(m.ffn_hidden_size)
-                                          + moe.shared_expert_ffn_hidden_size)
+    return h * moe.num_experts + 3 * h * (
+        experts * moe.expert_ffn(m.ffn_hidden_size) + moe.shared_expert_ffn_hidden_size
+    )
 
 
 def layer_matmul_params(m, active: bool = True, dense: bool = False) -> int:
@@ -117,8 +119,8 @@ def layer_other_params(m) -> int:
     qk_norm = 2 * m.head_size if m.spec.qk_norm else 0
     latent_norms = (m.mla.q_lora_rank or 0) + m.mla.kv_lora_rank if m.spec.mla else 0
     if m.spec.rms_norm:
-        return qkv_bias + qk_norm + latent_norms + 2 * h                # two RMSNorm scales
-    return qkv_bias + h + m.ffn_hidden_size + h + 2 * 2 * h             # biases; 2 LayerNorms (w, b)
+        return qkv_bias + qk_norm + latent_norms + 2 * h  # two RMSNorm scales
+    return qkv_bias + h + m.ffn_hidden_size + h + 2 * 2 * h  # biases; 2 LayerNorms (w, b)
 
 
 def param_count(m) -> int:
@@ -146,8 +148,9 @@ def palm_flops_per_token(n_matmul: int, layers: int, heads: int, head_dim: int, 
 
 def model_flops_per_token(m) -> float:
     """Model FLOPs per token, 6N + 12·L·H·Q·T (PaLM App. B; H·Q the mean of the key and value widths)."""
-    return palm_flops_per_token(matmul_param_count(m), m.num_layers, m.num_heads, core_width(m) / m.num_heads,
-                                m.seq_length)
+    return palm_flops_per_token(
+        matmul_param_count(m), m.num_layers, m.num_heads, core_width(m) / m.num_heads, m.seq_length
+    )
 
 
 def recompute_flops_per_token(m, recompute: str, recomputed_layers: int) -> float:
@@ -164,8 +167,10 @@ def recompute_flops_per_token(m, recompute: str, recomputed_layers: int) -> floa
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute mode {recompute!r} is not one of {RECOMPUTE_MODES}")
     if not 0 <= recomputed_layers <= m.num_layers or (recompute == "none" and recomputed_layers):
-        raise ValueError(f"{recomputed_layers} recomputed layers with recompute mode {recompute!r} and "
-                         f"{m.num_layers} layers: need 0 to {m.num_layers}, and 0 when the mode is none")
+        raise ValueError(
+            f"{recomputed_layers} recomputed layers with recompute mode {recompute!r} and "
+            f"{m.num_layers} layers: need 0 to {m.num_layers}, and 0 when the mode is none"
+        )
     per_layer_core = 12 * core_width(m) * m.seq_length
     if recompute == "selective":
         return recomputed_layers * per_layer_core
@@ -198,17 +203,17 @@ def routing_flops_per_token(m, group_tokens: int) -> float:
 
 def megatron_model_flops_per_iteration(batch: int, layers: int, seq: int, hidden: int, vocab: int) -> float:
     """72·B·L·s·h²·(1 + s/(6h) + V/(12·h·L)): model FLOPs (Korthikanti et al. 2022, §6)."""
-    return 72 * batch * layers * seq * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (12 * hidden * layers))
+    return 72 * batch * layers * seq * hidden**2 * (1 + seq / (6 * hidden) + vocab / (12 * hidden * layers))
 
 
 def korthikanti_selective_flops_per_iteration(batch: int, layers: int, seq: int, hidden: int, vocab: int) -> float:
     """72·B·L·s·h²·(1 + s/(3h) + V/(12·h·L)): hardware FLOPs with selective recompute."""
-    return 72 * batch * layers * seq * hidden ** 2 * (1 + seq / (3 * hidden) + vocab / (12 * hidden * layers))
+    return 72 * batch * layers * seq * hidden**2 * (1 + seq / (3 * hidden) + vocab / (12 * hidden * layers))
 
 
 def narayanan_full_flops_per_iteration(batch: int, layers: int, seq: int, hidden: int, vocab: int) -> float:
     """96·B·L·s·h²·(1 + s/(6h) + V/(16·h·L)): hardware FLOPs with full recompute (Narayanan et al. 2021, eq. 3)."""
-    return 96 * batch * layers * seq * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (16 * hidden * layers))
+    return 96 * batch * layers * seq * hidden**2 * (1 + seq / (6 * hidden) + vocab / (16 * hidden * layers))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -234,5 +239,7 @@ def hfu(tokens_per_s: float, devices: int, peak_tflops: float, m, recompute: str
 
 def formula_text() -> str:
     """One line stating the definitions, printed beside every MFU."""
-    return ("MFU = tokens/s x (6N + 12·L·H·Q·T) / (devices x peak) [PaLM App. B, full attention, no causal "
-            "halving]; HFU adds recompute [Korthikanti et al. 2022 selective, Narayanan et al. 2021 full]")
+    return (
+        "MFU = tokens/s x (6N + 12·L·H·Q·T) / (devices x peak) [PaLM App. B, full attention, no causal "
+        "halving]; HFU adds recompute [Korthikanti et al. 2022 selective, Narayanan et al. 2021 full]"
+    )

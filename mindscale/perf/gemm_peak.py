@@ -9,6 +9,7 @@ so the caller's MindSpore context is untouched) and cached in
     python -m mindscale.perf.gemm_peak            # print the cached peak (measure if missing)
     python -m mindscale.perf.gemm_peak --remeasure
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,8 @@ from pathlib import Path
 from mindscale.config import REPO_ROOT
 from mindscale.io import write_atomically
 
-GEMM_SIZE = 1024   # 2·n³ ≈ 2.1 GFLOP per MatMul: long enough to time, short enough for a shared core
-REPEATS = 5        # best of: the machine is shared, the fastest run is the least disturbed
+GEMM_SIZE = 1024  # 2·n³ ≈ 2.1 GFLOP per MatMul: long enough to time, short enough for a shared core
+REPEATS = 5  # best of: the machine is shared, the fastest run is the least disturbed
 
 
 def cache_path() -> Path:
@@ -92,17 +93,25 @@ def measure_in_this_process(size: int = GEMM_SIZE, repeats: int = REPEATS) -> fl
         start = time.perf_counter()
         chain(a, b).asnumpy()
         best = min(best, time.perf_counter() - start)
-    return CHAIN * 2 * size ** 3 / best / 1e12
+    return CHAIN * 2 * size**3 / best / 1e12
 
 
 def measure(size: int = GEMM_SIZE, repeats: int = REPEATS, timeout: float = 300) -> float:
     """Measure in a child process pinned to one core (the caller's affinity and context are kept)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOG_v": "3"}
-    code = ("import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from mindscale.perf.gemm_peak import measure_in_this_process as m; "
-            f"print(m({size}, {repeats}))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env={**env, "PYTHONPATH": str(REPO_ROOT)},
-                            capture_output=True, text=True, timeout=timeout)
+    code = (
+        "import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from mindscale.perf.gemm_peak import measure_in_this_process as m; "
+        f"print(m({size}, {repeats}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env={**env, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if result.returncode:
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"CPU GEMM peak measurement failed: {tail}")
@@ -122,8 +131,11 @@ def cpu_peak_tflops(remeasure: bool = False) -> float:
     if entry and not remeasure:
         return float(entry["tflops"])
     tflops = measure()
-    cache[key] = {"tflops": tflops, "gemm": f"{CHAIN} chained {GEMM_SIZE}x{GEMM_SIZE} fp32 MatMuls, graph mode, 1 core, best of {REPEATS}",
-                  "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    cache[key] = {
+        "tflops": tflops,
+        "gemm": f"{CHAIN} chained {GEMM_SIZE}x{GEMM_SIZE} fp32 MatMuls, graph mode, 1 core, best of {REPEATS}",
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, json.dumps(cache, indent=1))
     return tflops

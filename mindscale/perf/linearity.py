@@ -6,6 +6,7 @@ Throughput of a run = its tokens over its time in the steps after warm-up (minds
 at N = (throughput_N / N) / (throughput_base / base), which needs the same per-device batch at every N.
 The sweep is kept as `RESULT_FILE` in every run folder, where mindscale/perf/compare.py reads it.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,8 +35,10 @@ def sweep(run_dirs: list[str], threshold: float, warmup: int) -> dict:
         diff = config_differences(reference.config, run.config, SWEEP_KEYS)
         if diff:
             shown = ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
-            raise RunDataError(f"{run.path} differs from {reference.path} in {shown}; a linearity sweep "
-                               "may only change parallel.data_parallel (re-run with the same config)")
+            raise RunDataError(
+                f"{run.path} differs from {reference.path} in {shown}; a linearity sweep "
+                "may only change parallel.data_parallel (re-run with the same config)"
+            )
         if run.config.train.micro_batch_size != reference.config.train.micro_batch_size:
             raise RunDataError("runs differ in train.micro_batch_size; linearity needs the same per-device batch")
     by_devices: dict[int, object] = {}
@@ -49,23 +52,35 @@ def sweep(run_dirs: list[str], threshold: float, warmup: int) -> dict:
     for n in sorted(by_devices):
         run = by_devices[n]
         s = of_run(run, warmup)
-        points.append({"devices": n, "run": str(run.path), "tokens_per_s": s["tokens_per_s"],
-                       "tokens_per_s_per_device": s["tokens_per_s"] / n,
-                       "samples_per_s_per_device": s["samples_per_s_per_device"],
-                       "step_time_s": s["step_time_s"], "records_used": s["records_used"]})
+        points.append(
+            {
+                "devices": n,
+                "run": str(run.path),
+                "tokens_per_s": s["tokens_per_s"],
+                "tokens_per_s_per_device": s["tokens_per_s"] / n,
+                "samples_per_s_per_device": s["samples_per_s_per_device"],
+                "step_time_s": s["step_time_s"],
+                "records_used": s["records_used"],
+            }
+        )
     base = points[0]
     for p in points:
         p["linearity"] = p["tokens_per_s_per_device"] / base["tokens_per_s_per_device"]
         p["below_threshold"] = p["linearity"] < threshold
-    return {"base_devices": base["devices"], "threshold": threshold, "points": points,
-            "flagged": [p["devices"] for p in points if p["below_threshold"]],
-            "definition": "linearity_N = (tokens_per_s_N / N) / (tokens_per_s_base / base), "
-                          "same per-device batch, tokens over time of the steps after warm-up"}
+    return {
+        "base_devices": base["devices"],
+        "threshold": threshold,
+        "points": points,
+        "flagged": [p["devices"] for p in points if p["below_threshold"]],
+        "definition": "linearity_N = (tokens_per_s_N / N) / (tokens_per_s_base / base), "
+        "same per-device batch, tokens over time of the steps after warm-up",
+    }
 
 
 def plot(result: dict, path: Path) -> None:
     """Per-device throughput and linearity against device count, with the ideal lines, as a PNG."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -82,8 +97,15 @@ def plot(result: dict, path: Path) -> None:
     right.plot(n, lin, "o-", label="measured")
     right.axhline(1.0, color="gray", linestyle="--", label="ideal")
     right.axhline(result["threshold"], color="red", linestyle=":", label=f"threshold {result['threshold']:g}")
-    right.scatter([x for x, b in zip(n, bad) if b], [y for y, b in zip(lin, bad) if b], s=120,
-                  facecolors="none", edgecolors="red", zorder=3, label="below threshold")
+    right.scatter(
+        [x for x, b in zip(n, bad) if b],
+        [y for y, b in zip(lin, bad) if b],
+        s=120,
+        facecolors="none",
+        edgecolors="red",
+        zorder=3,
+        label="below threshold",
+    )
     for x, y in zip(n, lin):
         right.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
     right.set_ylabel("linearity")
@@ -103,13 +125,18 @@ def plot(result: dict, path: Path) -> None:
 
 def table(result: dict) -> str:
     """One line per device count, then the definition and the threshold's verdict."""
-    lines = [f"{'devices':>7} {'tokens/s':>11} {'tok/s/dev':>10} {'samples/s/dev':>13} {'step s':>8} "
-             f"{'linearity':>9}  run"]
+    lines = [
+        f"{'devices':>7} {'tokens/s':>11} {'tok/s/dev':>10} {'samples/s/dev':>13} {'step s':>8} {'linearity':>9}  run"
+    ]
     for p in result["points"]:
         flag = "  < threshold" if p["below_threshold"] else ""
-        lines.append(f"{p['devices']:>7} {p['tokens_per_s']:>11.1f} {p['tokens_per_s_per_device']:>10.1f} "
-                     f"{p['samples_per_s_per_device']:>13.3f} {p['step_time_s']:>8.4f} {p['linearity']:>9.3f}  "
-                     f"{p['run']}{flag}")
-    lines.append(f"{result['definition']}; threshold {result['threshold']:g}: "
-                 + (f"below at {result['flagged']} devices" if result["flagged"] else "all points meet it"))
+        lines.append(
+            f"{p['devices']:>7} {p['tokens_per_s']:>11.1f} {p['tokens_per_s_per_device']:>10.1f} "
+            f"{p['samples_per_s_per_device']:>13.3f} {p['step_time_s']:>8.4f} {p['linearity']:>9.3f}  "
+            f"{p['run']}{flag}"
+        )
+    lines.append(
+        f"{result['definition']}; threshold {result['threshold']:g}: "
+        + (f"below at {result['flagged']} devices" if result["flagged"] else "all points meet it")
+    )
     return "\n".join(lines)

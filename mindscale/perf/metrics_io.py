@@ -10,6 +10,7 @@ records that are dropped before measuring; records of profiled steps (profile.en
 left out too, since the profiler slows them down. What is measured over the records kept is
 mindscale/perf/mfu.py's `of_run` (docs/mfu.md: their tokens over their time).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,21 @@ import yaml
 
 from mindscale.config import Config, ConfigError, UserError, config_from_tree, parse_yaml
 
-REQUIRED_KEYS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "tokens_per_s_per_device",
-                 "samples_per_s_per_device", "tflops_per_device", "mfu", "hfu", "memory_gib", "devices")
+REQUIRED_KEYS = (
+    "step",
+    "loss",
+    "lr",
+    "grad_norm",
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_device",
+    "samples_per_s_per_device",
+    "tflops_per_device",
+    "mfu",
+    "hfu",
+    "memory_gib",
+    "devices",
+)
 DEFAULT_WARMUP = 1
 
 
@@ -40,7 +54,7 @@ class Metrics:
 class Run:
     path: Path
     config: Config
-    tree: dict       # config.yaml as written (for diffs between runs)
+    tree: dict  # config.yaml as written (for diffs between runs)
     metrics: Metrics
 
     @property
@@ -73,13 +87,13 @@ def read_metrics(path: str | Path) -> Metrics:
             raise RunDataError(f"{path} line {number} is not a JSON object; the file is corrupt")
         missing = [key for key in REQUIRED_KEYS if key not in record]
         if missing:
-            raise RunDataError(f"{path} line {number} lacks {', '.join(missing)}; "
-                               "it was not written by MindScale's trainer")
+            raise RunDataError(
+                f"{path} line {number} lacks {', '.join(missing)}; it was not written by MindScale's trainer"
+            )
         records.append(record)
     if not records:
         what = "only a truncated line" if truncated else "no records"
-        raise RunDataError(f"{path} has {what}; let the run log at least one step "
-                           "(train.log_interval) and try again")
+        raise RunDataError(f"{path} has {what}; let the run log at least one step (train.log_interval) and try again")
     return Metrics(records, truncated)
 
 
@@ -105,8 +119,11 @@ def load_run(path: str | Path) -> Run:
 
 def warn_if_truncated(run: Run) -> None:
     if run.metrics.truncated:
-        print(f"warning: {run.path / 'metrics.jsonl'} ends in a truncated line (run still writing or killed); "
-              "using the complete lines", file=sys.stderr)
+        print(
+            f"warning: {run.path / 'metrics.jsonl'} ends in a truncated line (run still writing or killed); "
+            "using the complete lines",
+            file=sys.stderr,
+        )
 
 
 def segments(records: list[dict]) -> list[list[dict]]:
@@ -117,7 +134,8 @@ def segments(records: list[dict]) -> list[list[dict]]:
         previous = out[-1][-1] if out else None
         restarted = previous is not None and (
             record["step"] <= previous["step"]
-            or record.get("elapsed_s", float("inf")) < previous.get("elapsed_s", float("-inf")))
+            or record.get("elapsed_s", float("inf")) < previous.get("elapsed_s", float("-inf"))
+        )
         if previous is None or restarted:
             for segment in out:
                 segment[:] = [r for r in segment if r["step"] < record["step"]]
@@ -147,8 +165,9 @@ def profile_window(cfg: Config) -> tuple[int, int] | None:
     return (p.start_step + 1, p.stop_step) if p.enable else None
 
 
-def steady_records(records: list[dict], warmup: int = DEFAULT_WARMUP,
-                   skip_window: tuple[int, int] | None = None) -> tuple[list[dict], bool]:
+def steady_records(
+    records: list[dict], warmup: int = DEFAULT_WARMUP, skip_window: tuple[int, int] | None = None
+) -> tuple[list[dict], bool]:
     """Records after the first `warmup` of every segment, without those overlapping `skip_window`
     (the profiled steps) unless nothing else is left. When that leaves nothing, the last record
     is used and the second value is False (no steady-state measurement)."""
@@ -171,8 +190,12 @@ def per_step_mean(records: list[dict], key: str) -> float:
 def spread(records: list[dict], key: str, center: float) -> dict:
     """Min and max of `key` over the records, and (max - min) / `center`, for reports."""
     values = [float(r[key]) for r in records]
-    return {"min": min(values), "max": max(values),
-            "rel_spread": (max(values) - min(values)) / center if center else 0.0, "n": len(values)}
+    return {
+        "min": min(values),
+        "max": max(values),
+        "rel_spread": (max(values) - min(values)) / center if center else 0.0,
+        "n": len(values),
+    }
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -195,6 +218,10 @@ def config_differences(a: Config, b: Config, ignore: tuple[str, ...] = ()) -> li
 
 
 def add_warmup_argument(parser) -> None:
-    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, metavar="N",
-                        help="logged records dropped at the start of each training process "
-                             f"(compile step); default {DEFAULT_WARMUP}")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=DEFAULT_WARMUP,
+        metavar="N",
+        help=f"logged records dropped at the start of each training process (compile step); default {DEFAULT_WARMUP}",
+    )

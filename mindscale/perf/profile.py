@@ -24,6 +24,7 @@ known, the run's config (the config.yaml of the run folder holding profile/, or 
 already set the way a knob says, or a parallel style that device or layout does not have, is not
 advised.
 """
+
 from __future__ import annotations
 
 import collections
@@ -38,20 +39,37 @@ from typing import Callable
 from mindscale.config import Config, ConfigError, Layout, UserError, load_config
 
 # Diagnosis thresholds, as shares of the step time.
-COMPUTE_BOUND_BELOW = 0.30      # compute < 30% of the step: likely communication-bound
-COMM_EXPOSED_ABOVE = 0.20       # communication not overlapped by computation
-FREE_ABOVE = 0.15               # device idle: host-bound, data pipeline, no sink
-BUBBLE_ABOVE = 0.10             # pipeline bubble (Ascend step_trace_time "Bubble")
-WAIT_RATIO_ABOVE = 0.5          # collectives mostly waiting for other ranks
-LAYOUT_OPS_ABOVE = 0.20         # slicing/transposes/casts share of op time (CPU rule)
-OPTIMIZER_OPS_ABOVE = 0.20      # optimizer update share of op time
+COMPUTE_BOUND_BELOW = 0.30  # compute < 30% of the step: likely communication-bound
+COMM_EXPOSED_ABOVE = 0.20  # communication not overlapped by computation
+FREE_ABOVE = 0.15  # device idle: host-bound, data pipeline, no sink
+BUBBLE_ABOVE = 0.10  # pipeline bubble (Ascend step_trace_time "Bubble")
+WAIT_RATIO_ABOVE = 0.5  # collectives mostly waiting for other ranks
+LAYOUT_OPS_ABOVE = 0.20  # slicing/transposes/casts share of op time (CPU rule)
+OPTIMIZER_OPS_ABOVE = 0.20  # optimizer update share of op time
 
 # "broadcast" the collective, not BroadcastTo (an elementwise copy)
-COMM_PATTERN = re.compile(r"allreduce|allgather|reducescatter|broadcast(?!to)|alltoall|send|receive|recv|hcom_|hccl",
-                          re.IGNORECASE)
-LAYOUT_OPS = {"StridedSlice", "StridedSliceGrad", "Slice", "SliceGrad", "Transpose", "Cast", "Concat", "Split",
-              "Gather", "GatherD", "BroadcastTo", "Tile", "OneHot", "ScatterNd", "TensorScatterUpdate",
-              "ExpandDims", "TransData"}
+COMM_PATTERN = re.compile(
+    r"allreduce|allgather|reducescatter|broadcast(?!to)|alltoall|send|receive|recv|hcom_|hccl", re.IGNORECASE
+)
+LAYOUT_OPS = {
+    "StridedSlice",
+    "StridedSliceGrad",
+    "Slice",
+    "SliceGrad",
+    "Transpose",
+    "Cast",
+    "Concat",
+    "Split",
+    "Gather",
+    "GatherD",
+    "BroadcastTo",
+    "Tile",
+    "OneHot",
+    "ScatterNd",
+    "TensorScatterUpdate",
+    "ExpandDims",
+    "TransData",
+}
 OPTIMIZER_PATTERN = re.compile(r"adam|lamb|momentum|assign|applyrms", re.IGNORECASE)
 
 
@@ -62,6 +80,7 @@ class ProfileError(UserError):
 @dataclass
 class Split:
     """Mean time per step, milliseconds."""
+
     step_ms: float
     computing_ms: float
     communication_not_overlapped_ms: float
@@ -87,10 +106,10 @@ class Report:
     communication: list[dict]
     diagnosis: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    rank: int | None = None          # the rank whose files these are; None: the profile does not say
-    ranks: list[int] = field(default_factory=list)    # every rank profiled under the root
-    per_rank: list[dict] | None = None                # every rank's split, when asked for (`all_ranks`)
-    config: str | None = None        # the config the advice was filtered by
+    rank: int | None = None  # the rank whose files these are; None: the profile does not say
+    ranks: list[int] = field(default_factory=list)  # every rank profiled under the root
+    per_rank: list[dict] | None = None  # every rank's split, when asked for (`all_ranks`)
+    config: str | None = None  # the config the advice was filtered by
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -105,6 +124,7 @@ class Report:
 @dataclass(frozen=True)
 class Folder:
     """One rank's profile: the folder mindspore.profiler wrote (`*_ascend_ms`) and the rank it names."""
+
     layout: str
     path: Path
     rank: int | None
@@ -114,8 +134,10 @@ class Folder:
         return f"rank {self.rank}" if self.rank is not None else "rank unknown"
 
 
-RANK_FILES = {"cpu": ("FRAMEWORK", re.compile(r"cpu_op_type_info_(\d+)\.csv")),
-              "ascend": (".", re.compile(r"profiler_info_(\d+)\.json"))}
+RANK_FILES = {
+    "cpu": ("FRAMEWORK", re.compile(r"cpu_op_type_info_(\d+)\.csv")),
+    "ascend": (".", re.compile(r"profiler_info_(\d+)\.json")),
+}
 
 
 def rank_of(layout: str, folder: Path) -> int | None:
@@ -137,16 +159,22 @@ def find_profiles(root: Path) -> list[Folder]:
         if info.parent.name == "FRAMEWORK":
             found.setdefault(info.parent.parent, "cpu")
     if not found:
-        raise ProfileError(f"{root} holds no profile: expected ASCEND_PROFILER_OUTPUT/step_trace_time.csv (Ascend) "
-                           "or FRAMEWORK/cpu_op_type_info_*.csv (CPU); pass the folder mindspore.profiler wrote")
-    folders = sorted((Folder(layout, path, rank_of(layout, path)) for path, layout in found.items()),
-                     key=lambda f: (f.rank is None, f.rank or 0, str(f.path)))
+        raise ProfileError(
+            f"{root} holds no profile: expected ASCEND_PROFILER_OUTPUT/step_trace_time.csv (Ascend) "
+            "or FRAMEWORK/cpu_op_type_info_*.csv (CPU); pass the folder mindspore.profiler wrote"
+        )
+    folders = sorted(
+        (Folder(layout, path, rank_of(layout, path)) for path, layout in found.items()),
+        key=lambda f: (f.rank is None, f.rank or 0, str(f.path)),
+    )
     known = [f.rank for f in folders if f.rank is not None]
     twice = sorted({r for r in known if known.count(r) > 1})
     if twice:
         shown = ", ".join(f.path.name for f in folders if f.rank == twice[0])
-        raise ProfileError(f"{root} holds {known.count(twice[0])} profiles of rank {twice[0]} ({shown}): several runs "
-                           "profiled into one folder; pass the folder of one run's profile")
+        raise ProfileError(
+            f"{root} holds {known.count(twice[0])} profiles of rank {twice[0]} ({shown}): several runs "
+            "profiled into one folder; pass the folder of one run's profile"
+        )
     return folders
 
 
@@ -188,13 +216,22 @@ def is_communication(op_type: str) -> bool:
     return bool(COMM_PATTERN.search(op_type))
 
 
-def rank_ops(totals_ms: dict[str, float], calls: dict[str, float], steps: int, top: int,
-             comm_types: set[str]) -> list[dict]:
+def rank_ops(
+    totals_ms: dict[str, float], calls: dict[str, float], steps: int, top: int, comm_types: set[str]
+) -> list[dict]:
     """The `top` op types by total time, with time per step and share of all op time."""
     grand = sum(totals_ms.values()) or 1.0
     ranked = sorted(totals_ms.items(), key=lambda kv: -kv[1])[:top]
-    return [{"type": t, "ms_per_step": ms / steps, "share": ms / grand, "calls_per_step": calls[t] / steps,
-             "communication": t in comm_types} for t, ms in ranked]
+    return [
+        {
+            "type": t,
+            "ms_per_step": ms / steps,
+            "share": ms / grand,
+            "calls_per_step": calls[t] / steps,
+            "communication": t in comm_types,
+        }
+        for t, ms in ranked
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -250,10 +287,16 @@ def cpu_ops_from_trace(path: Path) -> list[tuple[str, float, float]]:
     except json.JSONDecodeError:
         raise ProfileError(f"{path} is not JSON; the profile was cut off, profile again")
     events = data.get("traceEvents", []) if isinstance(data, dict) else data
-    cpu_pids = {e.get("pid") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-                and (e.get("args") or {}).get("name") == "CPU OP"}
-    ops = [(e["name"], number(e["ts"], path), number(e["dur"], path)) for e in events
-           if e.get("ph") == "X" and e.get("pid") in cpu_pids]
+    cpu_pids = {
+        e.get("pid")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name" and (e.get("args") or {}).get("name") == "CPU OP"
+    }
+    ops = [
+        (e["name"], number(e["ts"], path), number(e["dur"], path))
+        for e in events
+        if e.get("ph") == "X" and e.get("pid") in cpu_pids
+    ]
     if not ops:
         raise ProfileError(f"{path} has no 'CPU OP' events; profile with ProfilerActivity.CPU")
     return [(name, ts, ts + dur) for name, ts, dur in ops]
@@ -276,14 +319,17 @@ def cpu_split(ops: list[tuple[str, float, float]], steps: int, notes: list[str])
     starts = step_starts(ops, steps)
     if len(starts) >= 2:
         windows = list(zip(starts, starts[1:]))
-        notes.append(f"{len(windows)} complete step windows between {steps} step starts (the last step's end "
-                     "is not marked, so it is left out)")
+        notes.append(
+            f"{len(windows)} complete step windows between {steps} step starts (the last step's end "
+            "is not marked, so it is left out)"
+        )
     else:
         first, last = min(s for _, s, _ in ops), max(e for _, _, e in ops)
-        windows = [(first + k * (last - first) / steps, first + (k + 1) * (last - first) / steps)
-                   for k in range(steps)]
-        notes.append("no op repeats once per step: the span from the first to the last op is divided evenly "
-                     f"into {steps} step(s); idle time after the last op is not seen")
+        windows = [(first + k * (last - first) / steps, first + (k + 1) * (last - first) / steps) for k in range(steps)]
+        notes.append(
+            "no op repeats once per step: the span from the first to the last op is divided evenly "
+            f"into {steps} step(s); idle time after the last op is not seen"
+        )
     per_step = []
     for start, end in windows:
         c, m = clip(compute, start, end), clip(comm, start, end)
@@ -292,8 +338,14 @@ def cpu_split(ops: list[tuple[str, float, float]], steps: int, notes: list[str])
         per_step.append((end - start, busy_compute, exposed, length(m)))
     mean = [statistics.mean(values) / 1000 for values in zip(*per_step)]
     step_ms, compute_ms, exposed_ms, comm_ms = mean
-    return Split(step_ms, compute_ms, exposed_ms, max(0.0, step_ms - compute_ms - exposed_ms),
-                 communication_ms=comm_ms, steps_analysed=len(windows))
+    return Split(
+        step_ms,
+        compute_ms,
+        exposed_ms,
+        max(0.0, step_ms - compute_ms - exposed_ms),
+        communication_ms=comm_ms,
+        steps_analysed=len(windows),
+    )
 
 
 def cpu_report(folder: Path, steps_arg: int | None, top: int) -> Report:
@@ -309,11 +361,18 @@ def cpu_report(folder: Path, steps_arg: int | None, top: int) -> Report:
             totals[r["op_type"]] += number(r["total_compute_time"], info)
             calls[r["op_type"]] += number(r["type_occurrences"], info)
     comm_types = sorted({op_type_of(n) for n in counts if is_communication(op_type_of(n))})
-    communication = [{"type": t, "calls_per_step": sum(c for n, c in counts.items() if op_type_of(n) == t) / steps,
-                      "ms_per_step": totals.get(t, 0.0) / steps} for t in comm_types]
+    communication = [
+        {
+            "type": t,
+            "calls_per_step": sum(c for n, c in counts.items() if op_type_of(n) == t) / steps,
+            "ms_per_step": totals.get(t, 0.0) / steps,
+        }
+        for t in comm_types
+    ]
     comm = {t for t in totals if is_communication(t)}
-    return Report("cpu", str(folder), steps, split, rank_ops(totals, calls, steps, top, comm), communication,
-                  notes=notes)
+    return Report(
+        "cpu", str(folder), steps, split, rank_ops(totals, calls, steps, top, comm), communication, notes=notes
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,9 +399,15 @@ def ascend_split(path: Path, steps_arg: int | None, notes: list[str]) -> tuple[S
         raise ProfileError(f"{path} has empty {', '.join(STEP_COLUMNS[1:])} values; the profile is incomplete")
     compute, exposed, free = (p / divide for p in parts)
     comm, bubble = mean("Communication"), mean("Bubble")
-    split = Split(compute + exposed + free, compute, exposed, free,
-                  communication_ms=comm / divide if comm is not None else None,
-                  bubble_ms=bubble / divide if bubble is not None else None, steps_analysed=len(rows))
+    split = Split(
+        compute + exposed + free,
+        compute,
+        exposed,
+        free,
+        communication_ms=comm / divide if comm is not None else None,
+        bubble_ms=bubble / divide if bubble is not None else None,
+        steps_analysed=len(rows),
+    )
     return split, len(rows) * divide
 
 
@@ -381,18 +446,29 @@ def ascend_communication(path: Path) -> list[dict]:
                 match = COMM_PATTERN.search(name.split("@")[0].replace("_", ""))
                 kind = match.group(0).lower() if match else name
                 t = info["Communication Time Info"]
-                k = kinds.setdefault(kind, {"type": kind, "calls": 0, "elapse_ms": 0.0, "transit_ms": 0.0,
-                                            "wait_ms": 0.0})
+                k = kinds.setdefault(
+                    kind, {"type": kind, "calls": 0, "elapse_ms": 0.0, "transit_ms": 0.0, "wait_ms": 0.0}
+                )
                 k["calls"] += 1
-                for key, col in (("elapse_ms", "Elapse Time(ms)"), ("transit_ms", "Transit Time(ms)"),
-                                 ("wait_ms", "Wait Time(ms)")):
+                for key, col in (
+                    ("elapse_ms", "Elapse Time(ms)"),
+                    ("transit_ms", "Transit Time(ms)"),
+                    ("wait_ms", "Wait Time(ms)"),
+                ):
                     k[key] += number(t.get(col, 0.0), path)
     steps = len(data)
     out = []
     for k in sorted(kinds.values(), key=lambda k: -k["elapse_ms"]):
-        out.append({"type": k["type"], "calls_per_step": k["calls"] / steps, "ms_per_step": k["elapse_ms"] / steps,
-                    "transit_ms_per_step": k["transit_ms"] / steps, "wait_ms_per_step": k["wait_ms"] / steps,
-                    "wait_ratio": k["wait_ms"] / k["elapse_ms"] if k["elapse_ms"] else 0.0})
+        out.append(
+            {
+                "type": k["type"],
+                "calls_per_step": k["calls"] / steps,
+                "ms_per_step": k["elapse_ms"] / steps,
+                "transit_ms_per_step": k["transit_ms"] / steps,
+                "wait_ms_per_step": k["wait_ms"] / steps,
+                "wait_ratio": k["wait_ms"] / k["elapse_ms"] if k["elapse_ms"] else 0.0,
+            }
+        )
     return out
 
 
@@ -403,8 +479,9 @@ def ascend_report(folder: Path, steps_arg: int | None, top: int) -> Report:
     kernels = ascend_kernels(out / "kernel_details.csv", steps, top)
     if not kernels:
         notes.append("no kernel_details.csv: top operators unavailable (profile with ProfilerActivity.NPU)")
-    return Report("ascend", str(folder), steps, split, kernels, ascend_communication(out / "communication.json"),
-                  notes=notes)
+    return Report(
+        "ascend", str(folder), steps, split, kernels, ascend_communication(out / "communication.json"), notes=notes
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -419,6 +496,7 @@ SHARDED_DEVICES = ("Ascend", "GPU")  # MindSpore has no semi-auto parallel on CP
 class Knob:
     """A change to try, named only where it applies: on `devices` (None: any) and where `applies(cfg)` holds
     for the run's config (None: any config). Without a config, only the device decides."""
+
     text: str
     devices: tuple[str, ...] | None = None
     applies: Callable[[Config], bool] | None = None
@@ -446,54 +524,89 @@ def _flash_left_out(cfg: Config) -> bool:
 
 
 LARGER_BATCH = Knob("train.micro_batch_size: larger (more compute per collective)")
-MORE_ACCUMULATION = Knob("parallel.gradient_accumulation_steps: larger (one gradient all-reduce per several "
-                         "micro steps)", applies=_data_parallel)
+MORE_ACCUMULATION = Knob(
+    "parallel.gradient_accumulation_steps: larger (one gradient all-reduce per several micro steps)",
+    applies=_data_parallel,
+)
 BALANCE_STAGES = Knob("parallel.stage_offset: balance layers between pipeline stages", applies=_pipeline)
-MORE_MICRO_BATCHES = Knob("parallel.micro_batch_num: larger (bubble ~ (p-1)/(m+p-1), shorter waits at stage "
-                          "boundaries)", applies=_pipeline)
-SHARD_OPTIMIZER = Knob("parallel.optimizer_shard: true (each data-parallel rank updates a shard, and holds less "
-                       "for a larger batch)", SHARDED_DEVICES,
-                       lambda c: _data_parallel(c) and not c.parallel.optimizer_shard)
+MORE_MICRO_BATCHES = Knob(
+    "parallel.micro_batch_num: larger (bubble ~ (p-1)/(m+p-1), shorter waits at stage boundaries)", applies=_pipeline
+)
+SHARD_OPTIMIZER = Knob(
+    "parallel.optimizer_shard: true (each data-parallel rank updates a shard, and holds less for a larger batch)",
+    SHARDED_DEVICES,
+    lambda c: _data_parallel(c) and not c.parallel.optimizer_shard,
+)
 
 # finding -> the knobs it names (diagnose decides which findings fire)
 KNOBS = {
     "communication-bound": [
         LARGER_BATCH,
-        Knob("parallel.model_parallel: smaller, with parallel.data_parallel larger (fewer per-layer collectives)",
-             SHARDED_DEVICES, _tensor_parallel),
+        Knob(
+            "parallel.model_parallel: smaller, with parallel.data_parallel larger (fewer per-layer collectives)",
+            SHARDED_DEVICES,
+            _tensor_parallel,
+        ),
         MORE_ACCUMULATION,
-        Knob("parallel.pipeline_stage: >1 across nodes instead of model_parallel over slow links", SHARDED_DEVICES,
-             _tensor_parallel),
-        Knob("communication fusion / overlap: no config key yet (set_auto_parallel_context comm_fusion)",
-             applies=lambda c: c.devices > 1)],
+        Knob(
+            "parallel.pipeline_stage: >1 across nodes instead of model_parallel over slow links",
+            SHARDED_DEVICES,
+            _tensor_parallel,
+        ),
+        Knob(
+            "communication fusion / overlap: no config key yet (set_auto_parallel_context comm_fusion)",
+            applies=lambda c: c.devices > 1,
+        ),
+    ],
     "exposed communication": [
-        Knob("parallel.sequence_parallel: true (with model_parallel > 1) turns all-reduces into "
-             "reduce-scatter/all-gather pairs", SHARDED_DEVICES,
-             lambda c: _tensor_parallel(c) and not c.parallel.sequence_parallel),
-        Knob("parallel.optimizer_shard: false removes the weight all-gathers (more memory per rank)",
-             SHARDED_DEVICES, lambda c: c.parallel.optimizer_shard),
+        Knob(
+            "parallel.sequence_parallel: true (with model_parallel > 1) turns all-reduces into "
+            "reduce-scatter/all-gather pairs",
+            SHARDED_DEVICES,
+            lambda c: _tensor_parallel(c) and not c.parallel.sequence_parallel,
+        ),
+        Knob(
+            "parallel.optimizer_shard: false removes the weight all-gathers (more memory per rank)",
+            SHARDED_DEVICES,
+            lambda c: c.parallel.optimizer_shard,
+        ),
         MORE_ACCUMULATION,
-        Knob("recompute.comm: false (do not repeat tensor-parallel communication in the backward)", SHARDED_DEVICES,
-             lambda c: c.recompute.comm)],
+        Knob(
+            "recompute.comm: false (do not repeat tensor-parallel communication in the backward)",
+            SHARDED_DEVICES,
+            lambda c: c.recompute.comm,
+        ),
+    ],
     "idle": [
         Knob("run.mode: graph (pynative launches op by op)", applies=lambda c: c.run.mode != "graph"),
         Knob("context.jit_level: O2 (whole-graph sink)", ("Ascend",), lambda c: c.context.get("jit_level") != "O2"),
         Knob("tools/report.py's Data section: the time each step waited for its batch (metrics.jsonl's data_wait_s)"),
         Knob("dataset sink mode and data workers: no config key yet"),
-        Knob("train.micro_batch_size: larger (more device work per host step)")],
+        Knob("train.micro_batch_size: larger (more device work per host step)"),
+    ],
     "bubble": [MORE_MICRO_BATCHES, BALANCE_STAGES],
-    "waiting": [BALANCE_STAGES, MORE_MICRO_BATCHES,
-                Knob("tools/profile_report.py --all-ranks: compare the ranks' splits for a slow device or host")],
+    "waiting": [
+        BALANCE_STAGES,
+        MORE_MICRO_BATCHES,
+        Knob("tools/profile_report.py --all-ranks: compare the ranks' splits for a slow device or host"),
+    ],
     "data movement": [
-        Knob("context.enable_graph_kernel: true (fuses elementwise chains; CPU needs the decorator package)",
-             applies=lambda c: not c.context.get("enable_graph_kernel")),
-        Knob("model.compute_dtype: float32 on CPU (no Cast pairs around every MatMul)", ("CPU",),
-             lambda c: c.model.compute_dtype != "float32"),
-        Knob("model.attention: flash on Atlas A2 (no score transposes)", ("Ascend",), _flash_left_out)],
+        Knob(
+            "context.enable_graph_kernel: true (fuses elementwise chains; CPU needs the decorator package)",
+            applies=lambda c: not c.context.get("enable_graph_kernel"),
+        ),
+        Knob(
+            "model.compute_dtype: float32 on CPU (no Cast pairs around every MatMul)",
+            ("CPU",),
+            lambda c: c.model.compute_dtype != "float32",
+        ),
+        Knob("model.attention: flash on Atlas A2 (no score transposes)", ("Ascend",), _flash_left_out),
+    ],
     "optimizer": [
         Knob("train.micro_batch_size: larger (amortise the update over more tokens)"),
         Knob("parallel.gradient_accumulation_steps: larger (one update per several micro steps)"),
-        SHARD_OPTIMIZER],
+        SHARD_OPTIMIZER,
+    ],
     "compute-bound": [Knob("the top operators are the place to optimise; compare MFU with tools/mfu.py")],
 }
 
@@ -502,8 +615,9 @@ def diagnose(report: Report, cfg: Config | None = None) -> list[dict]:
     """The thresholds above as findings, each with the evidence and the knobs to try on this run's device
     (the profile's layout) and config (`cfg`; None: not filtered by a config)."""
     s = report.split
-    compute, exposed, free, bubble = (s.share(v) for v in (s.computing_ms, s.communication_not_overlapped_ms,
-                                                           s.free_ms, s.bubble_ms))
+    compute, exposed, free, bubble = (
+        s.share(v) for v in (s.computing_ms, s.communication_not_overlapped_ms, s.free_ms, s.bubble_ms)
+    )
     device = DEVICES[report.layout]
     findings = []
 
@@ -512,31 +626,48 @@ def diagnose(report: Report, cfg: Config | None = None) -> list[dict]:
         findings.append({"finding": finding, "evidence": evidence, "knobs": knobs})
 
     if compute < COMPUTE_BOUND_BELOW and exposed >= free:
-        add("likely communication-bound", f"computation is {compute:.0%} of the step (< {COMPUTE_BOUND_BELOW:.0%}), "
-            f"exposed communication {exposed:.0%}", "communication-bound")
+        add(
+            "likely communication-bound",
+            f"computation is {compute:.0%} of the step (< {COMPUTE_BOUND_BELOW:.0%}), "
+            f"exposed communication {exposed:.0%}",
+            "communication-bound",
+        )
     if exposed > COMM_EXPOSED_ABOVE:
-        add("communication not overlapped is large", f"{exposed:.0%} of the step waits on communication",
-            "exposed communication")
+        add(
+            "communication not overlapped is large",
+            f"{exposed:.0%} of the step waits on communication",
+            "exposed communication",
+        )
     if free > FREE_ABOVE:
-        add("device idle (free) time is long: host-bound, data pipeline or no sink mode",
-            f"{free:.0%} of the step neither computes nor communicates", "idle")
+        add(
+            "device idle (free) time is long: host-bound, data pipeline or no sink mode",
+            f"{free:.0%} of the step neither computes nor communicates",
+            "idle",
+        )
     if bubble is not None and bubble > BUBBLE_ABOVE:
         add("pipeline bubble is large", f"bubble is {bubble:.0%} of the step", "bubble")
     waiting = [c for c in report.communication if c.get("wait_ratio", 0) > WAIT_RATIO_ABOVE]
     if waiting:
         names = ", ".join(f"{c['type']} {c['wait_ratio']:.0%}" for c in waiting)
-        add("collectives mostly wait for other ranks (load imbalance or a slow rank)", f"wait share: {names}",
-            "waiting")
+        add(
+            "collectives mostly wait for other ranks (load imbalance or a slow rank)", f"wait share: {names}", "waiting"
+        )
     ops = [o for o in report.top_ops if not o["communication"]]
     layout = sum(o["share"] for o in ops if o["type"] in LAYOUT_OPS)
     if layout > LAYOUT_OPS_ABOVE:
         shown = ", ".join(f"{o['type']} {o['share']:.0%}" for o in ops if o["type"] in LAYOUT_OPS)
-        add("data-movement ops (slices, transposes, casts) take much of the op time: change the model graph",
-            f"{layout:.0%} of op time: {shown}", "data movement")
+        add(
+            "data-movement ops (slices, transposes, casts) take much of the op time: change the model graph",
+            f"{layout:.0%} of op time: {shown}",
+            "data movement",
+        )
     optimizer = sum(o["share"] for o in ops if OPTIMIZER_PATTERN.search(o["type"]))
     if optimizer > OPTIMIZER_OPS_ABOVE:
-        add("the optimizer update is a large part of the step", f"{optimizer:.0%} of op time in optimizer ops",
-            "optimizer")
+        add(
+            "the optimizer update is a large part of the step",
+            f"{optimizer:.0%} of op time in optimizer ops",
+            "optimizer",
+        )
     if not findings:
         add("compute-bound: no rule fired", f"computation is {compute:.0%} of the step", "compute-bound")
     return findings
@@ -565,13 +696,26 @@ def report_of(folder: Folder, steps: int | None, top: int) -> Report:
 def rank_split(report: Report) -> dict:
     """One rank's split per step and its shares, for the --all-ranks table."""
     s = report.split
-    return {"rank": report.rank, "path": report.path, "steps_analysed": s.steps_analysed, "step_ms": s.step_ms,
-            **{key: getattr(s, key) for key in SHARE_KEYS},
-            "shares": {key: s.share(getattr(s, key)) for key in SHARE_KEYS}}
+    return {
+        "rank": report.rank,
+        "path": report.path,
+        "steps_analysed": s.steps_analysed,
+        "step_ms": s.step_ms,
+        **{key: getattr(s, key) for key in SHARE_KEYS},
+        "shares": {key: s.share(getattr(s, key)) for key in SHARE_KEYS},
+    }
 
 
-def analyse(root: Path, steps: int | None = None, top: int = 15, rank: int | None = None, all_ranks: bool = False,
-            cfg: Config | None = None, config_source: str | None = None, overrides: list[str] = ()) -> Report:
+def analyse(
+    root: Path,
+    steps: int | None = None,
+    top: int = 15,
+    rank: int | None = None,
+    all_ranks: bool = False,
+    cfg: Config | None = None,
+    config_source: str | None = None,
+    overrides: list[str] = (),
+) -> Report:
     """The report of one rank's profile under `root` (`rank`, default the lowest), with every rank's split
     when `all_ranks`; its advice filtered by `cfg` (default: the run folder's config.yaml with `overrides`)."""
     if steps is not None and steps < 1:
@@ -584,18 +728,22 @@ def analyse(root: Path, steps: int | None = None, top: int = 15, rank: int | Non
     if all_ranks:
         report.per_rank = [rank_split(report if f is chosen else report_of(f, steps, top)) for f in folders]
     elif others:
-        report.notes.append(f"{len(others)} more rank(s) profiled under {root}: "
-                            + ", ".join(f"{f.rank_name} ({f.path.name})" for f in others)
-                            + "; --rank R reads one, --all-ranks shows every rank's split")
+        report.notes.append(
+            f"{len(others)} more rank(s) profiled under {root}: "
+            + ", ".join(f"{f.rank_name} ({f.path.name})" for f in others)
+            + "; --rank R reads one, --all-ranks shows every rank's split"
+        )
     if cfg is None:
         cfg, path = run_config(chosen.path, list(overrides))
         config_source = str(path) if path else None
     report.config = config_source
     device = DEVICES[report.layout]
-    report.notes.append(f"advice for a {device} run, filtered by {config_source or 'the config given'}"
-                        if cfg is not None else
-                        f"advice for a {device} run; no run config found beside the profile (not inside "
-                        "<run>/profile/): pass --config to leave out the keys already set")
+    report.notes.append(
+        f"advice for a {device} run, filtered by {config_source or 'the config given'}"
+        if cfg is not None
+        else f"advice for a {device} run; no run config found beside the profile (not inside "
+        "<run>/profile/): pass --config to leave out the keys already set"
+    )
     report.diagnosis = diagnose(report, cfg)
     return report
 
@@ -608,8 +756,10 @@ def rank_text(report: Report) -> str:
 
 
 def per_rank_lines(per_rank: list[dict]) -> list[str]:
-    lines = ["every rank, ms per step (share of its step):",
-             f"  {'rank':>7} {'step':>10} {'computation':>18} {'comm not overlapped':>20} {'free (idle)':>18}"]
+    lines = [
+        "every rank, ms per step (share of its step):",
+        f"  {'rank':>7} {'step':>10} {'computation':>18} {'comm not overlapped':>20} {'free (idle)':>18}",
+    ]
     for r in per_rank:
         parts = [f"{r[key]:>10.3f} {r['shares'][key]:>6.1%}" for key in SHARE_KEYS[:3]]
         rank = str(r["rank"]) if r["rank"] is not None else "?"
@@ -619,12 +769,16 @@ def per_rank_lines(per_rank: list[dict]) -> list[str]:
 
 def text(report: Report) -> str:
     s = report.split
-    lines = [f"profile: {report.path} ({rank_text(report)}; {report.layout} layout, {report.steps} step(s) "
-             f"profiled, {s.steps_analysed} analysed)",
-             f"time per step: {s.step_ms:.3f} ms"]
-    for label, value in (("computation", s.computing_ms), ("communication not overlapped",
-                                                           s.communication_not_overlapped_ms),
-                         ("free (idle)", s.free_ms)):
+    lines = [
+        f"profile: {report.path} ({rank_text(report)}; {report.layout} layout, {report.steps} step(s) "
+        f"profiled, {s.steps_analysed} analysed)",
+        f"time per step: {s.step_ms:.3f} ms",
+    ]
+    for label, value in (
+        ("computation", s.computing_ms),
+        ("communication not overlapped", s.communication_not_overlapped_ms),
+        ("free (idle)", s.free_ms),
+    ):
         lines.append(f"  {label:<30} {value:>10.3f} ms {s.share(value):>6.1%}")
     if s.communication_ms is not None:
         lines.append(f"  {'(communication in total)':<30} {s.communication_ms:>10.3f} ms")
@@ -634,12 +788,16 @@ def text(report: Report) -> str:
     lines.append(f"  {'type':<36} {'ms/step':>10} {'share':>7} {'calls/step':>10}")
     for o in report.top_ops:
         mark = "  [comm]" if o["communication"] else ""
-        lines.append(f"  {o['type']:<36} {o['ms_per_step']:>10.3f} {o['share']:>7.1%} {o['calls_per_step']:>10.1f}{mark}")
+        lines.append(
+            f"  {o['type']:<36} {o['ms_per_step']:>10.3f} {o['share']:>7.1%} {o['calls_per_step']:>10.1f}{mark}"
+        )
     if report.communication:
         lines.append("communication:")
         for c in report.communication:
             extra = f", wait {c['wait_ratio']:.0%}" if "wait_ratio" in c else ""
-            lines.append(f"  {c['type']:<20} {c['calls_per_step']:.1f} calls/step, {c['ms_per_step']:.3f} ms/step{extra}")
+            lines.append(
+                f"  {c['type']:<20} {c['calls_per_step']:.1f} calls/step, {c['ms_per_step']:.3f} ms/step{extra}"
+            )
     if report.per_rank:
         lines += per_rank_lines(report.per_rank)
     lines.append(f"diagnosis (rank {report.rank}):" if report.rank is not None else "diagnosis:")

@@ -12,6 +12,7 @@ trained with. A text prompt is wrapped in finetune.template when set (the SFT fo
 trained on), else encoded after BOS. Generation stops at the EOS id (the tokenizer's, config.json's
 eos_token_id, or data.eos_id) or after the requested number of tokens.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,14 @@ from mindscale.io import CheckpointError
 from mindscale.train.checkpoints.folder import CONFIG
 from mindscale.train.data import tokenizers
 from mindscale.train.loop.runtime import resolve_device
-from models.hf_convert import (GENERATION_CONFIG, TOKEN_ID_KEYS, TOKENIZER_FILES, carried_from_source, is_hf_folder,
-                               read_hf_config)
+from models.hf_convert import (
+    GENERATION_CONFIG,
+    TOKEN_ID_KEYS,
+    TOKENIZER_FILES,
+    carried_from_source,
+    is_hf_folder,
+    read_hf_config,
+)
 from models.weights import WeightsMismatch, resolve_model_dims, weight_problems
 
 
@@ -48,8 +55,10 @@ def inference_config(checkpoint: str | Path, config: str | None, overrides=()) -
         for assignment in overrides:
             apply_override(tree, assignment)
         return config_from_tree(tree)
-    raise ConfigError(f"{checkpoint} has no {CONFIG} beside its weights (a step folder keeps the config it was "
-                      "trained with); pass --config with that config")
+    raise ConfigError(
+        f"{checkpoint} has no {CONFIG} beside its weights (a step folder keeps the config it was "
+        "trained with); pass --config with that config"
+    )
 
 
 def inference_weights(checkpoint: str | Path, cfg: Config, config: str | None = None) -> tuple[dict, Config]:
@@ -67,17 +76,21 @@ def inference_weights(checkpoint: str | Path, cfg: Config, config: str | None = 
     stored = trained_config(checkpoint)
     if config and stored is not None:
         differ = _model_differences(load_config(stored), cfg)
-        raise WeightsMismatch(f"{checkpoint} was trained with {stored}{differ}, not --config {config}: leave out "
-                              f"--config to use it (the tensors: {'; '.join(problems)})")
-    raise WeightsMismatch(f"{checkpoint} does not match the model config ({'; '.join(problems)}); use the config "
-                          "it was trained with")
+        raise WeightsMismatch(
+            f"{checkpoint} was trained with {stored}{differ}, not --config {config}: leave out "
+            f"--config to use it (the tensors: {'; '.join(problems)})"
+        )
+    raise WeightsMismatch(
+        f"{checkpoint} does not match the model config ({'; '.join(problems)}); use the config it was trained with"
+    )
 
 
 def _model_differences(trained: Config, given: Config) -> str:
     """` (model.hidden_size=64 (--config: 128), ...)`: the first model keys that differ, or ''."""
     ours, theirs = _flat(dataclasses.asdict(given.model)), _flat(dataclasses.asdict(trained.model))
-    differ = [f"model.{key}={theirs[key]!r} (--config: {ours.get(key)!r})"
-              for key in theirs if theirs[key] != ours.get(key)]
+    differ = [
+        f"model.{key}={theirs[key]!r} (--config: {ours.get(key)!r})" for key in theirs if theirs[key] != ours.get(key)
+    ]
     return f" ({', '.join(differ[:3])}{' ...' if len(differ) > 3 else ''})" if differ else ""
 
 
@@ -125,18 +138,29 @@ def prompt_ids(cfg: Config, tokenizer, prompt: str | None, ids_text: str | None)
             raise ConfigError(f"--prompt-ids: need ids in [0, {cfg.model.vocab_size}), got {bad or 'none'}")
         return ids
     if tokenizer is None:
-        raise ConfigError("--prompt needs a tokenizer: set data.tokenizer or put tokenizer.model or tokenizer.json "
-                          "in the checkpoint folder, or pass --prompt-ids")
+        raise ConfigError(
+            "--prompt needs a tokenizer: set data.tokenizer or put tokenizer.model or tokenizer.json "
+            "in the checkpoint folder, or pass --prompt-ids"
+        )
     if cfg.finetune.template:
         from mindscale.train.data.chat_template import get_template
         from mindscale.train.data.templates import encode_prompt
-        return encode_prompt([{"role": "user", "content": prompt}], get_template(cfg.finetune.template, tokenizer),
-                             tokenizer)
+
+        return encode_prompt(
+            [{"role": "user", "content": prompt}], get_template(cfg.finetune.template, tokenizer), tokenizer
+        )
     return ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + tokenizer.encode([prompt])[0]
 
 
-def generate_from_checkpoint(cfg: Config, checkpoint: str, sampler, max_new_tokens: int, prompt: str | None = None,
-                             ids_text: str | None = None, config: str | None = None) -> dict:
+def generate_from_checkpoint(
+    cfg: Config,
+    checkpoint: str,
+    sampler,
+    max_new_tokens: int,
+    prompt: str | None = None,
+    ids_text: str | None = None,
+    config: str | None = None,
+) -> dict:
     """{"ids": new ids, "text": them decoded (None without a tokenizer), "prompt_ids": ...} of `prompt`
     (or of the ids in `ids_text`) continued by the checkpoint's model with `sampler`
     (models.generation.Sampler). `cfg` is inference_config's; `config` the --config it came from, if any."""
@@ -146,12 +170,15 @@ def generate_from_checkpoint(cfg: Config, checkpoint: str, sampler, max_new_toke
     import mindspore as ms
     import models
     from models.generation import KVCacheDecoder, generate
+
     weights, cfg = inference_weights(checkpoint, cfg, config)
     tokenizer = load_tokenizer(cfg, checkpoint)
     prompt = prompt_ids(cfg, tokenizer, prompt, ids_text)
     if tokenizer is not None and tokenizer.vocab_size > cfg.model.vocab_size:
-        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens > model.vocab_size={cfg.model.vocab_size}; "
-                          "use the tokenizer the model was trained with")
+        raise ConfigError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens > model.vocab_size={cfg.model.vocab_size}; "
+            "use the tokenizer the model was trained with"
+        )
     # One device whatever the training layout. On CPU, PyNative: the two small graphs (prefill and one-token
     # step) would take longer to compile than a short generation takes to run.
     device = resolve_device(cfg.run.device_target)
@@ -170,9 +197,10 @@ def generate_from_checkpoint(cfg: Config, checkpoint: str, sampler, max_new_toke
 class ExportExtras:
     """What a Hugging Face export carries beside the weights so that transformers generates as the model
     the run started from did (export_extras)."""
-    config: dict            # config.json keys: special-token ids, the starting model's max_position_embeddings
-    files: dict             # file name -> contents: generation_config.json, the tokenizer's files
-    tokenizer: str | None   # where the tokenizer came from
+
+    config: dict  # config.json keys: special-token ids, the starting model's max_position_embeddings
+    files: dict  # file name -> contents: generation_config.json, the tokenizer's files
+    tokenizer: str | None  # where the tokenizer came from
     generation_config: str | None  # where generation_config.json came from
 
 
@@ -197,28 +225,36 @@ def export_extras(cfg: Config) -> ExportExtras:
     else:
         tokenizer_folder = tokenizer.folder if tokenizer is not None else source
     if tokenizer is not None and tokenizer_folder is None:  # a SentencePiece file of its own
-        files |= {"tokenizer.model": Path(tokenizer.path).read_bytes(),
-                  "tokenizer_config.json": (json.dumps(_sentencepiece_config(tokenizer), indent=2) + "\n").encode()}
+        files |= {
+            "tokenizer.model": Path(tokenizer.path).read_bytes(),
+            "tokenizer_config.json": (json.dumps(_sentencepiece_config(tokenizer), indent=2) + "\n").encode(),
+        }
         where = tokenizer.path
     else:
-        found = {name: (tokenizer_folder / name).read_bytes() for name in TOKENIZER_FILES
-                 if tokenizer_folder is not None and (tokenizer_folder / name).is_file()}
+        found = {
+            name: (tokenizer_folder / name).read_bytes()
+            for name in TOKENIZER_FILES
+            if tokenizer_folder is not None and (tokenizer_folder / name).is_file()
+        }
         files |= found
         where = tokenizer_folder if found else None
     if source is None and tokenizer is not None:
         own = (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id)
         config |= {key: value for key, value in zip(TOKEN_ID_KEYS, own) if value is not None}
-    return ExportExtras(config, files, None if where is None else str(where),
-                        None if generation is None else str(generation))
+    return ExportExtras(
+        config, files, None if where is None else str(where), None if generation is None else str(generation)
+    )
 
 
 def _starting_folder(cfg: Config) -> Path | None:
     """checkpoint.load_path when it is a Hugging Face folder, else None."""
     path = cfg.checkpoint.load_path
     if path and not Path(path).exists():
-        raise CheckpointError(f"checkpoint.load_path={path} does not exist: the export takes the token ids, "
-                              "generation config and tokenizer of the model the run started from there; fix it with "
-                              "--set checkpoint.load_path=PATH")
+        raise CheckpointError(
+            f"checkpoint.load_path={path} does not exist: the export takes the token ids, "
+            "generation config and tokenizer of the model the run started from there; fix it with "
+            "--set checkpoint.load_path=PATH"
+        )
     return Path(path) if path and is_hf_folder(path) else None
 
 
@@ -227,9 +263,11 @@ def _trained_tokenizer(cfg: Config):
     if not cfg.data.tokenizer:
         return None
     if not Path(cfg.data.tokenizer).exists():
-        raise ConfigError(f"data.tokenizer={cfg.data.tokenizer} does not exist: the export copies the tokenizer the "
-                          "run trained with; fix it with --set data.tokenizer=PATH, or export without a tokenizer: "
-                          "--set data.tokenizer=null")
+        raise ConfigError(
+            f"data.tokenizer={cfg.data.tokenizer} does not exist: the export copies the tokenizer the "
+            "run trained with; fix it with --set data.tokenizer=PATH, or export without a tokenizer: "
+            "--set data.tokenizer=null"
+        )
     return tokenizers.load_tokenizer(cfg.data.tokenizer)
 
 
@@ -249,7 +287,14 @@ def _sentencepiece_config(tokenizer) -> dict:
     def piece(token_id):
         return None if token_id is None or token_id < 0 else processor.id_to_piece(token_id)
 
-    return {"tokenizer_class": "LlamaTokenizer", "legacy": True, "add_bos_token": tokenizer.bos_id is not None,
-            "add_eos_token": False, "bos_token": piece(tokenizer.bos_id), "eos_token": piece(tokenizer.eos_id),
-            "pad_token": piece(tokenizer.pad_id), "unk_token": piece(processor.unk_id()),
-            "clean_up_tokenization_spaces": False}
+    return {
+        "tokenizer_class": "LlamaTokenizer",
+        "legacy": True,
+        "add_bos_token": tokenizer.bos_id is not None,
+        "add_eos_token": False,
+        "bos_token": piece(tokenizer.bos_id),
+        "eos_token": piece(tokenizer.eos_id),
+        "pad_token": piece(tokenizer.pad_id),
+        "unk_token": piece(processor.unk_id()),
+        "clean_up_tokenization_spaces": False,
+    }

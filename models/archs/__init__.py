@@ -1,5 +1,6 @@
 """The architecture registry: every module of this package defines one `SPEC` (models/spec.py's
 ArchSpec), found by name, so adding a family is adding a file. ARCHS keeps the files' order."""
+
 from __future__ import annotations
 
 import importlib

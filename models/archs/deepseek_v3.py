@@ -13,6 +13,7 @@ Not mapped, each refused in one line: rope_scaling (YaRN: the released model's 1
 stored as model.layers.{L}.* after the L decoder layers) is not in transformers' modeling and not built here:
 its tensors are ignored on import, as transformers ignores them, and not written on export.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,15 +24,15 @@ from models.spec import COLWISE, EXPERT, REPLICATE, ROWWISE, ArchSpec, HFAdapter
 _ATTENTION = "layers.*.attention"
 PLAN = {
     **{path: style for path, style in llama.PLAN.items() if not path.startswith(_ATTENTION + ".")},
-    _ATTENTION: COLWISE,                          # the per-head slices, joins and the value padding
-    f"{_ATTENTION}.wq": REPLICATE,                # the low-rank down-projections and their norms: one per token
+    _ATTENTION: COLWISE,  # the per-head slices, joins and the value padding
+    f"{_ATTENTION}.wq": REPLICATE,  # the low-rank down-projections and their norms: one per token
     f"{_ATTENTION}.q_a_norm": REPLICATE,
     f"{_ATTENTION}.wkv_a": REPLICATE,
     f"{_ATTENTION}.kv_a_norm": REPLICATE,
-    f"{_ATTENTION}.wq_b": COLWISE,                # the up-projections split the heads
+    f"{_ATTENTION}.wq_b": COLWISE,  # the up-projections split the heads
     f"{_ATTENTION}.wkv_b": COLWISE,
     f"{_ATTENTION}.q_rotary": COLWISE,
-    f"{_ATTENTION}.k_rotary": REPLICATE,          # the one rotary key every head shares
+    f"{_ATTENTION}.k_rotary": REPLICATE,  # the one rotary key every head shares
     f"{_ATTENTION}.core": COLWISE,
     f"{_ATTENTION}.wo": ROWWISE,
     # dense layers: llama's feed_forward rows (kept above); MoE layers: mixtral's, the router's bias and the
@@ -47,17 +48,26 @@ PLAN = {
 }
 # what a model of the family may lack: the query's down-projection (q_lora_rank null), the dense layers
 # (dense_layers 0), the experts (a model cut to its dense layers: the planner's one-layer models)
-OPTIONAL_PLAN = (f"{_ATTENTION}.q_a_norm", f"{_ATTENTION}.wq_b", "layers.*.feed_forward.w1",
-                 "layers.*.feed_forward.w3", "layers.*.feed_forward.w2", "layers.*.feed_forward.router",
-                 "layers.*.feed_forward.routing", "layers.*.feed_forward.experts",
-                 "layers.*.feed_forward.shared_expert", "layers.*.feed_forward.shared_expert.w1",
-                 "layers.*.feed_forward.shared_expert.w3", "layers.*.feed_forward.shared_expert.w2")
+OPTIONAL_PLAN = (
+    f"{_ATTENTION}.q_a_norm",
+    f"{_ATTENTION}.wq_b",
+    "layers.*.feed_forward.w1",
+    "layers.*.feed_forward.w3",
+    "layers.*.feed_forward.w2",
+    "layers.*.feed_forward.router",
+    "layers.*.feed_forward.routing",
+    "layers.*.feed_forward.experts",
+    "layers.*.feed_forward.shared_expert",
+    "layers.*.feed_forward.shared_expert.w1",
+    "layers.*.feed_forward.shared_expert.w3",
+    "layers.*.feed_forward.shared_expert.w2",
+)
 
 _HF_ATTENTION = "model.layers.{i}.self_attn"
 _Q_FULL = f"{_HF_ATTENTION}.q_proj.weight"
 _Q_LOW_RANK = tuple(f"{_HF_ATTENTION}.{name}.weight" for name in ("q_a_proj", "q_a_layernorm", "q_b_proj"))
 TABLE = (
-    *(rule for rule in llama.TABLE if ".attention." not in rule.ours),   # embeddings, norms, dense MLP, head
+    *(rule for rule in llama.TABLE if ".attention." not in rule.ours),  # embeddings, norms, dense MLP, head
     Rule("layers.{i}.attention.wq.weight", _Q_LOW_RANK[0]),
     Rule("layers.{i}.attention.q_a_norm.weight", _Q_LOW_RANK[1]),
     Rule("layers.{i}.attention.wq_b.weight", _Q_LOW_RANK[2]),
@@ -68,8 +78,13 @@ TABLE = (
     Rule("layers.{i}.attention.wo.weight", f"{_HF_ATTENTION}.o_proj.weight"),
     *mixtral.expert_table("mlp", "gate_proj", "up_proj", "down_proj"),
     Rule("layers.{i}.feed_forward.routing.router_bias", "model.layers.{i}.mlp.gate.e_score_correction_bias"),
-    *(Rule(f"layers.{{i}}.feed_forward.shared_expert.{ours}.weight", f"model.layers.{{i}}.mlp.shared_experts.{hf}.weight")
-      for ours, hf in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))),
+    *(
+        Rule(
+            f"layers.{{i}}.feed_forward.shared_expert.{ours}.weight",
+            f"model.layers.{{i}}.mlp.shared_experts.{hf}.weight",
+        )
+        for ours, hf in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))
+    ),
 )
 _DENSE_MLP = {f"feed_forward.{w}.weight" for w in ("w1", "w2", "w3")}
 
@@ -95,30 +110,50 @@ def unloaded(c: dict) -> callable:
 
 def config_from_hf(c: dict) -> dict:
     if c.get("rope_scaling"):
-        raise HFUnsupported(f"rope_scaling={c['rope_scaling']}: DeepSeek-V3's YaRN context extension is not built; "
-                            "convert a checkpoint whose config.json has rope_scaling null (the 4K-context shape)")
+        raise HFUnsupported(
+            f"rope_scaling={c['rope_scaling']}: DeepSeek-V3's YaRN context extension is not built; "
+            "convert a checkpoint whose config.json has rope_scaling null (the 4K-context shape)"
+        )
     if c.get("scoring_func", "sigmoid") != "sigmoid" or c.get("topk_method", "noaux_tc") != "noaux_tc":
-        raise HFUnsupported(f"scoring_func={c.get('scoring_func')!r}, topk_method={c.get('topk_method')!r}: only "
-                            "DeepSeek-V3's sigmoid router with the correction bias (noaux_tc) is built")
+        raise HFUnsupported(
+            f"scoring_func={c.get('scoring_func')!r}, topk_method={c.get('topk_method')!r}: only "
+            "DeepSeek-V3's sigmoid router with the correction bias (noaux_tc) is built"
+        )
     if c.get("moe_layer_freq", 1) != 1:
-        raise HFUnsupported(f"moe_layer_freq={c['moe_layer_freq']}: dense layers among the MoE ones are not built "
-                            "(only the first first_k_dense_replace layers dense)")
+        raise HFUnsupported(
+            f"moe_layer_freq={c['moe_layer_freq']}: dense layers among the MoE ones are not built "
+            "(only the first first_k_dense_replace layers dense)"
+        )
     heads = c["num_attention_heads"]
     if (c.get("num_key_value_heads") or heads) != heads:
-        raise HFUnsupported(f"num_key_value_heads={c['num_key_value_heads']} < num_attention_heads={heads}: "
-                            "multi-head latent attention has a key and value per head")
+        raise HFUnsupported(
+            f"num_key_value_heads={c['num_key_value_heads']} < num_attention_heads={heads}: "
+            "multi-head latent attention has a key and value per head"
+        )
     model = {key: value for key, value in llama.decoder_from_hf(c, "deepseek_v3").items() if key != "head_dim"}
     experts_ffn = c["moe_intermediate_size"]
     return model | {
-        "mla": {"q_lora_rank": c.get("q_lora_rank"), "kv_lora_rank": c["kv_lora_rank"],
-                "qk_nope_head_dim": c["qk_nope_head_dim"], "qk_rope_head_dim": c["qk_rope_head_dim"],
-                "v_head_dim": c["v_head_dim"], "rope_interleave": bool(c.get("rope_interleave", True))},
-        "moe": {"num_experts": c["n_routed_experts"], "top_k": c["num_experts_per_tok"], "ffn_hidden_size": experts_ffn,
-                "shared_expert_ffn_hidden_size": (c.get("n_shared_experts") or 0) * experts_ffn,
-                "norm_topk_prob": bool(c.get("norm_topk_prob", True)), "router": "sigmoid",
-                "num_groups": c.get("n_group") or 1, "topk_groups": c.get("topk_group") or 1,
-                "routed_scaling_factor": float(c.get("routed_scaling_factor", 1.0)),
-                "dense_layers": c.get("first_k_dense_replace", 0)}}
+        "mla": {
+            "q_lora_rank": c.get("q_lora_rank"),
+            "kv_lora_rank": c["kv_lora_rank"],
+            "qk_nope_head_dim": c["qk_nope_head_dim"],
+            "qk_rope_head_dim": c["qk_rope_head_dim"],
+            "v_head_dim": c["v_head_dim"],
+            "rope_interleave": bool(c.get("rope_interleave", True)),
+        },
+        "moe": {
+            "num_experts": c["n_routed_experts"],
+            "top_k": c["num_experts_per_tok"],
+            "ffn_hidden_size": experts_ffn,
+            "shared_expert_ffn_hidden_size": (c.get("n_shared_experts") or 0) * experts_ffn,
+            "norm_topk_prob": bool(c.get("norm_topk_prob", True)),
+            "router": "sigmoid",
+            "num_groups": c.get("n_group") or 1,
+            "topk_groups": c.get("topk_group") or 1,
+            "routed_scaling_factor": float(c.get("routed_scaling_factor", 1.0)),
+            "dense_layers": c.get("first_k_dense_replace", 0),
+        },
+    }
 
 
 def config_to_hf(m) -> dict:
@@ -126,24 +161,48 @@ def config_to_hf(m) -> dict:
     experts_ffn = moe.expert_ffn(m.ffn_hidden_size)
     shared, rest = divmod(moe.shared_expert_ffn_hidden_size, experts_ffn)
     if rest:
-        raise HFUnsupported(f"model.moe.shared_expert_ffn_hidden_size={moe.shared_expert_ffn_hidden_size} is not a "
-                         f"multiple of the experts' width {experts_ffn}: DeepSeek-V3 stores n_shared_experts")
+        raise HFUnsupported(
+            f"model.moe.shared_expert_ffn_hidden_size={moe.shared_expert_ffn_hidden_size} is not a "
+            f"multiple of the experts' width {experts_ffn}: DeepSeek-V3 stores n_shared_experts"
+        )
     config = {key: value for key, value in llama.decoder_to_hf(m, "DeepseekV3ForCausalLM").items() if key != "head_dim"}
     return config | {
-        "attention_bias": False, "q_lora_rank": mla.q_lora_rank, "kv_lora_rank": mla.kv_lora_rank,
-        "qk_nope_head_dim": mla.qk_nope_head_dim, "qk_rope_head_dim": mla.qk_rope_head_dim,
-        "v_head_dim": mla.v_head_dim, "rope_interleave": mla.rope_interleave, "rope_scaling": None,
-        "n_routed_experts": moe.num_experts, "num_experts_per_tok": moe.top_k, "moe_intermediate_size": experts_ffn,
-        "n_shared_experts": shared, "norm_topk_prob": moe.norm_topk_prob, "n_group": moe.num_groups,
-        "topk_group": moe.topk_groups, "routed_scaling_factor": moe.routed_scaling_factor,
-        "first_k_dense_replace": moe.dense_layers}
+        "attention_bias": False,
+        "q_lora_rank": mla.q_lora_rank,
+        "kv_lora_rank": mla.kv_lora_rank,
+        "qk_nope_head_dim": mla.qk_nope_head_dim,
+        "qk_rope_head_dim": mla.qk_rope_head_dim,
+        "v_head_dim": mla.v_head_dim,
+        "rope_interleave": mla.rope_interleave,
+        "rope_scaling": None,
+        "n_routed_experts": moe.num_experts,
+        "num_experts_per_tok": moe.top_k,
+        "moe_intermediate_size": experts_ffn,
+        "n_shared_experts": shared,
+        "norm_topk_prob": moe.norm_topk_prob,
+        "n_group": moe.num_groups,
+        "topk_group": moe.topk_groups,
+        "routed_scaling_factor": moe.routed_scaling_factor,
+        "first_k_dense_replace": moe.dense_layers,
+    }
 
 
 SPEC = ArchSpec(
-    name="deepseek_v3", summary="multi-head latent attention (model.mla), dense first layers, then a sigmoid-routed "
+    name="deepseek_v3",
+    summary="multi-head latent attention (model.mla), dense first layers, then a sigmoid-routed "
     "mixture of experts with a shared expert (model.moe); DeepSeek-V3",
-    rms_norm=True, gated_mlp=True, bias=False, qkv_bias=False, rotary=True, grouped_query=False,
+    rms_norm=True,
+    gated_mlp=True,
+    bias=False,
+    qkv_bias=False,
+    rotary=True,
+    grouped_query=False,
     free_head_dim=True,  # the widths are model.mla's (validate.py refuses model.head_dim for it)
-    moe=True, mla=True, plan=PLAN, optional_plan=OPTIONAL_PLAN,
+    moe=True,
+    mla=True,
+    plan=PLAN,
+    optional_plan=OPTIONAL_PLAN,
     hf=HFAdapter("deepseek_v3", TABLE, config_from_hf, config_to_hf, applies=applies, unloaded=unloaded),
-    lora_targets=("wq", "wq_b", "wkv_a", "wkv_b", "wo"), config_dirs=("deepseek_v3",))
+    lora_targets=("wq", "wq_b", "wkv_a", "wkv_b", "wo"),
+    config_dirs=("deepseek_v3",),
+)

@@ -16,6 +16,7 @@ chunk 0) and rank 6 (last stage, chunk 1), once per algorithm. What each rank's 
 A dry run proves compiler acceptance only: not the kernels, numerics, speed or device memory
 (tests/models/test_context_parallel_masks.py executes the per-rank arithmetic on CPU).
 """
+
 import re
 
 import pytest
@@ -27,11 +28,24 @@ from mindscale.launch.dryrun_ranks import ring_send_bytes
 from mindscale.perf import planner
 from test_dryrun import TINY_LLAMA, dryrun
 
-CP_TWIN = ["hardware=ascend910b", "model.hidden_size=128", "model.num_heads=8", "model.num_kv_heads=4",
-           "model.ffn_hidden_size=128", "model.vocab_size=256", "model.seq_length=64", "model.num_layers=4",
-           "model.compute_dtype=bfloat16", "train.micro_batch_size=1", "train.global_batch_size=null",
-           "parallel.data_parallel=1", "parallel.model_parallel=2", "parallel.context_parallel=2",
-           "parallel.pipeline_stage=2", "parallel.micro_batch_num=2"]
+CP_TWIN = [
+    "hardware=ascend910b",
+    "model.hidden_size=128",
+    "model.num_heads=8",
+    "model.num_kv_heads=4",
+    "model.ffn_hidden_size=128",
+    "model.vocab_size=256",
+    "model.seq_length=64",
+    "model.num_layers=4",
+    "model.compute_dtype=bfloat16",
+    "train.micro_batch_size=1",
+    "train.global_batch_size=null",
+    "parallel.data_parallel=1",
+    "parallel.model_parallel=2",
+    "parallel.context_parallel=2",
+    "parallel.pipeline_stage=2",
+    "parallel.micro_batch_num=2",
+]
 RANKS = "0,6"  # stage 0 chunk 0, stage 1 chunk 1
 _SHAPE = re.compile(r"<Tensor\[\w+\], \(([\d, ]*)\)")
 
@@ -54,8 +68,12 @@ def compiled(request, tmp_path_factory):
     ir_dir = tmp_path_factory.mktemp(request.param)
     reports = dryrun(TINY_LLAMA, *sets, ranks=RANKS, ir_dir=ir_dir)
     cfg = load_config(TINY_LLAMA, sets)
-    return request.param, cfg, Layout.of(cfg, "Ascend"), \
-        [(r, read_validate_ir(ir_dir / f"rank{r['rank']}")) for r in reports]
+    return (
+        request.param,
+        cfg,
+        Layout.of(cfg, "Ascend"),
+        [(r, read_validate_ir(ir_dir / f"rank{r['rank']}")) for r in reports],
+    )
 
 
 def test_activations_are_split_along_the_sequence(compiled):

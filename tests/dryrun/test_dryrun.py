@@ -16,6 +16,7 @@ executes, so these tests prove what the compiler accepts and what the compiled g
   one gradient reduction per step under accumulation, the gradient norm's all-reduce within and
   across stages, pipeline sends, and a bad strategy refused.
 """
+
 import contextlib
 import io
 import json
@@ -44,13 +45,25 @@ from tests import shared
 from tests.cores import one_core
 from tools import dryrun as dryrun_tool
 
-SHIPPED = sorted(p for d in (*SCALE_DIRS, "finetune") for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
-                 if p.name != "base.yaml" and load_config(p).hardware.device_target == "Ascend")
+SHIPPED = sorted(
+    p
+    for d in (*SCALE_DIRS, "finetune")
+    for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
+    if p.name != "base.yaml" and load_config(p).hardware.device_target == "Ascend"
+)
 SFT = [p for p in SHIPPED if p.parent.name == "finetune"]  # their twins compile fed packed data, as the headers ask
 TINY_LLAMA = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
 TINY_GPT = REPO_ROOT / "configs" / "tiny" / "gpt_tiny.yaml"
-SMALL = ["hardware=ascend910b", "model.hidden_size=64", "model.num_heads=4", "model.ffn_hidden_size=128",
-         "model.vocab_size=256", "model.seq_length=64", "model.num_layers=4", "train.global_batch_size=null"]
+SMALL = [
+    "hardware=ascend910b",
+    "model.hidden_size=64",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "model.vocab_size=256",
+    "model.seq_length=64",
+    "model.num_layers=4",
+    "train.global_batch_size=null",
+]
 
 
 def dryrun(config, *overrides, ranks="first,last", packed=False, ir_dir=None, as_twin=False):
@@ -59,11 +72,26 @@ def dryrun(config, *overrides, ranks="first,last", packed=False, ir_dir=None, as
     scaled twin of the config with `overrides`). A successful compile without `ir_dir` is compiled once in the
     session and shared by every test (and xdist worker) asking for the same arguments (tests/shared.py;
     test_input_rows.py reads the shipped twins' compiles)."""
+
     def compile_ranks():
         log_dir = tempfile.mkdtemp(dir=shared.ROOT, prefix="dryrun-")
-        argv = ["--config", str(config), "--ranks", ranks, "--jobs", "2", "--json", "--log-dir", log_dir,
-                "--timeout", "900", *[a for o in overrides for a in ("--set", o)], *(["--packed"] if packed else []),
-                *(["--ir-dir", str(ir_dir)] if ir_dir else []), *(["--twin"] if as_twin else [])]
+        argv = [
+            "--config",
+            str(config),
+            "--ranks",
+            ranks,
+            "--jobs",
+            "2",
+            "--json",
+            "--log-dir",
+            log_dir,
+            "--timeout",
+            "900",
+            *[a for o in overrides for a in ("--set", o)],
+            *(["--packed"] if packed else []),
+            *(["--ir-dir", str(ir_dir)] if ir_dir else []),
+            *(["--twin"] if as_twin else []),
+        ]
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             code = dryrun_tool.main(argv)
@@ -71,8 +99,11 @@ def dryrun(config, *overrides, ranks="first,last", packed=False, ir_dir=None, as
         assert code == 0 and all(r["compiled"] for r in reports), [r.get("error") for r in reports] or log_dir
         return reports
 
-    return compile_ranks() if ir_dir else shared.once(["dryrun", str(config), overrides, ranks, packed, as_twin],
-                                                      compile_ranks)
+    return (
+        compile_ranks()
+        if ir_dir
+        else shared.once(["dryrun", str(config), overrides, ranks, packed, as_twin], compile_ranks)
+    )
 
 
 def twin(path) -> list[str]:
@@ -93,15 +124,22 @@ def implied_by_the_layout(full, cfg, stage: int, report: dict) -> None:
     copies the planner's bytes of each offloaded layer out to host memory and back, every micro batch (and a
     2-byte scalar of the attention: tests/dryrun/test_offload.py)."""
     layout, full_layout = Layout.of(cfg, "Ascend"), Layout.of(full, "Ascend")
-    sharded = {kind(p.name) for p in planner.parameter_slices(full, full_layout)
-               if stage in p.stages and planner.optimizer_shard(p, full_layout) > 1}
-    compiled = {kind(name) for name, (*_, group) in report["layouts"].items()
-                if group and not name.startswith(("adam_", "accu_grads."))}
+    sharded = {
+        kind(p.name)
+        for p in planner.parameter_slices(full, full_layout)
+        if stage in p.stages and planner.optimizer_shard(p, full_layout) > 1
+    }
+    compiled = {
+        kind(name)
+        for name, (*_, group) in report["layouts"].items()
+        if group and not name.startswith(("adam_", "accu_grads."))
+    }
     assert compiled == sharded
     rows = report["collectives"]
     if sharded:
-        assert {("AllGather", "optimizer_shard"), ("ReduceScatter", "optimizer_shard")} <= \
-            {(row["kind"], row["purpose"]) for row in rows}
+        assert {("AllGather", "optimizer_shard"), ("ReduceScatter", "optimizer_shard")} <= {
+            (row["kind"], row["purpose"]) for row in rows
+        }
     # (within 1e-4: the planner counts a sharded bias's all-gather in the parameter dtype, where MindSpore gathers
     # it cast to the compute dtype: gpt3_175b's twin 46,080 bytes of 8.8 GB, its two layers' fp32 w1.bias)
     once, per_micro_batch = planner.gradient_reduce_bytes(cfg, stage)
@@ -136,19 +174,26 @@ def test_scaled_twin_of_every_shipped_config_compiles_and_matches_the_planner(pa
         norm_groups = sorted(row["group_size"] for row in report["collectives"] if row["purpose"] == "grad_norm")
         assert norm_groups == sorted([layout.stage_devices] + ([layout.pp] if layout.pp > 1 else []))
         if layout.ep > 1:  # the expert AlltoAlls, a fully recomputed layer's twice forward (expert_alltoall_bytes)
-            alltoall = [row for row in report["collectives"] if row["kind"] == "AlltoAll" and row["group_size"] == layout.ep]
-            assert sum(map(ring_send_bytes, alltoall)) == pytest.approx(planner.communication(cfg, report["stage"])["ep"],
-                                                                        rel=1e-3)
+            alltoall = [
+                row for row in report["collectives"] if row["kind"] == "AlltoAll" and row["group_size"] == layout.ep
+            ]
+            assert sum(map(ring_send_bytes, alltoall)) == pytest.approx(
+                planner.communication(cfg, report["stage"])["ep"], rel=1e-3
+            )
 
 
 def test_accumulation_reduces_each_gradient_once_per_step():
     layout = ["parallel.data_parallel=4", "parallel.model_parallel=2", "model.num_kv_heads=2"]
-    once, twice = (dryrun(TINY_LLAMA, *SMALL, *layout, f"parallel.gradient_accumulation_steps={g}", ranks="0")[0]
-                   for g in (1, 4))
+    once, twice = (
+        dryrun(TINY_LLAMA, *SMALL, *layout, f"parallel.gradient_accumulation_steps={g}", ranks="0")[0] for g in (1, 4)
+    )
 
     def reduced(report):
-        return {(row["group_size"], row["count"], row["bytes"]) for row in report["collectives"]
-                if row["purpose"] == "grad_reduce"}
+        return {
+            (row["group_size"], row["count"], row["bytes"])
+            for row in report["collectives"]
+            if row["purpose"] == "grad_reduce"
+        }
 
     assert reduced(once) == reduced(twice)  # 4 micro batches: the same reductions, of the same bytes
     trained = [name for name in twice["local_shapes"] if name.startswith("adam_m.")]
@@ -157,12 +202,32 @@ def test_accumulation_reduces_each_gradient_once_per_step():
 
 
 # Pipelines at widths whose weights (67 and 77 MB of fp32) make one stage's share of them measurable
-GPT_PP2 = [*SMALL, "model.hidden_size=512", "model.num_heads=8", "model.ffn_hidden_size=2048", "model.vocab_size=8192",
-           "parallel.data_parallel=2", "parallel.model_parallel=2", "parallel.pipeline_stage=2",
-           "parallel.micro_batch_num=4", "parallel.optimizer_shard=true", "model.tie_embeddings=true"]
-LLAMA_PP4 = [*SMALL, "model.hidden_size=384", "model.num_heads=8", "model.num_kv_heads=4", "model.ffn_hidden_size=1024",
-             "model.vocab_size=8192", "model.num_layers=8", "parallel.data_parallel=1", "parallel.model_parallel=2",
-             "parallel.pipeline_stage=4", "parallel.micro_batch_num=4"]
+GPT_PP2 = [
+    *SMALL,
+    "model.hidden_size=512",
+    "model.num_heads=8",
+    "model.ffn_hidden_size=2048",
+    "model.vocab_size=8192",
+    "parallel.data_parallel=2",
+    "parallel.model_parallel=2",
+    "parallel.pipeline_stage=2",
+    "parallel.micro_batch_num=4",
+    "parallel.optimizer_shard=true",
+    "model.tie_embeddings=true",
+]
+LLAMA_PP4 = [
+    *SMALL,
+    "model.hidden_size=384",
+    "model.num_heads=8",
+    "model.num_kv_heads=4",
+    "model.ffn_hidden_size=1024",
+    "model.vocab_size=8192",
+    "model.num_layers=8",
+    "parallel.data_parallel=1",
+    "parallel.model_parallel=2",
+    "parallel.pipeline_stage=4",
+    "parallel.micro_batch_num=4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +247,9 @@ def test_data_parallel_accumulation_orders_its_micro_batches_and_reduces_once():
     graph finishes each micro batch's backward before the next one's forward starts, so it holds one micro
     batch's activations at a time, and reduces each gradient once per step out of its accumulation buffer.
     (Compiled under DATA_PARALLEL, as before, nothing ordered the micro batches: docs/launch.md.)"""
-    report = dryrun(TINY_LLAMA, *SMALL, "parallel.data_parallel=2", "parallel.gradient_accumulation_steps=4",
-                    ranks="0")[0]
+    report = dryrun(
+        TINY_LLAMA, *SMALL, "parallel.data_parallel=2", "parallel.gradient_accumulation_steps=4", ranks="0"
+    )[0]
     assert report["ordered_micro_batches"] == [0, 1, 2]
     trained = [name[7:] for name in report["local_shapes"] if name.startswith("adam_m.")]
     assert trained and all(f"accu_grads.{name}" in report["local_shapes"] for name in trained)
@@ -196,13 +262,16 @@ def test_data_parallel_accumulation_orders_its_micro_batches_and_reduces_once():
 def test_the_text_report_shows_each_figure_in_a_unit_that_shows_it():
     """tools/dryrun.py without --json: weights, gradients and optimizer state in the binary unit that leaves a
     number of at least 1 (every figure of a narrow twin read `0.000 GiB`), the compiled ones then the planner's."""
-    report = dryrun(TINY_LLAMA, *SMALL, "parallel.data_parallel=2", "parallel.gradient_accumulation_steps=4",
-                    ranks="0")[0]
-    units = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
+    report = dryrun(
+        TINY_LLAMA, *SMALL, "parallel.data_parallel=2", "parallel.gradient_accumulation_steps=4", ranks="0"
+    )[0]
+    units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
     figures = re.findall(r"\b([\d.]+) (B|KiB|MiB|GiB)\b", line(report).split("GiB)", 1)[1])  # after the host peak
     assert [float(n) * units[u] for n, u in figures] == pytest.approx(
-        [report["bytes"][k] for k in ("weights", "grads", "optimizer")] +
-        [report["planned"][k] for k in ("weights", "grads", "optimizer")], rel=1e-3)
+        [report["bytes"][k] for k in ("weights", "grads", "optimizer")]
+        + [report["planned"][k] for k in ("weights", "grads", "optimizer")],
+        rel=1e-3,
+    )
     assert all(float(n) >= 1 for n, u in figures if u != "B")
 
 
@@ -229,9 +298,15 @@ def test_stages_send_the_residual_stream_and_reduce_in_the_compute_dtype(fp32_re
     as the planner counts (half the bytes unless model.fp32_residual_connection), and every tensor-parallel
     all-reduce there, the vocabulary-split lookup's included, moves bf16 (its table is read in the
     compute dtype, like every weight)."""
-    sets = [*SMALL, "model.compute_dtype=bfloat16", f"model.fp32_residual_connection={str(fp32_residual).lower()}",
-            "parallel.data_parallel=1", "parallel.model_parallel=2", "parallel.pipeline_stage=2",
-            "parallel.micro_batch_num=2"]
+    sets = [
+        *SMALL,
+        "model.compute_dtype=bfloat16",
+        f"model.fp32_residual_connection={str(fp32_residual).lower()}",
+        "parallel.data_parallel=1",
+        "parallel.model_parallel=2",
+        "parallel.pipeline_stage=2",
+        "parallel.micro_batch_num=2",
+    ]
     cfg = load_config(TINY_LLAMA, sets)
     rows = dryrun(TINY_LLAMA, *sets, ranks="0")[0]["collectives"]
     hidden = cfg.train.micro_batch_size * cfg.model.seq_length * cfg.model.hidden_size
@@ -242,10 +317,22 @@ def test_stages_send_the_residual_stream_and_reduce_in_the_compute_dtype(fp32_re
 
 
 def test_lora_under_model_parallel_trains_only_the_adapters():
-    lora = ["finetune.lora.rank=4", "finetune.lora.target_modules=[wq,wv,wo]", "finetune.lora.dropout=0.05",
-            "checkpoint.load_path=/not/read/by/a/dry/run", "model.num_kv_heads=2"]
-    report = dryrun(TINY_LLAMA, *SMALL, *lora, "parallel.data_parallel=2", "parallel.model_parallel=2",
-                    "parallel.optimizer_shard=true", ranks="0")[0]
+    lora = [
+        "finetune.lora.rank=4",
+        "finetune.lora.target_modules=[wq,wv,wo]",
+        "finetune.lora.dropout=0.05",
+        "checkpoint.load_path=/not/read/by/a/dry/run",
+        "model.num_kv_heads=2",
+    ]
+    report = dryrun(
+        TINY_LLAMA,
+        *SMALL,
+        *lora,
+        "parallel.data_parallel=2",
+        "parallel.model_parallel=2",
+        "parallel.optimizer_shard=true",
+        ranks="0",
+    )[0]
     moments = {name[7:] for name in report["local_shapes"] if name.startswith("adam_m.")}
     assert moments and all(name.endswith(("lora_a", "lora_b")) for name in moments)
     assert report["planned"]["shape_mismatches"] == {}
@@ -257,8 +344,15 @@ def test_lora_under_model_parallel_trains_only_the_adapters():
 def test_the_loss_spike_guard_compiles_in_a_sharded_step():
     """train.loss_spike_factor puts a limit parameter and a comparison before the update into the step;
     under model parallel the compiler must place them (the loss there is already the global one)."""
-    report = dryrun(TINY_LLAMA, *SMALL, "model.num_kv_heads=2", "parallel.data_parallel=2", "parallel.model_parallel=2",
-                    "train.loss_spike_factor=2", ranks="0")[0]
+    report = dryrun(
+        TINY_LLAMA,
+        *SMALL,
+        "model.num_kv_heads=2",
+        "parallel.data_parallel=2",
+        "parallel.model_parallel=2",
+        "train.loss_spike_factor=2",
+        ranks="0",
+    )[0]
     assert report["compiled"] and report["planned"]["shape_mismatches"] == {}
 
 
@@ -287,19 +381,35 @@ def ancestors(nodes: dict, node: str) -> set[str]:
     return {nodes[n][0] for n in seen}
 
 
-@pytest.mark.parametrize("layout", [["parallel.model_parallel=2"],
-                                    ["parallel.model_parallel=2", "parallel.pipeline_stage=2",
-                                     "parallel.micro_batch_num=2", "parallel.optimizer_shard=true",
-                                     "model.param_dtype=float16"]],
-                         ids=["dp2_tp2", "dp2_tp2_pp2_fp16_params"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["parallel.model_parallel=2"],
+        [
+            "parallel.model_parallel=2",
+            "parallel.pipeline_stage=2",
+            "parallel.micro_batch_num=2",
+            "parallel.optimizer_shard=true",
+            "model.param_dtype=float16",
+        ],
+    ],
+    ids=["dp2_tp2", "dp2_tp2_pp2_fp16_params"],
+)
 def test_a_910a_step_ors_the_float_status_of_every_rank_into_its_overflow(layout, tmp_path):
     """hardware=ascend910a saturates fp16 overflow instead of giving inf, so the norm test alone would apply
     saturated gradients: the compiled step reads NPUGetFloatStatusV2 after the gradient norm, sums it over
     all ranks (every stage too), clears it once summed, and ORs it with the norm test into the overflow
     that drives the dynamic loss scale and the skip. With fp16 parameters the fp32 AdamW moments are sliced
     and sharded like their parameters, as the planner counts them."""
-    sets = [*SMALL, "hardware=ascend910a", "model.compute_dtype=float16", "train.loss_scale=dynamic",
-            "model.num_kv_heads=2", "parallel.data_parallel=2", *layout]
+    sets = [
+        *SMALL,
+        "hardware=ascend910a",
+        "model.compute_dtype=float16",
+        "train.loss_scale=dynamic",
+        "model.num_kv_heads=2",
+        "parallel.data_parallel=2",
+        *layout,
+    ]
     devices = load_config(TINY_LLAMA, sets).devices
     for report in dryrun(TINY_LLAMA, *sets, ranks="stages", ir_dir=tmp_path):
         assert report["planned"]["shape_mismatches"] == {}
@@ -321,22 +431,36 @@ def test_a_910a_step_ors_the_float_status_of_every_rank_into_its_overflow(layout
 LLAMA3_2_1B = REPO_ROOT / "configs" / "llama3_2" / "llama3_2_1b.yaml"
 
 
-@pytest.mark.parametrize("config, overrides", [
-    # the shipped twin without its accumulation (refused with validation): optimizer shard, vocabulary split
-    (LLAMA3_2_1B, (*twin(LLAMA3_2_1B), "parallel.gradient_accumulation_steps=1")),
-    (TINY_LLAMA, (*SMALL, "model.num_kv_heads=2", "parallel.data_parallel=2", "parallel.model_parallel=2",
-                  "parallel.sequence_parallel=true")),
-    (TINY_LLAMA, (*SMALL, "parallel.data_parallel=2", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2")),
-], ids=["llama3_2_1b_twin_no_accumulation", "tiny_dp2_mp2_sp", "tiny_dp2_pp2"])
+@pytest.mark.parametrize(
+    "config, overrides",
+    [
+        # the shipped twin without its accumulation (refused with validation): optimizer shard, vocabulary split
+        (LLAMA3_2_1B, (*twin(LLAMA3_2_1B), "parallel.gradient_accumulation_steps=1")),
+        (
+            TINY_LLAMA,
+            (
+                *SMALL,
+                "model.num_kv_heads=2",
+                "parallel.data_parallel=2",
+                "parallel.model_parallel=2",
+                "parallel.sequence_parallel=true",
+            ),
+        ),
+        (TINY_LLAMA, (*SMALL, "parallel.data_parallel=2", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2")),
+    ],
+    ids=["llama3_2_1b_twin_no_accumulation", "tiny_dp2_mp2_sp", "tiny_dp2_pp2"],
+)
 def test_the_validation_graph_compiles_next_to_the_sharded_step(config, overrides):
     """train.eval_interval: the forward-only validation graph (mindscale/train/loop/evaluate.py) compiles after
     the step, on its sliced weights, with the step's own report unchanged by it."""
-    for plain, report in zip(dryrun(config, *overrides, ranks="stages"),
-                             dryrun(config, *overrides, "train.eval_interval=100",
-                                    "data.valid_path=/not/read/by/a/dry/run", ranks="stages")):
+    for plain, report in zip(
+        dryrun(config, *overrides, ranks="stages"),
+        dryrun(config, *overrides, "train.eval_interval=100", "data.valid_path=/not/read/by/a/dry/run", ranks="stages"),
+    ):
         assert report["compiled"] and report["eval_compile_s"] > 0 and "eval_compile_s" not in plain
-        assert {k: report[k] for k in ("local_shapes", "bytes", "collectives")} == \
-            {k: plain[k] for k in ("local_shapes", "bytes", "collectives")}
+        assert {k: report[k] for k in ("local_shapes", "bytes", "collectives")} == {
+            k: plain[k] for k in ("local_shapes", "bytes", "collectives")
+        }
 
 
 @pytest.mark.parametrize("path", SFT, ids=lambda p: p.stem)
@@ -354,9 +478,15 @@ def test_packed_sft_twins_compile_what_their_pretraining_twins_do(path):
         for key in ("local_shapes", "bytes"):
             assert packed[key] == plain[key], key
         counted = {(c["kind"], c["purpose"], tuple(c["ranks"])): (c["count"], c["bytes"]) for c in plain["collectives"]}
-        extra = [(c["kind"], c["purpose"], c["count"] - counted.get((c["kind"], c["purpose"], tuple(c["ranks"])), (0, 0))[0],
-                  c["bytes"] - counted.get((c["kind"], c["purpose"], tuple(c["ranks"])), (0, 0))[1])
-                 for c in packed["collectives"]]
+        extra = [
+            (
+                c["kind"],
+                c["purpose"],
+                c["count"] - counted.get((c["kind"], c["purpose"], tuple(c["ranks"])), (0, 0))[0],
+                c["bytes"] - counted.get((c["kind"], c["purpose"], tuple(c["ranks"])), (0, 0))[1],
+            )
+            for c in packed["collectives"]
+        ]
         extra = [e for e in extra if e[2:] != (0, 0)]
         last = packed["stage"] == layout.pp - 1
         assert extra == ([("AllReduce", "operator", layout.micro_steps, 4 * layout.micro_steps)] if last else []), extra
@@ -364,8 +494,16 @@ def test_packed_sft_twins_compile_what_their_pretraining_twins_do(path):
 
 
 def test_packed_sft_with_composite_attention_under_model_parallel():
-    report = dryrun(TINY_LLAMA, *SMALL, "model.num_kv_heads=2", "model.attention=composite",
-                    "parallel.data_parallel=2", "parallel.model_parallel=2", ranks="0", packed=True)[0]
+    report = dryrun(
+        TINY_LLAMA,
+        *SMALL,
+        "model.num_kv_heads=2",
+        "model.attention=composite",
+        "parallel.data_parallel=2",
+        "parallel.model_parallel=2",
+        ranks="0",
+        packed=True,
+    )[0]
     assert report["compiled"]
 
 
@@ -376,13 +514,22 @@ def test_restore_slices_full_weights_by_the_compiled_layouts(tmp_path):
     in rank order, tiling it. Read from a safetensors file (SlicedWeights), each rank's slice is the same."""
     from mindspore import Tensor
     from mindspore.parallel._tensor import _load_tensor
-    sets = [*SMALL, "model.num_kv_heads=2", "parallel.data_parallel=2", "parallel.model_parallel=2",
-            "parallel.optimizer_shard=true", "parallel.vocab_emb_dp=false"]
+
+    sets = [
+        *SMALL,
+        "model.num_kv_heads=2",
+        "parallel.data_parallel=2",
+        "parallel.model_parallel=2",
+        "parallel.optimizer_shard=true",
+        "parallel.vocab_emb_dp=false",
+    ]
     reports = dryrun(TINY_LLAMA, *sets, ranks="0,1,2,3")
     sharded = 0
     names = [n for n in reports[0]["layouts"] if not n.startswith(("adam_", "accu_"))]
-    fulls = {n: np.arange(math.prod(reports[0]["layouts"][n][2]), dtype=np.float32).reshape(reports[0]["layouts"][n][2])
-             for n in names}
+    fulls = {
+        n: np.arange(math.prod(reports[0]["layouts"][n][2]), dtype=np.float32).reshape(reports[0]["layouts"][n][2])
+        for n in names
+    }
     save_file(fulls, str(tmp_path / "full.safetensors"))
     lazy = SlicedWeights.of_file(tmp_path / "full.safetensors")  # what checkpoint.load_path gives a sharded run
     for name in names:
@@ -417,9 +564,13 @@ def _raw(compact):
 def _cut(full, reports, devices):
     """Every rank's slices of the full tensors it holds: the ranks of a stage share its first rank's layouts."""
     per_stage = devices // len(reports)
-    return {rank: {n: (_raw(lay), take_slice(full[n], _raw(lay), rank)) for n, lay in report["layouts"].items()
-                   if n in full}
-            for report in reports for rank in range(report["rank"], report["rank"] + per_stage)}
+    return {
+        rank: {
+            n: (_raw(lay), take_slice(full[n], _raw(lay), rank)) for n, lay in report["layouts"].items() if n in full
+        }
+        for report in reports
+        for rank in range(report["rank"], report["rank"] + per_stage)
+    }
 
 
 def _merge(parts):
@@ -443,13 +594,18 @@ def test_resharding_round_trips_through_compiled_layouts(tmp_path):
     one stage). Written as a sharded run's rank folders, any rank's folder loads as the whole step and
     converts to Hugging Face. Without one rank's slices the merge refuses."""
     common = [*SMALL, "model.num_kv_heads=4", "parallel.data_parallel=2", "parallel.optimizer_shard=true"]
-    staged = dryrun(TINY_LLAMA, *common, "parallel.model_parallel=2", "parallel.pipeline_stage=2",
-                    "parallel.micro_batch_num=2")
+    staged = dryrun(
+        TINY_LLAMA, *common, "parallel.model_parallel=2", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2"
+    )
     wide = dryrun(TINY_LLAMA, *common, "parallel.model_parallel=4", ranks="0")
     assert [r["rank"] for r in staged] == [0, 4]
     rng = np.random.default_rng(0)
-    full = {n: rng.standard_normal(lay[2]).astype(np.float32) for r in staged for n, lay in r["layouts"].items()
-            if not n.startswith("accu_grads.")}
+    full = {
+        n: rng.standard_normal(lay[2]).astype(np.float32)
+        for r in staged
+        for n, lay in r["layouts"].items()
+        if not n.startswith("accu_grads.")
+    }
     assert any(n.startswith("adam_m.") for n in full) and any(lay[3] for lay in staged[0]["layouts"].values())
     parts = _cut(full, staged, 8)
     assert set(parts[0]) != set(parts[4])  # each stage holds its own layers
@@ -458,16 +614,31 @@ def test_resharding_round_trips_through_compiled_layouts(tmp_path):
     again = _merge(_cut(back, wide, 8))
     assert all(np.array_equal(again[n], full[n]) for n in full)
     # a sharded run's step as the trainer writes it: rank_<r>/step_X with its slices and compiled layouts
-    cfg_yaml = load_config(TINY_LLAMA, [*common, "parallel.model_parallel=2", "parallel.pipeline_stage=2",
-                                        "parallel.micro_batch_num=2"]).to_yaml()
+    cfg_yaml = load_config(
+        TINY_LLAMA, [*common, "parallel.model_parallel=2", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2"]
+    ).to_yaml()
     run = tmp_path / "checkpoints"
     _write_sharded_step(run, 6, parts, cfg_yaml)
     merged = load_weights(run / "rank_5" / "step_00000006")  # any rank's folder stands for the step
     assert merged.keys() == {n for n in full if not n.startswith("adam_")}
     assert all(np.array_equal(merged[n], full[n]) for n in merged)
-    hf = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "--direction", "ms2hf", "--input",
-                         str(run / "rank_0" / "step_00000006"), "--output", str(tmp_path / "hf"), "--json"],
-                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    hf = subprocess.run(
+        [
+            sys.executable,
+            "tools/convert_checkpoint.py",
+            "--direction",
+            "ms2hf",
+            "--input",
+            str(run / "rank_0" / "step_00000006"),
+            "--output",
+            str(tmp_path / "hf"),
+            "--json",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert hf.returncode == 0 and json.loads(hf.stdout)["tensors"] == len(merged), hf.stderr[-2000:]
     del parts[1]
     with pytest.raises(CheckpointError, match="a rank's checkpoint part is missing"):
@@ -485,11 +656,11 @@ def _write_hf_bf16(folder, full, cfg):
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_utils import no_init_weights
     from models.hf_convert import mindscale_to_hf
+
     state, config = mindscale_to_hf(full, cfg.model)
     with no_init_weights():  # every weight is set below
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.bfloat16)
-    result = model.load_state_dict({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in state.items()},
-                                   strict=False)
+    result = model.load_state_dict({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in state.items()}, strict=False)
     assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}  # tied to the embedding
     model.save_pretrained(folder, safe_serialization=True)
     return folder
@@ -499,13 +670,17 @@ def _write_mindformers_ckpt(file, full, m):
     """A MindFormers LLaMA .ckpt (qkv_concat: fused w_qkv and w_gate_hidden, laid out as models/mf_convert.py
     describes) with AdamW moments beside the weights, written by MindSpore's save_checkpoint."""
     import mindspore as ms
+
     fused = re.compile(r"layers\.\d+\.(attention\.w[qkv]|feed_forward\.w[13])\.weight")
     renames = {ours: theirs for theirs, ours in mf_convert.RENAMES.items()}
     tensors = {renames.get(n, f"model.{n}"): v for n, v in full.items() if not fused.fullmatch(n)}
     for i in range(m.num_layers):
+
         def per_group(w):  # [kv heads, heads of the group, head dim, hidden]
-            return full[f"layers.{i}.attention.{w}.weight"].reshape(m.kv_heads, -1, m.hidden_size // m.num_heads,
-                                                                   m.hidden_size)
+            return full[f"layers.{i}.attention.{w}.weight"].reshape(
+                m.kv_heads, -1, m.hidden_size // m.num_heads, m.hidden_size
+            )
+
         qkv = np.concatenate([per_group("wq"), per_group("wk"), per_group("wv")], axis=1)
         tensors[f"model.layers.{i}.attention.w_qkv.weight"] = qkv.reshape(-1, m.hidden_size)
         gate, up = (full[f"layers.{i}.feed_forward.{w}.weight"] for w in ("w1", "w3"))
@@ -519,6 +694,7 @@ def _write_mindformers_ckpt(file, full, m):
 def _model_shapes(cfg) -> dict:
     from mindspore.nn.utils import no_init_parameters
     import models
+
     with no_init_parameters():
         return {p.name: list(p.shape) for p in models.build_model(cfg).get_parameters()}
 
@@ -543,19 +719,36 @@ def test_a_pipeline_stage_reads_and_holds_only_its_share_of_full_weights(staged,
     assert shapes == _model_shapes(cfg)  # the stages together hold the whole model
     rng = np.random.default_rng(0)
     full = {n: _bf16_exact(rng, shape) for n, shape in sorted(shapes.items())}
-    paths = {"mindscale": ckpt.save_checkpoint(tmp_path / "ms", 0, full),
-             "hf": _write_hf_bf16(tmp_path / "hf", full, cfg)}
+    paths = {
+        "mindscale": ckpt.save_checkpoint(tmp_path / "ms", 0, full),
+        "hf": _write_hf_bf16(tmp_path / "hf", full, cfg),
+    }
     if cfg.model.arch == "gpt":
         parts = _cut(full, reports, cfg.devices)
         paths["rank_folders"] = _write_sharded_step(tmp_path / "run", 4, parts, cfg.to_yaml())
     else:
         paths["mindformers"] = _write_mindformers_ckpt(tmp_path / "mf.ckpt", full, cfg.model)
-    loads = [{"rank": r["rank"], "layouts": r["layouts"], "local_shapes": r["local_shapes"], "path": str(paths[form]),
-              "output": str(tmp_path / f"{form}_{r['rank']}.npz"), "form": form} for r in reports for form in paths]
+    loads = [
+        {
+            "rank": r["rank"],
+            "layouts": r["layouts"],
+            "local_shapes": r["local_shapes"],
+            "path": str(paths[form]),
+            "output": str(tmp_path / f"{form}_{r['rank']}.npz"),
+            "form": form,
+        }
+        for r in reports
+        for form in paths
+    ]
     (tmp_path / "spec.json").write_text(json.dumps({"config": str(config), "overrides": overrides, "loads": loads}))
-    proc = subprocess.run([sys.executable, "tests/fixtures/load_stage.py", str(tmp_path / "spec.json")], cwd=REPO_ROOT,
-                          env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "tests/fixtures/load_stage.py", str(tmp_path / "spec.json")],
+        cwd=REPO_ROOT,
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     measured = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(measured) == len(loads)
@@ -571,31 +764,64 @@ def test_a_pipeline_stage_reads_and_holds_only_its_share_of_full_weights(staged,
         values = np.load(job["output"])
         assert sorted(values.files) == sorted(names)
         for n in names:
-            np.testing.assert_array_equal(values[n], take_slice(full[n], _raw(report["layouts"][n]), report["rank"]),
-                                          err_msg=f"{job['form']} {n}")
-        print(f"{staged} stage {report['stage']} rank {report['rank']} {job['form']}: holds {local * 4} B, read "
-              f"{read} B of its stage's {share} B (whole model {sum(v.nbytes for v in full.values())} B fp32), "
-              f"resident +{m['held']} B")
+            np.testing.assert_array_equal(
+                values[n], take_slice(full[n], _raw(report["layouts"][n]), report["rank"]), err_msg=f"{job['form']} {n}"
+            )
+        print(
+            f"{staged} stage {report['stage']} rank {report['rank']} {job['form']}: holds {local * 4} B, read "
+            f"{read} B of its stage's {share} B (whole model {sum(v.nbytes for v in full.values())} B fp32), "
+            f"resident +{m['held']} B"
+        )
 
 
-CPU_RUN = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",
-           "model.ffn_hidden_size=128", "model.vocab_size=256", "model.seq_length=32", "train.log_interval=1",
-           "train.warmup_steps=2", "checkpoint.save_interval=0", "parallel.data_parallel=1", "train.micro_batch_size=4"]
+CPU_RUN = [
+    "model.num_layers=2",
+    "model.hidden_size=64",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.ffn_hidden_size=128",
+    "model.vocab_size=256",
+    "model.seq_length=32",
+    "train.log_interval=1",
+    "train.warmup_steps=2",
+    "checkpoint.save_interval=0",
+    "parallel.data_parallel=1",
+    "train.micro_batch_size=4",
+]
 
 
 def _train(output, name, *overrides):
-    argv = [sys.executable, "run_train.py", "--config", str(TINY_LLAMA),
-            *[a for o in [*CPU_RUN, f"run.output_dir={output}", f"run.name={name}", "train.steps=6", *overrides]
-              for a in ("--set", o)]]
-    proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                          preexec_fn=one_core)
+    argv = [
+        sys.executable,
+        "run_train.py",
+        "--config",
+        str(TINY_LLAMA),
+        *[
+            a
+            for o in [*CPU_RUN, f"run.output_dir={output}", f"run.name={name}", "train.steps=6", *overrides]
+            for a in ("--set", o)
+        ],
+    ]
+    proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, preexec_fn=one_core)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout, {r["step"]: r["loss"] for r in map(json.loads, (output / name / "metrics.jsonl").open())}
 
 
 def _reshard(source, output, *overrides):
-    argv = [sys.executable, "tools/reshard.py", "--input", str(source), "--config", str(TINY_LLAMA), "--output",
-            str(output), "--jobs", "2", "--json", *[a for o in [*CPU_RUN, *overrides] for a in ("--set", o)]]
+    argv = [
+        sys.executable,
+        "tools/reshard.py",
+        "--input",
+        str(source),
+        "--config",
+        str(TINY_LLAMA),
+        "--output",
+        str(output),
+        "--jobs",
+        "2",
+        "--json",
+        *[a for o in [*CPU_RUN, *overrides] for a in ("--set", o)],
+    ]
     proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
@@ -606,10 +832,17 @@ def test_reshard_tool_round_trip_and_resume(tmp_path):
     compiled by the dry run) and back is bit-identical in weights and AdamW moments, and the CPU run
     resumed from it continues the losses of a run never resharded (one core: deterministic)."""
     _, straight = _train(tmp_path, "src", "checkpoint.save_interval=4")
-    sharded = _reshard(tmp_path / "src" / "checkpoints" / "step_00000004", tmp_path / "sharded",
-                       "hardware=ascend910b", "parallel.data_parallel=2", "parallel.model_parallel=2",
-                       "parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "parallel.optimizer_shard=true",
-                       "train.micro_batch_size=1")
+    sharded = _reshard(
+        tmp_path / "src" / "checkpoints" / "step_00000004",
+        tmp_path / "sharded",
+        "hardware=ascend910b",
+        "parallel.data_parallel=2",
+        "parallel.model_parallel=2",
+        "parallel.pipeline_stage=2",
+        "parallel.micro_batch_num=2",
+        "parallel.optimizer_shard=true",
+        "train.micro_batch_size=1",
+    )
     assert sharded["ranks"] == 8 and sharded["gb_per_s"] > 0 and (tmp_path / "sharded" / "COMMITTED").is_file()
     back_root = tmp_path / "back" / "checkpoints"
     _reshard(tmp_path / "sharded" / "rank_6" / "step_00000004", back_root)
@@ -626,8 +859,13 @@ def test_a_bad_strategy_is_refused_by_the_compiler():
     """The dry run is a real check: MindSpore's compiler rejects a colwise MatMul whose input is split
     along the contracting dimension while its weight is not, as it does on Ascend."""
     from mindscale.launch.standins import dryrun_environment
-    sets = SMALL + ["model.num_kv_heads=4", "parallel.data_parallel=2", "parallel.model_parallel=4",
-                    "run.device_target=Ascend"]
+
+    sets = SMALL + [
+        "model.num_kv_heads=4",
+        "parallel.data_parallel=2",
+        "parallel.model_parallel=4",
+        "run.device_target=Ascend",
+    ]
     code = f"""
 from models.layers import Linear
 from mindscale.config import load_config
@@ -642,8 +880,9 @@ Linear.shard_strategies = bad
 print(compile_rank(load_config({str(TINY_LLAMA)!r}, {sets!r}))["error"])
 """
     env = {**dryrun_environment(dict(os.environ), 0, 8), "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "MatMul init failed" in proc.stdout and "layers.py" in proc.stdout, proc.stdout
     assert "Invalid strategy for mat_a [2, 2] and mat_b [4, 1]" in proc.stderr  # MindSpore's own reason
@@ -651,6 +890,7 @@ print(compile_rank(load_config({str(TINY_LLAMA)!r}, {sets!r}))["error"])
 
 def test_ranks_preload_libgomp_and_jemalloc_once_and_keep_the_callers_libraries(tmp_path):
     from mindscale.launch.standins import dryrun_environment, jemalloc, libgomp
+
     mine = tmp_path / "libmine.so"
     caller = ":".join(filter(None, [str(mine), jemalloc() and os.path.realpath(jemalloc())]))
     preload = dryrun_environment({"LD_PRELOAD": caller}, 0, 8)["LD_PRELOAD"].split()
@@ -658,16 +898,22 @@ def test_ranks_preload_libgomp_and_jemalloc_once_and_keep_the_callers_libraries(
 
 
 def test_bad_input_is_one_line_and_exit_2():
-    for argv, needle in ((["--config", str(TINY_LLAMA)], "hardware='cpu'"),
-                         (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--ranks", "0,9"], "rank 9"),
-                         (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--set", "model.num_heads=3"],
-                          "num_heads"),
-                         (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910a", "--set",
-                           "model.compute_dtype=bfloat16"], "no bf16 matmul"),
-                         (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--set",
-                           "parallel.context_parallel=3"], "model.seq_length=128 is not divisible by "
-                                                           "parallel.context_parallel=3")):
-        proc = subprocess.run([sys.executable, "tools/dryrun.py", *argv], cwd=REPO_ROOT, capture_output=True,
-                              text=True, timeout=120)
-        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, \
+    for argv, needle in (
+        (["--config", str(TINY_LLAMA)], "hardware='cpu'"),
+        (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--ranks", "0,9"], "rank 9"),
+        (["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--set", "model.num_heads=3"], "num_heads"),
+        (
+            ["--config", str(TINY_LLAMA), "--set", "hardware=ascend910a", "--set", "model.compute_dtype=bfloat16"],
+            "no bf16 matmul",
+        ),
+        (
+            ["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--set", "parallel.context_parallel=3"],
+            "model.seq_length=128 is not divisible by parallel.context_parallel=3",
+        ),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "tools/dryrun.py", *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, (
             proc.stderr
+        )

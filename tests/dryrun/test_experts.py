@@ -8,6 +8,7 @@ slices [E/ep, F/tp, h] exactly as the planner sizes them, name by name, with the
 AlltoAll bytes are the compiled ones; and an expert's gradients are reduced only over the dp/ep ranks that
 hold the same experts (Megatron's expert-data-parallel group), the other weights over all dp ranks.
 """
+
 import pytest
 
 from mindscale.config import REPO_ROOT, Layout, load_config
@@ -16,12 +17,26 @@ from mindscale.perf import planner
 from tests.dryrun.test_dryrun import dryrun
 
 MIXTRAL_TINY = REPO_ROOT / "configs" / "tiny" / "mixtral_tiny.yaml"
-TWIN = ["hardware=ascend910b", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",
-        "model.ffn_hidden_size=128", "model.vocab_size=256", "model.seq_length=64", "model.num_layers=4",
-        "model.moe.num_experts=8", "model.moe.capacity_factor=1.5", "train.micro_batch_size=1",
-        "train.global_batch_size=null", "parallel.data_parallel=4", "parallel.model_parallel=2",
-        "parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "parallel.sequence_parallel=true",
-        "parallel.optimizer_shard=true"]
+TWIN = [
+    "hardware=ascend910b",
+    "model.hidden_size=64",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.ffn_hidden_size=128",
+    "model.vocab_size=256",
+    "model.seq_length=64",
+    "model.num_layers=4",
+    "model.moe.num_experts=8",
+    "model.moe.capacity_factor=1.5",
+    "train.micro_batch_size=1",
+    "train.global_batch_size=null",
+    "parallel.data_parallel=4",
+    "parallel.model_parallel=2",
+    "parallel.pipeline_stage=2",
+    "parallel.micro_batch_num=2",
+    "parallel.sequence_parallel=true",
+    "parallel.optimizer_shard=true",
+]
 EXPERTS = ("w1", "w3", "w2")
 
 
@@ -49,8 +64,10 @@ def test_first_and_last_stage_compile_with_the_planners_slices(compiled):
             shapes = {w: tuple(report["local_shapes"][name]) for w, name in names.items()}
             assert shapes == {w: planned[name] for w, name in names.items()}
             assert {w: slices[name] for w, name in names.items()} == {
-                "w1": (e // layout.ep, f // layout.tp, h), "w3": (e // layout.ep, f // layout.tp, h),
-                "w2": (e // layout.ep, h, f // layout.tp)}
+                "w1": (e // layout.ep, f // layout.tp, h),
+                "w3": (e // layout.ep, f // layout.tp, h),
+                "w2": (e // layout.ep, h, f // layout.tp),
+            }
             assert all(shapes[w][0] == slices[names[w]][0] // replicas for w in EXPERTS)
 
 
@@ -60,8 +77,11 @@ def test_tokens_reach_their_experts_by_alltoall_of_the_planners_bytes(compiled):
     for report in reports:
         # not the last stage's AlltoAlls within its tensor-parallel group (sequence-parallel redistribution)
         tp_group = list(range(report["rank"], report["rank"] + layout.tp))
-        alltoall = [row for row in report["collectives"] if row["kind"] == "AlltoAll" and row["group_size"] == layout.ep
-                    and row["ranks"] != tp_group]
+        alltoall = [
+            row
+            for row in report["collectives"]
+            if row["kind"] == "AlltoAll" and row["group_size"] == layout.ep and row["ranks"] != tp_group
+        ]
         layers = len(layout.layers_of_stage(report["stage"]))
         # dispatch and combine, forward and backward, per layer and micro batch (the last stage adds a few of
         # 8 bytes in the same group: the loss's token sums)
@@ -77,8 +97,9 @@ def test_expert_gradients_reduce_over_the_ranks_holding_the_same_experts(compile
     cfg, reports = compiled
     layout = Layout.of(cfg)
     report = reports[0]
-    groups = {row["group_size"] for row in report["collectives"] if row["purpose"] in ("grad_reduce",
-                                                                                       "optimizer_shard")}
+    groups = {
+        row["group_size"] for row in report["collectives"] if row["purpose"] in ("grad_reduce", "optimizer_shard")
+    }
     name = "layers.0.feed_forward.experts.w1"
     local = next(p.local for p in planner.parameter_slices(cfg) if p.name == name)
     replicas = layout.dp // layout.ep

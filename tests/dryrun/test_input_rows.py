@@ -15,6 +15,7 @@ checked against them.
 The rows fed come from the trainer's own batching (Trainer._batches) on synthetic data, identified by
 content against the stream of a one-worker run (its global batch in stream order).
 """
+
 from types import SimpleNamespace
 
 import pytest
@@ -33,9 +34,16 @@ ACCUMULATE = ["parallel.gradient_accumulation_steps=2"]
 
 def _one_stage(path) -> list[str]:
     """The twin of `path` without pipeline stages (two layers, two accumulated micro batches)."""
-    one_stage = ["parallel.pipeline_stage=1", "parallel.pipeline_interleave=1", "parallel.stage_offset=0",
-                 "parallel.micro_batch_num=1", "parallel.gradient_accumulation_shard=false", "recompute.layers=null",
-                 "train.global_batch_size=null", *ACCUMULATE]
+    one_stage = [
+        "parallel.pipeline_stage=1",
+        "parallel.pipeline_interleave=1",
+        "parallel.stage_offset=0",
+        "parallel.micro_batch_num=1",
+        "parallel.gradient_accumulation_shard=false",
+        "recompute.layers=null",
+        "train.global_batch_size=null",
+        *ACCUMULATE,
+    ]
     return [*one_stage, *twin_overrides(load_config(path, one_stage))]
 
 
@@ -43,16 +51,56 @@ def _one_stage(path) -> list[str]:
 # last rank and the last stage's first, or for the shipped twins (overrides None: tools/dryrun.py --twin) the
 # ranks test_dryrun.py compiles
 LAYOUTS = {
-    "dp4_tp2": (TINY_GPT, [*SMALL, "parallel.data_parallel=4", "parallel.model_parallel=2", *SP_OS,
-                           "train.micro_batch_size=2", *ACCUMULATE], "0,7"),
-    "dp4_tp2_pp2": (TINY_GPT, [*SMALL, "parallel.data_parallel=4", "parallel.model_parallel=2", *SP_OS,
-                               "parallel.pipeline_stage=2", "parallel.micro_batch_num=4", "train.micro_batch_size=1"],
-                    "7,8"),
-    "dp2_tp4": (TINY_GPT, [*SMALL, "parallel.data_parallel=2", "parallel.model_parallel=4", *SP_OS,
-                           "train.micro_batch_size=2", *ACCUMULATE], "0,7"),
-    "dp2_tp4_pp2": (TINY_GPT, [*SMALL, "parallel.data_parallel=2", "parallel.model_parallel=4", *SP_OS,
-                               "parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "train.micro_batch_size=2"],
-                    "7,8"),
+    "dp4_tp2": (
+        TINY_GPT,
+        [
+            *SMALL,
+            "parallel.data_parallel=4",
+            "parallel.model_parallel=2",
+            *SP_OS,
+            "train.micro_batch_size=2",
+            *ACCUMULATE,
+        ],
+        "0,7",
+    ),
+    "dp4_tp2_pp2": (
+        TINY_GPT,
+        [
+            *SMALL,
+            "parallel.data_parallel=4",
+            "parallel.model_parallel=2",
+            *SP_OS,
+            "parallel.pipeline_stage=2",
+            "parallel.micro_batch_num=4",
+            "train.micro_batch_size=1",
+        ],
+        "7,8",
+    ),
+    "dp2_tp4": (
+        TINY_GPT,
+        [
+            *SMALL,
+            "parallel.data_parallel=2",
+            "parallel.model_parallel=4",
+            *SP_OS,
+            "train.micro_batch_size=2",
+            *ACCUMULATE,
+        ],
+        "0,7",
+    ),
+    "dp2_tp4_pp2": (
+        TINY_GPT,
+        [
+            *SMALL,
+            "parallel.data_parallel=2",
+            "parallel.model_parallel=4",
+            *SP_OS,
+            "parallel.pipeline_stage=2",
+            "parallel.micro_batch_num=2",
+            "train.micro_batch_size=2",
+        ],
+        "7,8",
+    ),
     "llama3_405b": (LLAMA3_405B, None, "first,last"),
     "llama3_405b_one_stage": (LLAMA3_405B, _one_stage(LLAMA3_405B), "0,1023"),
     "gpt3_175b": (GPT3_175B, None, "first,last"),
@@ -136,19 +184,25 @@ def test_every_rank_computes_on_the_rows_it_is_fed_and_each_row_once(compiled):
         holds = {}
         for rank in stage_ranks:
             for slot, pos in enumerate(fed[rank]):
-                assert holds.setdefault(block[rank] * len(fed[rank]) + slot, pos) == pos, \
+                assert holds.setdefault(block[rank] * len(fed[rank]) + slot, pos) == pos, (
                     f"rank {rank} is fed other rows than the ranks holding block {block[rank]}"
+                )
         used = [info for info in report["inputs"] if info["micro_batches"] or layout.micro_steps == 1]
         assert used, "no input of the compiled graph is read"
         for info in used:
             assert len(info["micro_batches"]) in (0, layout.micro_steps)
             for rank in stage_ranks:  # the stage's ranks compile the same slices (their IR differs in groups)
                 computed = [[holds[row] for row in micro] for micro in compiled_rows(info, block[rank], layout)]
-                assert computed == [fed[rank][i * mbs:(i + 1) * mbs] for i in range(len(computed))], \
+                assert computed == [fed[rank][i * mbs : (i + 1) * mbs] for i in range(len(computed))], (
                     f"input {info['input']}: rank {rank} computes on rows {computed}, is fed {fed[rank]}"
+                )
             for group in {tuple(groups[rank]) for rank in stage_ranks}:  # a step uses every row of the batch once
-                rows = sorted(holds[row] for rank in group[::chunks]
-                              for micro in compiled_rows(info, block[rank], layout) for row in micro)
+                rows = sorted(
+                    holds[row]
+                    for rank in group[::chunks]
+                    for micro in compiled_rows(info, block[rank], layout)
+                    for row in micro
+                )
                 assert rows == list(range(cfg.samples_per_step))
 
 
@@ -158,7 +212,6 @@ def test_no_rank_gathers_the_global_batch(compiled):
     for report in reports.values():
         assert all(not info["gathered_over"] for info in report["inputs"]), report["inputs"]
         assert all(split == layout.dp for info in report["inputs"] for *_, split in info["micro_batches"])
-
 
 
 def test_compiled_traffic_is_the_planners(compiled):

@@ -8,21 +8,32 @@ pipeline_config the runtime set, and one forward border per micro batch for each
 scheduler MindScale accepts compiles. A dry run proves compiler acceptance only: not the schedule's
 speed, its memory or numerics.
 """
+
 import pytest
 
 from mindscale.config import Layout, load_config
 from test_dryrun import SMALL, TINY_GPT, TINY_LLAMA, dryrun
 
-INTERLEAVED = ["model.num_layers=8", "parallel.pipeline_stage=2", "parallel.pipeline_interleave=2",
-               "parallel.micro_batch_num=4"]
-TWINS = {"gpt_dp2_pp2_v2": (TINY_GPT, [*SMALL, *INTERLEAVED, "parallel.data_parallel=2"]),
-         "llama_tp2_pp2_v2": (TINY_LLAMA, [*SMALL, *INTERLEAVED, "parallel.model_parallel=2",
-                                           "model.num_kv_heads=2"])}
+INTERLEAVED = [
+    "model.num_layers=8",
+    "parallel.pipeline_stage=2",
+    "parallel.pipeline_interleave=2",
+    "parallel.micro_batch_num=4",
+]
+TWINS = {
+    "gpt_dp2_pp2_v2": (TINY_GPT, [*SMALL, *INTERLEAVED, "parallel.data_parallel=2"]),
+    "llama_tp2_pp2_v2": (TINY_LLAMA, [*SMALL, *INTERLEAVED, "parallel.model_parallel=2", "model.num_kv_heads=2"]),
+}
 # The schedulers MindSpore 2.9 compiles for a round-robin interleaved layout (zero_bubble_v needs a V,
 # mindscale/config/validate.py refuses it); 1f1b is the twins' above
 SCHEDULERS = ["gpipe", "seqpipe", "seqvpp", "seqsmartvpp"]
-CHEAP = [*SMALL, "parallel.data_parallel=1", "parallel.pipeline_stage=2", "parallel.pipeline_interleave=2",
-         "parallel.micro_batch_num=2"]
+CHEAP = [
+    *SMALL,
+    "parallel.data_parallel=1",
+    "parallel.pipeline_stage=2",
+    "parallel.pipeline_interleave=2",
+    "parallel.micro_batch_num=2",
+]
 
 
 def held_layers(report) -> list[int]:

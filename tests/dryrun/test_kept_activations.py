@@ -13,6 +13,7 @@ recompute.comm false and true. What the IR must show, and the planner count:
 * the compiled traffic grows with recompute.comm by what the planner adds.
 A dry run proves what the compiler built, not memory or speed on a device.
 """
+
 import re
 
 import pytest
@@ -23,12 +24,25 @@ from mindscale.perf import planner
 from test_dryrun import dryrun
 from test_offload import LLAMA3_405B, SMALL, moves_of, nbytes
 
-TWIN = [*SMALL, "model.num_layers=3", "parallel.pipeline_stage=1", "parallel.micro_batch_num=1",
-        "parallel.pipeline_interleave=1", "parallel.gradient_accumulation_shard=false", "recompute.mode=full",
-        "recompute.layers=1", "offload.layers=1"]
+TWIN = [
+    *SMALL,
+    "model.num_layers=3",
+    "parallel.pipeline_stage=1",
+    "parallel.micro_batch_num=1",
+    "parallel.pipeline_interleave=1",
+    "parallel.gradient_accumulation_shard=false",
+    "recompute.mode=full",
+    "recompute.layers=1",
+    "offload.layers=1",
+]
 RECOMPUTED, OFFLOADED, KEPT = 0, 1, 2
-COLUMN_PARALLEL = ("attention-Attention/wq", "attention-Attention/wk", "attention-Attention/wv",
-                   "feed_forward-SwiGLU/w1", "feed_forward-SwiGLU/w3")
+COLUMN_PARALLEL = (
+    "attention-Attention/wq",
+    "attention-Attention/wk",
+    "attention-Attention/wv",
+    "feed_forward-SwiGLU/w1",
+    "feed_forward-SwiGLU/w3",
+)
 TENSOR = re.compile(r"<Tensor\[(\w+)\], \(([\d, ]*)\)>")
 
 
@@ -38,7 +52,7 @@ def subgraphs(ir: str) -> dict[str, tuple[str, str]]:
     for block in ir.split("\nsubgraph attr:")[1:]:
         name = re.search(r"\nsubgraph @(\S+?)\(", block).group(1)
         params = re.search(r"\n# Parameters: [^\n]*", block)
-        out[name] = (params.group(0) if params else "", block[block.index(f"subgraph @{name}("):])
+        out[name] = (params.group(0) if params else "", block[block.index(f"subgraph @{name}(") :])
     return out
 
 
@@ -50,8 +64,9 @@ def layer_graphs(graphs: dict, layer: int) -> dict:
 def nodes(body: str) -> dict[str, tuple[str, str, str]]:
     """%N or its name -> (op, the rest of its line, its scope)."""
     out = {}
-    for m in re.finditer(r"^  %(\d+)\(([^)]*)\) = (\w+)\(([^\n]*)\n[^\n]*\n(?:\s*# Fullname with scope: \(([^)]*)\))?",
-                         body, re.M):
+    for m in re.finditer(
+        r"^  %(\d+)\(([^)]*)\) = (\w+)\(([^\n]*)\n[^\n]*\n(?:\s*# Fullname with scope: \(([^)]*)\))?", body, re.M
+    ):
         index, name, op, rest, scope = m.groups()
         out[f"%{index}"] = out[name] = (op, rest, scope or "")
     return out
@@ -129,6 +144,8 @@ def test_a_fully_recomputed_layer_keeps_what_the_planner_counts(compiled):
 
 def test_compiled_traffic_grows_with_comm_by_what_the_planner_adds(compiled):
     (_, _, off, _, _), (_, _, on, _, _) = compiled[False], compiled[True]
-    compiled, planned = ([report["planned"][key] for report in (off, on)]
-                         for key in ("compiled_comm_bytes_per_step", "comm_bytes_per_step"))
+    compiled, planned = (
+        [report["planned"][key] for report in (off, on)]
+        for key in ("compiled_comm_bytes_per_step", "comm_bytes_per_step")
+    )
     assert compiled[1] > compiled[0] and compiled[1] - compiled[0] == pytest.approx(planned[1] - planned[0])

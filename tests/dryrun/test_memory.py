@@ -7,6 +7,7 @@ planner's, and the MindSpore internals it relies on, pinned so that an upgrade f
 * the SOMAS plan's file (rank_<R>/Ascend_somas_tensor_offset_<graph>.ir) and its two sections;
 * that plan's persistent bytes plus its block are what an executed level-1 step takes from MindSpore's pool.
 """
+
 import contextlib
 import ctypes
 import io
@@ -35,7 +36,7 @@ def test_the_stand_in_root_is_the_only_cann_in_its_path():
     plugin = next((standins.mindspore_dir() / "lib" / "plugin" / "ascend").glob("libmindspore_ascend_res_manager.so"))
     words = subprocess.run(["strings", str(plugin)], capture_output=True, text=True).stdout.splitlines()
     at = words.index("Get dladdr failed.")  # the path rule's strings, next to its error message
-    assert {"cann", "latest"} <= set(words[at:at + 4]), words[at:at + 4]
+    assert {"cann", "latest"} <= set(words[at : at + 4]), words[at : at + 4]
 
 
 def test_the_operator_stand_in_zeroes_exactly_a_ge_operator():
@@ -55,14 +56,16 @@ def test_the_operator_stand_in_zeroes_exactly_a_ge_operator():
 def test_a_somas_plan_reads_as_persistent_bytes_a_block_and_its_busiest_step():
     """The plan's format as MindSpore 2.9 writes it (tab-separated; an in-place op's output shares its input's
     offset and counts once)."""
-    text = ("All Parameters:\n\nindex:\tsize:\tsource node name:\tnode out index:\n"
-            "%0P\t#2048S\tinputs0\t0\n%1P\t#4096S\tw.weight\t0\n%2P\t#512S\tDefault/data-3\t0\n\n\n"
-            "All Tensors:\n\nindex:\taligned_size:\toriginal_size:\toffset:\ttype:\tlifelong:\tlife_start:\t"
-            "life_end:\tsource node name:\n"
-            "%0T\t#1024S\t#1000S\t&0\tCommon\tLifeLongNone\t1\t3\tDefault/a/MatMul-op0\n"
-            "%1T\t#1024S\t#1000S\t&0\tUnion\tLifeLongNone\t3\t5\tDefault/a/Reshape-op0\n"
-            "%2T\t#512S\t#500S\t&1024\tCommon\tLifeLongNone\t4\t4\tGradients/b/Mul-op1\n"
-            "%3T\t#256S\t#200S\t&1024\tCommon\tLifeLongNone\t6\t7\tDefault/c/Exp-op0\n")
+    text = (
+        "All Parameters:\n\nindex:\tsize:\tsource node name:\tnode out index:\n"
+        "%0P\t#2048S\tinputs0\t0\n%1P\t#4096S\tw.weight\t0\n%2P\t#512S\tDefault/data-3\t0\n\n\n"
+        "All Tensors:\n\nindex:\taligned_size:\toriginal_size:\toffset:\ttype:\tlifelong:\tlife_start:\t"
+        "life_end:\tsource node name:\n"
+        "%0T\t#1024S\t#1000S\t&0\tCommon\tLifeLongNone\t1\t3\tDefault/a/MatMul-op0\n"
+        "%1T\t#1024S\t#1000S\t&0\tUnion\tLifeLongNone\t3\t5\tDefault/a/Reshape-op0\n"
+        "%2T\t#512S\t#500S\t&1024\tCommon\tLifeLongNone\t4\t4\tGradients/b/Mul-op1\n"
+        "%3T\t#256S\t#200S\t&1024\tCommon\tLifeLongNone\t6\t7\tDefault/c/Exp-op0\n"
+    )
     plan = parse_plan(text)
     assert plan["persistent_bytes"] == 2048 + 4096 + 512 and plan["constant_bytes"] == 512
     assert plan["somas_bytes"] == 1536 and plan["peak_step"] == 4 and plan["somas_used_at_peak_bytes"] == 1536
@@ -76,9 +79,24 @@ def test_mindspores_plan_of_a_twin_is_what_its_step_takes_and_near_the_planners(
     PLANNER_BAND of it. Stand-ins: CANN's calls return 0 (a zeroed ge::Operator); nothing computes."""
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = dryrun_tool.main(["--config", str(TINY_LLAMA), "--set", "hardware=ascend910b", "--set",
-                                 "parallel.model_parallel=2", "--rank", "0", "--memory", "run", "--json",
-                                 "--no-collectives", "--timeout", "600"])
+        code = dryrun_tool.main(
+            [
+                "--config",
+                str(TINY_LLAMA),
+                "--set",
+                "hardware=ascend910b",
+                "--set",
+                "parallel.model_parallel=2",
+                "--rank",
+                "0",
+                "--memory",
+                "run",
+                "--json",
+                "--no-collectives",
+                "--timeout",
+                "600",
+            ]
+        )
     report = json.loads(printed.getvalue().splitlines()[-1])
     assert code == 0 and report["compiled"], report.get("error")
     memory = report["device_memory"]
@@ -94,4 +112,4 @@ def test_mindspores_plan_of_a_twin_is_what_its_step_takes_and_near_the_planners(
     # ... which is what the planner budgets for the loss: 3 fp32 bytes per logit of the rank's split
     assert 3 * LOSS_LOGIT_BYTES * 512 * 1024 == sum(t["bytes"] - 512 for t in loss)  # SOMAS adds 512 to each
     assert PLANNER_BAND[0] <= report["planned"]["device_memory_ratio"] <= PLANNER_BAND[1], report["planned"]
-    assert memory["reserve"]["outside_pool_bytes"] == 3 * 2 ** 30  # ascend910b: 64 GiB, a 61 GiB pool
+    assert memory["reserve"]["outside_pool_bytes"] == 3 * 2**30  # ascend910b: 64 GiB, a 61 GiB pool

@@ -16,6 +16,7 @@ state still equal the compiled ones.
 A dry run proves compiler acceptance and what the graph moves: not that the copies overlap compute, their
 speed, or device and host memory (tests/models/test_models.py runs the marks on CPU, where nothing moves).
 """
+
 import math
 import re
 
@@ -27,23 +28,58 @@ from mindscale.perf import planner
 from test_dryrun import dryrun
 
 LLAMA3_405B = REPO_ROOT / "configs" / "llama3" / "llama3_405b.yaml"
-SMALL = ["model.num_heads=4", "model.num_kv_heads=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
-         "model.vocab_size=256", "model.seq_length=64", "train.global_batch_size=null", "parallel.data_parallel=2",
-         "parallel.model_parallel=2", "parallel.stage_offset=0"]
+SMALL = [
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.hidden_size=64",
+    "model.ffn_hidden_size=128",
+    "model.vocab_size=256",
+    "model.seq_length=64",
+    "train.global_batch_size=null",
+    "parallel.data_parallel=2",
+    "parallel.model_parallel=2",
+    "parallel.stage_offset=0",
+]
 TWINS = {  # graph reuse: (overrides, recomputed layers, offloaded layers)
-    "model": ([*SMALL, "model.num_layers=8", "parallel.pipeline_stage=2", "parallel.micro_batch_num=4",
-               "parallel.pipeline_interleave=2", "recompute.mode=full", "recompute.layers=[1,1]",
-               "offload.layers=[2,1]", "offload.backward_prefetch=2"], (0, 2), (1, 3, 4)),
-    "layer": ([*SMALL, "model.num_layers=2", "parallel.pipeline_stage=1", "parallel.micro_batch_num=1",
-               "parallel.pipeline_interleave=1", "parallel.gradient_accumulation_shard=false", "recompute.mode=none",
-               "recompute.layers=null", "offload.layers=1"], (), (0,)),
+    "model": (
+        [
+            *SMALL,
+            "model.num_layers=8",
+            "parallel.pipeline_stage=2",
+            "parallel.micro_batch_num=4",
+            "parallel.pipeline_interleave=2",
+            "recompute.mode=full",
+            "recompute.layers=[1,1]",
+            "offload.layers=[2,1]",
+            "offload.backward_prefetch=2",
+        ],
+        (0, 2),
+        (1, 3, 4),
+    ),
+    "layer": (
+        [
+            *SMALL,
+            "model.num_layers=2",
+            "parallel.pipeline_stage=1",
+            "parallel.micro_batch_num=1",
+            "parallel.pipeline_interleave=1",
+            "parallel.gradient_accumulation_shard=false",
+            "recompute.mode=none",
+            "recompute.layers=null",
+            "offload.layers=1",
+        ],
+        (),
+        (0,),
+    ),
 }
 ITEMSIZE = {"Float32": 4, "BFloat16": 2, "Float16": 2, "Int32": 4}
 # a MoveTo node, its input/output types and its scope: ...layers-CellList/<layer>-TransformerBlock/... (a copy back
 # that a recomputed all-gather reads, under recompute.comm: Default/MoveTo-opN)
-MOVE_TO = re.compile(r'= MoveTo\(%\w+, "(\w+)", Bool\(0\)\) primitive_attrs: \{backward_prefetch: I64\((\d+)\)\}\n'
-                     r'\s*: \(<Tensor\[(\w+)\], \(([\d, ]*)\)>[^\n]*\n'
-                     r'\s*# Fullname with scope: \(([^)]*)\)')
+MOVE_TO = re.compile(
+    r'= MoveTo\(%\w+, "(\w+)", Bool\(0\)\) primitive_attrs: \{backward_prefetch: I64\((\d+)\)\}\n'
+    r'\s*: \(<Tensor\[(\w+)\], \(([\d, ]*)\)>[^\n]*\n'
+    r'\s*# Fullname with scope: \(([^)]*)\)'
+)
 LAYER_SCOPE = re.compile(r"layers-CellList/(\d+)-\w*TransformerBlock/")
 
 
@@ -83,8 +119,9 @@ def test_exactly_the_offloaded_layers_move_out_and_back_with_the_prefetch(compil
         assert out == {i for i in layout.offloaded if layout.stages_of_layers[i] == report["stage"]}
         # every copy out has its copy back (the backward op that reads it names the copy back's scope, which in
         # the interleaved graph is not always its own layer's: they are matched per stage)
-        assert sorted(size for where, _, size, _ in moves if where == "CPU") == \
-            sorted(size for where, _, size, _ in moves if where == "Ascend")
+        assert sorted(size for where, _, size, _ in moves if where == "CPU") == sorted(
+            size for where, _, size, _ in moves if where == "Ascend"
+        )
         assert {prefetch for _, prefetch, _, _ in moves} == {cfg.offload.backward_prefetch}
         assert report["planned"]["shape_mismatches"] == {}
         assert report["bytes"] == {k: report["planned"][k] for k in ("weights", "grads", "optimizer")}

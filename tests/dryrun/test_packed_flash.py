@@ -17,6 +17,7 @@ The shipped SFT configs' twins compile packed in tests/dryrun/test_dryrun.py. A 
 acceptance only: not the kernel's handling of the ends, numerics, speed or memory
 (tests/models/test_packed_flash_lengths.py executes the conversion and checks its mask on CPU).
 """
+
 import re
 import subprocess
 import sys
@@ -31,9 +32,17 @@ from test_context_parallel import ops_named
 from test_dryrun import SMALL, TINY_LLAMA, dryrun
 from tests import shared
 
-TWIN = [*SMALL, "model.num_kv_heads=2", "model.compute_dtype=bfloat16", "train.micro_batch_size=2",
-        "parallel.data_parallel=2", "parallel.model_parallel=2", "parallel.pipeline_stage=2",
-        "parallel.micro_batch_num=2", "parallel.sequence_parallel=true"]
+TWIN = [
+    *SMALL,
+    "model.num_kv_heads=2",
+    "model.compute_dtype=bfloat16",
+    "train.micro_batch_size=2",
+    "parallel.data_parallel=2",
+    "parallel.model_parallel=2",
+    "parallel.pipeline_stage=2",
+    "parallel.micro_batch_num=2",
+    "parallel.sequence_parallel=true",
+]
 TND, RIGHT_DOWN_CAUSAL = 4, 3
 _COLLECTIVE = re.compile(r"= (?:PrimFunc_)?(AllGather|AllReduce|ReduceScatter|AlltoAll|Send|Receive)\(")
 
@@ -42,6 +51,7 @@ _COLLECTIVE = re.compile(r"= (?:PrimFunc_)?(AllGather|AllReduce|ReduceScatter|Al
 def compiled():
     """(config, layout, [(report, validate IR)] of the first and the last stage), compiled once in the session
     (tests/shared.py: each test here is a work unit of its own, and may run in either xdist worker)."""
+
     def compile_and_read():
         with tempfile.TemporaryDirectory() as ir_dir:
             reports = dryrun(TINY_LLAMA, *TWIN, packed=True, ir_dir=Path(ir_dir))
@@ -61,12 +71,16 @@ def test_flash_attention_takes_each_ranks_tokens_in_the_tnd_layout(compiled):
         assert len(flash) == layout.layers_per_stage[report["stage"]]  # one graph serves every micro batch
         for line, shapes in flash:
             assert "instance name: flash_packed" in line
-            head_num, pre_tokens, next_tokens, *_, input_layout, sparse_mode = \
-                [int(x) for x in re.findall(r"I64\((-?\d+)\)", line.split("{", 1)[0])]
+            head_num, pre_tokens, next_tokens, *_, input_layout, sparse_mode = [
+                int(x) for x in re.findall(r"I64\((-?\d+)\)", line.split("{", 1)[0])
+            ]
             assert (input_layout, sparse_mode, pre_tokens, next_tokens) == (TND, RIGHT_DOWN_CAUSAL, 2**31 - 1, 0)
             assert head_num == m.num_heads // layout.tp
-            assert shapes[:3] == [(tokens, m.num_heads // layout.tp, m.head_size)] + \
-                [(tokens, m.kv_heads // layout.tp, m.head_size)] * 2
+            assert (
+                shapes[:3]
+                == [(tokens, m.num_heads // layout.tp, m.head_size)]
+                + [(tokens, m.kv_heads // layout.tp, m.head_size)] * 2
+            )
             q_len, kv_len = re.search(r"None, (%[\w.]+), (%[\w.]+), I64", line).groups()
             assert q_len == kv_len  # actual_seq_qlen = actual_seq_kvlen: equal query and key lengths
             lengths = ir.splitlines()[ir.splitlines().index(line) + 1]
@@ -79,8 +93,7 @@ def test_the_ends_are_computed_from_the_ranks_own_rows(compiled):
         rows, s, slots = cfg.train.micro_batch_size, cfg.model.seq_length, layout.packed_examples + 1
         in_slot = [shapes for line, shapes in ops_named(ir, "LessEqual") if "instance name: in_slot" in line]
         # segment_ids [1 block, 2 rows, S, 1] against the slots: this rank's rows only
-        assert in_slot and all(shapes == [(1, rows, s, 1), (1, 1, 1, slots), (1, rows, s, slots)]
-                               for shapes in in_slot)
+        assert in_slot and all(shapes == [(1, rows, s, 1), (1, 1, 1, slots), (1, rows, s, slots)] for shapes in in_slot)
         segments = report["inputs"][2]  # tokens, loss_mask, segment_ids
         assert segments["gathered_over"] == [] and segments["rows"] * layout.dp == segments["global_rows"]
         lines = ir.splitlines()
@@ -96,13 +109,23 @@ def test_the_planner_bytes_equal_the_compiled_ones(compiled):
         assert report["bytes"] == {k: planned[k] for k in ("weights", "grads", "optimizer")}
 
 
-@pytest.mark.parametrize("sets, needle", [
-    (["parallel.context_parallel=2", "train.micro_batch_size=1"],
-     "packed SFT data (segment_ids) with parallel.context_parallel=2"),
-    (["train.micro_batch_size=16"], "train.micro_batch_size=16 x (data.max_packed_examples=127 + 1) = 2048 sequences"),
-], ids=["context_parallel", "too_many_sequences"])
+@pytest.mark.parametrize(
+    "sets, needle",
+    [
+        (
+            ["parallel.context_parallel=2", "train.micro_batch_size=1"],
+            "packed SFT data (segment_ids) with parallel.context_parallel=2",
+        ),
+        (
+            ["train.micro_batch_size=16"],
+            "train.micro_batch_size=16 x (data.max_packed_examples=127 + 1) = 2048 sequences",
+        ),
+    ],
+    ids=["context_parallel", "too_many_sequences"],
+)
 def test_packed_flash_the_kernel_cannot_take_is_one_line_and_exit_2(sets, needle):
     argv = ["--config", str(TINY_LLAMA), *[a for o in (*TWIN, *sets) for a in ("--set", o)], "--packed"]
-    proc = subprocess.run([sys.executable, "tools/dryrun.py", *argv], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "tools/dryrun.py", *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr

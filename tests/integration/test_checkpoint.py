@@ -1,4 +1,5 @@
 """Checkpoint folders: atomic writes, pruning, verification of truncated/corrupt copies."""
+
 import os
 import subprocess
 import sys
@@ -16,8 +17,9 @@ def tensors(seed):
 
 def test_save_load_round_trip(tmp_path):
     for step in (10, 20):
-        ckpt.save_checkpoint(tmp_path, step, tensors(step), {"adam_m.a": np.ones(3, np.float32)},
-                             {"loss_scale": 1.0}, "run: {}\n")
+        ckpt.save_checkpoint(
+            tmp_path, step, tensors(step), {"adam_m.a": np.ones(3, np.float32)}, {"loss_scale": 1.0}, "run: {}\n"
+        )
     kept = ckpt.complete_checkpoints(tmp_path)
     assert [p.name for p in kept] == ["step_00000010", "step_00000020"]
     weights, optimizer, state = ckpt.load_checkpoint(kept[-1])
@@ -65,7 +67,8 @@ def test_sigkill_during_write_leaves_previous_checkpoint(tmp_path):
         "from mindscale.train.checkpoints import folder as ckpt\n"
         f"root = {str(tmp_path)!r}\n"
         "for step in (1, 2):\n"
-        "    ckpt.save_checkpoint(root, step, {'w': np.full(1000, step, np.float32)})\n")
+        "    ckpt.save_checkpoint(root, step, {'w': np.full(1000, step, np.float32)})\n"
+    )
     env = {**os.environ, "MINDSCALE_FAULT": "checkpoint_write:2"}
     proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=ckpt.Path(__file__).parents[2])
     assert proc.returncode == -9
@@ -135,9 +138,11 @@ def test_resume_prefers_a_healthy_step_and_takes_the_newest_readable_when_none_i
         commit.commit(tmp_path, tmp_path, step, vote, 0, keep_last=3)
     said = []
     assert commit.resume_point(tmp_path, tmp_path, vote, 0, None, said.append).name == "step_00000020"
-    assert said == ["checkpoint: passing over unhealthy step 30 (2 non-finite loss(es), 0 update(s) in a row skipped "
-                    "in the 10 steps before it); resuming from healthy step 20; the later steps leave the run's "
-                    "history (their folders are removed at the next save)"]
+    assert said == [
+        "checkpoint: passing over unhealthy step 30 (2 non-finite loss(es), 0 update(s) in a row skipped "
+        "in the 10 steps before it); resuming from healthy step 20; the later steps leave the run's "
+        "history (their folders are removed at the next save)"
+    ]
     assert commit.committed_steps(tmp_path) == [10, 20]  # the passed-over step left the run's history
     none_healthy = tmp_path / "none_healthy"
     for step in (10, 20):
@@ -145,8 +150,10 @@ def test_resume_prefers_a_healthy_step_and_takes_the_newest_readable_when_none_i
         commit.commit(none_healthy, none_healthy, step, vote, 0, keep_last=3)
     said.clear()
     assert commit.resume_point(none_healthy, none_healthy, vote, 0, None, said.append).name == "step_00000020"
-    assert said == ["checkpoint: no healthy committed step; resuming from unhealthy step 20 (2 non-finite loss(es), "
-                    "0 update(s) in a row skipped in the 10 steps before it)"]
+    assert said == [
+        "checkpoint: no healthy committed step; resuming from unhealthy step 20 (2 non-finite loss(es), "
+        "0 update(s) in a row skipped in the 10 steps before it)"
+    ]
 
 
 def test_a_run_without_a_commit_record_resumes_from_its_complete_folders(tmp_path):
@@ -164,21 +171,30 @@ def test_a_sharded_rank_reads_only_its_slice_of_full_weights(tmp_path):
     the bytes read (/proc/self/io rchar) and the process's own resident memory (RssAnon: page cache is
     not held) grow by the whole tensor for a whole read, by about its eighth for a slice."""
     from safetensors.numpy import save_file
+
     file = tmp_path / "model.safetensors"
     save_file({"w": np.arange(8192 * 8192, dtype=np.float32).reshape(8192, 8192)}, str(file))
     layout = ([8], [0, -1], None, 1, True, "", [8192, 8192])  # dim 0 split 8 ways
-    script = ("import os, sys\n"
-              "from models.weights import SlicedWeights\n"
-              "rss = lambda: int(next(l for l in open('/proc/self/status') if l.startswith('RssAnon')).split()[1]) >> 10\n"
-              "rchar = lambda: int(next(l for l in open('/proc/self/io') if l.startswith('rchar')).split()[1])\n"
-              f"lazy = SlicedWeights.of_file({str(file)!r})\n"
-              "before, read = rss(), rchar()\n"
-              f"part = lazy.local('w', {layout!r}, 2) if sys.argv[1] == 'slice' else lazy['w']\n"
-              "print(float(part[0, 0]), part.shape[0], rss() - before, (rchar() - read) >> 20)\n")
+    script = (
+        "import os, sys\n"
+        "from models.weights import SlicedWeights\n"
+        "rss = lambda: int(next(l for l in open('/proc/self/status') if l.startswith('RssAnon')).split()[1]) >> 10\n"
+        "rchar = lambda: int(next(l for l in open('/proc/self/io') if l.startswith('rchar')).split()[1])\n"
+        f"lazy = SlicedWeights.of_file({str(file)!r})\n"
+        "before, read = rss(), rchar()\n"
+        f"part = lazy.local('w', {layout!r}, 2) if sys.argv[1] == 'slice' else lazy['w']\n"
+        "print(float(part[0, 0]), part.shape[0], rss() - before, (rchar() - read) >> 20)\n"
+    )
     added, read = {}, {}
     for how in ("slice", "whole"):
-        out = subprocess.run([sys.executable, "-c", script, how], cwd=ckpt.Path(__file__).parents[2],
-                             capture_output=True, text=True, timeout=300, check=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", script, how],
+            cwd=ckpt.Path(__file__).parents[2],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        ).stdout.split()
         added[how], read[how] = int(out[2]), int(out[3])
         if how == "slice":
             assert float(out[0]) == 2 * 1024 * 8192 and int(out[1]) == 1024  # rank 2's rows start at 2048
@@ -215,9 +231,18 @@ def test_a_save_removes_temporary_folders_a_killed_save_left(tmp_path):
 def sharded_steps(root, step: int, ranks: int) -> dict:
     """A sharded run's committed step as its ranks write it: rank_<r>/step_X with the layout record."""
     from mindscale.config import REPO_ROOT, Layout, load_config
-    cfg = load_config(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml",
-                      ["hardware=ascend910b", "parallel.data_parallel=2", "parallel.model_parallel=2",
-                       "parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "model.compute_dtype=float16"])
+
+    cfg = load_config(
+        REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml",
+        [
+            "hardware=ascend910b",
+            "parallel.data_parallel=2",
+            "parallel.model_parallel=2",
+            "parallel.pipeline_stage=2",
+            "parallel.micro_batch_num=2",
+            "model.compute_dtype=float16",
+        ],
+    )
     record = ckpt.layout_record(cfg, Layout.of(cfg, "Ascend"))
     for rank in range(ranks):
         ckpt.save_checkpoint(root / f"rank_{rank}", step, tensors(rank), state={"layout": record})
@@ -237,12 +262,16 @@ def test_a_step_of_another_layout_is_refused_naming_the_resharding_tool(tmp_path
         f"{folder} was written sharded over 8 devices (data_parallel 2, model_parallel 2, pipeline_stage 2, "
         "expert_parallel 1, optimizer_shard False), this run is unsharded (rank 0 writes whole tensors): its tensors "
         f"do not load here; reshard it: python tools/reshard.py --input {folder} --config <this run's config> "
-        "--output <a new run>/checkpoints, then resume with that run.name")
+        "--output <a new run>/checkpoints, then resume with that run.name"
+    )
     whole = tmp_path / "whole"
     ckpt.save_checkpoint(whole, 4, tensors(4), state={"layout": {}})
     commit.record_steps(whole, [4])
-    with pytest.raises(ckpt.CheckpointError, match=r"step_00000004 was written unsharded \(rank 0 writes whole "
-                                                   r"tensors\), this run is sharded over 8 devices .*tools/reshard.py"):
+    with pytest.raises(
+        ckpt.CheckpointError,
+        match=r"step_00000004 was written unsharded \(rank 0 writes whole "
+        r"tensors\), this run is sharded over 8 devices .*tools/reshard.py",
+    ):
         commit.resume_point(whole, whole / "rank_3", vote, 3, None, layout=record)
     assert commit.committed_steps(tmp_path) == [4] and commit.committed_steps(whole) == [4]  # nothing changed
 
@@ -262,21 +291,32 @@ def test_a_checkpoint_of_another_model_shape_is_refused_before_the_step_compiles
     files' headers, before the compile (the shared one-worker run's step 6)."""
     from tests.integration.test_training import one_worker_run, train
     import shutil
+
     run = ckpt.Path(one_worker_run()["run"])
     step = run / "checkpoints" / "step_00000006"
-    loaded = train(tmp_path, "wider", "model.hidden_size=128", f"checkpoint.load_path={step}", "train.steps=1",
-                   check=False)
+    loaded = train(
+        tmp_path, "wider", "model.hidden_size=128", f"checkpoint.load_path={step}", "train.steps=1", check=False
+    )
     shutil.copytree(run / "checkpoints", tmp_path / "resumed" / "checkpoints")
-    resumed = train(tmp_path, "resumed", "model.hidden_size=128", "train.micro_batch_size=4", "train.steps=7",
-                    check=False)
-    differ = ("tok_embeddings.weight is (256, 64) there, (256, 128) here (and 11 more); its config.yaml has "
-              "model.hidden_size=64 (this run 128)")
-    for proc, source, fix in [(loaded, f"checkpoint.load_path={step}", "use the model config it was trained with"),
-                              (resumed, tmp_path / "resumed" / "checkpoints" / "step_00000006",
-                               "resume with the model keys it was saved with (its config.yaml)")]:
+    resumed = train(
+        tmp_path, "resumed", "model.hidden_size=128", "train.micro_batch_size=4", "train.steps=7", check=False
+    )
+    differ = (
+        "tok_embeddings.weight is (256, 64) there, (256, 128) here (and 11 more); its config.yaml has "
+        "model.hidden_size=64 (this run 128)"
+    )
+    for proc, source, fix in [
+        (loaded, f"checkpoint.load_path={step}", "use the model config it was trained with"),
+        (
+            resumed,
+            tmp_path / "resumed" / "checkpoints" / "step_00000006",
+            "resume with the model keys it was saved with (its config.yaml)",
+        ),
+    ]:
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-        assert proc.returncode == 2 and errors == [f"error: {source} does not fit this model: {differ}: {fix}"], \
+        assert proc.returncode == 2 and errors == [f"error: {source} does not fit this model: {differ}: {fix}"], (
             proc.stderr[-2000:]
+        )
         assert "compiled the train step" not in proc.stdout
     assert not (tmp_path / "wider" / "checkpoints").exists()
     assert commit.committed_steps(tmp_path / "resumed" / "checkpoints") == [6]

@@ -1,6 +1,7 @@
 """Data pipeline: tokenizer training, preprocessing of every input format, packing arithmetic, the loader's
 order (determinism, rank sharding invariance, accumulation, resume, epochs), SFT masks and packing, and every
 bad-input case of the CLIs (exit 2, one line)."""
+
 import importlib.util
 import json
 import os
@@ -24,9 +25,11 @@ from mindscale.train.data.tokenizers import load_tokenizer
 ROOT = Path(__file__).resolve().parents[2]
 SEQ = 16
 VOCAB = 512
-TEMPLATE_TEXT = ("Below is an instruction that describes a task. Write a response that appropriately completes the "
-                 "request. ### Instruction: ### Input: ### Response: [INST] [/INST] <<SYS>> <</SYS>> "
-                 "<|start_header_id|>user<|end_header_id|> assistant system")
+TEMPLATE_TEXT = (
+    "Below is an instruction that describes a task. Write a response that appropriately completes the "
+    "request. ### Instruction: ### Input: ### Response: [INST] [/INST] <<SYS>> <</SYS>> "
+    "<|start_header_id|>user<|end_header_id|> assistant system"
+)
 
 
 def load_tool(name):
@@ -42,8 +45,14 @@ TRAIN_TOKENIZER = load_tool("train_tokenizer")
 
 def run_cli(tool, *args, env=None):
     """A tool as a subprocess (the way users run it): (exit code, stdout, stderr)."""
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / f"{tool}.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=180, cwd=ROOT, env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / f"{tool}.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -108,16 +117,36 @@ def stored(folder):
     return rows
 
 
-def make_cfg(path, vocab=VOCAB, seq=SEQ, dp=1, micro=2, accumulation=1, seed=7, shuffle=True, tokenizer=None,
-             steps=100, run_dir="output", **data):
-    return config_from_tree({
-        "run": {"seed": seed, "output_dir": str(run_dir)},
-        "model": {"vocab_size": vocab, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "ffn_hidden_size": 64,
-                  "seq_length": seq},
-        "parallel": {"data_parallel": dp, "gradient_accumulation_steps": accumulation},
-        "train": {"micro_batch_size": micro, "steps": steps},  # the data stream covers train.steps
-        "data": {"path": str(path), "shuffle": shuffle, "tokenizer": str(tokenizer) if tokenizer else None, **data},
-    })
+def make_cfg(
+    path,
+    vocab=VOCAB,
+    seq=SEQ,
+    dp=1,
+    micro=2,
+    accumulation=1,
+    seed=7,
+    shuffle=True,
+    tokenizer=None,
+    steps=100,
+    run_dir="output",
+    **data,
+):
+    return config_from_tree(
+        {
+            "run": {"seed": seed, "output_dir": str(run_dir)},
+            "model": {
+                "vocab_size": vocab,
+                "hidden_size": 32,
+                "num_layers": 1,
+                "num_heads": 2,
+                "ffn_hidden_size": 64,
+                "seq_length": seq,
+            },
+            "parallel": {"data_parallel": dp, "gradient_accumulation_steps": accumulation},
+            "train": {"micro_batch_size": micro, "steps": steps},  # the data stream covers train.steps
+            "data": {"path": str(path), "shuffle": shuffle, "tokenizer": str(tokenizer) if tokenizer else None, **data},
+        }
+    )
 
 
 def steps(cfg, rank=0, world=1, start_step=0, count=5):
@@ -148,8 +177,18 @@ def test_tokenizer_ids_agree_with_config_defaults_and_any_text_encodes(sp):
 @pytest.fixture(scope="module")
 def pretrain_folder(work, docs, tokenizer):
     (work / "docs.jsonl").write_text("".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs)))
-    preprocess("--input", work / "docs.jsonl", "--tokenizer", tokenizer, "--seq-length", SEQ,
-               "--output", work / "pre_jsonl", "--shard-size", 10)
+    preprocess(
+        "--input",
+        work / "docs.jsonl",
+        "--tokenizer",
+        tokenizer,
+        "--seq-length",
+        SEQ,
+        "--output",
+        work / "pre_jsonl",
+        "--shard-size",
+        10,
+    )
     return work / "pre_jsonl"
 
 
@@ -162,34 +201,54 @@ def test_packing_joins_documents_with_eos_and_loses_only_the_tail(pretrain_folde
     samples = np.stack([row["input_ids"] for row in stored(pretrain_folder)])
     assert samples.shape == (n, SEQ + 1)
     for k in range(n):  # consecutive samples share one token: every token but the first is a target once
-        np.testing.assert_array_equal(samples[k], stream[k * SEQ: k * SEQ + SEQ + 1])
+        np.testing.assert_array_equal(samples[k], stream[k * SEQ : k * SEQ + SEQ + 1])
 
 
-def test_valid_fraction_holds_out_whole_documents_evenly_and_deterministically(work, docs, tokenizer, sp,
-                                                                             pretrain_folder):
+def test_valid_fraction_holds_out_whole_documents_evenly_and_deterministically(
+    work, docs, tokenizer, sp, pretrain_folder
+):
     """--valid-fraction 0.25: documents 3, 7, 11, ... (exactly a quarter) are packed into <output>/valid, the
     others into the training folder, each stream exactly as packing alone would cut it; a rerun is identical."""
     outputs = []
     for name in ("split", "split_again"):
-        preprocess("--input", work / "docs.jsonl", "--tokenizer", tokenizer, "--seq-length", SEQ,
-                   "--valid-fraction", 0.25, "--output", work / name, "--shard-size", 10)
+        preprocess(
+            "--input",
+            work / "docs.jsonl",
+            "--tokenizer",
+            tokenizer,
+            "--seq-length",
+            SEQ,
+            "--valid-fraction",
+            0.25,
+            "--output",
+            work / name,
+            "--shard-size",
+            10,
+        )
         outputs.append(work / name)
     held = [i for i in range(len(docs)) if i % 4 == 3]
-    for folder, chosen in ((outputs[0], [d for i, d in enumerate(docs) if i not in held]),
-                           (outputs[0] / "valid", [docs[i] for i in held])):
+    for folder, chosen in (
+        (outputs[0], [d for i, d in enumerate(docs) if i not in held]),
+        (outputs[0] / "valid", [docs[i] for i in held]),
+    ):
         stream = np.array([t for d in chosen for t in sp.encode(d) + [sp.eos_id()]], np.int32)
         manifest = read_manifest(folder)
         assert manifest["documents"] == len(chosen) and manifest["num_tokens"] == len(stream)
         samples = np.stack([row["input_ids"] for row in stored(folder)])
         assert len(samples) == manifest["num_samples"] == (len(stream) - 1) // SEQ
         for k, sample in enumerate(samples):
-            np.testing.assert_array_equal(sample, stream[k * SEQ: k * SEQ + SEQ + 1])
-    assert read_manifest(outputs[0])["valid"] == {"path": "valid", "fraction": 0.25, "documents": len(held),
-                                                  "num_samples": read_manifest(outputs[0] / "valid")["num_samples"]}
+            np.testing.assert_array_equal(sample, stream[k * SEQ : k * SEQ + SEQ + 1])
+    assert read_manifest(outputs[0])["valid"] == {
+        "path": "valid",
+        "fraction": 0.25,
+        "documents": len(held),
+        "num_samples": read_manifest(outputs[0] / "valid")["num_samples"],
+    }
     for sub in ("", "valid"):
         first, again = stored(outputs[0] / sub), stored(outputs[1] / sub)
-        assert len(first) == len(again) and all(np.array_equal(a["input_ids"], b["input_ids"])
-                                                for a, b in zip(first, again))
+        assert len(first) == len(again) and all(
+            np.array_equal(a["input_ids"], b["input_ids"]) for a, b in zip(first, again)
+        )
     cfg = make_cfg(outputs[0] / "valid", tokenizer=tokenizer, shuffle=False)
     assert steps(cfg, count=1)[0]["tokens"].shape == (2, SEQ + 1)  # a data folder the loader reads
 
@@ -204,8 +263,13 @@ def test_worker_count_and_chunk_size_do_not_change_the_output(work, tokenizer, p
     folders = []
     for workers, chunk in ((1, 1 << 21), (2, 200)):
         folders.append(work / f"workers_{workers}")
-        write_folder(folders[-1], Options(workers=workers, chunk_chars=chunk, valid_fraction=0.25, shard_size=10),
-                     sources, encoder, SEQ)
+        write_folder(
+            folders[-1],
+            Options(workers=workers, chunk_chars=chunk, valid_fraction=0.25, shard_size=10),
+            sources,
+            encoder,
+            SEQ,
+        )
     for sub in ("", "valid"):
         one, two = (read_manifest(f / sub) for f in folders)
         assert one == two and len(one["shards"]) > 1
@@ -242,11 +306,16 @@ def test_peak_memory_does_not_grow_with_the_input(work, tokenizer):
         docs = make_documents(seed=megabytes, count=megabytes * 10_000)
         with corpus.open("w") as out:
             out.writelines(json.dumps({"text": d}) + "\n" for d in docs)
-        proc = subprocess.run([sys.executable, str(script), str(corpus), str(tokenizer), str(work / f"rss_out_{megabytes}")],
-                              capture_output=True, text=True, timeout=180, cwd=ROOT,
-                              env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"})
+        proc = subprocess.run(
+            [sys.executable, str(script), str(corpus), str(tokenizer), str(work / f"rss_out_{megabytes}")],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=ROOT,
+            env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"},
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
-        peaks.append(json.loads(proc.stdout.strip().splitlines()[-1]) + [corpus.stat().st_size / 2 ** 20])
+        peaks.append(json.loads(proc.stdout.strip().splitlines()[-1]) + [corpus.stat().st_size / 2**20])
     (main, workers, size), (main_big, workers_big, size_big) = peaks
     assert workers_big - workers < 4, peaks  # the tokenizer processes hold a few chunks
     assert main_big - main < (size_big - size) / 2, peaks
@@ -272,8 +341,12 @@ def test_every_input_format_gives_the_same_samples(work, docs, tokenizer, pretra
     pd.DataFrame({"other": range(len(docs)), "text": docs}).to_csv(work / "docs.csv", index=False)
     datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(work / "docs_disk"))
     expected = [row["input_ids"] for row in stored(pretrain_folder)]
-    for name, extra in [("docs.txt", ["--text-unit", "line"]), ("docs.parquet", []), ("docs.csv", []),
-                        ("docs_disk", [])]:
+    for name, extra in [
+        ("docs.txt", ["--text-unit", "line"]),
+        ("docs.parquet", []),
+        ("docs.csv", []),
+        ("docs_disk", []),
+    ]:
         out = work / f"pre_{name.replace('.', '_')}"
         preprocess("--input", work / name, "--tokenizer", tokenizer, "--seq-length", SEQ, "--output", out, *extra)
         got = [row["input_ids"] for row in stored(out)]
@@ -316,14 +389,17 @@ def test_order_is_deterministic_and_seeded(pretrain_folder):
 def test_rank_sharding_and_accumulation_keep_the_global_order(pretrain_folder):
     index = sample_ids(pretrain_folder)
     one = [which(b, index) for b in steps(make_cfg(pretrain_folder, micro=4), count=7)]
-    ranks = [[which(b, index) for b in steps(make_cfg(pretrain_folder, dp=2, micro=2), r, 2, count=7)]
-             for r in range(2)]
+    ranks = [
+        [which(b, index) for b in steps(make_cfg(pretrain_folder, dp=2, micro=2), r, 2, count=7)] for r in range(2)
+    ]
     assert [a + b for a, b in zip(*ranks)] == one
     accumulated = [which(b, index) for b in steps(make_cfg(pretrain_folder, micro=2, accumulation=2), count=7)]
     assert accumulated == one
     # two ranks with accumulation: micro step m of rank r takes rows [m*W*B + r*B, ...+B) of the step
-    both = [[which(b, index) for b in steps(make_cfg(pretrain_folder, dp=2, micro=1, accumulation=2), r, 2, count=7)]
-            for r in range(2)]
+    both = [
+        [which(b, index) for b in steps(make_cfg(pretrain_folder, dp=2, micro=1, accumulation=2), r, 2, count=7)]
+        for r in range(2)
+    ]
     assert [[a[0], b[0], a[1], b[1]] for a, b in zip(*both)] == one
 
 
@@ -341,7 +417,7 @@ def test_epochs_cycle_through_every_sample_in_a_new_order(pretrain_folder):
     n = len(index)
     cfg = make_cfg(pretrain_folder, micro=3, steps=(2 * n) // 3 + 1)
     order = [i for b in steps(cfg, count=(2 * n) // 3 + 1) for i in which(b, index)]
-    first, second = order[:n], order[n:2 * n]
+    first, second = order[:n], order[n : 2 * n]
     assert sorted(first) == sorted(second) == list(range(n))
     assert first != second
 
@@ -351,8 +427,9 @@ def test_synthetic_data_is_seeded_in_vocab_and_rank_invariant():
     one = steps(cfg, count=3)
     assert all(b["tokens"].min() >= 0 and b["tokens"].max() < 97 for b in one)
     np.testing.assert_array_equal(steps(cfg, count=3)[2]["tokens"], one[2]["tokens"])
-    assert not np.array_equal(steps(make_cfg("synthetic", vocab=97, micro=4, seed=8), count=1)[0]["tokens"],
-                              one[0]["tokens"])
+    assert not np.array_equal(
+        steps(make_cfg("synthetic", vocab=97, micro=4, seed=8), count=1)[0]["tokens"], one[0]["tokens"]
+    )
     ranks = [steps(make_cfg("synthetic", vocab=97, dp=2, micro=2), r, 2, count=3) for r in range(2)]
     for step, (a, b) in enumerate(zip(*ranks)):
         np.testing.assert_array_equal(np.concatenate([a["tokens"], b["tokens"]]), one[step]["tokens"])
@@ -389,16 +466,16 @@ def test_loader_validation_errors_name_the_problem(work, pretrain_folder, tokeni
         with pytest.raises(DataError, match=None) as info:
             build_dataset(cfg)
         assert message in str(info.value) and "\n" not in str(info.value), (message, str(info.value))
-    TRAIN_TOKENIZER.main(["--input", str(work / "corpus.txt"), "--vocab-size", "480", "--output",
-                          str(work / "other")])
+    TRAIN_TOKENIZER.main(["--input", str(work / "corpus.txt"), "--vocab-size", "480", "--output", str(work / "other")])
     with pytest.raises(DataError, match="is not the tokenizer"):
         build_dataset(make_cfg(pretrain_folder, tokenizer=work / "other.model"))
     with pytest.raises(DataError, match="does not split over 3 workers"):
         build_dataset(make_cfg(pretrain_folder, dp=2), 0, 3)
 
 
-def linked_copy(folder, name, own=(), copy=lambda src, dst: subprocess.run(["cp", "--sparse=always", src, dst],
-                                                                          check=True)):
+def linked_copy(
+    folder, name, own=(), copy=lambda src, dst: subprocess.run(["cp", "--sparse=always", src, dst], check=True)
+):
     """A copy of `folder` cheap in time and disk: hard links to its files, but the files named in `own`, which are
     copied (`copy`; cp keeps a sparse shard's holes), and the manifest, so that changing them leaves `folder` whole."""
     target = folder.parent / name
@@ -436,34 +513,48 @@ def test_damaged_shards_are_refused_before_reading_and_old_folders_load_unchecke
     cut = damaged_copy(pretrain_folder, "cut", lambda path: os.truncate(path, path.stat().st_size // 2))
     with pytest.raises(DataError) as info:
         build_dataset(make_cfg(cut, run_dir=work / "runs_cut"), say=lambda line: None)
-    assert str(info.value) == (f"shard {cut}/data_00001.mindrecord holds {shard['bytes'] // 2:,} bytes but "
-                               f"{cut}/manifest.json records {shard['bytes']:,}: it was cut short or changed after "
-                               "preprocessing; copy the folder again from where it was made, or re-run "
-                               "tools/preprocess_data.py")
+    assert str(info.value) == (
+        f"shard {cut}/data_00001.mindrecord holds {shard['bytes'] // 2:,} bytes but "
+        f"{cut}/manifest.json records {shard['bytes']:,}: it was cut short or changed after "
+        "preprocessing; copy the folder again from where it was made, or re-run "
+        "tools/preprocess_data.py"
+    )
     overwritten = damaged_copy(pretrain_folder, "overwritten", overwrite_data_pages)
     lines = []
     with pytest.raises(DataError) as info:
         build_dataset(make_cfg(overwritten, run_dir=work / "runs_overwritten"), say=lines.append)
-    assert str(info.value) == (f"shard {overwritten}/data_00001.mindrecord does not match its xxh3_128 checksum in "
-                               f"{overwritten}/manifest.json: its bytes changed after preprocessing; copy the folder "
-                               "again from where it was made, or re-run tools/preprocess_data.py")
+    assert str(info.value) == (
+        f"shard {overwritten}/data_00001.mindrecord does not match its xxh3_128 checksum in "
+        f"{overwritten}/manifest.json: its bytes changed after preprocessing; copy the folder "
+        "again from where it was made, or re-run tools/preprocess_data.py"
+    )
     assert lines == [] and not (work / "runs_overwritten" / "run" / "index" / "train.json").exists()
-    unchecked = build_dataset(make_cfg(overwritten, run_dir=work / "runs_off", verify_checksums=False),
-                              say=lines.append)
+    unchecked = build_dataset(
+        make_cfg(overwritten, run_dir=work / "runs_off", verify_checksums=False), say=lines.append
+    )
     assert unchecked.index.note.startswith("built") and not any("checksum" in line for line in lines)
 
     lines = []
     build_dataset(make_cfg(pretrain_folder, run_dir=work / "runs_intact"), say=lines.append)
     shards = len(read_manifest(pretrain_folder)["shards"])
     # MindRecord's preallocated pages are holes in a small shard, not read; a copy that wrote them out matches
-    dense = linked_copy(pretrain_folder, "dense", own=["data_00000.mindrecord"],
-                        copy=lambda src, dst: Path(dst).write_bytes(Path(src).read_bytes()))
-    on_disk = [(path.stat().st_blocks * 512, path.stat().st_size) for path in
-               (pretrain_folder / "data_00000.mindrecord", dense / "data_00000.mindrecord")]
+    dense = linked_copy(
+        pretrain_folder,
+        "dense",
+        own=["data_00000.mindrecord"],
+        copy=lambda src, dst: Path(dst).write_bytes(Path(src).read_bytes()),
+    )
+    on_disk = [
+        (path.stat().st_blocks * 512, path.stat().st_size)
+        for path in (pretrain_folder / "data_00000.mindrecord", dense / "data_00000.mindrecord")
+    ]
     assert on_disk[0][0] < on_disk[0][1] <= on_disk[1][0], on_disk
     build_dataset(make_cfg(dense, run_dir=work / "runs_dense"), say=lambda line: None)
-    assert re.fullmatch(rf"data \(train\): {shards} shard\(s\) match their checksums \(\d+\.\d\d GB in "
-                        r"\d+\.\d s, xxh3_128\)", lines[0]), lines
+    assert re.fullmatch(
+        rf"data \(train\): {shards} shard\(s\) match their checksums \(\d+\.\d\d GB in "
+        r"\d+\.\d s, xxh3_128\)",
+        lines[0],
+    ), lines
 
     old = linked_copy(pretrain_folder, "before_checksums")
     manifest = read_manifest(old)
@@ -471,11 +562,16 @@ def test_damaged_shards_are_refused_before_reading_and_old_folders_load_unchecke
     (old / "manifest.json").write_text(json.dumps(manifest))
     lines = []
     build_dataset(make_cfg(old, run_dir=work / "runs_old"), say=lines.append)
-    assert lines[0] == (f"data (train): not checked, their manifest.json records no shard checksums (written before "
-                        f"MindScale kept them): {old}; add them with tools/preprocess_data.py --add-checksums FOLDER")
+    assert lines[0] == (
+        f"data (train): not checked, their manifest.json records no shard checksums (written before "
+        f"MindScale kept them): {old}; add them with tools/preprocess_data.py --add-checksums FOLDER"
+    )
     code, out, err = run_cli("preprocess_data", "--add-checksums", old)
-    assert code == 0 and re.fullmatch(rf"{old}: recorded the size and checksum of {shards} shard\(s\) \(\d+\.\d\d GB "
-                                      rf"in \d+\.\d s\) in {old}/manifest.json\n", out), (out, err)
+    assert code == 0 and re.fullmatch(
+        rf"{old}: recorded the size and checksum of {shards} shard\(s\) \(\d+\.\d\d GB "
+        rf"in \d+\.\d s\) in {old}/manifest.json\n",
+        out,
+    ), (out, err)
     assert read_manifest(old)["shards"] == read_manifest(pretrain_folder)["shards"]
 
 
@@ -483,11 +579,21 @@ def test_damaged_shards_are_refused_before_reading_and_old_folders_load_unchecke
 # SFT
 
 
-ALPACA = [{"instruction": "describe a cat", "input": "", "output": "a small animal"},
-          {"instruction": "add", "input": "one and two", "output": "three"}]
-CHAT = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"},
-                      {"role": "assistant", "content": "greetings friend"}, {"role": "user", "content": "bye"},
-                      {"role": "assistant", "content": "see you"}]}]
+ALPACA = [
+    {"instruction": "describe a cat", "input": "", "output": "a small animal"},
+    {"instruction": "add", "input": "one and two", "output": "three"},
+]
+CHAT = [
+    {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hello there"},
+            {"role": "assistant", "content": "greetings friend"},
+            {"role": "user", "content": "bye"},
+            {"role": "assistant", "content": "see you"},
+        ]
+    }
+]
 
 
 def answers(record):
@@ -507,7 +613,7 @@ def test_sft_mask_covers_exactly_the_answers(template, sp, encoder):
     first = ALPACA[0]
     ids, mask = encode_examples([first], TEMPLATES[template], encoder)[0]
     messages = [{"role": "user", "content": first["instruction"]}]
-    assert encode_prompt(messages, TEMPLATES[template], encoder) == ids[:mask.index(1)]
+    assert encode_prompt(messages, TEMPLATES[template], encoder) == ids[: mask.index(1)]
 
 
 def test_special_tokens_come_from_the_template_not_from_user_text(sp, encoder):
@@ -527,8 +633,20 @@ def sft_file(work):
 def test_sft_samples_pad_truncate_and_align_the_mask_with_labels(work, sft_file, tokenizer, sp, encoder, capsys):
     path, records = sft_file
     out = work / "sft_plain"
-    preprocess("--mode", "sft", "--template", "llama2", "--input", path, "--tokenizer", tokenizer,
-               "--seq-length", 63, "--output", out)
+    preprocess(
+        "--mode",
+        "sft",
+        "--template",
+        "llama2",
+        "--input",
+        path,
+        "--tokenizer",
+        tokenizer,
+        "--seq-length",
+        63,
+        "--output",
+        out,
+    )
     manifest = read_manifest(out)
     encoded = encode_examples(records, TEMPLATES["llama2"], encoder)
     assert manifest["examples"] == manifest["num_samples"] == len(records)
@@ -537,7 +655,8 @@ def test_sft_samples_pad_truncate_and_align_the_mask_with_labels(work, sft_file,
     assert capsys.readouterr().out == (
         f"sft: {len(records)} examples ({manifest['truncated_examples']} truncated, 0 dropped without answer tokens; "
         f"template llama2) -> {len(records)} samples of 64 tokens ({manifest['num_tokens']} tokens, "
-        f"{manifest['loss_tokens']} trained) in 1 shard(s) -> {out}\n")
+        f"{manifest['loss_tokens']} trained) in 1 shard(s) -> {out}\n"
+    )
     assert manifest["fields"] == ["input_ids", "loss_mask"] and manifest["dropped_examples"] == 0
     for row, (ids, mask) in zip(stored(out), encoded):
         n = min(len(ids), 64)
@@ -553,8 +672,21 @@ def test_sft_samples_pad_truncate_and_align_the_mask_with_labels(work, sft_file,
 def test_sft_packing_keeps_examples_whole_with_segment_ids(work, sft_file, tokenizer, sp, encoder):
     path, records = sft_file
     out = work / "sft_packed"
-    preprocess("--mode", "sft", "--template", "alpaca", "--input", path, "--tokenizer", tokenizer,
-               "--seq-length", 255, "--output", out, "--pack")
+    preprocess(
+        "--mode",
+        "sft",
+        "--template",
+        "alpaca",
+        "--input",
+        path,
+        "--tokenizer",
+        tokenizer,
+        "--seq-length",
+        255,
+        "--output",
+        out,
+        "--pack",
+    )
     manifest = read_manifest(out)
     assert manifest["fields"] == ["input_ids", "loss_mask", "segment_ids"] and manifest["pack"] is True
     encoded = [(ids[:256], mask[:256]) for ids, mask in encode_examples(records, TEMPLATES["alpaca"], encoder)]
@@ -575,8 +707,9 @@ def test_sft_packing_keeps_examples_whole_with_segment_ids(work, sft_file, token
 
 def test_sft_drops_examples_without_answer_tokens(work, tokenizer):
     path = work / "long_prompt.jsonl"
-    path.write_text(json.dumps({"instruction": " ".join(["prompt"] * 100), "output": "ok"}) + "\n"
-                    + json.dumps(ALPACA[1]) + "\n")
+    path.write_text(
+        json.dumps({"instruction": " ".join(["prompt"] * 100), "output": "ok"}) + "\n" + json.dumps(ALPACA[1]) + "\n"
+    )
     out = work / "sft_dropped"
     preprocess("--mode", "sft", "--input", path, "--tokenizer", tokenizer, "--seq-length", 127, "--output", out)
     manifest = read_manifest(out)
@@ -594,29 +727,102 @@ def test_preprocess_bad_inputs_exit_2_with_one_line(work, tokenizer, pretrain_fo
     (work / "not_sft.jsonl").write_text('{"text": "fine"}\n')
     (work / "fake.model").write_text("not a model")
     out = work / "out_bad"
-    assert_bad_input("preprocess_data", "--input", work / "missing.jsonl", *base, "--output", out,
-                     match="does not exist")
+    assert_bad_input(
+        "preprocess_data", "--input", work / "missing.jsonl", *base, "--output", out, match="does not exist"
+    )
     assert_bad_input("preprocess_data", "--input", work / "empty.jsonl", *base, "--output", out, match="is empty")
-    assert_bad_input("preprocess_data", "--input", work / "broken.jsonl", *base, "--output", out,
-                     match="cannot read")
-    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", *base, "--output", out, "--text-key", "body",
-                     match="no column 'body'")
-    assert_bad_input("preprocess_data", "--mode", "sft", "--input", work / "not_sft.jsonl", *base, "--output", out,
-                     match="record 0 (0-based)")
-    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", *base, "--output", out, "--vocab-size", 300,
-                     match="more than the model's vocabulary of 300")
-    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", "--tokenizer", work / "fake.model",
-                     "--seq-length", SEQ, "--output", out, match="is not a SentencePiece model")
-    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", *base, "--output", out, "--valid-fraction",
-                     1.5, match="--valid-fraction 1.5: must be in [0, 1)")
-    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", *base, "--output", out, "--valid-fraction",
-                     0.01, match="--valid-fraction 0.01 holds out 0 document(s), 0 tokens: too few for one sample")
-    assert_bad_input("preprocess_data", "--mode", "sft", "--input", work / "not_sft.jsonl", *base, "--output", out,
-                     "--valid-fraction", 0.1, match="--valid-fraction applies to --mode pretrain")
+    assert_bad_input("preprocess_data", "--input", work / "broken.jsonl", *base, "--output", out, match="cannot read")
+    assert_bad_input(
+        "preprocess_data",
+        "--input",
+        work / "docs.jsonl",
+        *base,
+        "--output",
+        out,
+        "--text-key",
+        "body",
+        match="no column 'body'",
+    )
+    assert_bad_input(
+        "preprocess_data",
+        "--mode",
+        "sft",
+        "--input",
+        work / "not_sft.jsonl",
+        *base,
+        "--output",
+        out,
+        match="record 0 (0-based)",
+    )
+    assert_bad_input(
+        "preprocess_data",
+        "--input",
+        work / "docs.jsonl",
+        *base,
+        "--output",
+        out,
+        "--vocab-size",
+        300,
+        match="more than the model's vocabulary of 300",
+    )
+    assert_bad_input(
+        "preprocess_data",
+        "--input",
+        work / "docs.jsonl",
+        "--tokenizer",
+        work / "fake.model",
+        "--seq-length",
+        SEQ,
+        "--output",
+        out,
+        match="is not a SentencePiece model",
+    )
+    assert_bad_input(
+        "preprocess_data",
+        "--input",
+        work / "docs.jsonl",
+        *base,
+        "--output",
+        out,
+        "--valid-fraction",
+        1.5,
+        match="--valid-fraction 1.5: must be in [0, 1)",
+    )
+    assert_bad_input(
+        "preprocess_data",
+        "--input",
+        work / "docs.jsonl",
+        *base,
+        "--output",
+        out,
+        "--valid-fraction",
+        0.01,
+        match="--valid-fraction 0.01 holds out 0 document(s), 0 tokens: too few for one sample",
+    )
+    assert_bad_input(
+        "preprocess_data",
+        "--mode",
+        "sft",
+        "--input",
+        work / "not_sft.jsonl",
+        *base,
+        "--output",
+        out,
+        "--valid-fraction",
+        0.1,
+        match="--valid-fraction applies to --mode pretrain",
+    )
     assert not out.exists() and not list(work.glob(".out_bad.partial-*"))
     before = sorted(p.name for p in pretrain_folder.iterdir())
-    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", *base, "--output", pretrain_folder,
-                     match="exists and is not empty")
+    assert_bad_input(
+        "preprocess_data",
+        "--input",
+        work / "docs.jsonl",
+        *base,
+        "--output",
+        pretrain_folder,
+        match="exists and is not empty",
+    )
     assert sorted(p.name for p in pretrain_folder.iterdir()) == before
 
 
@@ -624,8 +830,17 @@ def test_overwrite_replaces_a_folder_it_wrote_and_refuses_one_with_other_files(w
     out = work / "replace_me"
     preprocess("--input", work / "docs.jsonl", "--tokenizer", tokenizer, "--seq-length", SEQ, "--output", out)
     first = read_manifest(out)["num_samples"]
-    preprocess("--input", work / "docs.jsonl", "--tokenizer", tokenizer, "--seq-length", 2 * SEQ, "--output", out,
-               "--overwrite")
+    preprocess(
+        "--input",
+        work / "docs.jsonl",
+        "--tokenizer",
+        tokenizer,
+        "--seq-length",
+        2 * SEQ,
+        "--output",
+        out,
+        "--overwrite",
+    )
     manifest = read_manifest(out)
     assert manifest["seq_length"] == 2 * SEQ and manifest["num_samples"] < first
     assert len(stored(out)) == manifest["num_samples"]
@@ -633,16 +848,51 @@ def test_overwrite_replaces_a_folder_it_wrote_and_refuses_one_with_other_files(w
     # a file the tool did not write is never deleted: --overwrite refuses the folder then
     (out / "notes.txt").write_text("mine")
     before = sorted(p.name for p in out.iterdir())
-    assert_bad_input("preprocess_data", "--input", work / "docs.jsonl", "--tokenizer", tokenizer, "--seq-length", SEQ,
-                     "--output", out, "--overwrite", match="holds files tools/preprocess_data.py did not write "
-                     "(notes.txt); --overwrite replaces only a folder it wrote")
+    assert_bad_input(
+        "preprocess_data",
+        "--input",
+        work / "docs.jsonl",
+        "--tokenizer",
+        tokenizer,
+        "--seq-length",
+        SEQ,
+        "--output",
+        out,
+        "--overwrite",
+        match="holds files tools/preprocess_data.py did not write "
+        "(notes.txt); --overwrite replaces only a folder it wrote",
+    )
     assert sorted(p.name for p in out.iterdir()) == before and (out / "notes.txt").read_text() == "mine"
 
 
 def test_train_tokenizer_bad_inputs_exit_2_with_one_line(work, tokenizer):
-    assert_bad_input("train_tokenizer", "--input", work / "missing.txt", "--vocab-size", 400, "--output",
-                     work / "t", match="does not exist")
-    assert_bad_input("train_tokenizer", "--input", work / "corpus.txt", "--vocab-size", 100, "--output", work / "t",
-                     match="--vocab-size 100 is too small")
-    assert_bad_input("train_tokenizer", "--input", work / "corpus.txt", "--vocab-size", 512, "--output",
-                     work / "tok", match="exists; pass --overwrite")
+    assert_bad_input(
+        "train_tokenizer",
+        "--input",
+        work / "missing.txt",
+        "--vocab-size",
+        400,
+        "--output",
+        work / "t",
+        match="does not exist",
+    )
+    assert_bad_input(
+        "train_tokenizer",
+        "--input",
+        work / "corpus.txt",
+        "--vocab-size",
+        100,
+        "--output",
+        work / "t",
+        match="--vocab-size 100 is too small",
+    )
+    assert_bad_input(
+        "train_tokenizer",
+        "--input",
+        work / "corpus.txt",
+        "--vocab-size",
+        512,
+        "--output",
+        work / "tok",
+        match="exists; pass --overwrite",
+    )

@@ -3,6 +3,7 @@
 A module-scoped "pretrained" tiny LLaMA is trained for 40 steps on a small corpus; the SFT data
 (Alpaca records) uses the same words, so starting from it must beat starting from scratch.
 """
+
 import json
 import os
 import subprocess
@@ -23,9 +24,19 @@ from mindscale.train.data.tokenizers import load_tokenizer
 from tests.modes import cpu_mode
 
 TINY = str(REPO_ROOT / "configs" / "finetune" / "tiny_sft.yaml")
-SMALL = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",
-         "model.ffn_hidden_size=128", "model.vocab_size=512", "model.seq_length=64", "train.log_interval=1",
-         "train.warmup_steps=0", "checkpoint.save_interval=0", "train.micro_batch_size=4"]
+SMALL = [
+    "model.num_layers=1",
+    "model.hidden_size=64",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.ffn_hidden_size=128",
+    "model.vocab_size=512",
+    "model.seq_length=64",
+    "train.log_interval=1",
+    "train.warmup_steps=0",
+    "checkpoint.save_interval=0",
+    "train.micro_batch_size=4",
+]
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jokes".split()
 
 
@@ -33,8 +44,14 @@ pynative_mode = cpu_mode("pynative")
 
 
 def run(*args, tool="run_train.py", check=True, env=None):
-    proc = subprocess.run([sys.executable, tool, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, tool, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -55,26 +72,80 @@ def work(tmp_path_factory):
     rng = np.random.default_rng(0)
     text = "\n".join(" ".join(rng.choice(WORDS, 12)) + "." for _ in range(300))
     (root / "text.txt").write_text(text)
-    run("--input", str(root / "text.txt"), "--vocab-size", "400", "--output", str(root / "tok"),
-        tool="tools/train_tokenizer.py")
+    run(
+        "--input",
+        str(root / "text.txt"),
+        "--vocab-size",
+        "400",
+        "--output",
+        str(root / "tok"),
+        tool="tools/train_tokenizer.py",
+    )
     tok = str(root / "tok.model")
-    run("--input", str(root / "text.txt"), "--tokenizer", tok, "--seq-length", "64", "--output", str(root / "pre"),
-        tool="tools/preprocess_data.py")
-    records = [{"instruction": " ".join(rng.choice(WORDS, 4)), "output": " ".join(rng.choice(WORDS, 8)) + "."}
-               for _ in range(64)]
+    run(
+        "--input",
+        str(root / "text.txt"),
+        "--tokenizer",
+        tok,
+        "--seq-length",
+        "64",
+        "--output",
+        str(root / "pre"),
+        tool="tools/preprocess_data.py",
+    )
+    records = [
+        {"instruction": " ".join(rng.choice(WORDS, 4)), "output": " ".join(rng.choice(WORDS, 8)) + "."}
+        for _ in range(64)
+    ]
     (root / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    run("--mode", "sft", "--template", "llama2", "--input", str(root / "sft.jsonl"), "--tokenizer", tok,
-        "--seq-length", "64", "--output", str(root / "sft"), tool="tools/preprocess_data.py")
-    run("--config", TINY, *sets(f"run.output_dir={root}", "run.name=pre", f"data.path={root / 'pre'}",
-                                f"data.tokenizer={tok}", "checkpoint.load_path=null", "finetune.template=null",
-                                "train.steps=40", "train.lr=0.01", "train.min_lr=0.001"))
+    run(
+        "--mode",
+        "sft",
+        "--template",
+        "llama2",
+        "--input",
+        str(root / "sft.jsonl"),
+        "--tokenizer",
+        tok,
+        "--seq-length",
+        "64",
+        "--output",
+        str(root / "sft"),
+        tool="tools/preprocess_data.py",
+    )
+    run(
+        "--config",
+        TINY,
+        *sets(
+            f"run.output_dir={root}",
+            "run.name=pre",
+            f"data.path={root / 'pre'}",
+            f"data.tokenizer={tok}",
+            "checkpoint.load_path=null",
+            "finetune.template=null",
+            "train.steps=40",
+            "train.lr=0.01",
+            "train.min_lr=0.001",
+        ),
+    )
     return {"root": root, "tok": tok, "sft": root / "sft", "pretrained": root / "pre" / "checkpoints" / "step_00000040"}
 
 
 def finetune(work, name, *overrides, check=True, env=None):
-    return run("--config", TINY, *sets(f"run.output_dir={work['root']}", f"run.name={name}",
-                                       f"data.path={work['sft']}", f"data.tokenizer={work['tok']}",
-                                       f"checkpoint.load_path={work['pretrained']}", *overrides), check=check, env=env)
+    return run(
+        "--config",
+        TINY,
+        *sets(
+            f"run.output_dir={work['root']}",
+            f"run.name={name}",
+            f"data.path={work['sft']}",
+            f"data.tokenizer={work['tok']}",
+            f"checkpoint.load_path={work['pretrained']}",
+            *overrides,
+        ),
+        check=check,
+        env=env,
+    )
 
 
 def test_finetuning_from_pretrained_starts_lower_than_from_scratch(work):
@@ -85,8 +156,9 @@ def test_finetuning_from_pretrained_starts_lower_than_from_scratch(work):
 
 
 def test_prompt_tokens_do_not_contribute_to_loss_or_grads(work):
-    cfg = load_config(TINY, [*SMALL, f"data.path={work['sft']}", f"data.tokenizer={work['tok']}",
-                             "checkpoint.load_path=null"])
+    cfg = load_config(
+        TINY, [*SMALL, f"data.path={work['sft']}", f"data.tokenizer={work['tok']}", "checkpoint.load_path=null"]
+    )
     batch = next(iter(build_dataset(cfg, 0, 1, 0)))
     mask = batch["loss_mask"]
     assert 0 < mask.mean() < 1  # prompts masked, answers kept
@@ -100,8 +172,13 @@ def test_prompt_tokens_do_not_contribute_to_loss_or_grads(work):
     assert all(np.array_equal(a.asnumpy(), b.asnumpy()) for a, b in zip(grads_a, grads_b))
 
 
-LORA = ["finetune.lora.rank=4", "finetune.lora.alpha=8", "finetune.lora.target_modules=[wq,wv,wo,w1,w2,w3]",
-        "train.lr=0.01", "train.min_lr=0.001"]
+LORA = [
+    "finetune.lora.rank=4",
+    "finetune.lora.alpha=8",
+    "finetune.lora.target_modules=[wq,wv,wo,w1,w2,w3]",
+    "train.lr=0.01",
+    "train.min_lr=0.001",
+]
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +202,15 @@ def test_lora_saves_only_adapters_and_resume_matches(work, lora_run):
 
 def test_lora_checkpoint_exports_merged_to_transformers_and_back(work, lora_run, tmp_path):
     step = lora_run / "checkpoints" / "step_00000004"
-    run("--direction", "ms2hf", "--input", str(step), "--output", str(tmp_path / "hf"),
-        tool="tools/convert_checkpoint.py")
+    run(
+        "--direction",
+        "ms2hf",
+        "--input",
+        str(step),
+        "--output",
+        str(tmp_path / "hf"),
+        tool="tools/convert_checkpoint.py",
+    )
     cfg = load_config(step / ckpt.CONFIG)
     weights, plain_cfg = models.load_inference_weights(step, cfg)
     ours = models.build_model(plain_cfg)
@@ -146,8 +230,15 @@ def test_lora_checkpoint_exports_merged_to_transformers_and_back(work, lora_run,
     assert theirs == [ours_tok.bos_id, *ours_tok.encode([text])[0]]
     exported = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (exported["bos_token_id"], exported["eos_token_id"], exported["pad_token_id"]) == (3, 2, 0)
-    run("--direction", "hf2ms", "--input", str(tmp_path / "hf"), "--output", str(tmp_path / "back"),
-        tool="tools/convert_checkpoint.py")
+    run(
+        "--direction",
+        "hf2ms",
+        "--input",
+        str(tmp_path / "hf"),
+        "--output",
+        str(tmp_path / "back"),
+        tool="tools/convert_checkpoint.py",
+    )
     back = ckpt.load_weights(tmp_path / "back" / "step_00000000")
     assert sorted(back) == sorted(weights) and all(np.array_equal(back[k], weights[k]) for k in back)
 
@@ -158,11 +249,23 @@ def mixtral_folder(work, tmp_path_factory):
     as the Hub has them: a context (256) longer than the runs' 64, its special tokens, a generation config and the
     tokenizer (the corpus's SentencePiece model, saved by transformers)."""
     from transformers import GenerationConfig, LlamaTokenizer, MixtralConfig, MixtralForCausalLM
+
     torch.manual_seed(0)
     ids = dict(bos_token_id=3, eos_token_id=2, pad_token_id=0)  # tools/train_tokenizer.py's
-    model = MixtralForCausalLM(MixtralConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
-                                             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-                                             num_experts_per_tok=2, max_position_embeddings=256, **ids)).eval()
+    model = MixtralForCausalLM(
+        MixtralConfig(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            max_position_embeddings=256,
+            **ids,
+        )
+    ).eval()
     model.generation_config = GenerationConfig(**ids, do_sample=False, max_new_tokens=12)
     folder = tmp_path_factory.mktemp("mixtral") / "hf"
     model.save_pretrained(folder, safe_serialization=True)
@@ -175,10 +278,21 @@ def finetuned_moe(work, mixtral_folder, kind) -> Path:
     once a module)."""
     step = work["root"] / f"moe_{kind}" / "checkpoints" / "step_00000006"
     if not step.is_dir():
-        lora = ["finetune.lora.rank=4", "finetune.lora.alpha=8", "finetune.lora.target_modules=[wq,wk,wv,wo]"] \
-            if kind == "lora" else []
-        finetune(work, f"moe_{kind}", f"checkpoint.load_path={mixtral_folder}", "finetune.hf_dims=true", *lora,
-                 "train.steps=6", "train.lr=0.01", "train.min_lr=0.001")
+        lora = (
+            ["finetune.lora.rank=4", "finetune.lora.alpha=8", "finetune.lora.target_modules=[wq,wk,wv,wo]"]
+            if kind == "lora"
+            else []
+        )
+        finetune(
+            work,
+            f"moe_{kind}",
+            f"checkpoint.load_path={mixtral_folder}",
+            "finetune.hf_dims=true",
+            *lora,
+            "train.steps=6",
+            "train.lr=0.01",
+            "train.min_lr=0.001",
+        )
     return step
 
 
@@ -188,11 +302,19 @@ def test_mixture_of_experts_finetunes_and_exports_to_transformers(work, mixtral_
     from a Hugging Face Mixtral, dims from its config.json; the loss falls, and the checkpoint exported (LoRA
     merged) gives transformers' MixtralForCausalLM our logits."""
     from transformers import MixtralForCausalLM
+
     step = finetuned_moe(work, mixtral_folder, kind)
     values = losses(step.parent.parent)
     assert values[6] < values[1], values
-    run("--direction", "ms2hf", "--input", str(step), "--output", str(tmp_path / "hf"),
-        tool="tools/convert_checkpoint.py")
+    run(
+        "--direction",
+        "ms2hf",
+        "--input",
+        str(step),
+        "--output",
+        str(tmp_path / "hf"),
+        tool="tools/convert_checkpoint.py",
+    )
     weights, cfg = models.load_inference_weights(step, load_config(step / ckpt.CONFIG))
     assert cfg.model.arch == "mixtral" and cfg.model.moe.num_experts == 4
     ours = models.build_model(cfg)
@@ -206,13 +328,15 @@ def test_mixture_of_experts_finetunes_and_exports_to_transformers(work, mixtral_
 CARRIED = ("bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings")
 
 
-def test_the_export_generates_in_transformers_as_tools_generate_does_from_the_step(work, mixtral_folder, tmp_path,
-                                                                                  capsys):
+def test_the_export_generates_in_transformers_as_tools_generate_does_from_the_step(
+    work, mixtral_folder, tmp_path, capsys
+):
     """The SFT run's export keeps its starting folder's token ids, context, generation config and tokenizer;
     transformers, from the export alone, generates what tools/generate.py generates from the step without
     --config (the step's config.yaml), and with the run's --config and --set finetune.hf_dims=true. A --config
     of other dims is one line naming the step's config.yaml, in both tools."""
     from tools import convert_checkpoint, generate
+
     step = finetuned_moe(work, mixtral_folder, "sft")
     export = tmp_path / "hf"
     run("--direction", "ms2hf", "--input", str(step), "--output", str(export), tool="tools/convert_checkpoint.py")
@@ -226,27 +350,52 @@ def test_the_export_generates_in_transformers_as_tools_generate_does_from_the_st
     with torch.no_grad():  # the generation config's choices: greedy, 12 new tokens, stop at EOS
         encoded = tokenizer(prompt, return_tensors="pt")
         theirs = AutoModelForCausalLM.from_pretrained(export).eval().generate(**encoded)[0].tolist()
-    no_config = run("--load_checkpoint", str(step), "--prompt", prompt, "--greedy", "--max_new_tokens", "12",
-                    "--set", "finetune.template=null", "--json", tool="tools/generate.py")
+    no_config = run(
+        "--load_checkpoint",
+        str(step),
+        "--prompt",
+        prompt,
+        "--greedy",
+        "--max_new_tokens",
+        "12",
+        "--set",
+        "finetune.template=null",
+        "--json",
+        tool="tools/generate.py",
+    )
     ours = json.loads(no_config.stdout)
     assert ours["prompt_ids"] + ours["ids"] == theirs, (ours, theirs)
 
-    run_config = ["--config", TINY, *sets(f"checkpoint.load_path={mixtral_folder}", "finetune.hf_dims=true",
-                                           f"data.tokenizer={work['tok']}", "finetune.template=null")]
+    run_config = [
+        "--config",
+        TINY,
+        *sets(
+            f"checkpoint.load_path={mixtral_folder}",
+            "finetune.hf_dims=true",
+            f"data.tokenizer={work['tok']}",
+            "finetune.template=null",
+        ),
+    ]
     ask = ["--load_checkpoint", str(step), "--prompt", prompt, "--greedy", "--max_new_tokens", "12", "--json"]
     assert generate.main([*run_config, *ask]) == 0  # in-process: PyNative, as the module's tests run
     assert json.loads(capsys.readouterr().out)["ids"] == ours["ids"]
 
     other = ["--config", TINY]  # the tiny LLaMA's dims, not the Mixtral's the step was trained with
-    for tool, args in ((generate, [*other, *ask]),
-                       (convert_checkpoint, ["--direction", "ms2hf", "--input", str(step), "--output",
-                                             str(tmp_path / "other"), *other])):
+    for tool, args in (
+        (generate, [*other, *ask]),
+        (
+            convert_checkpoint,
+            ["--direction", "ms2hf", "--input", str(step), "--output", str(tmp_path / "other"), *other],
+        ),
+    ):
         with pytest.raises(SystemExit) as refused:
             tool.main(args)
         error = capsys.readouterr().err.splitlines()
         assert refused.value.code == 2 and len(error) == 1, error
-        assert error[0].startswith(f"error: {step} was trained with {step / ckpt.CONFIG} (model.arch='mixtral' "
-                                   "(--config: 'llama'), model.vocab_size=512 (--config: 2048), model.hidden_size=64 "
-                                   f"(--config: 128) ...), not --config {TINY}: leave out --config to use it (the "
-                                   "tensors: missing 12: layers.0.feed_forward.w1.weight"), error
+        assert error[0].startswith(
+            f"error: {step} was trained with {step / ckpt.CONFIG} (model.arch='mixtral' "
+            "(--config: 'llama'), model.vocab_size=512 (--config: 2048), model.hidden_size=64 "
+            f"(--config: 128) ...), not --config {TINY}: leave out --config to use it (the "
+            "tensors: missing 12: layers.0.feed_forward.w1.weight"
+        ), error
     assert not (tmp_path / "other").exists()

@@ -5,6 +5,7 @@ Fast tests check the decisions (worker counts, data_parallel, node ranks, quotin
 worker that exits 1 or is SIGKILLed stops the job within seconds and is named; two "nodes" in two
 network namespaces form one job.
 """
+
 import json
 import os
 import shlex
@@ -25,8 +26,10 @@ LAUNCH_TIMEOUT = 120
 
 
 def write_config(tmp_path, name="probe", **parallel):
-    lines = [f"base: {ROOT / 'configs/tiny/llama_tiny.yaml'}",
-             f"run: {{name: {name}, output_dir: {tmp_path / 'out'}, device_target: CPU}}"]
+    lines = [
+        f"base: {ROOT / 'configs/tiny/llama_tiny.yaml'}",
+        f"run: {{name: {name}, output_dir: {tmp_path / 'out'}, device_target: CPU}}",
+    ]
     if parallel:
         lines.append("parallel: {" + ", ".join(f"{k}: {v}" for k, v in parallel.items()) + "}")
     path = tmp_path / f"{name}.yaml"
@@ -35,16 +38,25 @@ def write_config(tmp_path, name="probe", **parallel):
 
 
 def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("MINDSCALE_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("MINDSCALE_")
+    }
     env["MINDSCALE_ENTRY"] = PROBE
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
 
 def run_script(script, *args, cwd, env=None, timeout=60):
-    return subprocess.run(["bash", str(ROOT / "scripts" / script), *map(str, args)], cwd=cwd,
-                          env=env or clean_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / script), *map(str, args)],
+        cwd=cwd,
+        env=env or clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def msrun_call(dry_run_line):
@@ -54,13 +66,15 @@ def msrun_call(dry_run_line):
     at = argv.index("msrun")
     env = dict(a.split("=", 1) for a in argv[1:at])
     worker = argv.index("worker")
-    flags = dict(zip(argv[at + 1:worker - 3:2], argv[at + 2:worker - 3:2]))
-    return env, flags, argv[worker + 1:]
+    flags = dict(zip(argv[at + 1 : worker - 3 : 2], argv[at + 2 : worker - 3 : 2]))
+    return env, flags, argv[worker + 1 :]
 
 
 def probe_lines(text):
-    return {d["rank"]: d for d in (json.loads(line.split("PROBE ", 1)[1])
-                                   for line in text.splitlines() if line.startswith("PROBE "))}
+    return {
+        d["rank"]: d
+        for d in (json.loads(line.split("PROBE ", 1)[1]) for line in text.splitlines() if line.startswith("PROBE "))
+    }
 
 
 def probe_results(log_dir):
@@ -109,49 +123,96 @@ def test_dry_run_defaults_to_two_cpu_workers_and_fits_data_parallel(tmp_path):
 
 def test_dry_run_multi_node_world_and_ranks(tmp_path):
     cfg = write_config(tmp_path)
-    out = run_script("run_distribute.sh", cfg, 2, "--dry-run", cwd=tmp_path,
-                     env=clean_env(NNODES=3, NODE_RANK=2, MASTER_ADDR="10.0.0.1", MASTER_PORT=29500))
+    out = run_script(
+        "run_distribute.sh",
+        cfg,
+        2,
+        "--dry-run",
+        cwd=tmp_path,
+        env=clean_env(NNODES=3, NODE_RANK=2, MASTER_ADDR="10.0.0.1", MASTER_PORT=29500),
+    )
     assert out.returncode == 0, out.stderr
     _, flags, entry = msrun_call(out.stdout)
-    assert flags == {**flags, "--worker_num": "6", "--local_worker_num": "2", "--node_rank": "2",
-                     "--master_addr": "10.0.0.1", "--master_port": "29500", "--tail_worker_log": "4"}
+    assert flags == {
+        **flags,
+        "--worker_num": "6",
+        "--local_worker_num": "2",
+        "--node_rank": "2",
+        "--master_addr": "10.0.0.1",
+        "--master_port": "29500",
+        "--tail_worker_log": "4",
+    }
     assert entry[-2:] == ["--set", "parallel.data_parallel=6"]
     # 8 pipeline stages over 4 nodes of 32: the step lines come from rank 112, first of the last stage, whose
     # node's console follows its log beside its own first rank's
-    staged = run_script("run_distribute.sh", ROOT / "configs/llama2/llama2_70b.yaml", 32, "--set",
-                        "run.device_target=Ascend", "--dry-run", cwd=tmp_path,
-                        env=clean_env(NNODES=4, NODE_RANK=3, MASTER_ADDR="10.0.0.1"))
+    staged = run_script(
+        "run_distribute.sh",
+        ROOT / "configs/llama2/llama2_70b.yaml",
+        32,
+        "--set",
+        "run.device_target=Ascend",
+        "--dry-run",
+        cwd=tmp_path,
+        env=clean_env(NNODES=4, NODE_RANK=3, MASTER_ADDR="10.0.0.1"),
+    )
     assert staged.returncode == 0, staged.stderr
     assert msrun_call(staged.stdout)[1]["--tail_worker_log"] == "96,112"
 
 
-@pytest.mark.parametrize("args, env, message", [
-    (["missing.yaml"], {}, "missing.yaml does not exist"),
-    (["CFG", "0"], {}, "NUM_DEVICES='0': must be a positive integer"),
-    (["CFG", "two"], {}, "NUM_DEVICES='two': must be a positive integer"),
-    (["CFG", "3"], {}, "3 device(s) cannot hold parallel.model_parallel=2"),
-    (["CFG", "2", "extra"], {}, "unrecognized arguments: extra"),
-    (["CFG"], {"NNODES": "2"}, "NNODES=2 needs MASTER_ADDR"),
-    (["CFG"], {"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "h"},
-     "NODE_RANK='2': must be an integer in [0, NNODES=2)"),
-    (["CFG"], {"MINDSCALE_ENTRY": "nope.py"}, "MINDSCALE_ENTRY=nope.py: no such file"),
-    (["CFG", "--set", "train.stepz=3"], {}, "unknown key train.stepz"),
-    (["CFG", "--max-restarts", "1"], {"NNODES": "2", "MASTER_ADDR": "h"},
-     "run.max_restarts=1 with NNODES=2: a restart relaunches only this node's workers"),
-    (["CFG", "--max-restarts", "1", "--set", "checkpoint.resume=false"], {},
-     "run.max_restarts=1 needs checkpoint.resume=true"),
-    # what every worker would refuse is refused before msrun starts them (it used to start them all)
-    (["CFG", "2"], {}, "error: parallel.model_parallel=2 needs Ascend or GPU: MindSpore has no semi-auto parallel "
-     "on CPU; on CPU set parallel.model_parallel=1\n"),
-    (["CFG", "2", "--set", "parallel.model_parallel=1", "--set", "parallel.optimizer_shard=true"], {},
-     "error: parallel.optimizer_shard=true needs Ascend or GPU"),
-    (["CFG", "2", "--set", "parallel.model_parallel=1", "--set", "hardware=ascend910b"], {},
-     "error: hardware='ascend910b' describes Ascend but this host runs on CPU; add --set hardware=cpu"),
-])
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["missing.yaml"], {}, "missing.yaml does not exist"),
+        (["CFG", "0"], {}, "NUM_DEVICES='0': must be a positive integer"),
+        (["CFG", "two"], {}, "NUM_DEVICES='two': must be a positive integer"),
+        (["CFG", "3"], {}, "3 device(s) cannot hold parallel.model_parallel=2"),
+        (["CFG", "2", "extra"], {}, "unrecognized arguments: extra"),
+        (["CFG"], {"NNODES": "2"}, "NNODES=2 needs MASTER_ADDR"),
+        (
+            ["CFG"],
+            {"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "h"},
+            "NODE_RANK='2': must be an integer in [0, NNODES=2)",
+        ),
+        (["CFG"], {"MINDSCALE_ENTRY": "nope.py"}, "MINDSCALE_ENTRY=nope.py: no such file"),
+        (["CFG", "--set", "train.stepz=3"], {}, "unknown key train.stepz"),
+        (
+            ["CFG", "--max-restarts", "1"],
+            {"NNODES": "2", "MASTER_ADDR": "h"},
+            "run.max_restarts=1 with NNODES=2: a restart relaunches only this node's workers",
+        ),
+        (
+            ["CFG", "--max-restarts", "1", "--set", "checkpoint.resume=false"],
+            {},
+            "run.max_restarts=1 needs checkpoint.resume=true",
+        ),
+        # what every worker would refuse is refused before msrun starts them (it used to start them all)
+        (
+            ["CFG", "2"],
+            {},
+            "error: parallel.model_parallel=2 needs Ascend or GPU: MindSpore has no semi-auto parallel "
+            "on CPU; on CPU set parallel.model_parallel=1\n",
+        ),
+        (
+            ["CFG", "2", "--set", "parallel.model_parallel=1", "--set", "parallel.optimizer_shard=true"],
+            {},
+            "error: parallel.optimizer_shard=true needs Ascend or GPU",
+        ),
+        (
+            ["CFG", "2", "--set", "parallel.model_parallel=1", "--set", "hardware=ascend910b"],
+            {},
+            "error: hardware='ascend910b' describes Ascend but this host runs on CPU; add --set hardware=cpu",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, env, message):
     cfg = write_config(tmp_path, data_parallel=1, model_parallel=2)
-    out = run_script("run_distribute.sh", *[str(cfg) if a == "CFG" else a for a in args], "--dry-run",
-                     cwd=tmp_path, env=clean_env(**env))
+    out = run_script(
+        "run_distribute.sh",
+        *[str(cfg) if a == "CFG" else a for a in args],
+        "--dry-run",
+        cwd=tmp_path,
+        env=clean_env(**env),
+    )
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.splitlines()) == 1 and message in out.stderr, out.stderr
     assert not (tmp_path / "out").exists()
@@ -161,8 +222,9 @@ def test_hostfile_dry_run_commands_run_as_written(tmp_path):
     cfg = write_config(tmp_path, data_parallel=1)
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# the first host is node 0\nnode-a   # master\n\n  node-b\n")
-    out = run_script("run_hostfile.sh", hostfile, cfg, 1, "--set", "train.lr=1e-3", "--set", "run.seed=7",
-                     "--dry-run", cwd=tmp_path)
+    out = run_script(
+        "run_hostfile.sh", hostfile, cfg, 1, "--set", "train.lr=1e-3", "--set", "run.seed=7", "--dry-run", cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == 2
@@ -170,8 +232,9 @@ def test_hostfile_dry_run_commands_run_as_written(tmp_path):
         ssh = shlex.split(line)
         assert ssh[:5] == ["ssh", "-n", "-o", "BatchMode=yes", ["node-a", "node-b"][rank]]
         # What ssh would run on that host, run here (with --dry-run) to check rank, master and quoting.
-        remote = subprocess.run(["bash", "-c", ssh[5] + " --dry-run"], cwd="/", env=clean_env(),
-                                capture_output=True, text=True, timeout=60)
+        remote = subprocess.run(
+            ["bash", "-c", ssh[5] + " --dry-run"], cwd="/", env=clean_env(), capture_output=True, text=True, timeout=60
+        )
         assert remote.returncode == 0, remote.stderr
         _, flags, entry = msrun_call(remote.stdout)
         assert (flags["--node_rank"], flags["--master_addr"], flags["--master_port"]) == (str(rank), "node-a", "8118")
@@ -179,15 +242,21 @@ def test_hostfile_dry_run_commands_run_as_written(tmp_path):
         assert entry[-6:] == ["--set", "train.lr=1e-3", "--set", "run.seed=7", "--set", "parallel.data_parallel=2"]
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "does not exist"),
-    ("# nobody\n\n", "lists no hosts"),
-    ("node-a slots=8\n", "has more than a host name"),
-    # msrun on a host that is MASTER_ADDR starts a scheduler: twice, two schedulers, and MindSpore's
-    # "Failed to initialize distributed job cluster"
-    ("localhost\n# again\nlocalhost\n", "hostfile HOSTS lists localhost twice (nodes 0 and 1): a host runs one "
-     "node; list it once and give its worker count as NUM_DEVICES"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "does not exist"),
+        ("# nobody\n\n", "lists no hosts"),
+        ("node-a slots=8\n", "has more than a host name"),
+        # msrun on a host that is MASTER_ADDR starts a scheduler: twice, two schedulers, and MindSpore's
+        # "Failed to initialize distributed job cluster"
+        (
+            "localhost\n# again\nlocalhost\n",
+            "hostfile HOSTS lists localhost twice (nodes 0 and 1): a host runs one "
+            "node; list it once and give its worker count as NUM_DEVICES",
+        ),
+    ],
+)
 def test_hostfile_bad_input(tmp_path, content, message):
     hostfile = tmp_path / "hosts"
     if content is not None:
@@ -204,14 +273,27 @@ def test_slurm_script_gives_each_node_its_rank(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text('#!/bin/bash\n[[ "$1 $2" == "show hostnames" ]] && tr , "\\n" <<< "$3"\n')
-    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n'
-                                  'for ((i = 0; i < SLURM_NNODES; i++)); do SLURM_NODEID=$i "$@" || exit; done\n')
+    (bin_dir / "srun").write_text(
+        '#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n'
+        'for ((i = 0; i < SLURM_NNODES; i++)); do SLURM_NODEID=$i "$@" || exit; done\n'
+    )
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
-    env = clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="gpu-07,gpu-08",
-                    SLURM_NNODES=2, SLURM_JOB_ID=1234, SLURM_SUBMIT_DIR=ROOT)
-    out = subprocess.run(["bash", str(ROOT / "scripts/slurm_train.sbatch"), str(write_config(tmp_path)), "1",
-                          "--dry-run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    env = clean_env(
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        SLURM_JOB_NODELIST="gpu-07,gpu-08",
+        SLURM_NNODES=2,
+        SLURM_JOB_ID=1234,
+        SLURM_SUBMIT_DIR=ROOT,
+    )
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts/slurm_train.sbatch"), str(write_config(tmp_path)), "1", "--dry-run"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     calls = [msrun_call(line)[1] for line in out.stdout.splitlines()]
     assert [c["--node_rank"] for c in calls] == ["0", "1"]
@@ -278,8 +360,9 @@ def test_one_worker_runs_the_entry_point_once(tmp_path):
 @pytest.mark.parametrize("how, said", [("exit", "exited with code 1"), ("kill", "was killed by SIGKILL")])
 def test_a_dead_worker_stops_the_job_and_is_named(tmp_path, how, said):
     cfg = write_config(tmp_path, name=f"fail_{how}")
-    out = run_script("run_distribute.sh", cfg, 2, cwd=tmp_path, env=clean_env(PROBE_FAIL=f"1:{how}"),
-                     timeout=LAUNCH_TIMEOUT)
+    out = run_script(
+        "run_distribute.sh", cfg, 2, cwd=tmp_path, env=clean_env(PROBE_FAIL=f"1:{how}"), timeout=LAUNCH_TIMEOUT
+    )
     returned = time.time()
     log_dir = tmp_path / f"out/fail_{how}/logs"
     assert out.returncode == 1
@@ -304,13 +387,17 @@ def two_namespaces():
     if subprocess.run(["ip", "netns", "add", names[0]], capture_output=True).returncode:
         pytest.skip("cannot create network namespaces here (ip netns add failed)")
     try:
-        commands = [["ip", "netns", "add", names[1]],
-                    ["ip", "link", "add", links[0], "type", "veth", "peer", "name", links[1]]]
+        commands = [
+            ["ip", "netns", "add", names[1]],
+            ["ip", "link", "add", links[0], "type", "veth", "peer", "name", links[1]],
+        ]
         for i, (ns, link) in enumerate(zip(names, links)):
-            commands += [["ip", "link", "set", link, "netns", ns],
-                         ["ip", "-n", ns, "addr", "add", f"10.213.0.{i + 1}/24", "dev", link],
-                         ["ip", "-n", ns, "link", "set", link, "up"],
-                         ["ip", "-n", ns, "link", "set", "lo", "up"]]
+            commands += [
+                ["ip", "link", "set", link, "netns", ns],
+                ["ip", "-n", ns, "addr", "add", f"10.213.0.{i + 1}/24", "dev", link],
+                ["ip", "-n", ns, "link", "set", link, "up"],
+                ["ip", "-n", ns, "link", "set", "lo", "up"],
+            ]
         for cmd in commands:
             subprocess.run(cmd, check=True, capture_output=True)
         yield names
@@ -327,9 +414,15 @@ def launch_two_nodes(tmp_path, namespaces, cfg, **extra_env):
     for rank, ns in enumerate(namespaces):
         logs.append(tmp_path / f"node{rank}.txt")
         with open(logs[-1], "w") as out:
-            nodes.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, "bash", str(ROOT / "scripts/run_distribute.sh"), str(cfg), "1"],
-                cwd=tmp_path, env=clean_env(NODE_RANK=rank, **common), stdout=out, stderr=subprocess.STDOUT))
+            nodes.append(
+                subprocess.Popen(
+                    ["ip", "netns", "exec", ns, "bash", str(ROOT / "scripts/run_distribute.sh"), str(cfg), "1"],
+                    cwd=tmp_path,
+                    env=clean_env(NODE_RANK=rank, **common),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     deadline = time.time() + LAUNCH_TIMEOUT
     try:
         while len(returned) < len(nodes) and time.time() < deadline:
@@ -359,8 +452,10 @@ def test_two_nodes_in_network_namespaces_form_one_job(tmp_path, two_namespaces):
     assert ['"rank": 0' in text for _, text, _ in nodes] == [True, False]
     assert ['"rank": 1' in text for _, text, _ in nodes] == [False, True]
     # node 1 has no step lines to show (rank 0 prints them) and says where they are
-    assert ["the step lines are in the rank 0 log, on node 0's console" in text for _, text, _ in nodes] == \
-        [False, True]
+    assert ["the step lines are in the rank 0 log, on node 0's console" in text for _, text, _ in nodes] == [
+        False,
+        True,
+    ]
     results = probe_results(log_dir)
     assert sorted(results) == [0, 1]
     assert {(r["world"], r["allreduce_sum"], r["data_parallel"]) for r in results.values()} == {(2, 3.0, 2)}

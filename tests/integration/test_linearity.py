@@ -1,4 +1,5 @@
 """tools/linearity.py and the run-folder reader it shares (mindscale/perf/metrics_io.py)."""
+
 import json
 import subprocess
 import sys
@@ -106,20 +107,39 @@ def test_truncated_last_line_is_a_warning(sweep_dirs, tmp_path, capsys):
 
 
 def test_command_line_exit_codes(sweep_dirs, tmp_path):
-    ok = subprocess.run([sys.executable, str(ROOT / "tools" / "linearity.py"), *map(str, sweep_dirs)],
-                        capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "linearity.py"), *map(str, sweep_dirs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0 and "< threshold" in ok.stdout
-    missing = subprocess.run([sys.executable, str(ROOT / "tools" / "linearity.py"), str(sweep_dirs[0]),
-                              str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
+    missing = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "linearity.py"), str(sweep_dirs[0]), str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
 
 
 def test_resumed_segments_replace_repeated_steps():
     def rec(step, elapsed):
         return {"step": step, "elapsed_s": elapsed}
+
     # a run to step 4, resumed from the step-2 checkpoint, then resumed again after step 6
-    records = [rec(1, 10), rec(2, 11), rec(3, 12), rec(4, 13), rec(3, 9), rec(4, 10), rec(5, 11), rec(6, 12),
-               rec(7, 8), rec(8, 9)]
+    records = [
+        rec(1, 10),
+        rec(2, 11),
+        rec(3, 12),
+        rec(4, 13),
+        rec(3, 9),
+        rec(4, 10),
+        rec(5, 11),
+        rec(6, 12),
+        rec(7, 8),
+        rec(8, 9),
+    ]
     parts = metrics_io.segments(records)
     assert [[r["step"] for r in p] for p in parts] == [[1, 2], [3, 4, 5, 6], [7, 8]]
     kept, steady = metrics_io.steady_records(records, warmup=1)
@@ -128,15 +148,32 @@ def test_resumed_segments_replace_repeated_steps():
     assert not steady and kept == records[:1]
 
 
-@pytest.mark.parametrize("counts, extra, message", [
-    ("2", [], "give at least two"), ("1 two", [], "not a positive integer"), ("1 2 1", [], "repeat a value"),
-    ("1 2", ["--set", "train.stepz=3"], "unknown key train.stepz"),
-    ("1 2", ["--set", "run.name=taken"], "taken_n1 exists")])
+@pytest.mark.parametrize(
+    "counts, extra, message",
+    [
+        ("2", [], "give at least two"),
+        ("1 two", [], "not a positive integer"),
+        ("1 2 1", [], "repeat a value"),
+        ("1 2", ["--set", "train.stepz=3"], "unknown key train.stepz"),
+        ("1 2", ["--set", "run.name=taken"], "taken_n1 exists"),
+    ],
+)
 def test_sweep_script_refuses_bad_input(tmp_path, counts, extra, message):
     (tmp_path / "taken_n1").mkdir()
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "run_linearity.sh"), str(ROOT / "configs/tiny/llama_tiny.yaml"),
-                           counts, "--set", f"run.output_dir={tmp_path}", *extra],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "scripts" / "run_linearity.sh"),
+            str(ROOT / "configs/tiny/llama_tiny.yaml"),
+            counts,
+            "--set",
+            f"run.output_dir={tmp_path}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
 
 

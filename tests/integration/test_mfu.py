@@ -1,5 +1,6 @@
 """tools/mfu.py (docs/mfu.md) and mindscale/perf/gemm_peak.py: the published Megatron MFU/HFU figures
 through the CLI, run folders (median, spread, warm-up, truncation), bad input, the CPU peak cache."""
+
 import json
 import subprocess
 import sys
@@ -13,10 +14,12 @@ from mindscale.config import REPO_ROOT, load_config
 
 # Korthikanti et al. 2022 Table 5 (selective recompute, A100 312 TFLOP/s): (h, layers, heads),
 # GPUs, global batch, iteration time s, MFU %, HFU %.
-KORTHIKANTI = {"22B": ((6144, 48, 64), 8, 4, 1.10, 41.5, 43.7),
-               "175B": ((12288, 96, 96), 64, 64, 13.75, 51.4, 52.8),
-               "530B": ((20480, 105, 128), 280, 280, 37.83, 56.0, 57.0),
-               "1T": ((25600, 128, 160), 512, 512, 71.49, 56.3, 57.0)}
+KORTHIKANTI = {
+    "22B": ((6144, 48, 64), 8, 4, 1.10, 41.5, 43.7),
+    "175B": ((12288, 96, 96), 64, 64, 13.75, 51.4, 52.8),
+    "530B": ((20480, 105, 128), 280, 280, 37.83, 56.0, 57.0),
+    "1T": ((25600, 128, 160), 512, 512, 71.49, 56.3, 57.0),
+}
 
 
 def paper_config(tmp_path, h, layers, heads):
@@ -25,7 +28,8 @@ def paper_config(tmp_path, h, layers, heads):
         "hardware: {name: a100_80gb, device_target: GPU, peak_tflops: 312.0, memory_gib: 80.0}\n"
         f"model: {{arch: gpt, vocab_size: 51200, hidden_size: {h}, num_layers: {layers}, num_heads: {heads}, "
         f"ffn_hidden_size: {4 * h}, seq_length: 2048, tie_embeddings: true, compute_dtype: float16}}\n"
-        "recompute: {mode: selective}\n")
+        "recompute: {mode: selective}\n"
+    )
     return path
 
 
@@ -38,8 +42,12 @@ def run_json(capsys, *argv) -> dict:
 def test_reproduces_korthikanti_table_5(tmp_path, capsys, name):
     (h, layers, heads), gpus, batch, seconds, mfu, hfu = KORTHIKANTI[name]
     config = str(paper_config(tmp_path, h, layers, heads))
-    results = [run_json(capsys, "--config", config, "--step-time", str(t), "--global-batch", str(batch),
-                        "--devices", str(gpus)) for t in (seconds + 0.005, seconds - 0.005)]
+    results = [
+        run_json(
+            capsys, "--config", config, "--step-time", str(t), "--global-batch", str(batch), "--devices", str(gpus)
+        )
+        for t in (seconds + 0.005, seconds - 0.005)
+    ]
     # the published time is rounded to 10 ms and the percentages to 0.1
     assert 100 * results[0]["mfu"] - 0.05 <= mfu <= 100 * results[1]["mfu"] + 0.05
     assert 100 * results[0]["hfu"] - 0.05 <= hfu <= 100 * results[1]["hfu"] + 0.05
@@ -54,8 +62,19 @@ def test_json_keys_and_arithmetic(tmp_path, capsys):
     assert r["tokens_per_s"] == pytest.approx(64 * 2048 / 13.75)
     assert r["mfu"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token"] / (64 * 312e12))
     assert r["tflops_per_device"] == pytest.approx(r["mfu"] * 312)
-    halved = run_json(capsys, "--config", config, "--step-time", "13.75", "--global-batch", "64", "--devices", "64",
-                      "--peak-tflops", "156")
+    halved = run_json(
+        capsys,
+        "--config",
+        config,
+        "--step-time",
+        "13.75",
+        "--global-batch",
+        "64",
+        "--devices",
+        "64",
+        "--peak-tflops",
+        "156",
+    )
     assert halved["mfu"] == pytest.approx(2 * r["mfu"]) and halved["peak_source"] == "--peak-tflops"
 
 
@@ -80,7 +99,7 @@ def test_from_metrics_skips_warmup_and_matches_logged_mfu(run_dir, capsys):
     assert r["mfu"] == pytest.approx(step_2["mfu"]) and r["tokens_per_s"] == pytest.approx(step_2["tokens_per_s"])
     assert r["spread"]["step_time_s"]["min"] == 0.45 and r["spread"]["step_time_s"]["max"] == 0.55
     assert r["spread"]["step_time_s"]["rel_spread"] == pytest.approx(0.2)
-    assert r["peak_tflops"] == PEAK_TFLOPS                    # the CPU peak the run logged
+    assert r["peak_tflops"] == PEAK_TFLOPS  # the CPU peak the run logged
     with_compile = run_json(capsys, "--metrics", str(run_dir), "--skip", "0")
     assert with_compile["records_used"] == 6 and with_compile["step_time_s"] == pytest.approx(6.5 / 6)
 
@@ -110,7 +129,7 @@ def test_every_tool_gives_the_same_throughput_and_mfu_total_tokens_over_total_ti
     report, tools/compare_runs.py and tools/linearity.py print that one number, and the MFU it gives."""
     run = windowed_run(tmp_path)
     cfg = load_config(run / "config.yaml")
-    step_time = (9 * 1.0 + 10 * 1.4 + 10 * 1.1 + 1 * 3.0) / 30           # 37 s over steps 2-31
+    step_time = (9 * 1.0 + 10 * 1.4 + 10 * 1.1 + 1 * 3.0) / 30  # 37 s over steps 2-31
     tokens_per_s = cfg.samples_per_step * cfg.model.seq_length / step_time
     mfu = flops.mfu(tokens_per_s, cfg.devices, PEAK_TFLOPS, cfg.model)
 
@@ -124,7 +143,9 @@ def test_every_tool_gives_the_same_throughput_and_mfu_total_tokens_over_total_ti
     capsys.readouterr()
     assert compare_runs.main([str(run), str(run), "--json"]) == 0
     rows = {r["metric"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
-    assert rows["throughput"]["baseline"] == pytest.approx(tokens_per_s) and rows["MFU"]["baseline"] == pytest.approx(mfu)
+    assert rows["throughput"]["baseline"] == pytest.approx(tokens_per_s) and rows["MFU"]["baseline"] == pytest.approx(
+        mfu
+    )
     wider = windowed_run(tmp_path, "windows_dp4", ["parallel.data_parallel=4"])
     assert linearity.main([str(run), str(wider), "--json"]) == 0
     points = json.loads(capsys.readouterr().out)["points"]
@@ -142,23 +163,36 @@ def test_truncated_last_line_is_read_up_to_it(tmp_path, capsys):
 
 
 def cli(*argv):
-    return subprocess.run([sys.executable, "tools/mfu.py", *argv], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "tools/mfu.py", *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("empty", "no records"), ("only-truncated", "only a truncated line"), ("all-warmup", "all within"),
-    ("no-source", "either --metrics"), ("half-explicit", "go together"), ("no-config", "--config is required")])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("empty", "no records"),
+        ("only-truncated", "only a truncated line"),
+        ("all-warmup", "all within"),
+        ("no-source", "either --metrics"),
+        ("half-explicit", "go together"),
+        ("no-config", "--config is required"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(tmp_path, case, needle):
     run = write_run(tmp_path, "r", [4.0])
     if case == "empty":
         (run / "metrics.jsonl").write_text("")
     if case == "only-truncated":
         (run / "metrics.jsonl").write_text('{"step": 1, "loss"')
-    argv = {"empty": ["--metrics", str(run)], "only-truncated": ["--metrics", str(run)],
-            "all-warmup": ["--metrics", str(run)], "no-source": ["--config", "configs/tiny/llama_tiny.yaml"],
-            "half-explicit": ["--config", "configs/tiny/llama_tiny.yaml", "--step-time", "1"],
-            "no-config": ["--step-time", "1", "--global-batch", "8"]}[case]
+    argv = {
+        "empty": ["--metrics", str(run)],
+        "only-truncated": ["--metrics", str(run)],
+        "all-warmup": ["--metrics", str(run)],
+        "no-source": ["--config", "configs/tiny/llama_tiny.yaml"],
+        "half-explicit": ["--config", "configs/tiny/llama_tiny.yaml", "--step-time", "1"],
+        "no-config": ["--step-time", "1", "--global-batch", "8"],
+    }[case]
     proc = cli(*argv)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -168,14 +202,15 @@ def test_bad_input_is_one_line_exit_2(tmp_path, case, needle):
 def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     first = gemm_peak.cpu_peak_tflops()
-    assert 1e-4 < first < 10                              # one core, fp32: GFLOP/s to a few TFLOP/s
+    assert 1e-4 < first < 10  # one core, fp32: GFLOP/s to a few TFLOP/s
     cache = json.loads(gemm_peak.cache_path().read_text())
     assert cache[gemm_peak.machine_key()]["tflops"] == first
 
     def no_second_measurement(*_):
         raise AssertionError("measured again despite the cache")
+
     monkeypatch.setattr(gemm_peak, "measure", no_second_measurement)
     assert gemm_peak.cpu_peak_tflops() == first
     gemm_peak.cache_path().write_text("{not json")
     monkeypatch.setattr(gemm_peak, "measure", lambda *_: 0.0123)
-    assert gemm_peak.cpu_peak_tflops() == 0.0123          # a corrupt cache is re-measured and rewritten
+    assert gemm_peak.cpu_peak_tflops() == 0.0123  # a corrupt cache is re-measured and rewritten

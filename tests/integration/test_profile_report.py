@@ -1,5 +1,6 @@
 """tools/profile_report.py on real CPU profiles (an in-process MLP, and a 2-worker data-parallel run through
 scripts/run_distribute.sh) and on the Ascend fixture written from the docs."""
+
 import csv
 import dataclasses
 import json
@@ -36,9 +37,11 @@ def cpu_profile(tmp_path_factory):
     y = ms.Tensor(np.random.rand(16, 64).astype(np.float32))
     step(x, y)  # compile outside the window
     out = tmp_path_factory.mktemp("profile")
-    prof = profile(activities=[ProfilerActivity.CPU],
-                   schedule=schedule(wait=0, warmup=0, active=PROFILED_STEPS, repeat=1),
-                   on_trace_ready=tensorboard_trace_handler(str(out)))
+    prof = profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=0, warmup=0, active=PROFILED_STEPS, repeat=1),
+        on_trace_ready=tensorboard_trace_handler(str(out)),
+    )
     prof.start()
     began = time.perf_counter()
     for _ in range(PROFILED_STEPS):
@@ -60,8 +63,9 @@ def test_cpu_profile_split_and_top_ops(cpu_profile):
     assert s.step_ms * s.steps_analysed <= wall_s * 1000  # the windows lie inside the timed loop
     types = [o["type"] for o in report.top_ops]
     assert len(types) == 5 and "MatMul" in types
-    assert [o["ms_per_step"] for o in report.top_ops] == sorted((o["ms_per_step"] for o in report.top_ops),
-                                                                reverse=True)
+    assert [o["ms_per_step"] for o in report.top_ops] == sorted(
+        (o["ms_per_step"] for o in report.top_ops), reverse=True
+    )
     matmul = next(o for o in report.top_ops if o["type"] == "MatMul")
     assert matmul["calls_per_step"] == 5  # 2 forward + 3 backward (no input gradient for the first layer)
     assert report.diagnosis  # at least the compute-bound fallback
@@ -91,8 +95,10 @@ def test_ascend_fixture(capsys):
     report = json.loads(capsys.readouterr().out)
     with open(next(ASCEND.rglob("step_trace_time.csv")), newline="") as handle:
         rows = list(csv.DictReader(handle))
-    mean = {c: statistics.mean(float(r[c]) for r in rows) / 1000 for c in
-            ("Computing", "Communication(Not Overlapped)", "Free")}
+    mean = {
+        c: statistics.mean(float(r[c]) for r in rows) / 1000
+        for c in ("Computing", "Communication(Not Overlapped)", "Free")
+    }
     s = report["split"]
     assert report["layout"] == "ascend" and report["steps"] == 3
     assert s["computing_ms"] == pytest.approx(mean["Computing"])
@@ -109,9 +115,12 @@ def test_ascend_fixture(capsys):
 
 def test_every_named_knob_is_a_config_key():
     defaults = Config()
-    names = {f"{section.name}.{f.name}" for section in dataclasses.fields(Config)
-             if dataclasses.is_dataclass(getattr(defaults, section.name))
-             for f in dataclasses.fields(getattr(defaults, section.name))}
+    names = {
+        f"{section.name}.{f.name}"
+        for section in dataclasses.fields(Config)
+        if dataclasses.is_dataclass(getattr(defaults, section.name))
+        for f in dataclasses.fields(getattr(defaults, section.name))
+    }
     knobs = [k.text for kind in KNOBS.values() for k in kind]
     keys = [k.split(":")[0] for k in knobs if ":" in k and " " not in k.split(":")[0] and "." in k.split(":")[0]]
     assert len(keys) >= 15
@@ -120,20 +129,35 @@ def test_every_named_knob_is_a_config_key():
 
 def stressed(kind: str, layout: str = "cpu") -> Report:
     """A report whose numbers should trigger exactly the rule `kind`."""
-    split = {"comm": Split(100, 20, 70, 10), "free": Split(100, 60, 5, 35), "bubble": Split(100, 85, 5, 10, bubble_ms=20),
-             }.get(kind, Split(100, 90, 5, 5))
-    ops = {"layout": [("StridedSlice", 0.2), ("Transpose", 0.1), ("MatMul", 0.7)],
-           "optimizer": [("Adam", 0.4), ("MatMul", 0.6)]}.get(kind, [("MatMul", 1.0)])
+    split = {
+        "comm": Split(100, 20, 70, 10),
+        "free": Split(100, 60, 5, 35),
+        "bubble": Split(100, 85, 5, 10, bubble_ms=20),
+    }.get(kind, Split(100, 90, 5, 5))
+    ops = {
+        "layout": [("StridedSlice", 0.2), ("Transpose", 0.1), ("MatMul", 0.7)],
+        "optimizer": [("Adam", 0.4), ("MatMul", 0.6)],
+    }.get(kind, [("MatMul", 1.0)])
     comm = [{"type": "allreduce", "wait_ratio": 0.8}] if kind == "wait" else []
-    top = [{"type": t, "share": share, "ms_per_step": share * 90, "calls_per_step": 1, "communication": False}
-           for t, share in ops]
+    top = [
+        {"type": t, "share": share, "ms_per_step": share * 90, "calls_per_step": 1, "communication": False}
+        for t, share in ops
+    ]
     return Report(layout, "x", 3, split, top, comm)
 
 
-@pytest.mark.parametrize("kind, expected", [
-    ("comm", "likely communication-bound"), ("free", "device idle"), ("bubble", "pipeline bubble"),
-    ("wait", "wait for other ranks"), ("layout", "data-movement ops"), ("optimizer", "optimizer update"),
-    ("none", "compute-bound")])
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("comm", "likely communication-bound"),
+        ("free", "device idle"),
+        ("bubble", "pipeline bubble"),
+        ("wait", "wait for other ranks"),
+        ("layout", "data-movement ops"),
+        ("optimizer", "optimizer update"),
+        ("none", "compute-bound"),
+    ],
+)
 def test_diagnosis_rules(kind, expected):
     findings = [d["finding"] for d in diagnose(stressed(kind))]
     assert any(expected in f for f in findings), findings
@@ -182,18 +206,34 @@ def test_wrong_layout_and_incomplete_profiles(cpu_profile, tmp_path, capsys):
 
 
 def test_command_line_on_parent_folder():
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "profile_report.py"), str(ASCEND.parent), "--top", "3"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "profile_report.py"), str(ASCEND.parent), "--top", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "ascend layout" in done.stdout and "try parallel.sequence_parallel" in done.stdout
 
 
 # A real 2-worker data-parallel run that profiles steps 1-2 (2 of 3); each rank's profile folder is named by host,
 # process id and time, not by rank. Tiny model: the profile, not the training, is under test.
-TWO_RANK_RUN = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",
-                "model.ffn_hidden_size=128", "model.vocab_size=256", "model.seq_length=32", "train.log_interval=1",
-                "train.steps=3", "checkpoint.save_interval=0", "checkpoint.save_at_end=false", "profile.enable=true",
-                "profile.start_step=1", "profile.stop_step=3"]
+TWO_RANK_RUN = [
+    "model.num_layers=1",
+    "model.hidden_size=64",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.ffn_hidden_size=128",
+    "model.vocab_size=256",
+    "model.seq_length=32",
+    "train.log_interval=1",
+    "train.steps=3",
+    "checkpoint.save_interval=0",
+    "checkpoint.save_at_end=false",
+    "profile.enable=true",
+    "profile.start_step=1",
+    "profile.stop_step=3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -201,13 +241,19 @@ def two_ranks(tmp_path_factory):
     """The run folder of TWO_RANK_RUN, and {rank: its profile folder}."""
     parent = tmp_path_factory.mktemp("two_ranks")
     overrides = [*TWO_RANK_RUN, f"run.output_dir={parent}", "run.name=dp2"]
-    launch = subprocess.run(["bash", "scripts/run_distribute.sh", str(TINY), "2",
-                             *[arg for o in overrides for arg in ("--set", o)]],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    launch = subprocess.run(
+        ["bash", "scripts/run_distribute.sh", str(TINY), "2", *[arg for o in overrides for arg in ("--set", o)]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-2000:]
     run = parent / "dp2"
-    folders = {int(info.stem.rsplit("_", 1)[1]): info.parent.parent
-               for info in (run / "profile").glob("*/FRAMEWORK/cpu_op_type_info_*.csv")}
+    folders = {
+        int(info.stem.rsplit("_", 1)[1]): info.parent.parent
+        for info in (run / "profile").glob("*/FRAMEWORK/cpu_op_type_info_*.csv")
+    }
     assert sorted(folders) == [0, 1]
     return run, folders
 
@@ -234,13 +280,18 @@ def test_the_lowest_rank_is_read_and_named_whatever_its_folder_is_called(two_ran
     report = json.loads(capsys.readouterr().out)
     assert (report["rank"], report["ranks"], report["path"]) == (0, [0, 1], str(renamed[0]))
     assert {o["type"]: o["ms_per_step"] * report["steps"] for o in report["top_ops"]} == pytest.approx(
-        op_totals(renamed[0]))
+        op_totals(renamed[0])
+    )
     assert profile_report.main([str(copy / "profile"), "--top", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == (f"profile: {renamed[0]} (rank 0 of ranks 0, 1; cpu layout, 2 step(s) profiled, "
-                        f"{report['split']['steps_analysed']} analysed)")
-    assert f"note: 1 more rank(s) profiled under {copy / 'profile'}: rank 1 ({renamed[1].name}); --rank R reads " \
-           "one, --all-ranks shows every rank's split" in lines
+    assert lines[0] == (
+        f"profile: {renamed[0]} (rank 0 of ranks 0, 1; cpu layout, 2 step(s) profiled, "
+        f"{report['split']['steps_analysed']} analysed)"
+    )
+    assert (
+        f"note: 1 more rank(s) profiled under {copy / 'profile'}: rank 1 ({renamed[1].name}); --rank R reads "
+        "one, --all-ranks shows every rank's split" in lines
+    )
 
 
 def test_one_rank_on_request_and_every_rank_s_split(two_ranks, capsys):
@@ -258,14 +309,22 @@ def test_one_rank_on_request_and_every_rank_s_split(two_ranks, capsys):
     assert profile_report.main([str(run / "profile"), "--all-ranks"]) == 0
     table = capsys.readouterr().out.splitlines()
     header = table.index("every rank, ms per step (share of its step):")
-    assert [line.split()[0] for line in table[header + 2:header + 4]] == ["0", "1"]
+    assert [line.split()[0] for line in table[header + 2 : header + 4]] == ["0", "1"]
     assert f"--rank 2: {run / 'profile'} holds profiles of rank(s) 0, 1; pick one of them" in bad(
-        capsys, run / "profile", "--rank", "2")
+        capsys, run / "profile", "--rank", "2"
+    )
 
 
 # Knobs that name what a CPU run cannot have: MindSpore has no semi-auto parallel there, and no jit_level O2.
-SHARDED_OR_ASCEND = ("sequence_parallel", "optimizer_shard", "recompute.comm", "model_parallel", "pipeline_stage",
-                     "jit_level", "model.attention")
+SHARDED_OR_ASCEND = (
+    "sequence_parallel",
+    "optimizer_shard",
+    "recompute.comm",
+    "model_parallel",
+    "pipeline_stage",
+    "jit_level",
+    "model.attention",
+)
 
 
 def test_advice_on_a_cpu_run_names_only_what_applies(two_ranks):
@@ -278,7 +337,7 @@ def test_advice_on_a_cpu_run_names_only_what_applies(two_ranks):
     kinds = ("comm", "free", "bubble", "wait", "layout", "optimizer", "none")
     knobs = [k for r in [report, *map(stressed, kinds)] for d in diagnose(r, cfg) for k in d["knobs"]]
     assert not [k for k in knobs if any(name in k for name in SHARDED_OR_ASCEND)]
-    assert not [k for k in knobs if k.startswith("run.mode")]                      # already graph mode
+    assert not [k for k in knobs if k.startswith("run.mode")]  # already graph mode
     assert any(k.startswith("parallel.gradient_accumulation_steps") for k in knobs)  # 2 ranks all-reduce
 
 
@@ -286,13 +345,26 @@ def ascend(*overrides):
     return load_config(TINY, ["hardware=ascend910b", "parallel.model_parallel=2", *overrides])
 
 
-@pytest.mark.parametrize("overrides, named, left_out", [
-    (["parallel.optimizer_shard=true", "recompute.comm=true", "context={jit_level: O2}", "model.compute_dtype=bfloat16"],
-     ["parallel.sequence_parallel: true", "parallel.optimizer_shard: false", "recompute.comm: false"],
-     ["context.jit_level", "run.mode", "model.attention", "parallel.optimizer_shard: true"]),
-    (["parallel.sequence_parallel=true", "run.mode=pynative", "model.compute_dtype=float32"],
-     ["context.jit_level: O2", "run.mode: graph", "model.attention: flash", "parallel.optimizer_shard: true"],
-     ["parallel.sequence_parallel", "parallel.optimizer_shard: false", "recompute.comm"])])
+@pytest.mark.parametrize(
+    "overrides, named, left_out",
+    [
+        (
+            [
+                "parallel.optimizer_shard=true",
+                "recompute.comm=true",
+                "context={jit_level: O2}",
+                "model.compute_dtype=bfloat16",
+            ],
+            ["parallel.sequence_parallel: true", "parallel.optimizer_shard: false", "recompute.comm: false"],
+            ["context.jit_level", "run.mode", "model.attention", "parallel.optimizer_shard: true"],
+        ),
+        (
+            ["parallel.sequence_parallel=true", "run.mode=pynative", "model.compute_dtype=float32"],
+            ["context.jit_level: O2", "run.mode: graph", "model.attention: flash", "parallel.optimizer_shard: true"],
+            ["parallel.sequence_parallel", "parallel.optimizer_shard: false", "recompute.comm"],
+        ),
+    ],
+)
 def test_advice_on_ascend_follows_the_config(overrides, named, left_out):
     """A knob is named where the config leaves it to change: not sequence parallel where it is on, not
     optimizer_shard false where there is no shard (no weight all-gather), not recompute.comm false where it is
@@ -315,5 +387,7 @@ def test_ascend_rank_from_profiler_info(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert (report["rank"], report["ranks"], report["path"]) == (1, [0, 1], str(rank1))
     (rank1 / "profiler_info_1.json").rename(rank1 / "profiler_info_0.json")  # two runs' rank 0 in one folder
-    assert (f"{tmp_path / 'profile'} holds 2 profiles of rank 0 ({rank0.name}, {rank1.name}): several runs profiled "
-            "into one folder; pass the folder of one run's profile") in bad(capsys, tmp_path / "profile")
+    assert (
+        f"{tmp_path / 'profile'} holds 2 profiles of rank 0 ({rank0.name}, {rank1.name}): several runs profiled "
+        "into one folder; pass the folder of one run's profile"
+    ) in bad(capsys, tmp_path / "profile")

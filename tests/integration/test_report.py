@@ -1,4 +1,5 @@
 """tools/report.py: the self-contained HTML report and its PNGs."""
+
 import base64
 import json
 import re
@@ -18,8 +19,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A run resumed once (steps 4-6 re-run after a restart), with an Ascend profile in profile/."""
-    run = write_run(tmp_path_factory.mktemp("report"), "tiny_report", [6.0, 1.0, 1.1, 1.2, 1.0, 1.3],
-                    ["recompute.mode=selective"])
+    run = write_run(
+        tmp_path_factory.mktemp("report"), "tiny_report", [6.0, 1.0, 1.1, 1.2, 1.0, 1.3], ["recompute.mode=selective"]
+    )
     lines = (run / "metrics.jsonl").read_text().splitlines()
     resumed = []
     for i, line in enumerate(lines[3:], 1):
@@ -94,21 +96,27 @@ def test_bad_input(tmp_path, capsys):
 
 def test_planner_prediction_next_to_measurement(built, run_dir):
     from mindscale.perf import planner
+
     _, page = built
     cfg = load_config(run_dir / "config.yaml")
     plan = planner.plan(cfg, peak_tflops=0.05)
     step = statistics.mean([1.0, 1.1, 1.0, 1.3])
     predicted = plan["predicted"]["step_time_s"]
-    assert (f"<td>step time</td><td>s</td><td>{step:.4f}</td><td>{predicted:.4f}</td>"
-            f"<td>{step / predicted:.2f}</td>") in page
+    assert (
+        f"<td>step time</td><td>s</td><td>{step:.4f}</td><td>{predicted:.4f}</td><td>{step / predicted:.2f}</td>"
+    ) in page
     assert "<td>MFU</td><td></td><td>" in page and f"{plan['predicted']['mfu']:.2%}" in page
     assert f"{plan['memory_gib']['total']:.2f}" in page and plan["predicted"]["assumptions"][0] in page
 
 
 def test_validation_losses_appear_in_the_loss_plot_and_a_table(tmp_path):
     """Records with val_loss (train.eval_interval) add a validation line to loss_lr and a table of passes."""
-    run = write_run(tmp_path, "validated", [6.0, 1.0, 1.1, 1.2], ["data.valid_path=/data/valid",
-                                                                  "train.eval_interval=2", "train.eval_steps=3"])
+    run = write_run(
+        tmp_path,
+        "validated",
+        [6.0, 1.0, 1.1, 1.2],
+        ["data.valid_path=/data/valid", "train.eval_interval=2", "train.eval_steps=3"],
+    )
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     for record in records[1::2]:
         record.update(val_loss=record["loss"] + 0.25, val_ppl=2.0 ** record["step"], val_time_s=0.5)
@@ -119,7 +127,9 @@ def test_validation_losses_appear_in_the_loss_plot_and_a_table(tmp_path):
     section = page.split("<h2>Validation</h2>")[1].split("<h2>")[0]
     assert "first 3 x 8 sequences of /data/valid" in section
     assert re.findall(r"<tr><td>(\d+)</td><td>([\d.]+)</td><td>([\d.]+)</td>", section) == [
-        ("2", f"{records[1]['loss'] + 0.25:.4f}", "4.00"), ("4", f"{records[3]['loss'] + 0.25:.4f}", "16.00")]
+        ("2", f"{records[1]['loss'] + 0.25:.4f}", "4.00"),
+        ("4", f"{records[3]['loss'] + 0.25:.4f}", "16.00"),
+    ]
     plain = write_run(tmp_path, "plain", [6.0, 1.0, 1.1, 1.2])  # the same records without val_loss
     assert report.main([str(plain), "--output", str(tmp_path / "plain.html")]) == 0
     assert "<h2>Validation</h2>" not in (tmp_path / "plain.html").read_text()
@@ -130,8 +140,12 @@ def test_validation_losses_appear_in_the_loss_plot_and_a_table(tmp_path):
 def test_the_data_mix_and_the_wait_for_data_are_in_the_page(tmp_path, capsys):
     """A blend's data_tokens (metrics.jsonl) next to the configured shares, and data_wait_s over the steps after
     warm-up as a share of their step time; the same mix as the stdout line. A run without them has no section."""
-    run = write_run(tmp_path, "blended", [6.0, 1.0, 1.1, 1.2],
-                    ["data.blend=[{path: /data/web, weight: 3}, {path: /data/code, weight: 1}]"])
+    run = write_run(
+        tmp_path,
+        "blended",
+        [6.0, 1.0, 1.1, 1.2],
+        ["data.blend=[{path: /data/web, weight: 3}, {path: /data/code, weight: 1}]"],
+    )
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     for r, wait in zip(records, (2.0, 0.01, 0.03, 0.02)):
         r.update(data_wait_s=wait, data_tokens={"/data/web": 96 * r["step"], "/data/code": 32 * r["step"]})
@@ -141,7 +155,9 @@ def test_the_data_mix_and_the_wait_for_data_are_in_the_page(tmp_path, capsys):
     section = output.read_text().split("<h2>Data</h2>")[1].split("<h2>")[0]
     assert "in steps 1 to 4" in section
     assert re.findall(r"<tr><td>([^<]+)</td><td>([\d.]+%)</td><td>([\d,]+)</td><td>([\d.]+%)</td></tr>", section) == [
-        ("/data/web", "75.0%", "384", "75.0%"), ("/data/code", "25.0%", "128", "25.0%")]
+        ("/data/web", "75.0%", "384", "75.0%"),
+        ("/data/code", "25.0%", "128", "25.0%"),
+    ]
     assert "waited 20.00 ms per step" in section and "1.82% of their step time (1100.0 ms)" in section
     assert "data mix at step 4: /data/web 75.0% (384 tokens), /data/code 25.0% (128 tokens)" in capsys.readouterr().out
     plain = write_run(tmp_path, "plain", [6.0, 1.0, 1.1, 1.2])

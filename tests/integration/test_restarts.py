@@ -1,5 +1,6 @@
 """Restarts, hang detection and healthy checkpoints with real processes: scripts/run_distribute.sh with
 two CPU workers training a tiny LLaMA, faults injected by MINDSCALE_FAULT (mindscale/train/resilience/faults.py)."""
+
 import json
 import os
 import re
@@ -22,8 +23,14 @@ SAVE = ("train.micro_batch_size=2", "train.steps=6", "checkpoint.save_interval=2
 
 def launch(tmp_path, name, *args, fault=None, timeout=600, own_cache=False):
     """`own_cache`: the compile cache in the run folder, as users have it, not the session's (tests/conftest.py)."""
-    argv = ["bash", "scripts/run_distribute.sh", TINY, "2",
-            *sets(f"run.output_dir={tmp_path}", f"run.name={name}", *SAVE), *args]
+    argv = [
+        "bash",
+        "scripts/run_distribute.sh",
+        TINY,
+        "2",
+        *sets(f"run.output_dir={tmp_path}", f"run.name={name}", *SAVE),
+        *args,
+    ]
     env = {k: v for k, v in os.environ.items() if k != "MINDSCALE_FAULT" and not (own_cache and k == SHARED_DIR_ENV)}
     if fault:
         env["MINDSCALE_FAULT"] = fault
@@ -41,8 +48,9 @@ def two_source_blend(tmp_path) -> list[str]:
     """--set data.blend: two MindRecord folders of 7 and 5 samples of random ids, weights 3:1. With a global
     batch of 4 the 6 steps draw 18 and 6 samples: both sources wrap into a new, reshuffled epoch mid-run."""
     rng = np.random.default_rng(0)
-    folders = [write_data_folder(tmp_path / f"source_{k}", rng.integers(3, 256, (n, 33)), 256)
-               for k, n in enumerate((7, 5))]
+    folders = [
+        write_data_folder(tmp_path / f"source_{k}", rng.integers(3, 256, (n, 33)), 256) for k, n in enumerate((7, 5))
+    ]
     return ["--set", f"data.blend=[{{path: {folders[0]}, weight: 3}}, {{path: {folders[1]}, weight: 1}}]"]
 
 
@@ -62,15 +70,20 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(
     headers = [line for line in restarted.stdout.splitlines() if line.startswith("data: blend of")]
     assert len(headers) == 2 and f"index reused {run / 'index'}" in headers[1]
     assert "(18 samples of 7, 2.57 epochs)" in headers[0] and "(6 samples of 5, 1.20 epochs)" in headers[0]
-    builds = [sum(log.read_text().count("data index (train): ") for log in logs.glob("worker_*.log"))
-              for logs in (run / "logs" / "attempt_1", run / "logs")]
+    builds = [
+        sum(log.read_text().count("data index (train): ") for log in logs.glob("worker_*.log"))
+        for logs in (run / "logs" / "attempt_1", run / "logs")
+    ]
     assert builds == [1, 0]  # one rank of the first attempt built the index; the restart built none
     assert [r["data_tokens"] for r in metrics(run) if r["step"] == 6] == [
-        {str(tmp_path / "source_0"): 18 * 32, str(tmp_path / "source_1"): 6 * 32}]
+        {str(tmp_path / "source_0"): 18 * 32, str(tmp_path / "source_1"): 6 * 32}
+    ]
     assert all(r["data_wait_s"] >= 0 for r in metrics(run))
     kept = run / "logs" / "attempt_1" / "worker_1.log"
-    assert (f"MindScale: restart 1 of 1: rank 1 was killed by SIGKILL (its log: {kept}); relaunching every worker "
-            "from committed step 2") in restarted.stdout
+    assert (
+        f"MindScale: restart 1 of 1: rank 1 was killed by SIGKILL (its log: {kept}); relaunching every worker "
+        "from committed step 2"
+    ) in restarted.stdout
     assert "fault: rank 1 kills itself before step 4" in kept.read_text()
     assert "resumed from" in restarted.stdout and "step_00000002 at step 2" in restarted.stdout
     assert _digests(run / "logs") == _digests(tmp_path / "straight" / "logs")
@@ -83,8 +96,11 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(
     for rank in (0, 1):  # each rank loaded its own cache of the step, which the restart left as it was
         cached = list((run / "compile_cache").glob(f"*/rank_{rank}/graph_cache/*compile_cache_0.mindir"))
         assert len(cached) == 1 and cached[0].stat().st_mtime < kept.stat().st_mtime
-    assert re.search(r"^MindScale goodput: \d+% of .* lost 1 step\(s\) .* 1 restart\(s\): rank 1 was killed by SIGKILL$",
-                     restarted.stdout, re.M)
+    assert re.search(
+        r"^MindScale goodput: \d+% of .* lost 1 step\(s\) .* 1 restart\(s\): rank 1 was killed by SIGKILL$",
+        restarted.stdout,
+        re.M,
+    )
     straight_summary = goodput_adds_up(tmp_path / "straight")
     assert straight_summary["restarts"] == [] and straight_summary["compile_cache"] == ["miss"]
 
@@ -93,11 +109,24 @@ def test_after_a_restart_sigterm_still_stops_the_job_gracefully(tmp_path):
     """The launcher's signal handlers outlive a restart's teardown: rank 1 dies before step 4, the job
     restarts, and a SIGTERM to the launcher during the second attempt stops every worker after one step,
     committed, exit 0, naming the checkpoint (it used to be ignored from the first teardown on)."""
-    argv = ["bash", "scripts/run_distribute.sh", TINY, "2", *sets(f"run.output_dir={tmp_path}", "run.name=run",
-                                                                  *SAVE, "train.steps=100000"), "--max-restarts", "1"]
+    argv = [
+        "bash",
+        "scripts/run_distribute.sh",
+        TINY,
+        "2",
+        *sets(f"run.output_dir={tmp_path}", "run.name=run", *SAVE, "train.steps=100000"),
+        "--max-restarts",
+        "1",
+    ]
     with open(tmp_path / "stderr", "w") as err:
-        job = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
-                               env={**os.environ, "MINDSCALE_FAULT": "kill:1:4"})
+        job = subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**os.environ, "MINDSCALE_FAULT": "kill:1:4"},
+        )
         try:
             lines = []
             while not lines or "resumed from" not in lines[-1]:  # the second attempt's rank 0 is training
@@ -112,8 +141,10 @@ def test_after_a_restart_sigterm_still_stops_the_job_gracefully(tmp_path):
     root = tmp_path / "run" / "checkpoints"
     stop = commit.committed_steps(root)[-1]
     assert stop > 2 and f"stopping after step {stop} of 100000" in out
-    assert out.splitlines()[-1].startswith(f"MindScale: all 2 worker(s) on this node stopped on SIGTERM; newest "
-                                           f"committed checkpoint: {root / ckpt.step_dir_name(stop)}; logs in ")
+    assert out.splitlines()[-1].startswith(
+        f"MindScale: all 2 worker(s) on this node stopped on SIGTERM; newest "
+        f"committed checkpoint: {root / ckpt.step_dir_name(stop)}; logs in "
+    )
     assert _processes_naming(str(tmp_path / "run")) == []
 
 
@@ -123,8 +154,9 @@ def test_restarts_give_up_after_max_restarts_naming_the_cause(tmp_path):
     out = launch(tmp_path, "gives_up", "--set", "run.max_restarts=1", fault="kill:1:4,kill:1:6")
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     log = tmp_path / "gives_up" / "logs" / "worker_1.log"
-    assert out.stderr.splitlines()[-1] == ("error: rank 1 was killed by SIGKILL; gave up after 1 restart(s) "
-                                           f"(run.max_restarts=1); see {log}")
+    assert out.stderr.splitlines()[-1] == (
+        f"error: rank 1 was killed by SIGKILL; gave up after 1 restart(s) (run.max_restarts=1); see {log}"
+    )
     assert out.stdout.count("MindScale: restart ") == 1
     assert commit.committed_steps(tmp_path / "gives_up" / "checkpoints")[-1] == 4
     summary = goodput_adds_up(tmp_path / "gives_up")
@@ -134,13 +166,25 @@ def test_restarts_give_up_after_max_restarts_naming_the_cause(tmp_path):
 def test_a_health_guard_stop_is_not_restarted(tmp_path):
     """fp16 with a loss scale that overflows every step: the health guard stops both ranks after step 3,
     exit 1; --max-restarts 1 does not replay the divergence, and the last line names the guard's cause."""
-    out = launch(tmp_path, "diverged", "--max-restarts", "1", "--set", "model.compute_dtype=float16",
-                 "--set", "train.loss_scale=1.0e+30", "--set", "train.max_skipped_steps=3")
+    out = launch(
+        tmp_path,
+        "diverged",
+        "--max-restarts",
+        "1",
+        "--set",
+        "model.compute_dtype=float16",
+        "--set",
+        "train.loss_scale=1.0e+30",
+        "--set",
+        "train.max_skipped_steps=3",
+    )
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert "MindScale: restart " not in out.stdout
-    assert re.fullmatch(r"error: rank \d stopped by a health guard, not restarted: step 3: 3 steps in a row skipped "
-                        r"for non-finite gradients or loss spikes \(train.max_skipped_steps=3.*; see \S+worker_\d.log",
-                        out.stderr.splitlines()[-1]), out.stderr[-2000:]
+    assert re.fullmatch(
+        r"error: rank \d stopped by a health guard, not restarted: step 3: 3 steps in a row skipped "
+        r"for non-finite gradients or loss spikes \(train.max_skipped_steps=3.*; see \S+worker_\d.log",
+        out.stderr.splitlines()[-1],
+    ), out.stderr[-2000:]
 
 
 def test_a_stalled_rank_is_named_and_its_stacks_are_in_its_log(tmp_path):
@@ -152,9 +196,11 @@ def test_a_stalled_rank_is_named_and_its_stacks_are_in_its_log(tmp_path):
     run = tmp_path / "stalled"
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     log = run / "logs" / "worker_1.log"
-    assert re.fullmatch(rf"error: rank 1 stalled: no heartbeat for \d+ s, the last one after step 1 "
-                        rf"\(run.hang_timeout_s={timeout}\); its Python stacks are in {re.escape(str(log))}",
-                        out.stderr.splitlines()[-1]), out.stderr[-2000:]
+    assert re.fullmatch(
+        rf"error: rank 1 stalled: no heartbeat for \d+ s, the last one after step 1 "
+        rf"\(run.hang_timeout_s={timeout}\); its Python stacks are in {re.escape(str(log))}",
+        out.stderr.splitlines()[-1],
+    ), out.stderr[-2000:]
     hung = (run / ".fault-hang-1-3").stat().st_mtime  # written as the rank began to sleep
     assert returned - hung < timeout + 10, f"named {returned - hung:.1f} s after the hang began"
     dump = log.read_text().split("fault: rank 1 hangs before step 3", 1)[1]
@@ -168,8 +214,15 @@ def test_resume_prefers_the_newest_healthy_checkpoint(tmp_path):
     step 4; checkpoint.resume_step=8 still takes 8."""
     common = ("checkpoint.save_interval=4", "checkpoint.keep_last=3")
     train(tmp_path, "run", "train.steps=4", "checkpoint.save_interval=2", "checkpoint.keep_last=3")
-    train(tmp_path, "run", "train.steps=8", "model.compute_dtype=float16", "train.loss_scale=1.0e+30",
-          "train.max_skipped_steps=0", *common)
+    train(
+        tmp_path,
+        "run",
+        "train.steps=8",
+        "model.compute_dtype=float16",
+        "train.loss_scale=1.0e+30",
+        "train.max_skipped_steps=0",
+        *common,
+    )
     root = tmp_path / "run" / "checkpoints"
     assert commit.committed_steps(root) == [2, 4, 8]
     state = json.loads((root / "step_00000008" / "state.json").read_text())
@@ -180,9 +233,11 @@ def test_resume_prefers_the_newest_healthy_checkpoint(tmp_path):
     assert "step_00000008 at step 8" in exact.stdout and "unhealthy" not in exact.stdout
     resumed = train(tmp_path, "run", "train.steps=10", *common)
     lines = [line for line in resumed.stdout.splitlines() if "unhealthy" in line]
-    assert lines == ["checkpoint: passing over unhealthy step 8 (0 non-finite loss(es), 4 update(s) in a row skipped "
-                     "in the 4 steps before it); resuming from healthy step 4; the later steps leave the run's "
-                     "history (their folders are removed at the next save)"], resumed.stdout
+    assert lines == [
+        "checkpoint: passing over unhealthy step 8 (0 non-finite loss(es), 4 update(s) in a row skipped "
+        "in the 4 steps before it); resuming from healthy step 4; the later steps leave the run's "
+        "history (their folders are removed at the next save)"
+    ], resumed.stdout
     assert "step_00000004 at step 4" in resumed.stdout
     assert commit.committed_steps(root) == [4, 8, 10]  # the unhealthy 8 left the history; 8 saved anew
     assert json.loads((root / "step_00000008" / "state.json").read_text())["healthy"] is True

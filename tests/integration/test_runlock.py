@@ -1,6 +1,7 @@
 """The run-folder lock (mindscale/launch/runlock.py) between real processes: a live holder is named
 and refused, a dead one (kill -9) is taken over, a reused pid or another host's record is told
 apart, and run_train.py refuses a live run without writing into it."""
+
 import json
 import os
 import signal
@@ -70,11 +71,27 @@ def test_only_the_lock_of_this_run_folder_counts_as_the_launchers(tmp_path, monk
 
 
 def test_run_train_refuses_a_live_run_and_writes_nothing(tmp_path, holder):
-    proc = subprocess.run([sys.executable, "run_train.py", "--config", "configs/tiny/llama_tiny.yaml",
-                           "--set", f"run.output_dir={tmp_path}", "--set", "run.name=run",
-                           "--set", "parallel.data_parallel=1", "--set", "train.steps=1"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                          env={k: v for k, v in os.environ.items() if k != runlock.HOLDER_ENV})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "run_train.py",
+            "--config",
+            "configs/tiny/llama_tiny.yaml",
+            "--set",
+            f"run.output_dir={tmp_path}",
+            "--set",
+            "run.name=run",
+            "--set",
+            "parallel.data_parallel=1",
+            "--set",
+            "train.steps=1",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != runlock.HOLDER_ENV},
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"in use by pid {holder.pid}" in errors[0]

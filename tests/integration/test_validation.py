@@ -4,6 +4,7 @@ The corpus is split by tools/preprocess_data.py --valid-fraction; the runs are r
 scripts/run_distribute.sh processes. The validation loss is checked against an offline forward pass
 of the final checkpoint over the held-out sequences (numpy cross entropy in float64, in this process).
 """
+
 import json
 import re
 import shutil
@@ -20,9 +21,19 @@ from mindscale.train.data.dataset import read_manifest
 from tests.cores import one_core
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
-SMALL = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2",
-         "model.ffn_hidden_size=128", "model.vocab_size=512", "model.seq_length=32", "train.log_interval=1",
-         "train.warmup_steps=2", "checkpoint.save_interval=0", "train.lr_schedule=constant"]
+SMALL = [
+    "model.num_layers=1",
+    "model.hidden_size=64",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.ffn_hidden_size=128",
+    "model.vocab_size=512",
+    "model.seq_length=32",
+    "train.log_interval=1",
+    "train.warmup_steps=2",
+    "checkpoint.save_interval=0",
+    "train.lr_schedule=constant",
+]
 EVAL = ["train.steps=4", "train.eval_interval=2", "train.eval_steps=2"]  # G=4: the first 8 held-out sequences
 
 
@@ -33,17 +44,53 @@ def corpus(tmp_path_factory):
     words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jokes".split()
     rng = np.random.default_rng(0)
     (root / "text.txt").write_text("\n".join(" ".join(rng.choice(words, 12)) + "." for _ in range(600)))
-    subprocess.run([sys.executable, "tools/train_tokenizer.py", "--input", str(root / "text.txt"), "--vocab-size",
-                    "400", "--output", str(root / "tok")], cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
-    subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", str(root / "text.txt"), "--text-unit",
-                    "line", "--tokenizer", str(root / "tok.model"), "--seq-length", "32", "--valid-fraction", "0.2",
-                    "--output", str(root / "mr")], cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "tools/train_tokenizer.py",
+            "--input",
+            str(root / "text.txt"),
+            "--vocab-size",
+            "400",
+            "--output",
+            str(root / "tok"),
+        ],
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "tools/preprocess_data.py",
+            "--input",
+            str(root / "text.txt"),
+            "--text-unit",
+            "line",
+            "--tokenizer",
+            str(root / "tok.model"),
+            "--seq-length",
+            "32",
+            "--valid-fraction",
+            "0.2",
+            "--output",
+            str(root / "mr"),
+        ],
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return root
 
 
 def data_args(corpus):
-    return [f"data.path={corpus / 'mr'}", f"data.valid_path={corpus / 'mr' / 'valid'}",
-            f"data.tokenizer={corpus / 'tok.model'}"]
+    return [
+        f"data.path={corpus / 'mr'}",
+        f"data.valid_path={corpus / 'mr' / 'valid'}",
+        f"data.tokenizer={corpus / 'tok.model'}",
+    ]
 
 
 def sets(*overrides):
@@ -51,10 +98,20 @@ def sets(*overrides):
 
 
 def train(tmp_path, name, *overrides, check=True):
-    proc = subprocess.run([sys.executable, "run_train.py", "--config", TINY,
-                           *sets(f"run.output_dir={tmp_path}", f"run.name={name}", "parallel.data_parallel=1",
-                                 *overrides)],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, preexec_fn=one_core)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "run_train.py",
+            "--config",
+            TINY,
+            *sets(f"run.output_dir={tmp_path}", f"run.name={name}", "parallel.data_parallel=1", *overrides),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=one_core,
+    )
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -100,13 +157,23 @@ def test_validation_loss_is_an_offline_forward_pass_and_the_same_on_two_workers(
     """One worker (its batch in two accumulated micro batches) and two data-parallel workers validate on the
     same 8 held-out sequences: each run's val_loss equals the offline pass over its final weights (rtol 1e-5),
     and the two runs agree as closely as their training losses do (all-reduce order)."""
-    one = train(tmp_path, "one", *data_args(corpus), *EVAL, "train.micro_batch_size=2",
-                "parallel.gradient_accumulation_steps=2")
+    one = train(
+        tmp_path, "one", *data_args(corpus), *EVAL, "train.micro_batch_size=2", "parallel.gradient_accumulation_steps=2"
+    )
     assert re.search(r"ETA \S+ val_loss \d+\.\d{4} val_ppl \d+\.\d{2}$", one.stdout.splitlines()[-3])
-    launch = subprocess.run(["bash", "scripts/run_distribute.sh", TINY, "2",
-                             *sets(f"run.output_dir={tmp_path}", "run.name=two", "train.micro_batch_size=2",
-                                   *data_args(corpus), *EVAL)],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=400)
+    launch = subprocess.run(
+        [
+            "bash",
+            "scripts/run_distribute.sh",
+            TINY,
+            "2",
+            *sets(f"run.output_dir={tmp_path}", "run.name=two", "train.micro_batch_size=2", *data_args(corpus), *EVAL),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-2000:]
 
     single, double = val_losses(tmp_path / "one"), val_losses(tmp_path / "two")
@@ -135,14 +202,21 @@ def test_validation_changes_no_training_number_nor_the_resumed_data_position(tmp
     assert resumed == losses["eval_on"] and val_losses(tmp_path / "resumed") == val_losses(tmp_path / "eval_on")
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["train.eval_steps=20"], "holds 52 sequences but train.eval_steps=20 x global batch 4 needs 80; set "
-                              "train.eval_steps <= 13"),
-    (["train.micro_batch_size=64", "train.eval_steps=1"],
-     "holds 52 sequences but train.eval_steps=1 x global batch 64 needs 64; hold out at least 64 sequences, one "
-     "global batch (raise tools/preprocess_data.py --valid-fraction)"),
-    (["train.eval_interval=2", "data.valid_path=null"], "train.eval_interval=2 needs data.valid_path"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["train.eval_steps=20"],
+            "holds 52 sequences but train.eval_steps=20 x global batch 4 needs 80; set train.eval_steps <= 13",
+        ),
+        (
+            ["train.micro_batch_size=64", "train.eval_steps=1"],
+            "holds 52 sequences but train.eval_steps=1 x global batch 64 needs 64; hold out at least 64 sequences, one "
+            "global batch (raise tools/preprocess_data.py --valid-fraction)",
+        ),
+        (["train.eval_interval=2", "data.valid_path=null"], "train.eval_interval=2 needs data.valid_path"),
+    ],
+)
 def test_a_held_out_split_that_cannot_serve_is_one_line_and_exit_2(tmp_path, corpus, overrides, message):
     proc = train(tmp_path, "bad", *data_args(corpus), *EVAL, *overrides, check=False)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -161,14 +235,39 @@ def test_a_blend_trains_validates_and_logs_the_tokens_and_losses_of_each_source(
     other = tmp_path / "other"
     text = tmp_path / "other.txt"
     text.write_text("\n".join(f"seven lazy wizards jump over {n} brown foxes." for n in range(300)))
-    subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", str(text), "--text-unit", "line",
-                    "--tokenizer", str(corpus / "tok.model"), "--seq-length", "32", "--valid-fraction", "0.2",
-                    "--output", str(other)], cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "tools/preprocess_data.py",
+            "--input",
+            str(text),
+            "--text-unit",
+            "line",
+            "--tokenizer",
+            str(corpus / "tok.model"),
+            "--seq-length",
+            "32",
+            "--valid-fraction",
+            "0.2",
+            "--output",
+            str(other),
+        ],
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     blend = f"data.blend=[{{path: {corpus / 'mr'}, weight: 3}}, {{path: {other}, weight: 1}}]"
     held_out = [str(corpus / "mr" / "valid"), str(other / "valid")]
     valid = f"data.valid_blend=[{{path: {held_out[0]}, weight: 3}}, {{path: {held_out[1]}, weight: 1}}]"
-    args = [blend, valid, "data.valid_path=null", f"data.tokenizer={corpus / 'tok.model'}", "run.tensorboard=true",
-            *EVAL]
+    args = [
+        blend,
+        valid,
+        "data.valid_path=null",
+        f"data.tokenizer={corpus / 'tok.model'}",
+        "run.tensorboard=true",
+        *EVAL,
+    ]
     run = train(tmp_path, "blend", *args)
     assert f"data: blend of {corpus / 'mr'} 75.0% (12 samples of" in run.stdout
     assert f"{other} 25.0% (4 samples of" in run.stdout
@@ -181,20 +280,29 @@ def test_a_blend_trains_validates_and_logs_the_tokens_and_losses_of_each_source(
     np.testing.assert_allclose([last["val_loss_by_source"][path] for path in held_out], by_source, rtol=1e-5)
     np.testing.assert_allclose(last["val_loss"], (8 * by_source[0] + 4 * by_source[1]) / 12, rtol=1e-5)
 
-    events = accumulator.EventAccumulator(str(tmp_path / "blend" / "tensorboard"),
-                                          size_guidance={accumulator.SCALARS: 0})
+    events = accumulator.EventAccumulator(
+        str(tmp_path / "blend" / "tensorboard"), size_guidance={accumulator.SCALARS: 0}
+    )
     events.Reload()
-    assert {f"data_tokens/{corpus / 'mr'}", f"data_tokens/{other}",
-            *(f"val_loss_by_source/{path}" for path in held_out)} <= set(events.Tags()["scalars"])
+    assert {
+        f"data_tokens/{corpus / 'mr'}",
+        f"data_tokens/{other}",
+        *(f"val_loss_by_source/{path}" for path in held_out),
+    } <= set(events.Tags()["scalars"])
     assert events.Scalars(f"data_tokens/{other}")[-1].value == 4 * 32
 
-    report = subprocess.run([sys.executable, "tools/report.py", str(tmp_path / "blend")], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=300)
+    report = subprocess.run(
+        [sys.executable, "tools/report.py", str(tmp_path / "blend")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert report.returncode == 0, report.stderr[-2000:]
     assert f"data mix at step 4: {corpus / 'mr'} 75.0% (384 tokens), {other} 25.0% (128 tokens)" in report.stdout
     page = (tmp_path / "blend" / "report.html").read_text()
-    section = page[page.index("<h2>Validation</h2>"):]
-    assert "None" not in section[:section.index("</table>")]
+    section = page[page.index("<h2>Validation</h2>") :]
+    assert "None" not in section[: section.index("</table>")]
     assert f"each source's own: {held_out[0]} (weight 3), {held_out[1]} (weight 1)" in section
     assert f"<th>val_loss</th><th>{held_out[0]}</th><th>{held_out[1]}</th>" in section
 
@@ -209,11 +317,17 @@ def test_a_damaged_shard_stops_the_run_in_one_line_before_the_compile(tmp_path, 
     with open(shard, "r+b") as handle:
         handle.seek(header_size)
         handle.write(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
-    proc = train(tmp_path, "damaged", f"data.path={damaged}", f"data.tokenizer={corpus / 'tok.model'}",
-                 "train.steps=4", check=False)
+    proc = train(
+        tmp_path,
+        "damaged",
+        f"data.path={damaged}",
+        f"data.tokenizer={corpus / 'tok.model'}",
+        "train.steps=4",
+        check=False,
+    )
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and errors == [
         f"error: shard {shard} does not match its xxh3_128 checksum in {damaged}/manifest.json: its bytes changed "
-        "after preprocessing; copy the folder again from where it was made, or re-run tools/preprocess_data.py"], \
-        proc.stderr[-2000:]
+        "after preprocessing; copy the folder again from where it was made, or re-run tools/preprocess_data.py"
+    ], proc.stderr[-2000:]
     assert not any((tmp_path / "damaged" / name).exists() for name in ("compile_cache", "checkpoints"))

@@ -12,6 +12,7 @@ computes is rebuilt from the pieces it is made of, with MindScale's own attentio
 
 Either way the outputs, put back together, must equal full causal attention of the whole sequence.
 """
+
 import math
 
 import mindspore as ms
@@ -59,8 +60,9 @@ def attend(q, k, v, allowed):
     core = CompositeAttention(n, kv, d, s, ms.float32)
     grouped = (q / math.sqrt(d)).transpose(0, 2, 1, 3).reshape(b, kv, n // kv, s, d)
     mask = np.where(allowed, 0.0, MASKED).astype(np.float32)
-    out = core.attend(Tensor(grouped), Tensor(k.transpose(0, 2, 1, 3)), Tensor(v.transpose(0, 2, 1, 3)),
-                      Tensor(mask)).asnumpy()
+    out = core.attend(
+        Tensor(grouped), Tensor(k.transpose(0, 2, 1, 3)), Tensor(v.transpose(0, 2, 1, 3)), Tensor(mask)
+    ).asnumpy()
     return out.reshape(b, n, s, d).transpose(0, 2, 1, 3).reshape(b, s, n * d)
 
 
@@ -80,14 +82,14 @@ def test_colossalai_ranks_band_and_positions_give_full_causal_attention(tokens, 
     chunks = [context_positions(S, cp, c) for c in range(cp)]
     assert [i for chunk in chunks for i in chunk] == list(range(S))  # every position once, in order
     # each rank rotates its own keys, then they are all-gathered over cp
-    keys = np.concatenate([rotate_at(k[:, chunk.start:chunk.stop], chunk) for chunk in chunks], axis=1)
+    keys = np.concatenate([rotate_at(k[:, chunk.start : chunk.stop], chunk) for chunk in chunks], axis=1)
     outs = []
     for c, chunk in enumerate(chunks):
         sparse_mode, pre_tokens, next_tokens = flash_causal_band(S, cp, c)
         allowed = band_allowed(len(chunk), S, pre_tokens, next_tokens)
         assert sparse_mode == 4
-        np.testing.assert_array_equal(allowed, np.tril(np.ones((S, S), bool))[chunk.start:chunk.stop])
-        outs.append(attend(rotate_at(q[:, chunk.start:chunk.stop], chunk), keys, v, allowed))
+        np.testing.assert_array_equal(allowed, np.tril(np.ones((S, S), bool))[chunk.start : chunk.stop])
+        outs.append(attend(rotate_at(q[:, chunk.start : chunk.stop], chunk), keys, v, allowed))
     np.testing.assert_allclose(np.concatenate(outs, axis=1), full, rtol=1e-5, atol=1e-5)
 
 
@@ -98,8 +100,8 @@ def test_a_contiguous_chunk_without_its_band_is_not_causal(tokens):
     chunk = context_positions(S, 2, 1)
     left_up = band_allowed(len(chunk), S, S, 0 - (S - len(chunk)))  # diagonal through the top-left corner
     keys = rotate_at(k, range(S))
-    wrong = attend(rotate_at(q[:, chunk.start:], chunk), keys, v, left_up)
-    assert np.abs(wrong - full[:, chunk.start:]).max() > 1e-2
+    wrong = attend(rotate_at(q[:, chunk.start :], chunk), keys, v, left_up)
+    assert np.abs(wrong - full[:, chunk.start :]).max() > 1e-2
 
 
 @pytest.mark.parametrize("tp,cp", [(1, 2), (2, 2), (1, 4)])
@@ -110,8 +112,9 @@ def test_ulysses_head_chunks_give_full_causal_attention(tokens, tp, cp):
     q, k, v, full = tokens
     flash = FlashAttention(HEADS, KV_HEADS, D, ulysses=(tp, cp))
     rotated_q, rotated_k = rotate_at(q, range(S)), rotate_at(k, range(S))
-    laid_out = [flash.to_heads(Tensor(x), n).asnumpy()
-                for x, n in ((rotated_q, HEADS), (rotated_k, KV_HEADS), (v, KV_HEADS))]
+    laid_out = [
+        flash.to_heads(Tensor(x), n).asnumpy() for x, n in ((rotated_q, HEADS), (rotated_k, KV_HEADS), (v, KV_HEADS))
+    ]
     parts = cp * tp
     causal = np.tril(np.ones((S, S), bool))
     outs = []

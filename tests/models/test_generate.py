@@ -2,6 +2,7 @@
 LLaMA-3.1 RoPE scaling (positions past the original context), Qwen2 with tied embeddings, Qwen3
 (qk-norm, heads wider than hidden/heads), the mixtures of experts Mixtral and Qwen3-MoE, and DeepSeek-V3
 (multi-head latent attention: its rotary part alone rotated, its narrower values padded in the cache)."""
+
 import json
 import subprocess
 import sys
@@ -10,8 +11,19 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from transformers import (DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import (
+    DeepseekV3ForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 import models
 from models.generation import KVCacheDecoder, Sampler, generate
@@ -24,8 +36,13 @@ PROMPT = [1, 5, 9, 33, 40, 7]
 NEW = 20
 
 
-SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
-           "original_max_position_embeddings": 14}
+SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 2.0,
+    "original_max_position_embeddings": 14,
+}
 
 
 # the decoder as a graph, as on Ascend (tools/generate.py on CPU runs it in PyNative: its CLI tests below): the
@@ -37,9 +54,18 @@ def save_hf_model(kind: str, tmp_path_factory):
     """(folder, model): a random model (GQA, 2 layers) saved as safetensors; a wide init so logits are not
     near-ties."""
     torch.manual_seed(0)
-    dims = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2, bos_token_id=1,
-                eos_token_id=2)
+    dims = dict(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     if kind == "qwen2":  # q/k/v biases start at zero in transformers: make them count
         model = Qwen2ForCausalLM(Qwen2Config(**dims, rope_theta=1e6, tie_word_embeddings=True)).eval()
         with torch.no_grad():
@@ -53,12 +79,21 @@ def save_hf_model(kind: str, tmp_path_factory):
                 if "q_norm" in name or "k_norm" in name:
                     p.normal_(1, 0.2)
     elif kind == "mixtral":
-        model = MixtralForCausalLM(MixtralConfig(**dims, num_local_experts=4, num_experts_per_tok=2,
-                                                 rope_theta=1e6)).eval()
+        model = MixtralForCausalLM(
+            MixtralConfig(**dims, num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6)
+        ).eval()
     elif kind == "qwen3_moe":
-        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**dims, head_dim=24, num_experts=8, num_experts_per_tok=3,
-                                                   moe_intermediate_size=32, norm_topk_prob=True,
-                                                   rope_theta=1e6)).eval()
+        model = Qwen3MoeForCausalLM(
+            Qwen3MoeConfig(
+                **dims,
+                head_dim=24,
+                num_experts=8,
+                num_experts_per_tok=3,
+                moe_intermediate_size=32,
+                norm_topk_prob=True,
+                rope_theta=1e6,
+            )
+        ).eval()
     elif kind == "deepseek_v3":
         model = DeepseekV3ForCausalLM(deepseek_v3_config(**dims)).eval()
     else:
@@ -99,9 +134,10 @@ def llama_decoder(llama_folder):
 
 def hf_greedy(model, prompt, new):
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def test_dims_come_from_the_hf_config(llama_decoder):
@@ -121,12 +157,14 @@ def test_cached_steps_equal_the_full_forward(decoder):
     ids = PROMPT + [11, 12, 13]
     full = model(ms.Tensor(np.array([ids], np.int32))).asnumpy()[0]
     k, v = step_decoder.empty_cache(1)
-    logits, k, v = step_decoder(ms.Tensor(np.array([PROMPT], np.int32)),
-                                ms.Tensor(np.arange(len(PROMPT), dtype=np.int32)), k, v)
+    logits, k, v = step_decoder(
+        ms.Tensor(np.array([PROMPT], np.int32)), ms.Tensor(np.arange(len(PROMPT), dtype=np.int32)), k, v
+    )
     np.testing.assert_allclose(logits.asnumpy()[0], full[len(PROMPT) - 1], atol=1e-4)
     for pos in range(len(PROMPT), len(ids)):
-        logits, k, v = step_decoder(ms.Tensor(np.array([[ids[pos]]], np.int32)),
-                                    ms.Tensor(np.array([pos], np.int32)), k, v)
+        logits, k, v = step_decoder(
+            ms.Tensor(np.array([[ids[pos]]], np.int32)), ms.Tensor(np.array([pos], np.int32)), k, v
+        )
         np.testing.assert_allclose(logits.asnumpy()[0], full[pos], atol=1e-4)
 
 
@@ -153,31 +191,47 @@ def test_eos_stops_generation(llama_decoder):
     first = generate(llama_decoder[0], PROMPT, NEW, Sampler())
     eos = first[3]
     stopped = generate(llama_decoder[0], PROMPT, NEW, Sampler(), eos_id=eos)
-    assert stopped == first[:first.index(eos) + 1]
+    assert stopped == first[: first.index(eos) + 1]
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "tools/generate.py", "--config", TINY, *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "tools/generate.py", "--config", TINY, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.integration
 def test_cli_on_an_hf_folder_prints_the_transformers_ids(llama_folder):
-    proc = run_cli("--load_checkpoint", str(llama_folder[0]), "--prompt-ids", ",".join(map(str, PROMPT)),
-                   "--max_new_tokens", "6", "--greedy", "--json")
+    proc = run_cli(
+        "--load_checkpoint",
+        str(llama_folder[0]),
+        "--prompt-ids",
+        ",".join(map(str, PROMPT)),
+        "--max_new_tokens",
+        "6",
+        "--greedy",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
     expected = hf_greedy(llama_folder[1], PROMPT, 6)
     if 2 in expected:  # the HF config's eos_token_id stops our generation (kept, as transformers does)
-        expected = expected[:expected.index(2) + 1]
+        expected = expected[: expected.index(2) + 1]
     assert result["ids"] == expected and result["text"] is None
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--prompt-ids", "1,999"], "--prompt-ids"),
-    (["--prompt", "hello"], "tokenizer"),
-    (["--prompt-ids", "1,2", "--top-p", "0"], "--top-p"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prompt-ids", "1,999"], "--prompt-ids"),
+        (["--prompt", "hello"], "tokenizer"),
+        (["--prompt-ids", "1,2", "--top-p", "0"], "--top-p"),
+    ],
+)
 @pytest.mark.integration
 def test_cli_bad_input_is_one_line_exit_2(llama_folder, args, message):
     proc = run_cli("--load_checkpoint", str(llama_folder[0]), "--max_new_tokens", "2", *args)
@@ -190,17 +244,31 @@ def test_without_config_an_hf_folder_brings_its_model_and_a_bare_file_asks_for_o
     from tools import generate as tool
 
     try:
-        assert tool.main(["--load_checkpoint", str(llama_folder[0]), "--prompt-ids", ",".join(map(str, PROMPT)),
-                          "--max_new_tokens", "6", "--greedy", "--json"]) == 0
+        assert (
+            tool.main(
+                [
+                    "--load_checkpoint",
+                    str(llama_folder[0]),
+                    "--prompt-ids",
+                    ",".join(map(str, PROMPT)),
+                    "--max_new_tokens",
+                    "6",
+                    "--greedy",
+                    "--json",
+                ]
+            )
+            == 0
+        )
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
     expected = hf_greedy(llama_folder[1], PROMPT, 6)
     if 2 in expected:  # the HF config's eos_token_id stops our generation (kept, as transformers does)
-        expected = expected[:expected.index(2) + 1]
+        expected = expected[: expected.index(2) + 1]
     assert json.loads(capsys.readouterr().out)["ids"] == expected
     bare = llama_folder[0] / "model.safetensors"
     with pytest.raises(SystemExit) as refused:
         tool.main(["--load_checkpoint", str(bare), "--prompt-ids", "1"])
     assert refused.value.code == 2 and capsys.readouterr().err.splitlines() == [
         f"error: {bare} has no config.yaml beside its weights (a step folder keeps the config it was trained with); "
-        "pass --config with that config"]
+        "pass --config with that config"
+    ]

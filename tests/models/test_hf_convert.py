@@ -5,6 +5,7 @@ without the query's low rank, interleaved rotary weights or not) models (torch, 
 Converted weights must give the same fp32 logits (1e-4) and loss, and converting back must
 reproduce the HF tensors bit for bit, through the library and through tools/convert_checkpoint.py.
 """
+
 import dataclasses
 import json
 import shutil
@@ -18,9 +19,22 @@ import torch
 from mindspore import Tensor
 from safetensors.torch import save_file as torch_save_file
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
-from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MixtralConfig,
-                          MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 import models
 from models.transformer import CausalLMLoss
@@ -39,12 +53,34 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # LLaMA-3.1 scaling with all three bands at head_dim 16, theta 100: wavelength 6.3 is kept (< 14/2), 11.2
 # blended, the rest divided by the factor; SEQ = 16 positions reach past the original 14.
-LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
-                   "original_max_position_embeddings": 14}
-ARCHS = ["llama", "llama31", "qwen2", "qwen2_tied", "qwen3", "gpt", "mixtral", "qwen3_moe", "deepseek_v3",
-         "deepseek_v3_plain"]
-HF_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "gpt": GPT2LMHeadModel,
-              "mixtral": MixtralForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM, "deepseek_v3": DeepseekV3ForCausalLM}
+LLAMA31_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 2.0,
+    "original_max_position_embeddings": 14,
+}
+ARCHS = [
+    "llama",
+    "llama31",
+    "qwen2",
+    "qwen2_tied",
+    "qwen3",
+    "gpt",
+    "mixtral",
+    "qwen3_moe",
+    "deepseek_v3",
+    "deepseek_v3_plain",
+]
+HF_CLASSES = {
+    "llama": LlamaForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+    "gpt": GPT2LMHeadModel,
+    "mixtral": MixtralForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
+    "deepseek_v3": DeepseekV3ForCausalLM,
+}
 
 
 def deepseek_v3_config(plain: bool = False, **dims) -> DeepseekV3Config:
@@ -53,12 +89,36 @@ def deepseek_v3_config(plain: bool = False, **dims) -> DeepseekV3Config:
     projection (q_lora_rank null), rotary weights not interleaved, one group, weights not renormalised, no
     dense layer."""
     dims = {**dims, "num_key_value_heads": dims["num_attention_heads"]}
-    shape = dict(q_lora_rank=None, rope_interleave=False, n_group=1, topk_group=1, norm_topk_prob=False,
-                 first_k_dense_replace=0) if plain else \
-        dict(q_lora_rank=32, rope_interleave=True, n_group=4, topk_group=2, norm_topk_prob=True, first_k_dense_replace=1)
-    return DeepseekV3Config(**dims, **shape, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
-                            n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=2,
-                            routed_scaling_factor=2.5, rope_theta=1e4, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    shape = (
+        dict(
+            q_lora_rank=None,
+            rope_interleave=False,
+            n_group=1,
+            topk_group=1,
+            norm_topk_prob=False,
+            first_k_dense_replace=0,
+        )
+        if plain
+        else dict(
+            q_lora_rank=32, rope_interleave=True, n_group=4, topk_group=2, norm_topk_prob=True, first_k_dense_replace=1
+        )
+    )
+    return DeepseekV3Config(
+        **dims,
+        **shape,
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=12,
+        n_routed_experts=8,
+        num_experts_per_tok=3,
+        moe_intermediate_size=32,
+        n_shared_experts=2,
+        routed_scaling_factor=2.5,
+        rope_theta=1e4,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
 
 
 graph_mode = cpu_mode("graph")
@@ -67,26 +127,56 @@ graph_mode = cpu_mode("graph")
 def hf_model(arch: str):
     """A tiny HF model whose every tensor (norms and biases too) is random, so nothing hides."""
     torch.manual_seed(0)
-    dims = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                intermediate_size=96, max_position_embeddings=64)
+    dims = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        max_position_embeddings=64,
+    )
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**dims, rope_theta=50000.0, rms_norm_eps=1e-5, tie_word_embeddings=False))
     elif arch == "llama31":
-        model = LlamaForCausalLM(LlamaConfig(**dims, rope_theta=100.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                                             rope_scaling=LLAMA31_SCALING))
+        model = LlamaForCausalLM(
+            LlamaConfig(
+                **dims, rope_theta=100.0, rms_norm_eps=1e-5, tie_word_embeddings=False, rope_scaling=LLAMA31_SCALING
+            )
+        )
     elif arch.startswith("qwen2"):
-        model = Qwen2ForCausalLM(Qwen2Config(**dims, rope_theta=1e6, rms_norm_eps=1e-6,
-                                             tie_word_embeddings=arch == "qwen2_tied"))
+        model = Qwen2ForCausalLM(
+            Qwen2Config(**dims, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=arch == "qwen2_tied")
+        )
     elif arch == "qwen3":  # 4 heads of 24 on a width of 64, as Qwen3 32B's 64 heads of 128 on 5120
-        model = Qwen3ForCausalLM(Qwen3Config(**dims, head_dim=24, rope_theta=1e6, rms_norm_eps=1e-6,
-                                             tie_word_embeddings=False))
+        model = Qwen3ForCausalLM(
+            Qwen3Config(**dims, head_dim=24, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False)
+        )
     elif arch == "mixtral":  # 4 experts, top-2, renormalised
-        model = MixtralForCausalLM(MixtralConfig(**dims, num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6,
-                                                 rms_norm_eps=1e-5, tie_word_embeddings=False))
+        model = MixtralForCausalLM(
+            MixtralConfig(
+                **dims,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                rope_theta=1e6,
+                rms_norm_eps=1e-5,
+                tie_word_embeddings=False,
+            )
+        )
     elif arch == "qwen3_moe":  # 8 fine-grained experts of 32, top-3 not renormalised, heads of 24
-        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**dims, head_dim=24, num_experts=8, num_experts_per_tok=3,
-                                                   moe_intermediate_size=32, norm_topk_prob=False, rope_theta=1e6,
-                                                   rms_norm_eps=1e-6, tie_word_embeddings=False))
+        model = Qwen3MoeForCausalLM(
+            Qwen3MoeConfig(
+                **dims,
+                head_dim=24,
+                num_experts=8,
+                num_experts_per_tok=3,
+                moe_intermediate_size=32,
+                norm_topk_prob=False,
+                rope_theta=1e6,
+                rms_norm_eps=1e-6,
+                tie_word_embeddings=False,
+            )
+        )
     elif arch.startswith("deepseek_v3"):
         model = DeepseekV3ForCausalLM(deepseek_v3_config(arch.endswith("plain"), **dims))
         with torch.no_grad():  # the correction bias, a buffer: small enough that every biased score stays > 0
@@ -94,9 +184,18 @@ def hf_model(arch: str):
                 if name.endswith("e_score_correction_bias"):
                     buffer.uniform_(-0.05, 0.05)
     else:
-        model = GPT2LMHeadModel(GPT2Config(
-            vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=SEQ, resid_pdrop=0.0,
-            embd_pdrop=0.0, attn_pdrop=0.0))
+        model = GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=VOCAB,
+                n_embd=64,
+                n_layer=2,
+                n_head=4,
+                n_positions=SEQ,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+            )
+        )
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -139,8 +238,9 @@ def test_logits_and_loss_match_hugging_face(converted):
         with torch.no_grad():
             routers = hf(torch.tensor(ids), output_router_logits=True).router_logits
         moe = cfg.model.moe
-        per_layer = [float(load_balancing_loss_func((r,), moe.num_experts, moe.top_k, torch.tensor(mask)))
-                     for r in routers]
+        per_layer = [
+            float(load_balancing_loss_func((r,), moe.num_experts, moe.top_k, torch.tensor(mask))) for r in routers
+        ]
         assert float(network.moe_stats.asnumpy()[0]) == pytest.approx(np.mean(per_layer), rel=1e-5)
     elif cfg.model.spec.moe:  # the sigmoid router's: its scores normalised per token
         assert float(network.moe_stats.asnumpy()[0]) == pytest.approx(sigmoid_aux_loss(hf, ids, mask), rel=1e-5)
@@ -151,7 +251,9 @@ def sigmoid_aux_loss(hf, ids, mask) -> float:
     scores over their sum), averaged over the layers that have one (not the dense first layers)."""
     with torch.no_grad():
         _, routed = routed_layers(hf, "deepseek_v3", torch.tensor(ids))
-    return float(np.mean([float(balance(probs, chosen, torch.tensor(mask).reshape(-1))[0]) for probs, chosen in routed]))
+    return float(
+        np.mean([float(balance(probs, chosen, torch.tensor(mask).reshape(-1))[0]) for probs, chosen in routed])
+    )
 
 
 def test_mindscale_to_hf_reproduces_the_tensors_and_transformers_loads_them(converted, tmp_path):
@@ -175,16 +277,22 @@ def test_mindscale_to_hf_reproduces_the_tensors_and_transformers_loads_them(conv
 @pytest.mark.integration
 def test_cli_round_trip_and_bad_input_exit_2(converted, tmp_path, capsys):
     arch, _, folder, hf_state, cfg, _, _ = converted
-    assert convert_checkpoint.main(["--direction", "hf2ms", "--input", str(folder), "--output",
-                                    str(tmp_path / "ckpt"), "--json"]) == 0
+    assert (
+        convert_checkpoint.main(
+            ["--direction", "hf2ms", "--input", str(folder), "--output", str(tmp_path / "ckpt"), "--json"]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["arch"] == cfg.model.arch and result["parameters"] == models.count_parameters(cfg)
     assert result["parameters"] == sum(v.size for k, v in hf_state.items())  # HF's count (tied: one copy)
     step_dir = tmp_path / "ckpt" / "step_00000000"
     assert result["output"] == str(step_dir) and (step_dir / "COMPLETE").is_file()
     assert models.load_pretrained(step_dir, cfg).keys() == models.load_pretrained(folder, cfg).keys()
-    assert convert_checkpoint.main(["--direction", "ms2hf", "--input", str(step_dir), "--output",
-                                    str(tmp_path / "hf")]) == 0
+    assert (
+        convert_checkpoint.main(["--direction", "ms2hf", "--input", str(step_dir), "--output", str(tmp_path / "hf")])
+        == 0
+    )
     again, _ = read_hf_folder(tmp_path / "hf")
     assert set(again) == set(hf_state)
     assert all(np.array_equal(again[k], hf_state[k]) for k in hf_state)
@@ -201,7 +309,8 @@ def test_cli_round_trip_and_bad_input_exit_2(converted, tmp_path, capsys):
         convert_checkpoint.main(export)
     assert refused.value.code == 2 and capsys.readouterr().err.splitlines() == [
         f"error: --output {source} is not empty (config.json, generation_config.json, model.safetensors and 1 more); "
-        "pass --overwrite to replace the files the export writes there and keep the others, or choose another folder"]
+        "pass --overwrite to replace the files the export writes there and keep the others, or choose another folder"
+    ]
     assert {p.name: p.read_bytes() for p in source.iterdir()} == before
     assert convert_checkpoint.main([*export, "--overwrite"]) == 0
     assert sorted(p.name for p in source.iterdir()) == sorted(before)
@@ -209,9 +318,24 @@ def test_cli_round_trip_and_bad_input_exit_2(converted, tmp_path, capsys):
     again, _ = read_hf_folder(source)
     assert all(np.array_equal(again[k], hf_state[k]) for k in hf_state)
     # A config whose dims differ from the checkpoint: one line, exit 2, nothing written.
-    run = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "--direction", "hf2ms", "--input",
-                          str(folder), "--output", str(tmp_path / "bad"), "--config", "configs/tiny/llama_tiny.yaml"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "tools/convert_checkpoint.py",
+            "--direction",
+            "hf2ms",
+            "--input",
+            str(folder),
+            "--output",
+            str(tmp_path / "bad"),
+            "--config",
+            "configs/tiny/llama_tiny.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert run.returncode == 2
     error = run.stderr.strip().splitlines()
     assert len(error) == 1 and "model.vocab_size=128 (config has 2048)" in error[0]
@@ -223,8 +347,9 @@ def test_load_pretrained_refuses_an_hf_model_that_differs_from_the_config(conver
     other = config_from_tree({"model": {**dataclasses.asdict(cfg.model), "hidden_size": 32}})
     with pytest.raises(models.WeightsMismatch, match="model.hidden_size=64 \\(config has 32\\)") as refused:
         models.load_pretrained(folder, other)
-    assert str(refused.value).endswith("; set finetune.hf_dims=true to take the model dims from its config.json, or "
-                                       "set those model keys")
+    assert str(refused.value).endswith(
+        "; set finetune.hf_dims=true to take the model dims from its config.json, or set those model keys"
+    )
 
 
 def test_sharded_index_and_bf16_tensors_are_read(tmp_path):
@@ -236,10 +361,9 @@ def test_sharded_index_and_bf16_tensors_are_read(tmp_path):
     assert set(tensors) == set(expected) and all(np.array_equal(tensors[k], expected[k]) for k in expected)
     values = torch.randn(3, 5)
     torch_save_file({"w": values.to(torch.bfloat16)}, str(tmp_path / "bf16.safetensors"))
-    np.testing.assert_array_equal(open_tensors(tmp_path / "bf16.safetensors")["w"][...],
-                                  values.to(torch.bfloat16).float().numpy())
-
-
+    np.testing.assert_array_equal(
+        open_tensors(tmp_path / "bf16.safetensors")["w"][...], values.to(torch.bfloat16).float().numpy()
+    )
 
 
 def test_a_sharded_rank_reads_its_slices_of_a_bf16_hf_folder(converted, tmp_path):
@@ -248,6 +372,7 @@ def test_a_sharded_rank_reads_its_slices_of_a_bf16_hf_folder(converted, tmp_path
     file, equals the same slice of the whole conversion, for splits of each dimension, with and without
     the optimizer shard."""
     import copy
+
     _, hf, _, _, cfg, _, _ = converted
     copy.deepcopy(hf).to(torch.bfloat16).save_pretrained(tmp_path, safe_serialization=True)
     whole = models.load_pretrained(tmp_path, cfg)
@@ -287,12 +412,19 @@ def test_export_refuses_a_folder_with_files_and_overwrite_replaces_only_its_own(
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(HFConversionError) as refused:
         write_hf_folder(out, {"w": np.ones((2, 2), np.float32)}, {"model_type": "llama"})
-    assert str(refused.value) == (f"--output {out} is not empty (config.json, model-00001-of-00001.safetensors, "
-                                  "model.safetensors.index.json and 1 more); pass --overwrite to replace the files the "
-                                  "export writes there and keep the others, or choose another folder")
+    assert str(refused.value) == (
+        f"--output {out} is not empty (config.json, model-00001-of-00001.safetensors, "
+        "model.safetensors.index.json and 1 more); pass --overwrite to replace the files the "
+        "export writes there and keep the others, or choose another folder"
+    )
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    write_hf_folder(out, {"w": np.ones((2, 2), np.float32)}, {"model_type": "llama"},
-                    {"generation_config.json": b"{}"}, overwrite=True)
+    write_hf_folder(
+        out,
+        {"w": np.ones((2, 2), np.float32)},
+        {"model_type": "llama"},
+        {"generation_config.json": b"{}"},
+        overwrite=True,
+    )
     after = {p.name: p.read_bytes() for p in out.iterdir()}
     assert sorted(after) == sorted([*before, "model.safetensors", "generation_config.json"])  # no partial file left
     assert all(after[name] == before[name] for name in before if name != "config.json")
@@ -306,8 +438,19 @@ def test_export_refuses_a_folder_with_files_and_overwrite_replaces_only_its_own(
 
 def test_a_mixture_of_experts_checkpoint_into_a_dense_config_is_one_line_naming_both(tmp_path):
     hf_model("mixtral").save_pretrained(tmp_path, safe_serialization=True)
-    dense = config_from_tree({"model": {"arch": "llama", "vocab_size": VOCAB, "hidden_size": 64, "num_layers": 2,
-                                        "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 96}})
+    dense = config_from_tree(
+        {
+            "model": {
+                "arch": "llama",
+                "vocab_size": VOCAB,
+                "hidden_size": 64,
+                "num_layers": 2,
+                "num_heads": 4,
+                "num_kv_heads": 2,
+                "ffn_hidden_size": 96,
+            }
+        }
+    )
     with pytest.raises(models.WeightsMismatch) as refused:
         models.load_pretrained(tmp_path, dense)
     message = str(refused.value)
@@ -319,16 +462,20 @@ def test_deepseek_v3_mtp_layers_are_ignored_and_what_is_not_built_is_refused():
     hf_state, config = {k: v.numpy() for k, v in hf.state_dict().items()}, hf.config.to_dict()
     _, weights = hf_to_mindscale(hf_state, config)
     # the multi-token-prediction layer after the 2 decoder layers, as the released checkpoint stores it
-    mtp = {"model.layers.2.eh_proj.weight": np.ones((64, 128), np.float32),
-           "model.layers.2.embed_tokens.weight": np.ones((VOCAB, 64), np.float32)}
+    mtp = {
+        "model.layers.2.eh_proj.weight": np.ones((64, 128), np.float32),
+        "model.layers.2.embed_tokens.weight": np.ones((VOCAB, 64), np.float32),
+    }
     _, loaded = hf_to_mindscale({**hf_state, **mtp}, {**config, "num_nextn_predict_layers": 1})
     assert loaded.keys() == weights.keys()
     with pytest.raises(HFConversionError, match="unexpected 2: model.layers.2.eh_proj.weight"):
         hf_to_mindscale({**hf_state, **mtp}, config)  # without the key they are not the MTP module's
-    for key, value, message in [("rope_scaling", {"type": "yarn", "factor": 40.0}, "YaRN context extension"),
-                                ("scoring_func", "softmax", "sigmoid router"),
-                                ("moe_layer_freq", 2, "dense layers among the MoE"),
-                                ("num_key_value_heads", 2, "a key and value per head")]:
+    for key, value, message in [
+        ("rope_scaling", {"type": "yarn", "factor": 40.0}, "YaRN context extension"),
+        ("scoring_func", "softmax", "sigmoid router"),
+        ("moe_layer_freq", 2, "dense layers among the MoE"),
+        ("num_key_value_heads", 2, "a key and value per head"),
+    ]:
         with pytest.raises(HFConversionError, match=message) as refused:
             hf_to_mindscale(hf_state, {**config, key: value})
         assert "\n" not in str(refused.value)
@@ -337,9 +484,20 @@ def test_deepseek_v3_mtp_layers_are_ignored_and_what_is_not_built_is_refused():
 def test_a_softmax_family_refuses_to_export_deepseek_routing_in_one_line():
     from models.hf_convert import hf_config_from_model
 
-    mixtral = config_from_tree({"model": {"arch": "mixtral", "vocab_size": VOCAB, "hidden_size": 64, "num_layers": 2,
-                                          "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 96,
-                                          "moe": {"num_experts": 4, "router": "sigmoid", "dense_layers": 1}}})
+    mixtral = config_from_tree(
+        {
+            "model": {
+                "arch": "mixtral",
+                "vocab_size": VOCAB,
+                "hidden_size": 64,
+                "num_layers": 2,
+                "num_heads": 4,
+                "num_kv_heads": 2,
+                "ffn_hidden_size": 96,
+                "moe": {"num_experts": 4, "router": "sigmoid", "dense_layers": 1},
+            }
+        }
+    )
     with pytest.raises(HFConversionError, match="model.moe.router=sigmoid, dense_layers=1: mixtral's Hugging Face"):
         hf_config_from_model(mixtral.model)
 
@@ -358,21 +516,38 @@ def test_an_export_carries_what_transformers_generates_with_from_the_folder_a_ru
     hf.generation_config.update(bos_token_id=1, eos_token_id=[2, 3], pad_token_id=0, do_sample=True, top_p=0.9)
     hf.save_pretrained(source, safe_serialization=True)
     Tokenizer(vocabularies.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, "hi": 3}, unk_token="<unk>")).save(
-        str(source / "tokenizer.json"))
+        str(source / "tokenizer.json")
+    )
     (source / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
-    model = {"arch": "llama", "vocab_size": VOCAB, "hidden_size": 64, "num_layers": 2, "num_heads": 4,
-             "num_kv_heads": 2, "ffn_hidden_size": 96, "seq_length": SEQ}
+    model = {
+        "arch": "llama",
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "num_layers": 2,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "ffn_hidden_size": 96,
+        "seq_length": SEQ,
+    }
     cfg = config_from_tree({"model": model, "checkpoint": {"load_path": str(source)}})
     extras = export_extras(cfg)
-    assert extras.config == {"bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 0,
-                             "max_position_embeddings": 64}  # not the run's seq_length, 16
-    assert extras.files == {name: (source / name).read_bytes()
-                            for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json")}
+    assert extras.config == {
+        "bos_token_id": 1,
+        "eos_token_id": [2, 3],
+        "pad_token_id": 0,
+        "max_position_embeddings": 64,
+    }  # not the run's seq_length, 16
+    assert extras.files == {
+        name: (source / name).read_bytes()
+        for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json")
+    }
     assert (extras.tokenizer, extras.generation_config) == (str(source), str(source / "generation_config.json"))
     assert export_extras(config_from_tree({"model": model})) == type(extras)({}, {}, None, None)
     gone = config_from_tree({"model": model, "checkpoint": {"load_path": str(tmp_path / "moved")}})
-    with pytest.raises(CheckpointError, match=f"checkpoint.load_path={tmp_path / 'moved'} does not exist: .*--set "
-                                              "checkpoint.load_path=PATH$"):
+    with pytest.raises(
+        CheckpointError,
+        match=f"checkpoint.load_path={tmp_path / 'moved'} does not exist: .*--set checkpoint.load_path=PATH$",
+    ):
         export_extras(gone)
     with pytest.raises(ConfigError, match="data.tokenizer=nowhere.model does not exist: .*--set data.tokenizer=null$"):
         export_extras(config_from_tree({"model": model, "data": {"tokenizer": "nowhere.model"}}))

@@ -1,4 +1,5 @@
 """LoRA: config rules, frozen base, merge = base + adapters, adapters' sharding strategies."""
+
 import numpy as np
 import pytest
 from mindspore import Tensor
@@ -10,25 +11,38 @@ from tests.modes import cpu_mode
 
 pynative_mode = cpu_mode("pynative")
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
-SMALL = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=8", "model.num_kv_heads=4",
-         "model.ffn_hidden_size=128", "model.vocab_size=128", "model.seq_length=16", "parallel.data_parallel=1",
-         "checkpoint.load_path=/base", "finetune.lora.rank=4", "finetune.lora.alpha=8",
-         "finetune.lora.target_modules=[wq,wv,wo,w2]"]
+SMALL = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=8",
+    "model.num_kv_heads=4",
+    "model.ffn_hidden_size=128",
+    "model.vocab_size=128",
+    "model.seq_length=16",
+    "parallel.data_parallel=1",
+    "checkpoint.load_path=/base",
+    "finetune.lora.rank=4",
+    "finetune.lora.alpha=8",
+    "finetune.lora.target_modules=[wq,wv,wo,w2]",
+]
 
 
 def config(*overrides):
     return load_config(TINY, [*SMALL, *overrides])
 
 
-@pytest.mark.parametrize("override, message", [
-    ("finetune.lora.rank=-1", "rank"),
-    ("finetune.lora.alpha=0", "alpha"),
-    ("finetune.lora.dropout=1.0", "dropout"),
-    ("finetune.lora.target_modules=[wq,c_attn]", "target_modules"),
-    ("finetune.lora.target_modules=[]", "target_modules"),
-    ("checkpoint.load_path=null", "load_path"),
-    ("finetune.template=chatml", "template"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("finetune.lora.rank=-1", "rank"),
+        ("finetune.lora.alpha=0", "alpha"),
+        ("finetune.lora.dropout=1.0", "dropout"),
+        ("finetune.lora.target_modules=[wq,c_attn]", "target_modules"),
+        ("finetune.lora.target_modules=[]", "target_modules"),
+        ("checkpoint.load_path=null", "load_path"),
+        ("finetune.template=chatml", "template"),
+    ],
+)
 def test_bad_lora_config_is_one_line(override, message):
     with pytest.raises(ConfigError, match=message) as info:
         config(override)
@@ -37,8 +51,10 @@ def test_bad_lora_config_is_one_line(override, message):
 
 def test_gpt_has_no_w3():
     with pytest.raises(ConfigError, match="w3"):
-        load_config(str(REPO_ROOT / "configs" / "tiny" / "gpt_tiny.yaml"),
-                    ["checkpoint.load_path=/base", "finetune.lora.rank=2", "finetune.lora.target_modules=[w3]"])
+        load_config(
+            str(REPO_ROOT / "configs" / "tiny" / "gpt_tiny.yaml"),
+            ["checkpoint.load_path=/base", "finetune.lora.rank=2", "finetune.lora.target_modules=[w3]"],
+        )
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +72,9 @@ def test_only_adapters_train_and_names_are_kept(lora_model):
     cfg, model = lora_model
     network = models.build_train_network(cfg, model)
     trainable = sorted(p.name for p in network.trainable_params())
-    wrapped = [f"layers.{i}.{w}" for i in range(2) for w in ("attention.wq", "attention.wv", "attention.wo",
-                                                             "feed_forward.w2")]
+    wrapped = [
+        f"layers.{i}.{w}" for i in range(2) for w in ("attention.wq", "attention.wv", "attention.wo", "feed_forward.w2")
+    ]
     assert trainable == sorted(f"{w}.{ab}" for w in wrapped for ab in ("lora_a", "lora_b"))
     plain = {p.name for p in models.build_model(without_lora(cfg)).get_parameters()}
     assert {p.name for p in model.get_parameters() if not p.requires_grad} == plain  # base names unchanged
@@ -107,9 +124,18 @@ def test_deepseek_v3_adapters_on_latent_attention_merge_and_follow_its_plan():
     """LoRA on MLA's projections (the replicated down-projections too): only the adapters train, the merged model
     equals base plus adapters, and under tp the adapters take their wrapped Linear's split."""
     targets = "finetune.lora.target_modules=[wq,wq_b,wkv_a,wkv_b,wo]"
-    cfg = load_config(REPO_ROOT / "configs" / "tiny" / "deepseek_v3_tiny.yaml",
-                      ["model.hidden_size=64", "model.vocab_size=128", "model.seq_length=16", "parallel.data_parallel=1",
-                       "checkpoint.load_path=/base", "finetune.lora.rank=4", targets])
+    cfg = load_config(
+        REPO_ROOT / "configs" / "tiny" / "deepseek_v3_tiny.yaml",
+        [
+            "model.hidden_size=64",
+            "model.vocab_size=128",
+            "model.seq_length=16",
+            "parallel.data_parallel=1",
+            "checkpoint.load_path=/base",
+            "finetune.lora.rank=4",
+            targets,
+        ],
+    )
     model = models.build_model(cfg)
     rng = np.random.default_rng(0)
     for p in model.get_parameters():
@@ -121,12 +147,21 @@ def test_deepseek_v3_adapters_on_latent_attention_merge_and_follow_its_plan():
     merged = models.build_model(without_lora(cfg))
     models.load_weights_into(merged, merge(base, adapters, cfg.finetune.lora))
     np.testing.assert_allclose(merged(ids).asnumpy(), model(ids).asnumpy(), atol=1e-5)
-    sharded = load_config(REPO_ROOT / "configs" / "tiny" / "deepseek_v3_tiny.yaml",
-                          ["model.hidden_size=64", "model.num_heads=8", "parallel.data_parallel=2",
-                           "parallel.model_parallel=2", "checkpoint.load_path=/base", "finetune.lora.rank=4", targets])
+    sharded = load_config(
+        REPO_ROOT / "configs" / "tiny" / "deepseek_v3_tiny.yaml",
+        [
+            "model.hidden_size=64",
+            "model.num_heads=8",
+            "parallel.data_parallel=2",
+            "parallel.model_parallel=2",
+            "checkpoint.load_path=/base",
+            "finetune.lora.rank=4",
+            targets,
+        ],
+    )
     layout = Layout.of(sharded)
     model = models.build_model(sharded, layout)
     models.apply_sharding_plan(model, sharded, layout)
     attention = model.layers[1].attention
-    assert attention.wq.matmul_b.attrs["in_strategy"] == ((2, 1), (1, 1))       # replicated: B whole
-    assert attention.wkv_b.matmul_b.attrs["in_strategy"] == ((2, 1), (2, 1))    # colwise: B split as the heads
+    assert attention.wq.matmul_b.attrs["in_strategy"] == ((2, 1), (1, 1))  # replicated: B whole
+    assert attention.wkv_b.matmul_b.attrs["in_strategy"] == ((2, 1), (2, 1))  # colwise: B split as the heads

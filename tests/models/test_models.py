@@ -1,4 +1,5 @@
 """GPT and LLaMA on CPU in graph mode: names, parameter counts, loss, training, recompute, dtypes."""
+
 import math
 
 import mindspore as ms
@@ -15,7 +16,6 @@ from mindscale.config import Layout, load_config
 from tests.modes import cpu_mode
 
 
-
 graph_mode = cpu_mode("graph")
 
 VOCAB, SEQ, BATCH = 128, 16, 2
@@ -23,9 +23,17 @@ VOCAB, SEQ, BATCH = 128, 16, 2
 
 def tiny(arch: str, *overrides: str):
     """A 2-layer model config small enough to compile in about a second."""
-    return load_config(f"configs/tiny/{arch}_tiny.yaml",
-                       ["model.hidden_size=64", "model.ffn_hidden_size=96", f"model.vocab_size={VOCAB}",
-                        f"model.seq_length={SEQ}", "parallel.data_parallel=1", *overrides])
+    return load_config(
+        f"configs/tiny/{arch}_tiny.yaml",
+        [
+            "model.hidden_size=64",
+            "model.ffn_hidden_size=96",
+            f"model.vocab_size={VOCAB}",
+            f"model.seq_length={SEQ}",
+            "parallel.data_parallel=1",
+            *overrides,
+        ],
+    )
 
 
 def batch(seed: int = 0):
@@ -52,11 +60,22 @@ def built(cfg, seed: int = 7):
 
 def test_llama_parameter_names_are_the_contract():
     names = [p.name for p in built(tiny("llama")).get_parameters()]
-    per_layer = ["attention_norm.weight", "attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
-                 "attention.wo.weight", "ffn_norm.weight", "feed_forward.w1.weight", "feed_forward.w3.weight",
-                 "feed_forward.w2.weight"]
-    expected = ["tok_embeddings.weight"] + [f"layers.{i}.{n}" for i in range(2) for n in per_layer] + \
-               ["norm.weight", "output.weight"]
+    per_layer = [
+        "attention_norm.weight",
+        "attention.wq.weight",
+        "attention.wk.weight",
+        "attention.wv.weight",
+        "attention.wo.weight",
+        "ffn_norm.weight",
+        "feed_forward.w1.weight",
+        "feed_forward.w3.weight",
+        "feed_forward.w2.weight",
+    ]
+    expected = (
+        ["tok_embeddings.weight"]
+        + [f"layers.{i}.{n}" for i in range(2) for n in per_layer]
+        + ["norm.weight", "output.weight"]
+    )
     assert sorted(names) == sorted(expected)
     assert sorted(n for n, _ in built(tiny("llama")).parameters_and_names()) == sorted(expected)
 
@@ -64,8 +83,15 @@ def test_llama_parameter_names_are_the_contract():
 @pytest.mark.parametrize("tied", [True, False])
 def test_gpt_parameter_names_biases_positions_and_tying(tied):
     names = {p.name for p in built(tiny("gpt", f"model.tie_embeddings={tied}")).get_parameters()}
-    assert {"tok_embeddings.weight", "pos_embeddings.weight", "norm.weight", "norm.bias",
-            "layers.1.attention.wq.bias", "layers.1.attention_norm.bias", "layers.1.feed_forward.w2.bias"} <= names
+    assert {
+        "tok_embeddings.weight",
+        "pos_embeddings.weight",
+        "norm.weight",
+        "norm.bias",
+        "layers.1.attention.wq.bias",
+        "layers.1.attention_norm.bias",
+        "layers.1.feed_forward.w2.bias",
+    } <= names
     assert ("output.weight" in names) is not tied
     assert not any("w3" in n for n in names)
 
@@ -145,10 +171,10 @@ def test_causal_attention_does_not_look_ahead(llama):
     _, model, _ = llama
     ids, _, _ = batch()
     changed = ids.copy()
-    changed[:, SEQ // 2:] = (changed[:, SEQ // 2:] + 5) % VOCAB
+    changed[:, SEQ // 2 :] = (changed[:, SEQ // 2 :] + 5) % VOCAB
     a, b = model(Tensor(ids)).asnumpy(), model(Tensor(changed)).asnumpy()
-    np.testing.assert_allclose(a[:, :SEQ // 2], b[:, :SEQ // 2], atol=1e-6)
-    assert np.abs(a[:, SEQ // 2:] - b[:, SEQ // 2:]).max() > 1e-3
+    np.testing.assert_allclose(a[:, : SEQ // 2], b[:, : SEQ // 2], atol=1e-6)
+    assert np.abs(a[:, SEQ // 2 :] - b[:, SEQ // 2 :]).max() > 1e-3
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt"])
@@ -181,10 +207,11 @@ class Grads(nn.Cell):
 def recompute_marked(model) -> list[int]:
     """Layers build_model marked: full (MindSpore's recompute scope on the block) or selective (the
     MLP activation's primitive)."""
+
     def full(cell):
         return (cell._scope or "").startswith("recompute_")
-    return [i for i, layer in enumerate(model.layers)
-            if full(layer) or layer.feed_forward.act.attrs.get("recompute")]
+
+    return [i for i, layer in enumerate(model.layers) if full(layer) or layer.feed_forward.act.attrs.get("recompute")]
 
 
 def loss_and_grads(cfg, weights, plain_softmax=False, sharded_loss=False):
@@ -203,8 +230,10 @@ def loss_and_grads(cfg, weights, plain_softmax=False, sharded_loss=False):
 def test_selective_and_full_recompute_leave_loss_and_gradients_unchanged(llama):
     _, model, _ = llama
     weights = {p.name: p.asnumpy() for p in model.get_parameters()}
-    runs = {mode: loss_and_grads(tiny("llama", f"recompute.mode={mode}", *extra), weights)
-            for mode, extra in [("none", []), ("selective", []), ("full", ["recompute.layers=1"])]}
+    runs = {
+        mode: loss_and_grads(tiny("llama", f"recompute.mode={mode}", *extra), weights)
+        for mode, extra in [("none", []), ("selective", []), ("full", ["recompute.layers=1"])]
+    }
     assert [runs[m][0] for m in ("none", "selective", "full")] == [[], [0, 1], [0]]
     _, base_loss, base_grads = runs["none"]
     for mode in ("selective", "full"):
@@ -214,8 +243,7 @@ def test_selective_and_full_recompute_leave_loss_and_gradients_unchanged(llama):
             np.testing.assert_allclose(g, b, rtol=1e-5, atol=1e-7)
 
 
-def test_offload_on_cpu_compiles_moves_nothing_and_leaves_loss_and_gradients_unchanged(llama, tmp_path,
-                                                                                       monkeypatch):
+def test_offload_on_cpu_compiles_moves_nothing_and_leaves_loss_and_gradients_unchanged(llama, tmp_path, monkeypatch):
     """What MindSpore 2.9 does with Cell.offload on CPU (why validate.py refuses offload.layers there): the marks
     reach every primitive of the offloaded layer, the step compiles and runs, its loss and gradients are those of
     the unmarked model, and the compiled graph has no MoveTo: nothing goes to host memory. (On CPU the layers
@@ -236,8 +264,15 @@ def test_offload_on_cpu_compiles_moves_nothing_and_leaves_loss_and_gradients_unc
         finally:
             ms.set_context(save_graphs=False)
         ir = "".join(f.read_text() for f in (tmp_path / str(layers)).rglob("*validate*.ir"))
-        runs.append((marked, ir.count("offload: Bool(1)") > 0, "MoveTo" in ir, float(loss.asnumpy()),
-                     [g.asnumpy() for g in grads]))
+        runs.append(
+            (
+                marked,
+                ir.count("offload: Bool(1)") > 0,
+                "MoveTo" in ir,
+                float(loss.asnumpy()),
+                [g.asnumpy() for g in grads],
+            )
+        )
     (plain_marked, plain_attr, _, base_loss, base_grads), (marked, attr, moved, loss, grads) = runs
     assert (plain_marked, plain_attr, marked, attr, moved) == ([], False, [0], True, False)
     assert loss == base_loss
@@ -250,8 +285,12 @@ def test_reused_layer_graph_computes_what_per_layer_graphs_compute(llama):
     not) computes exactly what a graph per layer computes."""
     _, model, _ = llama
     weights = {p.name: p.asnumpy() for p in model.get_parameters()}
-    runs = [loss_and_grads(tiny("llama", "recompute.mode=selective", "recompute.layers=1",
-                                f"run.reuse_layer_graph={reuse}"), weights) for reuse in ("true", "false")]
+    runs = [
+        loss_and_grads(
+            tiny("llama", "recompute.mode=selective", "recompute.layers=1", f"run.reuse_layer_graph={reuse}"), weights
+        )
+        for reuse in ("true", "false")
+    ]
     (_, reused_loss, reused_grads), (_, loss, grads) = runs
     assert reused_loss == loss
     for r, g in zip(reused_grads, grads):
@@ -259,15 +298,28 @@ def test_reused_layer_graph_computes_what_per_layer_graphs_compute(llama):
 
 
 def test_layer_graph_keys_separate_stages_and_recompute_modes():
-    cfg = tiny("llama", "model.num_layers=6", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
-               "recompute.mode=full", "recompute.layers=[2,1]")
-    assert layer_graph_keys(Layout.of(cfg), cfg.model) == ["stage 0, recompute full"] * 2 + ["stage 0, recompute none",
-                                                 "stage 1, recompute full"] + ["stage 1, recompute none"] * 2
+    cfg = tiny(
+        "llama",
+        "model.num_layers=6",
+        "parallel.pipeline_stage=2",
+        "parallel.micro_batch_num=2",
+        "recompute.mode=full",
+        "recompute.layers=[2,1]",
+    )
+    assert (
+        layer_graph_keys(Layout.of(cfg), cfg.model)
+        == ["stage 0, recompute full"] * 2
+        + ["stage 0, recompute none", "stage 1, recompute full"]
+        + ["stage 1, recompute none"] * 2
+    )
     assert Layout.of(tiny("llama", "run.reuse_layer_graph=false")).graph_reuse == "none"
     # DeepSeek-V3's dense first layers are other cells than its expert layers: never one graph
     deepseek = load_config("configs/tiny/deepseek_v3_tiny.yaml", ["model.num_layers=3", "parallel.data_parallel=1"])
-    assert layer_graph_keys(Layout.of(deepseek), deepseek.model) == ["stage 0, recompute none, dense",
-                                                                     "stage 0, recompute none", "stage 0, recompute none"]
+    assert layer_graph_keys(Layout.of(deepseek), deepseek.model) == [
+        "stage 0, recompute none, dense",
+        "stage 0, recompute none",
+        "stage 0, recompute none",
+    ]
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -345,16 +397,30 @@ def test_selective_recompute_marks_the_attention_core_and_activations():
 
 def test_full_recompute_covers_the_lora_adapters():
     """Marks come after LoRA wraps the Linears, so a fully recomputed block recomputes its adapters."""
-    model = built(tiny("llama", "finetune.lora.rank=2", "checkpoint.load_path=base.safetensors", "recompute.mode=full",
-                       "recompute.layers=1"))
+    model = built(
+        tiny(
+            "llama",
+            "finetune.lora.rank=2",
+            "checkpoint.load_path=base.safetensors",
+            "recompute.mode=full",
+            "recompute.layers=1",
+        )
+    )
     wq = model.layers[0].attention.wq
     assert type(wq).__name__ == "LoraLinear" and wq._scope.startswith("recompute_")
     assert not (model.layers[1].attention.wq._scope or "").startswith("recompute_")
 
 
 def test_recompute_layers_per_stage_list_takes_the_first_layers_of_each_stage():
-    cfg = tiny("llama", "model.num_layers=8", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
-               "parallel.stage_offset=[1,-1]", "recompute.mode=full", "recompute.layers=[2,1]")
+    cfg = tiny(
+        "llama",
+        "model.num_layers=8",
+        "parallel.pipeline_stage=2",
+        "parallel.micro_batch_num=2",
+        "parallel.stage_offset=[1,-1]",
+        "recompute.mode=full",
+        "recompute.layers=[2,1]",
+    )
     assert Layout.of(cfg).recomputed == (0, 1, 5)
 
 

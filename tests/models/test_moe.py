@@ -3,6 +3,7 @@ top-k weights, capacity dropping in priority order (every first choice before an
 token groups (one per data-parallel rank), the shared expert and the router statistics (over every token or over
 a loss mask's). The dropless case is also checked against transformers in test_hf_convert.py, test_generate.py
 and, its gradients in SFT with padding, test_moe_sft_parity.py."""
+
 import json
 import math
 import os
@@ -69,12 +70,16 @@ def reference(layer: MoE, x: np.ndarray, capacity_factor, mask=None) -> tuple[np
 SFT_MASK = np.array([[0] * 3 + [1] * 9, [0] * 2 + [1] * 4 + [0] * 6], np.float32)
 
 
-@pytest.mark.parametrize("experts, top_k, norm, capacity_factor, groups, shared, mask", [
-    (4, 2, True, None, 1, 0, None),          # Mixtral-like, dropless
-    (4, 2, True, None, 1, 0, SFT_MASK),      # the same, its statistics over the trained tokens only
-    (8, 3, False, 0.75, 1, 0, None),         # Qwen3-MoE-like weights, a quarter of the slots short: tokens drop
-    (4, 1, True, 1.0, 2, SHARED, SFT_MASK),  # Switch-like top-1 in two data-parallel groups, a shared expert
-], ids=["mixtral", "mixtral-sft", "qwen3-moe-drops", "switch-groups-sft"])
+@pytest.mark.parametrize(
+    "experts, top_k, norm, capacity_factor, groups, shared, mask",
+    [
+        (4, 2, True, None, 1, 0, None),  # Mixtral-like, dropless
+        (4, 2, True, None, 1, 0, SFT_MASK),  # the same, its statistics over the trained tokens only
+        (8, 3, False, 0.75, 1, 0, None),  # Qwen3-MoE-like weights, a quarter of the slots short: tokens drop
+        (4, 1, True, 1.0, 2, SHARED, SFT_MASK),  # Switch-like top-1 in two data-parallel groups, a shared expert
+    ],
+    ids=["mixtral", "mixtral-sft", "qwen3-moe-drops", "switch-groups-sft"],
+)
 def test_layer_matches_a_loop_over_tokens(experts, top_k, norm, capacity_factor, groups, shared, mask):
     ms.set_seed(0)
     layer = MoE(H, F, experts, top_k, norm, capacity_factor, groups, 1, shared, 0.5, 0.5, ms.float32, ms.float32)
@@ -117,8 +122,15 @@ def test_sigmoid_router_matches_transformers_deepseek_v3_and_its_bias_steers_onl
 
     from models.router import SigmoidRouting
 
-    config = DeepseekV3Config(hidden_size=H, n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=4,
-                              norm_topk_prob=True, routed_scaling_factor=2.5)
+    config = DeepseekV3Config(
+        hidden_size=H,
+        n_routed_experts=16,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=4,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+    )
     rng = np.random.default_rng(2)
     x, weight = rng.normal(size=(32, H)).astype(np.float32), rng.normal(size=(16, H)).astype(np.float32)
     bias = rng.uniform(0.0, 0.3, 16).astype(np.float32)
@@ -135,10 +147,12 @@ def test_sigmoid_router_matches_transformers_deepseek_v3_and_its_bias_steers_onl
         ours.router_bias.set_data(Tensor(b))
         weights, experts, probs = (t.asnumpy() for t in ours(logits))
         order, want_order = np.argsort(experts, -1), np.argsort(want_experts, -1)  # HF's top-k is unsorted
-        np.testing.assert_array_equal(np.take_along_axis(experts, order, -1),
-                                      np.take_along_axis(want_experts, want_order, -1))
-        np.testing.assert_allclose(np.take_along_axis(weights, order, -1),
-                                   np.take_along_axis(want_weights, want_order, -1), rtol=1e-6)
+        np.testing.assert_array_equal(
+            np.take_along_axis(experts, order, -1), np.take_along_axis(want_experts, want_order, -1)
+        )
+        np.testing.assert_allclose(
+            np.take_along_axis(weights, order, -1), np.take_along_axis(want_weights, want_order, -1), rtol=1e-6
+        )
         np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-6)
         chosen[float(b.sum())] = np.sort(experts, -1)
     assert not np.array_equal(*chosen.values())
@@ -181,8 +195,14 @@ def test_statistics_through_the_reused_layer_graph_read_no_freed_memory(tmp_path
     env = {**os.environ, "LD_PRELOAD": jemalloc(), "MALLOC_CONF": "junk:true"}
     script = tmp_path / "statistics.py"  # a file: graph mode reads the Cell's source
     script.write_text(READ_STATISTICS)
-    proc = subprocess.run([sys.executable, str(script), str(REPO_ROOT / "configs/tiny/deepseek_v3_tiny.yaml")],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(REPO_ROOT / "configs/tiny/deepseek_v3_tiny.yaml")],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     graph, pynative = json.loads(proc.stdout.splitlines()[-1])
     np.testing.assert_allclose(graph, pynative, rtol=1e-5)

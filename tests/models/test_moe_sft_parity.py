@@ -16,14 +16,21 @@ built without padding_idx, so that transformers computes that row's gradient ins
 Counted over every token, padding included, the balance loss gave that row a gradient scaled by the norm's
 1/sqrt(eps) (the zero row), which the gradient norm and its clipping then carried.
 """
+
 import tempfile
 
 import numpy as np
 import pytest
 import torch
 from mindspore import Tensor, nn, ops
-from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, MixtralConfig, MixtralForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
 import models
@@ -41,20 +48,57 @@ TOLERANCE = 1e-5  # |ours - transformers'| / |transformers'| per parameter (norm
 def hf_model(arch: str):
     """A tiny random model at initializer_range 0.25 (routing decided by clear margins), its pad row zeroed."""
     torch.manual_seed(0)
-    dims = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                intermediate_size=96, max_position_embeddings=64, initializer_range=0.25, tie_word_embeddings=False)
+    dims = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        max_position_embeddings=64,
+        initializer_range=0.25,
+        tie_word_embeddings=False,
+    )
     if arch == "mixtral":  # 4 experts, top-2
-        model = MixtralForCausalLM(MixtralConfig(**dims, num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5,
-                                                 router_aux_loss_coef=0.02))
+        model = MixtralForCausalLM(
+            MixtralConfig(
+                **dims, num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5, router_aux_loss_coef=0.02
+            )
+        )
     elif arch == "qwen3_moe":  # 8 experts, top-2 renormalised
-        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**dims, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                                                   norm_topk_prob=True, rms_norm_eps=1e-6, router_aux_loss_coef=0.02))
+        model = Qwen3MoeForCausalLM(
+            Qwen3MoeConfig(
+                **dims,
+                num_experts=8,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                norm_topk_prob=True,
+                rms_norm_eps=1e-6,
+                router_aux_loss_coef=0.02,
+            )
+        )
     else:  # a dense first layer and two with 8 experts in 4 groups (2 kept), top-3, shared experts
-        model = DeepseekV3ForCausalLM(DeepseekV3Config(
-            **{**dims, "num_hidden_layers": 3, "num_key_value_heads": 4}, q_lora_rank=32, rope_interleave=True,
-            n_group=4, topk_group=2, norm_topk_prob=True, first_k_dense_replace=1, kv_lora_rank=16,
-            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, num_experts_per_tok=3,
-            moe_intermediate_size=32, n_shared_experts=2, routed_scaling_factor=2.5, rms_norm_eps=1e-6))
+        model = DeepseekV3ForCausalLM(
+            DeepseekV3Config(
+                **{**dims, "num_hidden_layers": 3, "num_key_value_heads": 4},
+                q_lora_rank=32,
+                rope_interleave=True,
+                n_group=4,
+                topk_group=2,
+                norm_topk_prob=True,
+                first_k_dense_replace=1,
+                kv_lora_rank=16,
+                qk_nope_head_dim=16,
+                qk_rope_head_dim=8,
+                v_head_dim=12,
+                n_routed_experts=8,
+                num_experts_per_tok=3,
+                moe_intermediate_size=32,
+                n_shared_experts=2,
+                routed_scaling_factor=2.5,
+                rms_norm_eps=1e-6,
+            )
+        )
     with torch.no_grad():
         model.model.embed_tokens.weight[PAD].zero_()
     return model.train()
@@ -141,8 +185,9 @@ def transformers_step(hf, arch: str, coeff: float, tokens, mask):
         aux = torch.stack([s[0] for s in stats]).mean()
     else:  # transformers' own function per layer, given the loss mask
         experts = out.router_logits[0].shape[-1]
-        aux = torch.stack([load_balancing_loss_func((r,), experts, hf.num_experts_per_tok, trained)
-                           for r in out.router_logits]).mean()
+        aux = torch.stack(
+            [load_balancing_loss_func((r,), experts, hf.num_experts_per_tok, trained) for r in out.router_logits]
+        ).mean()
     loss = cross_entropy + coeff * aux
     loss.backward()
     grads = {name: p.grad.numpy() for name, p in hf.named_parameters()}
@@ -167,6 +212,7 @@ def test_sft_gradients_with_padding_match_transformers_parameter_by_parameter(ar
     assert pad_row <= TOLERANCE, f"the pad row's gradient is {pad_row:.3g} of the embedding's"
     off = {name: float(np.linalg.norm(ours[name] - g) / np.linalg.norm(g)) for name, g in theirs.items()}
     assert max(off.values()) <= TOLERANCE, sorted(off.items(), key=lambda item: -item[1])[:3]
-    norm, want_norm = (np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values()))
-                       for grads in (ours, theirs))
+    norm, want_norm = (
+        np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values())) for grads in (ours, theirs)
+    )
     assert norm == pytest.approx(want_norm, rel=TOLERANCE)

@@ -9,6 +9,7 @@ sequence the right-down and the left-up triangle are the same). That mask, and a
 must equal what the composite core computes with the same segment_ids: `CompositeAttention.segment_mask` and
 its causal mask, row by row.
 """
+
 import math
 
 import mindspore as ms
@@ -75,7 +76,7 @@ def block_diagonal(blocks: np.ndarray) -> np.ndarray:
     n, s, _ = blocks.shape
     whole = np.zeros((n * s, n * s), bool)
     for i in range(n):
-        whole[i * s:(i + 1) * s, i * s:(i + 1) * s] = blocks[i]
+        whole[i * s : (i + 1) * s, i * s : (i + 1) * s] = blocks[i]
     return whole
 
 
@@ -90,7 +91,7 @@ def test_each_ranks_ends_mask_what_the_composite_segment_mask_masks(rows, row_bl
     for rank, block in enumerate(np.split(ends, row_blocks)):
         assert (np.diff(block) >= 0).all() and block[-1] == per_rank * S  # non-decreasing, ending at T
         assert (block.reshape(per_rank, slots)[:, -1] == S * np.arange(1, per_rank + 1)).all()  # row j ends at (j+1)S
-        own = rows[rank * per_rank:(rank + 1) * per_rank]
+        own = rows[rank * per_rank : (rank + 1) * per_rank]
         np.testing.assert_array_equal(tnd_allowed(block), block_diagonal(composite_allowed(own)))
 
 
@@ -114,10 +115,15 @@ def test_attention_under_the_ends_equals_the_composite_core_with_segment_ids(row
     mask = np.where(tnd_allowed(sequence_ends(rows, 1)), 0.0, MASKED).astype(np.float32)
     core = CompositeAttention(HEADS, KV_HEADS, D, t, ms.float32)
     grouped = (q.reshape(1, t, HEADS, D) / math.sqrt(D)).transpose(0, 2, 1, 3).reshape(1, KV_HEADS, -1, t, D)
-    out = core.attend(Tensor(grouped), Tensor(k.reshape(1, t, KV_HEADS, D).transpose(0, 2, 1, 3)),
-                      Tensor(v.reshape(1, t, KV_HEADS, D).transpose(0, 2, 1, 3)), Tensor(mask)).asnumpy()
-    np.testing.assert_allclose(out.reshape(HEADS, t, D).transpose(1, 0, 2).reshape(t, HEADS * D), expected,
-                               rtol=1e-5, atol=1e-6)
+    out = core.attend(
+        Tensor(grouped),
+        Tensor(k.reshape(1, t, KV_HEADS, D).transpose(0, 2, 1, 3)),
+        Tensor(v.reshape(1, t, KV_HEADS, D).transpose(0, 2, 1, 3)),
+        Tensor(mask),
+    ).asnumpy()
+    np.testing.assert_allclose(
+        out.reshape(HEADS, t, D).transpose(1, 0, 2).reshape(t, HEADS * D), expected, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_a_row_with_more_examples_than_the_kernel_takes_is_refused(rows):

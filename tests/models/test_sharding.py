@@ -5,6 +5,7 @@ Every `.shard()` call is recorded on its primitive (`attrs["in_strategy"]`); tha
 here. Whether MindSpore's parallel compiler accepts these strategies is tested by compiling them
 under its dry run (tests/dryrun/test_dryrun.py). The flash-attention path is never executed (Atlas A2 only).
 """
+
 import math
 import re
 from operator import attrgetter
@@ -25,16 +26,25 @@ from mindscale.config import Layout, load_config
 from tests.modes import cpu_mode
 
 
-
 graph_mode = cpu_mode("graph")
 
 
 def config(arch: str, *overrides: str):
     """8 heads / 4 kv heads so model_parallel 2 and 4 both divide them; 4 layers for pipelines."""
-    return load_config(f"configs/tiny/{arch}_tiny.yaml",
-                       ["model.hidden_size=64", "model.num_layers=4", "model.num_heads=8", "model.ffn_hidden_size=128",
-                        "model.vocab_size=128", "model.seq_length=32", "parallel.data_parallel=1",
-                        *([] if arch == "gpt" else ["model.num_kv_heads=4"]), *overrides])
+    return load_config(
+        f"configs/tiny/{arch}_tiny.yaml",
+        [
+            "model.hidden_size=64",
+            "model.num_layers=4",
+            "model.num_heads=8",
+            "model.ffn_hidden_size=128",
+            "model.vocab_size=128",
+            "model.seq_length=32",
+            "parallel.data_parallel=1",
+            *([] if arch == "gpt" else ["model.num_kv_heads=4"]),
+            *overrides,
+        ],
+    )
 
 
 def strategy(primitive):
@@ -50,8 +60,13 @@ def planned(cfg):
 
 @pytest.mark.parametrize("dp,mp,sp", [(2, 4, False), (2, 4, True), (4, 2, False), (4, 2, True)])
 def test_llama_strategies_follow_the_plan(dp, mp, sp):
-    cfg = config("llama", f"parallel.data_parallel={dp}", f"parallel.model_parallel={mp}",
-                 f"parallel.sequence_parallel={sp}", "parallel.vocab_emb_dp=false")
+    cfg = config(
+        "llama",
+        f"parallel.data_parallel={dp}",
+        f"parallel.model_parallel={mp}",
+        f"parallel.sequence_parallel={sp}",
+        "parallel.vocab_emb_dp=false",
+    )
     model, rows = planned(cfg)
     layer = model.layers[2]
     tokens = dp * mp if sp else dp
@@ -103,15 +118,28 @@ def test_vocab_emb_dp_keeps_embedding_and_head_data_parallel():
     # the loss still splits the vocabulary over model_parallel: the head's logits are sliced locally
     assert isinstance(model.loss, ShardedCrossEntropy) and strategy(model.loss.tokens.exp) == ((2, 4),)
     # under sequence parallel each tp rank computes the logits of its own tokens, and the loss reduces over them
-    model, _ = planned(config("gpt", "parallel.data_parallel=2", "parallel.model_parallel=4",
-                              "parallel.vocab_emb_dp=true", "parallel.sequence_parallel=true"))
+    model, _ = planned(
+        config(
+            "gpt",
+            "parallel.data_parallel=2",
+            "parallel.model_parallel=4",
+            "parallel.vocab_emb_dp=true",
+            "parallel.sequence_parallel=true",
+        )
+    )
     assert strategy(model.output.matmul) == ((8, 1), (1, 1))
     assert strategy(model.loss.tokens.exp) == ((8, 1),) and strategy(model.loss.sum_loss) == ((8, 1),)
 
 
 def test_pipeline_stages_follow_stage_offset_and_comm_fusion_is_per_layer():
-    cfg = config("llama", "parallel.data_parallel=2", "parallel.model_parallel=2", "parallel.pipeline_stage=2",
-                 "parallel.micro_batch_num=2", "parallel.stage_offset=[1,-1]")
+    cfg = config(
+        "llama",
+        "parallel.data_parallel=2",
+        "parallel.model_parallel=2",
+        "parallel.pipeline_stage=2",
+        "parallel.micro_batch_num=2",
+        "parallel.stage_offset=[1,-1]",
+    )
     model, _ = planned(cfg)
     assert [layer.pipeline_stage for layer in model.layers] == [0, 0, 0, 1]
     assert model.tok_embeddings.pipeline_stage == 0
@@ -126,8 +154,14 @@ def test_pipeline_stages_follow_stage_offset_and_comm_fusion_is_per_layer():
 def test_interleaved_stages_go_round_robin_chunk_by_chunk_and_the_plan_prints_each_chunk():
     """pp2 x v2 over 8 layers: chunk k of the 4 on stage k mod 2 (Layout), set as each layer's pipeline_stage;
     MindSpore numbers the chunks itself from the data flow (a stage fed by a later one starts its next chunk)."""
-    cfg = config("llama", "model.num_layers=8", "parallel.data_parallel=2", "parallel.pipeline_stage=2",
-                 "parallel.micro_batch_num=4", "parallel.pipeline_interleave=2")
+    cfg = config(
+        "llama",
+        "model.num_layers=8",
+        "parallel.data_parallel=2",
+        "parallel.pipeline_stage=2",
+        "parallel.micro_batch_num=4",
+        "parallel.pipeline_interleave=2",
+    )
     model, _ = planned(cfg)
     assert [layer.pipeline_stage for layer in model.layers] == [0, 0, 1, 1, 0, 0, 1, 1]
     assert model.tok_embeddings.pipeline_stage == 0 and model.output.pipeline_stage == 1
@@ -140,10 +174,14 @@ def comm_marks(layer) -> dict:
     """recompute_comm_op of each matmul of a decoder layer, where set (the attribute MindSpore's parallel pass reads
     to recompute the collectives it inserts around the op)."""
     linears = {name: getattr(layer.attention, name) for name in ("wq", "wk", "wv", "wo")}
-    linears.update({name: getattr(layer.feed_forward, name) for name in ("w1", "w2", "w3")
-                    if hasattr(layer.feed_forward, name)})
-    return {name: op.attrs["recompute_comm_op"] for name, linear in linears.items()
-            if "recompute_comm_op" in (op := linear.matmul).attrs}
+    linears.update(
+        {name: getattr(layer.feed_forward, name) for name in ("w1", "w2", "w3") if hasattr(layer.feed_forward, name)}
+    )
+    return {
+        name: op.attrs["recompute_comm_op"]
+        for name, linear in linears.items()
+        if "recompute_comm_op" in (op := linear.matmul).attrs
+    }
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt"])
@@ -183,8 +221,14 @@ def test_plan_is_not_applied_outside_sharded_layouts_and_numbers_do_not_change()
 
 
 def test_flash_attention_and_fused_rmsnorm_are_built_for_atlas_a2():
-    cfg = config("llama", "hardware=ascend910b", "model.attention=flash", "model.compute_dtype=bfloat16",
-                 "parallel.data_parallel=2", "parallel.model_parallel=4")
+    cfg = config(
+        "llama",
+        "hardware=ascend910b",
+        "model.attention=flash",
+        "model.compute_dtype=bfloat16",
+        "parallel.data_parallel=2",
+        "parallel.model_parallel=4",
+    )
     model, _ = planned(cfg)
     core = model.layers[0].attention.core
     assert isinstance(core, FlashAttention) and isinstance(model.layers[0].attention_norm, FusedRMSNorm)
@@ -215,14 +259,23 @@ def test_auto_attention_is_composite_off_ascend():
 
 
 def test_describe_plan_prints_a_table_with_stages():
-    cfg = config("llama", "parallel.data_parallel=2", "parallel.model_parallel=4", "parallel.pipeline_stage=2",
-                 "parallel.micro_batch_num=4", "parallel.sequence_parallel=true", "parallel.vocab_emb_dp=false")
+    cfg = config(
+        "llama",
+        "parallel.data_parallel=2",
+        "parallel.model_parallel=4",
+        "parallel.pipeline_stage=2",
+        "parallel.micro_batch_num=4",
+        "parallel.sequence_parallel=true",
+        "parallel.vocab_emb_dp=false",
+    )
     text = models.describe_plan(cfg)
     lines = text.splitlines()
     assert lines[0].startswith("sharding plan: llama, data_parallel=2 model_parallel=4 pipeline_stage=2")
     assert lines[1].split() == ["cell", "style", "op", "in_strategy", "out_strategy", "stage"]
     assert ["layers.*.attention.wq", "colwise", "matmul", "((2,1),(4,1))", "-", "0-1"] in [row.split() for row in lines]
-    assert ["layers.*.attention.wo", "rowwise", "matmul", "((2,4),(1,4))", "((8,1),)", "0-1"] in [row.split() for row in lines]
+    assert ["layers.*.attention.wo", "rowwise", "matmul", "((2,4),(1,4))", "((8,1),)", "0-1"] in [
+        row.split() for row in lines
+    ]
     assert ["output", "vocab", "matmul", "((2,1),(4,1))", "-", "1"] in [row.split() for row in lines]
     assert "stage 0: layers 0-1 (2)" in lines and "stage 1: layers 2-3 (2)" in lines
     # every entry of the plan table matches at least one cell of the model
@@ -237,9 +290,18 @@ def test_deepseek_v3_plan_splits_heads_keeps_the_latents_whole_and_routes_by_tok
     the up-projections, the per-head ops and the core split by heads; wo rowwise. The sigmoid router splits tokens,
     its bias whole. The dense first layer plans as LLaMA's MLP, the next as experts with a column/row shared one."""
     dp, mp = 4, 2
-    cfg = load_config("configs/tiny/deepseek_v3_tiny.yaml",
-                      ["model.hidden_size=64", "model.num_heads=8", "model.vocab_size=128", "model.seq_length=32",
-                       f"parallel.data_parallel={dp}", f"parallel.model_parallel={mp}", "parallel.vocab_emb_dp=false"])
+    cfg = load_config(
+        "configs/tiny/deepseek_v3_tiny.yaml",
+        [
+            "model.hidden_size=64",
+            "model.num_heads=8",
+            "model.vocab_size=128",
+            "model.seq_length=32",
+            f"parallel.data_parallel={dp}",
+            f"parallel.model_parallel={mp}",
+            "parallel.vocab_emb_dp=false",
+        ],
+    )
     model, rows = planned(cfg)
     dense, sparse = model.layers
     att = sparse.attention
@@ -259,5 +321,8 @@ def test_deepseek_v3_plan_splits_heads_keeps_the_latents_whole_and_routes_by_tok
     assert strategy(sparse.feed_forward.shared_expert.w2.matmul) == ((dp, mp), (1, mp))
     assert strategy(dense.feed_forward.w1.matmul) == ((dp, 1), (mp, 1))
     splits = models.sharding.parameter_splits(model, cfg, Layout.of(cfg))
-    assert splits["layers.1.attention.wkv_b.weight"][0] == (mp, 1) and splits["layers.1.attention.wq.weight"][0] == (1, 1)
+    assert splits["layers.1.attention.wkv_b.weight"][0] == (mp, 1) and splits["layers.1.attention.wq.weight"][0] == (
+        1,
+        1,
+    )
     assert splits["layers.1.feed_forward.routing.router_bias"][0] == (1,)

@@ -1,4 +1,5 @@
 """The train step's numerics on CPU in graph mode: fp16 gradient norms, fp16 parameters, what decides overflow."""
+
 import math
 
 import mindspore as ms
@@ -7,13 +8,24 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 from mindscale.config import Layout, load_config
-from mindscale.train.loop.step import (SATURATION_MODE, _dot_squared_norm, _grad_scale_squared_norm, build_train_graph,
-                                  saturates_fp16)
+from mindscale.train.loop.step import (
+    SATURATION_MODE,
+    _dot_squared_norm,
+    _grad_scale_squared_norm,
+    build_train_graph,
+    saturates_fp16,
+)
 from tests.modes import cpu_mode
 
 TINY = "configs/tiny/llama_tiny.yaml"
-SMALL = ["model.hidden_size=64", "model.ffn_hidden_size=96", "model.vocab_size=128", "model.seq_length=16",
-         "parallel.data_parallel=1", "train.micro_batch_size=2"]
+SMALL = [
+    "model.hidden_size=64",
+    "model.ffn_hidden_size=96",
+    "model.vocab_size=128",
+    "model.seq_length=16",
+    "parallel.data_parallel=1",
+    "train.micro_batch_size=2",
+]
 
 
 graph_mode = cpu_mode("graph")
@@ -28,8 +40,10 @@ class SquaredNorms(nn.Cell):
         self.dot = ops.MatMul(transpose_b=True)
 
     def construct(self, grads):
-        return (self.hyper_map(_grad_scale_squared_norm, grads),
-                self.hyper_map(ops.partial(_dot_squared_norm, self.dot), grads))
+        return (
+            self.hyper_map(_grad_scale_squared_norm, grads),
+            self.hyper_map(ops.partial(_dot_squared_norm, self.dot), grads),
+        )
 
 
 def test_fp16_gradients_are_squared_in_fp32():
@@ -54,8 +68,9 @@ def test_fp16_parameters_train_with_fp32_moments():
     assert {p.dtype for p in graph.model.get_parameters()} == {ms.float16}
     moments = graph.optimizer.moments1 + graph.optimizer.moments2
     assert {m.dtype for m in moments} == {ms.float32}
-    assert [m.name for m in moments] == [f"{prefix}.{p.name}" for prefix in ("adam_m", "adam_v")
-                                         for p in graph.optimizer.parameters]
+    assert [m.name for m in moments] == [
+        f"{prefix}.{p.name}" for prefix in ("adam_m", "adam_v") for p in graph.optimizer.parameters
+    ]
     ids = np.random.default_rng(0).integers(0, 128, (2, 17)).astype(np.int32)
     losses = []
     for _ in range(3):
@@ -67,13 +82,16 @@ def test_fp16_parameters_train_with_fp32_moments():
     assert graph.step.float_status is None  # on CPU the norm test alone decides overflow
 
 
-@pytest.mark.parametrize("hardware, device, mode, reads", [
-    ("ascend910a", "Ascend", None, True),                  # the 910A saturates fp16: always
-    ("ascend910b", "Ascend", None, False),                 # inf/nan mode: the norm test sees overflow
-    ("ascend910b", "Ascend", SATURATION_MODE, True),       # a 910B told to saturate
-    ("ascend910b", "Ascend", "INFNAN_MODE", False),
-    ("ascend910a", "CPU", SATURATION_MODE, False),         # no float status off Ascend
-])
+@pytest.mark.parametrize(
+    "hardware, device, mode, reads",
+    [
+        ("ascend910a", "Ascend", None, True),  # the 910A saturates fp16: always
+        ("ascend910b", "Ascend", None, False),  # inf/nan mode: the norm test sees overflow
+        ("ascend910b", "Ascend", SATURATION_MODE, True),  # a 910B told to saturate
+        ("ascend910b", "Ascend", "INFNAN_MODE", False),
+        ("ascend910a", "CPU", SATURATION_MODE, False),  # no float status off Ascend
+    ],
+)
 def test_the_float_status_is_read_where_fp16_saturates(hardware, device, mode, reads):
     cfg = load_config(TINY, [f"hardware={hardware}", "model.compute_dtype=float16"])
     environ = {} if mode is None else {"MS_ASCEND_CHECK_OVERFLOW_MODE": mode}

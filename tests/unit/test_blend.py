@@ -1,6 +1,7 @@
 """Weighted blends and sample indexes (mindscale/train/data/blend.py, index.py, dataset.py): the step-count
 bound, determinism, rank and accumulation invariance, resume, wrap-around epochs, index reuse and rebuild,
 and bad input. Sources are real MindRecord folders written here, read through build_dataset."""
+
 import shutil
 import time
 from pathlib import Path
@@ -34,14 +35,22 @@ def sources(tmp_path_factory):
 
 
 def make_cfg(out, sources, weights=WEIGHTS, dp=1, micro=5, accumulation=1, seed=3, steps=40, **data):
-    return config_from_tree({
-        "run": {"seed": seed, "output_dir": str(out), "name": "run"},
-        "model": {"vocab_size": 4000, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "ffn_hidden_size": 64,
-                  "seq_length": SEQ},
-        "parallel": {"data_parallel": dp, "gradient_accumulation_steps": accumulation},
-        "train": {"micro_batch_size": micro, "steps": steps},
-        "data": {"blend": [{"path": str(p), "weight": w} for p, w in zip(sources, weights)], **data},
-    })
+    return config_from_tree(
+        {
+            "run": {"seed": seed, "output_dir": str(out), "name": "run"},
+            "model": {
+                "vocab_size": 4000,
+                "hidden_size": 32,
+                "num_layers": 1,
+                "num_heads": 2,
+                "ffn_hidden_size": 64,
+                "seq_length": SEQ,
+            },
+            "parallel": {"data_parallel": dp, "gradient_accumulation_steps": accumulation},
+            "train": {"micro_batch_size": micro, "steps": steps},
+            "data": {"blend": [{"path": str(p), "weight": w} for p, w in zip(sources, weights)], **data},
+        }
+    )
 
 
 def global_steps(cfg, world=1, start=0, count=None):
@@ -67,10 +76,17 @@ def global_steps(cfg, world=1, start=0, count=None):
 # the assignment math
 
 
-@pytest.mark.parametrize("weights, batch", [
-    ((0.5973, 0.0015, 0.3584, 0.0106, 0.0322), 1),  # breaks Megatron's furthest-below rule: 1.09 samples
-    ((1, 1, 1), 1), ((0.7, 0.2, 0.1), 10), ((3.0, 1e-4, 2.0, 7.5), 64), ((1,), 4), ((0.91,) + (0.01,) * 9, 7),
-])
+@pytest.mark.parametrize(
+    "weights, batch",
+    [
+        ((0.5973, 0.0015, 0.3584, 0.0106, 0.0322), 1),  # breaks Megatron's furthest-below rule: 1.09 samples
+        ((1, 1, 1), 1),
+        ((0.7, 0.2, 0.1), 10),
+        ((3.0, 1e-4, 2.0, 7.5), 64),
+        ((1,), 4),
+        ((0.91,) + (0.01,) * 9, 7),
+    ],
+)
 def test_step_counts_stay_within_one_sample_of_the_weights(weights, batch):
     counts = StepCounts(weights, batch)
     starts = np.concatenate(list(counts.starts(3000, chunk=257)))
@@ -105,8 +121,14 @@ def bucket_epoch(n, seed, source, epoch, chunk, bucket):
     `chunk` samples at a time), bucket b holds its samples in ascending order, shuffled by (seed, source,
     epoch, 1, b); the buckets back to back."""
     buckets = -(-n // bucket)
-    draws = np.concatenate([np.random.default_rng([seed, source, epoch, 0, c]).integers(
-        0, buckets, min(chunk, n - low), dtype=np.uint16) for c, low in enumerate(range(0, n, chunk))])
+    draws = np.concatenate(
+        [
+            np.random.default_rng([seed, source, epoch, 0, c]).integers(
+                0, buckets, min(chunk, n - low), dtype=np.uint16
+            )
+            for c, low in enumerate(range(0, n, chunk))
+        ]
+    )
     parts = []
     for b in range(buckets):
         part = np.flatnonzero(draws == b).astype(np.uint32)
@@ -142,7 +164,7 @@ def test_blend_counts_at_every_step_and_sources_wrap_with_their_own_shuffle(tmp_
         assert np.abs(drawn - weights * s * batch).max() < 1, (s, drawn)
     for k, n in enumerate(SIZES):
         seen = [i for step in rows for source, i in step if source == k]
-        epochs = [seen[e * n:(e + 1) * n] for e in range(len(seen) // n)]
+        epochs = [seen[e * n : (e + 1) * n] for e in range(len(seen) // n)]
         assert len(epochs) >= 2 and all(sorted(e) == list(range(n)) for e in epochs)
         assert epochs[0] != epochs[1]  # the next epoch is shuffled anew
     assert [len(s) for s in rows] == [batch] * cfg.train.steps
@@ -161,14 +183,21 @@ def test_order_is_seeded_and_the_same_for_any_worker_count_accumulation_and_resu
 
 
 def test_a_single_path_is_a_blend_of_one_in_stored_order_without_shuffle(tmp_path, sources):
-    cfg = config_from_tree({"run": {"output_dir": str(tmp_path)}, "model": {"vocab_size": 4000, "seq_length": SEQ},
-                            "train": {"micro_batch_size": 3, "steps": 10},
-                            "data": {"path": str(sources[0]), "shuffle": False}})
+    cfg = config_from_tree(
+        {
+            "run": {"output_dir": str(tmp_path)},
+            "model": {"vocab_size": 4000, "seq_length": SEQ},
+            "train": {"micro_batch_size": 3, "steps": 10},
+            "data": {"path": str(sources[0]), "shuffle": False},
+        }
+    )
     rows = global_steps(cfg)
     assert [i for step in rows for _, i in step] == [p % SIZES[0] for p in range(30)]
     stream = build_dataset(cfg, say=lambda line: None)  # the run log's line names no share: there is one source
-    assert stream.describe() == f"data: {sources[0]} (30 samples of 23, 1.30 epochs) over 10 steps; index " \
-                                f"built {stream.index.folder} in {stream.index.note.split(' in ')[1]}"
+    assert (
+        stream.describe() == f"data: {sources[0]} (30 samples of 23, 1.30 epochs) over 10 steps; index "
+        f"built {stream.index.folder} in {stream.index.note.split(' in ')[1]}"
+    )
 
 
 def test_the_index_is_reused_and_a_changed_input_is_named_and_rebuilt(tmp_path, sources, monkeypatch):
@@ -219,8 +248,11 @@ def test_bad_blends_are_one_line_errors(tmp_path, sources):
     with pytest.raises(DataError, match=r"data.blend\[1\].path=.*missing does not exist"):
         build_dataset(make_cfg(tmp_path, [sources[0], tmp_path / "missing"], weights=(1, 1)))
     other_tokenizer = write_source(tmp_path / "tok1", 5, 10, tokenizer_sha="t1")
-    with pytest.raises(DataError, match=r"data.blend\[1\].path=.*tok1 was tokenized with /tok/t1.model but "
-                                        r"data.blend\[0\].path=.* with /tok/t0.model"):
+    with pytest.raises(
+        DataError,
+        match=r"data.blend\[1\].path=.*tok1 was tokenized with /tok/t1.model but "
+        r"data.blend\[0\].path=.* with /tok/t0.model",
+    ):
         build_dataset(make_cfg(tmp_path, [sources[0], other_tokenizer], weights=(1, 1)))
     longer = write_source(tmp_path / "seq16", 6, 10, seq=16)
     with pytest.raises(DataError, match="has seq_length 16 but model.seq_length=8"):
@@ -238,8 +270,10 @@ def test_an_index_folder_of_another_blend_is_refused_in_one_line(tmp_path, sourc
         shutil.copyfile(other / name, folder / name)
     with pytest.raises(DataError) as info:
         build_dataset(cfg, **quiet)
-    assert str(info.value) == (f"index folder {folder}: the draws in starts.npy do not follow its key.json's weights "
-                               f"(another blend's index?); delete {folder} and the next run builds it anew")
+    assert str(info.value) == (
+        f"index folder {folder}: the draws in starts.npy do not follow its key.json's weights "
+        f"(another blend's index?); delete {folder} and the next run builds it anew"
+    )
     shutil.copyfile(other / "starts.npy", folder / "starts.npy")
     (folder / "starts.npy").write_bytes(b"\x93NUMPY")  # cut short
     with pytest.raises(DataError, match=r"starts.npy is unreadable \(.*\); delete "):
@@ -248,9 +282,11 @@ def test_an_index_folder_of_another_blend_is_refused_in_one_line(tmp_path, sourc
     shutil.copytree(other, folder)
     with pytest.raises(DataError) as info:
         build_dataset(cfg, **quiet)
-    assert str(info.value) == (f"index folder {folder} is not this data's index (its key.json differs: source 0 "
-                               f"({sources[0].resolve()}) weight changed from 0.2 to 0.5); it was copied or edited: "
-                               f"delete {folder} and the next run builds it anew")
+    assert str(info.value) == (
+        f"index folder {folder} is not this data's index (its key.json differs: source 0 "
+        f"({sources[0].resolve()}) weight changed from 0.2 to 0.5); it was copied or edited: "
+        f"delete {folder} and the next run builds it anew"
+    )
     shutil.rmtree(folder)
     assert build_dataset(cfg, **quiet).index.note.startswith("built")  # as the message says
 
@@ -263,10 +299,14 @@ def test_token_ids_outside_the_vocabulary_stop_the_stream_naming_the_sample_and_
         rows = np.tile(np.arange(SEQ + 1), (10, 1))
         rows[stored, 3] = bad
         folder = write_data_folder(tmp_path / f"ids_{stored}", rows, vocab_size=100)
-        cfg = config_from_tree({"run": {"output_dir": str(tmp_path / f"run_{stored}")},
-                                "model": {"vocab_size": 100, "seq_length": SEQ},
-                                "train": {"micro_batch_size": 2, "steps": 5},
-                                "data": {"path": str(folder), "shuffle": False}})
+        cfg = config_from_tree(
+            {
+                "run": {"output_dir": str(tmp_path / f"run_{stored}")},
+                "model": {"vocab_size": 100, "seq_length": SEQ},
+                "train": {"micro_batch_size": 2, "steps": 5},
+                "data": {"path": str(folder), "shuffle": False},
+            }
+        )
         batches = iter(build_dataset(cfg, say=lambda line: None))
         for _ in range(stored // 2):
             next(batches)
@@ -275,7 +315,8 @@ def test_token_ids_outside_the_vocabulary_stop_the_stream_naming_the_sample_and_
         assert str(info.value) == (
             f"sample {stored} of shard {folder}/data_00000.mindrecord holds token id {bad}, outside the vocabulary "
             "of 100 its manifest records: the shard is damaged or was not written by tools/preprocess_data.py with "
-            "that tokenizer; copy the folder again from where it was made, or re-run tools/preprocess_data.py")
+            "that tokenizer; copy the folder again from where it was made, or re-run tools/preprocess_data.py"
+        )
 
 
 def test_batches_are_read_ahead_in_order_and_the_reader_stops_when_the_stream_is_dropped():

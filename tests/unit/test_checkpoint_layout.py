@@ -1,11 +1,12 @@
 """A sharded checkpoint resumes only under the layout its slices were written for: state.json's "layout"
 (mindscale/train/checkpoints/folder.py), compared by the Checkpointer before it reads a slice."""
+
 import pytest
 
 from mindscale.config import REPO_ROOT, Layout, load_config
 from mindscale.train.checkpoints.folder import RECORD_ADDED, layout_record, same_layout
 
-MIXTRAL = REPO_ROOT / "configs" / "mixtral" / "mixtral_8x7b.yaml"   # dp8 x pp8 x ep8, 3 chunks a stage
+MIXTRAL = REPO_ROOT / "configs" / "mixtral" / "mixtral_8x7b.yaml"  # dp8 x pp8 x ep8, 3 chunks a stage
 ONE_CHUNK = ["parallel.pipeline_interleave=1", "parallel.stage_offset=0"]
 
 
@@ -16,15 +17,19 @@ def record(*overrides: str) -> dict:
 
 def test_the_same_layout_resumes():
     assert same_layout(record(), record())
-    assert same_layout(record("train.steps=7"), record())   # what does not move a slice
+    assert same_layout(record("train.steps=7"), record())  # what does not move a slice
 
 
-@pytest.mark.parametrize("changed", [
-    ["parallel.expert_parallel=4"],                                      # each rank holds 2 of 8 experts, not 1
-    ONE_CHUNK,                                                           # a stage holds 4 layers, not 3 chunks
-    [*ONE_CHUNK[:1], "parallel.stage_offset=[1,0,0,0,0,0,0,-1]"],       # stage 0 holds 5 layers, the last 3
-    ["parallel.data_parallel=4", "parallel.micro_batch_num=256", "parallel.expert_parallel=4"],
-], ids=["expert_parallel", "interleave", "stage_offset", "data_parallel"])
+@pytest.mark.parametrize(
+    "changed",
+    [
+        ["parallel.expert_parallel=4"],  # each rank holds 2 of 8 experts, not 1
+        ONE_CHUNK,  # a stage holds 4 layers, not 3 chunks
+        [*ONE_CHUNK[:1], "parallel.stage_offset=[1,0,0,0,0,0,0,-1]"],  # stage 0 holds 5 layers, the last 3
+        ["parallel.data_parallel=4", "parallel.micro_batch_num=256", "parallel.expert_parallel=4"],
+    ],
+    ids=["expert_parallel", "interleave", "stage_offset", "data_parallel"],
+)
 def test_a_layout_that_moves_slices_is_refused(changed):
     assert record(*changed) != record() and not same_layout(record(), record(*changed))
 
@@ -32,8 +37,9 @@ def test_a_layout_that_moves_slices_is_refused(changed):
 def test_a_record_written_before_the_expert_and_stage_keys_is_compared_on_its_own_keys():
     old = {k: v for k, v in record().items() if k not in RECORD_ADDED}
     assert same_layout(old, record())
-    assert not same_layout(old, record("parallel.data_parallel=4", "parallel.micro_batch_num=256",
-                                       "parallel.expert_parallel=4"))
+    assert not same_layout(
+        old, record("parallel.data_parallel=4", "parallel.micro_batch_num=256", "parallel.expert_parallel=4")
+    )
 
 
 def test_sharded_and_unsharded_never_match():
@@ -53,6 +59,7 @@ TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
 def refusal(cfg, wanted: int, device: str, world: int, saved_layout) -> str:
     from mindscale.io import CheckpointError
     from mindscale.train.checkpoints.batch import check_global_batch
+
     with pytest.raises(CheckpointError) as refused:
         check_global_batch("ckpt", {"step": 10, "samples_consumed": 10 * wanted}, cfg, device, world, saved_layout)
     return str(refused.value).split("keep the batch with ")[1]
@@ -60,6 +67,7 @@ def refusal(cfg, wanted: int, device: str, world: int, saved_layout) -> str:
 
 def test_the_same_global_batch_resumes_and_an_old_state_without_its_position_is_not_judged():
     from mindscale.train.checkpoints.batch import check_global_batch
+
     cfg = load_config(TINY, ["parallel.data_parallel=1", "train.micro_batch_size=2"])
     check_global_batch("ckpt", {"step": 10, "samples_consumed": 20}, cfg, "CPU", 1, {})
     check_global_batch("ckpt", {"step": 10}, cfg, "CPU", 1, {})
@@ -70,24 +78,29 @@ def test_fewer_workers_keep_the_batch_by_accumulation_where_it_keeps_the_layout(
     accumulate (validate.py: nothing orders the micro batches) and 2 of them would compile a sharded graph
     the unsharded checkpoint does not load into: a larger micro batch there."""
     cfg = load_config(TINY, ["parallel.data_parallel=1", "train.micro_batch_size=2"])
-    assert refusal(cfg, 4, "CPU", 1, {}) == "--set parallel.gradient_accumulation_steps=2, or 2 device(s) " \
-                                              "(parallel.data_parallel=2)"
+    assert (
+        refusal(cfg, 4, "CPU", 1, {}) == "--set parallel.gradient_accumulation_steps=2, or 2 device(s) "
+        "(parallel.data_parallel=2)"
+    )
     ascend = load_config(TINY, ["parallel.data_parallel=1", "train.micro_batch_size=2", "hardware=ascend910b"])
     assert refusal(ascend, 4, "Ascend", 1, {}).startswith("--set train.micro_batch_size=4,")
     two = load_config(TINY, ["train.micro_batch_size=2", "hardware=ascend910b"])
     assert refusal(two, 8, "Ascend", 2, {}).startswith("--set train.micro_batch_size=4,")
-    explicit = load_config(TINY, ["parallel.data_parallel=1", "train.micro_batch_size=2",
-                                  "train.global_batch_size=2"])
-    assert refusal(explicit, 6, "CPU", 1, {}) == ("--set parallel.gradient_accumulation_steps=3 --set "
-                                                  "train.global_batch_size=6, or 3 device(s) (parallel.data_parallel=3)")
+    explicit = load_config(TINY, ["parallel.data_parallel=1", "train.micro_batch_size=2", "train.global_batch_size=2"])
+    assert refusal(explicit, 6, "CPU", 1, {}) == (
+        "--set parallel.gradient_accumulation_steps=3 --set "
+        "train.global_batch_size=6, or 3 device(s) (parallel.data_parallel=3)"
+    )
 
 
 def test_more_workers_and_pipelines_keep_the_batch_with_fewer_micro_batches():
-    cfg = load_config(TINY, ["parallel.data_parallel=1", "train.micro_batch_size=2",
-                             "parallel.gradient_accumulation_steps=4"])
+    cfg = load_config(
+        TINY, ["parallel.data_parallel=1", "train.micro_batch_size=2", "parallel.gradient_accumulation_steps=4"]
+    )
     assert refusal(cfg, 4, "CPU", 1, {}) == "--set parallel.gradient_accumulation_steps=2"
     piped = load_config(MIXTRAL)  # dp8 x pp8, 128 micro batches of 1, train.global_batch_size 1024
     record = layout_record(piped, Layout.of(piped, "Ascend"))
     assert refusal(piped, 512, "Ascend", piped.devices, record) == (
         "--set parallel.micro_batch_num=64 --set train.global_batch_size=512, or 32 device(s) "
-        "(parallel.data_parallel=4)")
+        "(parallel.data_parallel=4)"
+    )

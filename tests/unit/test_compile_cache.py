@@ -1,7 +1,14 @@
 """The compile cache's key (mindscale/train/loop/compile_cache.py): what changes it and what does not."""
+
 from mindscale.config import REPO_ROOT, Layout, load_config
-from mindscale.train.loop.compile_cache import (CACHE_DIR, SHARED_DIR_ENV, SHARDED_SKIP, CompileCache, cache_key,
-                                                sources_digest)
+from mindscale.train.loop.compile_cache import (
+    CACHE_DIR,
+    SHARED_DIR_ENV,
+    SHARDED_SKIP,
+    CompileCache,
+    cache_key,
+    sources_digest,
+)
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
 
@@ -12,16 +19,34 @@ def key(*overrides, device="CPU", version="2.9.0", sources="s"):
 
 def test_the_key_changes_with_the_graph_config_device_version_and_sources():
     base = key()
-    changed = [key("model.hidden_size=256"), key("train.steps=300"), key("parallel.gradient_accumulation_steps=2"),
-               key("run.seed=1"), key(device="Ascend"), key(version="2.9.1"), key(sources="t")]
+    changed = [
+        key("model.hidden_size=256"),
+        key("train.steps=300"),
+        key("parallel.gradient_accumulation_steps=2"),
+        key("run.seed=1"),
+        key(device="Ascend"),
+        key(version="2.9.1"),
+        key(sources="t"),
+    ]
     assert base not in changed and len(set(changed)) == len(changed)
 
 
 def test_the_key_ignores_the_run_name_folders_logging_and_checkpoints():
     # a --max-restarts restart adds checkpoint.resume_step=null and keeps run.max_restarts: the same key
-    assert key("run.name=other", "run.output_dir=/elsewhere", "run.max_restarts=3", "run.hang_timeout_s=60",
-               "train.log_interval=1", "checkpoint.save_interval=2", "checkpoint.resume_step=null",
-               "profile.enable=true", "run.compile_cache=false") == key()
+    assert (
+        key(
+            "run.name=other",
+            "run.output_dir=/elsewhere",
+            "run.max_restarts=3",
+            "run.hang_timeout_s=60",
+            "train.log_interval=1",
+            "checkpoint.save_interval=2",
+            "checkpoint.resume_step=null",
+            "profile.enable=true",
+            "run.compile_cache=false",
+        )
+        == key()
+    )
 
 
 def test_the_sources_digest_sees_an_edit_of_a_model_file(tmp_path):
@@ -54,6 +79,7 @@ def test_a_shared_folder_holds_every_runs_keys_and_a_compiling_rank_locks_its_ow
     """MINDSCALE_COMPILE_CACHE_DIR: the keys' folders there, none pruned; while a rank compiles, another job's
     same rank waits for it (its lock), another rank does not."""
     import fcntl
+
     monkeypatch.setattr("sys.argv", [__file__])
     monkeypatch.setenv(SHARED_DIR_ENV, str(tmp_path / "shared"))
     (tmp_path / "shared" / "0123456789abcdef" / "rank_0").mkdir(parents=True)

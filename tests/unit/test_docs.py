@@ -1,4 +1,5 @@
 """Generated docs are current: README's scale-config table and docs/config.md come from commands."""
+
 import importlib.util
 
 from mindscale.config import REPO_ROOT, reference_markdown

@@ -1,5 +1,6 @@
 """mindscale/perf/flops.py against published numbers: parameter counts, the Megatron FLOPs formulas, and
 the MFU/HFU figures of Korthikanti et al. 2022 and PaLM (Chowdhery et al. 2022)."""
+
 import math
 
 import pytest
@@ -9,13 +10,29 @@ from mindscale.config import REPO_ROOT, Layout, ModelConfig, load_config
 
 
 def llama(vocab, h, layers, heads, ffn, kv=None, seq=4096):
-    return ModelConfig(arch="llama", vocab_size=vocab, hidden_size=h, num_layers=layers, num_heads=heads,
-                       num_kv_heads=kv, ffn_hidden_size=ffn, seq_length=seq)
+    return ModelConfig(
+        arch="llama",
+        vocab_size=vocab,
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        ffn_hidden_size=ffn,
+        seq_length=seq,
+    )
 
 
 def gpt(h, layers, heads, vocab=51200, seq=2048):
-    return ModelConfig(arch="gpt", vocab_size=vocab, hidden_size=h, num_layers=layers, num_heads=heads,
-                       ffn_hidden_size=4 * h, seq_length=seq, tie_embeddings=True)
+    return ModelConfig(
+        arch="gpt",
+        vocab_size=vocab,
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=heads,
+        ffn_hidden_size=4 * h,
+        seq_length=seq,
+        tie_embeddings=True,
+    )
 
 
 # Released checkpoints' parameter counts (Hugging Face model cards / safetensors index totals).
@@ -45,16 +62,27 @@ def _sig(x: float, digits: int) -> float:
     return float(f"{x:.{digits}g}")
 
 
-@pytest.mark.parametrize("h,layers,heads,label,digits", [
-    (768, 12, 12, 125e6, 3), (2048, 24, 16, 1.3e9, 2), (5120, 40, 40, 13e9, 2), (12288, 96, 96, 175e9, 3)])
+@pytest.mark.parametrize(
+    "h,layers,heads,label,digits",
+    [(768, 12, 12, 125e6, 3), (2048, 24, 16, 1.3e9, 2), (5120, 40, 40, 13e9, 2), (12288, 96, 96, 175e9, 3)],
+)
 def test_gpt3_table_2_1_sizes_to_the_papers_rounding(h, layers, heads, label, digits):
     """GPT-3 Table 2.1 (vocab 50,257, context 2048; 13B at the consistent width 40 x 128 = 5120)."""
     assert _sig(flops.param_count(gpt(h, layers, heads, vocab=50257)), digits) == label
 
 
-@pytest.mark.parametrize("h,layers,heads,billions", [
-    (6144, 40, 48, 18.4), (8192, 48, 64, 39.1), (10240, 60, 80, 76.1), (12288, 80, 96, 145.6),
-    (16384, 96, 128, 310.1), (20480, 105, 128, 529.6), (25600, 128, 160, 1008.0)])
+@pytest.mark.parametrize(
+    "h,layers,heads,billions",
+    [
+        (6144, 40, 48, 18.4),
+        (8192, 48, 64, 39.1),
+        (10240, 60, 80, 76.1),
+        (12288, 80, 96, 145.6),
+        (16384, 96, 128, 310.1),
+        (20480, 105, 128, 529.6),
+        (25600, 128, 160, 1008.0),
+    ],
+)
 def test_narayanan_2021_table_1_parameter_counts(h, layers, heads, billions):
     """Narayanan et al. 2021 Table 1 (vocab 51,200, seq 2048), to its 0.1B rounding."""
     assert round(flops.param_count(gpt(h, layers, heads)) / 1e9, 1) == billions
@@ -62,7 +90,7 @@ def test_narayanan_2021_table_1_parameter_counts(h, layers, heads, billions):
 
 def test_matmul_params_exclude_embedding_lookup_and_positions_but_count_tied_output_once():
     m = gpt(768, 12, 12, vocab=50257)
-    assert flops.matmul_param_count(m) == 12 * 12 * 768 ** 2 + 50257 * 768
+    assert flops.matmul_param_count(m) == 12 * 12 * 768**2 + 50257 * 768
     untied = llama(32000, 4096, 32, 32, 11008)
     assert flops.param_count(untied) - flops.matmul_param_count(untied) == 32000 * 4096 + 65 * 4096
 
@@ -76,14 +104,17 @@ def test_generalised_flops_equal_the_papers_formulas_for_mha_gpt(name):
     h, layers, heads = MEGATRON[name]
     m, batch, seq, vocab = gpt(h, layers, heads), 512, 2048, 51200
     tokens = batch * seq
-    cases = [("none", flops.megatron_model_flops_per_iteration),
-             ("selective", flops.korthikanti_selective_flops_per_iteration),
-             ("full", flops.narayanan_full_flops_per_iteration)]
+    cases = [
+        ("none", flops.megatron_model_flops_per_iteration),
+        ("selective", flops.korthikanti_selective_flops_per_iteration),
+        ("full", flops.narayanan_full_flops_per_iteration),
+    ]
     for mode, paper in cases:
         ours = flops.hardware_flops_per_token(m, mode, 0 if mode == "none" else layers) * tokens
         assert ours == pytest.approx(paper(batch, layers, seq, h, vocab), rel=1e-12), mode
     assert flops.model_flops_per_token(m) * tokens == pytest.approx(
-        flops.megatron_model_flops_per_iteration(batch, layers, seq, h, vocab), rel=1e-12)
+        flops.megatron_model_flops_per_iteration(batch, layers, seq, h, vocab), rel=1e-12
+    )
 
 
 def test_gqa_and_swiglu_generalise_through_the_matmul_count():
@@ -111,13 +142,23 @@ def test_int_recompute_layers_count_per_pipeline_stage(mode):
     """recompute.layers: 1 over 4 stages of 2 layers recomputes the first layer of every stage: the
     Layout says 4 layers, and HFU counts 4 (not 1). Tiny LLaMA: h 128, 4 heads of 32, 2 kv heads, SwiGLU
     352, vocab 2048, seq 128, 8 layers."""
-    cfg = load_config(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml", [
-        "hardware=ascend910b", "model.num_layers=8", "parallel.data_parallel=1", "parallel.pipeline_stage=4",
-        "parallel.micro_batch_num=4", f"recompute.mode={mode}", "recompute.layers=1", "train.global_batch_size=null"])
+    cfg = load_config(
+        REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml",
+        [
+            "hardware=ascend910b",
+            "model.num_layers=8",
+            "parallel.data_parallel=1",
+            "parallel.pipeline_stage=4",
+            "parallel.micro_batch_num=4",
+            f"recompute.mode={mode}",
+            "recompute.layers=1",
+            "train.global_batch_size=null",
+        ],
+    )
     layout = Layout.of(cfg)
     assert layout.layers_per_stage == (2, 2, 2, 2) and layout.recomputed == (0, 2, 4, 6)
-    layer_n = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 352          # q, o; k, v; gate, up, down
-    core = 12 * 128 * 128                                            # 12·H·Q·T of one layer
+    layer_n = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 352  # q, o; k, v; gate, up, down
+    core = 12 * 128 * 128  # 12·H·Q·T of one layer
     model = 6 * (8 * layer_n + 128 * 2048) + 8 * core
     extra = 4 * (core if mode == "selective" else 2 * layer_n + core / 3)
     by_hand = model + extra
@@ -130,8 +171,12 @@ def test_int_recompute_layers_count_per_pipeline_stage(mode):
 
 # Korthikanti et al. 2022, Table 5 (selective recompute + sequence parallel, A100 peak 312 TFLOP/s):
 # GPUs, global batch, iteration time in s, MFU %, HFU %.
-KORTHIKANTI_TABLE = {"22B": (8, 4, 1.10, 41.5, 43.7), "175B": (64, 64, 13.75, 51.4, 52.8),
-                     "530B": (280, 280, 37.83, 56.0, 57.0), "1T": (512, 512, 71.49, 56.3, 57.0)}
+KORTHIKANTI_TABLE = {
+    "22B": (8, 4, 1.10, 41.5, 43.7),
+    "175B": (64, 64, 13.75, 51.4, 52.8),
+    "530B": (280, 280, 37.83, 56.0, 57.0),
+    "1T": (512, 512, 71.49, 56.3, 57.0),
+}
 
 
 def published_mfu_bracket(name, recompute):
@@ -163,7 +208,7 @@ def test_palm_540b_mfu():
     PaLM's width (48 heads of 256 in d_model 18432, multi-query, SwiGLU 4·d, shared embedding) is not
     a ModelConfig (head dim = hidden / heads there), so N comes from its dims directly."""
     d, layers, heads, head_dim, ffn, vocab = 18432, 118, 48, 256, 4 * 18432, 256000
-    per_layer = 2 * d * heads * head_dim + 2 * d * head_dim + 3 * d * ffn   # q, o; one k/v head; SwiGLU
+    per_layer = 2 * d * heads * head_dim + 2 * d * head_dim + 3 * d * ffn  # q, o; one k/v head; SwiGLU
     n = layers * per_layer + vocab * d
     assert round(n / 1e9, 2) == 540.35
     per_token = flops.palm_flops_per_token(n, layers, heads, head_dim, 2048)

@@ -4,6 +4,7 @@ Every import counts, also one inside a function (a lazy import is still a depend
 import its own package and the layers listed below its own; an import of a layer above, and any loop
 of modules importing each other, fails with the modules named.
 """
+
 from __future__ import annotations
 
 import ast
@@ -36,8 +37,10 @@ def import_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in files else node.module
-                         for alias in node.names]
+                names = [
+                    f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in files else node.module
+                    for alias in node.names
+                ]
             else:
                 continue
             imported |= {name for name in names if name.split(".")[0] in PACKAGES and name in files}
@@ -47,8 +50,12 @@ def import_graph() -> dict[str, set[str]]:
 
 def layer_of(module: str, order: list[tuple[str, ...]]) -> int:
     """Index in `order` (0 = top) of the longest package prefix that holds `module`."""
-    hits = [(len(package), i) for i, packages in enumerate(order) for package in packages
-            if module == package or module.startswith(package + ".")]
+    hits = [
+        (len(package), i)
+        for i, packages in enumerate(order)
+        for package in packages
+        if module == package or module.startswith(package + ".")
+    ]
     assert hits, f"{module} is in no layer of docs/design.md: add its package there"
     return max(hits)[1]
 
@@ -85,8 +92,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def upward_imports(graph, order) -> list[str]:
-    return sorted(f"{a} imports {b}" for a, imported in graph.items() for b in imported
-                  if layer_of(b, order) < layer_of(a, order))
+    return sorted(
+        f"{a} imports {b}" for a, imported in graph.items() for b in imported if layer_of(b, order) < layer_of(a, order)
+    )
 
 
 def test_every_import_goes_down_the_layers_of_design_md():
@@ -101,9 +109,12 @@ def test_no_modules_import_each_other():
 
 def test_the_checks_find_an_upward_import_and_a_loop():
     order = layer_order()
-    graph = {"mindscale.progress": {"mindscale.train.loop.metrics"}, "mindscale.train.loop.metrics": set(),
-             "mindscale.train.data.dataset": {"mindscale.train.data.tokenizers"},
-             "mindscale.train.data.tokenizers": {"mindscale.train.data.dataset"}}
+    graph = {
+        "mindscale.progress": {"mindscale.train.loop.metrics"},
+        "mindscale.train.loop.metrics": set(),
+        "mindscale.train.data.dataset": {"mindscale.train.data.tokenizers"},
+        "mindscale.train.data.tokenizers": {"mindscale.train.data.dataset"},
+    }
     assert upward_imports(graph, order) == ["mindscale.progress imports mindscale.train.loop.metrics"]
     assert cycles(graph) == [["mindscale.train.data.dataset", "mindscale.train.data.tokenizers"]]
     # mindscale.train's subpackages are layers of their own: checkpoints sit below the loop

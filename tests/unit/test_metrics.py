@@ -1,4 +1,5 @@
 """The step line's elapsed time and ETA (mindscale/train/loop/metrics.py), driven with real time."""
+
 import json
 import time
 
@@ -11,8 +12,10 @@ from tests.run_folder import PEAK_TFLOPS, TINY
 
 
 def test_eta_is_the_wall_clock_pace_since_the_last_line_times_the_steps_left(tmp_path, capsys):
-    cfg = load_config(TINY, [f"run.output_dir={tmp_path}", "train.steps=12", "train.log_interval=4",
-                             f"hardware.peak_tflops={PEAK_TFLOPS}"])
+    cfg = load_config(
+        TINY,
+        [f"run.output_dir={tmp_path}", "train.steps=12", "train.log_interval=4", f"hardware.peak_tflops={PEAK_TFLOPS}"],
+    )
     logger = MetricsLogger(cfg, tmp_path / "run", "CPU", write=True, first_step=0)
     pause = 0.05  # wall time per step, of which the step itself (step_time) is only 1 ms
     records = []
@@ -37,11 +40,15 @@ def test_clock():
 
 
 def test_data_wait_is_the_mean_per_step_of_its_window_and_on_the_step_line(tmp_path, capsys):
-    cfg = load_config(TINY, [f"run.output_dir={tmp_path}", "train.steps=4", "train.log_interval=2",
-                             f"hardware.peak_tflops={PEAK_TFLOPS}"])
+    cfg = load_config(
+        TINY,
+        [f"run.output_dir={tmp_path}", "train.steps=4", "train.log_interval=2", f"hardware.peak_tflops={PEAK_TFLOPS}"],
+    )
     logger = MetricsLogger(cfg, tmp_path / "run", "CPU", write=True, first_step=0)
-    records = [logger.step(step, 5.0, 1.0, 0.01, False, 1e-3, 1.0, data_wait=wait)
-               for step, wait in zip(range(1, 5), (0.5, 0.001, 0.003, 0.002))]
+    records = [
+        logger.step(step, 5.0, 1.0, 0.01, False, 1e-3, 1.0, data_wait=wait)
+        for step, wait in zip(range(1, 5), (0.5, 0.001, 0.003, 0.002))
+    ]
     assert [(r["step"], r["data_wait_s"]) for r in records if r] == [(1, 0.5), (2, 0.001), (4, pytest.approx(0.0025))]
     lines = capsys.readouterr().out.splitlines()
     assert " step 10 ms data 500.0 ms " in lines[0] and " step 10 ms data 2.5 ms " in lines[-1]

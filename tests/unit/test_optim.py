@@ -1,4 +1,5 @@
 """Learning-rate schedule and weight-decay grouping."""
+
 import math
 
 import pytest
@@ -39,7 +40,8 @@ def test_raising_train_steps_on_resume_says_where_the_cosine_moved():
     assert lr_at(59, TrainConfig(**saved)) == pytest.approx(3.04e-4, rel=1e-3)
     assert schedule_change(saved, longer, 60) == (
         "learning rate: step 61 runs at 9.750e-04 on this config's schedule, 3.000e-04 on the checkpoint's "
-        "(train.steps 60 -> 80); the schedule is recomputed from the config's train keys")
+        "(train.steps 60 -> 80); the schedule is recomputed from the config's train keys"
+    )
     assert schedule_change(saved, TrainConfig(**saved), 60) is None
     assert schedule_change({**saved, "log_interval": 1}, TrainConfig(**saved), 30) is None  # not a schedule key
     constant = {**saved, "lr_schedule": "constant"}

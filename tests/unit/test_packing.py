@@ -1,4 +1,5 @@
 """Packed SFT examples attend only within themselves (composite attention + segment_ids)."""
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -11,9 +12,17 @@ from mindscale.config import REPO_ROOT, load_config
 @pytest.fixture(scope="module")
 def network():
     ms.set_context(mode=ms.GRAPH_MODE)
-    cfg = load_config(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml",
-                      ["parallel.data_parallel=1", "model.num_layers=2", "model.hidden_size=64",
-                       "model.vocab_size=128", "model.seq_length=16", "model.ffn_hidden_size=128"])
+    cfg = load_config(
+        REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml",
+        [
+            "parallel.data_parallel=1",
+            "model.num_layers=2",
+            "model.hidden_size=64",
+            "model.vocab_size=128",
+            "model.seq_length=16",
+            "model.ffn_hidden_size=128",
+        ],
+    )
     ms.set_seed(0)
     return models.build_train_network(cfg)
 

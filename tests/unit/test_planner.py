@@ -1,5 +1,6 @@
 """mindscale/perf/planner/ and tools/plan.py: the Korthikanti et al. 2022 activation model, the MindSpore
 adjustments, per-stage memory, the prediction arithmetic, re-planning, search and the CLI."""
+
 import contextlib
 import dataclasses
 import io
@@ -20,7 +21,7 @@ from tests import shared
 LLAMA2_70B = REPO_ROOT / "configs" / "llama2" / "llama2_70b.yaml"
 LLAMA2_7B = REPO_ROOT / "configs" / "llama2" / "llama2_7b.yaml"
 TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
-GIB = 2 ** 30
+GIB = 2**30
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,10 +56,18 @@ def test_full_recompute_keeps_the_layer_input_2sbh():
 
 def test_flash_attention_drops_the_score_matrix():
     """FlashAttentionScore keeps no s x s scores: memory grows linearly in s, composite quadratically."""
-    flash = [planner.layer_activation_bytes(s, 1, 4096, 32, 8, 11008, mlp="swiglu", flash=True,
-                                            dtypes=planner.mindspore_dtypes("bfloat16")) for s in (2048, 4096)]
-    composite = [planner.layer_activation_bytes(s, 1, 4096, 32, 8, 11008, mlp="swiglu",
-                                                dtypes=planner.mindspore_dtypes("bfloat16")) for s in (2048, 4096)]
+    flash = [
+        planner.layer_activation_bytes(
+            s, 1, 4096, 32, 8, 11008, mlp="swiglu", flash=True, dtypes=planner.mindspore_dtypes("bfloat16")
+        )
+        for s in (2048, 4096)
+    ]
+    composite = [
+        planner.layer_activation_bytes(
+            s, 1, 4096, 32, 8, 11008, mlp="swiglu", dtypes=planner.mindspore_dtypes("bfloat16")
+        )
+        for s in (2048, 4096)
+    ]
     assert flash[1] == pytest.approx(2 * flash[0])
     assert composite[1] > 3 * composite[0]
 
@@ -107,13 +116,30 @@ def cfg70():
 
 def test_plan_has_the_design_keys(cfg70):
     result = planner.plan(cfg70)
-    for key in ("params", "flops_per_token", "hflops_per_token", "memory_gib", "device_memory_gib", "fits",
-                "comm_bytes_per_step", "predicted"):
+    for key in (
+        "params",
+        "flops_per_token",
+        "hflops_per_token",
+        "memory_gib",
+        "device_memory_gib",
+        "fits",
+        "comm_bytes_per_step",
+        "predicted",
+    ):
         assert key in result
-    assert set(result["memory_gib"]) == {"weights", "grads", "optimizer", "transient", "activations", "reserve",
-                                         "total"}
+    assert set(result["memory_gib"]) == {
+        "weights",
+        "grads",
+        "optimizer",
+        "transient",
+        "activations",
+        "reserve",
+        "total",
+    }
     assert result["params"] == 68_976_648_192
-    assert result["memory_gib"]["total"] == pytest.approx(sum(v for k, v in result["memory_gib"].items() if k != "total"))
+    assert result["memory_gib"]["total"] == pytest.approx(
+        sum(v for k, v in result["memory_gib"].items() if k != "total")
+    )
 
 
 def test_first_stage_holds_pipeline_stage_micro_batches_in_flight(cfg70):
@@ -132,15 +158,15 @@ def test_optimizer_sharding_cuts_parameters_of_64_kib_and_more_over_their_replic
     both = planner.with_overrides(cfg70, ["parallel.gradient_accumulation_shard=true"])
     on, off_mem, both_mem = (planner.stage_memory(c, 1) for c in (cfg70, off, both))
     params = planner.stage_params(cfg70)[1]
-    assert off_mem["optimizer"] == 2 * 4 * params                          # two fp32 moments, whole
-    assert off_mem["weights"] == off_mem["grads"] == 4 * params              # fp32 master; fp32 accumulation buffers
+    assert off_mem["optimizer"] == 2 * 4 * params  # two fp32 moments, whole
+    assert off_mem["weights"] == off_mem["grads"] == 4 * params  # fp32 master; fp32 accumulation buffers
     slices = [p for p in planner.parameter_slices(cfg70) if 1 in p.stages]
     small = sum(math.prod(p.local) for p in slices if math.prod(p.shape) * 4 < 64 * 1024)
     d = cfg70.parallel.data_parallel
     sharded = 4 * ((params - small) // d + small)
     assert small and on["optimizer"] == 2 * sharded and on["weights"] == sharded
-    assert on["grads"] == 4 * params and both_mem["grads"] == sharded       # the buffers whole, or sharded too
-    assert on["transient"] > off_mem["transient"] > 0                       # bf16 copies; gathered under the shard
+    assert on["grads"] == 4 * params and both_mem["grads"] == sharded  # the buffers whole, or sharded too
+    assert on["transient"] > off_mem["transient"] > 0  # bf16 copies; gathered under the shard
 
 
 def test_per_stage_recompute_list_lowers_only_those_stages(cfg70):
@@ -153,7 +179,9 @@ def test_per_stage_recompute_list_lowers_only_those_stages(cfg70):
 
 def test_fits_compares_against_the_margin_of_memory_after_the_reserve(cfg70):
     hw = cfg70.hardware
-    assert planner.memory_budget_gib(cfg70) == pytest.approx(hw.memory_reserve_gib + (hw.memory_gib - hw.memory_reserve_gib) * hw.memory_margin)
+    assert planner.memory_budget_gib(cfg70) == pytest.approx(
+        hw.memory_reserve_gib + (hw.memory_gib - hw.memory_reserve_gib) * hw.memory_margin
+    )
     tight = planner.with_overrides(cfg70, ["hardware.memory_gib=32"])
     assert planner.plan(cfg70)["fits"] and not planner.plan(tight)["fits"]
 
@@ -176,7 +204,7 @@ def test_prediction_without_parallelism_is_flops_over_efficient_peak():
     tokens = cfg.samples_per_step * cfg.model.seq_length
     hardware_flops = flops.hardware_flops_per_token(cfg.model, "none", 0)
     assert pred["step_time_s"] == pytest.approx(tokens * hardware_flops / (313e12 * 0.5))
-    assert pred["mfu"] == pytest.approx(0.5)   # no recompute, no communication: MFU = efficiency
+    assert pred["mfu"] == pytest.approx(0.5)  # no recompute, no communication: MFU = efficiency
 
 
 def busy_s(pred: dict) -> float:
@@ -207,8 +235,17 @@ V2_OFFSET = "parallel.stage_offset=[[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],[1,1,1,1,1
 @pytest.fixture(scope="module")
 def cfg405():
     """The paper's degrees as plain 1F1B: 16 stages of 7, 8 x 14, 7 layers, no recompute."""
-    return load_config(LLAMA3_405B, [*PAPER_DEGREES, "recompute.mode=none", "recompute.layers=null", "parallel.pipeline_interleave=1",
-                                     "parallel.stage_offset=[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]", "offload.layers=0"])
+    return load_config(
+        LLAMA3_405B,
+        [
+            *PAPER_DEGREES,
+            "recompute.mode=none",
+            "recompute.layers=null",
+            "parallel.pipeline_interleave=1",
+            "parallel.stage_offset=[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]",
+            "offload.layers=0",
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -226,8 +263,9 @@ def test_interleaved_bubble_is_p_minus_1_over_v_m(cfg405, cfg405_v2):
         pred = planner.plan(cfg)["predicted"]
         assert pred["bubble_fraction"] == pytest.approx(15 / (32 if slots == 47 else 64))
         parts = pred["step_breakdown_s"]
-        assert busy_s(pred) * slots / 32 == pytest.approx(pred["step_time_s"] - parts["pipeline_sends"]
-                                                          - parts["data_parallel_exposed"])
+        assert busy_s(pred) * slots / 32 == pytest.approx(
+            pred["step_time_s"] - parts["pipeline_sends"] - parts["data_parallel_exposed"]
+        )
 
 
 def test_in_flight_forwards_follow_megatrons_warm_up():
@@ -240,7 +278,7 @@ def test_in_flight_forwards_follow_megatrons_warm_up():
     assert [planner.in_flight_forwards(4, 1, 8, k) for k in range(4)] == [4, 3, 2, 1]
     assert planner.in_flight_forwards(4, 2, 2, 0) == 4
     assert planner.in_flight_forwards(4, 2, 8, 0) / 2 == 4 * (1 + 3 / (4 * 2))
-    assert planner.chunk_forwards(4, 2, 11) == [4 + 3, 4]   # chunks 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0
+    assert planner.chunk_forwards(4, 2, 11) == [4 + 3, 4]  # chunks 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0
     assert planner.chunk_forwards(4, 1, 3) == [3] and planner.chunk_forwards(2, 3, 13) == [5, 4, 4]
 
 
@@ -274,11 +312,11 @@ def test_interleave_leaves_weights_and_memory_of_v1_untouched(cfg405, cfg405_v2)
 
 def test_interleaved_offset_splits_each_stage_over_its_chunks():
     assert planner.interleaved_offset(126, 16, 1) == [0] + [1] * 14 + [0]
-    assert planner.interleaved_offset(96, 16, 2) == 0                        # 6 layers a stage: per stage
+    assert planner.interleaved_offset(96, 16, 2) == 0  # 6 layers a stage: per stage
     assert planner.interleaved_offset(126, 16, 2) == [[0] + [1] * 14 + [0], [1] * 16]
-    assert planner.interleaved_offset(80, 8, 4) == [[0] * 8, [0] * 8, [1] * 8, [1] * 8]   # 10 = 2 + 2 + 3 + 3
+    assert planner.interleaved_offset(80, 8, 4) == [[0] * 8, [0] * 8, [1] * 8, [1] * 8]  # 10 = 2 + 2 + 3 + 3
     assert planner.interleave_choices(126, 16, 32) == [1, 2, 3, 4, 5, 6, 7]
-    assert planner.interleave_choices(126, 16, 24) == [1]                    # m not a multiple of p
+    assert planner.interleave_choices(126, 16, 24) == [1]  # m not a multiple of p
     assert planner.interleave_choices(126, 1, 32) == [1]
 
 
@@ -291,11 +329,23 @@ def test_search_interleaves_llama3_405b_and_offloads_more_than_it_recomputes(cfg
     assert lay["pipeline_interleave"] > 1 and best["plan"]["fits"] and best["plan"]["offload"]["fits"]
     assert all(o > r for o, r in zip(lay["offload_layers"], lay["recompute_layers"]))
     assert pred["offload_exposed_s"] == 0
-    assert pred["mfu"] > 0.38 > planner.plan(load_config(
-        LLAMA3_405B, [*PAPER_DEGREES, "parallel.pipeline_interleave=1",
-                      "parallel.stage_offset=[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]",
-                      "offload.layers=0", "recompute.mode=full",
-                      "recompute.layers=[4,5,5,4,4,3,3,2,1,0,0,0,0,0,0,0]"]))["predicted"]["mfu"]
+    assert (
+        pred["mfu"]
+        > 0.38
+        > planner.plan(
+            load_config(
+                LLAMA3_405B,
+                [
+                    *PAPER_DEGREES,
+                    "parallel.pipeline_interleave=1",
+                    "parallel.stage_offset=[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]",
+                    "offload.layers=0",
+                    "recompute.mode=full",
+                    "recompute.layers=[4,5,5,4,4,3,3,2,1,0,0,0,0,0,0,0]",
+                ],
+            )
+        )["predicted"]["mfu"]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,7 +360,7 @@ def test_an_offloaded_layer_keeps_q_k_v_and_two_layers_travel(cfg405):
     kept = planner._model_layer_activation_bytes(cfg405, "none", True)
     moved, resident = planner.offloaded_layer_bytes(off), planner.offload_resident_bytes(off)
     m = cfg405.model
-    assert resident == 8192 * (m.num_heads + 2 * m.kv_heads) * m.head_size / 8 * 2   # q, k, v of one rank
+    assert resident == 8192 * (m.num_heads + 2 * m.kv_heads) * m.head_size / 8 * 2  # q, k, v of one rank
     # everything the layer keeps but Q, K and V moves (tests/dryrun/test_offload.py), its gathered inputs too
     assert moved == kept - resident
     assert planner.stage_memory(off, 9)["activations"] == pytest.approx(7 * (5 * kept + 3 * resident) + 2 * moved)
@@ -352,10 +402,21 @@ def test_llama3_405b_offloads_within_device_and_host_memory_at_38_percent():
     slow = planner.plan(load_config(LLAMA3_405B, ["hardware.host_link_gbps=2.5"]))["predicted"]
     assert slow["offload_exposed_s"] > 0
     assert slow["step_time_s"] == pytest.approx(pred["step_time_s"] + slow["offload_exposed_s"])
-    paper = planner.plan(load_config(LLAMA3_405B, [
-        *PAPER_DEGREES, "parallel.pipeline_interleave=7", "offload.layers=5",
-        "parallel.stage_offset=[" + ",".join(["[" + ",".join(["0"] * 16) + "]"] * 6) + ",[0"
-        + ",1" * 14 + ",0]]"]))
+    paper = planner.plan(
+        load_config(
+            LLAMA3_405B,
+            [
+                *PAPER_DEGREES,
+                "parallel.pipeline_interleave=7",
+                "offload.layers=5",
+                "parallel.stage_offset=["
+                + ",".join(["[" + ",".join(["0"] * 16) + "]"] * 6)
+                + ",[0"
+                + ",1" * 14
+                + ",0]]",
+            ],
+        )
+    )
     assert paper["fits"] and paper["predicted"]["mfu"] < pred["mfu"]
 
 
@@ -371,8 +432,9 @@ def test_data_parallel_gradient_bytes_follow_the_compiled_collectives(cfg70):
     share = (d - 1) / d
     assert planner.communication(plain, 1)["dp_grad_reduce"] == pytest.approx(2 * share * params * 4, rel=1e-3)
     assert planner.communication(cfg70, 1)["dp_grad_reduce"] == pytest.approx(share * params * (4 + 2), rel=1e-3)
-    assert planner.communication(per_micro, 1)["dp_grad_reduce"] == pytest.approx(share * params * (4 * micro + 2),
-                                                                                  rel=1e-3)
+    assert planner.communication(per_micro, 1)["dp_grad_reduce"] == pytest.approx(
+        share * params * (4 * micro + 2), rel=1e-3
+    )
     x = 4096 * 1 * 8192 * 2
     assert planner.communication(cfg70, 1)["tp_per_layer"] == pytest.approx(4 * 2 * 3 / 4 * x)
     # recompute.comm: stage 0 (one of its 10 layers fully recomputed) repeats, per micro batch, both all-gathers
@@ -416,7 +478,7 @@ def test_search_llama2_70b_gives_fitting_ready_to_use_layouts(cfg70, devices):
         assert ("within 1 GiB of the budget" in line) == (headroom < 1)
         assert (f"{speeds[rank - 1] / speeds[0] - 1:+.1%} vs layout 1" in line) == (rank > 1)
     for entry in found:
-        applied = load_config(LLAMA2_70B, entry["overrides"])      # the --set lines work as printed
+        applied = load_config(LLAMA2_70B, entry["overrides"])  # the --set lines work as printed
         again = planner.plan(applied)
         assert again["fits"] and applied.devices == devices
         assert applied.samples_per_step == cfg70.samples_per_step
@@ -463,6 +525,7 @@ def test_cli_cpu_config_with_explicit_peak(capsys):
 def readme_table() -> str:
     """`tools/plan.py --readme-table`'s output (what scripts/update_docs.py puts in the README), planned once a
     session (tests/shared.py): test_docs.py compares it with the README."""
+
     def table():
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
@@ -479,25 +542,34 @@ def test_readme_table_lists_every_shipped_config():
     assert len(plan_cli.shipped_configs()) == 29  # with llama3_1_8b_128k, llama3_1_70b_128k and the four MoE configs
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--config", "configs/nope.yaml"], "does not exist"),
-    (["--config", str(LLAMA2_70B), "--devices", "100"], "not a multiple"),
-    (["--config", str(LLAMA2_70B), "--search", "--devices", "8"], "no layout"),
-    (["--config", str(LLAMA2_70B), "--set", "parallel.model_parallel=3"], "model_parallel"),
-    (["--config", str(LLAMA2_70B), "--set", "hardware.matmul_efficiency=1.5"], "matmul_efficiency=1.5: must be in"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--config", "configs/nope.yaml"], "does not exist"),
+        (["--config", str(LLAMA2_70B), "--devices", "100"], "not a multiple"),
+        (["--config", str(LLAMA2_70B), "--search", "--devices", "8"], "no layout"),
+        (["--config", str(LLAMA2_70B), "--set", "parallel.model_parallel=3"], "model_parallel"),
+        (["--config", str(LLAMA2_70B), "--set", "hardware.matmul_efficiency=1.5"], "matmul_efficiency=1.5: must be in"),
+    ],
+)
 @pytest.mark.integration
 def test_cli_bad_input_is_one_line_exit_2(argv, needle):
-    proc = subprocess.run([sys.executable, "tools/plan.py", *argv], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "tools/plan.py", *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
 
 
 @pytest.mark.integration
 def test_strategies_flag_prints_the_models_sharding_table():
-    out = subprocess.run([sys.executable, "tools/plan.py", "--config", "configs/llama2/llama2_70b.yaml", "--strategies"],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "tools/plan.py", "--config", "configs/llama2/llama2_70b.yaml", "--strategies"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "layers.*.attention.wq      colwise   matmul              ((4,1),(4,1))" in out.stdout
     assert "stage 7: layers 70-79 (10)" in out.stdout
@@ -511,9 +583,20 @@ def test_context_parallel_counts_its_tokens_the_gathered_kv_and_its_devices():
     the other 7 ranks; it sends (c-1)/c of the whole-sequence K and V forward and of their gradients back."""
     cfg = load_config(LLAMA3_1_8B_128K)
     m, c, t = cfg.model, cfg.parallel.context_parallel, cfg.parallel.model_parallel
-    local = planner.layer_activation_bytes(m.seq_length // c, 1, m.hidden_size, m.num_heads, m.kv_heads,
-                                           m.ffn_hidden_size, mlp="swiglu", t=t, sp=True, flash=True,
-                                           dtypes=planner.mindspore_dtypes("bfloat16"), gathered=True)
+    local = planner.layer_activation_bytes(
+        m.seq_length // c,
+        1,
+        m.hidden_size,
+        m.num_heads,
+        m.kv_heads,
+        m.ffn_hidden_size,
+        mlp="swiglu",
+        t=t,
+        sp=True,
+        flash=True,
+        dtypes=planner.mindspore_dtypes("bfloat16"),
+        gathered=True,
+    )
     kv_whole = 2 * m.seq_length * m.kv_heads * m.head_size / t * 2  # K and V of the whole sequence, bf16
     assert planner._model_layer_activation_bytes(cfg, "none", True) == local + kv_whole * (c - 1) / c
     assert planner.communication(cfg, 0)["cp_per_layer"] == 2 * (c - 1) / c * kv_whole
@@ -534,8 +617,10 @@ def test_dense_first_layers_are_sized_as_dense_layers_and_the_rest_with_experts(
     from models import CausalLM
     from mindscale.config import Layout
 
-    cfg = load_config(REPO_ROOT / "configs" / "tiny" / "deepseek_v3_tiny.yaml",
-                      ["model.num_layers=3", "model.moe.dense_layers=2", "parallel.data_parallel=1"])
+    cfg = load_config(
+        REPO_ROOT / "configs" / "tiny" / "deepseek_v3_tiny.yaml",
+        ["model.num_layers=3", "model.moe.dense_layers=2", "parallel.data_parallel=1"],
+    )
     with no_init_parameters():
         model = CausalLM(cfg.model, Layout.of(cfg, "CPU", world=1))
     built = {p.name: tuple(p.shape) for p in model.get_parameters()}
@@ -545,7 +630,8 @@ def test_dense_first_layers_are_sized_as_dense_layers_and_the_rest_with_experts(
     assert [p.name for p in biases] == ["layers.2.feed_forward.routing.router_bias"]
     assert flops.param_count(cfg.model) == sum(int(np.prod(s)) for s in built.values()) - cfg.model.moe.num_experts
     assert planner.layer_slice_params(cfg, Layout.of(cfg)) == sum(
-        int(np.prod(s)) for name, s in built.items() if name.startswith("layers.2."))
+        int(np.prod(s)) for name, s in built.items() if name.startswith("layers.2.")
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -561,8 +647,18 @@ def test_step_is_the_sum_of_where_it_goes(cfg70, capsys):
     assert tuple(parts) == planner.BREAKDOWN
     assert pred["step_time_s"] == pytest.approx(sum(parts.values()))
     assert parts["tensor_parallel"] > 0 and parts["compute"] == pred["compute_s"]
-    assert pred["comm_exposed_s"] == pytest.approx(sum(parts[k] for k in (
-        "tensor_parallel", "expert_parallel", "context_parallel", "pipeline_sends", "data_parallel_exposed")))
+    assert pred["comm_exposed_s"] == pytest.approx(
+        sum(
+            parts[k]
+            for k in (
+                "tensor_parallel",
+                "expert_parallel",
+                "context_parallel",
+                "pipeline_sends",
+                "data_parallel_exposed",
+            )
+        )
+    )
     code, out = run_cli(capsys, "--config", str(LLAMA2_70B))
     assert code == 0
     line = next(x for x in out.out.splitlines() if x.strip().startswith("step "))
@@ -585,8 +681,7 @@ def test_narrow_matmuls_and_small_models_run_below_wide_ones():
     by its shape and the memory-bound passes by the activations, which do not shrink with the width: the small
     model runs well below the large one."""
     model = planner.SpeedModel.of(load_config(LLAMA2_7B))
-    assert model.calibrated and model.matmul(4096, 768, 768) < model.matmul(4096, 4096, 11008) < \
-        model.matmul_efficiency
+    assert model.calibrated and model.matmul(4096, 768, 768) < model.matmul(4096, 4096, 11008) < model.matmul_efficiency
     small = planner.plan(load_config(REPO_ROOT / "configs" / "gpt3" / "gpt3_125m.yaml"))["predicted"]
     large = planner.plan(load_config(LLAMA2_7B))["predicted"]
     assert small["mfu"] < 0.45 < large["mfu"]
@@ -602,7 +697,8 @@ def test_collectives_follow_hccls_mesh_and_hierarchical_cost():
     alpha, beta = hw.intra_node_latency_us * 1e-6, hw.inter_node_latency_us * 1e-6
     assert speed.collective_s(cfg, 2 * 7 / 8 * n, 8, 8, 2) == pytest.approx(2 * alpha + 2 * n / (8 * link))
     assert speed.collective_s(cfg, 2 * 15 / 16 * n, 16, 8, 2) == pytest.approx(
-        2 * n / (8 * link) + 2 * alpha + 2 * n / 2 / 8 / nic + 2 * beta)
+        2 * n / (8 * link) + 2 * alpha + 2 * n / 2 / 8 / nic + 2 * beta
+    )
     assert speed.collective_s(cfg, 7 / 8 * n, 8, 8, 1, alltoall=True) == pytest.approx(alpha + n / (8 * link))
     ring = planner.with_overrides(cfg, ["hardware.intra_node_mesh=false"])
     assert speed.collective_s(ring, 2 * 7 / 8 * n, 8, 8, 2) == pytest.approx(2 * alpha + 2 * 7 / 8 * n / link)
@@ -617,8 +713,19 @@ def test_published_table_cites_every_row_and_the_profile_carries_its_fit():
     rows = published.rows()
     assert len({r["id"] for r in rows}) == len(rows) >= 12
     for row in rows:
-        assert {"repository", "ref", "figure_file", "config_file", "hardware", "model", "seq_length", "cards",
-                "layout", "global_batch", "recompute"} <= set(row)
+        assert {
+            "repository",
+            "ref",
+            "figure_file",
+            "config_file",
+            "hardware",
+            "model",
+            "seq_length",
+            "cards",
+            "layout",
+            "global_batch",
+            "recompute",
+        } <= set(row)
         assert ("tokens_per_s_per_card" in row) or ("mfu" in row)
         assert ("mindscale" in row) != ("not_predicted" in row)
     predicted = published.predicted_rows()
@@ -630,6 +737,7 @@ def test_published_table_cites_every_row_and_the_profile_carries_its_fit():
 
     def loss(hw):
         return sum(math.log1p(e) ** 2 for _, _, e in published.errors(hw, only=fitting))
+
     best = loss(cfg.hardware)
     for key in ("matmul_efficiency", "attention_efficiency", "vector_ns_per_element"):
         for factor in (0.98, 1.02):
@@ -647,7 +755,11 @@ def test_plan_prints_the_published_figures_of_its_model_and_card_count(capsys):
     assert first["tokens_per_s_per_card"] == 4160 and "docs/model_cards/llama2.md" in first["source"]
     assert first["error"] == pytest.approx(first["predicted_tokens_per_s_per_card"] / 4160 - 1)
     code, out = run_cli(capsys, "--config", str(LLAMA2_7B))
-    assert "published by MindFormers (its claim, not a MindScale measurement; mindspore-lab/mindformers@r1.5.0 " \
-           "docs/model_cards/llama2.md" in out.out and "4,160 tokens/s per card" in out.out
+    assert (
+        "published by MindFormers (its claim, not a MindScale measurement; mindspore-lab/mindformers@r1.5.0 "
+        "docs/model_cards/llama2.md"
+        in out.out
+        and "4,160 tokens/s per card" in out.out
+    )
     code, out = run_cli(capsys, "--config", str(REPO_ROOT / "configs" / "llama2" / "llama2_13b.yaml"), "--json")
     assert code == 0 and json.loads(out.out)["published"] == []

@@ -1,5 +1,6 @@
 """CLI progress (mindscale/progress.py): plain lines when stderr is not a terminal, a tqdm bar on one (a real
 pty), nothing from work that is quick or fails; driven with real time."""
+
 import fcntl
 import io
 import os
@@ -24,8 +25,9 @@ def test_plain_lines_every_interval_and_at_the_end_of_a_long_stage():
     lines = out.getvalue().splitlines()
     assert "\r" not in out.getvalue() and len(lines) >= 3
     for line in lines[:-1]:
-        assert re.fullmatch(r"convert: reading hf: [1-5]/6 tensors \(\d+%, [\d.]+/s\) elapsed 0:00:00, ETA 0:00:00",
-                            line), line
+        assert re.fullmatch(
+            r"convert: reading hf: [1-5]/6 tensors \(\d+%, [\d.]+/s\) elapsed 0:00:00, ETA 0:00:00", line
+        ), line
     assert re.fullmatch(r"convert: reading hf: 6/6 tensors \(100%, [\d.]+/s\) in 0:00:00", lines[-1]), lines[-1]
 
 

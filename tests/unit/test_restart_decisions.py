@@ -1,5 +1,6 @@
 """The decisions behind restarts and hang detection, without processes: which rank is stalled, HCCL's
 timeouts from run.hang_timeout_s, the goodput buckets, and when a save window is healthy."""
+
 import json
 import math
 import os
@@ -52,20 +53,20 @@ def test_hccl_timeouts_wait_longer_than_the_launcher():
     assert hccl_timeouts(0)["HCCL_EXEC_TIMEOUT"] == "7200"
     longer = int(hccl_timeouts(9000)["HCCL_EXEC_TIMEOUT"])
     assert longer >= 9000 + 120 and longer % 68 == 0 and longer - 68 < 9000 + 120  # 910A rounds down to 68 s
-    assert hccl_timeouts(10 ** 6)["HCCL_EXEC_TIMEOUT"] == "17340"  # 910A's maximum
+    assert hccl_timeouts(10**6)["HCCL_EXEC_TIMEOUT"] == "17340"  # 910A's maximum
 
 
 def test_a_heartbeat_ledger_separates_compile_steps_and_saves(tmp_path, monkeypatch):
     now = [100.0]
     monkeypatch.setattr(time, "time", lambda: now[0])
     hb = Heartbeat(heartbeat_file(tmp_path, 3), rank=3)
-    hb.beat(4)             # resumed at step 4, before the first (compiling) step
+    hb.beat(4)  # resumed at step 4, before the first (compiling) step
     now[0] = 110.0
-    hb.beat(5)             # the first step took 10 s
+    hb.beat(5)  # the first step took 10 s
     now[0] = 112.0
-    hb.saved(1.5)          # a save after step 6 ...
+    hb.saved(1.5)  # a save after step 6 ...
     now[0] = 112.5
-    hb.beat(6)             # ... inside that step's 2.5 s
+    hb.beat(6)  # ... inside that step's 2.5 s
     record = json.loads(heartbeat_file(tmp_path, 3).read_text())
     assert (record["rank"], record["step"], record["compiling"], record["first_step"]) == (3, 6, False, 4)
     assert (record["first_step_s"], record["steps"], record["save_s"]) == (10.0, 1, 1.5)
@@ -86,18 +87,27 @@ def test_alive_refreshes_the_time_only(tmp_path, monkeypatch):
     hb.beat(1)
     before = json.loads(path.read_text())
     now[0] = 150.0
-    hb.alive()             # a validation batch 40 s after the step's beat
+    hb.alive()  # a validation batch 40 s after the step's beat
     record = json.loads(path.read_text())
     assert record["time"] == 150.0 and {**record, "time": before["time"]} == before
     assert watch.stalled(now=170.0) is None and watch.stalled(now=181.0).ranks == [0]
     now[0] = 160.0
-    hb.beat(2)             # the step's interval still counts from the beat, not from alive()
+    hb.beat(2)  # the step's interval still counts from the beat, not from alive()
     assert json.loads(path.read_text())["steps_s"] == pytest.approx(50.0)
 
 
 def ledger(first_step, step, started, first_step_s, steps_s, steps, save_s, compile_s=0.0, compile_cache="off"):
-    return dict(first_step=first_step, step=step, started=started, first_step_s=first_step_s, steps_s=steps_s,
-                steps=steps, save_s=save_s, compile_s=compile_s, compile_cache=compile_cache)
+    return dict(
+        first_step=first_step,
+        step=step,
+        started=started,
+        first_step_s=first_step_s,
+        steps_s=steps_s,
+        steps=steps,
+        save_s=save_s,
+        compile_s=compile_s,
+        compile_cache=compile_cache,
+    )
 
 
 def test_goodput_buckets_add_up_to_the_wall_time():
@@ -115,8 +125,9 @@ def test_goodput_buckets_add_up_to_the_wall_time():
 def test_goodput_counts_a_compile_cache_load_apart_from_a_compile():
     # attempt 1 compiles its step in 20 s (of its 25 s before the first heartbeat) and dies after step 3;
     # attempt 2 loads the step from the compile cache in 2 s; each first step waits 0.5 s more than a mean step
-    first = Attempt(0.0, 40.0, ledger(0, 3, 25.0, 1.5, 2.0, 2, 0.0, 20.0, "miss"), failed=True, committed=2,
-                    cause="rank 1 died")
+    first = Attempt(
+        0.0, 40.0, ledger(0, 3, 25.0, 1.5, 2.0, 2, 0.0, 20.0, "miss"), failed=True, committed=2, cause="rank 1 died"
+    )
     second = Attempt(41.0, 55.0, ledger(2, 6, 47.0, 1.5, 3.0, 3, 0.0, 2.0, "hit"), failed=False, committed=6)
     s = summarise([first, second], wall_s=55.0)
     assert s["compile_s"] == pytest.approx(20.5) and s["cache_load_s"] == pytest.approx(2.5)
@@ -129,13 +140,17 @@ def test_a_save_window_is_unhealthy_after_a_non_finite_loss_or_a_skip_streak():
     window = SaveWindow()
     for loss, skipped in [(2.0, False), (2.1, True), (2.0, False), (1.9, True), (1.9, True)]:
         window.add(loss, skipped)
-    assert window.close() == {"healthy": True, "health": {"steps": 5, "non_finite_losses": 0, "skipped_updates": 3,
-                                                          "longest_skip_streak": 2}}
+    assert window.close() == {
+        "healthy": True,
+        "health": {"steps": 5, "non_finite_losses": 0, "skipped_updates": 3, "longest_skip_streak": 2},
+    }
     window.add(1.8, True)  # the streak of the previous window goes on: 3 in a row
     assert window.close()["healthy"] is False
     window.add(math.nan, False)
-    assert window.close() == {"healthy": False, "health": {"steps": 1, "non_finite_losses": 1, "skipped_updates": 0,
-                                                           "longest_skip_streak": 0}}
+    assert window.close() == {
+        "healthy": False,
+        "health": {"steps": 1, "non_finite_losses": 1, "skipped_updates": 0, "longest_skip_streak": 0},
+    }
     window.add(1.7, False)
     assert window.close()["healthy"] is True
 
@@ -162,8 +177,12 @@ def test_a_restart_plan_drops_the_pinned_resume_step(tmp_path):
     from mindscale.launch.restarts import for_restart
     from tests.run_folder import TINY
 
-    plan = plan_distribute(str(TINY), "2", [f"run.output_dir={tmp_path}", "checkpoint.resume_step=4",
-                                            "run.max_restarts=2"], {"PATH": os.environ["PATH"]})
+    plan = plan_distribute(
+        str(TINY),
+        "2",
+        [f"run.output_dir={tmp_path}", "checkpoint.resume_step=4", "run.max_restarts=2"],
+        {"PATH": os.environ["PATH"]},
+    )
     again = for_restart(for_restart(plan))
     assert again.overrides.count("checkpoint.resume_step=null") == 1
     assert "checkpoint.resume_step=4" not in again.overrides and "run.max_restarts=2" in again.overrides

@@ -1,6 +1,7 @@
 """Every shipped scale config resolves, validates, fits its hardware per the planner, has the published
 parameter count, names its hardware and card count, and points to the reasoning for its layout in docs/layouts.md
 from a short header."""
+
 import itertools
 import re
 import subprocess
@@ -15,30 +16,50 @@ from mindscale.config import REPO_ROOT, Layout, load_config
 # File names are an interface. Published parameter counts: LLaMA, Qwen2.5, Qwen3, Mixtral and Qwen3-MoE exact
 # (released checkpoints: their safetensors index's total_size / 2 bytes); GPT to the label's significant figures (GPT-3 Table 2.1; Narayanan et al. 2021: 1008.0B).
 EXPECTED = {
-    "gpt3/gpt3_125m.yaml": (125e6, 3), "gpt3/gpt3_1.3b.yaml": (1.3e9, 2), "gpt3/gpt3_13b.yaml": (13e9, 2),
-    "gpt3/gpt3_175b.yaml": (175e9, 3), "gpt3/gpt_1t.yaml": (1008.0e9, 5),
-    "llama2/llama2_7b.yaml": 6_738_415_616, "llama2/llama2_13b.yaml": 13_015_864_320,
-    "llama2/llama2_70b.yaml": 68_976_648_192, "llama3/llama3_8b.yaml": 8_030_261_248,
-    "llama3/llama3_70b.yaml": 70_553_706_496, "llama3/llama3_405b.yaml": 405_853_388_800,
-    "llama3_1/llama3_1_8b.yaml": 8_030_261_248, "llama3_1/llama3_1_70b.yaml": 70_553_706_496,
+    "gpt3/gpt3_125m.yaml": (125e6, 3),
+    "gpt3/gpt3_1.3b.yaml": (1.3e9, 2),
+    "gpt3/gpt3_13b.yaml": (13e9, 2),
+    "gpt3/gpt3_175b.yaml": (175e9, 3),
+    "gpt3/gpt_1t.yaml": (1008.0e9, 5),
+    "llama2/llama2_7b.yaml": 6_738_415_616,
+    "llama2/llama2_13b.yaml": 13_015_864_320,
+    "llama2/llama2_70b.yaml": 68_976_648_192,
+    "llama3/llama3_8b.yaml": 8_030_261_248,
+    "llama3/llama3_70b.yaml": 70_553_706_496,
+    "llama3/llama3_405b.yaml": 405_853_388_800,
+    "llama3_1/llama3_1_8b.yaml": 8_030_261_248,
+    "llama3_1/llama3_1_70b.yaml": 70_553_706_496,
     "llama3_1/llama3_1_405b.yaml": 405_853_388_800,
-    "llama3_1/llama3_1_8b_128k.yaml": 8_030_261_248, "llama3_1/llama3_1_70b_128k.yaml": 70_553_706_496,
-    "llama3_2/llama3_2_1b.yaml": 1_235_814_400, "llama3_2/llama3_2_3b.yaml": 3_212_749_824,
-    "qwen2/qwen2_5_7b.yaml": 7_615_616_512, "qwen2/qwen2_5_14b.yaml": 14_770_033_664,
-    "qwen2/qwen2_5_32b.yaml": 32_763_876_352, "qwen2/qwen2_5_72b.yaml": 72_706_203_648,
-    "qwen3/qwen3_8b.yaml": 8_190_735_360, "qwen3/qwen3_14b.yaml": 14_768_307_200,
+    "llama3_1/llama3_1_8b_128k.yaml": 8_030_261_248,
+    "llama3_1/llama3_1_70b_128k.yaml": 70_553_706_496,
+    "llama3_2/llama3_2_1b.yaml": 1_235_814_400,
+    "llama3_2/llama3_2_3b.yaml": 3_212_749_824,
+    "qwen2/qwen2_5_7b.yaml": 7_615_616_512,
+    "qwen2/qwen2_5_14b.yaml": 14_770_033_664,
+    "qwen2/qwen2_5_32b.yaml": 32_763_876_352,
+    "qwen2/qwen2_5_72b.yaml": 72_706_203_648,
+    "qwen3/qwen3_8b.yaml": 8_190_735_360,
+    "qwen3/qwen3_14b.yaml": 14_768_307_200,
     "qwen3/qwen3_32b.yaml": 32_762_123_264,
     # mixtures of experts: every expert stored (transformers' MixtralForCausalLM / Qwen3MoeForCausalLM built on the
     # meta device from the released config.json values count the same; 88 s, so not rerun here)
-    "mixtral/mixtral_8x7b.yaml": 46_702_792_704, "qwen3_moe/qwen3_30b_a3b.yaml": 30_532_122_624,
+    "mixtral/mixtral_8x7b.yaml": 46_702_792_704,
+    "qwen3_moe/qwen3_30b_a3b.yaml": 30_532_122_624,
     "qwen3_moe/qwen3_235b_a22b.yaml": 235_093_634_560,
     # trained weights: transformers' DeepseekV3ForCausalLM(DeepseekV3Config()) on the meta device, 57 s, counts the
     # same (its 14,848 router correction biases are buffers there, and not trained here); without the MTP module
     "deepseek_v3/deepseek_v3_671b.yaml": 671_026_404_352,
 }
-EIGHT_CARDS = ("gpt3/gpt3_1.3b.yaml", "llama2/llama2_7b.yaml", "llama3/llama3_8b.yaml", "llama3_1/llama3_1_8b.yaml",
-               "llama3_2/llama3_2_1b.yaml", "llama3_2/llama3_2_3b.yaml", "qwen2/qwen2_5_7b.yaml",
-               "qwen3/qwen3_8b.yaml")
+EIGHT_CARDS = (
+    "gpt3/gpt3_1.3b.yaml",
+    "llama2/llama2_7b.yaml",
+    "llama3/llama3_8b.yaml",
+    "llama3_1/llama3_1_8b.yaml",
+    "llama3_2/llama3_2_1b.yaml",
+    "llama3_2/llama3_2_3b.yaml",
+    "qwen2/qwen2_5_7b.yaml",
+    "qwen3/qwen3_8b.yaml",
+)
 
 
 def rel(path):
@@ -119,38 +140,45 @@ def test_card_counts_span_8_to_4096_and_beyond(configs):
         assert configs[name].devices == 8
     assert configs["gpt3/gpt_1t.yaml"].devices >= 4096
     big = [c for c in configs.values() if c.parallel.pipeline_stage > 1]
-    assert all(c.parallel.sequence_parallel and c.parallel.optimizer_shard for c in big if c.parallel.model_parallel > 1)
+    assert all(
+        c.parallel.sequence_parallel and c.parallel.optimizer_shard for c in big if c.parallel.model_parallel > 1
+    )
 
 
 def test_published_batch_and_learning_rates(configs):
     """GPT-3 Table 2.1 tokens per batch and LR; LLaMA-2 4M tokens, 3e-4 / 1.5e-4; Llama 3 405B 8e-5, 16M."""
     tokens = {n: c.samples_per_step * c.model.seq_length for n, c in configs.items()}
-    assert tokens["gpt3/gpt3_125m.yaml"] == 2 ** 19 and configs["gpt3/gpt3_125m.yaml"].train.lr == 6e-4
-    assert tokens["gpt3/gpt3_1.3b.yaml"] == 2 ** 20 and configs["gpt3/gpt3_1.3b.yaml"].train.lr == 2e-4
-    assert tokens["gpt3/gpt3_13b.yaml"] == 2 ** 21 and configs["gpt3/gpt3_13b.yaml"].train.lr == 1e-4
+    assert tokens["gpt3/gpt3_125m.yaml"] == 2**19 and configs["gpt3/gpt3_125m.yaml"].train.lr == 6e-4
+    assert tokens["gpt3/gpt3_1.3b.yaml"] == 2**20 and configs["gpt3/gpt3_1.3b.yaml"].train.lr == 2e-4
+    assert tokens["gpt3/gpt3_13b.yaml"] == 2**21 and configs["gpt3/gpt3_13b.yaml"].train.lr == 1e-4
     assert tokens["gpt3/gpt3_175b.yaml"] == 1536 * 2048 and configs["gpt3/gpt3_175b.yaml"].train.lr == 6e-5
     for name in ("llama2/llama2_7b.yaml", "llama2/llama2_13b.yaml", "llama2/llama2_70b.yaml"):
-        assert tokens[name] == 2 ** 22
+        assert tokens[name] == 2**22
     assert configs["llama2/llama2_70b.yaml"].train.lr == 1.5e-4
-    assert tokens["llama3/llama3_405b.yaml"] == 2 ** 24 and configs["llama3/llama3_405b.yaml"].train.lr == 8e-5
+    assert tokens["llama3/llama3_405b.yaml"] == 2**24 and configs["llama3/llama3_405b.yaml"].train.lr == 8e-5
 
 
 def test_uneven_layers_use_stage_offsets_and_offload_counts_per_stage(configs):
     cfg = configs["llama3/llama3_405b.yaml"]
     layout = Layout.of(cfg)
-    counts = layout.layers_per_stage          # stage_offset per chunk (interleaved pipeline)
+    counts = layout.layers_per_stage  # stage_offset per chunk (interleaved pipeline)
     assert sum(counts) == 126 and counts[0] == counts[-1] == 15 and cfg.parallel.pipeline_interleave > 1
-    assert [layout.offloaded_in(k) for k in range(8)] == [cfg.offload.layers] * 8     # an int: every stage
+    assert [layout.offloaded_in(k) for k in range(8)] == [cfg.offload.layers] * 8  # an int: every stage
     assert not set(layout.offloaded) & set(layout.recomputed)
-    long = configs["llama3_1/llama3_1_70b_128k.yaml"]                                 # a list: per stage
+    long = configs["llama3_1/llama3_1_70b_128k.yaml"]  # a list: per stage
     assert [Layout.of(long).offloaded_in(k) for k in range(2)] == long.offload.layers == [9, 7]
 
 
 @pytest.mark.integration
 def test_validates_through_the_config_cli():
     path = REPO_ROOT / "configs" / "llama3" / "llama3_405b.yaml"
-    proc = subprocess.run([sys.executable, "tools/config.py", "--config", str(path)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "tools/config.py", "--config", str(path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "hidden_size: 16384" in proc.stdout
 
@@ -158,9 +186,16 @@ def test_validates_through_the_config_cli():
 def test_deepseek_v3_count_is_the_released_modules_by_hand(configs):
     """The 671B by the released config.json's shapes, module by module as transformers builds them."""
     h, vocab, heads, layers, dense = 7168, 129280, 128, 61, 3
-    attention = (h * 1536 + 1536 + 1536 * heads * (128 + 64)            # q_a_proj, q_a_layernorm, q_b_proj
-                 + h * (512 + 64) + 512 + 512 * heads * (128 + 128)     # kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj
-                 + heads * 128 * h + 2 * h)                             # o_proj, the two layer norms
+    attention = (
+        h * 1536
+        + 1536
+        + 1536 * heads * (128 + 64)  # q_a_proj, q_a_layernorm, q_b_proj
+        + h * (512 + 64)
+        + 512
+        + 512 * heads * (128 + 128)  # kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj
+        + heads * 128 * h
+        + 2 * h
+    )  # o_proj, the two layer norms
     mlp, experts = 3 * h * 18432, 256 * h + 256 * 3 * h * 2048 + 3 * h * 2048  # gate, routed, one shared
     total = layers * attention + dense * mlp + (layers - dense) * experts + 2 * vocab * h + h
     assert total == flops.param_count(configs["deepseek_v3/deepseek_v3_671b.yaml"].model) == 671_026_404_352
@@ -169,8 +204,11 @@ def test_deepseek_v3_count_is_the_released_modules_by_hand(configs):
 def test_config_headers_are_short_and_comments_stay_inline():
     too_long = {rel(p): len(header(p)) for p in ALL_YAML if len(header(p)) > HEADER_LINES}
     assert not too_long, f"headers over {HEADER_LINES} lines (move the reasoning to docs/layouts.md): {too_long}"
-    body_blocks = [rel(p) for p in ALL_YAML
-                   if any(line.lstrip().startswith("#") for line in p.read_text().splitlines()[len(header(p)):])]
+    body_blocks = [
+        rel(p)
+        for p in ALL_YAML
+        if any(line.lstrip().startswith("#") for line in p.read_text().splitlines()[len(header(p)) :])
+    ]
     assert not body_blocks, f"comment lines inside the YAML body (keep a short comment after the value): {body_blocks}"
 
 
@@ -186,6 +224,9 @@ def test_every_ascend_config_cites_its_section_of_docs_layouts():
     missing = {name: links for name, links in missing.items() if links}
     assert not missing, f"cited anchors that are no heading of docs/layouts.md: {missing}"
     configs = [p for p in ALL_YAML if p.parent.name != "hardware" and p.name != "base.yaml"]
-    uncited = [rel(p) for p in configs
-               if load_config(p).hardware.name != "cpu" and not LAYOUT_LINK.search("\n".join(header(p)))]
+    uncited = [
+        rel(p)
+        for p in configs
+        if load_config(p).hardware.name != "cpu" and not LAYOUT_LINK.search("\n".join(header(p)))
+    ]
     assert not uncited, f"Ascend configs whose header cites no docs/layouts.md#section: {uncited}"

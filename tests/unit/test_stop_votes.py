@@ -1,13 +1,14 @@
 """The sharded layouts' graceful-stop vote schedule (mindscale/train/resilience/stop.py StopVotes): when the ranks
 vote, and that a request is honoured at the next vote. Run here with one process's RankVote (no
 communication); tests/integration/test_training.py runs it over two msrun workers."""
+
 from mindscale.train.checkpoints.commit import RankVote
 from mindscale.train.resilience.stop import MAX_VOTE_DELAY_S, VOTE_BUDGET, StopVotes, vote_interval
 
 
 def test_the_interval_keeps_a_vote_under_its_budget_and_a_stop_prompt():
-    assert vote_interval(0.005, 10.0) == 1                        # long steps: every step
-    assert vote_interval(0.005, 0.5) == 10                        # 5 ms / (0.1% of 0.5 s)
+    assert vote_interval(0.005, 10.0) == 1  # long steps: every step
+    assert vote_interval(0.005, 0.5) == 10  # 5 ms / (0.1% of 0.5 s)
     assert 0.005 / (vote_interval(0.005, 0.5) * 0.5) <= VOTE_BUDGET
     assert vote_interval(0.050, 0.1) == int(MAX_VOTE_DELAY_S / 0.1)  # too costly: capped by the delay
     assert vote_interval(0.0, 0.0) == 1

@@ -1,5 +1,6 @@
 """`make test`'s workers take the longest work units first (tests/schedule.py), so that no long unit starts
 last: pytest-xdist hands the units out in the order of its workers' collection."""
+
 import itertools
 import os
 

@@ -1,6 +1,7 @@
 """run.tensorboard (mindscale/train/loop/tensorboard.py): the event files, read back with TensorBoard's own
 reader, hold the scalars of metrics.jsonl, also while the run goes on and after a resume: driven with
 real time through MetricsLogger, and once through run_train.py (a real run resumed from an earlier step)."""
+
 import json
 import subprocess
 import sys
@@ -15,18 +16,29 @@ from mindscale.train.loop.tensorboard import FLUSH_SECS, FOLDER, scalars
 from tests.integration.test_training import train
 from tests.run_folder import PEAK_TFLOPS, TINY
 
-accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
-                                  reason="TensorBoard's reader (requirements-extras.txt) reads the event files back")
+accumulator = pytest.importorskip(
+    "tensorboard.backend.event_processing.event_accumulator",
+    reason="TensorBoard's reader (requirements-extras.txt) reads the event files back",
+)
 
 
 def config(tmp_path, *overrides):
-    return load_config(TINY, [f"run.output_dir={tmp_path}", "run.tensorboard=true", "train.steps=8",
-                              "train.log_interval=2", f"hardware.peak_tflops={PEAK_TFLOPS}", *overrides])
+    return load_config(
+        TINY,
+        [
+            f"run.output_dir={tmp_path}",
+            "run.tensorboard=true",
+            "train.steps=8",
+            "train.log_interval=2",
+            f"hardware.peak_tflops={PEAK_TFLOPS}",
+            *overrides,
+        ],
+    )
 
 
 def log(logger, steps, step_time):
     for step in steps:
-        logger.step(step, 6.0 - 0.1 * step, 1.0 / step, step_time * (1 + step / 100), step == 3, 1e-3 * step, 2.0 ** 16)
+        logger.step(step, 6.0 - 0.1 * step, 1.0 / step, step_time * (1 + step / 100), step == 3, 1e-3 * step, 2.0**16)
 
 
 def read_back(run_dir) -> dict[str, list[tuple[int, float]]]:
@@ -97,9 +109,11 @@ def test_a_real_run_resumed_from_an_earlier_step_shows_what_metrics_jsonl_holds(
 @pytest.mark.integration
 def test_a_process_that_exits_without_closing_still_writes_its_queued_events(tmp_path):
     """What a health guard's exit (SystemExit before MetricsLogger.close) leaves: the atexit close."""
-    script = ("import sys; from mindscale.train.loop.tensorboard import TensorBoardLog; log = TensorBoardLog(sys.argv[1], 0)\n"
-              "for step in range(1, 301): log.write({'step': step, 'loss': step / 2})\n"
-              "raise SystemExit(1)")
+    script = (
+        "import sys; from mindscale.train.loop.tensorboard import TensorBoardLog; log = TensorBoardLog(sys.argv[1], 0)\n"
+        "for step in range(1, 301): log.write({'step': step, 'loss': step / 2})\n"
+        "raise SystemExit(1)"
+    )
     assert subprocess.run([sys.executable, "-c", script, str(tmp_path)], timeout=60).returncode == 1
     assert read_back(tmp_path) == {"loss": [(step, step / 2) for step in range(1, 301)]}
 
@@ -115,8 +129,11 @@ def test_missing_tensorboardx_is_one_line_naming_the_key_and_leaves_metrics_alon
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"step": 9, "loss": 1.0}\n')
     monkeypatch.setitem(sys.modules, "tensorboardX", None)  # as if it were not installed
-    with pytest.raises(ConfigError, match=r"^run.tensorboard=true needs the tensorboardX package: .*"
-                                          r"or set run.tensorboard=false$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^run.tensorboard=true needs the tensorboardX package: .*"
+        r"or set run.tensorboard=false$",
+    ):
         MetricsLogger(config(tmp_path), run, "CPU", write=True, first_step=0)
     assert (run / "metrics.jsonl").read_text() == '{"step": 9, "loss": 1.0}\n'
 
@@ -124,8 +141,9 @@ def test_missing_tensorboardx_is_one_line_naming_the_key_and_leaves_metrics_alon
 def test_a_record_costs_the_training_thread_about_a_millisecond(tmp_path):
     """The step only queues events (the writer thread writes and flushes): measured with a 20 ms step
     between records; `pytest -s -k costs` prints the figure docs/monitoring.md quotes."""
-    logger = MetricsLogger(config(tmp_path, "train.steps=60", "train.log_interval=1"), tmp_path / "run", "CPU",
-                           write=True, first_step=0)
+    logger = MetricsLogger(
+        config(tmp_path, "train.steps=60", "train.log_interval=1"), tmp_path / "run", "CPU", write=True, first_step=0
+    )
     record = logger.step(1, 5.0, 1.0, 0.01, False, 1e-3, 1.0)
     costs = []
     for step in range(2, 61):
@@ -135,6 +153,8 @@ def test_a_record_costs_the_training_thread_about_a_millisecond(tmp_path):
         costs.append(time.perf_counter() - began)
     logger.close()
     median = float(np.median(costs))
-    print(f"\nTensorBoard: {median * 1e3:.2f} ms per record of {len(scalars(record))} scalars (median of "
-          f"{len(costs)}) on the training thread")
+    print(
+        f"\nTensorBoard: {median * 1e3:.2f} ms per record of {len(scalars(record))} scalars (median of "
+        f"{len(costs)}) on the training thread"
+    )
     assert median < 0.02, f"{median * 1e3:.1f} ms per record"

@@ -3,6 +3,7 @@ every key but the few it scales, every width (so every parameter's shape, strate
 parallel decision of its Layout, and on each pipeline stage the layers it recomputes and offloads (of each kind
 where the model has dense first layers) and a kept one where the full stage keeps layers apart from offloaded
 ones. tests/dryrun/test_dryrun.py compiles every shipped config's twin and checks what the compiled step moves."""
+
 import dataclasses
 
 import pytest
@@ -11,16 +12,35 @@ from mindscale.config import REPO_ROOT, Layout, load_config
 from mindscale.config.twin import layer_role, twin_overrides
 from models.archs import ARCHS
 
-SHIPPED = sorted(p for d in (*(d for spec in ARCHS.values() for d in spec.config_dirs), "finetune")
-                 for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
-                 if p.name != "base.yaml" and load_config(p).hardware.device_target == "Ascend")
+SHIPPED = sorted(
+    p
+    for d in (*(d for spec in ARCHS.values() for d in spec.config_dirs), "finetune")
+    for p in (REPO_ROOT / "configs" / d).glob("*.yaml")
+    if p.name != "base.yaml" and load_config(p).hardware.device_target == "Ascend"
+)
 # the keys a twin may set: layers, sequence, micro batches and chunks, and what follows from the layers per stage
-SCALED = {"model.num_layers", "model.seq_length", "model.moe.dense_layers", "train.global_batch_size",
-          "parallel.micro_batch_num", "parallel.gradient_accumulation_steps", "parallel.pipeline_interleave",
-          "parallel.stage_offset", "recompute.layers", "offload.layers"}
+SCALED = {
+    "model.num_layers",
+    "model.seq_length",
+    "model.moe.dense_layers",
+    "train.global_batch_size",
+    "parallel.micro_batch_num",
+    "parallel.gradient_accumulation_steps",
+    "parallel.pipeline_interleave",
+    "parallel.stage_offset",
+    "recompute.layers",
+    "offload.layers",
+}
 # the Layout fields that follow from those keys
-COUNTED = ("micro_steps", "interleave", "stages_of_layers", "chunks_of_layers", "layers_per_stage", "recomputed",
-           "offloaded")
+COUNTED = (
+    "micro_steps",
+    "interleave",
+    "stages_of_layers",
+    "chunks_of_layers",
+    "layers_per_stage",
+    "recomputed",
+    "offloaded",
+)
 
 
 def flat(tree: dict, prefix: str = "") -> dict:
@@ -41,8 +61,10 @@ def assert_twin_keeps(full, twin):
     changed = {key for key, value in flat(twin.to_dict()).items() if flat(full.to_dict())[key] != value}
     assert changed <= SCALED, changed - SCALED
     assert dataclasses.replace(twin_layout, **{f: getattr(full_layout, f) for f in COUNTED}) == full_layout
-    assert (twin_layout.interleave > 1, twin_layout.micro_steps > 1) == (full_layout.interleave > 1,
-                                                                         full_layout.micro_steps > 1)
+    assert (twin_layout.interleave > 1, twin_layout.micro_steps > 1) == (
+        full_layout.interleave > 1,
+        full_layout.micro_steps > 1,
+    )
     for stage in range(full_layout.pp):
         want, have = stage_roles(full, full_layout, stage), stage_roles(twin, twin_layout, stage)
         assert {r for r in have if r[0] != "kept"} == {r for r in want if r[0] != "kept"}, stage

@@ -21,19 +21,42 @@ Parameters and FLOPs come from mindscale/perf/flops.py (PaLM App. B; Korthikanti
 Callers outside the package use the names imported here: `from mindscale.perf import planner`, then
 `planner.plan(cfg)`.
 """
-from mindscale.perf.planner.activations import (FLASH_STATS_WIDTH, PAPER, ActivationDtypes, expert_slots,
-                                                gathered_kv_bytes, layer_activation_bytes, local_tokens,
-                                                mindspore_dtypes, offload_resident_bytes, offloaded_layer_bytes,
-                                                rematerialised_bytes, routed_activation_bytes)
-from mindscale.perf.planner.communication import (communication, context_parallel_bytes_per_layer,
-                                                  expert_alltoall_bytes, gradient_reduce_bytes,
-                                                  tied_embedding_exchange_bytes, tp_all_reduces)
+
+from mindscale.perf.planner.activations import (
+    FLASH_STATS_WIDTH,
+    PAPER,
+    ActivationDtypes,
+    expert_slots,
+    gathered_kv_bytes,
+    layer_activation_bytes,
+    local_tokens,
+    mindspore_dtypes,
+    offload_resident_bytes,
+    offloaded_layer_bytes,
+    rematerialised_bytes,
+    routed_activation_bytes,
+)
+from mindscale.perf.planner.communication import (
+    communication,
+    context_parallel_bytes_per_layer,
+    expert_alltoall_bytes,
+    gradient_reduce_bytes,
+    tied_embedding_exchange_bytes,
+    tp_all_reduces,
+)
 from mindscale.perf.planner.full_plan import offload_plan, plan
 from mindscale.perf.planner.layout_search import balanced_offset, interleave_choices, interleaved_offset, search
 from mindscale.perf.planner.memory import memory_budget_gib, stage_host_bytes, stage_memory
-from mindscale.perf.planner.parameters import (READ_IN_COMPUTE_DTYPE, ParameterSlice, layer_slice_params,
-                                               optimizer_shard, parameter_slices, stage_bytes, stage_params,
-                                               stored_shapes)
+from mindscale.perf.planner.parameters import (
+    READ_IN_COMPUTE_DTYPE,
+    ParameterSlice,
+    layer_slice_params,
+    optimizer_shard,
+    parameter_slices,
+    stage_bytes,
+    stage_params,
+    stored_shapes,
+)
 from mindscale.perf.planner.replan import PlanError, replan_devices, with_overrides
 from mindscale.perf.planner.schedule import bubble_fraction, chunk_forwards, in_flight_forwards, pipeline_sends
 from mindscale.perf.planner.sizes import DTYPE_BYTES, GIB, MOMENT_BYTES
@@ -42,31 +65,67 @@ from mindscale.perf.planner.step_time import BREAKDOWN, offload_copy_s, offload_
 
 __all__ = [
     # activations
-    "FLASH_STATS_WIDTH", "PAPER", "ActivationDtypes", "expert_slots", "gathered_kv_bytes", "layer_activation_bytes",
-    "local_tokens", "mindspore_dtypes", "offload_resident_bytes", "offloaded_layer_bytes", "rematerialised_bytes",
+    "FLASH_STATS_WIDTH",
+    "PAPER",
+    "ActivationDtypes",
+    "expert_slots",
+    "gathered_kv_bytes",
+    "layer_activation_bytes",
+    "local_tokens",
+    "mindspore_dtypes",
+    "offload_resident_bytes",
+    "offloaded_layer_bytes",
+    "rematerialised_bytes",
     "routed_activation_bytes",
     # communication
-    "communication", "context_parallel_bytes_per_layer", "expert_alltoall_bytes", "gradient_reduce_bytes",
-    "tied_embedding_exchange_bytes", "tp_all_reduces",
+    "communication",
+    "context_parallel_bytes_per_layer",
+    "expert_alltoall_bytes",
+    "gradient_reduce_bytes",
+    "tied_embedding_exchange_bytes",
+    "tp_all_reduces",
     # full_plan
-    "offload_plan", "plan",
+    "offload_plan",
+    "plan",
     # layout_search
-    "balanced_offset", "interleave_choices", "interleaved_offset", "search",
+    "balanced_offset",
+    "interleave_choices",
+    "interleaved_offset",
+    "search",
     # memory
-    "memory_budget_gib", "stage_host_bytes", "stage_memory",
+    "memory_budget_gib",
+    "stage_host_bytes",
+    "stage_memory",
     # parameters
-    "READ_IN_COMPUTE_DTYPE", "ParameterSlice", "layer_slice_params", "optimizer_shard", "parameter_slices",
-    "stage_bytes", "stage_params", "stored_shapes",
+    "READ_IN_COMPUTE_DTYPE",
+    "ParameterSlice",
+    "layer_slice_params",
+    "optimizer_shard",
+    "parameter_slices",
+    "stage_bytes",
+    "stage_params",
+    "stored_shapes",
     # replan
-    "PlanError", "replan_devices", "with_overrides",
+    "PlanError",
+    "replan_devices",
+    "with_overrides",
     # schedule
-    "bubble_fraction", "chunk_forwards", "in_flight_forwards", "pipeline_sends",
+    "bubble_fraction",
+    "chunk_forwards",
+    "in_flight_forwards",
+    "pipeline_sends",
     # sizes
-    "DTYPE_BYTES", "GIB", "MOMENT_BYTES",
+    "DTYPE_BYTES",
+    "GIB",
+    "MOMENT_BYTES",
     # speed
-    "DEFAULT_EFFICIENCY", "SpeedModel",
+    "DEFAULT_EFFICIENCY",
+    "SpeedModel",
     # step_time
-    "BREAKDOWN", "offload_copy_s", "offload_exposed_s", "predict",
+    "BREAKDOWN",
+    "offload_copy_s",
+    "offload_exposed_s",
+    "predict",
 ]
 # Not public: the tests that compare a layer's kept bytes with the compiled graph's read it here.
 from mindscale.perf.planner.activations import _model_layer_activation_bytes  # noqa: E402,F401

@@ -37,6 +37,7 @@ How MindSpore differs from the paper, and what the planner does about it
   copies cross hardware.host_link_gbps and count where they outlast the slot's forward third (out) or backward
   two thirds (back).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,10 +54,11 @@ FLASH_STATS_WIDTH = 8  # FlashAttentionScore returns softmax max and sum as (B, 
 @dataclass(frozen=True)
 class ActivationDtypes:
     """Bytes per stored element, whether dropout masks exist, and the norms' saved statistics."""
-    act: int        # matmul inputs/outputs (compute dtype)
-    norm: int       # norm inputs
-    softmax: int    # saved softmax output of composite attention
-    dropout: bool   # 1-byte masks after attention probs, attention out, MLP out, embedding
+
+    act: int  # matmul inputs/outputs (compute dtype)
+    norm: int  # norm inputs
+    softmax: int  # saved softmax output of composite attention
+    dropout: bool  # 1-byte masks after attention probs, attention out, MLP out, embedding
     norm_stats: int = 0  # bytes per token a norm keeps besides its input (the paper ignores them)
 
 
@@ -70,10 +72,24 @@ def mindspore_dtypes(compute_dtype: str, rms_norm: bool = True) -> ActivationDty
     return ActivationDtypes(act=act, norm=4, softmax=4, dropout=False, norm_stats=4 if rms_norm else 8)
 
 
-def layer_activation_bytes(seq: int, batch: int, hidden: int, heads: int, kv_heads: int, ffn: int, *,
-                           mlp: str = "gelu", t: int = 1, sp: bool = False, recompute: str = "none",
-                           flash: bool = False, dtypes: ActivationDtypes = PAPER, head_dim: int | None = None,
-                           gathered: bool = False, comm: bool = True) -> float:
+def layer_activation_bytes(
+    seq: int,
+    batch: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    *,
+    mlp: str = "gelu",
+    t: int = 1,
+    sp: bool = False,
+    recompute: str = "none",
+    flash: bool = False,
+    dtypes: ActivationDtypes = PAPER,
+    head_dim: int | None = None,
+    gathered: bool = False,
+    comm: bool = True,
+) -> float:
     """Bytes one transformer layer keeps for backward, for one micro batch of `batch` sequences.
 
     With MHA, a 4h GELU MLP and `PAPER` dtypes: sbh(34 + 5as/h) (t = 1), sbh(10 + 24/t + 5as/(ht))
@@ -91,7 +107,7 @@ def layer_activation_bytes(seq: int, batch: int, hidden: int, heads: int, kv_hea
     sbh = seq * batch * hidden
     head_dim = head_dim or hidden // heads
     split = t if sp else 1
-    if recompute == "full":                              # only the layer input is kept
+    if recompute == "full":  # only the layer input is kept
         outputs = 0 if comm or t == 1 else sbh * (2 + 1 / t if sp else 1)
         return (sbh / split + outputs) * dtypes.act
     mask = 1 if dtypes.dropout else 0
@@ -108,10 +124,11 @@ def layer_activation_bytes(seq: int, batch: int, hidden: int, heads: int, kv_hea
     if flash:
         scores = seq * batch * heads * FLASH_STATS_WIDTH * 4 * 2
     elif recompute == "selective":
-        scores = 0                                       # recomputed from Q, K, V in backward
+        scores = 0  # recomputed from Q, K, V in backward
     else:
-        per_score = dtypes.softmax + (mask + dtypes.act if dtypes.dropout else
-                                      (dtypes.act if dtypes.softmax != dtypes.act else 0))
+        per_score = dtypes.softmax + (
+            mask + dtypes.act if dtypes.dropout else (dtypes.act if dtypes.softmax != dtypes.act else 0)
+        )
         scores = heads * seq * seq * batch * per_score
     return replicated / split + norm_out / (1 if gathered else split) + (inner + scores) / t
 
@@ -150,14 +167,23 @@ def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool, gath
     experts' counted alike). A mixture of experts: the dense layer without its MLP, plus routed_activation_bytes."""
     model, parallel = cfg.model, cfg.parallel
     comm = cfg.recompute.comm
-    local = layer_activation_bytes(model.seq_length // parallel.context_parallel, cfg.train.micro_batch_size,
-                                   model.hidden_size, model.num_heads, model.kv_heads,
-                                   0 if model.spec.moe else model.ffn_hidden_size,
-                                   mlp="swiglu" if model.spec.gated_mlp else "gelu",
-                                   t=parallel.model_parallel, sp=parallel.sequence_parallel, recompute=recompute,
-                                   flash=flash, dtypes=mindspore_dtypes(model.compute_dtype, model.spec.rms_norm),
-                                   head_dim=model.head_size, gathered=not comm if gathered is None else gathered,
-                                   comm=comm)
+    local = layer_activation_bytes(
+        model.seq_length // parallel.context_parallel,
+        cfg.train.micro_batch_size,
+        model.hidden_size,
+        model.num_heads,
+        model.kv_heads,
+        0 if model.spec.moe else model.ffn_hidden_size,
+        mlp="swiglu" if model.spec.gated_mlp else "gelu",
+        t=parallel.model_parallel,
+        sp=parallel.sequence_parallel,
+        recompute=recompute,
+        flash=flash,
+        dtypes=mindspore_dtypes(model.compute_dtype, model.spec.rms_norm),
+        head_dim=model.head_size,
+        gathered=not comm if gathered is None else gathered,
+        comm=comm,
+    )
     local += routed_activation_bytes(cfg, recompute)
     # full recompute rematerialises the gather only if it repeats communication (recompute.comm, MindSpore's
     # mp_comm_recompute); otherwise the gathered K and V are kept like any communication output
@@ -182,8 +208,9 @@ def local_tokens(cfg: Config) -> int:
 def _kv_bytes(cfg: Config, tokens: int) -> float:
     """K and V of `tokens` tokens on one rank (kv heads split over tp), in the compute dtype."""
     model = cfg.model
-    return 2 * tokens * model.kv_heads * model.head_size / cfg.parallel.model_parallel * \
-        DTYPE_BYTES[model.compute_dtype]
+    return (
+        2 * tokens * model.kv_heads * model.head_size / cfg.parallel.model_parallel * DTYPE_BYTES[model.compute_dtype]
+    )
 
 
 def gathered_kv_bytes(cfg: Config) -> float:
@@ -201,8 +228,13 @@ def offload_resident_bytes(cfg: Config) -> float:
     which the attention kernel reads through reshapes (Tensor methods, no primitive that Cell.offload marks);
     MindSpore moves every other activation the backward reads (the validate IR of tests/dryrun/test_offload.py)."""
     model, parallel = cfg.model, cfg.parallel
-    queries = local_tokens(cfg) * model.num_heads * model.head_size / parallel.model_parallel * \
-        DTYPE_BYTES[model.compute_dtype]
+    queries = (
+        local_tokens(cfg)
+        * model.num_heads
+        * model.head_size
+        / parallel.model_parallel
+        * DTYPE_BYTES[model.compute_dtype]
+    )
     return queries + _kv_bytes(cfg, local_tokens(cfg))
 
 
@@ -216,8 +248,11 @@ def offloaded_layer_bytes(cfg: Config, layout: Layout | None = None) -> float:
     layer; in a reused loss network, graph_reuse "model", they are not moved)."""
     model, layout = cfg.model, layout or _layout(cfg)
     cb = DTYPE_BYTES[model.compute_dtype]
-    weights = flops.layer_matmul_params(model) / layout.tp * cb \
-        if layout.graph_reuse == "layer" and model.compute_dtype != model.param_dtype else 0.0
+    weights = (
+        flops.layer_matmul_params(model) / layout.tp * cb
+        if layout.graph_reuse == "layer" and model.compute_dtype != model.param_dtype
+        else 0.0
+    )
     kept = _model_layer_activation_bytes(cfg, "none", layout.attention == "flash")
     return kept - offload_resident_bytes(cfg) + weights
 

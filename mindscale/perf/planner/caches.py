@@ -7,6 +7,7 @@ the parameter slices, each stage's stored bytes, gradient traffic and parameter 
 everything it depends on (`_model_key`, `_slices_key`, `_stored_key`), so a recompute variant of a layout reuses
 its layout's tables.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,29 +35,43 @@ def _layout(cfg: Config) -> Layout:
 
 
 # Built from the model's parameters, each under the key of what it depends on (the functions below):
-_MODELS: dict[str, object] = {}          # parameters._one_layer_model, by _model_key
-_TABLES: dict[tuple, tuple] = {}         # parameters.parameter_slices, by _slices_key
-_STAGE_BYTES: dict[tuple, dict] = {}     # parameters.stage_bytes, by _stored_key
+_MODELS: dict[str, object] = {}  # parameters._one_layer_model, by _model_key
+_TABLES: dict[tuple, tuple] = {}  # parameters.parameter_slices, by _slices_key
+_STAGE_BYTES: dict[tuple, dict] = {}  # parameters.stage_bytes, by _stored_key
 _GRADIENT_BYTES: dict[tuple, tuple] = {}  # communication.gradient_reduce_bytes, by _stored_key
-_STAGE_PARAMS: dict[tuple, list] = {}    # parameters.stage_params, by _slices_key
-_LAYER_PARAMS: dict[tuple, int] = {}     # parameters.layer_slice_params, by _slices_key
+_STAGE_PARAMS: dict[tuple, list] = {}  # parameters.stage_params, by _slices_key
+_LAYER_PARAMS: dict[tuple, int] = {}  # parameters.layer_slice_params, by _slices_key
 
 
 def _model_key(cfg: Config) -> str:
     """What the parameters of one decoder layer and of the ends depend on (dataclass reprs: a fifth of the
     search's time went to dataclasses.asdict + json before); not the number of layers."""
-    return _per_config("model key", cfg,
-                       lambda c: repr((dataclasses.replace(c.model, num_layers=1), c.finetune.lora)))
+    return _per_config("model key", cfg, lambda c: repr((dataclasses.replace(c.model, num_layers=1), c.finetune.lora)))
 
 
 def _slices_key(cfg: Config, layout: Layout) -> tuple:
     """What parameter_slices depends on."""
-    return (_model_key(cfg), cfg.model.num_layers, layout.sharded, layout.tp, layout.ep, layout.vocab_parallel,
-            layout.pp, layout.stages_of_layers)
+    return (
+        _model_key(cfg),
+        cfg.model.num_layers,
+        layout.sharded,
+        layout.tp,
+        layout.ep,
+        layout.vocab_parallel,
+        layout.pp,
+        layout.stages_of_layers,
+    )
 
 
 def _stored_key(cfg: Config, layout: Layout, stage: int) -> tuple:
     """What a stage's stored bytes and gradient traffic depend on: not recompute, which the search varies
     most (the tables are asked for every recompute variant of a layout)."""
-    return (_slices_key(cfg, layout), layout.dp, layout.cp, layout.optimizer_shard, layout.accumulation_shard,
-            layout.accumulates_in_graph, stage)  # cp: the optimizer shards over the stage's dp x cp x tp ranks
+    return (
+        _slices_key(cfg, layout),
+        layout.dp,
+        layout.cp,
+        layout.optimizer_shard,
+        layout.accumulation_shard,
+        layout.accumulates_in_graph,
+        stage,
+    )  # cp: the optimizer shards over the stage's dp x cp x tp ranks

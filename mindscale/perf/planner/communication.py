@@ -1,5 +1,6 @@
 """Bytes one rank sends per optimizer step, by parallel dimension (ring collectives): data-parallel gradients,
 tensor-parallel collectives, context-parallel K/V exchange, expert-parallel AlltoAlls and pipeline sends."""
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,14 @@ def context_parallel_bytes_per_layer(cfg: Config) -> float:
         return 0.0
     share = (c - 1) / c
     if parallel.context_parallel_algo == "ulysses_cp":
-        q_and_out = 2 * local_tokens(cfg) * model.num_heads * model.head_size / parallel.model_parallel * \
-            DTYPE_BYTES[model.compute_dtype]
+        q_and_out = (
+            2
+            * local_tokens(cfg)
+            * model.num_heads
+            * model.head_size
+            / parallel.model_parallel
+            * DTYPE_BYTES[model.compute_dtype]
+        )
         return 2 * share * (q_and_out + _kv_bytes(cfg, local_tokens(cfg)))
     passes = 3 if cfg.recompute.mode == "full" and cfg.recompute.comm else 2
     return passes * share * _kv_bytes(cfg, local_tokens(cfg) * c)
@@ -66,8 +73,8 @@ def communication(cfg: Config, stage: int) -> dict:
     """Bytes one device of `stage` sends per optimizer step (ring collectives)."""
     model, layout = cfg.model, _layout(cfg)
     t, stages, micro_batches = layout.tp, layout.pp, layout.micro_steps
-    hidden = local_tokens(cfg) * model.hidden_size      # elements of one micro batch's hidden states on the rank
-    x = hidden * DTYPE_BYTES[model.compute_dtype]                               # as a layer's matmuls take them
+    hidden = local_tokens(cfg) * model.hidden_size  # elements of one micro batch's hidden states on the rank
+    x = hidden * DTYPE_BYTES[model.compute_dtype]  # as a layer's matmuls take them
     # Per layer and micro batch, averaged over the stage's layers (tp_all_reduces: what each role adds)
     roles = _stage_layer_roles(layout, stage, None, None)
     all_reduces = sum(tp_all_reduces(cfg, role) for role in roles) / max(1, len(roles))
@@ -80,26 +87,47 @@ def communication(cfg: Config, stage: int) -> dict:
     # the stage's layers with experts (a mixture of experts' dense first layers have none: DeepSeek-V3)
     experts = [i >= model.moe.dense_layers for i in sorted(layout.layers_of_stage(stage))] if model.spec.moe else []
     if any(experts) and t > 1:  # the experts' w2 partial sums (and w1/w3 input gradients): E x C slots, not T
-        tp_per_layer += 2 * 2 * (t - 1) / t * (expert_slots(cfg) - local_tokens(cfg)) * model.hidden_size * \
-            DTYPE_BYTES[model.compute_dtype] * sum(experts) / len(experts)
+        tp_per_layer += (
+            2
+            * 2
+            * (t - 1)
+            / t
+            * (expert_slots(cfg) - local_tokens(cfg))
+            * model.hidden_size
+            * DTYPE_BYTES[model.compute_dtype]
+            * sum(experts)
+            / len(experts)
+        )
     tp = tp_per_layer * layout.layers_per_stage[stage] * micro_batches + tp_vocab
-    ep_per_layer = sum(expert_alltoall_bytes(cfg, role) for role, routed in zip(roles, experts) if routed) / \
-        max(1, len(roles))
+    ep_per_layer = sum(expert_alltoall_bytes(cfg, role) for role, routed in zip(roles, experts) if routed) / max(
+        1, len(roles)
+    )
     ep = ep_per_layer * layout.layers_per_stage[stage] * micro_batches
     cp_per_layer = context_parallel_bytes_per_layer(cfg)
     cp = cp_per_layer * layout.layers_per_stage[stage] * micro_batches
     dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
     dp = dp_once + dp_micro * micro_batches
-    sends = pipeline_sends(stages, layout.interleave, stage)                # activations out, grads back
-    stream = hidden * DTYPE_BYTES[model.residual_dtype]                     # what a stage sends: the residual stream
+    sends = pipeline_sends(stages, layout.interleave, stage)  # activations out, grads back
+    stream = hidden * DTYPE_BYTES[model.residual_dtype]  # what a stage sends: the residual stream
     tied = tied_embedding_exchange_bytes(cfg, stage)
     pp = (sends * micro_batches * stream / (t if layout.sp else 1) if stages > 1 else 0.0) + tied
-    return {"dp_grad_reduce": dp, "dp_per_micro_batch": dp_micro, "tp_per_layer": tp_per_layer,
-            "tp_vocab": tp_vocab, "tp": tp, "tp_collectives_per_layer": 2 * all_reduces if t > 1 else 0,
-            "tp_vocab_collectives": 2 * vocab_ends if t > 1 else 0, "cp_per_layer": cp_per_layer, "cp": cp,
-            "ep_per_layer": ep_per_layer,
-            "ep": ep, "pp_send_recv": pp, "pp_sends_per_micro_batch": sends if stages > 1 else 0,
-            "pp_tied_embedding": tied, "total": dp + tp + cp + ep + pp}
+    return {
+        "dp_grad_reduce": dp,
+        "dp_per_micro_batch": dp_micro,
+        "tp_per_layer": tp_per_layer,
+        "tp_vocab": tp_vocab,
+        "tp": tp,
+        "tp_collectives_per_layer": 2 * all_reduces if t > 1 else 0,
+        "tp_vocab_collectives": 2 * vocab_ends if t > 1 else 0,
+        "cp_per_layer": cp_per_layer,
+        "cp": cp,
+        "ep_per_layer": ep_per_layer,
+        "ep": ep,
+        "pp_send_recv": pp,
+        "pp_sends_per_micro_batch": sends if stages > 1 else 0,
+        "pp_tied_embedding": tied,
+        "total": dp + tp + cp + ep + pp,
+    }
 
 
 def tied_embedding_exchange_bytes(cfg: Config, stage: int) -> float:

@@ -1,4 +1,5 @@
 """plan(cfg): everything the planner says of one config in one dict (tools/plan.py --json; docs/planner.md)."""
+
 from __future__ import annotations
 
 from mindscale.config import Config
@@ -28,22 +29,30 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
         "config": cfg.run.name,
         "hardware": cfg.hardware.name,
         "devices": cfg.devices,
-        "layout": {"data_parallel": cfg.parallel.data_parallel, "model_parallel": cfg.parallel.model_parallel,
-                   "expert_parallel": cfg.parallel.expert_parallel, "experts": cfg.model.moe.num_experts,
-                   "context_parallel": cfg.parallel.context_parallel,
-                   "context_parallel_algo": cfg.parallel.context_parallel_algo,
-                   "pipeline_stage": cfg.parallel.pipeline_stage, "micro_batch_num": cfg.parallel.micro_batch_num,
-                   "micro_batch_size": cfg.train.micro_batch_size, "global_batch_size": cfg.samples_per_step,
-                   "gradient_accumulation_steps": cfg.parallel.gradient_accumulation_steps,
-                   "sequence_parallel": cfg.parallel.sequence_parallel,
-                   "optimizer_shard": cfg.parallel.optimizer_shard,
-                   "gradient_accumulation_shard": cfg.parallel.gradient_accumulation_shard,
-                   "recompute": cfg.recompute.mode,
-                   "recompute_layers": recomputed, "recompute_comm": cfg.recompute.comm,
-                   "layers_per_stage": list(layout.layers_per_stage),
-                   "offload_layers": [layout.offloaded_in(k) for k in range(layout.pp)],
-                   "pipeline_interleave": layout.interleave, "pipeline_scheduler": layout.scheduler,
-                   "attention": layout.attention},
+        "layout": {
+            "data_parallel": cfg.parallel.data_parallel,
+            "model_parallel": cfg.parallel.model_parallel,
+            "expert_parallel": cfg.parallel.expert_parallel,
+            "experts": cfg.model.moe.num_experts,
+            "context_parallel": cfg.parallel.context_parallel,
+            "context_parallel_algo": cfg.parallel.context_parallel_algo,
+            "pipeline_stage": cfg.parallel.pipeline_stage,
+            "micro_batch_num": cfg.parallel.micro_batch_num,
+            "micro_batch_size": cfg.train.micro_batch_size,
+            "global_batch_size": cfg.samples_per_step,
+            "gradient_accumulation_steps": cfg.parallel.gradient_accumulation_steps,
+            "sequence_parallel": cfg.parallel.sequence_parallel,
+            "optimizer_shard": cfg.parallel.optimizer_shard,
+            "gradient_accumulation_shard": cfg.parallel.gradient_accumulation_shard,
+            "recompute": cfg.recompute.mode,
+            "recompute_layers": recomputed,
+            "recompute_comm": cfg.recompute.comm,
+            "layers_per_stage": list(layout.layers_per_stage),
+            "offload_layers": [layout.offloaded_in(k) for k in range(layout.pp)],
+            "pipeline_interleave": layout.interleave,
+            "pipeline_scheduler": layout.scheduler,
+            "attention": layout.attention,
+        },
         "params": flops.param_count(cfg.model),
         "matmul_params": flops.matmul_param_count(cfg.model),
         "flops_per_token": flops.model_flops_per_token(cfg.model),
@@ -51,8 +60,9 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
         "memory_gib": {k: v / GIB for k, v in stages[worst].items()},
         "memory_stage": worst,
         "memory_gib_per_stage": [s["total"] / GIB for s in stages],
-        "in_flight_forwards_per_stage": [in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, k)
-                                         for k in range(layout.pp)],
+        "in_flight_forwards_per_stage": [
+            in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, k) for k in range(layout.pp)
+        ],
         "device_memory_gib": cfg.hardware.memory_gib,
         "memory_pool_gib": cfg.hardware.memory_pool_gib,
         "memory_budget_gib": budget,
@@ -74,9 +84,15 @@ def offload_plan(cfg: Config) -> dict:
         return {"layers_per_stage": per_stage, "fits": True}
     host = [stage_host_bytes(cfg, k) / GIB for k in range(layout.pp)]
     moved = offloaded_layer_bytes(cfg, layout)
-    return {"layers_per_stage": per_stage, "backward_prefetch": layout.offload_prefetch,
-            "bytes_per_layer": moved, "resident_bytes_per_layer": offload_resident_bytes(cfg),
-            "host_gib_per_stage": host, "host_memory_gib": hw.host_memory_gib, "host_link_gbps": hw.host_link_gbps,
-            "bytes_per_step": max(per_stage) * moved * layout.micro_steps,
-            "copy_s_per_micro_batch": max(offload_copy_s(cfg, k) for k in range(layout.pp)),
-            "fits": max(host) <= hw.host_memory_gib}
+    return {
+        "layers_per_stage": per_stage,
+        "backward_prefetch": layout.offload_prefetch,
+        "bytes_per_layer": moved,
+        "resident_bytes_per_layer": offload_resident_bytes(cfg),
+        "host_gib_per_stage": host,
+        "host_memory_gib": hw.host_memory_gib,
+        "host_link_gbps": hw.host_link_gbps,
+        "bytes_per_step": max(per_stage) * moved * layout.micro_steps,
+        "copy_s_per_micro_batch": max(offload_copy_s(cfg, k) for k in range(layout.pp)),
+        "fits": max(host) <= hw.host_memory_gib,
+    }

@@ -1,6 +1,7 @@
 """search(): the layouts of a config for a number of devices that fit, ranked by predicted tokens/s (tools/plan.py
 --search): data, tensor and pipeline degrees, chunks per stage, micro batches, expert parallel, and the fewest
 recomputed or offloaded layers that make each fit."""
+
 from __future__ import annotations
 
 from mindscale.config import Config, ConfigError, offload_layer_counts
@@ -38,8 +39,10 @@ def interleaved_offset(layers: int, stages: int, interleave: int) -> list | int:
     if all(n % interleave == 0 for n in per_stage):
         return offset
     base = layers // (stages * interleave)
-    return [[n // interleave + (chunk >= interleave - n % interleave) - base for n in per_stage]
-            for chunk in range(interleave)]
+    return [
+        [n // interleave + (chunk >= interleave - n % interleave) - base for n in per_stage]
+        for chunk in range(interleave)
+    ]
 
 
 def interleave_choices(layers: int, stages: int, micro_batches: int, largest: int = 8) -> list[int]:
@@ -63,7 +66,7 @@ def _fewest_layers_that_fit(cfg: Config, role: str) -> list[int] | None:
             continue
         if not fits(n):
             return None
-        low, high = 1, n   # from one such layer on, memory falls with each more: bisect
+        low, high = 1, n  # from one such layer on, memory falls with each more: bisect
         while low < high:
             mid = (low + high) // 2
             low, high = (low, mid) if fits(mid) else (mid + 1, high)
@@ -112,6 +115,7 @@ def _offload_candidate(base: Config, recompute_fits: int | None) -> list[str] | 
     of every stage for which host memory holds what is offloaded, r below `recompute_fits` (that many fit by
     recompute alone; None: no number does, r is 0); None if there is no such r, or if its hardware and mode cannot
     offload (validate.py's rules). The more a stage recomputes, the less it offloads: after r = 0, r is bisected."""
+
     def fitted(r: int) -> list[str] | None:
         recompute = ["recompute.mode=full", f"recompute.layers={r}"] if r else []
         cfg = with_overrides(base, recompute + ["offload.layers=1"])
@@ -138,8 +142,13 @@ def _offload_candidate(base: Config, recompute_fits: int | None) -> list[str] | 
 
 def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int, v: int = 1, ep: int = 1) -> list[str] | None:
     model = cfg.model
-    widths = (model.num_heads, model.kv_heads, model.ffn_hidden_size, model.vocab_size,
-              *((model.moe.expert_ffn(model.ffn_hidden_size),) if model.spec.moe else ()))
+    widths = (
+        model.num_heads,
+        model.kv_heads,
+        model.ffn_hidden_size,
+        model.vocab_size,
+        *((model.moe.expert_ffn(model.ffn_hidden_size),) if model.spec.moe else ()),
+    )
     if any(x % tp for x in widths) or tp > cfg.hardware.devices_per_node:
         return None
     if pp > model.num_layers or (tp > 1 and model.seq_length % tp):
@@ -148,12 +157,21 @@ def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int, v: int =
     if batch is None:
         return None
     offset = interleaved_offset(model.num_layers, pp, v)
-    return [f"parallel.data_parallel={dp}", f"parallel.model_parallel={tp}", f"parallel.pipeline_stage={pp}",
-            f"parallel.expert_parallel={ep}",
-            *batch, f"train.micro_batch_size={mbs}", f"train.global_batch_size={cfg.samples_per_step}",
-            f"parallel.pipeline_interleave={v}", "parallel.pipeline_scheduler=1f1b",
-            f"parallel.stage_offset={_yaml(offset)}", f"parallel.sequence_parallel={str(tp > 1).lower()}",
-            f"parallel.optimizer_shard={str(dp > 1).lower()}", "parallel.gradient_accumulation_shard=false"]
+    return [
+        f"parallel.data_parallel={dp}",
+        f"parallel.model_parallel={tp}",
+        f"parallel.pipeline_stage={pp}",
+        f"parallel.expert_parallel={ep}",
+        *batch,
+        f"train.micro_batch_size={mbs}",
+        f"train.global_batch_size={cfg.samples_per_step}",
+        f"parallel.pipeline_interleave={v}",
+        "parallel.pipeline_scheduler=1f1b",
+        f"parallel.stage_offset={_yaml(offset)}",
+        f"parallel.sequence_parallel={str(tp > 1).lower()}",
+        f"parallel.optimizer_shard={str(dp > 1).lower()}",
+        "parallel.gradient_accumulation_shard=false",
+    ]
 
 
 def _yaml(value) -> str:
@@ -162,8 +180,14 @@ def _yaml(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = None,
-           efficiency: float | None = None, micro_batch_sizes: tuple = (1, 2, 4)) -> list[dict]:
+def search(
+    cfg: Config,
+    devices: int,
+    top: int = 5,
+    peak_tflops: float | None = None,
+    efficiency: float | None = None,
+    micro_batch_sizes: tuple = (1, 2, 4),
+) -> list[dict]:
     """Valid (dp, mp, pp, interleave, micro batches, recompute, recompute.comm, offload; a mixture of experts'
     expert_parallel) layouts for `devices` keeping the global batch, ranked by predicted tokens/s among those that
     fit. Each entry: overrides, plan. The config's context_parallel c is kept, not searched: the layouts share
@@ -172,10 +196,16 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
     found = []
     cp = cfg.parallel.context_parallel
     if devices % cp:
-        raise PlanError(f"--devices {devices} is not a multiple of parallel.context_parallel={cp}; pick a multiple "
-                        "or change it with --set")
-    shapes = [(tp, pp, mbs) for tp in _divisors(devices // cp) for pp in _divisors(devices // cp // tp)
-              for mbs in micro_batch_sizes]
+        raise PlanError(
+            f"--devices {devices} is not a multiple of parallel.context_parallel={cp}; pick a multiple "
+            "or change it with --set"
+        )
+    shapes = [
+        (tp, pp, mbs)
+        for tp in _divisors(devices // cp)
+        for pp in _divisors(devices // cp // tp)
+        for mbs in micro_batch_sizes
+    ]
     for tp, pp, mbs in shapes:
         dp = devices // (tp * pp * cp)
         micro = cfg.samples_per_step // (dp * mbs)
@@ -186,8 +216,11 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
             if layout is None:
                 continue
             try:
-                base = with_overrides(cfg, layout + ["recompute.mode=none", "recompute.layers=null",
-                                                     "recompute.comm=false", "offload.layers=0"])
+                base = with_overrides(
+                    cfg,
+                    layout
+                    + ["recompute.mode=none", "recompute.layers=null", "recompute.comm=false", "offload.layers=0"],
+                )
             except ConfigError:
                 continue
             shards = [[]]
@@ -207,8 +240,11 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
                     continue
                 result = plan(candidate, peak, efficiency)
                 if result["fits"]:
-                    keeps = [] if any(x.startswith("recompute.mode=") for x in extra) else \
-                        ["recompute.mode=none", "recompute.layers=null"]
+                    keeps = (
+                        []
+                        if any(x.startswith("recompute.mode=") for x in extra)
+                        else ["recompute.mode=none", "recompute.layers=null"]
+                    )
                     if any(offload_layer_counts(cfg)) and not any(x.startswith("offload.") for x in extra):
                         keeps.append("offload.layers=0")
                     if cfg.recompute.comm and "recompute.comm=true" not in extra:
@@ -216,8 +252,10 @@ def search(cfg: Config, devices: int, top: int = 5, peak_tflops: float | None = 
                     sets = list({o.split("=", 1)[0]: o for o in layout + keeps + extra}.values())  # last wins
                     found.append({"overrides": sets, "plan": result})
     if not found:
-        raise PlanError(f"no layout of {cfg.run.name} fits {devices} x {cfg.hardware.name} "
-                        f"({cfg.hardware.memory_gib:g} GiB) at global batch {cfg.samples_per_step}; "
-                        "use more devices, a smaller micro batch or a shorter sequence")
+        raise PlanError(
+            f"no layout of {cfg.run.name} fits {devices} x {cfg.hardware.name} "
+            f"({cfg.hardware.memory_gib:g} GiB) at global batch {cfg.samples_per_step}; "
+            "use more devices, a smaller micro batch or a shorter sequence"
+        )
     found.sort(key=lambda c: (-c["plan"]["predicted"]["tokens_per_s"], c["plan"]["memory_gib"]["total"]))
     return found[:top]

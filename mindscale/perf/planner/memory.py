@@ -10,13 +10,20 @@ What the rank stores of its parameters is exact (parameters.py); its activations
   (models/transformer.py, TokenCrossEntropy; `tools/dryrun.py --memory`, docs/dryrun.md): three fp32
   [tokens, vocabulary] tensors, the compute-dtype logits freed by then.
 """
+
 from __future__ import annotations
 
 import math
 
 from mindscale.config import Config, Layout
-from mindscale.perf.planner.activations import (_model_layer_activation_bytes, _stage_layer_roles, local_tokens,
-                                                offload_resident_bytes, offloaded_layer_bytes, rematerialised_bytes)
+from mindscale.perf.planner.activations import (
+    _model_layer_activation_bytes,
+    _stage_layer_roles,
+    local_tokens,
+    offload_resident_bytes,
+    offloaded_layer_bytes,
+    rematerialised_bytes,
+)
 from mindscale.perf.planner.caches import _layout, _per_config
 from mindscale.perf.planner.parameters import layer_slice_params, stage_bytes, stage_params
 from mindscale.perf.planner.schedule import chunk_forwards, in_flight_forwards
@@ -63,16 +70,23 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
     pb, cb = DTYPE_BYTES[model.param_dtype], DTYPE_BYTES[model.compute_dtype]
     params = stage_params(cfg, layout)[stage]
     largest_layer = layer_slice_params(cfg, layout)
-    transient = (params * cb if (cb != pb or layout.optimizer_shard) else 0) + \
-        (largest_layer * pb if layout.optimizer_shard else 0)
+    transient = (params * cb if (cb != pb or layout.optimizer_shard) else 0) + (
+        largest_layer * pb if layout.optimizer_shard else 0
+    )
 
     roles = _stage_layer_roles(layout, stage, recomputed, offloaded)
     flash = layout.attention == "flash"
     # per config: a search's bisections ask them of one config for each number of recomputed or offloaded layers
     kept = _per_config("kept", cfg, lambda c: _model_layer_activation_bytes(c, "none", flash))
-    resident = {"kept": kept, "offloaded": offload_resident_bytes(cfg) if "offloaded" in roles else 0.0,
-                "recomputed": _per_config("recomputed", cfg, lambda c: _model_layer_activation_bytes(
-                    c, layout.recompute, flash)) if "recomputed" in roles else 0.0}
+    resident = {
+        "kept": kept,
+        "offloaded": offload_resident_bytes(cfg) if "offloaded" in roles else 0.0,
+        "recomputed": _per_config(
+            "recomputed", cfg, lambda c: _model_layer_activation_bytes(c, layout.recompute, flash)
+        )
+        if "recomputed" in roles
+        else 0.0,
+    }
     activations = _in_flight_bytes(layout, stage, [resident[role] for role in roles])
     if "recomputed" in roles and layout.recompute == "full":
         activations += rematerialised_bytes(cfg, flash)  # one layer at a time during backward
@@ -81,7 +95,7 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
     if stage == layout.pp - 1:
         sb = local_tokens(cfg)
         t = layout.tp
-        activations += sb * model.hidden_size * 4 / (t if layout.sp else 1)    # final norm input
+        activations += sb * model.hidden_size * 4 / (t if layout.sp else 1)  # final norm input
         # the loss's peak (module docstring): the fp32 logits (Layout.logit_split: whole on each rank of a tp group
         # unless split), the one-hot and their product, split over t
         logit_parts = math.prod(layout.logit_split) // layout.token_rows

@@ -8,6 +8,7 @@ moments whatever the parameter dtype; with param_dtype float32 the parameter is 
 accumulation and pipelines keep accumulation buffers of the model-parallel slice, or of the optimizer's shard of
 it with parallel.gradient_accumulation_shard (then reduce-scattered every micro batch).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,20 +16,29 @@ import math
 from dataclasses import dataclass
 
 from mindscale.config import OPTIMIZER_SHARD_MIN_KIB, Config, Layout
-from mindscale.perf.planner.caches import (_LAYER_PARAMS, _MODELS, _STAGE_BYTES, _STAGE_PARAMS, _TABLES, _layout,
-                                           _model_key, _slices_key, _stored_key)
+from mindscale.perf.planner.caches import (
+    _LAYER_PARAMS,
+    _MODELS,
+    _STAGE_BYTES,
+    _STAGE_PARAMS,
+    _TABLES,
+    _layout,
+    _model_key,
+    _slices_key,
+    _stored_key,
+)
 from mindscale.perf.planner.sizes import DTYPE_BYTES, MOMENT_BYTES
 
 
 @dataclass(frozen=True)
 class ParameterSlice:
     name: str
-    shape: tuple       # the full parameter
-    split: tuple       # parts per dimension (the sharding plan; all 1 when not sharded)
-    local: tuple       # this rank's model-parallel slice, before the optimizer shard
-    stages: tuple      # the pipeline stages that hold it (a tied embedding: the first and the last)
+    shape: tuple  # the full parameter
+    split: tuple  # parts per dimension (the sharding plan; all 1 when not sharded)
+    local: tuple  # this rank's model-parallel slice, before the optimizer shard
+    stages: tuple  # the pipeline stages that hold it (a tied embedding: the first and the last)
     trainable: bool
-    itemsize: int      # stored (param dtype)
+    itemsize: int  # stored (param dtype)
     read_itemsize: int  # as the op that reads it takes it: a MatMul in the compute dtype
 
     @property
@@ -52,12 +62,27 @@ def _one_layer_model(cfg: Config, layout: Layout):
     key = _model_key(cfg)
     if key not in _MODELS:  # "none" builds no lazy_inline cells, and the one layer is neither recomputed nor offloaded
         kinds = len(set(_built_layers(cfg.model)))  # a mixture of experts with dense first layers: one of each
-        one = dataclasses.replace(cfg, model=dataclasses.replace(
-            cfg.model, num_layers=kinds, moe=dataclasses.replace(cfg.model.moe, dense_layers=kinds - 1)))
+        one = dataclasses.replace(
+            cfg,
+            model=dataclasses.replace(
+                cfg.model, num_layers=kinds, moe=dataclasses.replace(cfg.model.moe, dense_layers=kinds - 1)
+            ),
+        )
         with no_init_parameters():
-            _MODELS[key] = models.build_model(one, dataclasses.replace(
-                layout, graph_reuse="none", sharded=True, cpu_kernels=False, stages_of_layers=(0,) * kinds,
-                chunks_of_layers=(0,) * kinds, layers_per_stage=(kinds,), recomputed=(), offloaded=()))
+            _MODELS[key] = models.build_model(
+                one,
+                dataclasses.replace(
+                    layout,
+                    graph_reuse="none",
+                    sharded=True,
+                    cpu_kernels=False,
+                    stages_of_layers=(0,) * kinds,
+                    chunks_of_layers=(0,) * kinds,
+                    layers_per_stage=(kinds,),
+                    recomputed=(),
+                    offloaded=(),
+                ),
+            )
     return _MODELS[key]
 
 
@@ -72,11 +97,13 @@ def _every_layer(names: list[str], built: list[int]) -> list[tuple[str, str]]:
     """(name in the model, name in the one-layer model) of every parameter, in the model's order: the
     embeddings, the layers (layer i as the built layer built[i]), the final norm and head."""
     layer = [i for i, n in enumerate(names) if n.startswith("layers.")]
-    before, after = names[:layer[0]], names[layer[-1] + 1:]
+    before, after = names[: layer[0]], names[layer[-1] + 1 :]
     own = {b: [n for n in names if n.startswith(f"layers.{b}.")] for b in set(built)}
-    return ([(n, n) for n in before] +
-            [(f"layers.{i}.{n[len(f'layers.{b}.'):]}", n) for i, b in enumerate(built) for n in own[b]] +
-            [(n, n) for n in after])
+    return (
+        [(n, n) for n in before]
+        + [(f"layers.{i}.{n[len(f'layers.{b}.') :]}", n) for i, b in enumerate(built) for n in own[b]]
+        + [(n, n) for n in after]
+    )
 
 
 def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[ParameterSlice, ...]:
@@ -98,8 +125,18 @@ def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[Paramet
     for name, built in _every_layer(list(params), _built_layers(cfg.model)):
         p, (split, reader) = params[built], splits[built]
         stages = (layout.stage_of(name),) + (tied_copy if name == "tok_embeddings.weight" else ())
-        table.append(ParameterSlice(name, tuple(p.shape), split, tuple(d // s for d, s in zip(p.shape, split)),
-                                    stages, p.requires_grad, pb, cb if reader.startswith(READ_IN_COMPUTE_DTYPE) else pb))
+        table.append(
+            ParameterSlice(
+                name,
+                tuple(p.shape),
+                split,
+                tuple(d // s for d, s in zip(p.shape, split)),
+                stages,
+                p.requires_grad,
+                pb,
+                cb if reader.startswith(READ_IN_COMPUTE_DTYPE) else pb,
+            )
+        )
     _TABLES[key] = tuple(table)
     return _TABLES[key]
 
@@ -145,8 +182,10 @@ def stage_bytes(cfg: Config, stage: int, layout: Layout | None = None) -> dict:
     if key in _STAGE_BYTES:
         return dict(_STAGE_BYTES[key])
     itemsize = DTYPE_BYTES[cfg.model.param_dtype]
-    size = {name: math.prod(shape) * (MOMENT_BYTES if name.startswith("adam_") else itemsize)
-            for name, shape in stored_shapes(cfg, stage, layout).items()}
+    size = {
+        name: math.prod(shape) * (MOMENT_BYTES if name.startswith("adam_") else itemsize)
+        for name, shape in stored_shapes(cfg, stage, layout).items()
+    }
     trained = {p.name for p in parameter_slices(cfg, layout) if p.trainable}
     kind = {"adam_m": "optimizer", "adam_v": "optimizer", "accu_grads": "grads"}
     out = {"weights": 0, "grads": 0, "optimizer": 0}
@@ -178,6 +217,5 @@ def layer_slice_params(cfg: Config, layout: Layout) -> int:
     key = _slices_key(cfg, layout)
     if key not in _LAYER_PARAMS:
         last = f"layers.{cfg.model.num_layers - 1}."
-        _LAYER_PARAMS[key] = sum(math.prod(p.local) for p in parameter_slices(cfg, layout)
-                                 if p.name.startswith(last))
+        _LAYER_PARAMS[key] = sum(math.prod(p.local) for p in parameter_slices(cfg, layout) if p.name.startswith(last))
     return _LAYER_PARAMS[key]

@@ -5,6 +5,7 @@ The figures are the anchors' claims (MindFormers, MindSpeed-LLM), cited by repos
 measures anything. A row is predicted by loading its `mindscale.config` with RESET and its `set` overrides applied,
 and passing its `overlap` to predict (what the anchor's run hides behind compute that MindScale's graph does not).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,14 +22,28 @@ TABLE = REPO_ROOT / "bench" / "published_ascend.yaml"
 
 # What a row's overrides start from: one stage, no accumulation, no recompute, offload, context or expert
 # parallel, a vocabulary-parallel head (Megatron's); the row then sets what its anchor's config sets.
-RESET = ["parallel.data_parallel=1", "parallel.model_parallel=1", "parallel.pipeline_stage=1",
-         "parallel.micro_batch_num=1", "parallel.gradient_accumulation_steps=1", "parallel.pipeline_interleave=1",
-         "parallel.pipeline_scheduler=1f1b", "parallel.stage_offset=0", "parallel.sequence_parallel=false",
-         "parallel.optimizer_shard=false", "parallel.gradient_accumulation_shard=false",
-         "parallel.context_parallel=1", "parallel.expert_parallel=1", "parallel.vocab_emb_dp=false",
-         "train.micro_batch_size=1",
-         "train.global_batch_size=null", "recompute.mode=none", "recompute.layers=null", "recompute.comm=false",
-         "offload.layers=0"]
+RESET = [
+    "parallel.data_parallel=1",
+    "parallel.model_parallel=1",
+    "parallel.pipeline_stage=1",
+    "parallel.micro_batch_num=1",
+    "parallel.gradient_accumulation_steps=1",
+    "parallel.pipeline_interleave=1",
+    "parallel.pipeline_scheduler=1f1b",
+    "parallel.stage_offset=0",
+    "parallel.sequence_parallel=false",
+    "parallel.optimizer_shard=false",
+    "parallel.gradient_accumulation_shard=false",
+    "parallel.context_parallel=1",
+    "parallel.expert_parallel=1",
+    "parallel.vocab_emb_dp=false",
+    "train.micro_batch_size=1",
+    "train.global_batch_size=null",
+    "recompute.mode=none",
+    "recompute.layers=null",
+    "recompute.comm=false",
+    "offload.layers=0",
+]
 
 
 @functools.lru_cache(maxsize=1)
@@ -83,19 +98,36 @@ def _with_hardware(cfg: Config, hardware) -> Config:
 
 def summary(found: list[tuple[dict, float, float]]) -> dict:
     """Median and worst absolute error, of the fitting rows and of the others."""
+
     def stats(part):
         errs = [abs(e) for _, _, e in part]
-        return {"rows": len(errs), "median": statistics.median(errs) if errs else None,
-                "worst": max(errs) if errs else None}
-    return {"fit": stats([f for f in found if f[0].get("fit")]),
-            "held_out": stats([f for f in found if not f[0].get("fit")]),
-            "all": stats(found)}
+        return {
+            "rows": len(errs),
+            "median": statistics.median(errs) if errs else None,
+            "worst": max(errs) if errs else None,
+        }
+
+    return {
+        "fit": stats([f for f in found if f[0].get("fit")]),
+        "held_out": stats([f for f in found if not f[0].get("fit")]),
+        "all": stats(found),
+    }
 
 
 def _model_key(cfg: Config) -> tuple:
     model = cfg.model
-    return (model.arch, model.hidden_size, model.num_layers, model.num_heads, model.kv_heads, model.ffn_hidden_size, model.vocab_size,
-            model.seq_length, model.moe.num_experts, model.moe.top_k)
+    return (
+        model.arch,
+        model.hidden_size,
+        model.num_layers,
+        model.num_heads,
+        model.kv_heads,
+        model.ffn_hidden_size,
+        model.vocab_size,
+        model.seq_length,
+        model.moe.num_experts,
+        model.moe.top_k,
+    )
 
 
 def covering(cfg: Config) -> list[dict]:
@@ -122,9 +154,20 @@ def entries(cfg: Config) -> list[dict]:
     out = []
     for row in covering(cfg):
         predicted = predict_row(row)["tokens_per_s_per_device"]
-        out.append({"id": row["id"], "anchor": row["anchor"], "source": cite(row), "model": row["model"],
-                    "hardware": row["hardware"], "layout": row["layout"], "global_batch": row["global_batch"],
-                    "recompute": row["recompute"], "tokens_per_s_per_card": row["tokens_per_s_per_card"],
-                    "predicted_tokens_per_s_per_card": predicted, "error": error(row, predicted),
-                    "fit": bool(row.get("fit"))})
+        out.append(
+            {
+                "id": row["id"],
+                "anchor": row["anchor"],
+                "source": cite(row),
+                "model": row["model"],
+                "hardware": row["hardware"],
+                "layout": row["layout"],
+                "global_batch": row["global_batch"],
+                "recompute": row["recompute"],
+                "tokens_per_s_per_card": row["tokens_per_s_per_card"],
+                "predicted_tokens_per_s_per_card": predicted,
+                "error": error(row, predicted),
+                "fit": bool(row.get("fit")),
+            }
+        )
     return out

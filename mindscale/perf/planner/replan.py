@@ -1,4 +1,5 @@
 """Re-planning: a config with `--set` overrides applied, or its layout on another number of devices."""
+
 from __future__ import annotations
 
 from mindscale.config import Config, ConfigError, UserError, apply_override, config_from_tree
@@ -45,23 +46,33 @@ def replan_devices(cfg: Config, devices: int) -> Config:
     parallel = cfg.parallel
     dp = parallel.data_parallel_for(devices)
     if dp is None:
-        raise PlanError(f"--devices {devices} is not a multiple of model_parallel x context_parallel x pipeline_stage "
-                        f"= {parallel.model_parallel} x {parallel.context_parallel} x {parallel.pipeline_stage} = "
-                        f"{parallel.replica_devices}; "
-                        "pick a multiple or change them with --set")
+        raise PlanError(
+            f"--devices {devices} is not a multiple of model_parallel x context_parallel x pipeline_stage "
+            f"= {parallel.model_parallel} x {parallel.context_parallel} x {parallel.pipeline_stage} = "
+            f"{parallel.replica_devices}; "
+            "pick a multiple or change them with --set"
+        )
     batch = _batch_overrides(cfg, dp, parallel.pipeline_stage, cfg.train.micro_batch_size)
     if batch is None:
-        raise PlanError(f"global batch {cfg.samples_per_step} cannot be split over data_parallel={dp} x "
-                        f"micro_batch_size={cfg.train.micro_batch_size} (x >= {parallel.pipeline_stage} micro "
-                        "batches); "
-                        "set train.global_batch_size or train.micro_batch_size with --set")
+        raise PlanError(
+            f"global batch {cfg.samples_per_step} cannot be split over data_parallel={dp} x "
+            f"micro_batch_size={cfg.train.micro_batch_size} (x >= {parallel.pipeline_stage} micro "
+            "batches); "
+            "set train.global_batch_size or train.micro_batch_size with --set"
+        )
     try:
         sharded = parallel.optimizer_shard and dp > 1
         micro = any(o.split("=")[1] != "1" for o in batch)  # micro_batch_num or accumulation steps > 1
-        return with_overrides(cfg, [f"parallel.data_parallel={dp}", *batch,
-                                    f"parallel.optimizer_shard={str(sharded).lower()}",
-                                    f"parallel.gradient_accumulation_shard="
-                                    f"{str(sharded and micro and parallel.gradient_accumulation_shard).lower()}",
-                                    f"train.global_batch_size={cfg.samples_per_step}"])
+        return with_overrides(
+            cfg,
+            [
+                f"parallel.data_parallel={dp}",
+                *batch,
+                f"parallel.optimizer_shard={str(sharded).lower()}",
+                f"parallel.gradient_accumulation_shard="
+                f"{str(sharded and micro and parallel.gradient_accumulation_shard).lower()}",
+                f"train.global_batch_size={cfg.samples_per_step}",
+            ],
+        )
     except ConfigError as exc:
         raise PlanError(f"--devices {devices}: {exc}")

@@ -4,6 +4,7 @@ Under 1F1B stage k holds ``p - k`` micro batches in flight (stage 0 holds p); in
 stage (Narayanan et al. 2021, §2.2.2, as Megatron-LM schedules it) holds ``min(2(p-k-1) + (v-1)p + 1, v·m)``
 chunk forwards, stage 0 ``v·p + p - 1`` (`in_flight_forwards`).
 """
+
 from __future__ import annotations
 
 

@@ -21,6 +21,7 @@ hierarchical algorithms cut the data by the l ranks of each server first, so eve
 n/l across S servers. The communication module counts ring bytes (2(r-1)/r of n for an all-reduce over r ranks);
 `collective_s` turns them back into n and times them.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,6 +41,7 @@ class SpeedModel:
     """The compute half of the speed model: a wide matmul's fraction of the peak, the width at which one dimension
     halves it, the attention core's fraction, and the seconds per activation element of the memory-bound rest
     (docstring above). `calibrated`: fitted on published measurements (the profile's), not the flat default."""
+
     matmul_efficiency: float
     matmul_half_width: float
     attention_efficiency: float
@@ -51,22 +53,29 @@ class SpeedModel:
         """The profile's fitted model, or every FLOP at `efficiency` (default: the device's flat one)."""
         hw = cfg.hardware
         if efficiency is None and hw.matmul_efficiency is not None:
-            return cls(hw.matmul_efficiency, hw.matmul_half_width,
-                       hw.attention_efficiency if hw.attention_efficiency is not None else hw.matmul_efficiency,
-                       hw.vector_ns_per_element * 1e-9, True)
+            return cls(
+                hw.matmul_efficiency,
+                hw.matmul_half_width,
+                hw.attention_efficiency if hw.attention_efficiency is not None else hw.matmul_efficiency,
+                hw.vector_ns_per_element * 1e-9,
+                True,
+            )
         flat = efficiency if efficiency is not None else DEFAULT_EFFICIENCY[hw.device_target]
         return cls(flat, 0.0, flat, 0.0, False)
 
     def matmul(self, m: float, k: float, n: float) -> float:
         """Fraction of the peak a [m, k] x [k, n] matmul runs at."""
+
         def s(x: float) -> float:
             return x / (x + self.matmul_half_width)
+
         return self.matmul_efficiency * s(m) * s(k) * s(n)
 
 
 @dataclass(frozen=True)
 class Matmul:
     """One weight's matmul on one rank: [m, k] x [k, n], `count` of them (the experts a rank holds)."""
+
     m: float
     k: float
     n: float
@@ -87,7 +96,7 @@ def layer_matmuls(cfg: Config, experts: bool) -> list[Matmul]:
     out = _attention_matmuls(cfg, tokens, t)
     if experts:
         moe = m.moe
-        slots = expert_slots(cfg) / moe.num_experts * layout.ep      # one expert's rows on the rank holding it
+        slots = expert_slots(cfg) / moe.num_experts * layout.ep  # one expert's rows on the rank holding it
         width, held = moe.expert_ffn(m.ffn_hidden_size) / t, moe.num_experts // layout.ep
         out += [Matmul(tokens, h, moe.num_experts), Matmul(slots, h, width, 2 * held), Matmul(slots, width, h, held)]
         if moe.shared_expert_ffn_hidden_size:
@@ -104,14 +113,22 @@ def _attention_matmuls(cfg: Config, tokens: int, t: int) -> list[Matmul]:
     model = cfg.model
     h = model.hidden_size
     if not model.spec.mla:
-        return [Matmul(tokens, h, model.num_heads * model.head_size / t), Matmul(tokens, h, model.kv_heads * model.head_size / t, 2),
-                Matmul(tokens, model.num_heads * model.head_size / t, h)]
+        return [
+            Matmul(tokens, h, model.num_heads * model.head_size / t),
+            Matmul(tokens, h, model.kv_heads * model.head_size / t, 2),
+            Matmul(tokens, model.num_heads * model.head_size / t, h),
+        ]
     mla, heads = model.mla, model.num_heads / t
-    q = ([Matmul(tokens, h, mla.q_lora_rank), Matmul(tokens, mla.q_lora_rank, heads * mla.qk_head_dim)]
-         if mla.q_lora_rank else [Matmul(tokens, h, heads * mla.qk_head_dim)])
-    return q + [Matmul(tokens, h, mla.kv_lora_rank + mla.qk_rope_head_dim),
-                Matmul(tokens, mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim)),
-                Matmul(tokens, heads * mla.v_head_dim, h)]
+    q = (
+        [Matmul(tokens, h, mla.q_lora_rank), Matmul(tokens, mla.q_lora_rank, heads * mla.qk_head_dim)]
+        if mla.q_lora_rank
+        else [Matmul(tokens, h, heads * mla.qk_head_dim)]
+    )
+    return q + [
+        Matmul(tokens, h, mla.kv_lora_rank + mla.qk_rope_head_dim),
+        Matmul(tokens, mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim)),
+        Matmul(tokens, heads * mla.v_head_dim, h),
+    ]
 
 
 def matmul_s(matmuls: list[Matmul], peak: float, speed: SpeedModel) -> float:
@@ -164,6 +181,7 @@ def _head(cfg: Config, layout: Layout) -> Matmul:
 
 # ------------------------------------------------------------------------------------------------ collectives
 
+
 def ranks_per_server(layout: Layout, stride: int, size: int, devices_per_node: int) -> int:
     """How many ranks of a group of `size` ranks `stride` apart share a server (ranks are numbered tensor parallel
     innermost, then context, data, pipeline parallel; a server holds devices_per_node consecutive ranks)."""
@@ -172,21 +190,22 @@ def ranks_per_server(layout: Layout, stride: int, size: int, devices_per_node: i
     return max(1, min(size, devices_per_node // stride))
 
 
-def collective_s(cfg: Config, ring_bytes: float, ranks: int, per_server: int, ops: float,
-                 alltoall: bool = False) -> float:
+def collective_s(
+    cfg: Config, ring_bytes: float, ranks: int, per_server: int, ops: float, alltoall: bool = False
+) -> float:
     """Seconds a rank spends in collectives that move `ring_bytes` (ring accounting: 2(r-1)/r of the data for an
     all-reduce, (r-1)/r for an all-gather, reduce-scatter or all-to-all) over a group of `ranks`, `per_server` of
     them in each server, in `ops` separate operations (each pays the latency α of the links it uses)."""
     if ranks <= 1 or ring_bytes <= 0:
         return 0.0
     hw = cfg.hardware
-    data = ring_bytes * ranks / (ranks - 1)          # the n of HCCL's formulas, summed over the operations
+    data = ring_bytes * ranks / (ranks - 1)  # the n of HCCL's formulas, summed over the operations
     servers = math.ceil(ranks / per_server)
     seconds = 0.0
     if per_server > 1:
-        if hw.intra_node_mesh:                        # Mesh: l-1 links at once; an all-to-all sends n/r on each
+        if hw.intra_node_mesh:  # Mesh: l-1 links at once; an all-to-all sends n/r on each
             seconds += data / ((ranks if alltoall else per_server) * hw.intra_node_gbps * 1e9)
-        else:                                         # ring over the server's ranks at the device's bandwidth
+        else:  # ring over the server's ranks at the device's bandwidth
             seconds += data * (per_server - 1) / per_server / (hw.intra_node_gbps * 1e9)
         seconds += ops * hw.intra_node_latency_us * 1e-6
     if servers > 1:
@@ -202,6 +221,9 @@ def send_s(cfg: Config, bytes_: float, sends: float, across_servers: bool) -> fl
     hw = cfg.hardware
     if not sends:
         return 0.0
-    gbps, latency = ((hw.inter_node_gbps, hw.inter_node_latency_us) if across_servers
-                     else (hw.intra_node_gbps, hw.intra_node_latency_us))
+    gbps, latency = (
+        (hw.inter_node_gbps, hw.inter_node_latency_us)
+        if across_servers
+        else (hw.intra_node_gbps, hw.intra_node_latency_us)
+    )
     return bytes_ / (gbps * 1e9) + sends * latency * 1e-6

@@ -13,6 +13,7 @@ data and pipeline parallel.
 The step is returned as that sum (`step_breakdown_s`): compute, tensor_parallel, expert_parallel, context_parallel,
 pipeline_sends, bubble, data_parallel_exposed, offload.
 """
+
 from __future__ import annotations
 
 from mindscale.config import Config, Layout
@@ -27,8 +28,16 @@ from mindscale.perf.planner.speed import SpeedModel, collective_s, ranks_per_ser
 # tensor-parallel collectives (MindSpeed-LLM's mc2, MindFormers' fine_grain_interleave) and the context-parallel
 # exchange (ring attention). MindScale's own plans overlap neither.
 OVERLAPS = ("tensor_parallel", "context_parallel")
-BREAKDOWN = ("compute", "tensor_parallel", "expert_parallel", "context_parallel", "pipeline_sends", "bubble",
-             "data_parallel_exposed", "offload")
+BREAKDOWN = (
+    "compute",
+    "tensor_parallel",
+    "expert_parallel",
+    "context_parallel",
+    "pipeline_sends",
+    "bubble",
+    "data_parallel_exposed",
+    "offload",
+)
 
 
 def _stage_slot(cfg: Config, stage: int, comm: dict, peak: float, speed: SpeedModel, overlap: frozenset) -> dict:
@@ -39,30 +48,47 @@ def _stage_slot(cfg: Config, stage: int, comm: dict, peak: float, speed: SpeedMo
     n, t, c = hw.devices_per_node, layout.tp, layout.cp
     layers = layout.layers_per_stage[stage]
     compute = stage_compute_s(cfg, stage, peak, speed)
-    tp = collective_s(cfg, comm["tp_per_layer"] * layers + comm["tp_vocab"] / layout.micro_steps, t,
-                      ranks_per_server(layout, 1, t, n),
-                      comm["tp_collectives_per_layer"] * layers + comm["tp_vocab_collectives"])
+    tp = collective_s(
+        cfg,
+        comm["tp_per_layer"] * layers + comm["tp_vocab"] / layout.micro_steps,
+        t,
+        ranks_per_server(layout, 1, t, n),
+        comm["tp_collectives_per_layer"] * layers + comm["tp_vocab_collectives"],
+    )
     # operations per layer (each pays the latency): ulysses' four all-to-alls each way, colossalai's K/V all-gather
     # and reduce-scatter (and the gather again when full recompute repeats communication); expert parallel's four
     # AlltoAlls, six in a fully recomputed layer
     full = layout.recompute == "full"
     cp_ops = 8 if layout.ulysses else 3 if full and cfg.recompute.comm else 2
-    cp = collective_s(cfg, comm["cp_per_layer"] * layers, c, ranks_per_server(layout, t, c, n), cp_ops * layers,
-                      alltoall=layout.ulysses)
+    cp = collective_s(
+        cfg,
+        comm["cp_per_layer"] * layers,
+        c,
+        ranks_per_server(layout, t, c, n),
+        cp_ops * layers,
+        alltoall=layout.ulysses,
+    )
     ep_ops = 4 * layers + (2 * layout.recomputed_in(stage) if full else 0)
-    ep = collective_s(cfg, comm["ep_per_layer"] * layers, layout.ep, ranks_per_server(layout, t * c, layout.ep, n),
-                      ep_ops, alltoall=True)
-    exposed = {"compute": compute,
-               "tensor_parallel": max(0.0, tp - compute) if "tensor_parallel" in overlap else tp,
-               "context_parallel": max(0.0, cp - compute) if "context_parallel" in overlap else cp,
-               "expert_parallel": ep}
+    ep = collective_s(
+        cfg,
+        comm["ep_per_layer"] * layers,
+        layout.ep,
+        ranks_per_server(layout, t * c, layout.ep, n),
+        ep_ops,
+        alltoall=True,
+    )
+    exposed = {
+        "compute": compute,
+        "tensor_parallel": max(0.0, tp - compute) if "tensor_parallel" in overlap else tp,
+        "context_parallel": max(0.0, cp - compute) if "context_parallel" in overlap else cp,
+        "expert_parallel": ep,
+    }
     busy = sum(exposed.values())
     exposed["offload"] = offload_exposed_s(offload_copy_s(cfg, stage), busy)
     return exposed
 
 
-def predict(cfg: Config, peak_tflops: float, efficiency: float | None = None,
-            overlap: frozenset | tuple = ()) -> dict:
+def predict(cfg: Config, peak_tflops: float, efficiency: float | None = None, overlap: frozenset | tuple = ()) -> dict:
     """Step time, throughput, MFU/HFU, bubble and the step's breakdown of `cfg` at `peak_tflops` per device, with
     the assumptions it rests on (the module's docstring). `efficiency`: every FLOP at that fraction of the peak
     instead of the profile's fitted speed model. `overlap`: parts of OVERLAPS an anchor's run hides behind compute
@@ -80,8 +106,11 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float | None = None,
     sends = max(c["pp_sends_per_micro_batch"] for c in comm) * micro_steps
     pipeline_sends_s = send_s(cfg, max(c["pp_send_recv"] for c in comm), sends, stride_pp >= n)
     breakdown = {key: micro_steps * value for key, value in slots[busiest].items()}
-    breakdown.update(pipeline_sends=pipeline_sends_s, bubble=(stages - 1) / v * slot,
-                     data_parallel_exposed=_data_parallel_exposed(cfg, comm, slot))
+    breakdown.update(
+        pipeline_sends=pipeline_sends_s,
+        bubble=(stages - 1) / v * slot,
+        data_parallel_exposed=_data_parallel_exposed(cfg, comm, slot),
+    )
     breakdown = {key: breakdown[key] for key in BREAKDOWN}
     step = sum(breakdown.values())
     tokens_per_s = cfg.samples_per_step * model.seq_length / step
@@ -89,7 +118,9 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float | None = None,
     recomputed = len(layout.recomputed)
     hardware_flops = tokens_per_s * flops.hardware_flops_per_token(model, layout.recompute, recomputed) / devices
     return {
-        "step_time_s": step, "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / devices,
+        "step_time_s": step,
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_device": tokens_per_s / devices,
         "samples_per_s_per_device": cfg.samples_per_step / step / devices,
         "tflops_per_device": tokens_per_s * flops.model_flops_per_token(model) / devices / 1e12,
         "mfu": flops.mfu(tokens_per_s, devices, peak_tflops, model),
@@ -98,22 +129,36 @@ def predict(cfg: Config, peak_tflops: float, efficiency: float | None = None,
         "pipeline_interleave": v,
         "step_breakdown_s": breakdown,
         "compute_s": breakdown["compute"],
-        "comm_exposed_s": sum(breakdown[k] for k in ("tensor_parallel", "expert_parallel", "context_parallel",
-                                                      "pipeline_sends", "data_parallel_exposed")),
+        "comm_exposed_s": sum(
+            breakdown[k]
+            for k in (
+                "tensor_parallel",
+                "expert_parallel",
+                "context_parallel",
+                "pipeline_sends",
+                "data_parallel_exposed",
+            )
+        ),
         "offload_copy_s": max(offload_copy_s(cfg, k) for k in range(stages)),
         # what the copies add to the step: the slot with them over the busiest slot without them
-        "offload_exposed_s": (micro_steps + (stages - 1) / v) *
-        (slot - max(sum(s.values()) - s["offload"] for s in slots)),
+        "offload_exposed_s": (micro_steps + (stages - 1) / v)
+        * (slot - max(sum(s.values()) - s["offload"] for s in slots)),
         "peak_tflops": peak_tflops,
         # what the kernels achieved: hardware FLOPs over the compute part of the step (not the whole step)
-        "efficiency": hardware_flops * step / breakdown["compute"] / (peak_tflops * 1e12) if breakdown["compute"]
+        "efficiency": hardware_flops * step / breakdown["compute"] / (peak_tflops * 1e12)
+        if breakdown["compute"]
         else 0.0,
-        "speed_model": {"matmul_efficiency": speed.matmul_efficiency, "matmul_half_width": speed.matmul_half_width,
-                        "attention_efficiency": speed.attention_efficiency,
-                        "vector_ns_per_element": speed.vector_s_per_element * 1e9, "calibrated": speed.calibrated,
-                        "error": hw.speed_error if speed.calibrated else None},
-        "assumptions": _assumptions(cfg, peak_tflops, speed, max(offload_copy_s(cfg, k) for k in range(stages)),
-                                    overlap),
+        "speed_model": {
+            "matmul_efficiency": speed.matmul_efficiency,
+            "matmul_half_width": speed.matmul_half_width,
+            "attention_efficiency": speed.attention_efficiency,
+            "vector_ns_per_element": speed.vector_s_per_element * 1e9,
+            "calibrated": speed.calibrated,
+            "error": hw.speed_error if speed.calibrated else None,
+        },
+        "assumptions": _assumptions(
+            cfg, peak_tflops, speed, max(offload_copy_s(cfg, k) for k in range(stages)), overlap
+        ),
     }
 
 
@@ -125,9 +170,11 @@ def _data_parallel_exposed(cfg: Config, comm: list[dict], slot: float) -> float:
     layout, n = _layout(cfg), cfg.hardware.devices_per_node
     d, stride = layout.dp, layout.tp * layout.cp
     per_server = ranks_per_server(layout, stride, d, n)
-    groups = 2 * (max(layout.layers_per_stage) + 2)     # a reduction and a gather per comm_fusion group
-    once = max(collective_s(cfg, c["dp_grad_reduce"] - c["dp_per_micro_batch"] * layout.micro_steps, d, per_server,
-                            groups) for c in comm)
+    groups = 2 * (max(layout.layers_per_stage) + 2)  # a reduction and a gather per comm_fusion group
+    once = max(
+        collective_s(cfg, c["dp_grad_reduce"] - c["dp_per_micro_batch"] * layout.micro_steps, d, per_server, groups)
+        for c in comm
+    )
     per_micro = max(collective_s(cfg, c["dp_per_micro_batch"], d, per_server, groups / 2) for c in comm)
     return max(0.0, once - 2 / 3 * slot) + layout.micro_steps * max(0.0, per_micro - 2 / 3 * slot)
 
@@ -138,49 +185,72 @@ def _assumptions(cfg: Config, peak_tflops: float, speed: SpeedModel, copy_s: flo
     model, layout, hw = cfg.model, _layout(cfg), cfg.hardware
     if speed.calibrated:
         error = f"; median error {hw.speed_error:.0%} on the published table" if hw.speed_error else ""
-        out = [f"kernels: a matmul [M, K] x [K, N] at {speed.matmul_efficiency:.0%} of the {peak_tflops:g} TFLOP/s "
-               f"peak x s(M)·s(K)·s(N), s(x) = x/(x + {speed.matmul_half_width:g}); the attention core at "
-               f"{speed.attention_efficiency:.0%} of the peak "
-               + ("(flash attention: the causal half of its FLOPs)" if layout.attention == "flash" else
-                  "(composite: all of its FLOPs)")
-               + f"; fitted on published 910B measurements (bench/published_ascend.yaml{error})"]
+        out = [
+            f"kernels: a matmul [M, K] x [K, N] at {speed.matmul_efficiency:.0%} of the {peak_tflops:g} TFLOP/s "
+            f"peak x s(M)·s(K)·s(N), s(x) = x/(x + {speed.matmul_half_width:g}); the attention core at "
+            f"{speed.attention_efficiency:.0%} of the peak "
+            + (
+                "(flash attention: the causal half of its FLOPs)"
+                if layout.attention == "flash"
+                else "(composite: all of its FLOPs)"
+            )
+            + f"; fitted on published 910B measurements (bench/published_ascend.yaml{error})"
+        ]
     else:
-        out = [f"hardware FLOPs run at {speed.matmul_efficiency:.0%} of the {peak_tflops:g} TFLOP/s peak (flat: no "
-               "speed model fitted for this profile, or --efficiency)"]
+        out = [
+            f"hardware FLOPs run at {speed.matmul_efficiency:.0%} of the {peak_tflops:g} TFLOP/s peak (flat: no "
+            "speed model fitted for this profile, or --efficiency)"
+        ]
     hidden = [k.replace("_", "-") for k in OVERLAPS if k in overlap]
-    out.append("tensor-, context- and expert-parallel collectives are on the critical path (MindSpore's compiled "
-               "graph overlaps none of them)" if not hidden else
-               f"{' and '.join(hidden)} collectives overlap compute (the anchor's run), the rest are on the critical "
-               "path")
+    out.append(
+        "tensor-, context- and expert-parallel collectives are on the critical path (MindSpore's compiled "
+        "graph overlaps none of them)"
+        if not hidden
+        else f"{' and '.join(hidden)} collectives overlap compute (the anchor's run), the rest are on the critical path"
+    )
     if model.spec.moe:
-        out.append("mixture of experts: the experts compute their capacity's slots, padding included; the dispatch "
-                   "and combine gathers are not timed")
+        out.append(
+            "mixture of experts: the experts compute their capacity's slots, padding included; the dispatch "
+            "and combine gathers are not timed"
+        )
     if layout.ep > 1:
-        out.append(f"expert parallel (ep={layout.ep}): experts are assumed evenly loaded (the capacity bounds the "
-                   "slowest)")
+        out.append(
+            f"expert parallel (ep={layout.ep}): experts are assumed evenly loaded (the capacity bounds the slowest)"
+        )
     if layout.cp > 1:
-        out.append(f"context parallel ({layout.cp_algo}, c={layout.cp}): the causal work is balanced over the cp "
-                   "ranks (it is not: without head-tail chunks the last chunk's queries see the most keys; flash "
-                   "skips the masked blocks, so its rank is the slowest)")
+        out.append(
+            f"context parallel ({layout.cp_algo}, c={layout.cp}): the causal work is balanced over the cp "
+            "ranks (it is not: without head-tail chunks the last chunk's queries see the most keys; flash "
+            "skips the masked blocks, so its rank is the slowest)"
+        )
     out.append(_pipeline_assumption(layout))
     if layout.interleave > 1:
         middle = 1 if layout.pp > 2 else 0
-        out.append(f"pipeline sends: {pipeline_sends(layout.pp, layout.interleave, middle)} per micro batch on a "
-                   "middle stage (2v), counted in full on the critical path (not overlapped with compute)")
+        out.append(
+            f"pipeline sends: {pipeline_sends(layout.pp, layout.interleave, middle)} per micro batch on a "
+            "middle stage (2v), counted in full on the critical path (not overlapped with compute)"
+        )
     if layout.offloaded:
-        out.append(f"activation offload ({sum(layout.offloaded_in(k) for k in range(layout.pp))} layers): each "
-                   f"crosses the host link ({hw.host_link_gbps:g} GB/s each way, full duplex) out in its "
-                   "micro batch's forward and back in its backward; copies run on their own stream and overlap the "
-                   "slot's forward third (out) and backward two thirds (in) without slowing compute; what does not "
-                   f"overlap is exposed ({copy_s:.3g} s each way per micro batch on the busiest stage)")
-    links = (f"{hw.intra_node_gbps:g} GB/s per link, {hw.devices_per_node} devices fully meshed (HCCL Mesh)"
-             if hw.intra_node_mesh else f"{hw.intra_node_gbps:g} GB/s per device (ring)")
-    return out + ["data-parallel gradient reduction overlaps the last micro batch's backward (2/3 of its compute), "
-                  "a per-micro-batch reduce-scatter its own micro batch's; the rest is exposed",
-                  f"collectives: HCCL's α–β model, inside a server {links}, between servers {hw.inter_node_gbps:g} "
-                  f"GB/s per device's NIC; latency {hw.intra_node_latency_us:g} / {hw.inter_node_latency_us:g} µs "
-                  "a step",
-                  "optimizer update, data loading and host overhead are not counted"]
+        out.append(
+            f"activation offload ({sum(layout.offloaded_in(k) for k in range(layout.pp))} layers): each "
+            f"crosses the host link ({hw.host_link_gbps:g} GB/s each way, full duplex) out in its "
+            "micro batch's forward and back in its backward; copies run on their own stream and overlap the "
+            "slot's forward third (out) and backward two thirds (in) without slowing compute; what does not "
+            f"overlap is exposed ({copy_s:.3g} s each way per micro batch on the busiest stage)"
+        )
+    links = (
+        f"{hw.intra_node_gbps:g} GB/s per link, {hw.devices_per_node} devices fully meshed (HCCL Mesh)"
+        if hw.intra_node_mesh
+        else f"{hw.intra_node_gbps:g} GB/s per device (ring)"
+    )
+    return out + [
+        "data-parallel gradient reduction overlaps the last micro batch's backward (2/3 of its compute), "
+        "a per-micro-batch reduce-scatter its own micro batch's; the rest is exposed",
+        f"collectives: HCCL's α–β model, inside a server {links}, between servers {hw.inter_node_gbps:g} "
+        f"GB/s per device's NIC; latency {hw.intra_node_latency_us:g} / {hw.inter_node_latency_us:g} µs "
+        "a step",
+        "optimizer update, data loading and host overhead are not counted",
+    ]
 
 
 def _pipeline_assumption(layout: Layout) -> str:
@@ -189,13 +259,17 @@ def _pipeline_assumption(layout: Layout) -> str:
     if stages == 1:
         return "no pipeline bubble"
     if v == 1:
-        return (f"1F1B pipeline: {micro_steps + stages - 1} micro-batch slots of the busiest stage per step "
-                f"(bubble (p-1)/m = {(stages - 1) / micro_steps:.1%})")
-    return (f"interleaved 1F1B pipeline (Narayanan et al. 2021), v={v} chunks per stage: {micro_steps} + "
-            f"{stages - 1}/{v} micro-batch slots of the busiest stage per step (bubble (p-1)/(v·m) = "
-            f"{bubble_fraction(stages, v, micro_steps):.1%}); assumed: MindSpore's {layout.scheduler} scheduler "
-            "orders chunks as Megatron-LM does and keeps each stage's work balanced per chunk (a dry run "
-            "compiles the chunk placement, never the timing)")
+        return (
+            f"1F1B pipeline: {micro_steps + stages - 1} micro-batch slots of the busiest stage per step "
+            f"(bubble (p-1)/m = {(stages - 1) / micro_steps:.1%})"
+        )
+    return (
+        f"interleaved 1F1B pipeline (Narayanan et al. 2021), v={v} chunks per stage: {micro_steps} + "
+        f"{stages - 1}/{v} micro-batch slots of the busiest stage per step (bubble (p-1)/(v·m) = "
+        f"{bubble_fraction(stages, v, micro_steps):.1%}); assumed: MindSpore's {layout.scheduler} scheduler "
+        "orders chunks as Megatron-LM does and keeps each stage's work balanced per chunk (a dry run "
+        "compiles the chunk placement, never the timing)"
+    )
 
 
 def offload_copy_s(cfg: Config, stage: int) -> float:

@@ -2,6 +2,7 @@
 Markdown table of the shipped scale configs that README.md includes (tools/plan.py prints them; the
 plan itself is full_plan.plan, its formulas docs/planner.md).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -57,10 +58,11 @@ def text(result: dict) -> str:
         f"{lay['global_batch_size']}; recompute {lay['recompute']} {lay['recompute_layers']}{_comm(lay)}; "
         f"{_offload_layers(lay, after='; ')}"
         f"attention {lay['attention']}; sequence parallel {lay['sequence_parallel']}; "
-        f"optimizer shard {lay['optimizer_shard']}" +
-        (" (accumulation buffers sharded too)" if lay["gradient_accumulation_shard"] else ""),
+        f"optimizer shard {lay['optimizer_shard']}"
+        + (" (accumulation buffers sharded too)" if lay["gradient_accumulation_shard"] else ""),
         f"parameters      {result['params']:,} (matmul N = {result['matmul_params']:,}"
-        + (f", active: the router, top_k of {lay['experts']} experts" if lay["experts"] else "") + ")",
+        + (f", active: the router, top_k of {lay['experts']} experts" if lay["experts"] else "")
+        + ")",
         f"FLOPs per token model {result['flops_per_token']:.4g} (6N + 12·L·H·Q·T), "
         f"hardware {result['hflops_per_token']:.4g} (with recompute)",
         f"memory per device, worst stage {result['memory_stage']} of {stages} (layers per stage "
@@ -68,25 +70,41 @@ def text(result: dict) -> str:
     ]
     for key in ("weights", "grads", "optimizer", "transient", "activations", "reserve", "total"):
         lines.append(f"  {key:<12}{_gib(mem[key])}")
-    lines.append("  (weights, grads, optimizer: this rank's slices as MindSpore's compiler cuts them, exact; "
-                 "tools/dryrun.py compares them)")
+    lines.append(
+        "  (weights, grads, optimizer: this rank's slices as MindSpore's compiler cuts them, exact; "
+        "tools/dryrun.py compares them)"
+    )
     verdict = "FITS" if result["fits"] else "DOES NOT FIT"
-    lines.append(f"  budget      {_gib(result['memory_budget_gib'])} of {result['device_memory_gib']:g} GiB "
-                 f"(memory_margin of what the reserve leaves): {verdict}" + _near_budget(result, "; "))
+    lines.append(
+        f"  budget      {_gib(result['memory_budget_gib'])} of {result['device_memory_gib']:g} GiB "
+        f"(memory_margin of what the reserve leaves): {verdict}" + _near_budget(result, "; ")
+    )
     lines.append(pipeline_line(result))
     if any(lay["offload_layers"]):
         lines.append(offload_line(result))
-    lines.append(f"communication per device per step: data-parallel gradients {_bytes(comm['dp_grad_reduce'])}, "
-                 f"tensor-parallel {_bytes(comm['tp'])} ({_bytes(comm['tp_per_layer'])} per layer and micro "
-                 f"batch; {_bytes(comm['tp_vocab'])} at the vocabulary lookup and head), "
-                 + (f"context-parallel {_bytes(comm['cp'])} ({_bytes(comm['cp_per_layer'])} per layer and micro batch, "
-                    f"{lay['context_parallel_algo']}), " if lay["context_parallel"] > 1 else "")
-                 + (f"expert-parallel AlltoAll {_bytes(comm['ep'])} ({_bytes(comm['ep_per_layer'])} per layer and "
-                    "micro batch), " if lay["expert_parallel"] > 1 else "")
-                 + f"pipeline send/recv {_bytes(comm['pp_send_recv'])}")
-    lines.append(f"predicted (not measured): {pred['tokens_per_s']:,.0f} tokens/s "
-                 f"({pred['tokens_per_s_per_device']:,.1f}/device), MFU {pred['mfu']:.1%}, HFU {pred['hfu']:.1%} "
-                 f"(peak {pred['peak_tflops']:g} TFLOP/s per device){_model_error(pred)}")
+    lines.append(
+        f"communication per device per step: data-parallel gradients {_bytes(comm['dp_grad_reduce'])}, "
+        f"tensor-parallel {_bytes(comm['tp'])} ({_bytes(comm['tp_per_layer'])} per layer and micro "
+        f"batch; {_bytes(comm['tp_vocab'])} at the vocabulary lookup and head), "
+        + (
+            f"context-parallel {_bytes(comm['cp'])} ({_bytes(comm['cp_per_layer'])} per layer and micro batch, "
+            f"{lay['context_parallel_algo']}), "
+            if lay["context_parallel"] > 1
+            else ""
+        )
+        + (
+            f"expert-parallel AlltoAll {_bytes(comm['ep'])} ({_bytes(comm['ep_per_layer'])} per layer and "
+            "micro batch), "
+            if lay["expert_parallel"] > 1
+            else ""
+        )
+        + f"pipeline send/recv {_bytes(comm['pp_send_recv'])}"
+    )
+    lines.append(
+        f"predicted (not measured): {pred['tokens_per_s']:,.0f} tokens/s "
+        f"({pred['tokens_per_s_per_device']:,.1f}/device), MFU {pred['mfu']:.1%}, HFU {pred['hfu']:.1%} "
+        f"(peak {pred['peak_tflops']:g} TFLOP/s per device){_model_error(pred)}"
+    )
     lines.append(breakdown_line(pred))
     lines += published_lines(result.get("published", []))
     lines.append("assumptions:")
@@ -94,10 +112,17 @@ def text(result: dict) -> str:
     return "\n".join(lines)
 
 
-STEP_PARTS = {"compute": "compute", "tensor_parallel": "tensor-parallel", "expert_parallel": "expert-parallel",
-              "context_parallel": "context-parallel", "pipeline_sends": "pipeline sends", "bubble": "bubble",
-              "data_parallel_exposed": "exposed data-parallel", "offload": "offload"}
-NEAR_BUDGET_GIB = 1.0   # a plan this close to its budget is flagged: the activation estimate is not exact
+STEP_PARTS = {
+    "compute": "compute",
+    "tensor_parallel": "tensor-parallel",
+    "expert_parallel": "expert-parallel",
+    "context_parallel": "context-parallel",
+    "pipeline_sends": "pipeline sends",
+    "bubble": "bubble",
+    "data_parallel_exposed": "exposed data-parallel",
+    "offload": "offload",
+}
+NEAR_BUDGET_GIB = 1.0  # a plan this close to its budget is flagged: the activation estimate is not exact
 
 
 def breakdown_line(pred: dict) -> str:
@@ -109,8 +134,9 @@ def breakdown_line(pred: dict) -> str:
 def _model_error(pred: dict) -> str:
     """`; the speed model's median error ...` when the profile's speed model is calibrated, else nothing."""
     error = pred["speed_model"]["error"]
-    return (f"; the speed model's median error on published 910B figures is {error:.0%} (docs/planner.md)"
-            if error else "")
+    return (
+        f"; the speed model's median error on published 910B figures is {error:.0%} (docs/planner.md)" if error else ""
+    )
 
 
 def _near_budget(result: dict, before: str = "") -> str:
@@ -125,10 +151,12 @@ def published_lines(entries: list[dict]) -> list[str]:
     the prediction for the anchor's own layout."""
     out = []
     for e in entries:
-        out.append(f"published by {e['anchor']} (its claim, not a MindScale measurement; {e['source']}): "
-                   f"{e['tokens_per_s_per_card']:,} tokens/s per card, {e['model']}, {e['hardware']}, {e['layout']}, "
-                   f"global batch {e['global_batch']}, recompute {e['recompute']}; "
-                   f"predicted for that layout: {e['predicted_tokens_per_s_per_card']:,.0f} ({e['error']:+.1%})")
+        out.append(
+            f"published by {e['anchor']} (its claim, not a MindScale measurement; {e['source']}): "
+            f"{e['tokens_per_s_per_card']:,} tokens/s per card, {e['model']}, {e['hardware']}, {e['layout']}, "
+            f"global batch {e['global_batch']}, recompute {e['recompute']}; "
+            f"predicted for that layout: {e['predicted_tokens_per_s_per_card']:,.0f} ({e['error']:+.1%})"
+        )
     return out
 
 
@@ -141,12 +169,17 @@ def pipeline_line(result: dict) -> str:
     worst = result["memory_stage"]
     forwards = result["in_flight_forwards_per_stage"]
     schedule = "1F1B" if v == 1 else f"interleaved 1F1B, {v} chunks per stage ({lay['pipeline_scheduler']})"
-    held = f"{forwards[worst]} micro batches" if v == 1 else \
-        f"{forwards[worst]} chunk forwards ({forwards[worst] / v:.3g} micro batches of its layers)"
+    held = (
+        f"{forwards[worst]} micro batches"
+        if v == 1
+        else f"{forwards[worst]} chunk forwards ({forwards[worst] / v:.3g} micro batches of its layers)"
+    )
     ratio = f"(p-1)/m = {p - 1}/{m}" if v == 1 else f"(p-1)/(v·m) = {p - 1}/({v}·{m})"
-    return (f"pipeline: {schedule}; bubble {pred['bubble_fraction']:.1%} = {ratio}; worst stage {worst} holds {held} in flight: activations "
-            f"{result['memory_gib']['activations']:.1f} GiB (stage 0: {forwards[0]}); "
-            f"{comm['pp_sends_per_micro_batch']} stage-boundary sends per micro batch on stage {worst}")
+    return (
+        f"pipeline: {schedule}; bubble {pred['bubble_fraction']:.1%} = {ratio}; worst stage {worst} holds {held} in flight: activations "
+        f"{result['memory_gib']['activations']:.1f} GiB (stage 0: {forwards[0]}); "
+        f"{comm['pp_sends_per_micro_batch']} stage-boundary sends per micro batch on stage {worst}"
+    )
 
 
 def _comm(lay: dict) -> str:
@@ -167,11 +200,13 @@ def _offload_layers(lay: dict, before: str = "", after: str = "") -> str:
 def offload_line(result: dict) -> str:
     """Activation offload: what moves per layer, host memory, traffic and copy time against the slot."""
     o, pred = result["offload"], result["predicted"]
-    return (f"offload: {_bytes(o['bytes_per_layer'])} per offloaded layer and micro batch to host memory and back "
-            f"({_bytes(o['resident_bytes_per_layer'])} of Q, K, V stay); host memory "
-            f"{max(o['host_gib_per_stage']):.1f} of {o['host_memory_gib']:g} GiB per device (worst stage); "
-            f"{_bytes(o['bytes_per_step'])} each way per step over the {o['host_link_gbps']:g} GB/s host link, "
-            f"{o['copy_s_per_micro_batch']:.3g} s per micro batch (exposed {pred['offload_exposed_s']:.3g} s per step)")
+    return (
+        f"offload: {_bytes(o['bytes_per_layer'])} per offloaded layer and micro batch to host memory and back "
+        f"({_bytes(o['resident_bytes_per_layer'])} of Q, K, V stay); host memory "
+        f"{max(o['host_gib_per_stage']):.1f} of {o['host_memory_gib']:g} GiB per device (worst stage); "
+        f"{_bytes(o['bytes_per_step'])} each way per step over the {o['host_link_gbps']:g} GB/s host link, "
+        f"{o['copy_s_per_micro_batch']:.3g} s per micro batch (exposed {pred['offload_exposed_s']:.3g} s per step)"
+    )
 
 
 def set_line(overrides: list[str]) -> str:
@@ -188,19 +223,22 @@ def search_text(devices: int, found: list[dict]) -> str:
     for rank, entry in enumerate(found, 1):
         p, pred = entry["plan"], entry["plan"]["predicted"]
         lay = p["layout"]
-        lines.append(f"{rank}. dp {lay['data_parallel']} mp {lay['model_parallel']} {_context(lay, 'cp ')}"
-                     + (f"ep {lay['expert_parallel']} " if lay["expert_parallel"] > 1 else "") +
-                     f"pp {lay['pipeline_stage']}"
-                     + (f" x {lay['pipeline_interleave']} chunks" if lay["pipeline_interleave"] > 1 else "") + ", "
-                     f"micro batches {lay['micro_batch_num'] * lay['gradient_accumulation_steps']} x "
-                     f"{lay['micro_batch_size']}, recompute {lay['recompute']} {lay['recompute_layers']}{_comm(lay)}"
-                     + _offload_layers(lay, before=", ")
-                     + (", accumulation buffers sharded" if lay["gradient_accumulation_shard"] else "")
-                     + f": {pred['tokens_per_s']:,.0f} tokens/s, "
-                     f"MFU {pred['mfu']:.1%}, bubble {pred['bubble_fraction']:.1%}, memory {p['memory_gib']['total']:.1f} of "
-                     f"{p['memory_budget_gib']:.1f} GiB"
-                     + (f" ({pred['tokens_per_s'] / best - 1:+.1%} vs layout 1)" if rank > 1 else "")
-                     + _near_budget(p, "; "))
+        lines.append(
+            f"{rank}. dp {lay['data_parallel']} mp {lay['model_parallel']} {_context(lay, 'cp ')}"
+            + (f"ep {lay['expert_parallel']} " if lay["expert_parallel"] > 1 else "")
+            + f"pp {lay['pipeline_stage']}"
+            + (f" x {lay['pipeline_interleave']} chunks" if lay["pipeline_interleave"] > 1 else "")
+            + ", "
+            f"micro batches {lay['micro_batch_num'] * lay['gradient_accumulation_steps']} x "
+            f"{lay['micro_batch_size']}, recompute {lay['recompute']} {lay['recompute_layers']}{_comm(lay)}"
+            + _offload_layers(lay, before=", ")
+            + (", accumulation buffers sharded" if lay["gradient_accumulation_shard"] else "")
+            + f": {pred['tokens_per_s']:,.0f} tokens/s, "
+            f"MFU {pred['mfu']:.1%}, bubble {pred['bubble_fraction']:.1%}, memory {p['memory_gib']['total']:.1f} of "
+            f"{p['memory_budget_gib']:.1f} GiB"
+            + (f" ({pred['tokens_per_s'] / best - 1:+.1%} vs layout 1)" if rank > 1 else "")
+            + _near_budget(p, "; ")
+        )
         lines.append(f"   {set_line(entry['overrides'])}")
     lines.append(spread_line(found, error))
     return "\n".join(lines)
@@ -212,25 +250,40 @@ def spread_line(found: list[dict], error: float | None) -> str:
     rates = [e["plan"]["predicted"]["tokens_per_s"] for e in found]
     spread = 1 - rates[-1] / rates[0]
     if not error:
-        return (f"the {len(found)} layouts span {spread:.1%} of predicted tokens/s; the profile's speed model is not "
-                "calibrated, so how much of that is real is not known")
+        return (
+            f"the {len(found)} layouts span {spread:.1%} of predicted tokens/s; the profile's speed model is not "
+            "calibrated, so how much of that is real is not known"
+        )
     close = sum(1 for r in rates if 1 - r / rates[0] <= error)
-    return (f"the {len(found)} layouts span {spread:.1%} of predicted tokens/s; the speed model's median error on "
-            f"published 910B figures is {error:.0%}, so " +
-            (f"layouts 1 to {close} are within it of each other: the model does not tell them apart"
-             if close > 1 else "layout 1 leads the others by more than that error"))
+    return (
+        f"the {len(found)} layouts span {spread:.1%} of predicted tokens/s; the speed model's median error on "
+        f"published 910B figures is {error:.0%}, so "
+        + (
+            f"layouts 1 to {close} are within it of each other: the model does not tell them apart"
+            if close > 1
+            else "layout 1 leads the others by more than that error"
+        )
+    )
 
 
 def search_json(found: list[dict]) -> dict:
     """The best layout's plan, with every layout `planner.search` found under "search", best first."""
     best = dict(found[0]["plan"])
     top = found[0]["plan"]["predicted"]["tokens_per_s"]
-    best["search"] = [{"rank": i, "overrides": e["overrides"], "set": set_line(e["overrides"]),
-                       "predicted": e["plan"]["predicted"], "memory_gib": e["plan"]["memory_gib"],
-                       "layout": e["plan"]["layout"], "fits": e["plan"]["fits"],
-                       "vs_best": e["plan"]["predicted"]["tokens_per_s"] / top - 1,
-                       "near_budget": bool(_near_budget(e["plan"]))}
-                      for i, e in enumerate(found, 1)]
+    best["search"] = [
+        {
+            "rank": i,
+            "overrides": e["overrides"],
+            "set": set_line(e["overrides"]),
+            "predicted": e["plan"]["predicted"],
+            "memory_gib": e["plan"]["memory_gib"],
+            "layout": e["plan"]["layout"],
+            "fits": e["plan"]["fits"],
+            "vs_best": e["plan"]["predicted"]["tokens_per_s"] / top - 1,
+            "near_budget": bool(_near_budget(e["plan"])),
+        }
+        for i, e in enumerate(found, 1)
+    ]
     best["search_spread"] = spread_line(found, found[0]["plan"]["predicted"]["speed_model"]["error"])
     return best
 
@@ -238,9 +291,11 @@ def search_json(found: list[dict]) -> dict:
 def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
     """Markdown table of `configs` (files of this checkout) and their plans; the README includes it for
     `shipped_configs()`."""
-    rows = ["| config | params | cards | dp/mp/pp | micro batches x size | recompute (offload) | memory per card (GiB) "
-            "| predicted MFU |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| config | params | cards | dp/mp/pp | micro batches x size | recompute (offload) | memory per card (GiB) "
+        "| predicted MFU |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     errors = set()
     for path in configs:
         cfg = load_config(path)
@@ -248,23 +303,30 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
         errors.add(result["predicted"]["speed_model"]["error"])
         lay = result["layout"]
         micro = lay["micro_batch_num"] * lay["gradient_accumulation_steps"]
-        recompute = lay["recompute"] if lay["recompute"] != "full" or cfg.recompute.layers is None else \
-            f"full {lay['recompute_layers']}"
+        recompute = (
+            lay["recompute"]
+            if lay["recompute"] != "full" or cfg.recompute.layers is None
+            else f"full {lay['recompute_layers']}"
+        )
         recompute += _comm(lay) + _offload_layers(lay, before=" (", after=")")
-        rows.append(f"| `{path.relative_to(REPO_ROOT)}` | {_count(result['params'])} | {result['devices']} "
-                    f"({cfg.hardware.name}) | {lay['data_parallel']}/{lay['model_parallel']}/{lay['pipeline_stage']}"
-                    f"{f' x {v} chunks' if (v := lay['pipeline_interleave']) > 1 else ''}"
-                    f"{f', cp {c}' if (c := lay['context_parallel']) > 1 else ''}"
-                    f"{f', ep {e}' if (e := lay['expert_parallel']) > 1 else ''} "
-                    f"| {micro} x {lay['micro_batch_size']} | {recompute} | "
-                    f"{result['memory_gib']['total']:.1f} of {result['device_memory_gib']:g} | "
-                    f"{result['predicted']['mfu']:.1%} |")
+        rows.append(
+            f"| `{path.relative_to(REPO_ROOT)}` | {_count(result['params'])} | {result['devices']} "
+            f"({cfg.hardware.name}) | {lay['data_parallel']}/{lay['model_parallel']}/{lay['pipeline_stage']}"
+            f"{f' x {v} chunks' if (v := lay['pipeline_interleave']) > 1 else ''}"
+            f"{f', cp {c}' if (c := lay['context_parallel']) > 1 else ''}"
+            f"{f', ep {e}' if (e := lay['expert_parallel']) > 1 else ''} "
+            f"| {micro} x {lay['micro_batch_size']} | {recompute} | "
+            f"{result['memory_gib']['total']:.1f} of {result['device_memory_gib']:g} | "
+            f"{result['predicted']['mfu']:.1%} |"
+        )
     rows.append("")
     calibrated = f", median error {errors.pop():.0%} on them" if len(errors) == 1 and None not in errors else ""
-    rows.append("Generated by `python tools/plan.py --readme-table`; MFU predicted by the planner's speed model "
-                f"(docs/planner.md: fitted on published 910B figures{calibrated}; not measured). MFU "
-                "counts the attention core whole (PaLM's definition) while flash attention computes its causal half, "
-                "so at 128K, where the core is most of the FLOPs, MFU exceeds what the hardware does. `+ comm`: "
-                "`recompute.comm`, the backward gathers the sequence-parallel inputs again instead of keeping them "
-                "gathered (docs/planner.md).")
+    rows.append(
+        "Generated by `python tools/plan.py --readme-table`; MFU predicted by the planner's speed model "
+        f"(docs/planner.md: fitted on published 910B figures{calibrated}; not measured). MFU "
+        "counts the attention core whole (PaLM's definition) while flash attention computes its causal half, "
+        "so at 128K, where the core is most of the FLOPs, MFU exceeds what the hardware does. `+ comm`: "
+        "`recompute.comm`, the backward gathers the sequence-parallel inputs again instead of keeping them "
+        "gathered (docs/planner.md)."
+    )
     return "\n".join(rows)

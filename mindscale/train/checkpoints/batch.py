@@ -11,6 +11,7 @@ the batch back. The global batch is never changed behind the config's back: the 
 runs (Config.samples_per_step = micro_batch_size x data_parallel x micro_batch_num x
 gradient_accumulation_steps).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,9 +30,12 @@ def trained_batch(state: dict) -> int | None:
 def batch_product(cfg: Config) -> str:
     """What cfg's global batch is made of, in its keys."""
     parallel = cfg.parallel
-    keys = [f"train.micro_batch_size={cfg.train.micro_batch_size}", f"parallel.data_parallel={parallel.data_parallel}",
-            *([f"parallel.micro_batch_num={parallel.micro_batch_num}"] if parallel.pipeline_stage > 1 else []),
-            f"parallel.gradient_accumulation_steps={parallel.gradient_accumulation_steps}"]
+    keys = [
+        f"train.micro_batch_size={cfg.train.micro_batch_size}",
+        f"parallel.data_parallel={parallel.data_parallel}",
+        *([f"parallel.micro_batch_num={parallel.micro_batch_num}"] if parallel.pipeline_stage > 1 else []),
+        f"parallel.gradient_accumulation_steps={parallel.gradient_accumulation_steps}",
+    ]
     return " x ".join(keys)
 
 
@@ -53,8 +57,11 @@ def keeping_overrides(cfg: Config, wanted: int, device: str, world: int, saved_l
     `saved_layout`: the accumulation steps (micro batches of a pipeline) scaled, else the micro batch
     scaled; [] when neither does."""
     parallel, have = cfg.parallel, cfg.samples_per_step
-    accumulation = ("parallel.micro_batch_num", parallel.micro_batch_num) if parallel.pipeline_stage > 1 else \
-        ("parallel.gradient_accumulation_steps", parallel.gradient_accumulation_steps)
+    accumulation = (
+        ("parallel.micro_batch_num", parallel.micro_batch_num)
+        if parallel.pipeline_stage > 1
+        else ("parallel.gradient_accumulation_steps", parallel.gradient_accumulation_steps)
+    )
     explicit = [f"train.global_batch_size={wanted}"] if cfg.train.global_batch_size is not None else []
     for key, value in (accumulation, ("train.micro_batch_size", cfg.train.micro_batch_size)):
         if (value * wanted) % have == 0:
@@ -70,8 +77,9 @@ def data_parallel_for(cfg: Config, wanted: int) -> int | None:
     return wanted // per_replica if wanted % per_replica == 0 else None
 
 
-def check_global_batch(source: Path, state: dict, cfg: Config, device: str, world: int,
-                       saved_layout: dict | None, doing: str = "resuming") -> None:
+def check_global_batch(
+    source: Path, state: dict, cfg: Config, device: str, world: int, saved_layout: dict | None, doing: str = "resuming"
+) -> None:
     """Raise CheckpointError (one line, with the fix) unless cfg trains at the global batch the checkpoint
     `source` (its state.json `state`) was trained at. `device`, `world`: what cfg runs on; `saved_layout`:
     the layout a fix must keep (None: any)."""
@@ -80,9 +88,12 @@ def check_global_batch(source: Path, state: dict, cfg: Config, device: str, worl
         return
     overrides = keeping_overrides(cfg, wanted, device, world, saved_layout)
     dp = data_parallel_for(cfg, wanted)
-    fixes = ([" ".join(f"--set {o}" for o in overrides)] if overrides else []) + \
-        ([f"{dp * cfg.parallel.replica_devices} device(s) (parallel.data_parallel={dp})"] if dp else [])
+    fixes = ([" ".join(f"--set {o}" for o in overrides)] if overrides else []) + (
+        [f"{dp * cfg.parallel.replica_devices} device(s) (parallel.data_parallel={dp})"] if dp else []
+    )
     fix = ", or ".join(fixes) or f"micro batch, accumulation and device count whose product is {wanted}"
-    raise CheckpointError(f"{source} was trained at a global batch of {wanted}, this run's is {cfg.samples_per_step} "
-                          f"({batch_product(cfg)}): {doing} would move its data position (step x global batch) and "
-                          f"learning-rate schedule; keep the batch with {fix}")
+    raise CheckpointError(
+        f"{source} was trained at a global batch of {wanted}, this run's is {cfg.samples_per_step} "
+        f"({batch_product(cfg)}): {doing} would move its data position (step x global batch) and "
+        f"learning-rate schedule; keep the batch with {fix}"
+    )

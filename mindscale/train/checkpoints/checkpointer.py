@@ -8,6 +8,7 @@ fine-tuning) -> fresh init.
 With LoRA (finetune.lora.rank > 0) checkpoints hold only the adapters: the frozen base always comes
 from `checkpoint.load_path`, and a resume puts the saved adapters on top of it.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,12 +34,13 @@ def parameters_as_numpy(params, copy: bool = False) -> dict[str, np.ndarray]:
 @dataclass
 class Start:
     """What a run starts from, read and checked before the step compiles (a bad checkpoint fails in seconds)."""
-    checkpoint: Path | None = None         # the committed step folder resumed from
+
+    checkpoint: Path | None = None  # the committed step folder resumed from
     weights: dict | None = None
     optimizer_state: dict | None = None
     state: dict = field(default_factory=dict)  # its state.json
     config: dict = field(default_factory=dict)  # its config.yaml (the resolved config that saved it)
-    pretrained: Mapping | None = None      # checkpoint.load_path's weights (headers only until assigned)
+    pretrained: Mapping | None = None  # checkpoint.load_path's weights (headers only until assigned)
 
     @property
     def step(self) -> int:
@@ -70,8 +72,9 @@ def _same_shape(a: tuple, b: tuple) -> bool:
     return a == b or (len(a) <= 1 and len(b) <= 1 and int(np.prod(a)) == int(np.prod(b)) == 1)
 
 
-def check_fit(source: str, stored: dict[str, tuple], model: dict[str, tuple], complete: bool, saved: dict,
-              cfg: Config, fix: str) -> None:
+def check_fit(
+    source: str, stored: dict[str, tuple], model: dict[str, tuple], complete: bool, saved: dict, cfg: Config, fix: str
+) -> None:
     """Raise WeightsMismatch (one line) unless the tensors a checkpoint holds (`stored`: name -> full shape,
     from its headers) fit the model's parameters (`model`: name -> shape); `complete`: it must hold every
     one of them. The line names the first parameter that differs, both shapes, the model keys in which the
@@ -100,10 +103,11 @@ def check_fit(source: str, stored: dict[str, tuple], model: dict[str, tuple], co
 class PendingSave:
     """A save written (or being written, `job`) and not yet committed; `began`: when training stopped for it,
     `blocked`: how long it did, once known (a background write's copies; a synchronous save's when committed)."""
+
     step: int
-    writes: bool          # this rank writes a part
+    writes: bool  # this rank writes a part
     job: ckpt.BackgroundSave | None
-    healthy: bool         # saved healthy
+    healthy: bool  # saved healthy
     began: float
     blocked: float | None = None
 
@@ -112,8 +116,17 @@ class Checkpointer:
     """Every rank builds one and calls it: `read_start` before the step compiles, `assign_start` after,
     `after_step` once per optimizer step, `end` when training ends (`finish_saving` when it diverges)."""
 
-    def __init__(self, cfg: Config, layout: Layout, rt, graph, root: Path, heartbeat, vote: commit.RankVote,
-                 trainer_state: Callable[[], dict]):
+    def __init__(
+        self,
+        cfg: Config,
+        layout: Layout,
+        rt,
+        graph,
+        root: Path,
+        heartbeat,
+        vote: commit.RankVote,
+        trainer_state: Callable[[], dict],
+    ):
         """`rt`: the Runtime (rank, world, say); `graph`: the TrainGraph trained; `root`: the run folder's
         checkpoints/; `trainer_state`: the trainer's entries of a save's state.json, called once per save
         by the ranks that write."""
@@ -134,8 +147,11 @@ class Checkpointer:
     @property
     def saved_params(self) -> list:
         """What checkpoints hold: every weight, or only the trained adapters under LoRA (the base is frozen)."""
-        return self.held(self.graph.network.trainable_params() if models.lora_enabled(self.cfg)
-                         else self.graph.model.get_parameters())
+        return self.held(
+            self.graph.network.trainable_params()
+            if models.lora_enabled(self.cfg)
+            else self.graph.model.get_parameters()
+        )
 
     @property
     def optimizer_params(self) -> list:
@@ -153,16 +169,29 @@ class Checkpointer:
         checked against this run (layout, global batch, names and shapes) before the step compiles."""
         checkpoint = self.cfg.checkpoint
         ours = ckpt.layout_record(self.cfg, self.layout)
-        latest = commit.resume_point(self.root, self.own_dir, self.vote, self.rt.rank, checkpoint.resume_step, layout=ours) \
-            if checkpoint.resume or checkpoint.resume_step is not None else None
+        latest = (
+            commit.resume_point(self.root, self.own_dir, self.vote, self.rt.rank, checkpoint.resume_step, layout=ours)
+            if checkpoint.resume or checkpoint.resume_step is not None
+            else None
+        )
         pretrained = None
         if checkpoint.load_path and (latest is None or models.lora_enabled(self.cfg)):
             # lazy: nothing read but headers until assign_start (a sharded rank then reads only its slices)
             pretrained = models.load_pretrained(checkpoint.load_path, self.cfg, sliced=True)
-            base = {p.name: tuple(p.shape) for p in self.graph.model.get_parameters()  # LoRA adapters may be absent
-                    if p.name in pretrained or not models.lora.is_adapter(p.name)}
-            check_fit(f"checkpoint.load_path={checkpoint.load_path}", pretrained.shapes, base, True, saved_config(checkpoint.load_path),
-                      self.cfg, "use the model config it was trained with")
+            base = {
+                p.name: tuple(p.shape)
+                for p in self.graph.model.get_parameters()  # LoRA adapters may be absent
+                if p.name in pretrained or not models.lora.is_adapter(p.name)
+            }
+            check_fit(
+                f"checkpoint.load_path={checkpoint.load_path}",
+                pretrained.shapes,
+                base,
+                True,
+                saved_config(checkpoint.load_path),
+                self.cfg,
+                "use the model config it was trained with",
+            )
         if latest is None:
             return Start(pretrained=pretrained)
         state, saved = ckpt.read_state(latest), saved_config(latest)
@@ -180,12 +209,24 @@ class Checkpointer:
         pipeline stage holds only its own parameters, which the compile decides: then only the names it
         holds are checked here, the rest when they are assigned."""
         layouts = state.get("layouts", {})
-        stored = {n: tuple(layouts[n][6]) if n in layouts else tuple(t.shape)
-                  for n, t in models.tensor_file.open_tensors(Path(folder) / ckpt.WEIGHTS).items()}
-        params = self.graph.network.trainable_params() if models.lora_enabled(self.cfg) \
+        stored = {
+            n: tuple(layouts[n][6]) if n in layouts else tuple(t.shape)
+            for n, t in models.tensor_file.open_tensors(Path(folder) / ckpt.WEIGHTS).items()
+        }
+        params = (
+            self.graph.network.trainable_params()
+            if models.lora_enabled(self.cfg)
             else self.graph.model.get_parameters()
-        check_fit(str(folder), stored, {p.name: tuple(p.shape) for p in params}, self.layout.pp == 1, saved,
-                  self.cfg, "resume with the model keys it was saved with (its config.yaml)")
+        )
+        check_fit(
+            str(folder),
+            stored,
+            {p.name: tuple(p.shape) for p in params},
+            self.layout.pp == 1,
+            saved,
+            self.cfg,
+            "resume with the model keys it was saved with (its config.yaml)",
+        )
 
     def assign_start(self, start: Start) -> None:
         """Put what `read_start` read into the compiled graph (sharded parameters have their local shapes)."""
@@ -198,8 +239,11 @@ class Checkpointer:
             if step_cell.scale_update is not None:
                 # a checkpoint of a fixed-scale run holds no dynamic-scale state: start it at the scale it used
                 fresh = {p.name: p.asnumpy() for p in step_cell.scale_update.get_parameters()}
-                optimizer_state = {**fresh, "loss_scale": np.array(start.state["loss_scale"], np.float32),
-                                   **optimizer_state}
+                optimizer_state = {
+                    **fresh,
+                    "loss_scale": np.array(start.state["loss_scale"], np.float32),
+                    **optimizer_state,
+                }
             ckpt.assign(self.optimizer_params, optimizer_state, f"{start.checkpoint} optimizer state", layouts, rank)
             self.rt.say(f"resumed from {start.checkpoint} at step {start.state['step']}")
         elif start.pretrained is not None:
@@ -231,14 +275,24 @@ class Checkpointer:
         background = self.cfg.checkpoint.async_save
         job, healthy = None, True
         if writes:
-            state = {"loss_scale": loss_scale, "seed": self.cfg.run.seed,
-                     "samples_consumed": step * self.cfg.samples_per_step,
-                     "layout": ckpt.layout_record(self.cfg, self.layout), **self.trainer_state()}
+            state = {
+                "loss_scale": loss_scale,
+                "seed": self.cfg.run.seed,
+                "samples_consumed": step * self.cfg.samples_per_step,
+                "layout": ckpt.layout_record(self.cfg, self.layout),
+                **self.trainer_state(),
+            }
             healthy = state["healthy"]
             if self.layout.sharded:
                 state["layouts"] = self.compiled_layouts([*self.saved_params, *self.optimizer_params])
-            args = (self.own_dir, step, parameters_as_numpy(self.saved_params, copy=background),
-                    parameters_as_numpy(self.optimizer_params, copy=background), state, self.cfg.to_yaml())
+            args = (
+                self.own_dir,
+                step,
+                parameters_as_numpy(self.saved_params, copy=background),
+                parameters_as_numpy(self.optimizer_params, copy=background),
+                state,
+                self.cfg.to_yaml(),
+            )
             if background:
                 job = ckpt.BackgroundSave(*args)
             else:
@@ -262,8 +316,15 @@ class Checkpointer:
             self.heartbeat.alive()
             pending.job.join()
             self.heartbeat.alive()
-        commit.commit(self.root, self.own_dir if pending.writes else None, pending.step, self.vote, self.rt.rank,
-                      self.cfg.checkpoint.keep_last, pending.healthy)
+        commit.commit(
+            self.root,
+            self.own_dir if pending.writes else None,
+            pending.step,
+            self.vote,
+            self.rt.rank,
+            self.cfg.checkpoint.keep_last,
+            pending.healthy,
+        )
         where = self.root / ("rank_*" if self.layout.sharded else "") / ckpt.step_dir_name(pending.step)
         blocked = time.perf_counter() - pending.began if pending.blocked is None else pending.blocked
         background = "written in the background, " if pending.job is not None else ""

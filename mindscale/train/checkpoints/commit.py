@@ -23,6 +23,7 @@ folder must be on storage every node shares (rank 0 writes the record the others
 before this file existed have no COMMITTED record: rank 0's complete folders are the candidates, and
 the vote still makes every rank agree.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,13 @@ from mindspore import Tensor, nn, ops
 from mindscale.io import MARKER, CheckpointError, verify_folder
 from mindscale.train.checkpoints.folder import STATE, checkpoint_step, complete_checkpoints, reshard_refusal
 from mindscale.train.resilience.health import describe_health
-from mindscale.train.checkpoints.committed import (COMMITTED, committed_steps, record_steps, step_dir_name,
-                                                   unhealthy_steps)
+from mindscale.train.checkpoints.committed import (
+    COMMITTED,
+    committed_steps,
+    record_steps,
+    step_dir_name,
+    unhealthy_steps,
+)
 
 __all__ = ["COMMITTED", "RankVote", "commit", "committed_steps", "record_steps", "resume_point"]
 
@@ -93,14 +99,16 @@ def _fault_point(root: Path, step: int, rank: int, world: int) -> None:
         return
     name = step_dir_name(step)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not ((root / name / MARKER).is_file() or all(
-            (root / f"rank_{r}" / name / MARKER).is_file() for r in range(world))):
+    while time.monotonic() < deadline and not (
+        (root / name / MARKER).is_file() or all((root / f"rank_{r}" / name / MARKER).is_file() for r in range(world))
+    ):
         time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def commit(root: Path, own_dir: Path | None, step: int, vote: RankVote, rank: int, keep_last: int,
-           healthy: bool = True) -> None:
+def commit(
+    root: Path, own_dir: Path | None, step: int, vote: RankVote, rank: int, keep_last: int, healthy: bool = True
+) -> None:
     """Steps 1-3 above, called by every rank after writing its part of `step` into `own_dir` (None:
     this rank writes nothing, as the data-parallel ranks besides 0); `healthy`: this rank's part was
     saved healthy (state.json)."""
@@ -141,12 +149,14 @@ def _written_under_another_layout(root: Path, own_dir: Path, steps: list[int], l
     unsharded = Path(own_dir) == Path(root)
     other = next(iter(sorted(Path(root).glob(f"rank_*/{name}"))), None) if unsharded else Path(root) / name
     if other is not None and (other / MARKER).is_file():
-        raise reshard_refusal(other, json.loads((other / STATE).read_text()).get("layout", {}),
-                              {} if unsharded else layout)
+        raise reshard_refusal(
+            other, json.loads((other / STATE).read_text()).get("layout", {}), {} if unsharded else layout
+        )
 
 
-def resume_point(root: Path, own_dir: Path, vote: RankVote, rank: int, wanted: int | None,
-                 say=print, layout: dict | None = None) -> Path | None:
+def resume_point(
+    root: Path, own_dir: Path, vote: RankVote, rank: int, wanted: int | None, say=print, layout: dict | None = None
+) -> Path | None:
     """The folder this rank resumes from: its part of the newest committed step every rank can read
     (or of step `wanted`), agreed by vote; None when there is nothing to resume. Every rank calls it.
     `layout`: this run's layout record, for the refusal of a step written under another one."""
@@ -158,8 +168,10 @@ def resume_point(root: Path, own_dir: Path, vote: RankVote, rank: int, wanted: i
         steps = recorded
     if wanted is not None:
         if wanted not in steps:
-            raise CheckpointError(f"checkpoint.resume_step={wanted} is not a committed step of {root} "
-                                  f"(committed: {steps or 'none'}); pick one of them")
+            raise CheckpointError(
+                f"checkpoint.resume_step={wanted} is not a committed step of {root} "
+                f"(committed: {steps or 'none'}); pick one of them"
+            )
         steps = [wanted]
     if steps:
         _written_under_another_layout(root, own_dir, steps, layout)
@@ -173,29 +185,37 @@ def resume_point(root: Path, own_dir: Path, vote: RankVote, rank: int, wanted: i
             if wanted is not None or healthy == vote.world:
                 if unhealthy and rank == 0:
                     newer, _, why = unhealthy[0]
-                    say(f"checkpoint: passing over unhealthy step {newer} ({describe_health(why)}); resuming "
+                    say(
+                        f"checkpoint: passing over unhealthy step {newer} ({describe_health(why)}); resuming "
                         f"from healthy step {step}; the later steps leave the run's history (their folders are removed "
-                        "at the next save)")
+                        "at the next save)"
+                    )
                 return _take(root, recorded, rank, step, folder)
             unhealthy.append((step, folder, health or {}))
             continue
         if wanted is not None:
-            raise CheckpointError(f"checkpoint.resume_step={wanted}: {problem or 'another rank cannot read its part'}; "
-                                  "pick another committed step")
+            raise CheckpointError(
+                f"checkpoint.resume_step={wanted}: {problem or 'another rank cannot read its part'}; "
+                "pick another committed step"
+            )
         if problem:
             say(f"checkpoint: skipping {folder} ({problem}); trying the previous committed step")
         elif rank == 0:
-            say(f"checkpoint: skipping step {step}: {vote.world - readable} of {vote.world} ranks cannot read their "
-                "part (see their logs); trying the previous committed step")
+            say(
+                f"checkpoint: skipping step {step}: {vote.world - readable} of {vote.world} ranks cannot read their "
+                "part (see their logs); trying the previous committed step"
+            )
     if unhealthy:
         step, folder, why = unhealthy[0]
         if rank == 0:
             say(f"checkpoint: no healthy committed step; resuming from unhealthy step {step} ({describe_health(why)})")
         return _take(root, recorded, rank, step, folder)
     if steps:
-        raise CheckpointError(f"no committed step of {root} ({steps}) can be read by every rank (the ranks' logs name "
-                              "what they cannot read): the run folder must be on storage all nodes share; to train "
-                              "from scratch instead, name a new run.name and keep these steps")
+        raise CheckpointError(
+            f"no committed step of {root} ({steps}) can be read by every rank (the ranks' logs name "
+            "what they cannot read): the run folder must be on storage all nodes share; to train "
+            "from scratch instead, name a new run.name and keep these steps"
+        )
     return None
 
 

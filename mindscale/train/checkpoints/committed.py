@@ -6,6 +6,7 @@ them to say where a run saved.
 `checkpoints/COMMITTED`, `{"steps": [...], "unhealthy": [...]}`: the steps every rank has written,
 oldest first, and those of them some rank saved unhealthy (mindscale/train/resilience/health.py SaveWindow).
 """
+
 from __future__ import annotations
 
 import json

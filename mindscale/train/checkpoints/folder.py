@@ -11,6 +11,7 @@ It is committed whole (mindscale.io.commit_folder): a process killed at any mome
 previous complete checkpoint or the new complete one, and a folder without a valid COMPLETE marker
 (a kill, a truncated copy) is never loaded.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,10 +28,28 @@ from mindscale.io import MARKER, CheckpointError, commit_folder, read_tensors, v
 from mindscale.train.checkpoints.committed import step_dir_name
 from models.weights import WEIGHTS, assign, load_weights
 
-__all__ = ["MARKER", "WEIGHTS", "OPTIMIZER", "STATE", "CONFIG", "CheckpointError", "assign", "load_weights",
-           "save_checkpoint", "BackgroundSave", "layout_record", "same_layout", "describe_layout",
-           "reshard_refusal", "read_state", "complete_checkpoints",
-           "latest_checkpoint", "checkpoint_step", "load_checkpoint", "step_dir_name"]
+__all__ = [
+    "MARKER",
+    "WEIGHTS",
+    "OPTIMIZER",
+    "STATE",
+    "CONFIG",
+    "CheckpointError",
+    "assign",
+    "load_weights",
+    "save_checkpoint",
+    "BackgroundSave",
+    "layout_record",
+    "same_layout",
+    "describe_layout",
+    "reshard_refusal",
+    "read_state",
+    "complete_checkpoints",
+    "latest_checkpoint",
+    "checkpoint_step",
+    "load_checkpoint",
+    "step_dir_name",
+]
 
 OPTIMIZER = "optimizer.safetensors"
 STATE = "state.json"
@@ -42,10 +61,20 @@ def layout_record(cfg, layout) -> dict:
     unsharded. stages_of_layers is which stage holds each decoder layer, which pipeline_interleave and
     stage_offset change under the same pipeline_stage."""
     parallel = cfg.parallel
-    return {"devices": layout.devices, "data_parallel": parallel.data_parallel, "model_parallel": parallel.model_parallel,
-            "pipeline_stage": parallel.pipeline_stage, "optimizer_shard": layout.optimizer_shard,
-            "vocab_parallel": layout.vocab_parallel, "expert_parallel": parallel.expert_parallel,
-            "stages_of_layers": list(layout.stages_of_layers)} if layout.sharded else {}
+    return (
+        {
+            "devices": layout.devices,
+            "data_parallel": parallel.data_parallel,
+            "model_parallel": parallel.model_parallel,
+            "pipeline_stage": parallel.pipeline_stage,
+            "optimizer_shard": layout.optimizer_shard,
+            "vocab_parallel": layout.vocab_parallel,
+            "expert_parallel": parallel.expert_parallel,
+            "stages_of_layers": list(layout.stages_of_layers),
+        }
+        if layout.sharded
+        else {}
+    )
 
 
 RECORD_ADDED = ("expert_parallel", "stages_of_layers")  # the keys the record gained last (same_layout)
@@ -64,8 +93,11 @@ def describe_layout(record: dict) -> str:
     """A layout record (layout_record) for a one-line message."""
     if not record:
         return "unsharded (rank 0 writes whole tensors)"
-    degrees = ", ".join(f"{key} {record[key]}" for key in ("data_parallel", "model_parallel", "pipeline_stage",
-                                                            "expert_parallel", "optimizer_shard") if key in record)
+    degrees = ", ".join(
+        f"{key} {record[key]}"
+        for key in ("data_parallel", "model_parallel", "pipeline_stage", "expert_parallel", "optimizer_shard")
+        if key in record
+    )
     return f"sharded over {record.get('devices')} devices ({degrees})"
 
 
@@ -76,9 +108,11 @@ def reshard_refusal(folder: Path, saved: dict, ours: dict | None) -> CheckpointE
     this = describe_layout(ours) if ours is not None else "sharded"
     if ours and saved and describe_layout(ours) == describe_layout(saved):
         this += f" but with other {', '.join(key for key in ours if saved.get(key) != ours[key])}"
-    return CheckpointError(f"{folder} was written {describe_layout(saved)}, this run is {this}: its tensors do not "
-                           f"load here; reshard it: python tools/reshard.py --input {folder} --config <this run's "
-                           "config> --output <a new run>/checkpoints, then resume with that run.name")
+    return CheckpointError(
+        f"{folder} was written {describe_layout(saved)}, this run is {this}: its tensors do not "
+        f"load here; reshard it: python tools/reshard.py --input {folder} --config <this run's "
+        "config> --output <a new run>/checkpoints, then resume with that run.name"
+    )
 
 
 def _fault_point(name: str, step: int) -> None:
@@ -92,9 +126,14 @@ def _contiguous(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: np.ascontiguousarray(value) for name, value in tensors.items()}
 
 
-def save_checkpoint(root: str | Path, step: int, weights: dict[str, np.ndarray],
-                    optimizer: dict[str, np.ndarray] | None = None, state: dict | None = None,
-                    config: str | None = None) -> Path:
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    weights: dict[str, np.ndarray],
+    optimizer: dict[str, np.ndarray] | None = None,
+    state: dict | None = None,
+    config: str | None = None,
+) -> Path:
     """Write `<root>/step_XXXXXXXX/` atomically (pruning old ones is the run-level commit's job,
     mindscale/train/checkpoints/commit.py). `config` is the resolved config as YAML text. Returns the final folder.
     """
@@ -170,7 +209,9 @@ def read_state(path: str | Path) -> dict:
     return json.loads((Path(path) / STATE).read_text())
 
 
-def load_checkpoint(path: str | Path, verified: bool = False) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict]:
+def load_checkpoint(
+    path: str | Path, verified: bool = False
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict]:
     """(weights, optimizer state, trainer state) of a complete checkpoint folder, checksums verified
     (unless the caller just did: `verified`)."""
     path = Path(path)

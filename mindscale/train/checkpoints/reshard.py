@@ -9,6 +9,7 @@ position carry over, and the data order does not depend on the layout, so a run 
 config resumes from the output as from its own checkpoint. The whole model is held in host memory
 once.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,15 @@ from typing import Callable
 from mindscale.config import Config, Layout
 from mindscale.io import CheckpointError
 from mindscale.progress import Progress, quiet
-from mindscale.train.checkpoints.folder import (CONFIG, OPTIMIZER, STATE, WEIGHTS, layout_record, save_checkpoint,
-                                        step_dir_name)
+from mindscale.train.checkpoints.folder import (
+    CONFIG,
+    OPTIMIZER,
+    STATE,
+    WEIGHTS,
+    layout_record,
+    save_checkpoint,
+    step_dir_name,
+)
 from mindscale.train.checkpoints.batch import check_global_batch
 from mindscale.train.checkpoints.commit import record_steps
 from models.weights import read_step_tensors, saved_layout, take_slice
@@ -30,8 +38,10 @@ def read_step(folder: Path) -> tuple[dict, dict, dict]:
     """(weights, optimizer state, trainer state) of a step, whole."""
     folder = Path(folder)
     if not (folder / STATE).is_file():
-        raise CheckpointError(f"{folder} is not a checkpoint step folder (no {STATE}); point --input at a step_* "
-                              "folder, for a sharded run at any rank_<r>/step_* folder")
+        raise CheckpointError(
+            f"{folder} is not a checkpoint step folder (no {STATE}); point --input at a step_* "
+            "folder, for a sharded run at any rank_<r>/step_* folder"
+        )
     state = json.loads((folder / STATE).read_text())
     state.pop("layouts", None)
     return read_step_tensors(folder, WEIGHTS), read_step_tensors(folder, OPTIMIZER), state
@@ -40,12 +50,20 @@ def read_step(folder: Path) -> tuple[dict, dict, dict]:
 def _rank_part(tensors: dict, layouts: dict, everywhere: set, rank: int) -> dict:
     """What `rank` holds of `tensors`: its slice of each tensor its stage holds, and the tensors no stage
     has a layout for (optimizer counters)."""
-    return {n: take_slice(v, layouts[n], rank) if n in layouts else v
-            for n, v in tensors.items() if n in layouts or n in everywhere}
+    return {
+        n: take_slice(v, layouts[n], rank) if n in layouts else v
+        for n, v in tensors.items()
+        if n in layouts or n in everywhere
+    }
 
 
-def reshard(source: Path, cfg: Config, output: Path, rank_layouts: Callable[[Progress], dict[int, dict]],
-            progress: Progress | None = None) -> dict:
+def reshard(
+    source: Path,
+    cfg: Config,
+    output: Path,
+    rank_layouts: Callable[[Progress], dict[int, dict]],
+    progress: Progress | None = None,
+) -> dict:
     """Write the step of `source` under `output` (a run's checkpoints folder) for `cfg`'s layout, its stages
     reported to `progress` (mindscale/progress.py). A sharded target is cut by `rank_layouts(progress)`:
     every rank's compiled layout of each tensor it holds (mindscale.launch.dryrun_ranks.rank_layouts)."""
@@ -76,13 +94,27 @@ def reshard(source: Path, cfg: Config, output: Path, rank_layouts: Callable[[Pro
             part_weights = _rank_part(weights, layouts, everywhere, rank)
             part_optimizer = _rank_part(optimizer, layouts, everywhere, rank)
             held = {n: saved_layout(layouts[n]) for n in [*part_weights, *part_optimizer] if n in layouts}
-            folders.append(save_checkpoint(output / f"rank_{rank}", step, part_weights, part_optimizer,
-                                           {**state, "layouts": held}, cfg.to_yaml()))
+            folders.append(
+                save_checkpoint(
+                    output / f"rank_{rank}",
+                    step,
+                    part_weights,
+                    part_optimizer,
+                    {**state, "layouts": held},
+                    cfg.to_yaml(),
+                )
+            )
     record_steps(output, [step])
     seconds = time.perf_counter() - began
     full_bytes = sum(v.nbytes for v in [*weights.values(), *optimizer.values()])
     # gb_per_s: the step's full bytes over the time spent reading, cutting and writing (not compiling)
-    return {"output": str(output), "step": step, "ranks": len(folders), "bytes": int(full_bytes),
-            "seconds": round(seconds, 2), "compile_s": round(compile_s, 2),
-            "gb_per_s": full_bytes / 1e9 / (seconds - compile_s),
-            "config": str(folders[0] / CONFIG)}
+    return {
+        "output": str(output),
+        "step": step,
+        "ranks": len(folders),
+        "bytes": int(full_bytes),
+        "seconds": round(seconds, 2),
+        "compile_s": round(compile_s, 2),
+        "gb_per_s": full_bytes / 1e9 / (seconds - compile_s),
+        "config": str(folders[0] / CONFIG),
+    }

@@ -21,6 +21,7 @@ key (i + 1/2) / g_k, ties by source), the same layout for every step with the sa
 Everything here is numpy and a Python loop over R picks per step (R < K); nothing per sample runs in
 Python. mindscale/train/data/index.py writes the counts into the run folder; this module is the math.
 """
+
 from __future__ import annotations
 
 from typing import Iterator, Sequence

@@ -19,6 +19,7 @@ the ids equal `apply_chat_template(..., tokenize=True)`.
 
 `get_template` picks a template by name, built-in or `hf`; it lives here, above both kinds.
 """
+
 from __future__ import annotations
 
 from mindscale.train.data.templates import HF_TEMPLATE, TEMPLATE_CHOICES, TEMPLATES, RecordError, check_turns
@@ -45,9 +46,11 @@ class ChatTemplate:
         """The chat template of `tokenizer`'s folder (a SentencePiece model has none)."""
         if tokenizer is None or tokenizer.folder is None:
             where = f"the SentencePiece model {tokenizer.path}" if tokenizer is not None else "no tokenizer"
-            raise RecordError(f"--template hf needs a Hugging Face tokenizer folder (tokenizer.json with a "
-                              f"chat_template), got {where}; point --tokenizer / data.tokenizer at such a folder "
-                              "or use --template alpaca, llama2 or llama3")
+            raise RecordError(
+                f"--template hf needs a Hugging Face tokenizer folder (tokenizer.json with a "
+                f"chat_template), got {where}; point --tokenizer / data.tokenizer at such a folder "
+                "or use --template alpaca, llama2 or llama3"
+            )
         return cls(tokenizer.folder)
 
     def text(self, messages: list[dict], generation_prompt: bool) -> str:
@@ -69,18 +72,22 @@ class ChatTemplate:
         for k, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            before, through = self.text(messages[:k], True), self.text(messages[:k + 1], False)
+            before, through = self.text(messages[:k], True), self.text(messages[: k + 1], False)
             if not (whole.startswith(through) and through.startswith(before) and len(before) >= done):
-                raise RecordError(f"the chat_template of {self.folder} cannot be split at assistant turn {k}: "
-                                  "the conversation rendered up to it is not the start of the whole rendering "
-                                  "(the template rewrites earlier turns), so the answer's tokens cannot be "
-                                  "masked exactly; use --template alpaca, llama2 or llama3")
-            answer = whole[len(before):len(through)]
+                raise RecordError(
+                    f"the chat_template of {self.folder} cannot be split at assistant turn {k}: "
+                    "the conversation rendered up to it is not the start of the whole rendering "
+                    "(the template rewrites earlier turns), so the answer's tokens cannot be "
+                    "masked exactly; use --template alpaca, llama2 or llama3"
+                )
+            answer = whole[len(before) : len(through)]
             if not self._answer_only(answer, message["content"], before, messages[:k]):
-                raise RecordError(f"the chat_template of {self.folder} does not render assistant turn {k} as its "
-                                  "content after the generation prompt (add_generation_prompt), so the answer's "
-                                  "tokens cannot be masked exactly; use --template alpaca, llama2 or llama3")
-            pieces += [(whole[done:len(before)], False), (answer, True)]
+                raise RecordError(
+                    f"the chat_template of {self.folder} does not render assistant turn {k} as its "
+                    "content after the generation prompt (add_generation_prompt), so the answer's "
+                    "tokens cannot be masked exactly; use --template alpaca, llama2 or llama3"
+                )
+            pieces += [(whole[done : len(before)], False), (answer, True)]
             done = len(through)
         return pieces + [(whole[done:], False)]
 

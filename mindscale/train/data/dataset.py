@@ -27,6 +27,7 @@ opened before in the process), which Python cannot catch. Every start compares e
 manifest; the process that builds the run's index first hashes every shard against the manifest's
 checksum (`verify_checksums`); each batch's token ids are range-checked (`DataStream.check_token_ids`).
 """
+
 from __future__ import annotations
 
 import errno
@@ -50,8 +51,18 @@ from mindscale.train.data.index import IndexSource, SampleIndex, fingerprint
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 SYNTHETIC = "synthetic"
-MANIFEST_KEYS = ("format_version", "mode", "seq_length", "num_samples", "vocab_size", "eos_id", "pad_id",
-                 "tokenizer", "fields", "shards")
+MANIFEST_KEYS = (
+    "format_version",
+    "mode",
+    "seq_length",
+    "num_samples",
+    "vocab_size",
+    "eos_id",
+    "pad_id",
+    "tokenizer",
+    "fields",
+    "shards",
+)
 PREPROCESS_HINT = "tools/preprocess_data.py --input ... --tokenizer ... --output DIR"
 CHECKSUM = "xxh3_128"  # a shard's digest in the manifest: it finds damaged bytes, not deliberate edits
 HASH_BLOCK = 1 << 20  # bytes hashed (and read) per block: a block in a sparse file's hole is not read
@@ -117,14 +128,18 @@ def read_manifest(path: str | Path, key: str = "data.path") -> dict:
     config key that gave the folder in errors."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{key}={path} does not exist; create it with {PREPROCESS_HINT}"
-                        + (" or set data.path=synthetic" if key == "data.path" else ""))
+        raise DataError(
+            f"{key}={path} does not exist; create it with {PREPROCESS_HINT}"
+            + (" or set data.path=synthetic" if key == "data.path" else "")
+        )
     manifest_path = path / MANIFEST_NAME if path.is_dir() else path
     if path.is_dir() and not any(path.iterdir()):
         raise DataError(f"{key}={path} is empty; create it with {PREPROCESS_HINT}")
     if not manifest_path.is_file():
-        raise DataError(f"{manifest_path} is missing; {path} was not written by tools/preprocess_data.py "
-                        "(re-run it into an empty folder)")
+        raise DataError(
+            f"{manifest_path} is missing; {path} was not written by tools/preprocess_data.py "
+            "(re-run it into an empty folder)"
+        )
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -133,8 +148,10 @@ def read_manifest(path: str | Path, key: str = "data.path") -> dict:
     if missing:
         raise DataError(f"{manifest_path} lacks {list(missing)}; re-run tools/preprocess_data.py")
     if manifest["format_version"] != FORMAT_VERSION:
-        raise DataError(f"{manifest_path} has format_version {manifest['format_version']}, this MindScale reads "
-                        f"{FORMAT_VERSION}; re-run tools/preprocess_data.py")
+        raise DataError(
+            f"{manifest_path} has format_version {manifest['format_version']}, this MindScale reads "
+            f"{FORMAT_VERSION}; re-run tools/preprocess_data.py"
+        )
     return manifest
 
 
@@ -147,9 +164,11 @@ def check_tokenizer(cfg: Config) -> Optional[str]:
 
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     if tokenizer.vocab_size > cfg.model.vocab_size:
-        raise DataError(f"data.tokenizer={cfg.data.tokenizer} has {tokenizer.vocab_size} tokens but "
-                        f"model.vocab_size={cfg.model.vocab_size}; set model.vocab_size >= {tokenizer.vocab_size} "
-                        "or use a smaller tokenizer")
+        raise DataError(
+            f"data.tokenizer={cfg.data.tokenizer} has {tokenizer.vocab_size} tokens but "
+            f"model.vocab_size={cfg.model.vocab_size}; set model.vocab_size >= {tokenizer.vocab_size} "
+            "or use a smaller tokenizer"
+        )
     return tokenizer.sha256
 
 
@@ -165,17 +184,23 @@ def check_manifest(cfg: Config, manifest: dict, folder: Path) -> list[str]:
     """Match a manifest against the config; returns the shard files in stream order."""
     where = folder / MANIFEST_NAME
     if manifest["seq_length"] != cfg.model.seq_length:
-        raise DataError(f"{where} has seq_length {manifest['seq_length']} but model.seq_length="
-                        f"{cfg.model.seq_length}; re-run tools/preprocess_data.py --seq-length "
-                        f"{cfg.model.seq_length} or set model.seq_length={manifest['seq_length']}")
+        raise DataError(
+            f"{where} has seq_length {manifest['seq_length']} but model.seq_length="
+            f"{cfg.model.seq_length}; re-run tools/preprocess_data.py --seq-length "
+            f"{cfg.model.seq_length} or set model.seq_length={manifest['seq_length']}"
+        )
     if manifest["vocab_size"] > cfg.model.vocab_size:
-        raise DataError(f"{where} was tokenized with a {manifest['vocab_size']}-token vocabulary but "
-                        f"model.vocab_size={cfg.model.vocab_size}; set model.vocab_size >= {manifest['vocab_size']}")
+        raise DataError(
+            f"{where} was tokenized with a {manifest['vocab_size']}-token vocabulary but "
+            f"model.vocab_size={cfg.model.vocab_size}; set model.vocab_size >= {manifest['vocab_size']}"
+        )
     tokenizer_hash = check_tokenizer(cfg)
     if tokenizer_hash is not None and tokenizer_hash != manifest["tokenizer"].get("sha256"):
-        raise DataError(f"data.tokenizer={cfg.data.tokenizer} is not the tokenizer {where} was made with "
-                        f"({manifest['tokenizer'].get('path')}); point data.tokenizer at that one or re-run "
-                        "tools/preprocess_data.py with this tokenizer")
+        raise DataError(
+            f"data.tokenizer={cfg.data.tokenizer} is not the tokenizer {where} was made with "
+            f"({manifest['tokenizer'].get('path')}); point data.tokenizer at that one or re-run "
+            "tools/preprocess_data.py with this tokenizer"
+        )
     check_special_ids(cfg, manifest["eos_id"], manifest["pad_id"], manifest["mode"], str(where))
     if manifest["num_samples"] < 1:
         raise DataError(f"{where} lists no samples; re-run tools/preprocess_data.py with more text")
@@ -183,8 +208,9 @@ def check_manifest(cfg: Config, manifest: dict, folder: Path) -> list[str]:
     for shard in manifest["shards"]:
         path = folder / shard["file"]
         if not path.is_file() or not Path(f"{path}.db").is_file():
-            raise DataError(f"shard {path} (or its .db index) listed in {where} is missing; "
-                            "re-run tools/preprocess_data.py")
+            raise DataError(
+                f"shard {path} (or its .db index) listed in {where} is missing; re-run tools/preprocess_data.py"
+            )
         _check_sizes(path, shard, where)
         files.append(str(path))
     return files
@@ -196,8 +222,10 @@ def _check_sizes(path: Path, shard: dict, where: Path) -> None:
     for prefix, suffix in SHARD_FILES:
         file, recorded = Path(f"{path}{suffix}"), shard.get(f"{prefix}bytes")
         if recorded is not None and file.stat().st_size != recorded:
-            raise DataError(f"shard {file} holds {file.stat().st_size:,} bytes but {where} records {recorded:,}: "
-                            f"it was cut short or changed after preprocessing; {DAMAGED_FIX}")
+            raise DataError(
+                f"shard {file} holds {file.stat().st_size:,} bytes but {where} records {recorded:,}: "
+                f"it was cut short or changed after preprocessing; {DAMAGED_FIX}"
+            )
 
 
 def verify_checksums(sources: list["DataSource"], split: str, say=print) -> None:
@@ -214,21 +242,28 @@ def verify_checksums(sources: list["DataSource"], split: str, say=print) -> None
             for prefix, suffix in SHARD_FILES:
                 file = Path(f"{path}{suffix}")
                 if file_checksum(file) != shard[f"{prefix}{CHECKSUM}"]:
-                    raise DataError(f"shard {file} does not match its {CHECKSUM} checksum in {folder / MANIFEST_NAME}"
-                                    f": its bytes changed after preprocessing; {DAMAGED_FIX}")
+                    raise DataError(
+                        f"shard {file} does not match its {CHECKSUM} checksum in {folder / MANIFEST_NAME}"
+                        f": its bytes changed after preprocessing; {DAMAGED_FIX}"
+                    )
                 hashed += shard[f"{prefix}bytes"]
             shards += 1
     if shards:
-        say(f"data ({split}): {shards} shard(s) match their checksums ({hashed / 1e9:.2f} GB in "
-            f"{time.perf_counter() - began:.1f} s, {CHECKSUM})")
+        say(
+            f"data ({split}): {shards} shard(s) match their checksums ({hashed / 1e9:.2f} GB in "
+            f"{time.perf_counter() - began:.1f} s, {CHECKSUM})"
+        )
     if unchecked:
-        say(f"data ({split}): not checked, their manifest.json records no shard checksums (written before MindScale "
-            f"kept them): {', '.join(unchecked)}; add them with tools/preprocess_data.py --add-checksums FOLDER")
+        say(
+            f"data ({split}): not checked, their manifest.json records no shard checksums (written before MindScale "
+            f"kept them): {', '.join(unchecked)}; add them with tools/preprocess_data.py --add-checksums FOLDER"
+        )
 
 
 @dataclass(frozen=True)
 class BatchPlan:
     """Which positions of the global sample stream this rank reads, `rows` at a time."""
+
     global_batch: int  # samples per optimizer step, all ranks and micro steps
     rows: int  # samples per batch yielded on one rank
     world: int
@@ -252,8 +287,10 @@ def batch_plan(cfg: Config, rank: int, world: int) -> BatchPlan:
     if not 0 <= rank < world:
         raise DataError(f"rank {rank} is outside a world of {world} workers")
     if cfg.samples_per_step % (world * accumulation):
-        raise DataError(f"global batch {cfg.samples_per_step} does not split over {world} workers x "
-                        f"parallel.gradient_accumulation_steps={accumulation}; change train.micro_batch_size")
+        raise DataError(
+            f"global batch {cfg.samples_per_step} does not split over {world} workers x "
+            f"parallel.gradient_accumulation_steps={accumulation}; change train.micro_batch_size"
+        )
     return BatchPlan(cfg.samples_per_step, cfg.samples_per_step // (world * accumulation), world, rank)
 
 
@@ -261,8 +298,14 @@ class DataStream:
     """Iterable of batches for one rank, starting at optimizer step `start_step`, to the end of the steps
     its index covers. `sources` (empty for synthetic data) and `index` say what it draws."""
 
-    def __init__(self, plan: BatchPlan, rows: Iterator[dict], manifest: Optional[dict],
-                 sources: tuple = (), index: Optional[SampleIndex] = None):
+    def __init__(
+        self,
+        plan: BatchPlan,
+        rows: Iterator[dict],
+        manifest: Optional[dict],
+        sources: tuple = (),
+        index: Optional[SampleIndex] = None,
+    ):
         self.plan = plan
         self.manifest = manifest  # None for synthetic data; the first source's with a blend
         self.sources = sources
@@ -272,6 +315,7 @@ class DataStream:
     def __iter__(self) -> Iterator[dict]:
         """The batches, read ahead on a thread of their own (`prefetched`): one iteration per stream. Stored
         batches have their token ids range-checked (`check_token_ids`) before they are handed over."""
+
         def batches():
             while True:
                 rows = [next(self._rows) for _ in range(self.plan.rows)]
@@ -294,11 +338,16 @@ class DataStream:
         data only)."""
         total = self.drawn(self.index.steps)
         blend = len(self.sources) > 1
-        parts = [f"{s.path} {f'{s.weight / sum(x.weight for x in self.sources):.1%} ' if blend else ''}"
-                 f"({total[s.path]} samples of {s.manifest['num_samples']}, "
-                 f"{total[s.path] / s.manifest['num_samples']:.2f} epochs)" for s in self.sources]
-        return f"data: {'blend of ' if blend else ''}{'; '.join(parts)} over {self.index.steps} steps; " \
-               f"index {self.index.note}"
+        parts = [
+            f"{s.path} {f'{s.weight / sum(x.weight for x in self.sources):.1%} ' if blend else ''}"
+            f"({total[s.path]} samples of {s.manifest['num_samples']}, "
+            f"{total[s.path] / s.manifest['num_samples']:.2f} epochs)"
+            for s in self.sources
+        ]
+        return (
+            f"data: {'blend of ' if blend else ''}{'; '.join(parts)} over {self.index.steps} steps; "
+            f"index {self.index.note}"
+        )
 
     def check_token_ids(self, tokens: np.ndarray, rows: list[dict]) -> None:
         """Every id of a stored batch must lie in [0, vocab_size) of its manifest: an id outside would index past
@@ -312,9 +361,11 @@ class DataStream:
         source = self.sources[k]
         shard, within = shard_of(source.manifest, stored)
         bad = int(tokens[row][(tokens[row] < 0) | (tokens[row] >= vocab)][0])
-        raise DataError(f"sample {within} of shard {Path(source.files[0]).parent / shard} holds token id {bad}, "
-                        f"outside the vocabulary of {vocab} its manifest records: the shard is damaged or was "
-                        f"not written by tools/preprocess_data.py with that tokenizer; {DAMAGED_FIX}")
+        raise DataError(
+            f"sample {within} of shard {Path(source.files[0]).parent / shard} holds token id {bad}, "
+            f"outside the vocabulary of {vocab} its manifest records: the shard is damaged or was "
+            f"not written by tools/preprocess_data.py with that tokenizer; {DAMAGED_FIX}"
+        )
 
 
 def shard_of(manifest: dict, stored: int) -> tuple[str, int]:
@@ -385,8 +436,9 @@ def make_batch(rows: list[dict]) -> dict:
         mask = np.stack([row["loss_mask"] for row in rows])[:, 1:]
         batch["loss_mask"] = np.ascontiguousarray(mask, dtype=np.float32)
     if "segment_ids" in rows[0]:
-        batch["segment_ids"] = np.ascontiguousarray(np.stack([row["segment_ids"] for row in rows])[:, :-1],
-                                                    dtype=np.int32)
+        batch["segment_ids"] = np.ascontiguousarray(
+            np.stack([row["segment_ids"] for row in rows])[:, :-1], dtype=np.int32
+        )
     return batch
 
 
@@ -396,11 +448,14 @@ def step_rows(micro: list[dict], max_examples: Optional[int] = None) -> tuple[np
     examples a row may hold (Layout.packed_examples), else any number."""
     most = max(int(m["segment_ids"].max()) for m in micro) if "segment_ids" in micro[0] else 0
     if max_examples is not None and most > max_examples:  # packed examples are numbered 1, 2, ... in each row
-        raise DataError(f"a packed sample holds {most} examples, more than data.max_packed_examples={max_examples} "
-                        "(the example ends flash attention's TND layout takes per row); raise it "
-                        "(train.micro_batch_size x (it + 1) <= 1024) or set model.attention=composite")
-    return tuple(np.concatenate([m[key] for m in micro])
-                 for key in ("tokens", "loss_mask", "segment_ids") if key in micro[0])
+        raise DataError(
+            f"a packed sample holds {most} examples, more than data.max_packed_examples={max_examples} "
+            "(the example ends flash attention's TND layout takes per row); raise it "
+            "(train.micro_batch_size x (it + 1) <= 1024) or set model.attention=composite"
+        )
+    return tuple(
+        np.concatenate([m[key] for m in micro]) for key in ("tokens", "loss_mask", "segment_ids") if key in micro[0]
+    )
 
 
 def _synthetic_rows(cfg: Config, plan: BatchPlan, start: int) -> Iterator[dict]:
@@ -417,13 +472,15 @@ def _open_mindrecord(files: list[str], fields: list[str], indices: Optional[np.n
     import mindspore.dataset as ds
 
     sampler = ds.SubsetSampler(indices.tolist()) if indices is not None else None
-    return ds.MindDataset(files, columns_list=fields, sampler=sampler, shuffle=False if sampler is None else None,
-                          num_parallel_workers=1)
+    return ds.MindDataset(
+        files, columns_list=fields, sampler=sampler, shuffle=False if sampler is None else None, num_parallel_workers=1
+    )
 
 
 @dataclass(frozen=True)
 class DataSource:
     """One MindRecord folder of a stream, checked against the config."""
+
     key: str  # the config key that names it: data.path, data.blend[1].path, ...
     path: str  # as configured
     weight: float
@@ -432,8 +489,12 @@ class DataSource:
 
     def index_source(self) -> IndexSource:
         folder = Path(self.files[0]).parent
-        return IndexSource(str(folder.resolve()), self.weight, self.manifest["num_samples"],
-                           fingerprint(folder, folder / MANIFEST_NAME, list(self.files)))
+        return IndexSource(
+            str(folder.resolve()),
+            self.weight,
+            self.manifest["num_samples"],
+            fingerprint(folder, folder / MANIFEST_NAME, list(self.files)),
+        )
 
 
 def configured_sources(cfg: Config, split: str = "train") -> list[tuple[str, str, float]]:
@@ -462,23 +523,31 @@ def open_sources(cfg: Config, split: str = "train") -> list[DataSource]:
 
 def _check_blendable(first: DataSource, key: str, path: str, manifest: dict) -> None:
     """Sources of one blend must be made alike: mode, fields, sequence length and tokenizer."""
-    for name, what in (("mode", "mode"), ("fields", "fields"), ("seq_length", "seq_length"),
-                       ("vocab_size", "vocab_size")):
+    for name, what in (
+        ("mode", "mode"),
+        ("fields", "fields"),
+        ("seq_length", "seq_length"),
+        ("vocab_size", "vocab_size"),
+    ):
         if manifest[name] != first.manifest[name]:
-            raise DataError(f"{key}={path} has {what} {manifest[name]} but {first.key}={first.path} has "
-                            f"{first.manifest[name]}; preprocess every source of a blend the same way")
+            raise DataError(
+                f"{key}={path} has {what} {manifest[name]} but {first.key}={first.path} has "
+                f"{first.manifest[name]}; preprocess every source of a blend the same way"
+            )
     ours, theirs = manifest["tokenizer"].get("sha256"), first.manifest["tokenizer"].get("sha256")
     if ours != theirs:
-        raise DataError(f"{key}={path} was tokenized with {manifest['tokenizer'].get('path')} but {first.key}="
-                        f"{first.path} with {first.manifest['tokenizer'].get('path')} (sha256 differs); "
-                        "preprocess every source of a blend with one tokenizer")
+        raise DataError(
+            f"{key}={path} was tokenized with {manifest['tokenizer'].get('path')} but {first.key}="
+            f"{first.path} with {first.manifest['tokenizer'].get('path')} (sha256 differs); "
+            "preprocess every source of a blend with one tokenizer"
+        )
 
 
 def _read_records(files: list[str], fields: list[str], indices: np.ndarray, num_samples: int) -> Iterator[dict]:
     """The records at `indices`, in that order; MindRecord's sampler takes at most num_samples indices per
     dataset (a small source wraps several times within a window)."""
     for low in range(0, len(indices), num_samples):
-        dataset = _open_mindrecord(files, fields, indices[low:low + num_samples])
+        dataset = _open_mindrecord(files, fields, indices[low : low + num_samples])
         yield from dataset.create_dict_iterator(output_numpy=True, num_epochs=1)
 
 
@@ -493,24 +562,30 @@ def _indexed_rows(sources: list[DataSource], index: SampleIndex, plan: BatchPlan
     fields = list(sources[0].manifest["fields"])
     for low in range(start_step, index.steps, steps):
         source, stored = index.window(low, min(low + steps, index.steps), columns)
-        readers = [_read_records(list(s.files), fields, stored[source == k], s.manifest["num_samples"])
-                   for k, s in enumerate(sources)]
+        readers = [
+            _read_records(list(s.files), fields, stored[source == k], s.manifest["num_samples"])
+            for k, s in enumerate(sources)
+        ]
         for k, index_in_source in zip(source.tolist(), stored.tolist()):
             record = next(readers[k])
             record["origin"] = (k, index_in_source)  # names the sample should its token ids be out of range
             yield record
-    raise DataError(f"the data stream ends after the {index.steps} steps its index covers; raise train.steps "
-                    "(the index is rebuilt for the new length)")
+    raise DataError(
+        f"the data stream ends after the {index.steps} steps its index covers; raise train.steps "
+        "(the index is rebuilt for the new length)"
+    )
 
 
 def stored_stream(source: DataSource, plan: BatchPlan, steps: int) -> DataStream:
     """This rank's batches of the first `steps` x G samples of one checked source in stored order, read
     without an index: a held-out blend's pass validates a source at a time (mindscale/train/loop/evaluate.py).
     The caller makes sure the source holds them."""
+
     def rows() -> Iterator[dict]:
         positions = plan.mine(np.arange(steps * plan.global_batch))
-        records = _read_records(list(source.files), list(source.manifest["fields"]), positions,
-                                source.manifest["num_samples"])
+        records = _read_records(
+            list(source.files), list(source.manifest["fields"]), positions, source.manifest["num_samples"]
+        )
         for record, stored in zip(records, positions.tolist()):
             record["origin"] = (0, stored)
             yield record
@@ -524,16 +599,21 @@ def _verified_shards(cfg: Config, folder: Path, manifest: dict) -> list[str]:
     try:
         stored = _open_mindrecord(files, list(manifest["fields"])).get_dataset_size()
     except RuntimeError as exc:
-        raise DataError(f"cannot read the MindRecord shards in {folder} ({str(exc).strip().splitlines()[0]}); "
-                        "re-run tools/preprocess_data.py")
+        raise DataError(
+            f"cannot read the MindRecord shards in {folder} ({str(exc).strip().splitlines()[0]}); "
+            "re-run tools/preprocess_data.py"
+        )
     if stored != manifest["num_samples"]:
-        raise DataError(f"{folder} holds {stored} samples but its manifest lists {manifest['num_samples']}; "
-                        "the folder was changed after preprocessing, re-run tools/preprocess_data.py")
+        raise DataError(
+            f"{folder} holds {stored} samples but its manifest lists {manifest['num_samples']}; "
+            "the folder was changed after preprocessing, re-run tools/preprocess_data.py"
+        )
     return files
 
 
-def build_dataset(cfg: Config, rank: int = 0, world: int = 1, start_step: int = 0, split: str = "train",
-                  say=print) -> DataStream:
+def build_dataset(
+    cfg: Config, rank: int = 0, world: int = 1, start_step: int = 0, split: str = "train", say=print
+) -> DataStream:
     """This rank's batches from optimizer step `start_step` on; checks the data against the config first
     (and the shards' sizes; their checksums when this process builds the split's index). split "train" reads
     data.path / data.blend for train.steps steps, "valid" data.valid_path / data.valid_blend for
@@ -549,8 +629,16 @@ def build_dataset(cfg: Config, rank: int = 0, world: int = 1, start_step: int = 
         if cfg.data.verify_checksums:
             verify_checksums(sources, split, say)
 
-    index = SampleIndex.ensure(cfg.run_dir / "index", split, [s.index_source() for s in sources], cfg.run.seed,
-                               cfg.data.shuffle, plan.global_batch, steps, say, before_build=verify)
+    index = SampleIndex.ensure(
+        cfg.run_dir / "index",
+        split,
+        [s.index_source() for s in sources],
+        cfg.run.seed,
+        cfg.data.shuffle,
+        plan.global_batch,
+        steps,
+        say,
+        before_build=verify,
+    )
     rows = _indexed_rows(sources, index, plan, start_step)
     return DataStream(plan, rows, sources[0].manifest, tuple(sources), index)
-

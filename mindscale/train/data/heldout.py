@@ -6,6 +6,7 @@ inputs (which are often sorted by source, so a contiguous tail would be one sour
 documents for the same inputs and F whatever the tokenizer threads or shard size. A held-out
 document never reaches a training sample: the two folders are packed separately.
 """
+
 from __future__ import annotations
 
 import math

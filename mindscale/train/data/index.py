@@ -28,6 +28,7 @@ to one of ceil(n / 2^18) random buckets, then each bucket permuted: Rao's method
 written a group of 16 buckets at a time (`_bucket_shuffle`). Files are written and read at offsets, never
 mapped by the builder, so its memory is a few chunks (tens of MB) whatever n.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -60,6 +61,7 @@ PROCESS_STARTED = psutil.Process().create_time()  # an index built after this wa
 @dataclass(frozen=True)
 class IndexSource:
     """One source as the index sees it: its folder, weight and what identifies its contents."""
+
     path: str
     weight: float
     num_samples: int
@@ -80,7 +82,7 @@ def fingerprint(folder: Path, manifest_file: Path, shards: list[str]) -> dict:
 
 
 def order_dtype(n: int):
-    return np.uint32 if n < 2 ** 32 else np.int64
+    return np.uint32 if n < 2**32 else np.int64
 
 
 class NpyFile:
@@ -91,8 +93,9 @@ class NpyFile:
         self.dtype, self.shape = np.dtype(dtype), shape
         self.row = int(np.prod(shape[1:], dtype=np.int64)) * self.dtype.itemsize
         with open(path, "wb") as handle:
-            np.lib.format.write_array_header_1_0(handle, {"descr": np.lib.format.dtype_to_descr(self.dtype),
-                                                          "fortran_order": False, "shape": shape})
+            np.lib.format.write_array_header_1_0(
+                handle, {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape}
+            )
             self.offset = handle.tell()
             handle.truncate(self.offset + shape[0] * self.row)
         self.fd = os.open(path, os.O_RDWR)
@@ -111,7 +114,7 @@ class NpyFile:
         """The rows from `row` on into `buffers` one after the other (preadv, IOV_MAX buffers a call)."""
         offset = self.offset + row * self.row
         for first in range(0, len(buffers), IOV_MAX):
-            batch = buffers[first:first + IOV_MAX]
+            batch = buffers[first : first + IOV_MAX]
             size = sum(memoryview(b).nbytes for b in batch)
             if os.preadv(self.fd, batch, offset) != size:
                 raise OSError(f"short read at row {row}")
@@ -164,13 +167,13 @@ def _bucket_shuffle(out: NpyFile, base: int, n: int, seed: tuple) -> None:
 
     def draws(c, low):
         rng = np.random.default_rng([*seed, 0, c])
-        return rng.integers(0, buckets, min(CHUNK, n - low), dtype=np.uint16 if buckets < 2 ** 16 else np.int64)
+        return rng.integers(0, buckets, min(CHUNK, n - low), dtype=np.uint16 if buckets < 2**16 else np.int64)
 
     counts = np.empty((len(chunks), buckets), np.int64)  # [chunk, bucket]: samples of chunk c in bucket b
     for c, low in enumerate(chunks):
         drawn = draws(c, low)
-        np.copyto(wide[:len(drawn)], drawn)
-        counts[c] = np.bincount(wide[:len(drawn)], minlength=buckets)
+        np.copyto(wide[: len(drawn)], drawn)
+        counts[c] = np.bincount(wide[: len(drawn)], minlength=buckets)
     del wide
     bucket_start = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
     groups = [(first, min(first + GROUP, buckets)) for first in range(0, buckets, GROUP)]
@@ -179,23 +182,26 @@ def _bucket_shuffle(out: NpyFile, base: int, n: int, seed: tuple) -> None:
     run = np.empty(min(CHUNK, n), out.dtype)
     for c, low in enumerate(chunks):
         drawn = draws(c, low)
-        np.add(np.argsort(drawn, kind="stable"), low, out=run[:len(drawn)], casting="unsafe")
+        np.add(np.argsort(drawn, kind="stable"), low, out=run[: len(drawn)], casting="unsafe")
         piece = 0
         for g, (first, _) in enumerate(groups):
             size = group_counts[c, g]
-            out.write(base + bucket_start[first] + earlier[c, g], run[piece:piece + size])
+            out.write(base + bucket_start[first] + earlier[c, g], run[piece : piece + size])
             piece += size
     group = np.empty(int(max(bucket_start[last] - bucket_start[first] for first, last in groups)), out.dtype)
     places = memoryview(group)
     for first, last in groups:
         part = counts[:, first:last]  # [chunk, bucket of the group]
         at = bucket_start[first:last] - bucket_start[first] + np.cumsum(part, axis=0) - part  # piece (c, b)'s place
-        out.scatter(base + bucket_start[first], [places[a:a + k] for a, k in zip(at.reshape(-1).tolist(),
-                                                                                   part.reshape(-1).tolist())])
+        out.scatter(
+            base + bucket_start[first],
+            [places[a : a + k] for a, k in zip(at.reshape(-1).tolist(), part.reshape(-1).tolist())],
+        )
         for b in range(first, last):
-            np.random.default_rng([*seed, 1, b]).shuffle(group[bucket_start[b] - bucket_start[first]:
-                                                               bucket_start[b + 1] - bucket_start[first]])
-        out.write(base + bucket_start[first], group[:bucket_start[last] - bucket_start[first]])
+            np.random.default_rng([*seed, 1, b]).shuffle(
+                group[bucket_start[b] - bucket_start[first] : bucket_start[b + 1] - bucket_start[first]]
+            )
+        out.write(base + bucket_start[first], group[: bucket_start[last] - bucket_start[first]])
 
 
 def _npy_header(handle) -> tuple[tuple, np.dtype]:
@@ -214,8 +220,9 @@ def _npy_rows(handle, lo: int, hi: int) -> np.ndarray:
     hi = min(hi, shape[0])
     if hi <= lo:
         return np.empty((0, *shape[1:]), dtype)
-    mapped = np.memmap(handle, dtype, "r", offset=handle.tell() + lo * row * dtype.itemsize,
-                       shape=(hi - lo, *shape[1:]))
+    mapped = np.memmap(
+        handle, dtype, "r", offset=handle.tell() + lo * row * dtype.itemsize, shape=(hi - lo, *shape[1:])
+    )
     rows = np.array(mapped)
     del mapped
     return rows
@@ -234,8 +241,12 @@ def _locked(path: Path):
 
 def _difference(old: dict, new: dict) -> str:
     """The first thing that differs between two index keys, in words."""
-    names = {"seed": "run.seed", "shuffle": "data.shuffle", "global_batch": "the global batch",
-             "steps": "the steps indexed (train.steps or train.eval_steps)"}
+    names = {
+        "seed": "run.seed",
+        "shuffle": "data.shuffle",
+        "global_batch": "the global batch",
+        "steps": "the steps indexed (train.steps or train.eval_steps)",
+    }
     for key, name in names.items():
         if old.get(key) != new.get(key):
             return f"{name} changed from {old.get(key)} to {new.get(key)}"
@@ -271,17 +282,35 @@ class SampleIndex:
         # file's position: the loader's thread (window) and the trainer's (drawn) take turns
         self._reading = threading.Lock()
         self._starts = open(folder / "starts.npy", "rb")
-        self._orders = [open(folder / f"order_{k}.npy", "rb") if key["shuffle"] else None
-                        for k in range(len(self.num_samples))]
+        self._orders = [
+            open(folder / f"order_{k}.npy", "rb") if key["shuffle"] else None for k in range(len(self.num_samples))
+        ]
 
     # -- building ---------------------------------------------------------------------------------
     @classmethod
-    def ensure(cls, root: Path, split: str, sources: list[IndexSource], seed: int, shuffle: bool,
-               global_batch: int, steps: int, say=print, before_build=lambda: None) -> "SampleIndex":
+    def ensure(
+        cls,
+        root: Path,
+        split: str,
+        sources: list[IndexSource],
+        seed: int,
+        shuffle: bool,
+        global_batch: int,
+        steps: int,
+        say=print,
+        before_build=lambda: None,
+    ) -> "SampleIndex":
         """The index of this key under `root`, built by whichever process gets the lock first, which calls
         `before_build` first (the loader's checksum check: a failure there builds nothing)."""
-        key = {"version": INDEX_VERSION, "split": split, "seed": seed, "shuffle": shuffle,
-               "global_batch": global_batch, "steps": steps, "sources": [s.key() for s in sources]}
+        key = {
+            "version": INDEX_VERSION,
+            "split": split,
+            "seed": seed,
+            "shuffle": shuffle,
+            "global_batch": global_batch,
+            "steps": steps,
+            "sources": [s.key() for s in sources],
+        }
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         folder = root / f"{split}-{digest}"
         with _locked(root / ".lock"):
@@ -354,15 +383,18 @@ def _check_folder(folder: Path, key: dict) -> None:
     found = _read_key(folder)
     if found != key:
         why = "is unreadable" if found is None else f"differs: {_difference(found, key)}"
-        raise DataError(f"index folder {folder} is not this data's index (its key.json {why}); it was copied or "
-                        f"edited: {fix}")
+        raise DataError(
+            f"index folder {folder} is not this data's index (its key.json {why}); it was copied or edited: {fix}"
+        )
     steps, sources = key["steps"], key["sources"]
     _check_header(folder, "starts.npy", (steps + 1, len(sources)), np.int64, fix)
     with open(folder / "starts.npy", "rb") as handle:
         total = _npy_rows(handle, steps, steps + 1)[0]
     if np.abs(total - normalized([s["weight"] for s in sources]) * steps * key["global_batch"]).max() >= 1:
-        raise DataError(f"index folder {folder}: the draws in starts.npy do not follow its key.json's weights "
-                        f"(another blend's index?); {fix}")
+        raise DataError(
+            f"index folder {folder}: the draws in starts.npy do not follow its key.json's weights "
+            f"(another blend's index?); {fix}"
+        )
     for k, source in enumerate(sources if key["shuffle"] else ()):
         n = source["num_samples"]
         _check_header(folder, f"order_{k}.npy", (max(-(-int(total[k]) // n), 1) * n,), order_dtype(n), fix)
@@ -375,8 +407,10 @@ def _check_header(folder: Path, name: str, shape: tuple, dtype, fix: str) -> Non
     except (OSError, ValueError) as exc:
         raise DataError(f"index folder {folder}: {name} is unreadable ({str(exc).splitlines()[0]}); {fix}")
     if (found, found_dtype) != (shape, np.dtype(dtype)):
-        raise DataError(f"index folder {folder}: {name} holds {found} {found_dtype}, not the {shape} "
-                        f"{np.dtype(dtype)} its key.json implies (another blend's index?); {fix}")
+        raise DataError(
+            f"index folder {folder}: {name} holds {found} {found_dtype}, not the {shape} "
+            f"{np.dtype(dtype)} its key.json implies (another blend's index?); {fix}"
+        )
 
 
 def _found_note(folder: Path) -> str:
@@ -412,6 +446,7 @@ def _build(folder: Path, key: dict, sources: list[IndexSource], why: str, began:
             _fill_orders(out, n, key["seed"], k)
             out.close()
     (partial / "key.json").write_text(json.dumps(key))
-    (partial / BUILT_NAME).write_text(json.dumps({"at": time.time(), "seconds": time.perf_counter() - began,
-                                                  "why": why}))
+    (partial / BUILT_NAME).write_text(
+        json.dumps({"at": time.time(), "seconds": time.perf_counter() - began, "why": why})
+    )
     partial.rename(folder)

@@ -25,6 +25,7 @@ chunks plus the reader's and the writer's buffers, whatever the input size (one 
 a single huge document is tokenized whole). Tokenizing a document does not depend on its neighbours, so
 the samples are the same for any worker count or chunk size.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,14 +56,15 @@ IN_FLIGHT = 4  # chunks per tokenizer process submitted ahead of the one being p
 @dataclass(frozen=True)
 class Options:
     """How the inputs become samples (tools/preprocess_data.py's flags of the same names)."""
-    mode: str = "pretrain"          # pretrain | sft
-    template: str = "alpaca"        # sft: prompt template
-    pack: bool = False              # sft: several examples per sample
-    shard_size: int = 16384         # samples per MindRecord file
-    text_key: str = "text"          # pretrain: column holding the text
-    text_unit: str = "document"     # text files: document (a whole file) | paragraph | line
-    workers: int = 1                # tokenizer processes (pretrain) or threads (sft)
-    valid_fraction: float = 0.0     # pretrain: documents held out into <output>/valid (mindscale/train/data/heldout.py)
+
+    mode: str = "pretrain"  # pretrain | sft
+    template: str = "alpaca"  # sft: prompt template
+    pack: bool = False  # sft: several examples per sample
+    shard_size: int = 16384  # samples per MindRecord file
+    text_key: str = "text"  # pretrain: column holding the text
+    text_unit: str = "document"  # text files: document (a whole file) | paragraph | line
+    workers: int = 1  # tokenizer processes (pretrain) or threads (sft)
+    valid_fraction: float = 0.0  # pretrain: documents held out into <output>/valid (mindscale/train/data/heldout.py)
     chunk_chars: int = CHUNK_CHARS  # pretrain: characters of text per tokenizer task
 
 
@@ -71,11 +73,15 @@ def load_tokenizer(path: str, vocab_limit: int | None):
     or without EOS."""
     tokenizer = tokenizers.load_tokenizer(path, "--tokenizer")
     if vocab_limit is not None and tokenizer.vocab_size > vocab_limit:
-        raise DataError(f"tokenizer {path} has {tokenizer.vocab_size} tokens, more than the model's vocabulary of "
-                        f"{vocab_limit}; train a smaller tokenizer or raise model.vocab_size / --vocab-size")
+        raise DataError(
+            f"tokenizer {path} has {tokenizer.vocab_size} tokens, more than the model's vocabulary of "
+            f"{vocab_limit}; train a smaller tokenizer or raise model.vocab_size / --vocab-size"
+        )
     if tokenizer.eos_id is None:
-        raise DataError(f"tokenizer {path} has no EOS id (needed to join documents and end answers); train one "
-                        "with tools/train_tokenizer.py or set eos_token in the folder's tokenizer_config.json")
+        raise DataError(
+            f"tokenizer {path} has no EOS id (needed to join documents and end answers); train one "
+            "with tools/train_tokenizer.py or set eos_token in the folder's tokenizer_config.json"
+        )
     return tokenizer
 
 
@@ -92,13 +98,16 @@ def check_output(output: Path, overwrite: bool) -> None:
     if not output.is_dir() or not any(output.iterdir()):
         return
     if not overwrite:
-        raise DataError(f"--output {output} exists and is not empty; pass --overwrite to replace it or choose "
-                        "another folder")
+        raise DataError(
+            f"--output {output} exists and is not empty; pass --overwrite to replace it or choose another folder"
+        )
     foreign = sorted(p.name for p in output.iterdir() if p.name not in written_names(output))
     if foreign:
         listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise DataError(f"--output {output} holds files tools/preprocess_data.py did not write ({listed}); "
-                        "--overwrite replaces only a folder it wrote: move them out or choose another folder")
+        raise DataError(
+            f"--output {output} holds files tools/preprocess_data.py did not write ({listed}); "
+            "--overwrite replaces only a folder it wrote: move them out or choose another folder"
+        )
 
 
 def written_names(folder: Path) -> set[str]:
@@ -131,8 +140,7 @@ class ShardWriter:
         self._flush()
         self.writer.commit()
         # hashed while its pages are still in the page cache: the loader checks the shard against these
-        self.shards.append({"file": self.name, "samples": self.in_shard,
-                            **shard_checksums(self.folder / self.name)})
+        self.shards.append({"file": self.name, "samples": self.in_shard, **shard_checksums(self.folder / self.name)})
         self.writer, self.in_shard = None, 0
 
     def add(self, sample: dict) -> None:
@@ -242,8 +250,8 @@ class Packer:
         pending = np.concatenate([self.pending, *docs])
         full = (len(pending) - 1) // seq_length
         for k in range(full):
-            yield pending[k * seq_length: k * seq_length + seq_length + 1]
-        self.pending = pending[full * seq_length:]
+            yield pending[k * seq_length : k * seq_length + seq_length + 1]
+        self.pending = pending[full * seq_length :]
 
 
 def pack_stream(chunks: Iterable[list[np.ndarray]], seq_length: int, stats: dict) -> Iterator[np.ndarray]:
@@ -267,8 +275,9 @@ def examples(sources: list[Source], options: Options, tokenizer) -> Iterator[tup
             try:
                 yield from encode_examples(records, template, tokenizer, num_threads=options.workers)
             except RecordError as exc:
-                raise DataError(f"{source.path} record {seen + exc.index} (0-based): {exc}; "
-                                "fix or remove the record") from None
+                raise DataError(
+                    f"{source.path} record {seen + exc.index} (0-based): {exc}; fix or remove the record"
+                ) from None
             seen += len(records)
 
 
@@ -276,15 +285,18 @@ def sft_sample(parts: list[tuple[list[int], list[int]]], length: int, pad_id: in
     """One sample of `length` tokens from (ids, mask) parts, padded with pad_id (mask and segment 0)."""
     used = sum(len(ids) for ids, _ in parts)
     pad = [0] * (length - used)
-    sample = {"input_ids": np.array([t for ids, _ in parts for t in ids] + [pad_id] * len(pad), np.int32),
-              "loss_mask": np.array([m for _, mask in parts for m in mask] + pad, np.int32)}
+    sample = {
+        "input_ids": np.array([t for ids, _ in parts for t in ids] + [pad_id] * len(pad), np.int32),
+        "loss_mask": np.array([m for _, mask in parts for m in mask] + pad, np.int32),
+    }
     if with_segments:
         sample["segment_ids"] = np.array([k + 1 for k, (ids, _) in enumerate(parts) for _ in ids] + pad, np.int32)
     return sample
 
 
-def sft_samples(encoded: Iterable[tuple[list[int], list[int]]], length: int, pad_id: int, pack: bool,
-                stats: dict) -> Iterator[dict]:
+def sft_samples(
+    encoded: Iterable[tuple[list[int], list[int]]], length: int, pad_id: int, pack: bool, stats: dict
+) -> Iterator[dict]:
     """One example per sample, or (pack) consecutive examples while they fit (next-fit, order kept)."""
     group: list[tuple[list[int], list[int]]] = []
     used = 0
@@ -313,23 +325,34 @@ def sft_samples(encoded: Iterable[tuple[list[int], list[int]]], length: int, pad
 # ----------------------------------------------------------------------------------------------
 
 
-def manifest_entries(options: Options, sources: list[Source], tokenizer, seq_length: int, pad_id: int,
-                     stats: dict) -> dict:
+def manifest_entries(
+    options: Options, sources: list[Source], tokenizer, seq_length: int, pad_id: int, stats: dict
+) -> dict:
     """manifest.json of a folder written with `stats` (the training folder's and the held-out one's)."""
-    return {"format_version": FORMAT_VERSION, "mode": options.mode, "seq_length": seq_length,
-            "sample_length": seq_length + 1, "vocab_size": tokenizer.vocab_size,
-            "eos_id": tokenizer.eos_id, "pad_id": pad_id, "bos_id": tokenizer.bos_id,
-            "tokenizer": {"path": str(Path(tokenizer.path).resolve()), "sha256": tokenizer.sha256},
-            "sources": [{"path": s.path, "format": s.format} for s in sources],
-            "text_key": options.text_key, **stats}
+    return {
+        "format_version": FORMAT_VERSION,
+        "mode": options.mode,
+        "seq_length": seq_length,
+        "sample_length": seq_length + 1,
+        "vocab_size": tokenizer.vocab_size,
+        "eos_id": tokenizer.eos_id,
+        "pad_id": pad_id,
+        "bos_id": tokenizer.bos_id,
+        "tokenizer": {"path": str(Path(tokenizer.path).resolve()), "sha256": tokenizer.sha256},
+        "sources": [{"path": s.path, "format": s.format} for s in sources],
+        "text_key": options.text_key,
+        **stats,
+    }
 
 
-def write(folder: Path, options: Options, sources: list[Source], tokenizer, seq_length: int, pad_id: int,
-          progress=None) -> dict:
+def write(
+    folder: Path, options: Options, sources: list[Source], tokenizer, seq_length: int, pad_id: int, progress=None
+) -> dict:
     """Write the shards into `folder`, advancing `progress` per sample; returns the mode-specific manifest entries."""
     length = seq_length + 1
-    fields = ["input_ids"] + (["loss_mask"] if options.mode == "sft" else []) + \
-        (["segment_ids"] if options.pack else [])
+    fields = (
+        ["input_ids"] + (["loss_mask"] if options.mode == "sft" else []) + (["segment_ids"] if options.pack else [])
+    )
     schema = {name: {"type": "int32", "shape": [length]} for name in fields}
     writer = ShardWriter(folder, schema, options.shard_size, progress)
     held_out = None
@@ -342,18 +365,29 @@ def write(folder: Path, options: Options, sources: list[Source], tokenizer, seq_
         for tokens in pack_stream(chunks, seq_length, stats):
             writer.add({"input_ids": tokens})
     else:
-        stats = {"template": options.template, "pack": options.pack, "examples": 0, "truncated_examples": 0,
-                 "dropped_examples": 0, "num_tokens": 0, "loss_tokens": 0}
+        stats = {
+            "template": options.template,
+            "pack": options.pack,
+            "examples": 0,
+            "truncated_examples": 0,
+            "dropped_examples": 0,
+            "num_tokens": 0,
+            "loss_tokens": 0,
+        }
         for sample in sft_samples(examples(sources, options, tokenizer), length, pad_id, options.pack, stats):
             writer.add(sample)
     shards = writer.close()
     stats.update(fields=fields, shards=shards, num_samples=sum(s["samples"] for s in shards))
     if not stats["num_samples"] and options.mode == "pretrain":
-        raise DataError(f"the inputs hold {stats['num_tokens']} tokens, too few for one sample of {length}; "
-                        "add text or lower --seq-length")
+        raise DataError(
+            f"the inputs hold {stats['num_tokens']} tokens, too few for one sample of {length}; "
+            "add text or lower --seq-length"
+        )
     if not stats["num_samples"]:
-        raise DataError(f"none of {stats['examples']} examples has answer tokens within the first {length} tokens "
-                        f"({stats['truncated_examples']} truncated); raise --seq-length or shorten the prompts")
+        raise DataError(
+            f"none of {stats['examples']} examples has answer tokens within the first {length} tokens "
+            f"({stats['truncated_examples']} truncated); raise --seq-length or shorten the prompts"
+        )
     if options.mode == "pretrain":  # num_tokens = num_samples * S + 1 + tail
         stats["tail_tokens_dropped"] = stats["num_tokens"] - stats["num_samples"] * seq_length - 1
     if held_out is not None:
@@ -380,18 +414,22 @@ class HeldOutWriter:
     def close(self, fraction: float, stats: dict) -> dict:
         """The held-out folder's manifest entries; its documents leave the training folder's count in `stats`."""
         held, shards = self.stats, self.writer.close()
-        held.update(fraction=fraction, fields=stats["fields"], shards=shards,
-                    num_samples=sum(s["samples"] for s in shards))
+        held.update(
+            fraction=fraction, fields=stats["fields"], shards=shards, num_samples=sum(s["samples"] for s in shards)
+        )
         stats["documents"] -= held["documents"]
         if not held["num_samples"]:
-            raise DataError(f"--valid-fraction {fraction} holds out {held['documents']} document(s), "
-                            f"{held['num_tokens']} tokens: too few for one sample of {self.seq_length + 1}; raise it")
+            raise DataError(
+                f"--valid-fraction {fraction} holds out {held['documents']} document(s), "
+                f"{held['num_tokens']} tokens: too few for one sample of {self.seq_length + 1}; raise it"
+            )
         held["tail_tokens_dropped"] = held["num_tokens"] - held["num_samples"] * self.seq_length - 1
         return held
 
 
-def preprocess(output: Path, options: Options, sources: list[Source], tokenizer, seq_length: int,
-               progress=None) -> dict:
+def preprocess(
+    output: Path, options: Options, sources: list[Source], tokenizer, seq_length: int, progress=None
+) -> dict:
     """Write the shards and manifest.json of `sources`, encoded with `tokenizer` (load_tokenizer), into the
     folder `output` (replaced only once complete); returns the manifest. `progress` (mindscale.progress) counts
     the samples written."""
@@ -425,8 +463,10 @@ def add_checksums(folder: Path) -> tuple[int, int]:
     for shard in manifest["shards"]:
         path = folder / shard["file"]
         if not path.is_file() or not Path(f"{path}.db").is_file():
-            raise DataError(f"shard {path} (or its .db index) listed in {folder / MANIFEST_NAME} is missing; "
-                            "re-run tools/preprocess_data.py")
+            raise DataError(
+                f"shard {path} (or its .db index) listed in {folder / MANIFEST_NAME} is missing; "
+                "re-run tools/preprocess_data.py"
+            )
         shard.update(shard_checksums(path))
     write_atomically(folder / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
     return len(manifest["shards"]), sum(s["bytes"] + s["db_bytes"] for s in manifest["shards"])

@@ -2,6 +2,7 @@
 save_to_disk folders (`resolve_sources`), read through the `datasets` library in record batches
 (`read_batches`). docs/data.md, "Inputs", lists the formats.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,8 +11,16 @@ from typing import Iterator
 
 from mindscale.io import DataError
 
-SOURCE_FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".py": "text", ".json": "json",
-                  ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+SOURCE_FORMATS = {
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+    ".py": "text",
+    ".json": "json",
+    ".jsonl": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+}
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 GLOB_CHARS = set("*?[")
 READ_BLOCK = 1 << 20  # text/json: bytes `datasets` reads and parses at a time; records are the same for any size
@@ -27,13 +36,17 @@ def _source_format(path: Path) -> str:
     if path.is_dir():
         if any((path / name).is_file() for name in ("state.json", "dataset_dict.json")):
             return "disk"
-        raise DataError(f"input {path} is a folder but not a `datasets` save_to_disk folder; pass files or a "
-                        f"glob such as '{path}/*.jsonl'")
+        raise DataError(
+            f"input {path} is a folder but not a `datasets` save_to_disk folder; pass files or a "
+            f"glob such as '{path}/*.jsonl'"
+        )
     suffixes = [s for s in path.suffixes if s not in COMPRESSION_SUFFIXES]
     fmt = SOURCE_FORMATS.get(suffixes[-1].lower() if suffixes else "")
     if fmt is None:
-        raise DataError(f"input {path}: unknown format; use {'/'.join(sorted(SOURCE_FORMATS))} files "
-                        "(optionally compressed) or a save_to_disk folder")
+        raise DataError(
+            f"input {path}: unknown format; use {'/'.join(sorted(SOURCE_FORMATS))} files "
+            "(optionally compressed) or a save_to_disk folder"
+        )
     return fmt
 
 
@@ -79,13 +92,14 @@ def _open_source(source: Source, text_unit: str):
         options = {"sample_by": text_unit} if source.format == "text" else {}
         if source.format in ("text", "json"):  # bytes parsed at a time (the builders' default is 10 MiB)
             options["chunksize"] = READ_BLOCK
-        return datasets.load_dataset(source.format, data_files=[source.path], split="train", streaming=True,
-                                     **options)
+        return datasets.load_dataset(source.format, data_files=[source.path], split="train", streaming=True, **options)
     loaded = datasets.load_from_disk(source.path)
     if isinstance(loaded, datasets.DatasetDict):
         if "train" not in loaded:
-            raise DataError(f"input {source.path} holds splits {sorted(loaded)} but no 'train' split; "
-                            "save the split to use with Dataset.save_to_disk")
+            raise DataError(
+                f"input {source.path} holds splits {sorted(loaded)} but no 'train' split; "
+                "save the split to use with Dataset.save_to_disk"
+            )
         loaded = loaded["train"]
     return loaded
 

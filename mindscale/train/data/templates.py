@@ -18,6 +18,7 @@ The template `hf` is not data here: it is a Hugging Face tokenizer folder's own 
 rendered by transformers (mindscale/train/data/chat_template.py); it renders into the same (piece,
 trained) pairs, so encoding and masking are the same code for every template.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from mindscale.config import UserError
 
 class Special(Enum):
     """A token given by id, not by text; a user's text "<s>" stays text."""
+
     BOS = "bos"
     EOS = "eos"
 
@@ -67,7 +69,7 @@ TEMPLATES = {
         user=("### Instruction:\n{content}\n\n### Response:\n",),
         assistant=("{content}", EOS),
         default_system="Below is an instruction that describes a task. "
-                       "Write a response that appropriately completes the request.",
+        "Write a response that appropriately completes the request.",
         instruction_with_input="{instruction}\n\n### Input:\n{input}",
     ),
     "llama2": Template(
@@ -82,8 +84,11 @@ TEMPLATES = {
         name="llama3",
         begin=(BOS,),
         system=("<|start_header_id|>system<|end_header_id|>\n\n{content}", EOS),
-        user=("<|start_header_id|>user<|end_header_id|>\n\n{content}", EOS,
-              "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+        user=(
+            "<|start_header_id|>user<|end_header_id|>\n\n{content}",
+            EOS,
+            "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        ),
         assistant=("{content}", EOS),
     ),
 }
@@ -109,14 +114,19 @@ def record_to_messages(record: dict, template) -> list[dict]:
         if not isinstance(messages, list):
             raise RecordError("field 'messages' must be a list of {role, content} objects")
         for i, message in enumerate(messages):
-            if not isinstance(message, dict) or message.get("role") not in ROLES \
-                    or not isinstance(message.get("content"), str):
+            if (
+                not isinstance(message, dict)
+                or message.get("role") not in ROLES
+                or not isinstance(message.get("content"), str)
+            ):
                 raise RecordError(f"messages[{i}]={message!r}: needs role in {list(ROLES)} and a string content")
         return list(messages)
     if record.get("instruction") is None or record.get("output") is None:
         present = sorted(k for k, v in record.items() if v is not None)
-        raise RecordError(f"record has fields {present}; an SFT record needs 'messages' or "
-                          "'instruction' and 'output' (and optionally 'input')")
+        raise RecordError(
+            f"record has fields {present}; an SFT record needs 'messages' or "
+            "'instruction' and 'output' (and optionally 'input')"
+        )
     instruction, extra = _text(record, "instruction"), _text(record, "input")
     user = template.instruction_with_input.format(instruction=instruction, input=extra) if extra else instruction
     messages = [{"role": "user", "content": user}, {"role": "assistant", "content": _text(record, "output")}]
@@ -136,12 +146,16 @@ def check_turns(turns: list[dict], for_generation: bool) -> None:
     for i, message in enumerate(turns):
         want = "user" if i % 2 == 0 else "assistant"
         if message["role"] != want:
-            raise RecordError(f"turn {i} has role {message['role']!r}, expected {want!r}: after an optional "
-                              "system message, user and assistant turns must alternate starting with user")
+            raise RecordError(
+                f"turn {i} has role {message['role']!r}, expected {want!r}: after an optional "
+                "system message, user and assistant turns must alternate starting with user"
+            )
     last = "user" if for_generation else "assistant"
     if not turns or turns[-1]["role"] != last:
-        raise RecordError(f"the conversation must end with a {last} turn"
-                          + ("" if for_generation else " (an example needs an answer to train on)"))
+        raise RecordError(
+            f"the conversation must end with a {last} turn"
+            + ("" if for_generation else " (an example needs an answer to train on)")
+        )
 
 
 def _fill(pieces: tuple, content: str, trained: bool) -> list[tuple]:
@@ -186,8 +200,9 @@ def _encode(rendered: list[list[tuple]], tokenizer, num_threads: int) -> list[tu
     return out
 
 
-def encode_examples(records: list[dict], template, tokenizer, num_threads: int = 1
-                    ) -> list[tuple[list[int], list[int]]]:
+def encode_examples(
+    records: list[dict], template, tokenizer, num_threads: int = 1
+) -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) per SFT record, mask 1 on assistant tokens; `template` is a get_template() (mindscale/train/data/chat_template.py)
     result, `tokenizer` a mindscale.train.data.tokenizers one.
 

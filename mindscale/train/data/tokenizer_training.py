@@ -7,6 +7,7 @@ data.eos_id=2. byte_fallback is on (any text encodes: unknown characters become 
 digits are split, and whitespace is kept as written (identity normalisation), as for LLaMA. The
 .model and .vocab files are replaced only when training has succeeded.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,9 +36,17 @@ def sentences(sources: list[Source], text_key: str, errors: list):
         raise
 
 
-def train(sources: list[Source], output: str, vocab_size: int, model_type: str = "bpe", text_key: str = "text",
-          character_coverage: float = 0.9995, max_sentences: int = 2_000_000,
-          user_defined_symbols: Sequence[str] = (), workers: int = 1) -> dict:
+def train(
+    sources: list[Source],
+    output: str,
+    vocab_size: int,
+    model_type: str = "bpe",
+    text_key: str = "text",
+    character_coverage: float = 0.9995,
+    max_sentences: int = 2_000_000,
+    user_defined_symbols: Sequence[str] = (),
+    workers: int = 1,
+) -> dict:
     """Train on `sources` and write OUTPUT.model and OUTPUT.vocab; returns what was written. A read error
     or sentencepiece refusing the inputs raises DataError and leaves no file behind."""
     import sentencepiece
@@ -47,12 +56,23 @@ def train(sources: list[Source], output: str, vocab_size: int, model_type: str =
     errors: list = []
     try:
         sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=sentences(sources, text_key, errors), model_prefix=str(partial),
-            vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
-            input_sentence_size=max_sentences, shuffle_input_sentence=True, byte_fallback=True,
-            split_digits=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
-            allow_whitespace_only_pieces=True, user_defined_symbols=list(user_defined_symbols),
-            num_threads=workers, minloglevel=2, **SPECIAL_IDS)
+            sentence_iterator=sentences(sources, text_key, errors),
+            model_prefix=str(partial),
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            input_sentence_size=max_sentences,
+            shuffle_input_sentence=True,
+            byte_fallback=True,
+            split_digits=True,
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            allow_whitespace_only_pieces=True,
+            user_defined_symbols=list(user_defined_symbols),
+            num_threads=workers,
+            minloglevel=2,
+            **SPECIAL_IDS,
+        )
     except (RuntimeError, DataError) as exc:  # a read error arrives as itself or wrapped in RuntimeError
         for suffix in (".model", ".vocab"):
             Path(f"{partial}{suffix}").unlink(missing_ok=True)
@@ -63,7 +83,15 @@ def train(sources: list[Source], output: str, vocab_size: int, model_type: str =
     os.replace(f"{partial}.vocab", f"{prefix}.vocab")
     os.replace(f"{partial}.model", f"{prefix}.model")
     processor = sentencepiece.SentencePieceProcessor(model_file=f"{prefix}.model")
-    return {"model": f"{prefix}.model", "vocab": f"{prefix}.vocab", "vocab_size": processor.vocab_size(),
-            "model_type": model_type, "pad_id": processor.pad_id(), "unk_id": processor.unk_id(),
-            "eos_id": processor.eos_id(), "bos_id": processor.bos_id(), "sha256": sha256(Path(f"{prefix}.model")),
-            "sources": [s.path for s in sources]}
+    return {
+        "model": f"{prefix}.model",
+        "vocab": f"{prefix}.vocab",
+        "vocab_size": processor.vocab_size(),
+        "model_type": model_type,
+        "pad_id": processor.pad_id(),
+        "unk_id": processor.unk_id(),
+        "eos_id": processor.eos_id(),
+        "bos_id": processor.bos_id(),
+        "sha256": sha256(Path(f"{prefix}.model")),
+        "sources": [s.path for s in sources],
+    }

@@ -14,6 +14,7 @@ that file names them; each is a string or an `{"content": ...}` object and must 
 tokenizer.json. Text that spells an added token of tokenizer.json (e.g. `<|eot_id|>`) becomes that
 token, as in transformers; the llama3 template relies on it for its header markers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,12 +43,16 @@ class SentencePieceTokenizer:
         try:
             self.processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
         except (OSError, RuntimeError) as exc:
-            raise DataError(f"{label} is not a SentencePiece model ({str(exc).splitlines()[0]}); "
-                            f"point it at {KINDS_HINT}") from None
+            raise DataError(
+                f"{label} is not a SentencePiece model ({str(exc).splitlines()[0]}); point it at {KINDS_HINT}"
+            ) from None
         self.path = path
         self.vocab_size = self.processor.vocab_size()
-        self.bos_id, self.eos_id, self.pad_id = (_present(self.processor.bos_id()), _present(self.processor.eos_id()),
-                                                 _present(self.processor.pad_id()))
+        self.bos_id, self.eos_id, self.pad_id = (
+            _present(self.processor.bos_id()),
+            _present(self.processor.eos_id()),
+            _present(self.processor.pad_id()),
+        )
 
     def encode(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         return self.processor.encode(list(texts), num_threads=num_threads)
@@ -69,9 +74,11 @@ class HFTokenizer:
         try:
             self.tokenizer = Tokenizer.from_file(str(folder / HF_FILE))
         except Exception as exc:  # the library raises plain Exception for a malformed or foreign file
-            raise DataError(f"{label}: {HF_FILE} cannot be read by the tokenizers library "
-                            f"({str(exc).splitlines()[0]}); replace it with the file of the model's "
-                            "Hugging Face repository (tokenizer.save_pretrained writes one)") from None
+            raise DataError(
+                f"{label}: {HF_FILE} cannot be read by the tokenizers library "
+                f"({str(exc).splitlines()[0]}); replace it with the file of the model's "
+                "Hugging Face repository (tokenizer.save_pretrained writes one)"
+            ) from None
         self.folder = self.path = folder
         self.vocab_size = max(self.tokenizer.get_vocab(with_added_tokens=True).values()) + 1
         tokens = special_tokens(folder, label)
@@ -80,8 +87,10 @@ class HFTokenizer:
             token = tokens.get(f"{name}_token")
             ids[name] = None if token is None else self.tokenizer.token_to_id(token)
             if token is not None and ids[name] is None:
-                raise DataError(f"{label}: {name}_token {token!r} of its config files is not a token of {HF_FILE}; "
-                                f"fix {name}_token in tokenizer_config.json / special_tokens_map.json")
+                raise DataError(
+                    f"{label}: {name}_token {token!r} of its config files is not a token of {HF_FILE}; "
+                    f"fix {name}_token in tokenizer_config.json / special_tokens_map.json"
+                )
         self.bos_id, self.eos_id, self.pad_id = ids["bos"], ids["eos"], ids["pad"]
 
     def encode(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
@@ -98,8 +107,9 @@ class HFTokenizer:
     @property
     def sha256(self) -> str:
         """One digest over the folder's files that shape the ids (name and sha256 of each present one)."""
-        lines = [f"{name} {sha256(self.folder / name)}\n" for name in HF_FINGERPRINT_FILES
-                 if (self.folder / name).is_file()]
+        lines = [
+            f"{name} {sha256(self.folder / name)}\n" for name in HF_FINGERPRINT_FILES if (self.folder / name).is_file()
+        ]
         return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
@@ -145,7 +155,9 @@ def load_tokenizer(path: str | Path, flag: str = "data.tokenizer"):
         raise DataError(f"{label} does not exist; fix the path, or train a tokenizer with tools/train_tokenizer.py")
     if path.is_dir():
         if not (path / HF_FILE).is_file():
-            raise DataError(f"{label} is a folder without {HF_FILE}; point it at {KINDS_HINT} "
-                            "(a Hugging Face folder with only tokenizer.model: point at that file)")
+            raise DataError(
+                f"{label} is a folder without {HF_FILE}; point it at {KINDS_HINT} "
+                "(a Hugging Face folder with only tokenizer.model: point at that file)"
+            )
         return HFTokenizer(path, label)
     return SentencePieceTokenizer(path, label)

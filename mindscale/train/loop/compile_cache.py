@@ -24,6 +24,7 @@ so that runs of one graph share them (a sweep of runs; the test suite shares one
 may then compile one key at once: a rank holds an exclusive lock on its folder while it compiles, so the
 second waits and loads what the first wrote. Nothing is pruned from a shared folder.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -47,8 +48,15 @@ SOURCE_PACKAGES = ("mindscale", "models")
 # config keys that cannot change the compiled step: the run's name and folder, what the launcher and the
 # loggers read, and checkpoints (the step's weights are its inputs, not its graph). Anything else counts.
 NOT_IN_GRAPH = {
-    "run": ("name", "output_dir", "tensorboard", "max_restarts", "hang_timeout_s", "stop_vote_interval",
-            "compile_cache"),
+    "run": (
+        "name",
+        "output_dir",
+        "tensorboard",
+        "max_restarts",
+        "hang_timeout_s",
+        "stop_vote_interval",
+        "compile_cache",
+    ),
     "train": ("log_interval",),
     "checkpoint": None,  # the whole section
     "profile": None,
@@ -80,8 +88,12 @@ def sources_digest(root: Path = REPO_ROOT) -> str:
 def cache_key(cfg: Config, device: str, mindspore_version: str, sources: str | None = None) -> str:
     """The cache folder's name: 16 hex digits of sha256(sources, graph config, device, MindSpore version)."""
     digest = hashlib.sha256()
-    for part in (sources or sources_digest(), yaml.safe_dump(graph_config(cfg), sort_keys=True), device,
-                 mindspore_version):
+    for part in (
+        sources or sources_digest(),
+        yaml.safe_dump(graph_config(cfg), sort_keys=True),
+        device,
+        mindspore_version,
+    ):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()[:16]
 
@@ -89,6 +101,7 @@ def cache_key(cfg: Config, device: str, mindspore_version: str, sources: str | N
 @dataclass
 class Compiled:
     """How the step compiled: seconds, and `cache` hit (loaded), miss (compiled and saved) or off."""
+
     seconds: float = 0.0
     cache: str = "off"
 
@@ -96,11 +109,15 @@ class Compiled:
 # MindSpore 2.9.0 restores a cached sharded graph's parameter layouts without their full shapes (fields 6 and 7
 # of every parameter_layout_dict entry come back empty; measured under the dry run, docs/launch.md), and
 # models/weights.py computes a rank's slices from the full shapes (resume, checkpoint.load_path)
-SHARDED_SKIP = ("sharded layouts compile every launch: MindSpore 2.9.0's cached graph loses the parameters' "
-                "full shapes, which a sharded restore computes its slices from")
+SHARDED_SKIP = (
+    "sharded layouts compile every launch: MindSpore 2.9.0's cached graph loses the parameters' "
+    "full shapes, which a sharded restore computes its slices from"
+)
 
-ENTRY_SKIP = ("MindSpore hashes the entry script {script!r} into the cache and cannot open it from the working "
-              "directory it was imported in; run the script by a path valid there")
+ENTRY_SKIP = (
+    "MindSpore hashes the entry script {script!r} into the cache and cannot open it from the working "
+    "directory it was imported in; run the script by a path valid there"
+)
 
 
 def _unreadable_entry_script() -> str | None:
@@ -127,6 +144,7 @@ class CompileCache:
         if _unreadable_entry_script():
             return cls(None, rank, ENTRY_SKIP.format(script=_unreadable_entry_script()))
         import mindspore as ms
+
         shared = os.environ.get(SHARED_DIR_ENV)
         root = Path(shared).absolute() if shared else Path(run_dir).absolute() / CACHE_DIR
         key = cache_key(cfg, device, ms.__version__)

@@ -21,6 +21,7 @@ The graph is compiled once, at the first pass (sharded layouts: at start-up, nex
 step), and reused: every call has the same shapes. It reads the training weights and writes nothing,
 and reads its own data stream, so training numbers and the data position of a resume do not change.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,15 @@ from mindspore import Tensor, nn, ops
 
 from mindscale.config import Config, ConfigError, Layout
 from mindscale.train.data.blend import normalized
-from mindscale.train.data.dataset import (SYNTHETIC, batch_plan, build_dataset, configured_sources, read_manifest,
-                                          step_rows, stored_stream)
+from mindscale.train.data.dataset import (
+    SYNTHETIC,
+    batch_plan,
+    build_dataset,
+    configured_sources,
+    read_manifest,
+    step_rows,
+    stored_stream,
+)
 from mindscale.train.loop.step import MicroBatches, micro_batched
 from models.transformer import NextTokenLoss
 
@@ -123,28 +131,40 @@ class Evaluator:
         self.sources = stream.sources
         self.steps = steps_per_source([s.weight for s in self.sources], self.cfg.train.eval_steps)
         t, batch = self.cfg.train, self.cfg.samples_per_step
-        trained = stream.manifest["fields"] if self.cfg.data.path == SYNTHETIC and not self.cfg.data.blend else \
-            read_manifest(configured_sources(self.cfg)[0][1])["fields"]
+        trained = (
+            stream.manifest["fields"]
+            if self.cfg.data.path == SYNTHETIC and not self.cfg.data.blend
+            else read_manifest(configured_sources(self.cfg)[0][1])["fields"]
+        )
         first = stream.sources[0]
         if trained != first.manifest["fields"]:
-            raise ConfigError(f"{first.key}={first.path} holds {first.manifest['fields']} but the training data "
-                              f"holds {trained}; preprocess both the same way (tools/preprocess_data.py "
-                              "--valid-fraction writes a matching split)")
+            raise ConfigError(
+                f"{first.key}={first.path} holds {first.manifest['fields']} but the training data "
+                f"holds {trained}; preprocess both the same way (tools/preprocess_data.py "
+                "--valid-fraction writes a matching split)"
+            )
         needed = t.eval_steps * batch
         for source, steps in zip(stream.sources, self.steps):
             held = source.manifest["num_samples"]
             if held >= steps * batch:
                 continue
             if len(stream.sources) > 1:
-                raise ConfigError(f"{source.key}={source.path} holds {held} sequences but its share of train."
-                                  f"eval_steps={t.eval_steps}, {steps} step(s) x global batch {batch}, needs "
-                                  f"{steps * batch}; lower train.eval_steps or its weight, or hold out more")
+                raise ConfigError(
+                    f"{source.key}={source.path} holds {held} sequences but its share of train."
+                    f"eval_steps={t.eval_steps}, {steps} step(s) x global batch {batch}, needs "
+                    f"{steps * batch}; lower train.eval_steps or its weight, or hold out more"
+                )
             # train.eval_steps must be >= 1 (validate.py): below one global batch only more held-out data helps
-            fix = f"set train.eval_steps <= {held // batch} or hold out more" if held >= batch else \
-                f"hold out at least {batch} sequences, one global batch"
-            raise ConfigError(f"{source.key}={source.path} holds {held} sequences but train.eval_steps="
-                              f"{t.eval_steps} x global batch {batch} needs {needed}; {fix} (raise "
-                              "tools/preprocess_data.py --valid-fraction)")
+            fix = (
+                f"set train.eval_steps <= {held // batch} or hold out more"
+                if held >= batch
+                else f"hold out at least {batch} sequences, one global batch"
+            )
+            raise ConfigError(
+                f"{source.key}={source.path} holds {held} sequences but train.eval_steps="
+                f"{t.eval_steps} x global batch {batch} needs {needed}; {fix} (raise "
+                "tools/preprocess_data.py --valid-fraction)"
+            )
 
     def due(self, step: int) -> bool:
         """After optimizer step `step` (1-based): every train.eval_interval steps and after the last."""
@@ -192,8 +212,11 @@ class Evaluator:
         self.alive()
         train_step.set_train(True)
         total = sums.sum(axis=0)
-        by_source = {source.path: float(s / max(n, 1.0)) for source, (s, n) in zip(self.sources, sums)} \
-            if len(self.sources) > 1 else None
+        by_source = (
+            {source.path: float(s / max(n, 1.0)) for source, (s, n) in zip(self.sources, sums)}
+            if len(self.sources) > 1
+            else None
+        )
         return float(total[0] / max(total[1], 1.0)), time.perf_counter() - began, by_source
 
 

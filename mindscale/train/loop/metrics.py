@@ -4,6 +4,7 @@ which ends with the time since training started and an ETA at the recent pace.
 Throughput and MFU/HFU follow docs/mfu.md through mindscale/perf/flops.py, the same functions
 tools/mfu.py uses, so a logged MFU can be reproduced from the logged step time by hand.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,9 @@ def memory_gib(device_target: str) -> float:
     """Peak device memory on Ascend/GPU; resident host memory of this worker on CPU."""
     if device_target != "CPU":
         import mindspore as ms
-        return ms.runtime.max_memory_allocated() / 2 ** 30
-    return psutil.Process().memory_info().rss / 2 ** 30
+
+        return ms.runtime.max_memory_allocated() / 2**30
+    return psutil.Process().memory_info().rss / 2**30
 
 
 def perplexity(loss: float) -> float:
@@ -38,8 +40,7 @@ def perplexity(loss: float) -> float:
 class MetricsLogger:
     """Collects per-step values and writes one record every `train.log_interval` steps (rank 0)."""
 
-    def __init__(self, cfg: Config, run_dir: Path, device_target: str, write: bool, first_step: int,
-                 drawn=None):
+    def __init__(self, cfg: Config, run_dir: Path, device_target: str, write: bool, first_step: int, drawn=None):
         self.cfg = cfg
         self.drawn = drawn  # step -> samples drawn per data source so far (DataStream.drawn), or None
         self.device_target = device_target
@@ -68,6 +69,7 @@ class MetricsLogger:
             self._drop_records_after(first_step)
         if write and sys.stdout.isatty():
             from tqdm import tqdm
+
             self.bar = tqdm(total=cfg.train.steps, initial=first_step, unit="step", dynamic_ncols=True)
 
     def _drop_records_after(self, step: int) -> None:
@@ -83,9 +85,19 @@ class MetricsLogger:
                 break  # a line cut by a kill: it and anything after it are dropped
         self.path.write_text("".join(kept))
 
-    def step(self, step: int, loss: float, grad_norm: float, step_time: float, overflow: bool,
-             lr: float, loss_scale: float, force: bool = False, spiked: bool = False,
-             data_wait: float = 0.0) -> dict | None:
+    def step(
+        self,
+        step: int,
+        loss: float,
+        grad_norm: float,
+        step_time: float,
+        overflow: bool,
+        lr: float,
+        loss_scale: float,
+        force: bool = False,
+        spiked: bool = False,
+        data_wait: float = 0.0,
+    ) -> dict | None:
         """Record optimizer step `step` (1-based); returns the record when one is written: every
         train.log_interval steps, after the first and the last step, and when `force`d (a stop).
         `data_wait` is the seconds the loop waited for the step's batch (not in `step_time`)."""
@@ -96,20 +108,25 @@ class MetricsLogger:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         last = step == self.cfg.train.steps
-        if step % self.cfg.train.log_interval and not (last or force or self.validation) \
-                and step != self.first_step + 1:
+        if (
+            step % self.cfg.train.log_interval
+            and not (last or force or self.validation)
+            and step != self.first_step + 1
+        ):
             return None
         record = {**self._record(step, lr, loss_scale), **self._routing_record(), **self._validation_record()}
         self.window.clear()
         self.save_blocked = 0.0
         if self.write:
             self.append(record)
-            line = (f"step {step}/{self.cfg.train.steps} loss {record['loss']:.4f} lr {lr:.3e} "
-                    f"grad_norm {record['grad_norm']:.3f} step {record['step_time_s'] * 1e3:.0f} ms "
-                    f"data {record['data_wait_s'] * 1e3:.1f} ms "
-                    f"{record['tokens_per_s']:.0f} tok/s MFU {record['mfu'] * 100:.2f}% "
-                    f"(peak {self.peak:.3g} TFLOP/s/device) mem {record['memory_gib']:.2f} GiB "
-                    f"elapsed {clock(record['elapsed_s'])} ETA {clock(record['eta_s'])}")
+            line = (
+                f"step {step}/{self.cfg.train.steps} loss {record['loss']:.4f} lr {lr:.3e} "
+                f"grad_norm {record['grad_norm']:.3f} step {record['step_time_s'] * 1e3:.0f} ms "
+                f"data {record['data_wait_s'] * 1e3:.1f} ms "
+                f"{record['tokens_per_s']:.0f} tok/s MFU {record['mfu'] * 100:.2f}% "
+                f"(peak {self.peak:.3g} TFLOP/s/device) mem {record['memory_gib']:.2f} GiB "
+                f"elapsed {clock(record['elapsed_s'])} ETA {clock(record['eta_s'])}"
+            )
             if "aux_loss" in record:
                 line += f" aux_loss {record['aux_loss']:.4f} expert_load_max {record['expert_load_max']:.2f}"
             if "val_loss" in record:
@@ -145,8 +162,12 @@ class MetricsLogger:
         if self.validation is None:
             return {}
         (loss, seconds, by_source), self.validation = self.validation, None
-        return {"val_loss": loss, "val_ppl": perplexity(loss), "val_time_s": seconds,
-                **({"val_loss_by_source": by_source} if by_source else {})}
+        return {
+            "val_loss": loss,
+            "val_ppl": perplexity(loss),
+            "val_time_s": seconds,
+            **({"val_loss_by_source": by_source} if by_source else {}),
+        }
 
     def routed(self, aux_loss: float, expert_load_max: float) -> None:
         """A mixture of experts' router statistics of the step just taken (models/transformer.py, CausalLMLoss):
@@ -176,17 +197,28 @@ class MetricsLogger:
         tokens_per_s = self.tokens_per_step / step_time
         tflops = tokens_per_s * self.flops_per_token / devices / 1e12
         return {
-            "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time,
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "step_time_s": step_time,
             "data_wait_s": data_wait,
-            "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / devices,
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_device": tokens_per_s / devices,
             "samples_per_s_per_device": self.cfg.samples_per_step / step_time / devices,
             "tflops_per_device": tflops,
             "mfu": flops.utilization(tokens_per_s, self.flops_per_token, devices, self.peak),
             "hfu": flops.utilization(tokens_per_s, self.hflops_per_token, devices, self.peak),
-            "peak_tflops": self.peak, "memory_gib": memory_gib(self.device_target), "devices": devices,
-            "steps_in_window": n, "skipped_steps": self.skipped,
-            "spike_skipped_steps": self.spike_skipped, "loss_scale": loss_scale,
-            "save_blocked_s": self.save_blocked, "elapsed_s": now - self.started, "eta_s": self._eta(step, now),
+            "peak_tflops": self.peak,
+            "memory_gib": memory_gib(self.device_target),
+            "devices": devices,
+            "steps_in_window": n,
+            "skipped_steps": self.skipped,
+            "spike_skipped_steps": self.spike_skipped,
+            "loss_scale": loss_scale,
+            "save_blocked_s": self.save_blocked,
+            "elapsed_s": now - self.started,
+            "eta_s": self._eta(step, now),
             **self._data_tokens(step),
         }
 

@@ -1,4 +1,5 @@
 """AdamW with decoupled weight decay (not on norms and biases) and the learning-rate schedule."""
+
 from __future__ import annotations
 
 import mindspore as ms
@@ -47,8 +48,16 @@ def build_optimizer(params: list, t: TrainConfig, learning_rate=None) -> nn.Opti
     """`learning_rate`: the schedule (default: train.*'s as a per-step table)."""
     decay = [p for p in params if decays(p.name, p.shape)]
     no_decay = [p for p in params if not decays(p.name, p.shape)]
-    groups = [group for group in ({"params": decay, "weight_decay": t.weight_decay},
-                                  {"params": no_decay, "weight_decay": 0.0}) if group["params"]]  # LoRA: no norms
+    groups = [
+        group
+        for group in ({"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0})
+        if group["params"]
+    ]  # LoRA: no norms
     groups.append({"order_params": params})
-    return AdamW(groups, learning_rate=lr_table(t) if learning_rate is None else learning_rate, beta1=t.adam_beta1,
-                 beta2=t.adam_beta2, eps=t.adam_eps)
+    return AdamW(
+        groups,
+        learning_rate=lr_table(t) if learning_rate is None else learning_rate,
+        beta1=t.adam_beta1,
+        beta2=t.adam_beta2,
+        eps=t.adam_eps,
+    )

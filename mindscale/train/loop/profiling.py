@@ -1,4 +1,5 @@
 """Profile optimizer steps [start_step, stop_step) with mindspore.profiler into the run folder."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,11 +22,14 @@ class ProfileWindow:
         if not self.cfg.enable or step != self.cfg.start_step:
             return
         from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
         self.out_dir.mkdir(parents=True, exist_ok=True)
         active = self.cfg.stop_step - self.cfg.start_step
-        self.profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.NPU],
-                                schedule=schedule(wait=0, warmup=0, active=active, repeat=1),
-                                on_trace_ready=tensorboard_trace_handler(str(self.out_dir)))
+        self.profiler = profile(
+            activities=[ProfilerActivity.CPU, ProfilerActivity.NPU],
+            schedule=schedule(wait=0, warmup=0, active=active, repeat=1),
+            on_trace_ready=tensorboard_trace_handler(str(self.out_dir)),
+        )
         self.profiler.start()
 
     def after(self, step: int) -> None:

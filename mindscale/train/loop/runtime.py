@@ -4,6 +4,7 @@ This is where one code path forks by hardware: on Ascend/GPU the model's shardin
 semi-auto parallel; on CPU MindSpore refuses semi-auto parallel, so only data parallelism exists
 and a config that needs model or pipeline parallelism is refused before anything is built.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,10 @@ def resolve_device(device_target: str) -> str:
     one-line error rather than a silent CPU run."""
     device = detect_device(device_target, os.environ)
     if device_target == "auto" and device != "CPU" and not ms.hal.is_available(device):
-        raise ConfigError(f"{device} devices are visible here but this MindSpore has no {device} backend; install "
-                          f"MindSpore for {device} or --set run.device_target=CPU")
+        raise ConfigError(
+            f"{device} devices are visible here but this MindSpore has no {device} backend; install "
+            f"MindSpore for {device} or --set run.device_target=CPU"
+        )
     return device
 
 
@@ -81,10 +84,15 @@ def check_chip(cfg: Config, reported: str) -> None:
     wanted = cfg.hardware.soc_version
     if not reported or not wanted or reported == wanted:
         return
-    fix = f"--set hardware={PROFILE_OF_CHIP[reported]}" if reported in PROFILE_OF_CHIP else \
-        f"a hardware profile with soc_version: {reported}"
-    raise ConfigError(f"this host's NPUs are {reported} (MindSpore) but hardware={cfg.hardware.name!r} describes "
-                      f"{wanted}; use {fix} (the peak, memory ceiling, bf16 and overflow rules follow the profile)")
+    fix = (
+        f"--set hardware={PROFILE_OF_CHIP[reported]}"
+        if reported in PROFILE_OF_CHIP
+        else f"a hardware profile with soc_version: {reported}"
+    )
+    raise ConfigError(
+        f"this host's NPUs are {reported} (MindSpore) but hardware={cfg.hardware.name!r} describes "
+        f"{wanted}; use {fix} (the peak, memory ceiling, bf16 and overflow rules follow the profile)"
+    )
 
 
 def setup(cfg: Config) -> Runtime:
@@ -99,6 +107,7 @@ def setup(cfg: Config) -> Runtime:
     ms.set_device(device)
     if device == "Ascend" and not dry_run():
         from mindspore._c_expression import MSContext  # what MindSpore's own loss-scale cells ask
+
         check_chip(cfg, MSContext.get_instance().get_ascend_soc_version())
     if device == "CPU":
         # MindSpore's CPU kernels size their own thread pool (25 threads) regardless of OMP_NUM_THREADS;
@@ -108,14 +117,17 @@ def setup(cfg: Config) -> Runtime:
         try:
             ms.set_context(**cfg.context)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"context={cfg.context}: mindspore.set_context refused it ({str(exc).splitlines()[0]}); "
-                              "fix or remove the key")
+            raise ConfigError(
+                f"context={cfg.context}: mindspore.set_context refused it ({str(exc).splitlines()[0]}); "
+                "fix or remove the key"
+            )
     pool = _bound_device_memory(cfg, device)
     ms.set_seed(cfg.run.seed)
     rank = 0
     if joins_cluster(world):
         if dry_run():  # dummy groups; without this init() asks for CANN's hccl Python package
             from mindspore.communication import _comm_helper
+
             _comm_helper.GlobalComm.CHECK_ENVS = False
         init()
         rank, world = get_rank(), get_group_size()
@@ -123,9 +135,12 @@ def setup(cfg: Config) -> Runtime:
     _set_parallel_context(cfg, layout, rank)
     if rank == 0 and pool is not None:
         hw = cfg.hardware
-        print(f"device memory: MindSpore's pool may take {pool:g} of {hw.memory_gib:g} GiB per device (hardware."
-              f"max_device_memory_gib; {hw.memory_gib - pool:g} GiB left to the runtime and HCCL); the planner's "
-              f"budget is memory_margin={hw.memory_margin:g} of the pool", flush=True)
+        print(
+            f"device memory: MindSpore's pool may take {pool:g} of {hw.memory_gib:g} GiB per device (hardware."
+            f"max_device_memory_gib; {hw.memory_gib - pool:g} GiB left to the runtime and HCCL); the planner's "
+            f"budget is memory_margin={hw.memory_margin:g} of the pool",
+            flush=True,
+        )
     return Runtime(device_target=device, rank=rank, world=world, layout=layout, memory_pool_gib=pool)
 
 
@@ -143,8 +158,9 @@ def _bound_device_memory(cfg: Config, device: str) -> float | None:
 
 def _set_parallel_context(cfg: Config, layout: Layout, rank: int) -> None:
     if layout.data_parallel_mode:
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True,
-                                     device_num=layout.dp)
+        ms.set_auto_parallel_context(
+            parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True, device_num=layout.dp
+        )
         return
     if not layout.sharded:
         return
@@ -158,23 +174,32 @@ def _set_parallel_context(cfg: Config, layout: Layout, rank: int) -> None:
     # all-reduce bprops already makes each mirror's sum the exact gradient; a mean would divide it again
     # (by each parameter's replica count). MindFormers' semi-auto configs set the same.
     ms.set_auto_parallel_context(
-        parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=layout.devices, gradients_mean=False,
-        full_batch=False, pipeline_stages=layout.pp, enable_parallel_optimizer=layout.optimizer_shard,
-        parallel_optimizer_config={"parallel_optimizer_threshold": OPTIMIZER_SHARD_MIN_KIB,
-                                   "gradient_accumulation_shard": layout.accumulation_shard})
+        parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL,
+        device_num=layout.devices,
+        gradients_mean=False,
+        full_batch=False,
+        pipeline_stages=layout.pp,
+        enable_parallel_optimizer=layout.optimizer_shard,
+        parallel_optimizer_config={
+            "parallel_optimizer_threshold": OPTIMIZER_SHARD_MIN_KIB,
+            "gradient_accumulation_shard": layout.accumulation_shard,
+        },
+    )
     if layout.interleave > 1 or layout.scheduler != "1f1b":
         # MindSpore derives each layer's chunk from the data flow (a stage receiving from a later stage starts
         # its next chunk), so the round-robin pipeline_stage per cell (models/sharding.py) is all it needs
-        ms.set_auto_parallel_context(pipeline_config={"pipeline_interleave": layout.interleave > 1,
-                                                      "pipeline_scheduler": layout.scheduler})
+        ms.set_auto_parallel_context(
+            pipeline_config={"pipeline_interleave": layout.interleave > 1, "pipeline_scheduler": layout.scheduler}
+        )
     if layout.ulysses or layout.ep > 1:
         # context_parallel_algo=ulysses_cp: let the redistribution of a sequence split into a head split be one
         # AlltoAll (MindSpore's default lowers it to AllGather + a local slice, moving cp times the bytes);
         # expert_parallel: the same for the tokens' change from a group split to an expert split (models/moe.py)
         ms.set_auto_parallel_context(enable_alltoall=True)
     if not dry_run():  # a dry run must not overwrite the strategy files of a real run of the config
-        ms.set_auto_parallel_context(strategy_ckpt_config={
-            "save_file": os.path.join(cfg.run_dir, "strategy", f"strategy_rank{rank}.ckpt")})
+        ms.set_auto_parallel_context(
+            strategy_ckpt_config={"save_file": os.path.join(cfg.run_dir, "strategy", f"strategy_rank{rank}.ckpt")}
+        )
 
 
 def set_input_layout(layout: Layout, num_inputs: int) -> None:

@@ -1,5 +1,6 @@
 """The learning-rate schedule and the weight-decay rule, free of MindSpore so that peers (the torch
 benchmark) can follow exactly the same rules without importing it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,11 @@ def lr_at(step, t: TrainConfig):
         after = np.full_like(s, t.lr)
     else:
         progress = np.minimum((s - t.warmup_steps) / max(t.steps - t.warmup_steps, 1), 1.0)
-        after = t.lr - (t.lr - t.min_lr) * progress if t.lr_schedule == "linear" else \
-            t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + np.cos(np.pi * progress))
+        after = (
+            t.lr - (t.lr - t.min_lr) * progress
+            if t.lr_schedule == "linear"
+            else t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + np.cos(np.pi * progress))
+        )
     lr = np.where(s < t.warmup_steps, t.lr * (s + 1) / max(t.warmup_steps, 1), after)
     return float(lr) if lr.ndim == 0 else lr
 
@@ -36,10 +40,15 @@ def schedule_change(saved: dict, t: TrainConfig, step: int) -> str | None:
     now, before = lr_at(step, t), lr_at(step, theirs)
     if np.isclose(now, before, rtol=1e-6, atol=0.0):
         return None
-    changed = ", ".join(f"train.{key} {getattr(theirs, key)} -> {getattr(t, key)}"
-                        for key in SCHEDULE_KEYS if getattr(theirs, key) != getattr(t, key))
-    return (f"learning rate: step {step + 1} runs at {now:.3e} on this config's schedule, {before:.3e} on the "
-            f"checkpoint's ({changed}); the schedule is recomputed from the config's train keys")
+    changed = ", ".join(
+        f"train.{key} {getattr(theirs, key)} -> {getattr(t, key)}"
+        for key in SCHEDULE_KEYS
+        if getattr(theirs, key) != getattr(t, key)
+    )
+    return (
+        f"learning rate: step {step + 1} runs at {now:.3e} on this config's schedule, {before:.3e} on the "
+        f"checkpoint's ({changed}); the schedule is recomputed from the config's train keys"
+    )
 
 
 def decays(name: str, shape: tuple) -> bool:

@@ -24,6 +24,7 @@ Square + ReduceSum, measured on the peer config). Either squares in fp32.
 A step overflows when that norm is not finite, or, where fp16 saturates instead of giving inf
 (an Ascend 910A: `saturates_fp16`), when the device's float status says so (`FloatStatus`).
 """
+
 from __future__ import annotations
 
 import os
@@ -40,7 +41,7 @@ from mindscale.config import Config, Layout
 from mindscale.train.loop.optim import build_optimizer
 from models.transformer import MOE_STATS
 
-DYNAMIC_SCALE_START = 2.0 ** 16
+DYNAMIC_SCALE_START = 2.0**16
 CONTROL = "control"  # prefix of the step's parameters the host sets each step: control, not state
 DYNAMIC_SCALE_WINDOW = 1000
 SATURATION_MODE = "SATURATION_MODE"  # MS_ASCEND_CHECK_OVERFLOW_MODE's value that makes a 910B saturate fp16 too
@@ -63,8 +64,9 @@ def saturates_fp16(cfg: Config, layout: Layout, environ=os.environ) -> bool:
     SATURATION_MODE (MindSpore's own test in amp.all_finite and nn.TrainOneStepWithLossScaleCell). The hardware
     profile decides, not the chip MindSpore reports (none under the dry run), so the dry run compiles what a
     910A runs."""
-    return layout.device == "Ascend" and (cfg.hardware.soc_version == "ascend910" or
-                                          environ.get("MS_ASCEND_CHECK_OVERFLOW_MODE") == SATURATION_MODE)
+    return layout.device == "Ascend" and (
+        cfg.hardware.soc_version == "ascend910" or environ.get("MS_ASCEND_CHECK_OVERFLOW_MODE") == SATURATION_MODE
+    )
 
 
 class FloatStatus(nn.Cell):
@@ -123,7 +125,7 @@ def _unscale_and_clear_buffer(inverse, read_buffer, grad, buffer):
     return ops.depend(value, ops.assign(buffer, zeros))
 
 
-PIPELINE_END = "pipeline_end"          # the marks of MindSpore's Pipeline cell
+PIPELINE_END = "pipeline_end"  # the marks of MindSpore's Pipeline cell
 GRAD_ACCUMULATION_END = "forward_end"  # and of its GradAccumulation cell
 
 
@@ -211,8 +213,11 @@ class TrainStep(nn.Cell):
         self.grad_fn = ops.GradOperation(get_by_list=True, sens_param=True)
         scale, dynamic = _loss_scale(cfg)
         # A fixed scale is a constant of the graph; only a dynamic one is state (a Parameter, checkpointed).
-        self.loss_scale = Parameter(Tensor(scale, ms.float32), name="loss_scale", requires_grad=False) if dynamic \
+        self.loss_scale = (
+            Parameter(Tensor(scale, ms.float32), name="loss_scale", requires_grad=False)
+            if dynamic
             else Tensor(scale, ms.float32)
+        )
         self.scale_update = nn.DynamicLossScaleUpdateCell(scale, 2.0, DYNAMIC_SCALE_WINDOW) if dynamic else None
         # the factor is identically 1 without clipping or loss scale: skip the pass over the gradients
         self.rescale = cfg.train.grad_clip > 0 or (not layout.accumulates_in_graph and (dynamic or scale != 1.0))
@@ -222,13 +227,17 @@ class TrainStep(nn.Cell):
         if self.accumulated:
             self.accu_grads = self.weights.clone(prefix="accu_grads", init="zeros")
         self.cpu_norm = layout.cpu_kernels
-        self.float_status = FloatStatus(reduce=layout.sharded or layout.data_parallel_mode) \
-            if saturates_fp16(cfg, layout) else None
+        self.float_status = (
+            FloatStatus(reduce=layout.sharded or layout.data_parallel_mode) if saturates_fp16(cfg, layout) else None
+        )
         self.dot = ops.MatMul(transpose_b=True)
         # train.loss_spike_factor: the host sets the step's limit (factor x recent median, health.LossSpikes);
         # the step compares its global loss with it before the update, so a spiking batch never updates
-        self.loss_limit = None if cfg.train.loss_spike_factor is None else \
-            Parameter(Tensor(float("inf"), ms.float32), name=f"{CONTROL}.loss_limit", requires_grad=False)
+        self.loss_limit = (
+            None
+            if cfg.train.loss_spike_factor is None
+            else Parameter(Tensor(float("inf"), ms.float32), name=f"{CONTROL}.loss_limit", requires_grad=False)
+        )
         self.data_parallel = layout.data_parallel_mode
         self.reducer = nn.DistributedGradReducer(self.weights, mean=True) if self.data_parallel else nn.Identity()
         if self.data_parallel:
@@ -286,8 +295,8 @@ class TrainStep(nn.Cell):
 
 @dataclass
 class TrainGraph:
-    model: nn.Cell          # CausalLM: parameters by their checkpoint names
-    network: nn.Cell        # what the step differentiates (the loss network, micro-batched)
+    model: nn.Cell  # CausalLM: parameters by their checkpoint names
+    network: nn.Cell  # what the step differentiates (the loss network, micro-batched)
     optimizer: nn.Optimizer
     step: TrainStep
 
@@ -296,10 +305,14 @@ class TrainGraph:
         loss scale and its counters; not the weights, nor a mixture of experts' router statistics, nor the LR table, which comes from the config (so a
         resumed run may change train.steps or the schedule), nor the accumulation buffers (empty between
         steps), nor what the host sets each step (control.*)."""
-        not_state = ({p.name for p in self.model.get_parameters()}
-                     | {p.name for p in self.optimizer.learning_rate.get_parameters()})
-        return [p for p in self.step.get_parameters() if p.name not in not_state and p.name != MOE_STATS
-                and not p.name.startswith(("accu_grads.", f"{CONTROL}."))]
+        not_state = {p.name for p in self.model.get_parameters()} | {
+            p.name for p in self.optimizer.learning_rate.get_parameters()
+        }
+        return [
+            p
+            for p in self.step.get_parameters()
+            if p.name not in not_state and p.name != MOE_STATS and not p.name.startswith(("accu_grads.", f"{CONTROL}."))
+        ]
 
 
 def build_train_graph(cfg: Config, layout: Layout) -> TrainGraph:

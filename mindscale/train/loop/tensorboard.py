@@ -14,6 +14,7 @@ The training thread only queues events; tensorboardX's writer thread writes them
 file every FLUSH_SECS, so a live `tensorboard --logdir` sees a record within seconds, and the writer
 closes itself at interpreter exit (atexit) when close() was not reached, e.g. after a health guard.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,13 +50,19 @@ class TensorBoardLog:
         try:
             from tensorboardX import SummaryWriter
         except ImportError:
-            raise ConfigError("run.tensorboard=true needs the tensorboardX package: pip install -r requirements.txt, "
-                              "or set run.tensorboard=false") from None
+            raise ConfigError(
+                "run.tensorboard=true needs the tensorboardX package: pip install -r requirements.txt, "
+                "or set run.tensorboard=false"
+            ) from None
         # tensorboardX names a file by the second it opened it: the suffix keeps two starts within a second
         # apart and in start order, the order TensorBoard reads (and purges) them in
-        self.writer = SummaryWriter(str(Path(run_dir) / FOLDER), purge_step=first_step + 1,
-                                    max_queue=QUEUE_EVENTS, flush_secs=FLUSH_SECS,
-                                    filename_suffix=f".{time.time_ns()}.{os.getpid()}")
+        self.writer = SummaryWriter(
+            str(Path(run_dir) / FOLDER),
+            purge_step=first_step + 1,
+            max_queue=QUEUE_EVENTS,
+            flush_secs=FLUSH_SECS,
+            filename_suffix=f".{time.time_ns()}.{os.getpid()}",
+        )
 
     def write(self, record: dict) -> None:
         for tag, value in scalars(record).items():

@@ -1,6 +1,7 @@
 """The pretraining / fine-tuning loop behind run_train.py. What it starts from, and every save, commit
 and prune of its checkpoints: mindscale/train/checkpoints/checkpointer.py.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,6 +34,7 @@ from models.transformer import MOE_STATS
 @dataclass(frozen=True)
 class StepResult:
     """One optimizer step as the host reads it after the compiled step returned."""
+
     step: int  # 1-based
     loss: float
     grad_norm: float
@@ -54,18 +56,27 @@ class Trainer:
         self.stop_schedule = StopVotes(vote, cfg.run.stop_vote_interval)
         self.heartbeat = Heartbeat.of_worker(rt.rank)  # under the launcher: hang watch and goodput
         graph = build_train_graph(cfg, layout)
-        self.model, self.network, self.optimizer, self.step_cell = graph.model, graph.network, graph.optimizer, graph.step
+        self.model, self.network, self.optimizer, self.step_cell = (
+            graph.model,
+            graph.network,
+            graph.optimizer,
+            graph.step,
+        )
         self.moe_stats = next((p for p in graph.step.get_parameters() if p.name == MOE_STATS), None)
-        self.checkpoints = Checkpointer(cfg, layout, rt, graph, self.run_dir / "checkpoints", self.heartbeat, vote,
-                                        self._saved_state)
+        self.checkpoints = Checkpointer(
+            cfg, layout, rt, graph, self.run_dir / "checkpoints", self.heartbeat, vote, self._saved_state
+        )
         start = self.checkpoints.read_start()
         self.start_step = start.step
         moved = schedule_change(start.config.get("train", {}), cfg.train, start.step) if start.checkpoint else None
         if moved:
             rt.say(moved)
         self.spikes = LossSpikes(cfg.train.loss_spike_factor, start.state.get("loss_history", ()))
-        self.evaluator = Evaluator(cfg, layout, self.model, layout.data_rank(rt.rank), self.heartbeat.alive) \
-            if cfg.train.eval_interval else None
+        self.evaluator = (
+            Evaluator(cfg, layout, self.model, layout.data_rank(rt.rank), self.heartbeat.alive)
+            if cfg.train.eval_interval
+            else None
+        )
         self._open_data()
         if self.first_batch is not None and (layout.sharded or cfg.run.mode == "graph"):
             # sharded parameters take their local shapes when the step compiles: assign after that
@@ -76,8 +87,7 @@ class Trainer:
         """This rank's batches from the start step (none when the run is already trained), and the first of
         them, read before the step compiles: the wait for it is the first step's data_wait_s."""
         if self.start_step < self.cfg.train.steps:
-            self.stream = build_dataset(self.cfg, self.layout.data_rank(self.rt.rank), self.layout.dp,
-                                        self.start_step)
+            self.stream = build_dataset(self.cfg, self.layout.data_rank(self.rt.rank), self.layout.dp, self.start_step)
         else:
             self.stream = None
         if self.stream is not None and self.stream.sources:
@@ -138,8 +148,12 @@ class Trainer:
 
     def _raise_stop_flag(self, stop: StopRequest | None) -> None:
         """Before a data-parallel step: this rank's vote for the step's sum (once)."""
-        if stop is not None and stop.requested and self.layout.data_parallel_mode \
-                and not self.step_cell.stop_flag.asnumpy()[0]:
+        if (
+            stop is not None
+            and stop.requested
+            and self.layout.data_parallel_mode
+            and not self.step_cell.stop_flag.asnumpy()[0]
+        ):
             self.step_cell.stop_flag.set_data(Tensor(np.ones(1, np.float32)))
 
     def _set_loss_limit(self) -> np.float32 | None:
@@ -154,8 +168,10 @@ class Trainer:
         """After a step: whether the graph skipped its update for a loss over `limit` (said on one line)."""
         if limit is None or not self.spikes.after(loss, limit, overflow):
             return False
-        self.rt.say(f"step {step}: loss {loss:.4f} > train.loss_spike_factor={self.spikes.factor} x the median of the "
-                  f"last {len(self.spikes.history)} updated steps = {limit:.4f}: optimizer update skipped")
+        self.rt.say(
+            f"step {step}: loss {loss:.4f} > train.loss_spike_factor={self.spikes.factor} x the median of the "
+            f"last {len(self.spikes.history)} updated steps = {limit:.4f}: optimizer update skipped"
+        )
         return True
 
     def _validate(self, step: int, logger: MetricsLogger) -> None:
@@ -186,8 +202,14 @@ class Trainer:
         if self.rt.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml())
-        logger = MetricsLogger(self.cfg, self.run_dir, self.rt.device_target, self.rt.rank == self.layout.logging_rank,
-                               self.start_step, self.stream.drawn if self.stream is not None else None)
+        logger = MetricsLogger(
+            self.cfg,
+            self.run_dir,
+            self.rt.device_target,
+            self.rt.rank == self.layout.logging_rank,
+            self.start_step,
+            self.stream.drawn if self.stream is not None else None,
+        )
         profile = ProfileWindow(self.cfg.profile, self.run_dir / "profile")
         self.guard = HealthGuard(self.cfg, dynamic_scale=self.step_cell.scale_update is not None)
         done, stopped = None, False
@@ -214,8 +236,16 @@ class Trainer:
         loss = float(loss.asnumpy())
         seconds = time.perf_counter() - began
         profile.after(step)
-        return StepResult(step + 1, loss, float(grad_norm.asnumpy()), bool(overflow.asnumpy()),
-                          float(scale.asnumpy()), seconds, data_wait, limit)
+        return StepResult(
+            step + 1,
+            loss,
+            float(grad_norm.asnumpy()),
+            bool(overflow.asnumpy()),
+            float(scale.asnumpy()),
+            seconds,
+            data_wait,
+            limit,
+        )
 
     def _next_batch(self, step: int) -> tuple[tuple, float]:
         """Step `step`'s batch and the seconds waited for it (the first was read before compiling)."""
@@ -233,9 +263,18 @@ class Trainer:
         self._validate(done.step, logger)
         if self.moe_stats is not None:
             logger.routed(*(float(v) for v in self.moe_stats.asnumpy()))
-        logger.step(done.step, done.loss, done.grad_norm, done.seconds, done.overflow,
-                    lr_at(done.step - 1, self.cfg.train), done.loss_scale, force=bool(asked), spiked=spiked,
-                    data_wait=done.data_wait)
+        logger.step(
+            done.step,
+            done.loss,
+            done.grad_norm,
+            done.seconds,
+            done.overflow,
+            lr_at(done.step - 1, self.cfg.train),
+            done.loss_scale,
+            force=bool(asked),
+            spiked=spiked,
+            data_wait=done.data_wait,
+        )
         self._check_health(done, spiked)
         if asked:
             self._say_stopping(done.step, asked, stop)
@@ -256,16 +295,21 @@ class Trainer:
 
     def _say_stopping(self, step: int, asked: int, stop: StopRequest) -> None:
         by = f"{stop.reason} here" if stop.requested else "a signal to another rank"
-        self.rt.say(f"stopping after step {step} of {self.cfg.train.steps}: asked on {asked} of "
-                    f"{self.rt.world} rank(s) ({by}); the same command resumes from the checkpoint")
+        self.rt.say(
+            f"stopping after step {step} of {self.cfg.train.steps}: asked on {asked} of "
+            f"{self.rt.world} rank(s) ({by}); the same command resumes from the checkpoint"
+        )
 
     def _end(self, stopped: int | None, scale: float) -> None:
         """After the loop (`stopped`: the step a stop ended it after): the last save, and each rank's weights
         digest."""
         last = stopped or self.cfg.train.steps
         self.heartbeat.beat(last)
-        self.checkpoints.end(last, scale, save=bool(stopped or self.cfg.checkpoint.save_at_end)
-                             and self.start_step < self.cfg.train.steps)
+        self.checkpoints.end(
+            last,
+            scale,
+            save=bool(stopped or self.cfg.checkpoint.save_at_end) and self.start_step < self.cfg.train.steps,
+        )
         print(f"rank {self.rt.rank}: weights sha256 {self.weights_digest()}", flush=True)
 
     def weights_digest(self) -> str:

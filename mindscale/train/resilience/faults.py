@@ -14,6 +14,7 @@ step before it: the step is then complete everywhere, as a crash between two ste
 the wait, how many steps the goodput ledger counts as lost depended on whether the launcher tore a peer
 down before or after that peer's heartbeat, which a loaded host decides (a CI run counted 1, not 2).
 """
+
 from __future__ import annotations
 
 import os
@@ -67,8 +68,12 @@ def before_step(run_dir: Path, rank: int, step: int) -> None:
     for kind in _wanted(rank, step):
         if not _claim(Path(run_dir), kind, rank, step):
             continue
-        print(f"fault: rank {rank} {'kills itself' if kind == 'kill' else 'hangs'} before step {step} "
-              f"({FAULT_ENV}, test only)", file=sys.stderr, flush=True)
+        print(
+            f"fault: rank {rank} {'kills itself' if kind == 'kill' else 'hangs'} before step {step} "
+            f"({FAULT_ENV}, test only)",
+            file=sys.stderr,
+            flush=True,
+        )
         if kind == "kill":
             _wait_for_peers(rank, step - 1)
             os.kill(os.getpid(), signal.SIGKILL)

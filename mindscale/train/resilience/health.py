@@ -20,6 +20,7 @@ All are decided from values every rank shares (the gradient norm is global, and 
 without pipeline stages), so every rank acts at the same step without a vote; the weights are those
 of the last good step.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,7 @@ import numpy as np
 
 from mindscale.config import Config
 
-SPIKE_WINDOW = 50       # updated steps whose median is the reference
+SPIKE_WINDOW = 50  # updated steps whose median is the reference
 SPIKE_MIN_HISTORY = 10  # no limit before this many
 UNHEALTHY_SKIP_STREAK = 3  # consecutive skipped updates that make a save window unhealthy
 
@@ -54,13 +55,15 @@ class HealthGuard:
             raise TrainingDiverged(
                 f"step {step}: the loss is {loss} and there is no dynamic loss scale to recover it (train.loss_scale="
                 f"{'null' if self.loss_scale is None else self.loss_scale}); lower train.lr or check the data and the "
-                "model's init, and resume from a committed checkpoint")
+                "model's init, and resume from a committed checkpoint"
+            )
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if overflow or spiked else 0
         if self.max_skipped and self.skipped_in_a_row >= self.max_skipped:
             raise TrainingDiverged(
                 f"step {step}: {self.skipped_in_a_row} steps in a row skipped for non-finite gradients or loss spikes "
                 f"(train.max_skipped_steps={self.max_skipped}, loss scale {scale:g}); the loss scale cannot recover or "
-                "the run diverged: use a dynamic loss scale, lower train.lr, or train in bf16/fp32")
+                "the run diverged: use a dynamic loss scale, lower train.lr, or train in bf16/fp32"
+            )
 
 
 class LossSpikes:
@@ -112,8 +115,12 @@ class SaveWindow:
 
     def close(self) -> dict:
         """The state.json entries of a save now ("healthy", "health"); the next window starts."""
-        health = {"steps": self.steps, "non_finite_losses": self.non_finite, "skipped_updates": self.skipped,
-                  "longest_skip_streak": self.longest_streak}
+        health = {
+            "steps": self.steps,
+            "non_finite_losses": self.non_finite,
+            "skipped_updates": self.skipped,
+            "longest_skip_streak": self.longest_streak,
+        }
         healthy = self.non_finite == 0 and self.longest_streak < UNHEALTHY_SKIP_STREAK
         self.steps = self.non_finite = self.skipped = self.longest_streak = 0  # self.streak may go on
         return {"healthy": healthy, "health": health}
@@ -121,5 +128,7 @@ class SaveWindow:
 
 def describe_health(health: dict) -> str:
     """'2 non-finite losses, 4 updates in a row skipped in 6 steps' for a line about a checkpoint."""
-    return (f"{health.get('non_finite_losses', 0)} non-finite loss(es), {health.get('longest_skip_streak', 0)} "
-            f"update(s) in a row skipped in the {health.get('steps', '?')} steps before it")
+    return (
+        f"{health.get('non_finite_losses', 0)} non-finite loss(es), {health.get('longest_skip_streak', 0)} "
+        f"update(s) in a row skipped in the {health.get('steps', '?')} steps before it"
+    )

@@ -17,6 +17,7 @@ Why in place and not mindscale.io.write_atomically: on this ext4 a rename over t
 pwrite of the record 3 us (docs/monitoring.md). A reader that meets a record half rewritten gets
 invalid JSON and keeps the rank's previous heartbeat, so nothing is lost but one poll.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -49,8 +50,16 @@ class Heartbeat:
 
     def __init__(self, path: Path | None, rank: int):
         self.path, self.rank, self.step = path, rank, None
-        self.ledger = {"started": None, "first_step": None, "first_step_s": None, "steps_s": 0.0, "steps": 0,
-                       "save_s": 0.0, "compile_s": 0.0, "compile_cache": "off"}
+        self.ledger = {
+            "started": None,
+            "first_step": None,
+            "first_step_s": None,
+            "steps_s": 0.0,
+            "steps": 0,
+            "save_s": 0.0,
+            "compile_s": 0.0,
+            "compile_cache": "off",
+        }
         self._last = None
         self._saves_since_last = 0.0
         self._fd = self._size = None
@@ -100,8 +109,14 @@ class Heartbeat:
         self._write(time.time())
 
     def _write(self, now: float) -> None:
-        record = {"rank": self.rank, "pid": os.getpid(), "step": self.step, "time": now,
-                  "compiling": self.ledger["first_step_s"] is None, **self.ledger}
+        record = {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "step": self.step,
+            "time": now,
+            "compiling": self.ledger["first_step_s"] is None,
+            **self.ledger,
+        }
         data = json.dumps(record).ljust(RECORD_BYTES).encode()
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)

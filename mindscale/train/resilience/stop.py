@@ -18,6 +18,7 @@ every process of the job, and the launcher and the worker wrapper forward theirs
 The worker wrapper (mindscale/launch/worker.py) starts the entry point with these signals blocked:
 one that comes before `install` stays pending instead of killing a process still importing.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,7 @@ import time
 
 GRACEFUL = (signal.SIGTERM, signal.SIGUSR1)
 DUPLICATE_S = 2.0
-VOTE_BUDGET = 0.001      # auto: a vote may cost this fraction of the training time between votes,
+VOTE_BUDGET = 0.001  # auto: a vote may cost this fraction of the training time between votes,
 MAX_VOTE_DELAY_S = 10.0  # but a stop waits at most this long after the step it was asked in (or one step)
 
 
@@ -57,8 +58,12 @@ class StopRequest:
         now = time.monotonic()
         if self.signum is None:
             self.signum, self._first = signum, now
-            print(f"{signal.Signals(signum).name}: finishing this step, then saving a checkpoint and exiting "
-                  "(signal again to stop at once)", file=sys.stderr, flush=True)
+            print(
+                f"{signal.Signals(signum).name}: finishing this step, then saving a checkpoint and exiting "
+                "(signal again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
         elif self.escalate and now - self._first >= DUPLICATE_S:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
@@ -90,10 +95,10 @@ class StopVotes:
         self.vote = vote
         self.fixed = interval
         self.interval = interval or 1
-        self.steps = 0                       # steps since the last vote
-        self.step_s = 0.0                    # their time
+        self.steps = 0  # steps since the last vote
+        self.step_s = 0.0  # their time
         self.votes = 0
-        self.vote_s: float | None = None     # the last (warm) vote's own time on this rank
+        self.vote_s: float | None = None  # the last (warm) vote's own time on this rank
 
     def after_step(self, requested: bool, step_s: float) -> int:
         """How many ranks asked to stop, at a voting step; 0 between votes."""

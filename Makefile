@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo finetune-demo extras test test-quick bench docs clean
+.PHONY: demo finetune-demo extras lint test test-quick bench docs clean
 
 $(VENV)/.runtime: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,11 +37,19 @@ XDIST := -n 2
 JEMALLOC := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 /usr/lib/aarch64-linux-gnu/libjemalloc.so.2))
 PRELOAD := $(if $(JEMALLOC),LD_PRELOAD="$(JEMALLOC) $$LD_PRELOAD")
 
+# the formatter and the linter first (pyproject.toml [tool.ruff]): a second each
+LINT := $(VENV)/bin/ruff format --check --quiet . && $(VENV)/bin/ruff check --quiet .
+
 test: $(VENV)/.dev  # target under 15 minutes on a 2-core host (measured times: tests/README.md)
+	$(LINT)
 	$(PRELOAD) MINDSCALE_TEST_DURATIONS=output/test-durations.json $(PY) -m pytest -q -n 4 --durations=15 tests bench/test_bench.py
 
 test-quick: $(VENV)/.dev  # no processes: unit and model tests (target under 2 minutes; tests/README.md)
+	$(LINT)
 	$(PRELOAD) $(PY) -m pytest -q $(XDIST) -m "not integration" tests
+
+lint: $(VENV)/.dev  # `ruff format .` rewrites what --check refuses
+	$(LINT)
 
 bench: $(VENV)/.dev
 	$(PY) bench/run_all.py

@@ -50,14 +50,15 @@ RANKS = "0,6"  # stage 0 chunk 0, stage 1 chunk 1
 _SHAPE = re.compile(r"<Tensor\[\w+\], \(([\d, ]*)\)")
 
 
-def ops_named(ir: str, op: str) -> list[tuple[str, list[tuple]]]:
-    """(the node's line, [its input shapes..., its output shape]) of every `op` node in a validate IR."""
+def ops_named(ir: str, op: str, scoped: bool = False) -> list[tuple]:
+    """(the node's line, [its input shapes..., its output shape]) of every `op` node in a validate IR, and with
+    `scoped` its "Fullname with scope" line as a third item."""
     lines = ir.splitlines()
     found = []
     for i, line in enumerate(lines):
         if re.search(rf"= (?:PrimFunc_)?{op}\(", line):
             shapes = [tuple(int(x) for x in m.split(", ") if x) for m in _SHAPE.findall(lines[i + 1])]
-            found.append((line, shapes))
+            found.append((line, shapes, lines[i + 2]) if scoped else (line, shapes))
     return found
 
 
@@ -84,8 +85,13 @@ def test_activations_are_split_along_the_sequence(compiled):
     for report, ir in ranks:
         assert report["devices"] == 8 and report["planned"]["shape_mismatches"] == {}
         assert report["bytes"] == {k: report["planned"][k] for k in ("weights", "grads", "optimizer")}
-        # the residual adds (MindSpore may name either one after the other in a reused layer graph)
-        residuals = [shapes for line, shapes in ops_named(ir, "Add") if re.search(r"instance name: \w+_residual", line)]
+        # the residual adds: a block's Adds (MindSpore may name either one after the other in a reused layer graph,
+        # and it gives the loss's own Add a block's instance name too, so the scope decides)
+        residuals = [
+            shapes
+            for line, shapes, scope in ops_named(ir, "Add", scoped=True)
+            if re.search(r"instance name: \w+_residual", line) and "-TransformerBlock/" in scope
+        ]
         assert residuals and all(s == [(local, m.hidden_size)] * 3 for s in residuals)
         if report["stage"] == 0:
             [(_, lookup)] = [(line, s) for line, s in ops_named(ir, "Gather") if "tok_embeddings.weight" in line]

@@ -296,6 +296,14 @@ def test_the_lowest_rank_is_read_and_named_whatever_its_folder_is_called(two_ran
 
 def test_one_rank_on_request_and_every_rank_s_split(two_ranks, capsys):
     run, folders = two_ranks
+    cli = subprocess.run(
+        [sys.executable, "tools/profile_report.py", str(run / "profile"), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert cli.returncode == 0 and json.loads(cli.stdout)["top_ops"], cli.stderr
     assert profile_report.main([str(run / "profile"), "--rank", "1", "--json"]) == 0
     one = json.loads(capsys.readouterr().out)
     assert (one["rank"], one["path"]) == (1, str(folders[1]))

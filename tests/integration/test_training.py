@@ -336,21 +336,6 @@ def test_truncated_checkpoint_as_load_path_is_refused(tmp_path):
     assert not (tmp_path / "dst" / "checkpoints").exists()
 
 
-def test_profile_window_writes_a_profile_that_profile_report_reads(tmp_path):
-    train(tmp_path, "prof", "train.steps=4", "profile.enable=true", "profile.start_step=1", "profile.stop_step=3")
-    profile = tmp_path / "prof" / "profile"
-    assert list(profile.glob("*/FRAMEWORK/cpu_op_*.csv")), list(profile.rglob("*"))[:10]
-    report = subprocess.run(
-        [sys.executable, "tools/profile_report.py", str(profile), "--json"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert report.returncode == 0, report.stderr
-    assert json.loads(report.stdout)["top_ops"]
-
-
 def test_resume_with_more_steps_extends_the_run(tmp_path):
     """More train.steps recompute the cosine over the new length: the line at start says the learning rate
     step 4 runs at, which is the one logged, and the checkpoint's schedule's."""

@@ -28,7 +28,7 @@ from transformers import (
 import models
 from models.generation import KVCacheDecoder, Sampler, generate
 from mindscale.config import REPO_ROOT, load_config
-from tests.models.test_hf_convert import deepseek_v3_config
+from tests.models.tiny_hf_configs import deepseek_v3_config
 from tests.modes import cpu_mode
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")

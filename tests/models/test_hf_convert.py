@@ -20,7 +20,6 @@ from mindspore import Tensor
 from safetensors.torch import save_file as torch_save_file
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 from transformers import (
-    DeepseekV3Config,
     DeepseekV3ForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
@@ -44,6 +43,7 @@ from tools import convert_checkpoint
 from mindscale.config import config_from_tree
 from tests.models.test_moe_sft_parity import balance, routed_layers
 from tests.slices import LAYOUTS, assert_every_slice_matches
+from tests.models.tiny_hf_configs import deepseek_v3_config
 from tests.modes import cpu_mode
 
 
@@ -81,44 +81,6 @@ HF_CLASSES = {
     "qwen3_moe": Qwen3MoeForCausalLM,
     "deepseek_v3": DeepseekV3ForCausalLM,
 }
-
-
-def deepseek_v3_config(plain: bool = False, **dims) -> DeepseekV3Config:
-    """A tiny DeepSeek-V3: 4 heads of 16 + 8 (rotary) with values of 12 (padded for the core), 8 experts of 32 in
-    4 groups (2 kept), top-3, scaled by 2.5, 2 shared experts, the first layer dense. `plain`: a full query
-    projection (q_lora_rank null), rotary weights not interleaved, one group, weights not renormalised, no
-    dense layer."""
-    dims = {**dims, "num_key_value_heads": dims["num_attention_heads"]}
-    shape = (
-        dict(
-            q_lora_rank=None,
-            rope_interleave=False,
-            n_group=1,
-            topk_group=1,
-            norm_topk_prob=False,
-            first_k_dense_replace=0,
-        )
-        if plain
-        else dict(
-            q_lora_rank=32, rope_interleave=True, n_group=4, topk_group=2, norm_topk_prob=True, first_k_dense_replace=1
-        )
-    )
-    return DeepseekV3Config(
-        **dims,
-        **shape,
-        kv_lora_rank=16,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=12,
-        n_routed_experts=8,
-        num_experts_per_tok=3,
-        moe_intermediate_size=32,
-        n_shared_experts=2,
-        routed_scaling_factor=2.5,
-        rope_theta=1e4,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-    )
 
 
 graph_mode = cpu_mode("graph")

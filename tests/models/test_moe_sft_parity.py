@@ -23,20 +23,14 @@ import numpy as np
 import pytest
 import torch
 from mindspore import Tensor, nn, ops
-from transformers import (
-    DeepseekV3Config,
-    DeepseekV3ForCausalLM,
-    MixtralConfig,
-    MixtralForCausalLM,
-    Qwen3MoeConfig,
-    Qwen3MoeForCausalLM,
-)
+from transformers import DeepseekV3ForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
 import models
 from mindscale.config import config_from_tree
 from models.hf_convert import hf_to_mindscale, mindscale_to_hf, read_hf_folder
 from tests.modes import cpu_mode
+from tests.models.tiny_hf_configs import deepseek_v3_config
 
 pynative_mode = cpu_mode("pynative")  # one step's gradients: faster than compiling the graph
 
@@ -78,27 +72,7 @@ def hf_model(arch: str):
             )
         )
     else:  # a dense first layer and two with 8 experts in 4 groups (2 kept), top-3, shared experts
-        model = DeepseekV3ForCausalLM(
-            DeepseekV3Config(
-                **{**dims, "num_hidden_layers": 3, "num_key_value_heads": 4},
-                q_lora_rank=32,
-                rope_interleave=True,
-                n_group=4,
-                topk_group=2,
-                norm_topk_prob=True,
-                first_k_dense_replace=1,
-                kv_lora_rank=16,
-                qk_nope_head_dim=16,
-                qk_rope_head_dim=8,
-                v_head_dim=12,
-                n_routed_experts=8,
-                num_experts_per_tok=3,
-                moe_intermediate_size=32,
-                n_shared_experts=2,
-                routed_scaling_factor=2.5,
-                rms_norm_eps=1e-6,
-            )
-        )
+        model = DeepseekV3ForCausalLM(deepseek_v3_config(**{**dims, "num_hidden_layers": 3}))
     with torch.no_grad():
         model.model.embed_tokens.weight[PAD].zero_()
     return model.train()

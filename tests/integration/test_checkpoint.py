@@ -289,7 +289,7 @@ def test_a_checkpoint_of_another_model_shape_is_refused_before_the_step_compiles
     """checkpoint.load_path and a resume, with model.hidden_size 128 against a checkpoint of 64: one line
     naming the first parameter, both shapes, the model key its config.yaml differs in and the fix, from the
     files' headers, before the compile (the shared one-worker run's step 6)."""
-    from tests.integration.test_training import one_worker_run, train
+    from tests.integration.tiny_runs import one_worker_run, train
     import shutil
 
     run = ckpt.Path(one_worker_run()["run"])

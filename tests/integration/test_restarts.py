@@ -16,7 +16,7 @@ from mindscale.launch.goodput import GOODPUT_FILE
 from mindscale.train.loop.compile_cache import SHARED_DIR_ENV
 from mindscale.train.checkpoints import folder as ckpt, commit
 from tests.data_folders import write_data_folder
-from tests.integration.test_training import TINY, _digests, _processes_naming, losses, metrics, sets, train
+from tests.integration.tiny_runs import TINY, digests, losses, metrics, processes_naming, sets, train
 
 SAVE = ("train.micro_batch_size=2", "train.steps=6", "checkpoint.save_interval=2", "checkpoint.keep_last=3")
 
@@ -86,8 +86,8 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(
     ) in restarted.stdout
     assert "fault: rank 1 kills itself before step 4" in kept.read_text()
     assert "resumed from" in restarted.stdout and "step_00000002 at step 2" in restarted.stdout
-    assert _digests(run / "logs") == _digests(tmp_path / "straight" / "logs")
-    assert len(_digests(run / "logs")) == 1
+    assert digests(run / "logs") == digests(tmp_path / "straight" / "logs")
+    assert len(digests(run / "logs")) == 1
     assert losses(run) == losses(tmp_path / "straight")  # the restart's steps 3-6 overwrite the lost step 3
     summary = goodput_adds_up(run)
     assert summary["lost_steps"] == 1 and summary["restarts"] == ["rank 1 was killed by SIGKILL"]
@@ -145,7 +145,7 @@ def test_after_a_restart_sigterm_still_stops_the_job_gracefully(tmp_path):
         f"MindScale: all 2 worker(s) on this node stopped on SIGTERM; newest "
         f"committed checkpoint: {root / ckpt.step_dir_name(stop)}; logs in "
     )
-    assert _processes_naming(str(tmp_path / "run")) == []
+    assert processes_naming(str(tmp_path / "run")) == []
 
 
 def test_restarts_give_up_after_max_restarts_naming_the_cause(tmp_path):
@@ -205,7 +205,7 @@ def test_a_stalled_rank_is_named_and_its_stacks_are_in_its_log(tmp_path):
     assert returned - hung < timeout + 10, f"named {returned - hung:.1f} s after the hang began"
     dump = log.read_text().split("fault: rank 1 hangs before step 3", 1)[1]
     assert "most recent call first" in dump and "in before_step" in dump and "in train" in dump
-    assert _processes_naming(str(run)) == []
+    assert processes_naming(str(run)) == []
 
 
 def test_resume_prefers_the_newest_healthy_checkpoint(tmp_path):

@@ -1,6 +1,6 @@
 """The sharded layouts' graceful-stop vote schedule (mindscale/train/resilience/stop.py StopVotes): when the ranks
 vote, and that a request is honoured at the next vote. Run here with one process's RankVote (no
-communication); tests/integration/test_training.py runs it over two msrun workers."""
+communication); tests/integration/test_stopping.py runs it over two msrun workers."""
 
 from mindscale.train.checkpoints.commit import RankVote
 from mindscale.train.resilience.stop import MAX_VOTE_DELAY_S, VOTE_BUDGET, StopVotes, vote_interval

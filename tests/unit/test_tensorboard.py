@@ -13,7 +13,7 @@ import pytest
 from mindscale.config import ConfigError, load_config
 from mindscale.train.loop.metrics import MetricsLogger
 from mindscale.train.loop.tensorboard import FLUSH_SECS, FOLDER, scalars
-from tests.integration.test_training import train
+from tests.integration.tiny_runs import train
 from tests.run_folder import PEAK_TFLOPS, TINY
 
 accumulator = pytest.importorskip(

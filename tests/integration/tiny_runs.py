@@ -1,0 +1,133 @@
+"""The tiny training runs the integration tests share: the config and its small overrides, run_train.py as
+one device, the run folder's metrics, a real corpus and one worker's uninterrupted run (each built once a
+session), and the process and log probes of the multi-worker tests."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mindscale.config import REPO_ROOT
+from tests import shared
+from tests.cores import one_core
+
+TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
+SMALL = [
+    "model.num_layers=1",
+    "model.hidden_size=64",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.ffn_hidden_size=128",
+    "model.vocab_size=256",
+    "model.seq_length=32",
+    "train.log_interval=1",
+    "train.warmup_steps=2",
+    "checkpoint.save_interval=0",
+]
+
+
+def sets(*overrides):
+    return [arg for o in (*SMALL, *overrides) for arg in ("--set", o)]
+
+
+def train(tmp_path, name, *overrides, env=None, check=True):
+    """run_train.py as one device: pinned to one core, as scripts/run_standalone.sh does."""
+    args = [
+        sys.executable,
+        "run_train.py",
+        "--config",
+        TINY,
+        *sets(f"run.output_dir={tmp_path}", f"run.name={name}", "parallel.data_parallel=1", *overrides),
+    ]
+    proc = subprocess.run(
+        args,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+        preexec_fn=one_core,
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(run_dir):
+    return {r["step"]: r["loss"] for r in metrics(run_dir)}
+
+
+def corpus() -> Path:
+    """A small real corpus, built once a session (tests/shared.py): text -> SentencePiece (400 pieces) ->
+    MindRecord of 33-token samples in `mr/`, the tokenizer in `tok.model`."""
+
+    def build():
+        root = Path(tempfile.mkdtemp(dir=shared.ROOT, prefix="corpus-"))
+        words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jokes".split()
+        rng = np.random.default_rng(0)
+        text = "\n".join(" ".join(rng.choice(words, 12)) + "." for _ in range(300))
+        (root / "text.txt").write_text(text)
+        tokenizer = ["tools/train_tokenizer.py", "--input", str(root / "text.txt"), "--vocab-size", "400"]
+        preprocess = ["tools/preprocess_data.py", "--input", str(root / "text.txt"), "--seq-length", "32"]
+        for tool in (
+            [*tokenizer, "--output", str(root / "tok")],
+            [*preprocess, "--tokenizer", str(root / "tok.model"), "--output", str(root / "mr")],
+        ):
+            subprocess.run([sys.executable, *tool], cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
+        return str(root)
+
+    return Path(shared.once(["corpus"], build))
+
+
+def one_worker_run() -> dict:
+    """{"stdout", "run"}: run_train.py on one worker, micro batch 4, 6 steps, the uninterrupted run the
+    data-parallel tests compare with; trained once a session (tests/shared.py), they only read it."""
+
+    def run():
+        parent = Path(tempfile.mkdtemp(dir=shared.ROOT, prefix="one_worker-"))
+        return {
+            "stdout": train(parent, "dp1", "train.micro_batch_size=4", "train.steps=6").stdout,
+            "run": str(parent / "dp1"),
+        }
+
+    return shared.once(["one_worker_run"], run)
+
+
+def processes_naming(marker):
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in (p.info["cmdline"] or [])):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def files_of(run_dir):
+    return sorted(str(p.relative_to(run_dir)) for p in Path(run_dir).rglob("*"))
+
+
+def wait_for_records(records, job, count, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline and job.poll() is None:
+        if records.is_file() and len(records.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"fewer than {count} steps were logged in {records}")
+
+
+def digests(log_dir):
+    return {re.search(r"weights sha256 (\w+)", (log_dir / f"worker_{r}.log").read_text()).group(1) for r in (0, 1)}

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench import data_index, data_wait, micro_batch_compile, preprocess_throughput, published_ascend
+from bench import compiled_memory, data_index, data_wait, micro_batch_compile, preprocess_throughput, published_ascend
 from mindscale.cli import fail
 from mindscale.io import write_atomically
 from mindscale.perf.flops import formula_text
@@ -474,6 +474,7 @@ def render(results: dict, changes: str) -> str:
         *data_wait.section(results),
         *micro_batch_compile.section(results),
         *published_ascend.section(results),
+        *compiled_memory.section(results),
     ]
     failed = failures(results["throughput"]) + failures(results["compile"])
     if failed:

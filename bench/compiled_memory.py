@@ -1,0 +1,165 @@
+"""Record MindSpore's device-memory plan of shipped configs' first and last pipeline stage (level-1 dry run).
+
+    python bench/compiled_memory.py --config configs/llama2/llama2_13b.yaml [--config ...]   # compile and record
+    python bench/compiled_memory.py --stale                # the shipped configs with no record for their layout
+    python bench/compiled_memory.py --markdown             # the records as docs/evidence/planner.md's table
+
+Each config runs `tools/dryrun.py --memory --no-collectives --jobs 1 --json` for rank 0 and the last stage's first
+rank, with its micro batches cut to twice its pipeline stages (`parallel.micro_batch_num=2p`; without stages,
+`parallel.gradient_accumulation_steps` at most 2): under 1F1B stage k holds min(p - k, m) micro batches in flight
+and the accumulation buffers do not depend on their count, so the peak is the shipped config's, and a rank
+compiles in minutes instead of the half hour and more that 256 micro batches take at level 1. The record goes to
+bench/compiled_memory.json (mindscale/perf/planner/compiled_memory.py reads it for the README's table), keyed by
+the config and its layout's fingerprint, with the date, commit and MindSpore version it was compiled with.
+
+A full-size rank takes 150-500 s and 1.5-2.5 GiB of host memory on a 2-core host; compile one config at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from mindscale.config import REPO_ROOT, load_config
+from mindscale.perf.planner import compiled_memory
+from mindscale.perf.planner.text import shipped_configs
+
+MIB = compiled_memory.MIB
+
+
+def fewer_micro_batches(cfg) -> list[str]:
+    """The overrides that cut a config's micro batches to what its peak needs (module docstring)."""
+    p = cfg.parallel
+    if p.pipeline_stage > 1:
+        cut = [f"parallel.micro_batch_num={min(p.micro_batch_num, 2 * p.pipeline_stage)}"]
+    else:
+        cut = [f"parallel.gradient_accumulation_steps={min(p.gradient_accumulation_steps, 2)}"]
+    return [*cut, "train.global_batch_size=null"]
+
+
+def commit() -> str:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def rank_row(report: dict, micro_batches: int) -> dict:
+    m, planned = report["device_memory"], report["planned"]
+    top = m["top_tensors"][0] if m["top_tensors"] else None
+    return {
+        "rank": report["rank"],
+        "stage": report["stage"],
+        "micro_batches": micro_batches,
+        "used_mib": round(m["used_bytes"] / MIB),
+        "peak_mib": round(m["peak_bytes"] / MIB),
+        "persistent_mib": round(m["persistent_bytes"] / MIB),
+        "pool_mib": round(m["reserve"]["pool_bytes"] / MIB),
+        "planner_mib": round(planned["device_memory_bytes"] / MIB),
+        "largest_at_peak": f"{top['node'].rsplit('/', 1)[-1]} {top['bytes'] / MIB:,.0f} MiB" if top else "",
+        "compile_s": round(report["compile_s"]),
+        "host_peak_gib": round(report["host_peak_rss_gib"], 1),
+    }
+
+
+def record(config: Path) -> dict:
+    cfg = load_config(config)
+    overrides = fewer_micro_batches(cfg)
+    args = [sys.executable, "tools/dryrun.py", "--config", str(config), "--memory", "--no-collectives", "--jobs", "1"]
+    proc = subprocess.run(
+        [*args, *(a for o in overrides for a in ("--set", o)), "--json"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    failed = [
+        r.get("error", "no device_memory") for r in reports if not r.get("compiled") or not r.get("device_memory")
+    ]
+    if proc.returncode != 0 or failed or not reports:
+        raise SystemExit(f"{config}: the level-1 dry run failed ({(failed or [proc.stderr.strip()[-300:]])[0]})")
+    micro = load_config(config, overrides)
+    micro_batches = micro.parallel.micro_batch_num * micro.parallel.gradient_accumulation_steps
+    import mindspore
+
+    return {
+        "fingerprint": compiled_memory.fingerprint(cfg),
+        "compiled": datetime.date.today().isoformat(),
+        "commit": commit(),
+        "mindspore": mindspore.__version__,
+        "overrides": overrides,
+        "ranks": [rank_row(r, micro_batches) for r in reports],
+    }
+
+
+def markdown(records: dict) -> str:
+    rows = [
+        "| config | rank (stage) | micro batches | MindSpore used MiB | with fragments MiB | persistent MiB | pool MiB "
+        "| planner MiB | planner ÷ used / ÷ with fragments | largest at the peak | compile, host memory | compiled |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in shipped_configs():
+        record = compiled_memory.current(records, path, load_config(path))
+        for r in record["ranks"] if record else []:
+            rows.append(
+                f"| `{path.stem}` | {r['rank']} ({r['stage']}) | {r['micro_batches']} | {r['used_mib']:,} | "
+                f"{r['peak_mib']:,} | {r['persistent_mib']:,} | {r['pool_mib']:,} | {r['planner_mib']:,} | "
+                f"{r['planner_mib'] / r['used_mib']:.2f} / {r['planner_mib'] / r['peak_mib']:.2f} | "
+                f"{r['largest_at_peak']} | {r['compile_s']} s, {r['host_peak_gib']} GiB | "
+                f"{record['compiled']}, {record['commit']} |"
+            )
+    return "\n".join(rows)
+
+
+def section(results: dict) -> list[str]:
+    """BENCHMARKS.md's section: the records as they stand (make bench compiles nothing for it)."""
+    records = compiled_memory.load()
+    stale = [p.stem for p in shipped_configs() if not compiled_memory.current(records, p, load_config(p))]
+    return [
+        "## 12. Device memory: MindSpore's plan of the shipped configs (bench/compiled_memory.json)",
+        "",
+        "MindSpore 2.9's level-1 dry run of each config's first and last pipeline stage at full size on this "
+        "host (`python bench/compiled_memory.py --config C`; docs/dryrun.md, \"Device memory\"), micro batches cut "
+        "to twice the stages (the peak is the shipped config's: the module's docstring). Used: the tensors live at "
+        "the plan's busiest step plus the persistent ones; with fragments: its whole block. Planner: its figure for "
+        "the rank inside the pool. A plan of an Ascend rank made without one: no kernel workspaces (level 1 sizes "
+        "none), HCCL buffers or driver memory (outside the pool); not a device measurement. The README's column "
+        "shows each config's busiest rank; every recorded config leaves at least "
+        f"{compiled_memory.SPARE_GIB:g} GiB of its pool free by it (tests/unit/test_compiled_memory.py).",
+        "",
+        markdown(records),
+        "",
+        f"Not yet compiled so for their current layout ({len(stale)}): " + ", ".join(f"`{n}`" for n in stale) + ".",
+        "",
+    ]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", action="append", type=Path, default=[], help="a config to compile and record")
+    parser.add_argument("--stale", action="store_true", help="list shipped configs without a current record")
+    parser.add_argument("--markdown", action="store_true", help="print the records as a Markdown table")
+    args = parser.parse_args(argv)
+    records = compiled_memory.load()
+    for config in args.config:
+        records[compiled_memory.key_of(config)] = entry = record(config)
+        compiled_memory.save(records)
+        for r in entry["ranks"]:
+            print(
+                f"{config}: rank {r['rank']} (stage {r['stage']}): MindSpore {r['used_mib']:,} MiB used, "
+                f"{r['peak_mib']:,} with fragments, of a {r['pool_mib']:,} MiB pool; planner {r['planner_mib']:,}",
+                flush=True,
+            )
+    if args.stale:
+        for path in shipped_configs():
+            if not compiled_memory.current(records, path, load_config(path)):
+                print(path.relative_to(REPO_ROOT))
+    if args.markdown:
+        print(markdown(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The recorded MindSpore memory plans of the shipped configs (bench/compiled_memory.json) and what reads them."""
+
+import pytest
+
+from mindscale.config import REPO_ROOT, load_config
+from mindscale.perf.planner import compiled_memory
+from mindscale.perf.planner.text import shipped_configs
+
+LLAMA2_13B = REPO_ROOT / "configs" / "llama2" / "llama2_13b.yaml"
+
+
+def rank(peak_mib, pool_mib=62_464):
+    return {"rank": 0, "stage": 0, "peak_mib": peak_mib, "pool_mib": pool_mib, "used_mib": peak_mib}
+
+
+def test_a_record_stops_counting_when_the_layout_it_was_compiled_for_changes():
+    cfg = load_config(LLAMA2_13B)
+    records = {"configs/llama2/llama2_13b.yaml": {"fingerprint": compiled_memory.fingerprint(cfg), "ranks": []}}
+    assert compiled_memory.current(records, LLAMA2_13B, cfg) is not None
+    for change in ("model.seq_length=2048", "recompute.mode=none", "hardware.max_device_memory_gib=60"):
+        changed = load_config(LLAMA2_13B, [change])
+        assert compiled_memory.current(records, LLAMA2_13B, changed) is None, change
+    # what does not size device memory leaves it standing, and so does a key written at its default
+    for same in (
+        "train.lr=1e-4",
+        "checkpoint.save_interval=7",
+        "hardware.storage_gbps=3",
+        "parallel.context_parallel=1",
+    ):
+        assert compiled_memory.current(records, LLAMA2_13B, load_config(LLAMA2_13B, [same])) is not None, same
+
+
+def test_the_busiest_rank_is_the_one_with_the_largest_plan_fragments_included():
+    record = {"ranks": [rank(50_000), {**rank(61_429), "stage": 3}]}
+    assert compiled_memory.busiest(record)["stage"] == 3
+    assert compiled_memory.spare_gib(record) == pytest.approx((62_464 - 61_429) / 1024)
+
+
+def test_every_compiled_shipped_config_leaves_the_spare_its_kernels_need():
+    """Where MindSpore's plan of a shipped layout is recorded, its busiest rank leaves SPARE_GIB of the pool free
+    (kernel workspaces, which level 1 does not size, live there); a config whose layout changed since has no
+    current record and is not judged by a stale one (`python bench/compiled_memory.py --stale` lists them)."""
+    records = compiled_memory.load()
+    judged = {p.stem: compiled_memory.current(records, p, load_config(p)) for p in shipped_configs()}
+    judged = {name: record for name, record in judged.items() if record}
+    assert judged, "no shipped config has a current record"
+    short = {name: round(compiled_memory.spare_gib(r), 2) for name, r in judged.items()}
+    assert all(gib >= compiled_memory.SPARE_GIB for gib in short.values()), short

@@ -1,12 +1,15 @@
-"""Regenerate the generated parts of the docs (`make docs`): the config key reference and the README's
-scale-config table. tests/unit/test_docs.py fails when they are stale."""
+"""Regenerate the generated parts of the docs and configs (`make docs`): the config key reference, the README's
+scale-config table, and each shipped scale config's `checkpoint.save_interval`, the planner's goodput optimum
+(docs/planner.md, "Goodput"). tests/unit/test_docs.py fails when they are stale."""
 
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from mindscale.config import reference_markdown
+from mindscale.config import load_config, reference_markdown
+from mindscale.perf.planner import plan
+from mindscale.perf.planner.text import shipped_configs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,8 +28,34 @@ def with_table(readme: str, table: str) -> str:
     return pattern.sub(lambda _: f"{BEGIN}\n{table}\n{END}", readme)
 
 
+SAVE_HEADER = "# Checkpoints: save_interval is the planner's goodput optimum (tools/plan.py; `make docs` writes it)."
+SAVE_LINE = re.compile(r"^(checkpoint:\n(?:  .*\n)*?  save_interval: )\d+", re.M)
+
+
+def best_save_interval(path: Path) -> int:
+    return plan(load_config(path))["goodput"]["save_interval"]
+
+
+def with_save_interval(text: str, steps: int) -> str:
+    """A config file's text with `checkpoint.save_interval: steps` (replaced, or added to its checkpoint section
+    or at its end) and SAVE_HEADER as the last line of its header comment."""
+    if SAVE_LINE.search(text):
+        text = SAVE_LINE.sub(lambda m: f"{m.group(1)}{steps}", text)
+    elif re.search(r"^checkpoint:\n", text, re.M):
+        text = re.sub(r"^checkpoint:\n", f"checkpoint:\n  save_interval: {steps}\n", text, flags=re.M)
+    else:
+        text = text.rstrip("\n") + f"\ncheckpoint:\n  save_interval: {steps}\n"
+    if SAVE_HEADER not in text:
+        lines = text.split("\n")
+        header = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+        text = "\n".join([*lines[:header], SAVE_HEADER, *lines[header:]])
+    return text
+
+
 def main() -> None:
     (ROOT / "docs" / "config.md").write_text(reference_markdown() + "\n")
+    for path in shipped_configs():
+        path.write_text(with_save_interval(path.read_text(), best_save_interval(path)))
     readme = ROOT / "README.md"
     readme.write_text(with_table(readme.read_text(), readme_table()))
 

@@ -1,5 +1,5 @@
 """Plan a config before compiling it: parameters, FLOPs, per-device memory, communication, predicted
-step time (as a sum of where it goes) and MFU, and the published figures of the anchors for the same model and
+step time (as a sum of where it goes) and MFU, goodput and the save interval that maximises it, and the published figures of the anchors for the same model and
 card count (mindscale/perf/planner/, as text by mindscale/perf/planner/text.py; formulas and their sources in
 docs/planner.md).
 
@@ -20,6 +20,7 @@ from mindscale.cli import add_config_arguments, config_from_args, fail
 from mindscale.config import UserError
 from mindscale.perf import planner
 from mindscale.perf.planner import published
+from mindscale.perf.planner.goodput import COMPILE_S
 from mindscale.perf.planner.text import readme_table, search_json, search_text, shipped_configs, text
 
 
@@ -47,11 +48,19 @@ def main(argv: list[str] | None = None) -> int:
         "instead of the profile's fitted speed model (uncalibrated "
         f"profiles: {planner.DEFAULT_EFFICIENCY})",
     )
+    parser.add_argument(
+        "--compile-s",
+        type=float,
+        default=COMPILE_S,
+        help=f"seconds one compile of the step takes, for the goodput prediction (default {COMPILE_S:g}, assumed)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         fail(f"--peak-tflops {args.peak_tflops}: must be > 0")
+    if args.compile_s < 0:
+        fail(f"--compile-s {args.compile_s}: must be >= 0")
     if args.efficiency is not None and not 0 < args.efficiency <= 1:
         fail(f"--efficiency {args.efficiency}: must be in (0, 1]")
     if args.readme_table:
@@ -73,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.devices is not None and args.devices != cfg.devices:
             cfg = planner.replan_devices(cfg, args.devices)
-        result = planner.plan(cfg, args.peak_tflops, args.efficiency)
+        result = planner.plan(cfg, args.peak_tflops, args.efficiency, args.compile_s)
         result["published"] = published.entries(cfg)
     except UserError as exc:  # every error a user can fix: one line, exit 2
         fail(str(exc))

@@ -152,6 +152,24 @@ class HardwareConfig:
     host_memory_gib: Optional[float] = doc(
         "Host memory per device that offloaded activations may fill, GiB; null = none.", None
     )
+    failures_per_device_hour: float = doc(
+        "Unexpected job interruptions per device-hour; a job of N devices fails every 1 / (N x this) hours (the "
+        "planner's goodput, docs/planner.md). Default: LLaMA-3's 419 in 54 days on 16,384 GPUs (Llama 3 report, "
+        "section 3.3.4).",
+        419 / (54 * 24 * 16384),
+    )
+    storage_gbps: float = doc(
+        "Checkpoint storage bandwidth per device, GB/s, writing or reading with every device at once (the shared "
+        "filesystem's aggregate over the devices): a save's write and a restart's load (the planner's goodput).",
+        1.0,
+    )
+    requeue_s: float = doc(
+        "Seconds a scheduler takes from a failed job to its requeued processes starting (the planner's goodput).", 600.0
+    )
+    relaunch_s: float = doc(
+        "Seconds the launcher's own restart takes from a failure to new processes starting (the planner's goodput).",
+        30.0,
+    )
     flash_attention: bool = doc("Whether ops.flash_attention_score exists on this device.", False)
     soc_version: Optional[Literal["ascend910", "ascend910b", "ascend910_93", "ascend950"]] = doc(
         "The chip as MindSpore names it (its get_ascend_soc_version()); null off Ascend. ascend910 (910A) has no "

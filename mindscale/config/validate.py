@@ -76,6 +76,8 @@ def _positive(cfg: Config) -> None:
         ("model.norm_eps", cfg.model.norm_eps),
         ("model.init_std", cfg.model.init_std),
         ("hardware.memory_gib", cfg.hardware.memory_gib),
+        ("hardware.failures_per_device_hour", cfg.hardware.failures_per_device_hour),
+        ("hardware.storage_gbps", cfg.hardware.storage_gbps),
     ]:
         if value <= 0:
             raise ConfigError(f"{key}={value}: must be > 0")
@@ -89,6 +91,8 @@ def _positive(cfg: Config) -> None:
         ("run.max_restarts", cfg.run.max_restarts),
         ("run.hang_timeout_s", cfg.run.hang_timeout_s),
         ("checkpoint.save_interval", cfg.checkpoint.save_interval),
+        ("hardware.requeue_s", cfg.hardware.requeue_s),
+        ("hardware.relaunch_s", cfg.hardware.relaunch_s),
     ]:
         if value < 0:
             raise ConfigError(f"{key}={value}: must be >= 0")

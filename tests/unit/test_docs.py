@@ -1,4 +1,5 @@
-"""Generated docs are current: README's scale-config table and docs/config.md come from commands."""
+"""Generated docs are current: README's scale-config table, docs/config.md and the configs' save intervals come
+from commands."""
 
 import importlib.util
 
@@ -13,6 +14,15 @@ spec.loader.exec_module(update_docs)
 def test_readme_table_is_generated():
     readme = (REPO_ROOT / "README.md").read_text()
     assert update_docs.with_table(readme, readme_table()) == readme, "run `make docs`"
+
+
+def test_every_shipped_config_saves_at_the_planners_goodput_optimum():
+    stale = {
+        path.stem: update_docs.best_save_interval(path)
+        for path in update_docs.shipped_configs()
+        if update_docs.with_save_interval(path.read_text(), update_docs.best_save_interval(path)) != path.read_text()
+    }
+    assert not stale, f"run `make docs`: {stale}"
 
 
 def test_config_reference_is_generated():

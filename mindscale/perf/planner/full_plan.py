@@ -8,14 +8,18 @@ from mindscale.perf.gemm_peak import device_peak_tflops
 from mindscale.perf.planner.activations import offload_resident_bytes, offloaded_layer_bytes
 from mindscale.perf.planner.caches import _layout
 from mindscale.perf.planner.communication import communication
+from mindscale.perf.planner.goodput import COMPILE_S, predict_goodput
 from mindscale.perf.planner.memory import memory_budget_gib, stage_host_bytes, stage_memory
 from mindscale.perf.planner.schedule import in_flight_forwards
 from mindscale.perf.planner.sizes import GIB
 from mindscale.perf.planner.step_time import offload_copy_s, predict
 
 
-def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None = None) -> dict:
-    """The plan of `cfg` (tools/plan.py --json, docs/planner.md): params, FLOPs, worst-stage memory, fits, comm bytes, prediction."""
+def plan(
+    cfg: Config, peak_tflops: float | None = None, efficiency: float | None = None, compile_s: float = COMPILE_S
+) -> dict:
+    """The plan of `cfg` (tools/plan.py --json, docs/planner.md): params, FLOPs, worst-stage memory, fits, comm
+    bytes, prediction, goodput (`compile_s`: one compile of the step, goodput.py)."""
     peak = peak_tflops if peak_tflops is not None else device_peak_tflops(cfg)
     layout = _layout(cfg)
     recomputed = [layout.recomputed_in(k) for k in range(layout.pp)]
@@ -25,6 +29,7 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
     budget = memory_budget_gib(cfg)
     total_gib = stages[worst]["total"] / GIB
     host = offload_plan(cfg)
+    predicted = predict(cfg, peak, efficiency)
     return {
         "config": cfg.run.name,
         "hardware": cfg.hardware.name,
@@ -70,7 +75,8 @@ def plan(cfg: Config, peak_tflops: float | None = None, efficiency: float | None
         "fits": total_gib <= budget and host["fits"],
         "offload": host,
         "comm_bytes_per_step": comm,
-        "predicted": predict(cfg, peak, efficiency),
+        "predicted": predicted,
+        "goodput": predict_goodput(cfg, stages, predicted["step_time_s"], compile_s),
     }
 
 

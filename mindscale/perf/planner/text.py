@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.perf import flops
+from mindscale.perf.planner import compiled_memory
 from mindscale.perf.planner.full_plan import plan
 from models.archs import ARCHS
 
@@ -106,6 +107,7 @@ def text(result: dict) -> str:
         f"(peak {pred['peak_tflops']:g} TFLOP/s per device){_model_error(pred)}"
     )
     lines.append(breakdown_line(pred))
+    lines += goodput_lines(result["goodput"])
     lines += published_lines(result.get("published", []))
     lines.append("assumptions:")
     lines += [f"  - {a}" for a in pred["assumptions"]]
@@ -123,6 +125,28 @@ STEP_PARTS = {
     "offload": "offload",
 }
 NEAR_BUDGET_GIB = 1.0  # a plan this close to its budget is flagged: the activation estimate is not exact
+
+
+def goodput_lines(g: dict) -> list[str]:
+    """The predicted goodput and the save interval that maximises it (goodput.py), per restart path."""
+    configured = g["configured_save_interval"]
+    lines = [
+        f"goodput (predicted, not measured): a failure every {g['mtbf_s'] / 3600:.3g} h "
+        f"({g['failures_per_device_hour']:.3g} per device-hour); a checkpoint of {_bytes(g['checkpoint_bytes_per_rank'])} "
+        f"a rank blocks training {g['save_blocked_s']:.3g} s (writes {g['write_s']:.3g} s, loads {g['load_s']:.3g} s); "
+        f"best save interval {g['save_interval']:,} steps ({g['optimal_interval_s'] / 60:.3g} min; "
+        f"checkpoint.save_interval is {configured:,}{'' if configured else ': only at the end'})"
+    ]
+    for path, r in g["restarts"].items():
+        at = (
+            f", {r['goodput_configured']:.1%} at the configured interval" if r["goodput_configured"] is not None else ""
+        )
+        lines.append(
+            f"  {path}: back to training in {r['restart_s']:.0f} s (compile {g['compile_s']:.0f} s assumed); goodput "
+            f"{r['goodput_at_optimum']:.1%} at the best interval{at}"
+            + (f" (not available: {r['unavailable']})" if r["unavailable"] else "")
+        )
+    return lines
 
 
 def breakdown_line(pred: dict) -> str:
@@ -293,12 +317,14 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
     `shipped_configs()`."""
     rows = [
         "| config | params | cards | dp/mp/pp | micro batches x size | recompute (offload) | memory per card (GiB) "
-        "| predicted MFU |",
-        "|---|---|---|---|---|---|---|---|",
+        "| MindSpore's plan (GiB, dry run) | predicted MFU |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     errors = set()
+    records = compiled_memory.load()
     for path in configs:
         cfg = load_config(path)
+        record = compiled_memory.current(records, path, cfg)
         result = plan(cfg, peak_tflops)
         errors.add(result["predicted"]["speed_model"]["error"])
         lay = result["layout"]
@@ -317,7 +343,7 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
             f"{f', ep {e}' if (e := lay['expert_parallel']) > 1 else ''} "
             f"| {micro} x {lay['micro_batch_size']} | {recompute} | "
             f"{result['memory_gib']['total']:.1f} of {result['device_memory_gib']:g} | "
-            f"{result['predicted']['mfu']:.1%} |"
+            f"{_compiled_peak(record)} | {result['predicted']['mfu']:.1%} |"
         )
     rows.append("")
     calibrated = f", median error {errors.pop():.0%} on them" if len(errors) == 1 and None not in errors else ""
@@ -327,6 +353,16 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
         "counts the attention core whole (PaLM's definition) while flash attention computes its causal half, "
         "so at 128K, where the core is most of the FLOPs, MFU exceeds what the hardware does. `+ comm`: "
         "`recompute.comm`, the backward gathers the sequence-parallel inputs again instead of keeping them "
-        "gathered (docs/planner.md)."
+        "gathered (docs/planner.md). MindSpore's plan: its level-1 dry run of the first and last stage, the busiest "
+        "rank with fragments, inside MindSpore's pool (`hardware.max_device_memory_gib`); no kernel workspaces or "
+        "HCCL buffers (docs/dryrun.md); recorded by `python bench/compiled_memory.py`, `-` where the config's "
+        "layout has not been compiled so."
     )
     return "\n".join(rows)
+
+
+def _compiled_peak(record: dict | None) -> str:
+    if not record:
+        return "-"
+    rank = compiled_memory.busiest(record)
+    return f"{rank['peak_mib'] / 1024:.1f} of {rank['pool_mib'] / 1024:g}"

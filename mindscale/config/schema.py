@@ -516,26 +516,24 @@ class CommunicationConfig:
         "copies only in an inlined loss network (docs/communication.md). 1 = off.",
         1,
     )
-    allreduce_fusion_mb: Optional[int] = doc(
-        "Fuse the gradient all-reduces by size (MindSpore's comm_fusion allreduce, mode size, in MB). Refused: "
-        "MindSpore 2.9's size fusion pass skips a graph with sub-graphs (its log: 'AllReduce fusion don't support "
-        "multiple subgraphs now'), and MindScale's train step always has them, so the threshold would change "
-        "nothing (docs/communication.md). The gradients are fused per layer instead: models/sharding.py gives "
-        "each parameter its layer's comm_fusion index, and the Ascend backend merges the all-reduces sharing one "
-        "(group and dtype alike). null = that per-layer fusion.",
-        None,
+    allreduce_fusion: bool = doc(
+        "Fuse the gradient all-reduces of a layer: MindSpore's backend merges the all-reduces that share a "
+        "parameter's comm_fusion index (models/sharding.py gives each layer its own, the embedding and the head "
+        "theirs), communication group and dtype into one (set_auto_parallel_context comm_fusion allreduce). "
+        "false leaves one all-reduce per parameter: MindSpore 2.9 fuses none by default. No size threshold: "
+        "MindSpore's fusion by size skips MindScale's train step, a graph of sub-graphs, and its backend splits "
+        "by size in data-parallel mode only (docs/communication.md).",
+        False,
     )
-    allgather_fusion_mb: Optional[int] = doc(
-        "The optimizer shard's weight all-gathers fused by size (comm_fusion allgather). Refused as "
-        "allreduce_fusion_mb is ('AllGather fusion don't support multiple subgraphs now'); null = MindSpore's "
-        "default grouping.",
-        None,
+    allgather_fusion: bool = doc(
+        "Fuse the optimizer shard's weight all-gathers that share a comm_fusion index, group and dtype "
+        "(comm_fusion allgather), as allreduce_fusion does the gradients'. Needs parallel.optimizer_shard.",
+        False,
     )
-    reducescatter_fusion_mb: Optional[int] = doc(
-        "The optimizer shard's gradient reduce-scatters fused by size (comm_fusion reducescatter). Refused as "
-        "allreduce_fusion_mb is ('ReduceScatter fusion don't support multiple subgraphs now'); null = "
-        "MindSpore's default grouping.",
-        None,
+    reducescatter_fusion: bool = doc(
+        "Fuse the optimizer shard's gradient reduce-scatters that share a comm_fusion index, group and dtype "
+        "(comm_fusion reducescatter). Needs parallel.optimizer_shard.",
+        False,
     )
     grad_matmul_communication_overlap: bool = doc(
         "parallel_speed_up_json: in the backward, overlap a tensor-parallel collective with the weight-gradient "
@@ -592,10 +590,12 @@ class CommunicationConfig:
         return options
 
     @property
-    def fusion_thresholds(self) -> dict:
-        """The fusion thresholds set, {key: MB} (validate.py refuses every one: docs/communication.md)."""
-        keys = ("allreduce_fusion_mb", "allgather_fusion_mb", "reducescatter_fusion_mb")
-        return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
+    def comm_fusion(self) -> dict:
+        """MindSpore's comm_fusion for set_auto_parallel_context: the collectives fused by their comm_fusion index
+        ({} = none). Mode auto: the fusion turned on; its size threshold changes nothing on MindScale's graphs."""
+        kinds = {"allreduce": self.allreduce_fusion, "allgather": self.allgather_fusion}
+        kinds["reducescatter"] = self.reducescatter_fusion
+        return {kind: {"mode": "auto", "config": None} for kind, on in kinds.items() if on}
 
 
 # the boolean options of MindSpore's parallel_speed_up_json that CommunicationConfig exposes under their own names
@@ -790,7 +790,7 @@ class Config:
     recompute: RecomputeConfig = doc("Activation recompute.", factory=RecomputeConfig)
     offload: OffloadConfig = doc("Activation offload to host memory.", factory=OffloadConfig)
     communication: CommunicationConfig = doc(
-        "Communication optimisations: multi-copy overlap, fusion thresholds, MindSpore's overlap passes.",
+        "Communication optimisations: multi-copy overlap, fused collectives, MindSpore's overlap passes.",
         factory=CommunicationConfig,
     )
     train: TrainConfig = doc("Optimisation.", factory=TrainConfig)

@@ -690,14 +690,6 @@ def _communication(cfg: Config) -> None:
     """communication: what each option overlaps or fuses must exist in the layout (docs/communication.md)."""
     comm, p = cfg.communication, cfg.parallel
     n = comm.micro_batch_interleave
-    if comm.fusion_thresholds:
-        key, mb = next(iter(comm.fusion_thresholds.items()))
-        raise ConfigError(
-            f"communication.{key}={mb}: MindSpore 2.9 fuses collectives by size only in a graph without "
-            "sub-graphs, and MindScale's train step has them (its pass logs 'fusion don't support multiple "
-            "subgraphs now' and changes nothing; docs/communication.md); remove it: the gradients are fused per "
-            "layer already"
-        )
     if n < 1:
         raise ConfigError(f"communication.micro_batch_interleave={n}: must be >= 1 (1 = off)")
     if comm.computation_communication_fusion_level < 0:
@@ -706,6 +698,7 @@ def _communication(cfg: Config) -> None:
             "must be >= 0 (0 = off)"
         )
     asked = [f"communication.{key}" for key in comm.speed_up]
+    asked += [f"communication.{kind}_fusion" for kind in comm.comm_fusion]
     asked += [f"communication.micro_batch_interleave={n}"] if n != 1 else []
     if not asked:
         return
@@ -721,6 +714,12 @@ def _communication(cfg: Config) -> None:
             "them, or shard the model"
         )
     _copies(cfg)
+    for kind in ("allgather", "reducescatter"):
+        if kind in comm.comm_fusion and not Layout.of(cfg).optimizer_shard:
+            raise ConfigError(
+                f"communication.{kind}_fusion=true without the optimizer shard, whose {kind}s it fuses; set "
+                "parallel.optimizer_shard=true (with data_parallel > 1), or turn it off"
+            )
     needs = _speed_up_needs(cfg)
     for key in comm.speed_up:
         fits, need = needs[key]

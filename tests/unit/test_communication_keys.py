@@ -62,10 +62,11 @@ REFUSED = {  # case: (overrides, what the line must say)
         [*SHARDED, "parallel.optimizer_shard=true", "communication.grad_computation_allreduce_overlap=true"],
         "communication.grad_computation_allreduce_overlap needs parallel.data_parallel > 1 without",
     ),
-    "a fusion threshold": (
-        [*SHARDED, "communication.allreduce_fusion_mb=64"],
-        "communication.allreduce_fusion_mb=64: MindSpore 2.9 fuses collectives by size only in a graph without",
+    "all-gather fusion without the optimizer shard": (
+        [*SHARDED, "communication.allgather_fusion=true"],
+        "communication.allgather_fusion=true without the optimizer shard",
     ),
+    "all-reduce fusion on CPU": (["communication.allreduce_fusion=true"], "with hardware 'cpu' (CPU)"),
     "a negative fusion level": ([*SHARDED, "communication.computation_communication_fusion_level=-1"], "must be >= 0"),
 }
 
@@ -94,8 +95,10 @@ def test_the_options_that_fit_the_inlined_pipeline_twin_validate():
             "communication.enable_allreduce_slice_to_reducescatter=true",
             "communication.enable_communication_fusion=true",
             "communication.computation_communication_fusion_level=1",
+            "communication.allreduce_fusion=true",
         ],
     )
+    assert cfg.communication.comm_fusion == {"allreduce": {"mode": "auto", "config": None}}
     assert cfg.communication.speed_up == {
         "grad_matmul_communication_overlap": True,
         "grad_computation_allreduce_overlap": True,

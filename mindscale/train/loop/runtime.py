@@ -209,8 +209,10 @@ def _set_parallel_context(cfg: Config, layout: Layout, rank: int) -> None:
 
 
 def _set_communication(cfg: Config, rank: int) -> None:
-    """communication:'s overlap options (validated: sharded Ascend layouts only), which MindSpore reads from a JSON
-    file only."""
+    """communication: (validated: sharded Ascend layouts only): the collectives fused by their comm_fusion index, and
+    the overlap options, which MindSpore reads from a JSON file only."""
+    if cfg.communication.comm_fusion:
+        ms.set_auto_parallel_context(comm_fusion=cfg.communication.comm_fusion)
     if cfg.communication.speed_up:
         ms.set_context(ascend_config={"parallel_speed_up_json_path": str(write_speed_up(cfg, rank))})
 

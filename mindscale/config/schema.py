@@ -518,6 +518,117 @@ class OffloadConfig:
 
 
 @dataclass
+class CommunicationConfig:
+    """MindSpore's communication optimisations (docs/communication.md): copies of a micro batch whose collectives
+    overlap each other's compute, the fusion of collectives, and the overlap passes of MindSpore's
+    parallel_speed_up_json. Every key is off by default: none has been run on Ascend here, and each is proved
+    only to compile (tests/dryrun/test_communication.py)."""
+
+    micro_batch_interleave: int = doc(
+        "Multi-copy parallel (MindSpore's nn.MicroBatchInterleaved, MindFormers' micro_batch_interleave_num): each "
+        "micro batch's rows are split into this many copies of the loss network, and MindSpore orders one copy's "
+        "tensor-parallel collectives beside the other copy's compute. Wraps the loss network inside the pipeline "
+        "and accumulation micro batches, as MindFormers does; the step averages the copies' losses. Needs an "
+        "Ascend profile, parallel.model_parallel > 1 (without it a copy has no collectives to hide), "
+        "train.micro_batch_size divisible by it, and run.reuse_layer_graph=false: MindSpore 2.9 interleaves the "
+        "copies only in an inlined loss network (docs/communication.md). 1 = off.",
+        1,
+    )
+    allreduce_fusion: bool = doc(
+        "Fuse the gradient all-reduces of a layer: MindSpore's backend merges the all-reduces that share a "
+        "parameter's comm_fusion index (models/sharding.py gives each layer its own, the embedding and the head "
+        "theirs), communication group and dtype into one (set_auto_parallel_context comm_fusion allreduce). "
+        "false leaves one all-reduce per parameter: MindSpore 2.9 fuses none by default. No size threshold: "
+        "MindSpore's fusion by size skips MindScale's train step, a graph of sub-graphs, and its backend splits "
+        "by size in data-parallel mode only (docs/communication.md).",
+        False,
+    )
+    allgather_fusion: bool = doc(
+        "Fuse the optimizer shard's weight all-gathers that share a comm_fusion index, group and dtype "
+        "(comm_fusion allgather), as allreduce_fusion does the gradients'. Needs parallel.optimizer_shard.",
+        False,
+    )
+    reducescatter_fusion: bool = doc(
+        "Fuse the optimizer shard's gradient reduce-scatters that share a comm_fusion index, group and dtype "
+        "(comm_fusion reducescatter). Needs parallel.optimizer_shard.",
+        False,
+    )
+    grad_matmul_communication_overlap: bool = doc(
+        "parallel_speed_up_json: in the backward, overlap a tensor-parallel collective with the weight-gradient "
+        "MatMul that does not depend on it (Ascend backend pass). Needs parallel.model_parallel > 1.",
+        False,
+    )
+    recomputation_communication_overlap: bool = doc(
+        "parallel_speed_up_json: overlap a recomputed layer's tensor-parallel collectives with the backward "
+        "compute of the layer before it. Needs recompute.mode full, parallel.model_parallel > 1 and "
+        "run.reuse_layer_graph (MindSpore marks the recomputed collectives only in reused graphs).",
+        False,
+    )
+    grad_computation_allreduce_overlap: bool = doc(
+        "parallel_speed_up_json: overlap the data-parallel gradient all-reduce with the backward compute. Needs "
+        "parallel.data_parallel > 1 without parallel.optimizer_shard (whose gradients are reduce-scattered).",
+        False,
+    )
+    computation_allgather_overlap: bool = doc(
+        "parallel_speed_up_json: overlap the optimizer shard's weight all-gathers with the forward compute. Needs "
+        "parallel.optimizer_shard with parallel.data_parallel > 1.",
+        False,
+    )
+    pp_1f1b_overlap: bool = doc(
+        "parallel_speed_up_json: under the 1f1b pipeline schedule, overlap one micro batch's forward "
+        "collectives with another's backward compute (all kinds of collective). Needs parallel.pipeline_stage > 1 "
+        "with parallel.pipeline_scheduler 1f1b.",
+        False,
+    )
+    enable_allreduce_slice_to_reducescatter: bool = doc(
+        "parallel_speed_up_json: an all-reduce whose result is only sliced becomes a reduce-scatter. Needs "
+        "parallel.model_parallel > 1.",
+        False,
+    )
+    enable_communication_fusion: bool = doc(
+        "parallel_speed_up_json: fuse small collectives of the same kind and group in the Ascend backend "
+        "(MindSpore's task-level communication fusion).",
+        False,
+    )
+    computation_communication_fusion_level: int = doc(
+        "parallel_speed_up_json: the level of MindSpore's fused MatMul-collective kernels (MatMul with "
+        "AllReduce, AllGather with MatMul, MatMul with ReduceScatter: MC2 on Ascend); 0 = off. Needs "
+        "parallel.model_parallel > 1.",
+        0,
+    )
+
+    @property
+    def speed_up(self) -> dict:
+        """The parallel_speed_up_json options set (MindSpore's names and value types), {} when none is."""
+        options = {name: True for name in SPEED_UP_SWITCHES if getattr(self, name)}
+        if self.pp_1f1b_overlap:  # MindSpore takes the collectives to overlap as a string here, not a bool
+            options["pp_1f1b_overlap"] = PP_1F1B_COLLECTIVES
+        if self.computation_communication_fusion_level:
+            options["computation_communication_fusion_level"] = self.computation_communication_fusion_level
+        return options
+
+    @property
+    def comm_fusion(self) -> dict:
+        """MindSpore's comm_fusion for set_auto_parallel_context: the collectives fused by their comm_fusion index
+        ({} = none). Mode auto: the fusion turned on; its size threshold changes nothing on MindScale's graphs."""
+        kinds = {"allreduce": self.allreduce_fusion, "allgather": self.allgather_fusion}
+        kinds["reducescatter"] = self.reducescatter_fusion
+        return {kind: {"mode": "auto", "config": None} for kind, on in kinds.items() if on}
+
+
+# the boolean options of MindSpore's parallel_speed_up_json that CommunicationConfig exposes under their own names
+SPEED_UP_SWITCHES = (
+    "grad_matmul_communication_overlap",
+    "recomputation_communication_overlap",
+    "grad_computation_allreduce_overlap",
+    "computation_allgather_overlap",
+    "enable_allreduce_slice_to_reducescatter",
+    "enable_communication_fusion",
+)
+PP_1F1B_COLLECTIVES = "AlltoAll,AlltoAllV,AllGather,ReduceScatter,AllReduce"  # MindSpore's own value for `true`
+
+
+@dataclass
 class TrainConfig:
     micro_batch_size: int = doc("Sequences per device per micro step.", 1)
     global_batch_size: Optional[int] = doc(
@@ -696,6 +807,10 @@ class Config:
     parallel: ParallelConfig = doc("Parallel layout.", factory=ParallelConfig)
     recompute: RecomputeConfig = doc("Activation recompute.", factory=RecomputeConfig)
     offload: OffloadConfig = doc("Activation offload to host memory.", factory=OffloadConfig)
+    communication: CommunicationConfig = doc(
+        "Communication optimisations: multi-copy overlap, fused collectives, MindSpore's overlap passes.",
+        factory=CommunicationConfig,
+    )
     train: TrainConfig = doc("Optimisation.", factory=TrainConfig)
     data: DataConfig = doc("Training data.", factory=DataConfig)
     checkpoint: CheckpointConfig = doc("Saving and loading.", factory=CheckpointConfig)

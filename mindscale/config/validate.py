@@ -659,6 +659,107 @@ def _offload(cfg: Config) -> None:
         )
 
 
+def _speed_up_needs(cfg: Config) -> dict[str, tuple[bool, str]]:
+    """Each parallel_speed_up_json option of communication: -> (whether the layout has what it overlaps, what
+    it needs)."""
+    p, layout = cfg.parallel, Layout.of(cfg)
+    tensor = (layout.tp > 1, "parallel.model_parallel > 1 (tensor-parallel collectives)")
+    return {
+        "grad_matmul_communication_overlap": tensor,
+        # MindSpore 2.9 marks the recomputed layers' collectives (recompute_subgraph_id) only in reused graphs:
+        # an inlined loss network compiles with none (measured, docs/communication.md)
+        "recomputation_communication_overlap": (
+            layout.tp > 1 and layout.recompute == "full" and bool(layout.recomputed) and layout.graph_reuse != "none",
+            "recompute.mode=full (recomputed layers), parallel.model_parallel > 1 and run.reuse_layer_graph=true",
+        ),
+        "grad_computation_allreduce_overlap": (
+            layout.dp > 1 and not layout.optimizer_shard,
+            "parallel.data_parallel > 1 without parallel.optimizer_shard (a gradient all-reduce)",
+        ),
+        "computation_allgather_overlap": (
+            layout.optimizer_shard,
+            "parallel.optimizer_shard=true with parallel.data_parallel > 1 (the shard's weight all-gathers)",
+        ),
+        "pp_1f1b_overlap": (
+            layout.pp > 1 and p.pipeline_scheduler == "1f1b",
+            "parallel.pipeline_stage > 1 with parallel.pipeline_scheduler=1f1b",
+        ),
+        "enable_allreduce_slice_to_reducescatter": tensor,
+        "enable_communication_fusion": (True, ""),
+        "computation_communication_fusion_level": tensor,
+    }
+
+
+def _communication(cfg: Config) -> None:
+    """communication: what each option overlaps or fuses must exist in the layout (docs/communication.md)."""
+    comm, p = cfg.communication, cfg.parallel
+    n = comm.micro_batch_interleave
+    if n < 1:
+        raise ConfigError(f"communication.micro_batch_interleave={n}: must be >= 1 (1 = off)")
+    if comm.computation_communication_fusion_level < 0:
+        raise ConfigError(
+            f"communication.computation_communication_fusion_level={comm.computation_communication_fusion_level}: "
+            "must be >= 0 (0 = off)"
+        )
+    asked = [f"communication.{key}" for key in comm.speed_up]
+    asked += [f"communication.{kind}_fusion" for kind in comm.comm_fusion]
+    asked += [f"communication.micro_batch_interleave={n}"] if n != 1 else []
+    if not asked:
+        return
+    if cfg.hardware.device_target != "Ascend":
+        raise ConfigError(
+            f"{', '.join(asked)} with hardware {cfg.hardware.name!r} ({cfg.hardware.device_target}): MindSpore "
+            "applies these in semi-auto parallel on Ascend only; remove them, or use an Ascend hardware profile"
+        )
+    if not Layout.of(cfg).sharded:
+        raise ConfigError(
+            f"{', '.join(asked)} with a layout that is not sharded (one device, or data parallel only: "
+            f"{p.replica_product('parallel.')}): MindSpore applies these to semi-auto-parallel graphs only; remove "
+            "them, or shard the model"
+        )
+    _copies(cfg)
+    for kind in ("allgather", "reducescatter"):
+        if kind in comm.comm_fusion and not Layout.of(cfg).optimizer_shard:
+            raise ConfigError(
+                f"communication.{kind}_fusion=true without the optimizer shard, whose {kind}s it fuses; set "
+                "parallel.optimizer_shard=true (with data_parallel > 1), or turn it off"
+            )
+    needs = _speed_up_needs(cfg)
+    for key in comm.speed_up:
+        fits, need = needs[key]
+        if not fits:
+            raise ConfigError(
+                f"communication.{key} needs {need}, which this layout ({p.replica_product('parallel.')}, "
+                f"parallel.data_parallel={p.data_parallel}) lacks: there is nothing for it to overlap; turn it off"
+            )
+
+
+def _copies(cfg: Config) -> None:
+    """communication.micro_batch_interleave on a sharded Ascend layout: collectives to hide, rows to split, and an
+    inlined loss network, where MindSpore interleaves the copies."""
+    n = cfg.communication.micro_batch_interleave
+    if n == 1:
+        return
+    if cfg.parallel.model_parallel == 1:
+        raise ConfigError(
+            f"communication.micro_batch_interleave={n} with parallel.model_parallel=1: the copies overlap "
+            "tensor-parallel collectives, and there are none; set micro_batch_interleave=1, or model_parallel > 1"
+        )
+    if cfg.run.reuse_layer_graph:
+        raise ConfigError(
+            f"communication.micro_batch_interleave={n} with run.reuse_layer_graph=true: MindSpore 2.9 interleaves "
+            "the copies only in an inlined loss network (through reused graphs the compiled graph carries none of "
+            "its micro_interleaved_index labels, so nothing orders one copy's collectives against the other's "
+            "compute; docs/communication.md); set run.reuse_layer_graph=false, or micro_batch_interleave=1"
+        )
+    if cfg.train.micro_batch_size % n:
+        raise ConfigError(
+            f"communication.micro_batch_interleave={n} does not divide train.micro_batch_size="
+            f"{cfg.train.micro_batch_size} (each copy takes micro_batch_size/{n} rows); set micro_batch_size to "
+            f"a multiple of {n}, or micro_batch_interleave=1"
+        )
+
+
 def _backend(cfg: Config) -> None:
     if cfg.model.attention == "flash" and not cfg.hardware.flash_attention:
         raise ConfigError(
@@ -783,6 +884,7 @@ def validate(cfg: Config) -> None:
     _global_batch(cfg)
     _context_parallel(cfg)  # after the rules Layout.of relies on: it derives the attention kernel
     _offload(cfg)
+    _communication(cfg)
     _blends(cfg)
     _evaluation(cfg)
     _kernel_dtypes(cfg)

@@ -7,14 +7,18 @@ and a config that needs model or pipeline parallelism is refused before anything
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import mindspore as ms
 from mindspore.communication import get_group_size, get_rank, init
 
 from mindscale.config import OPTIMIZER_SHARD_MIN_KIB, Config, ConfigError, Layout
 from mindscale.devices import detect_device
+from mindscale.io import write_atomically
 from mindscale.train.loop.runnable import check_runnable
 
 
@@ -22,6 +26,7 @@ MAX_CALL_DEPTH = 10000
 # MindSpore's switch (read once, at the first pipeline compile): a pipeline's micro-batch StridedSlice is split
 # by its `out_shard_size` attribute and not redistributed, instead of strategy (1, 1) on an all-gathered batch
 PIPELINE_OWN_ROWS = "PIPELINE_SLICE_SKIP_REDISTRIBUTION"
+SPEED_UP_DIR = "parallel_speed_up"  # the run folder's MindSpore parallel_speed_up_json files, one per rank
 
 
 @dataclass(frozen=True)
@@ -200,6 +205,27 @@ def _set_parallel_context(cfg: Config, layout: Layout, rank: int) -> None:
         ms.set_auto_parallel_context(
             strategy_ckpt_config={"save_file": os.path.join(cfg.run_dir, "strategy", f"strategy_rank{rank}.ckpt")}
         )
+    _set_communication(cfg, rank)
+
+
+def _set_communication(cfg: Config, rank: int) -> None:
+    """communication: (validated: sharded Ascend layouts only): the collectives fused by their comm_fusion index, and
+    the overlap options, which MindSpore reads from a JSON file only."""
+    if cfg.communication.comm_fusion:
+        ms.set_auto_parallel_context(comm_fusion=cfg.communication.comm_fusion)
+    if cfg.communication.speed_up:
+        ms.set_context(ascend_config={"parallel_speed_up_json_path": str(write_speed_up(cfg, rank))})
+
+
+def write_speed_up(cfg: Config, rank: int) -> Path:
+    """Write communication:'s parallel_speed_up_json for `rank`: <run>/parallel_speed_up/rank_<r>.json (one per rank:
+    ranks of one node share the folder), or, in a dry run, a file in a temporary folder of its own, so that a dry run
+    never writes into a real run's folder."""
+    folder = Path(tempfile.mkdtemp(prefix="mindscale-speed-up-")) if dry_run() else cfg.run_dir / SPEED_UP_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"rank_{rank}.json"
+    write_atomically(path, json.dumps(cfg.communication.speed_up, indent=1))
+    return path
 
 
 def set_input_layout(layout: Layout, num_inputs: int) -> None:

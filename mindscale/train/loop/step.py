@@ -176,10 +176,14 @@ class MicroBatches(nn.Cell):
         return total
 
 
-def micro_batched(loss_network: nn.Cell, layout: Layout) -> nn.Cell:
+def micro_batched(loss_network: nn.Cell, layout: Layout, copies: int = 1) -> nn.Cell:
     """The loss network the step differentiates: with several micro batches a step, MicroBatches, marked
     for the pipeline or for accumulation. Sharded, micro batch i of a rank is rows [i*mbs, (i+1)*mbs) of
-    its own feed (slice_own_rows)."""
+    its own feed (slice_own_rows). With `copies` > 1 (communication.micro_batch_interleave) each micro batch
+    runs the loss network on that many slices of its rows (MindSpore's MicroBatchInterleaved, inside the micro
+    batches as MindFormers wraps it), whose losses it sums."""
+    if copies > 1:
+        loss_network = nn.MicroBatchInterleaved(loss_network, copies)
     if layout.pp > 1:
         return MicroBatches(loss_network, layout, PIPELINE_END)
     if layout.micro_steps > 1:
@@ -208,7 +212,8 @@ class TrainStep(nn.Cell):
         self.network = network
         self.optimizer = optimizer
         self.weights = optimizer.parameters
-        self.micro_steps = layout.micro_steps
+        # the network's output sums one loss per micro batch and copy (communication.micro_batch_interleave)
+        self.summed_losses = layout.micro_steps * cfg.communication.micro_batch_interleave
         self.grad_clip = cfg.train.grad_clip
         self.grad_fn = ops.GradOperation(get_by_list=True, sens_param=True)
         scale, dynamic = _loss_scale(cfg)
@@ -261,7 +266,7 @@ class TrainStep(nn.Cell):
         # parameter as the end of micro batch 0's backward, so it must be an op of the network.
         loss = self.network(*inputs)
         # the micro-batch cell sums micro-batch losses: the sens averages them
-        sens = ops.ones_like(loss) * ops.cast(self.loss_scale, loss.dtype) / self.micro_steps
+        sens = ops.ones_like(loss) * ops.cast(self.loss_scale, loss.dtype) / self.summed_losses
         grads = self.grad_fn(self.network, self.weights)(*inputs, sens)
         scale = ops.cast(self.loss_scale, ms.float32)  # this step's scale (the update below may change it)
         inverse = 1.0 / scale
@@ -281,7 +286,7 @@ class TrainStep(nn.Cell):
             factor = factor * (self.grad_clip / ops.maximum(grad_norm, self.grad_clip))
         if self.rescale:
             grads = self.hyper_map(ops.partial(ops.mul, factor), grads)
-        loss = loss / self.micro_steps
+        loss = loss / self.summed_losses
         if self.data_parallel:  # the global batch's loss, not this rank's share
             sums = self.loss_sum(ops.concat((ops.cast(loss, ms.float32).reshape((1,)), self.stop_flag)))
             loss = ops.depend(ops.cast(sums[0], loss.dtype) / self.world, ops.assign(self.stop_votes, sums[1:]))
@@ -318,7 +323,9 @@ class TrainGraph:
 def build_train_graph(cfg: Config, layout: Layout) -> TrainGraph:
     """The graph run_train.py trains and tools/dryrun.py compiles: one function, so they cannot differ."""
     model = models.build_model(cfg, layout)
-    network = micro_batched(models.build_train_network(cfg, model, layout), layout)
+    network = micro_batched(
+        models.build_train_network(cfg, model, layout), layout, cfg.communication.micro_batch_interleave
+    )
     models.apply_sharding_plan(model, cfg, layout)
     optimizer = build_optimizer(network.trainable_params(), cfg.train)
     step = TrainStep(network, optimizer, cfg, layout)

@@ -62,6 +62,7 @@ def rank_row(report: dict, micro_batches: int) -> dict:
         "pool_mib": round(m["reserve"]["pool_bytes"] / MIB),
         "planner_mib": round(planned["device_memory_bytes"] / MIB),
         "largest_at_peak": f"{top['node'].rsplit('/', 1)[-1]} {top['bytes'] / MIB:,.0f} MiB" if top else "",
+        "top_at_peak": [[t["node"], round(t["bytes"] / MIB)] for t in m["top_tensors"][:8]],
         "compile_s": round(report["compile_s"]),
         "host_peak_gib": round(report["host_peak_rss_gib"], 1),
     }

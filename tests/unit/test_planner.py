@@ -763,3 +763,39 @@ def test_plan_prints_the_published_figures_of_its_model_and_card_count(capsys):
     )
     code, out = run_cli(capsys, "--config", str(REPO_ROOT / "configs" / "llama2" / "llama2_13b.yaml"), "--json")
     assert code == 0 and json.loads(out.out)["published"] == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Overlap credited only where the compiled graph has it (communication:, docs/communication.md)
+
+
+def test_only_the_optimisations_that_change_the_compiled_graph_hide_tensor_parallel_time():
+    def step(*sets):
+        cfg = load_config(LLAMA2_70B, sets)
+        return planner.plan(cfg)["predicted"]
+
+    base = step()
+    breakdown = base["step_breakdown_s"]
+    assert breakdown["tensor_parallel"] > 0 and "overlaps none of them" in " ".join(base["assumptions"])
+    # the backward's collectives (half) beside the weight-gradient matmuls, within a third of the compute
+    paired = step("communication.grad_matmul_communication_overlap=true")
+    assert paired["step_breakdown_s"]["tensor_parallel"] == pytest.approx(breakdown["tensor_parallel"] / 2)
+    assert paired["step_breakdown_s"]["compute"] == pytest.approx(breakdown["compute"])
+    # two copies: one copy's collectives behind the other's compute, on matmuls of half the rows (slower)
+    copies = step(
+        "communication.micro_batch_interleave=2",
+        "run.reuse_layer_graph=false",
+        "train.micro_batch_size=2",
+        "parallel.micro_batch_num=128",
+    )
+    assert copies["step_breakdown_s"]["tensor_parallel"] == 0
+    assert "2 copies of each micro batch" in " ".join(copies["assumptions"])
+    # options whose effect the dry run's validate IR does not show are not credited
+    fused = step("communication.computation_communication_fusion_level=1", "communication.allreduce_fusion=true")
+    assert fused["step_breakdown_s"]["tensor_parallel"] == pytest.approx(breakdown["tensor_parallel"])
+
+
+def test_copies_run_the_same_matmul_flops_on_fewer_rows():
+    mm = speed.Matmul(4096, 8192, 2048, 2)
+    halves = speed.in_copies([mm], 2)
+    assert halves == [speed.Matmul(2048, 8192, 2048, 4)] and halves[0].flops == mm.flops

@@ -136,6 +136,12 @@ def matmul_s(matmuls: list[Matmul], peak: float, speed: SpeedModel) -> float:
     return sum(mm.flops / (peak * speed.matmul(mm.m, mm.k, mm.n)) for mm in matmuls)
 
 
+def in_copies(matmuls: list[Matmul], copies: int) -> list[Matmul]:
+    """The matmuls of a micro batch split into `copies` (communication.micro_batch_interleave): each copy's take
+    1/copies of the rows, so the same FLOPs run on narrower, slightly slower matmuls."""
+    return [Matmul(mm.m / copies, mm.k, mm.n, mm.count * copies) for mm in matmuls]
+
+
 def attention_core_s(cfg: Config, peak: float, speed: SpeedModel) -> float:
     """Seconds one layer's attention core takes forward on one rank for one micro batch: 4·H·Q·S FLOPs a token
     (QK^T and scores x V over the whole sequence S), half of them under flash attention's causal skip."""
@@ -152,9 +158,14 @@ def stage_compute_s(cfg: Config, stage: int, peak: float, speed: SpeedModel) -> 
     composite core's forward, nothing under flash attention, which keeps no S x S tensor) with their memory-bound
     passes (a third of them again when recomputed), and the output head and loss on the last stage."""
     model, layout = cfg.model, _layout(cfg)
+    copies = cfg.communication.micro_batch_interleave
     vector_s = speed.vector_s_per_element * local_tokens(cfg) * model.hidden_size / (layout.tp if layout.sp else 1)
-    dense_s = matmul_s(layer_matmuls(cfg, experts=False), peak, speed) + vector_s / 3
-    expert_s = matmul_s(layer_matmuls(cfg, experts=True), peak, speed) + vector_s / 3 if model.spec.moe else dense_s
+    dense_s = matmul_s(in_copies(layer_matmuls(cfg, experts=False), copies), peak, speed) + vector_s / 3
+    expert_s = (
+        matmul_s(in_copies(layer_matmuls(cfg, experts=True), copies), peak, speed) + vector_s / 3
+        if model.spec.moe
+        else dense_s
+    )
     core_s = attention_core_s(cfg, peak, speed)
     recomputed = set(layout.recomputed)
     total = 0.0

@@ -24,9 +24,9 @@ from mindscale.perf.planner.communication import communication
 from mindscale.perf.planner.schedule import bubble_fraction, pipeline_sends
 from mindscale.perf.planner.speed import SpeedModel, collective_s, ranks_per_server, send_s, stage_compute_s
 
-# What an anchor's run may hide behind compute that MindScale's compiled graph does not (published rows only):
-# tensor-parallel collectives (MindSpeed-LLM's mc2, MindFormers' fine_grain_interleave) and the context-parallel
-# exchange (ring attention). MindScale's own plans overlap neither.
+# What an anchor's run may hide behind compute (published rows only): tensor-parallel collectives (MindSpeed-LLM's
+# mc2, MindFormers' fine_grain_interleave) and the context-parallel exchange (ring attention). MindScale's own
+# plans are credited only what their compiled graph overlaps (compiled_tp_overlap_s).
 OVERLAPS = ("tensor_parallel", "context_parallel")
 BREAKDOWN = (
     "compute",
@@ -79,13 +79,30 @@ def _stage_slot(cfg: Config, stage: int, comm: dict, peak: float, speed: SpeedMo
     )
     exposed = {
         "compute": compute,
-        "tensor_parallel": max(0.0, tp - compute) if "tensor_parallel" in overlap else tp,
+        "tensor_parallel": max(0.0, tp - compute)
+        if "tensor_parallel" in overlap
+        else tp - compiled_tp_overlap_s(cfg, tp, compute),
         "context_parallel": max(0.0, cp - compute) if "context_parallel" in overlap else cp,
         "expert_parallel": ep,
     }
     busy = sum(exposed.values())
     exposed["offload"] = offload_exposed_s(offload_copy_s(cfg, stage), busy)
     return exposed
+
+
+def compiled_tp_overlap_s(cfg: Config, tp: float, compute: float) -> float:
+    """Seconds of a slot's tensor-parallel collectives (`tp`) hidden behind its `compute` by what the compiled
+    graph has (docs/communication.md: both show in the dry run's validate IR): N copies of the micro batch
+    (communication.micro_batch_interleave) hide one copy's collectives behind the other copies' compute, at most
+    (N-1)/N of it; the backward's collectives (half of them) beside the weight-gradient MatMuls
+    (communication.grad_matmul_communication_overlap), at most a third of the compute (forward, input gradient
+    and weight gradient each take one). With both, the larger; no more than `tp`."""
+    comm = cfg.communication
+    copies = comm.micro_batch_interleave
+    hidden = compute * (copies - 1) / copies
+    if comm.grad_matmul_communication_overlap:
+        hidden = max(hidden, min(tp / 2, compute / 3))
+    return min(tp, hidden)
 
 
 def predict(cfg: Config, peak_tflops: float, efficiency: float | None = None, overlap: frozenset | tuple = ()) -> dict:
@@ -203,8 +220,7 @@ def _assumptions(cfg: Config, peak_tflops: float, speed: SpeedModel, copy_s: flo
         ]
     hidden = [k.replace("_", "-") for k in OVERLAPS if k in overlap]
     out.append(
-        "tensor-, context- and expert-parallel collectives are on the critical path (MindSpore's compiled "
-        "graph overlaps none of them)"
+        _compiled_overlaps(cfg)
         if not hidden
         else f"{' and '.join(hidden)} collectives overlap compute (the anchor's run), the rest are on the critical path"
     )
@@ -251,6 +267,33 @@ def _assumptions(cfg: Config, peak_tflops: float, speed: SpeedModel, copy_s: flo
         "a step",
         "optimizer update, data loading and host overhead are not counted",
     ]
+
+
+def _compiled_overlaps(cfg: Config) -> str:
+    """Which collectives the prediction takes as hidden, by the optimisations the config turns on."""
+    comm, layout = cfg.communication, _layout(cfg)
+    credited = []
+    if comm.micro_batch_interleave > 1:
+        n = comm.micro_batch_interleave
+        credited.append(
+            f"{n} copies of each micro batch (communication.micro_batch_interleave) hide tensor-parallel "
+            f"collectives behind the other copies' compute, up to {n - 1}/{n} of it; each copy's matmuls take "
+            f"1/{n} of the rows"
+        )
+    if comm.grad_matmul_communication_overlap:
+        credited.append(
+            "the backward's tensor-parallel collectives overlap the weight-gradient matmuls, up to a third of the "
+            "compute (communication.grad_matmul_communication_overlap)"
+        )
+    if not credited:
+        return (
+            "tensor-, context- and expert-parallel collectives are on the critical path (MindSpore's compiled "
+            "graph overlaps none of them)"
+        )
+    rest = "context- and expert-parallel collectives" + (" and the rest" if layout.tp > 1 else "")
+    return (
+        "; ".join(credited) + f" (both show in the compiled graph: docs/communication.md); {rest} on the critical path"
+    )
 
 
 def _pipeline_assumption(layout: Layout) -> str:

@@ -7,9 +7,9 @@ persistent ones), both inside MindSpore's pool, next to the planner's figure for
 shows the busiest rank's `peak`; this module reads the records for it.
 
 A record belongs to a config's layout: `fingerprint` hashes the keys that size device memory (model, parallel,
-recompute, offload, the micro batch, the hardware profile's memory and device keys) where they differ from their
-defaults. When the config changes, its record stops being shown
-(`current` returns None) until the config is compiled again. A change of code that moves memory (the loss, a
+recompute, offload, communication, the micro batch, the hardware profile's memory and device keys) where they
+differ from their defaults. When the config changes, its record stops being shown (`current` returns None) until
+the config is compiled again. A change of code that moves memory (the loss, a
 layer) is not in the fingerprint: each record names the commit it was compiled at.
 
 These are MindSpore's plans for an Ascend rank, made on a host without one: no kernel workspaces (level 1 sizes
@@ -41,6 +41,8 @@ def fingerprint(cfg: Config) -> str:
         "hardware": cfg.hardware,
     }
     keys = {name: _set_keys(section) for name, section in sections.items()}
+    if communication := _set_keys(cfg.communication):  # a section added later: only when set, as a key would be
+        keys["communication"] = communication
     keys["micro_batch_size"] = cfg.train.micro_batch_size
     for unrelated in ("name", "source", "failures_per_device_hour", "storage_gbps", "requeue_s", "relaunch_s"):
         keys["hardware"].pop(unrelated, None)

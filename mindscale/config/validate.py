@@ -340,6 +340,12 @@ def _experts(cfg: Config) -> None:
             f"{cfg.parallel.pipeline_stage}: MindSpore 2.9 compiles the bias update into the wrong stages "
             "(docs/models.md, DeepSeek-V3); set bias_update_rate to 0 or pipeline_stage to 1"
         )
+    if moe.bias_update_rate and cfg.train.eval_interval:
+        raise ConfigError(
+            f"model.moe.bias_update_rate={moe.bias_update_rate} with train.eval_interval="
+            f"{cfg.train.eval_interval}: the held-out passes would add their tokens to the next step's expert "
+            "counts; set eval_interval to 0 or bias_update_rate to 0"
+        )
     if moe.bias_update_rate and moe.router != "sigmoid":
         raise ConfigError(
             f"model.moe.bias_update_rate={moe.bias_update_rate} with model.moe.router={moe.router}: only the "

@@ -19,6 +19,12 @@ MIXTRAL_TINY = REPO_ROOT / "configs" / "tiny" / "mixtral_tiny.yaml"
         (DEEPSEEK_V3_TINY, "model.moe.bias_update_rate=-0.001", "model.moe.bias_update_rate=-0.001: must be >= 0"),
         (DEEPSEEK_V3_TINY, "model.moe.seq_aux_loss_coeff=-1", "model.moe.seq_aux_loss_coeff=-1.0: must be >= 0"),
         (
+            DEEPSEEK_V3_TINY,
+            "train.eval_interval=10",
+            "model.moe.bias_update_rate=0.001 with train.eval_interval=10: the held-out passes would add their "
+            "tokens to the next step's expert counts; set eval_interval to 0 or bias_update_rate to 0",
+        ),
+        (
             MIXTRAL_TINY,
             "model.moe.bias_update_rate=0.001",
             "model.moe.bias_update_rate=0.001 with model.moe.router=softmax: only the sigmoid router has a bias "
@@ -27,8 +33,9 @@ MIXTRAL_TINY = REPO_ROOT / "configs" / "tiny" / "mixtral_tiny.yaml"
     ],
 )
 def test_bad_balancing_keys_are_refused(config, key, message):
+    keys = [key] if "bias_update_rate" in key else [key, "model.moe.bias_update_rate=0.001"]
     with pytest.raises(ConfigError, match=re.escape(message)):
-        load_config(config, [key])
+        load_config(config, keys)
 
 
 def test_the_deepseek_v3_config_has_the_reports_sequence_wise_loss_and_no_bias_update_under_its_stages():

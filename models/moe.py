@@ -30,11 +30,21 @@ Megatron's) is not built: GroupedMatmul is an Ascend kernel and its dispatch nee
 self-defined shard; here dropless is the capacity T, exact and static, at E/k times the expert compute of
 capacity factor 1 (docs/models.md, "Mixture of experts").
 
-The layer returns (y [N, h], stats [2]): stats = (the load-balancing loss E sum_e f_e P_e, with f_e the
+The layer returns (y [N, h], stats [3]): stats = (the load-balancing loss E sum_e f_e P_e, with f_e the
 fraction of tokens choosing e and P_e its mean probability (Switch; Mixtral's form), the busiest expert's
-token count over the mean). Both are computed over the tokens the loss trains (every group, under semi-auto
-parallel): the `mask` [B, S] the layer is given, the training loss's own mask, or all N tokens without one
-(pretraining, generation).
+token count over the mean, DeepSeek-V3's sequence-wise balance loss (its report's eq. 17-20: the same sum per
+sequence of `seq` tokens, f_e scaled by E/k, averaged over the sequences)). All are computed over the tokens
+the loss trains (every group, under semi-auto parallel): the `mask` [B, S] the layer is given, the training
+loss's own mask, or all N tokens without one (pretraining, generation).
+
+Auxiliary-loss-free balancing (DeepSeek-V3 §2.1.2) counts, in training, how many tokens chose each expert:
+the training step attaches a counter `expert_loads` [E] (attach_load_counter; not a weight of the model), to
+which every call (micro batch) adds the count of its tokens. Under semi-auto parallel that sum over the tokens
+is split like the tokens, so the compiler all-reduces it over the data x context-parallel ranks, once per
+layer and micro batch, as it does `token_fraction` of the statistics (a per-rank counter summed once in the
+step would not do: under pipeline stages MindSpore 2.9 inserts no collective in the step's update, so each
+stage would have moved its biases by its own rows' counts). The step moves the router's bias by the summed
+counts (mindscale/train/loop/step.py, ExpertBalance).
 
 Why the loss mask. Padding must not count: a pad token's routing would enter the balance loss, whose gradient
 then trains the pad's embedding row and, through the norm of that row (zero in Hugging Face checkpoints, so
@@ -202,21 +212,45 @@ class MoE(nn.Cell):
         self.balance_mul = ops.Mul()
         self.balance_sum = ops.ReduceSum()
         self.load_max = ops.ReduceMax()
+        # the sequence-wise loss: per sequence [B, S, E] -> [B, E]
+        self.seq_mask_choices = ops.Mul()
+        self.seq_mask_probs = ops.Mul()
+        self.seq_choices = ops.ReduceSum()
+        self.seq_probs = ops.ReduceSum()
+        self.seq_tokens = ops.ReduceSum(keep_dims=True)
+        self.seq_at_least_one = ops.Maximum()
+        self.seq_fraction_div = ops.RealDiv()
+        self.seq_prob_div = ops.RealDiv()
+        self.seq_balance_mul = ops.Mul()
+        self.seq_balance_sum = ops.ReduceSum()
+        self.seq_mean = ops.ReduceMean()
+        # the counts of auxiliary-loss-free balancing, when the training step attaches its counter
+        self.expert_loads = None
+        self.load_count = ops.ReduceSum()
+        self.load_add = ops.AssignAdd()
         self.on, self.off = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
         self.choice_numbers = Tensor(np.arange(top_k, dtype=np.float32).reshape(1, top_k, 1))
 
-    def construct(self, x, mask=None):
-        return self.forward(x, self.capacity_factor, mask)
+    def construct(self, x, mask=None, seq=None):
+        return self.forward(x, self.capacity_factor, mask, seq)
 
-    def forward(self, x, capacity_factor, mask=None):
+    def attach_load_counter(self, counter: Parameter) -> None:
+        """Count each expert's tokens into `counter` [G, E] (owned by the training step, so that the model's
+        parameters stay the checkpoint's weights): a reference the graph reads, not a parameter of this cell."""
+        object.__setattr__(self, "expert_loads", counter)
+
+    def forward(self, x, capacity_factor, mask=None, seq=None):
         """The layer with this capacity factor (None: dropless; generation passes None, as HF routes), its
-        statistics over the tokens `mask` marks (None: all)."""
+        statistics over the tokens `mask` marks (None: all), the sequence-wise loss over sequences of `seq`
+        tokens (None: 0)."""
         n, h, e, k, g = x.shape[0], self.hidden, self.num_experts, self.top_k, self.groups
         t = n // g
         c = expert_capacity(t, k, capacity_factor, e)
         weights, experts, probs = self.route(x)  # [N, k], [N, E]
         choices = self.choice_onehot(experts, e, self.on, self.off)  # [N, k, E]
         chosen = self.chosen(choices, 1)  # [N, E]
+        if self.expert_loads is not None:  # every routed token, as the experts compute them
+            chosen = ops.depend(chosen, self.load_add(self.expert_loads, self.load_count(chosen, 0)))
         # priority of (token, expert): k*T - slot*T - token_in_group > 0 where chosen, 0 elsewhere
         slot = self.slots(self.number_choices(choices, self.choice_numbers), 1)  # [N, E]
         order = self.order_sub(k * t, self.slot_rank(slot, t)).reshape(g, t, e)
@@ -244,7 +278,7 @@ class MoE(nn.Cell):
         y = self.sum_choices(picked.reshape(g, k, t, h), 1).reshape(n, h)
         if self.shared_expert is not None:
             y = self.shared_add(y, self.shared_expert(x))
-        return y, self.statistics(probs, chosen, mask)
+        return y, self.statistics(probs, chosen, mask, seq)
 
     def route(self, x):
         """(weights [N, k] fp32, experts [N, k], the probabilities [N, E] the statistics read)."""
@@ -261,8 +295,8 @@ class MoE(nn.Cell):
         """[1, T, 1]: each token's index in its group."""
         return Tensor(np.arange(t, dtype=np.float32).reshape(1, t, 1))
 
-    def statistics(self, probs, chosen, mask):
-        """[aux loss E sum_e f_e P_e, max_e f_e / mean_e f_e]: f_e the tokens choosing e over the tokens counted
+    def statistics(self, probs, chosen, mask, seq=None):
+        """[aux loss E sum_e f_e P_e, max_e f_e / mean_e f_e, the sequence-wise loss (sequence_balance)]: f_e the tokens choosing e over the tokens counted
         (summing to k), P_e the mean router probability of e over them; the tokens counted are those `mask`
         [B, S] marks, all without one. mean_e f_e is k/E whenever a token counts (each chooses k experts), so
         the load is max_e f_e x E/k: 0, not 0/0, for a batch that trains no token."""
@@ -276,13 +310,34 @@ class MoE(nn.Cell):
             prob = self.prob_div(self.masked_probs(self.mask_probs(probs, weights), 0), count)
         aux = self.balance_sum(self.balance_mul(fraction, prob)) * self.num_experts
         load = self.load_max(fraction) * (self.num_experts / self.top_k)
-        return ops.stack((aux, load))
+        return ops.stack((aux, load, self.sequence_balance(probs, chosen, mask, seq)))
+
+    def sequence_balance(self, probs, chosen, mask, seq):
+        """DeepSeek-V3's sequence-wise balance loss without its alpha (eq. 17-20): per sequence b of T_b
+        counted tokens, f_e = E/(k T_b) x its tokens choosing e, P_e = their mean normalised score of e, the
+        loss sum_e f_e P_e; the mean over the B sequences. T_b counts what `mask` [B, S] marks (all S
+        without one; a sequence with none adds 0). seq None: 0 (a caller without sequences)."""
+        if seq is None:
+            return ops.zeros((), ms.float32)
+        b, e = probs.shape[0] // seq, self.num_experts
+        choices, scores = chosen.reshape(b, seq, e), probs.reshape(b, seq, e)
+        if mask is None:
+            fraction = self.seq_choices(choices, 1) * (e / (self.top_k * seq))  # [B, E]
+            prob = self.seq_probs(scores, 1) * (1.0 / seq)
+        else:
+            weights = mask.reshape(b, seq, 1)
+            tokens = self.seq_at_least_one(self.seq_tokens(weights, 1).reshape(b, 1), 1.0)  # [B, 1]
+            fraction = self.seq_fraction_div(self.seq_choices(self.seq_mask_choices(choices, weights), 1), tokens)
+            fraction = fraction * (e / self.top_k)
+            prob = self.seq_prob_div(self.seq_probs(self.seq_mask_probs(scores, weights), 1), tokens)
+        return self.seq_mean(self.seq_balance_sum(self.seq_balance_mul(fraction, prob), 1))
 
     def shard_strategies(self, style: str, layout) -> dict:
         """Router ops split tokens over the data x context-parallel rows; dispatch and combine split the G
         groups over them; the expert matmuls split experts over ep, the groups over dp/ep and F over tp."""
         rows, ep = layout.token_rows, layout.ep
         tokens, per_token, groups, slots = (rows, 1), (rows, 1, 1), (rows, 1, 1), (rows, 1, 1, 1)
+        sequences, per_sequence = (layout.dp, layout.cp, 1), (layout.dp, 1)  # [B, S, E] and [B, E]
         rules = {
             "router_fp32": ((tokens,), None),
             "softmax": ((tokens,), None),
@@ -331,6 +386,19 @@ class MoE(nn.Cell):
             "balance_mul": (((1,), (1,)), None),
             "balance_sum": (((1,),), None),
             "load_max": (((1,),), None),
+            "seq_mask_choices": ((sequences, sequences[:2] + (1,)), None),
+            "seq_mask_probs": ((sequences, sequences[:2] + (1,)), None),
+            "seq_choices": ((sequences,), None),
+            "seq_probs": ((sequences,), None),
+            "seq_tokens": ((sequences[:2] + (1,),), None),
+            "seq_at_least_one": ((per_sequence[:1] + (1,), ()), None),
+            "seq_fraction_div": ((per_sequence, per_sequence[:1] + (1,)), None),
+            "seq_prob_div": ((per_sequence, per_sequence[:1] + (1,)), None),
+            "seq_balance_mul": ((per_sequence, per_sequence), None),
+            "seq_balance_sum": ((per_sequence,), None),
+            "seq_mean": (((layout.dp,),), None),
+            "load_count": ((tokens,), None),  # [E] of every rank's tokens: the all-reduce over the token split
+            "load_add": (((1,), (1,)), None),
         }
         if self.shared_expert is not None:
             rules["shared_add"] = ((tokens, tokens), None)

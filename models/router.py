@@ -9,9 +9,11 @@ that steers the choice but not the weights, and group-limited routing.
     weights   the unbiased s of the chosen, divided by their sum (+1e-20) when norm_topk_prob, times
               routed_scaling_factor
 
-router_bias is a parameter that is not trained (requires_grad=False; Hugging Face's e_score_correction_bias
-buffer). DeepSeek-V3 updates it after each step, b_e += u x sign(mean load - load_e) (auxiliary-loss-free
-balancing); that update is not built, so here it stays what the checkpoint holds (0 from scratch).
+router_bias is a parameter that is not trained by gradients (requires_grad=False; Hugging Face's
+e_score_correction_bias buffer). DeepSeek-V3 moves it after each step, b_e += u x sign(mean load - load_e)
+(auxiliary-loss-free balancing, model.moe.bias_update_rate = u): the training step does it
+(mindscale/train/loop/step.py, ExpertBalance) from the tokens models/moe.py counts per expert; with u = 0 it
+stays what the checkpoint holds (0 from scratch).
 
 For the load-balancing statistics the router also returns s normalised per token (summing to 1 like a
 softmax), which models/moe.py's Switch-form aux loss reads as its probabilities.

@@ -33,7 +33,8 @@ from models.router import SigmoidRouting
 from models.spec import ArchSpec
 from mindscale.config import Layout, ModelConfig
 
-MOE_STATS = "moe_stats"  # CausalLMLoss's record of the router statistics: [aux loss, max load / mean load]
+MOE_STATS = "moe_stats"  # CausalLMLoss's record of the router statistics: [aux loss, max load / mean load,
+# sequence-wise loss]
 
 
 def norm_class(spec: ArchSpec, fused: bool) -> type:
@@ -192,8 +193,9 @@ class TransformerBlock(nn.Cell):
         self.cast_out = cdt != self.residual_dtype
 
     def construct(self, x, batch: int, seq: int, segment_ids, routing, loss_mask):
-        """The new residual stream; with a mixture of experts (x, routing): `routing` [2] fp32 is the router
-        statistics of the layers before, (sum of aux losses, largest max load / mean load), with this layer's
+        """The new residual stream; with a mixture of experts (x, routing): `routing` [3] fp32 is the router
+        statistics of the layers before, (sum of aux losses, largest max load / mean load, sum of sequence-wise
+        losses), with this layer's
         added, over the tokens `loss_mask` [B, S] trains (None: all; models/moe.py says why). It travels beside
         the residual stream, so that a pipeline stage sends it with x to the next
         stage; collected per layer at the end instead, every layer's statistics would cross to the last
@@ -203,8 +205,8 @@ class TransformerBlock(nn.Cell):
         a = self.attention(self.attention_norm(x), batch, seq, segment_ids)
         h = self.attention_residual(x, self.cast(a, self.residual_dtype) if self.cast_out else a)
         if self.moe:
-            y, stats = self.feed_forward(self.ffn_norm(h), loss_mask)
-            routing = ops.stack((routing[0] + stats[0], ops.maximum(routing[1], stats[1])))
+            y, stats = self.feed_forward(self.ffn_norm(h), loss_mask, seq)
+            routing = ops.stack((routing[0] + stats[0], ops.maximum(routing[1], stats[1]), routing[2] + stats[2]))
             return self.add_ffn(h, y), routing
         f = self.feed_forward(self.ffn_norm(h))
         if routing is not None:  # a dense layer of a mixture of experts passes the statistics on
@@ -281,7 +283,8 @@ class CausalLM(nn.Cell):
         self.layers = nn.CellList(blocks)
         self.moe = spec.moe
         self.moe_layers = sum(not dense_layer(m, i) for i in range(m.num_layers))  # what the aux loss averages over
-        self.no_routing = Tensor([0.0, 0.0], ms.float32)  # the router statistics before the first layer
+        self.sequence_balance_coeff = m.moe.seq_aux_loss_coeff  # CausalLMLoss's weight of the sequence-wise loss
+        self.no_routing = Tensor([0.0, 0.0, 0.0], ms.float32)  # the router statistics before the first layer
         # ... passed to it through an op, not as the constant itself: with the layers' graph reused
         # (run.reuse_layer_graph), a constant as the first call's input left the second call reading freed memory
         # on CPU in graph mode (tests/models/test_moe.py, under jemalloc's junk fill)
@@ -304,7 +307,7 @@ class CausalLM(nn.Cell):
 
     def decode(self, input_ids, segment_ids=None, loss_mask=None):
         """(hidden_states, a mixture of experts' router statistics summed over layers [sum of aux losses,
-        largest max load / mean load] (TransformerBlock) over the tokens `loss_mask` [B, S] trains (None: all),
+        largest max load / mean load, sum of sequence-wise losses] (TransformerBlock) over the tokens `loss_mask` [B, S] trains (None: all),
         else None)."""
         batch, seq = input_ids.shape
         x = self.tok_embeddings(input_ids)
@@ -507,11 +510,13 @@ class ShardedCrossEntropy(nn.Cell):
 class CausalLMLoss(nn.Cell):
     """construct(input_ids, labels, loss_mask=None, segment_ids=None) -> the model's masked mean cross
     entropy (no mask: every token trained), plus
-    `aux_loss_coeff` x the load-balancing loss of a mixture of experts (its mean over layers), over the same
-    tokens: padding and the other untrained tokens do not count (models/moe.py says why).
+    `aux_loss_coeff` x the load-balancing loss of a mixture of experts (its mean over layers) and
+    model.sequence_balance_coeff (moe.seq_aux_loss_coeff) x DeepSeek-V3's sequence-wise balance loss (its mean
+    over layers), over the same tokens: padding and the other untrained tokens do not count (models/moe.py
+    says why).
 
-    A mixture of experts' router statistics of the last call (aux loss averaged and busiest-expert load
-    maxed over layers) are kept in the parameter `moe_stats` for the host to log, as BatchNorm keeps its
+    A mixture of experts' router statistics of the last call (aux loss averaged, busiest-expert load
+    maxed, sequence-wise loss averaged over layers) are kept in the parameter `moe_stats` for the host to log, as BatchNorm keeps its
     moving statistics: written in the graph, never trained, not a weight of the model nor optimizer state."""
 
     def __init__(self, model: CausalLM, aux_loss_coeff: float = 0.0):
@@ -519,7 +524,7 @@ class CausalLMLoss(nn.Cell):
         self.model = model
         self.aux_loss_coeff = aux_loss_coeff
         self.moe_stats = (
-            Parameter(Tensor([0.0, 0.0], ms.float32), name=MOE_STATS, requires_grad=False) if model.moe else None
+            Parameter(Tensor([0.0, 0.0, 0.0], ms.float32), name=MOE_STATS, requires_grad=False) if model.moe else None
         )
         self.record = ops.Assign().shard(((1,), (1,)))  # whole on every rank (a strategy unused unsharded)
 
@@ -532,8 +537,12 @@ class CausalLMLoss(nn.Cell):
         if self.moe_stats is None:
             return loss
         aux = routing[0] / model.moe_layers  # the mean over the layers with experts (not DeepSeek-V3's dense ones)
-        kept = self.record(self.moe_stats, ops.stop_gradient(ops.stack((aux, routing[1]))))
-        return ops.depend(loss + self.aux_loss_coeff * aux, kept)
+        sequence_aux = routing[2] / model.moe_layers
+        kept = self.record(self.moe_stats, ops.stop_gradient(ops.stack((aux, routing[1], sequence_aux))))
+        loss = loss + self.aux_loss_coeff * aux
+        if model.sequence_balance_coeff:
+            loss = loss + model.sequence_balance_coeff * sequence_aux
+        return ops.depend(loss, kept)
 
 
 class NextTokenLoss(nn.Cell):

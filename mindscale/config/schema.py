@@ -215,6 +215,22 @@ class MoeConfig:
         "logged).",
         0.01,
     )
+    seq_aux_loss_coeff: float = doc(
+        "Weight alpha of DeepSeek-V3's sequence-wise balance loss (its report's eq. 17-20: per sequence, "
+        "sum_e f_e P_e with f_e = E/(top_k T) x the sequence's tokens choosing e and P_e their mean normalised "
+        "router score, averaged over the sequences and over the layers with experts), added to the training "
+        "loss beside aux_loss_coeff's batch-wise loss; logged as seq_aux_loss. T counts the tokens the loss "
+        "trains, as for aux_loss_coeff. DeepSeek-V3: 0.0001. 0 = not added (still logged).",
+        0.0,
+    )
+    bias_update_rate: float = doc(
+        "Sigmoid router: auxiliary-loss-free balancing (DeepSeek-V3 §2.1.2; Megatron's "
+        "moe_router_bias_update_rate): after each optimizer step that is not skipped, every expert's router_bias "
+        "moves by this x sign(mean load - its load), its load the tokens that chose it over the whole global "
+        "batch (every micro batch and every rank). DeepSeek-V3: 0.001. 0 = the bias stays as loaded (frozen). "
+        "Refused with pipeline stages (docs/models.md, DeepSeek-V3).",
+        0.0,
+    )
     capacity_factor: Optional[float] = doc(
         "Token dropping: each expert takes at most ceil(top_k x T x capacity_factor / E) of the T tokens of a "
         "data-parallel rank (first slot-1 choices, then in token order); the rest of its tokens pass it by. "
@@ -230,7 +246,7 @@ class MoeConfig:
     router: Literal["softmax", "sigmoid"] = doc(
         "Router scores: softmax over the E logits, the top_k largest chosen (Mixtral, Qwen3-MoE); sigmoid "
         "(DeepSeek-V3): a sigmoid per expert in fp32, the choice made on the scores plus a per-expert correction "
-        "bias (router_bias, a parameter that is not trained: its aux-loss-free update is not built), the "
+        "bias (router_bias, a parameter that is not trained: bias_update_rate moves it), the "
         "weights the unbiased scores of the chosen experts.",
         "softmax",
     )

@@ -335,8 +335,26 @@ def _experts(cfg: Config) -> None:
         if value is not None and value < 0:
             raise ConfigError(f"{key}={value}: must be >= 1 (or null/0 where it may be)")
     _router(cfg)
-    if moe.aux_loss_coeff < 0:
-        raise ConfigError(f"model.moe.aux_loss_coeff={moe.aux_loss_coeff}: must be >= 0")
+    for key in ("aux_loss_coeff", "seq_aux_loss_coeff", "bias_update_rate"):
+        if getattr(moe, key) < 0:
+            raise ConfigError(f"model.moe.{key}={getattr(moe, key)}: must be >= 0 (0 = off)")
+    if moe.bias_update_rate and cfg.parallel.pipeline_stage > 1:
+        raise ConfigError(
+            f"model.moe.bias_update_rate={moe.bias_update_rate} with parallel.pipeline_stage="
+            f"{cfg.parallel.pipeline_stage}: MindSpore 2.9 compiles the bias update into the wrong stages "
+            "(docs/models.md, DeepSeek-V3); set bias_update_rate to 0 or pipeline_stage to 1"
+        )
+    if moe.bias_update_rate and cfg.train.eval_interval:
+        raise ConfigError(
+            f"model.moe.bias_update_rate={moe.bias_update_rate} with train.eval_interval="
+            f"{cfg.train.eval_interval}: the held-out passes would add their tokens to the next step's expert "
+            "counts; set eval_interval to 0 or bias_update_rate to 0"
+        )
+    if moe.bias_update_rate and moe.router != "sigmoid":
+        raise ConfigError(
+            f"model.moe.bias_update_rate={moe.bias_update_rate} with model.moe.router={moe.router}: only the "
+            "sigmoid router has a bias to update; set bias_update_rate to 0 or use router: sigmoid"
+        )
     if moe.capacity_factor is not None and not moe.capacity_factor > 0:
         raise ConfigError(f"model.moe.capacity_factor={moe.capacity_factor}: must be > 0, or null (dropless)")
     if moe.num_experts % ep:

@@ -12,33 +12,36 @@ import numpy as np
 from mindscale.train.checkpoints import folder as ckpt
 from mindscale.config import REPO_ROOT
 from tests.cores import one_core
-from tests.integration.tiny_runs import TINY, metrics, sets
+from tests.integration.tiny_runs import (
+    DEEPSEEK_V3_TINY,
+    TINY,
+    TWO_WORKER_DEEPSEEK,
+    digests,
+    global_batch_counts,
+    metrics,
+    router_biases,
+    sets,
+)
 
 
-MIXTRAL_TINY = str(REPO_ROOT / "configs" / "tiny" / "mixtral_tiny.yaml")
+BIAS_RATE = 0.01
 
 
-def test_mixture_of_experts_trains_on_two_workers_and_logs_its_router(tmp_path, corpus):
-    """configs/tiny/mixtral_tiny.yaml on two data-parallel workers (scripts/run_distribute.sh): the loss falls
-    on the real corpus, and every record holds aux_loss (E x sum_e f_e P_e, top_k when perfectly balanced)
-    and the busiest expert's load over the mean (>= 1)."""
+def test_deepseek_v3_trains_on_two_workers_and_balances_its_experts_by_the_global_counts(tmp_path, corpus):
+    """configs/tiny/deepseek_v3_tiny.yaml (one dense layer, one of 8 sigmoid-routed experts) on two data-parallel
+    workers (scripts/run_distribute.sh) with 2 micro batches a step and bias_update_rate 0.01: the loss falls on
+    the real corpus; every record holds aux_loss, seq_aux_loss and the busiest expert's load over the mean (>= 1);
+    both workers end with the same weights, router bias included; and over the last 3 steps each bias update is
+    numpy's rate x sign(mean - count) of the counts of the step's whole global batch (both workers' rows, both
+    micro batches), counted here in one forward of the previous checkpoint over those rows."""
+    run = tmp_path / "moe"
     launch = subprocess.run(
         [
             "bash",
             "scripts/run_distribute.sh",
-            MIXTRAL_TINY,
+            DEEPSEEK_V3_TINY,
             "2",
-            *sets(
-                f"run.output_dir={tmp_path}",
-                "run.name=moe",
-                "model.vocab_size=512",
-                f"data.path={corpus / 'mr'}",
-                f"data.tokenizer={corpus / 'tok.model'}",
-                "train.micro_batch_size=2",
-                "train.steps=20",
-                "train.lr=0.01",
-                "train.min_lr=0.001",
-            ),
+            *sets(*TWO_WORKER_DEEPSEEK, f"run.output_dir={tmp_path}", f"data.path={corpus / 'mr'}"),
         ],
         cwd=REPO_ROOT,
         capture_output=True,
@@ -46,11 +49,19 @@ def test_mixture_of_experts_trains_on_two_workers_and_logs_its_router(tmp_path, 
         timeout=300,
     )
     assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-2000:]
-    records = metrics(tmp_path / "moe")
+    records = metrics(run)
     assert [r["step"] for r in records] == list(range(1, 21)) and records[-1]["devices"] == 2
     assert records[-1]["loss"] < records[0]["loss"] - 1.0, [r["loss"] for r in records]
     for r in records:
-        assert r["aux_loss"] >= 2 - 1e-4 and r["expert_load_max"] >= 1  # top_k 2: 2 when perfectly balanced
+        assert r["aux_loss"] > 0 and r["seq_aux_loss"] > 0 and r["expert_load_max"] >= 1
+    assert len(digests(run / "logs")) == 1
+    steps = [17, 18, 19, 20]
+    biases = [router_biases(run / "checkpoints" / f"step_{s:08d}") for s in steps]
+    assert np.any(biases[-1] != 0)
+    counts = global_batch_counts(run, steps)
+    for before, after, count in zip(biases, biases[1:], counts):
+        expected = before + np.float32(BIAS_RATE) * np.sign(count.mean() - count).astype(np.float32)
+        np.testing.assert_array_equal(after, expected)
 
 
 def test_mixture_of_experts_resumes_bit_identical(tmp_path):

@@ -18,6 +18,24 @@ from tests import shared
 from tests.cores import one_core
 
 TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
+DEEPSEEK_V3_TINY = str(REPO_ROOT / "configs" / "tiny" / "deepseek_v3_tiny.yaml")
+# its two-worker run (tests/integration/test_moe_training.py): a dense layer and an expert layer, 2 micro batches
+# of 2 rows a worker, auxiliary-loss-free balancing at 0.01, a checkpoint every step (the last 4 kept)
+TWO_WORKER_DEEPSEEK = [
+    "run.name=moe",
+    "model.num_layers=2",
+    "model.num_kv_heads=null",
+    "model.vocab_size=512",
+    "model.moe.bias_update_rate=0.01",
+    "model.moe.seq_aux_loss_coeff=0.001",
+    "train.micro_batch_size=2",
+    "parallel.gradient_accumulation_steps=2",
+    "train.steps=20",
+    "train.lr=0.01",
+    "train.min_lr=0.001",
+    "checkpoint.save_interval=1",
+    "checkpoint.keep_last=4",
+]
 SMALL = [
     "model.num_layers=1",
     "model.hidden_size=64",
@@ -131,3 +149,70 @@ def wait_for_records(records, job, count, timeout=240):
 
 def digests(log_dir):
     return {re.search(r"weights sha256 (\w+)", (log_dir / f"worker_{r}.log").read_text()).group(1) for r in (0, 1)}
+
+
+def router_biases(folder) -> np.ndarray:
+    """The router bias of the expert layer (layer 1) a checkpoint holds."""
+    from mindscale.train.checkpoints import folder as ckpt
+
+    return ckpt.load_weights(folder)["layers.1.feed_forward.routing.router_bias"]
+
+
+COUNT_SCRIPT = """
+import json, sys
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn
+import models
+from mindscale.config import load_config
+from mindscale.train.checkpoints import folder as ckpt
+from mindscale.train.data.dataset import build_dataset
+from models.moe import MoE
+
+run, steps, overrides = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+ms.set_context(device_target="CPU", mode=ms.GRAPH_MODE)
+cfg = load_config(run + "/config.yaml", overrides)
+model = models.build_model(cfg)
+counter = Parameter(Tensor(np.zeros(cfg.model.moe.num_experts, np.float32)), name="counter", requires_grad=False)
+moes = [c for _, c in model.cells_and_names() if isinstance(c, MoE)]
+assert len(moes) == 1
+moes[0].attach_load_counter(counter)
+
+class Counts(nn.Cell):
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.counter = counter
+
+    def construct(self, ids):
+        return self.model.decode(ids)[1]
+
+counts = Counts(model)
+out = []
+for step in steps[:-1]:
+    models.load_weights_into(model, ckpt.load_weights(f"{run}/checkpoints/step_{step:08d}"))
+    batch = next(iter(build_dataset(cfg, 0, 1, step)))["tokens"]  # optimizer step step + 1's global batch
+    counter.set_data(Tensor(np.zeros(counter.shape, np.float32)))
+    counts(Tensor(batch[:, :-1]))
+    out.append(counter.asnumpy().tolist())
+print(json.dumps(out))
+"""
+
+
+def global_batch_counts(run: Path, steps: list[int]) -> list[np.ndarray]:
+    """Per step after the first of `steps`, the tokens per expert of its whole global batch, counted in one
+    forward (one worker, one micro batch of every row: the data stream gives a step the same rows whatever the
+    workers and micro batches) of the checkpoint of the step before."""
+    script = Path(run) / "count_experts.py"  # a file: graph mode reads the Cell's source
+    script.write_text(COUNT_SCRIPT)
+    overrides = ["parallel.data_parallel=1", "parallel.gradient_accumulation_steps=1", "train.micro_batch_size=8"]
+    proc = subprocess.run(
+        [sys.executable, str(script), str(run), json.dumps(steps), json.dumps(overrides)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=one_core,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [np.array(c, np.float32) for c in json.loads(proc.stdout.strip().splitlines()[-1])]

@@ -87,7 +87,7 @@ def test_layer_matches_a_loop_over_tokens(experts, top_k, norm, capacity_factor,
     y, stats = layer(Tensor(x), None if mask is None else Tensor(mask))
     want_y, want_stats = reference(layer, x.astype(np.float64), capacity_factor, mask)
     np.testing.assert_allclose(y.asnumpy(), want_y, atol=1e-5)
-    np.testing.assert_allclose(stats.asnumpy(), want_stats, rtol=1e-5)
+    np.testing.assert_allclose(stats.asnumpy()[:2], want_stats, rtol=1e-5)  # [2]: the sequence-wise loss, 0 here
     if capacity_factor == 0.75:  # the case drops tokens, or it would not test dropping
         dropless, _ = reference(layer, x.astype(np.float64), None)
         assert not np.allclose(dropless, want_y, atol=1e-3)
@@ -103,7 +103,7 @@ def test_statistics_count_only_the_masked_tokens_and_none_is_zero_not_nan():
     stats = [layer(Tensor(rows), Tensor(SFT_MASK))[1].asnumpy() for rows in (x, other_padding)]
     np.testing.assert_array_equal(stats[0], stats[1])
     assert not np.allclose(layer(Tensor(other_padding))[1].asnumpy(), stats[0])  # unmasked, the padding counts
-    np.testing.assert_array_equal(layer(Tensor(x), Tensor(np.zeros_like(SFT_MASK)))[1].asnumpy(), [0.0, 0.0])
+    np.testing.assert_array_equal(layer(Tensor(x), Tensor(np.zeros_like(SFT_MASK)))[1].asnumpy(), [0.0, 0.0, 0.0])
 
 
 def test_capacity_is_mindformers_rounded_up_and_at_most_every_token():

@@ -180,7 +180,7 @@ def test_sft_gradients_with_padding_match_transformers_parameter_by_parameter(ar
     buffers = {name for name, _ in hf.named_buffers()}  # DeepSeek-V3's correction bias: not trained by either
     assert set(ours) - buffers == set(theirs)
     assert loss == pytest.approx(want_loss, rel=1e-6)
-    np.testing.assert_allclose(logged, want_logged, rtol=1e-5)
+    np.testing.assert_allclose(logged[:2], want_logged, rtol=1e-5)  # [2]: the sequence-wise loss
     embedding = "model.embed_tokens.weight"
     pad_row = np.linalg.norm(ours[embedding][PAD] - theirs[embedding][PAD]) / np.linalg.norm(theirs[embedding])
     assert pad_row <= TOLERANCE, f"the pad row's gradient is {pad_row:.3g} of the embedding's"

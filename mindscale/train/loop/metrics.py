@@ -128,7 +128,10 @@ class MetricsLogger:
                 f"elapsed {clock(record['elapsed_s'])} ETA {clock(record['eta_s'])}"
             )
             if "aux_loss" in record:
-                line += f" aux_loss {record['aux_loss']:.4f} expert_load_max {record['expert_load_max']:.2f}"
+                line += (
+                    f" aux_loss {record['aux_loss']:.4f} seq_aux_loss {record['seq_aux_loss']:.4f}"
+                    f" expert_load_max {record['expert_load_max']:.2f}"
+                )
             if "val_loss" in record:
                 line += f" val_loss {record['val_loss']:.4f} val_ppl {record['val_ppl']:.2f}"
             if self.bar is not None:
@@ -169,18 +172,19 @@ class MetricsLogger:
             **({"val_loss_by_source": by_source} if by_source else {}),
         }
 
-    def routed(self, aux_loss: float, expert_load_max: float) -> None:
+    def routed(self, aux_loss: float, expert_load_max: float, seq_aux_loss: float) -> None:
         """A mixture of experts' router statistics of the step just taken (models/transformer.py, CausalLMLoss):
         the next record holds their means over its steps as aux_loss (the load-balancing loss, averaged over
-        layers) and expert_load_max (the busiest expert's tokens over the mean, the most loaded layer's)."""
-        self.routing.append((aux_loss, expert_load_max))
+        layers), expert_load_max (the busiest expert's tokens over the mean, the most loaded layer's) and
+        seq_aux_loss (DeepSeek-V3's sequence-wise balance loss, averaged over layers)."""
+        self.routing.append((aux_loss, expert_load_max, seq_aux_loss))
 
     def _routing_record(self) -> dict:
         if not self.routing:
             return {}
-        n, (aux, load) = len(self.routing), zip(*self.routing)
+        n, (aux, load, seq_aux) = len(self.routing), zip(*self.routing)
         self.routing.clear()
-        return {"aux_loss": sum(aux) / n, "expert_load_max": sum(load) / n}
+        return {"aux_loss": sum(aux) / n, "expert_load_max": sum(load) / n, "seq_aux_loss": sum(seq_aux) / n}
 
     def saved(self, blocked_s: float) -> None:
         """A checkpoint save blocked training for `blocked_s` (in the next record's save_blocked_s)."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Zero, initializer
 from mindspore.communication import get_group_size
 from mindspore.ops.composite import add_flags
 from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2, NPUGetFloatStatusV2
@@ -39,6 +40,7 @@ from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2, NPUGetFloat
 import models
 from mindscale.config import Config, Layout
 from mindscale.train.loop.optim import build_optimizer
+from models.moe import MoE
 from models.transformer import MOE_STATS
 
 DYNAMIC_SCALE_START = 2.0**16
@@ -203,6 +205,85 @@ def slice_own_rows(slice_op: ops.Primitive, dp: int) -> None:
     slice_op.add_prim_attr("out_shard_size", dp)
 
 
+EXPERT_LOAD = "expert_load"  # prefix of ExpertBalance's token counters: zero between steps, not state
+
+
+class BiasUpdate(nn.Cell):
+    """One expert layer's auxiliary-loss-free update: construct(apply) moves the router bias by
+    rate x sign(mean load - load) of its counter when `apply`, and zeroes the counter either way.
+
+    Not under pipeline stages (validate.py refuses it): MindSpore 2.9's dry run compiled such updates into
+    the last stage only, or, read after a stage's own values or marked with its layer's pipeline_stage, into
+    every stage, which then held (and would save) every layer's bias."""
+
+    def __init__(self, counter: Parameter, bias: Parameter, rate: float, sum_ranks: bool):
+        super().__init__(auto_prefix=False)
+        # read and assigned here, not owned: the counter is ExpertBalance's, the bias a weight of the model
+        object.__setattr__(self, "counter", counter)
+        object.__setattr__(self, "bias", bias)
+        self.rate = rate
+        self.sum_ranks = ops.AllReduce() if sum_ranks else None
+        self.mean = ops.ReduceMean(keep_dims=True).shard(((1,),))
+        self.below_mean = ops.Sub().shard(((1,), (1,)))
+        self.sign = ops.Sign().shard(((1,),))
+        self.move = ops.Mul().shard(((1,), ()))
+        self.add = ops.Add().shard(((1,), (1,)))
+        self.keep = ops.Select().shard(((), (1,), (1,)))
+        self.assign = ops.Assign().shard(((1,), (1,)))
+        self.zero = ops.Mul().shard(((1,), ()))
+        self.clear = ops.Assign().shard(((1,), (1,)))
+
+    def construct(self, apply):
+        load = self.counter * 1.0  # read before the counter is zeroed below
+        if self.sum_ranks is not None:
+            load = self.sum_ranks(load)
+        step = self.move(self.sign(self.below_mean(self.mean(load, 0), load)), self.rate)
+        bias = self.keep(apply, self.add(self.bias, step), self.bias)
+        moved = self.assign(self.bias, bias)
+        counter = ops.depend(self.counter, moved)
+        return ops.depend(moved, self.clear(counter, self.zero(counter, 0.0)))
+
+
+class ExpertBalance(nn.Cell):
+    """DeepSeek-V3's auxiliary-loss-free load balancing (its report §2.1.2; Megatron's moe_router_enable_expert_bias):
+    after an optimizer step, each sigmoid router's bias b [E] moves by rate x sign(mean_e load_e - load_e),
+    load_e the tokens that chose expert e over the whole global batch.
+
+    Each mixture-of-experts layer adds its tokens' counts to a counter [E] of this cell every micro batch
+    (models.moe.MoE.attach_load_counter). Under semi-auto parallel each count is already the global micro
+    batch's: the parallel compiler all-reduces it in the forward over the ranks that split the tokens (data x
+    context parallel; the tensor-parallel ranks route the same tokens). In a data-parallel run each layer's
+    BiasUpdate sums its counter over the workers by an AllReduce of its own. Every rank then adds the same step
+    to the same bias, when the step applies its update, and the counters start the next step at 0."""
+
+    def __init__(self, network: nn.Cell, rate: float, layout: Layout):
+        super().__init__(auto_prefix=False)
+        layers = [c for _, c in network.cells_and_names() if isinstance(c, MoE) and c.routing is not None]
+        self.counters = ms.ParameterTuple(
+            Parameter(
+                initializer(Zero(), (moe.num_experts,), ms.float32),
+                name=f"{EXPERT_LOAD}.{moe.routing.router_bias.name}",  # expert_load.layers.3.feed_forward...
+                requires_grad=False,
+            )
+            for moe in layers
+        )
+        for counter, moe in zip(self.counters, layers):
+            moe.attach_load_counter(counter)
+        self.updates = nn.CellList(
+            [
+                BiasUpdate(counter, moe.routing.router_bias, rate, layout.data_parallel_mode)
+                for counter, moe in zip(self.counters, layers)
+            ]
+        )
+
+    def construct(self, apply):
+        done = None
+        for update in self.updates:
+            moved = update(apply)
+            done = moved if done is None else ops.depend(done, moved)
+        return done
+
+
 class TrainStep(nn.Cell):
     """(tokens[, loss_mask][, segment_ids]) -> (loss, grad_norm, overflow, loss scale). The update is
     skipped when the gradients are not finite (`overflow`) or the loss exceeds `loss_limit` (when set)."""
@@ -254,6 +335,8 @@ class TrainStep(nn.Cell):
             # (Sharded graphs vote with RankVote: their step holds no all-reduce of its own to share.)
             self.stop_flag = Parameter(Tensor([0.0], ms.float32), name=f"{CONTROL}.stop_flag", requires_grad=False)
             self.stop_votes = Parameter(Tensor([0.0], ms.float32), name=f"{CONTROL}.stop_votes", requires_grad=False)
+        rate = cfg.model.moe.bias_update_rate
+        self.balance = ExpertBalance(network, rate, layout) if rate else None
 
     def squared_norms(self, grads):
         if self.cpu_norm:
@@ -295,6 +378,8 @@ class TrainStep(nn.Cell):
             skip = ops.logical_or(overflow, ops.cast(loss, ms.float32) > self.loss_limit)
         if not skip:
             loss = ops.depend(loss, self.optimizer(grads))
+        if self.balance is not None:  # under the same condition: a skipped step leaves the biases too
+            loss = ops.depend(loss, self.balance(ops.logical_not(skip)))
         return loss, grad_norm, overflow, scale
 
 
@@ -309,14 +394,17 @@ class TrainGraph:
         """The step's parameters a checkpoint saves as optimizer state: moments, step counter, a dynamic
         loss scale and its counters; not the weights, nor a mixture of experts' router statistics, nor the LR table, which comes from the config (so a
         resumed run may change train.steps or the schedule), nor the accumulation buffers (empty between
-        steps), nor what the host sets each step (control.*)."""
+        steps), nor what the host sets each step (control.*), nor the expert token counters (expert_load.*, zero
+        between steps; the router biases they move are weights of the model)."""
         not_state = {p.name for p in self.model.get_parameters()} | {
             p.name for p in self.optimizer.learning_rate.get_parameters()
         }
         return [
             p
             for p in self.step.get_parameters()
-            if p.name not in not_state and p.name != MOE_STATS and not p.name.startswith(("accu_grads.", f"{CONTROL}."))
+            if p.name not in not_state
+            and p.name != MOE_STATS
+            and not p.name.startswith(("accu_grads.", f"{CONTROL}.", f"{EXPERT_LOAD}."))
         ]
 
 

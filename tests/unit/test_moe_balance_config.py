@@ -1,0 +1,69 @@
+"""The balancing keys of model.moe (bias_update_rate, seq_aux_loss_coeff): bad values are refused in one line
+naming the key and the fix, exit 2 from the command line."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from mindscale.config import REPO_ROOT, ConfigError, load_config
+
+DEEPSEEK_V3_TINY = REPO_ROOT / "configs" / "tiny" / "deepseek_v3_tiny.yaml"
+MIXTRAL_TINY = REPO_ROOT / "configs" / "tiny" / "mixtral_tiny.yaml"
+
+
+@pytest.mark.parametrize(
+    "config, key, message",
+    [
+        (DEEPSEEK_V3_TINY, "model.moe.bias_update_rate=-0.001", "model.moe.bias_update_rate=-0.001: must be >= 0"),
+        (DEEPSEEK_V3_TINY, "model.moe.seq_aux_loss_coeff=-1", "model.moe.seq_aux_loss_coeff=-1.0: must be >= 0"),
+        (
+            DEEPSEEK_V3_TINY,
+            "train.eval_interval=10",
+            "model.moe.bias_update_rate=0.001 with train.eval_interval=10: the held-out passes would add their "
+            "tokens to the next step's expert counts; set eval_interval to 0 or bias_update_rate to 0",
+        ),
+        (
+            MIXTRAL_TINY,
+            "model.moe.bias_update_rate=0.001",
+            "model.moe.bias_update_rate=0.001 with model.moe.router=softmax: only the sigmoid router has a bias "
+            "to update; set bias_update_rate to 0 or use router: sigmoid",
+        ),
+    ],
+)
+def test_bad_balancing_keys_are_refused(config, key, message):
+    keys = [key] if "bias_update_rate" in key else [key, "model.moe.bias_update_rate=0.001"]
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(config, keys)
+
+
+def test_the_deepseek_v3_config_has_the_reports_sequence_wise_loss_and_no_bias_update_under_its_stages():
+    """DeepSeek-V3 §4.2: alpha 1e-4 for the sequence-wise loss. Its gamma 0.001 would be refused under the
+    config's 16 pipeline stages, so the Switch-form batch loss at 1e-4 stays as the stand-in; the default is
+    a frozen bias."""
+    path = REPO_ROOT / "configs" / "deepseek_v3" / "deepseek_v3_671b.yaml"
+    moe = load_config(path).model.moe
+    assert (moe.bias_update_rate, moe.seq_aux_loss_coeff, moe.aux_loss_coeff) == (0.0, 0.0001, 0.0001)
+    with pytest.raises(ConfigError, match=re.escape("with parallel.pipeline_stage=16: MindSpore 2.9 compiles")):
+        load_config(path, ["model.moe.bias_update_rate=0.001"])
+    assert load_config(DEEPSEEK_V3_TINY).model.moe.bias_update_rate == 0.0
+
+
+@pytest.mark.integration
+def test_a_negative_rate_is_one_line_and_exit_2():
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "tools/config.py",
+            "--config",
+            str(DEEPSEEK_V3_TINY),
+            "--set",
+            "model.moe.bias_update_rate=-1",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "bias_update_rate=-1.0" in bad.stderr

@@ -184,10 +184,27 @@ def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool, gath
         gathered=not comm if gathered is None else gathered,
         comm=comm,
     )
-    local += routed_activation_bytes(cfg, recompute)
+    local += routed_activation_bytes(cfg, recompute) + head_norm_bytes(cfg, recompute)
     # full recompute rematerialises the gather only if it repeats communication (recompute.comm, MindSpore's
     # mp_comm_recompute); otherwise the gathered K and V are kept like any communication output
     return local + (0.0 if recompute == "full" and comm else gathered_kv_bytes(cfg))
+
+
+# What a per-head RMSNorm of q and k (Qwen3's qk-norm, models/layers.py HeadRMSNorm) keeps per element: MindSpore's
+# level-1 plans of qwen3_8b and qwen3_14b hold 9.5-10.3 bytes per q/k element and layer beyond the planner's other
+# terms (docs/evidence/planner.md): the fp32 input and normalised output of an Fp32Norm (4 + 4) and a copy in the
+# compute dtype.
+HEAD_NORM_FP32_BYTES = 8
+
+
+def head_norm_bytes(cfg: Config, recompute: str) -> float:
+    """Per layer and micro batch, what qk-norm keeps for its backward on one rank (heads split over tp); 0 without
+    qk-norm or under full recompute (the layer keeps its input only)."""
+    model = cfg.model
+    if not model.spec.qk_norm or recompute == "full":
+        return 0.0
+    elements = local_tokens(cfg) * (model.num_heads + model.kv_heads) * model.head_size / cfg.parallel.model_parallel
+    return elements * (HEAD_NORM_FP32_BYTES + DTYPE_BYTES[model.compute_dtype])
 
 
 def rematerialised_bytes(cfg: Config, flash: bool) -> float:

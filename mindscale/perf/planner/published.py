@@ -15,6 +15,7 @@ import statistics
 import yaml
 
 from mindscale.config import REPO_ROOT, Config, load_config
+from mindscale.config.schema import CommunicationConfig
 from mindscale.perf.gemm_peak import device_peak_tflops
 from mindscale.perf.planner.step_time import predict
 
@@ -43,6 +44,8 @@ RESET = [
     "recompute.layers=null",
     "recompute.comm=false",
     "offload.layers=0",
+    # none of MindScale's communication optimisations: a row's `overlap` says what its anchor's run hides
+    *(f"communication.{f.name}={f.default}".lower() for f in dataclasses.fields(CommunicationConfig)),
 ]
 
 

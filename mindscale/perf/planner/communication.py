@@ -38,6 +38,29 @@ def context_parallel_bytes_per_layer(cfg: Config) -> float:
     return passes * share * _kv_bytes(cfg, local_tokens(cfg) * c)
 
 
+# 2D tensor parallel's collectives per layer and micro batch (validate IR): over x, 5 reduce-scatters (wq, wk, wv, w1,
+# w3) and 2 all-gathers (wo, w2) forward and as many the other way backward; over y, 2 all-gathers (the shared inputs)
+# and 2 reduce-scatters (wo, w2) forward, mirrored backward; the two norms' all-reduces forward and backward
+ND_TP_COLLECTIVES = 2 * 7 + 2 * 4 + 4
+
+
+def nd_tp_bytes_per_layer(cfg: Config) -> float:
+    """2D tensor parallel (parallel.tp_x x tp_y = t): ring bytes one rank sends per layer and micro batch, forward
+    and backward. A column-parallel projection h -> e all-gathers its input [T, h/x] over y and reduce-scatters its
+    partial sums [T, e/y] over x; a row-parallel e -> h the same with x and y swapped; the backward mirrors each
+    (a reduce-scatter for an all-gather). A pair h -> e -> h sends MindSpore's 2T[e(x-1) + h(y-1)]/xy forward,
+    against 1D's all-reduce 2(t-1)Th/t. wq/wk/wv share one all-gather of their input, and so do w1/w3; the norms
+    all-reduce their mean of squares [T, 1] fp32 over t (validate IR, tests/dryrun/test_nd_tensor_parallel.py)."""
+    model, layout = cfg.model, _layout(cfg)
+    x, y, t = layout.tp_x, layout.tp_y, layout.tp
+    tokens, h = local_tokens(cfg), model.hidden_size
+    q, kv, f = model.num_heads * model.head_size, model.kv_heads * model.head_size, model.ffn_hidden_size
+    over_y = 4 * tokens * h * (y - 1) / (x * y)  # the attention's and the MLP's input gathers, wo's and w2's scatters
+    over_x = tokens * (x - 1) / (x * y) * ((q + 2 * kv) + q + 2 * f + f)  # qkv and w1/w3 scatters, wo and w2 gathers
+    norms = 2 * 2 * (t - 1) / t * tokens * DTYPE_BYTES["float32"]
+    return 2 * ((over_y + over_x) * DTYPE_BYTES[model.compute_dtype] + norms)
+
+
 def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
     """Ring bytes one rank of `stage` sends per step for its gradients, over the r ranks holding each
     trained slice: an all-reduce, 2(r-1)/r of the slice; with the optimizer shard a reduce-scatter,
@@ -79,6 +102,8 @@ def communication(cfg: Config, stage: int) -> dict:
     roles = _stage_layer_roles(layout, stage, None, None)
     all_reduces = sum(tp_all_reduces(cfg, role) for role in roles) / max(1, len(roles))
     tp_per_layer = all_reduces * 2 * (t - 1) / t * x if t > 1 else 0.0
+    if layout.nd_tp:
+        tp_per_layer = nd_tp_bytes_per_layer(cfg)
     # The vocabulary-split lookup (first stage) and head (last stage), per micro batch: Megatron's
     # all-reduce one way (the lookup's forward, the head input's backward), or under sequence parallel a
     # reduce-scatter and an all-gather: 2(t-1)/t of the hidden states either way.
@@ -117,7 +142,7 @@ def communication(cfg: Config, stage: int) -> dict:
         "tp_per_layer": tp_per_layer,
         "tp_vocab": tp_vocab,
         "tp": tp,
-        "tp_collectives_per_layer": 2 * all_reduces if t > 1 else 0,
+        "tp_collectives_per_layer": ND_TP_COLLECTIVES if layout.nd_tp else (2 * all_reduces if t > 1 else 0),
         "tp_vocab_collectives": 2 * vocab_ends if t > 1 else 0,
         "cp_per_layer": cp_per_layer,
         "cp": cp,

@@ -1,0 +1,118 @@
+"""2D tensor parallel (parallel.tp_x x tp_y, MindSpore's high-dimension tensor parallel) compiled by MindSpore's dry
+run: a small LLaMA at t = 2 x 2 over two pipeline stages, both stages compiled once for the module.
+
+What the validate IR must show: the projections' weights split over both degrees; instead of 1D's all-reduces of
+[tokens, h], all-gathers and reduce-scatters over the x ranks (neighbours) and over the y ranks (tp_x apart), and
+all-reduces of the norms' [tokens, 1] only; and their bytes equal to the planner's formula
+(mindscale/perf/planner/communication.py: a pair h -> e -> h sends 2T[e(x-1) + h(y-1)]/xy forward). A dry run
+proves compiler acceptance, not speed.
+"""
+
+import pytest
+
+from mindscale.config import ConfigError, Layout, load_config
+from mindscale.launch.compiled_ir import collectives_of, parse_ir, read_validate_ir
+from mindscale.perf.planner.communication import communication, nd_tp_bytes_per_layer
+from test_dryrun import SMALL, TINY_LLAMA, dryrun
+
+SETS = [
+    *SMALL,
+    "model.num_layers=2",
+    "model.num_kv_heads=4",
+    "parallel.data_parallel=1",
+    "parallel.model_parallel=4",
+    "parallel.tp_x=2",
+    "parallel.tp_y=2",
+    "parallel.pipeline_stage=2",
+    "parallel.micro_batch_num=2",
+]
+X_GROUP, Y_GROUP, TP_GROUP = [0, 1], [0, 2], [0, 1, 2, 3]  # stage 0's: the mesh is (rows, y, x), x innermost
+
+
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory):
+    ir_dir = tmp_path_factory.mktemp("nd_tp")
+    reports = dryrun(TINY_LLAMA, *SETS, ir_dir=ir_dir)
+    return [(r, collectives_of(parse_ir(read_validate_ir(ir_dir / f"rank{r['rank']}"), r["rank"]))[0]) for r in reports]
+
+
+def ring_bytes(c: dict) -> float:
+    """Bytes one rank sends for a collective of the IR (its bytes: an all-gather's output, else its input)."""
+    share = (c["group_size"] - 1) / c["group_size"]
+    return c["bytes"] * share * (2 if c["kind"] == "AllReduce" else 1)
+
+
+def test_projections_split_over_x_and_y(stages):
+    """Every projection's weight [out, in] is split over both degrees, the norms' over both: 1/t of each on a rank,
+    none replicated over tp (1D keeps the norms whole)."""
+    for report, _ in stages:
+        layer = f"layers.{report['stage']}"
+        shapes = report["local_shapes"]
+        for name in ("attention.wq", "attention.wk", "attention.wv", "attention.wo"):
+            assert shapes[f"{layer}.{name}.weight"] == [32, 32]  # [64, 64] / (2, 2)
+        assert shapes[f"{layer}.feed_forward.w1.weight"] == shapes[f"{layer}.feed_forward.w3.weight"] == [64, 32]
+        assert shapes[f"{layer}.feed_forward.w2.weight"] == [32, 64]
+        assert shapes[f"{layer}.attention_norm.weight"] == [16]
+        assert report["planned"]["shape_mismatches"] == {}
+
+
+def test_all_reduces_become_gathers_and_scatters_with_the_formulas_bytes(stages):
+    """First stage (one layer, two micro batches): the tensor-parallel collectives are all-gathers and
+    reduce-scatters over 2 ranks along x and along y, and all-reduces of [tokens, 1] fp32; what a rank sends
+    equals the planner's 2D formula per layer and micro batch, against four all-reduces of [tokens, h] in 1D."""
+    report, collectives = stages[0]
+    cfg = load_config(TINY_LLAMA, SETS)
+    m, tokens, h = cfg.parallel.micro_batch_num, cfg.train.micro_batch_size * cfg.model.seq_length, 64
+    operator = [c for c in collectives if c["purpose"] == "operator"]
+    kinds = {(c["kind"], tuple(c["ranks"])): c["count"] for c in operator}
+    assert kinds == {
+        ("AllGather", tuple(X_GROUP)): 7 * m,
+        ("ReduceScatter", tuple(X_GROUP)): 7 * m,
+        ("AllGather", tuple(Y_GROUP)): 4 * m,
+        ("ReduceScatter", tuple(Y_GROUP)): 4 * m,
+        ("AllReduce", tuple(TP_GROUP)): 4 * m,
+    }
+    norm_reduces = [c for c in operator if c["kind"] == "AllReduce"]
+    assert [c["bytes"] for c in norm_reduces] == [4 * m * tokens * 4]  # [tokens, 1] fp32 each
+    sent = sum(ring_bytes(c) for c in operator) / m
+    assert sent == pytest.approx(nd_tp_bytes_per_layer(cfg))
+    # the MLP pair h -> f -> h alone: 2T[f(x-1) + h(y-1)]/xy forward, as many backward, in fp32 (x = y = 2)
+    f = cfg.model.ffn_hidden_size
+    assert 2 * 2 * tokens * (f + h) / 4 * 4 < 4 * 2 * 3 / 4 * tokens * h * 4 * 2  # 2D under 1D's layer total
+    assert communication(cfg, 0)["tp_per_layer"] == pytest.approx(sent)
+
+
+def test_last_stage_gathers_the_stream_for_the_head(stages):
+    """Last stage: its layer compiles the same 2D collectives, and the final norm's width-split output is
+    all-gathered (over y, then x) for the data-parallel head: MindSpore's redistribution."""
+    report, collectives = stages[1]
+    assert report["stage"] == 1
+    groups = {(c["kind"], c["purpose"], c["group_size"]) for c in collectives}
+    for kind in ("AllGather", "ReduceScatter"):
+        assert (kind, "operator", 2) in groups
+    assert ("AllGather", "redistribution", 2) in groups
+    tokens = 4 * 64  # micro_batch_size x seq_length
+    reduces = [c for c in collectives if c["kind"] == "AllReduce" and c["purpose"] == "operator"]
+    assert reduces and all(c["bytes"] / c["count"] <= tokens * 4 for c in reduces)  # none of [tokens, h]
+
+
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["parallel.tp_x=2", "parallel.tp_y=4"], "is not the tensor degree parallel.model_parallel=4"),
+        (["parallel.tp_x=4", "parallel.tp_y=1"], "needs both degrees >= 2"),
+        (["parallel.tp_x=2", "parallel.tp_y=2", "parallel.sequence_parallel=true"], "nothing left to split"),
+        (["parallel.tp_x=2", "parallel.tp_y=2", "hardware=cpu"], "on CPU"),
+    ],
+)
+def test_refused_in_one_line(sets, message):
+    base = [s for s in SETS if "tp_" not in s]
+    with pytest.raises(ConfigError, match=message) as refused:
+        load_config(TINY_LLAMA, [*base, *sets])  # validates
+    assert "\n" not in str(refused.value) and "leave tp_x and tp_y at 1" in str(refused.value)
+
+
+def test_1d_and_cpu_layouts_unchanged():
+    """Default degrees (1, 1) and a CPU run compile no 2D strategy: nd_tp is off."""
+    assert not Layout.of(load_config(TINY_LLAMA)).nd_tp
+    assert not Layout.of(load_config(TINY_LLAMA, [s for s in SETS if "tp_" not in s])).nd_tp

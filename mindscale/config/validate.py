@@ -437,7 +437,7 @@ def _nd_tensor_parallel(cfg: Config) -> None:
             raise ConfigError(f"{keys} with {key}: {ND_TP_REFUSED[key.split('=')[0]]}; change one of them, {leave}")
 
 
-ND_TP_REFUSED = {  # why 2D tensor parallel is refused with a key (docs/tensor_parallel.md)
+ND_TP_REFUSED = {  # why 2D tensor parallel is refused with a key (docs/dryrun.md, 2D tensor parallel)
     "parallel.sequence_parallel": "2D tensor parallel already splits the residual stream and norms over all t ranks "
     "(by width), so sequence parallel has nothing left to split",
     "parallel.context_parallel": "2D tensor parallel splits the residual stream by width, not by sequence, and was "

@@ -57,43 +57,57 @@ def test_projections_split_over_x_and_y(stages):
 
 
 def test_all_reduces_become_gathers_and_scatters_with_the_formulas_bytes(stages):
-    """First stage (one layer, two micro batches): the tensor-parallel collectives are all-gathers and
-    reduce-scatters over 2 ranks along x and along y, and all-reduces of [tokens, 1] fp32; what a rank sends
-    equals the planner's 2D formula per layer and micro batch, against four all-reduces of [tokens, h] in 1D."""
+    """First stage (one layer, two micro batches): the tensor-parallel collectives are all-gathers and reduce-scatters
+    over 2 ranks along x and along y, and all-reduces of [tokens, 1] fp32 (the norms); no all-reduce of [tokens, h].
+    Each group's bytes follow from the projections: over y, the attention's and the MLP's input [T, h/x] gathered
+    (wq/wk/wv share one, w1/w3 one) and wo's and w2's partial sums [T, h/x] scattered, each mirrored backward; over
+    x, the column-parallel outputs [T, e/y] scattered (e = q, kv, kv, f, f) and the row-parallel inputs [T, e/y]
+    gathered (e = q, f), mirrored backward. What a rank sends equals the planner's formula."""
     report, collectives = stages[0]
     cfg = load_config(TINY_LLAMA, SETS)
-    m, tokens, h = cfg.parallel.micro_batch_num, cfg.train.micro_batch_size * cfg.model.seq_length, 64
-    operator = [c for c in collectives if c["purpose"] == "operator"]
-    kinds = {(c["kind"], tuple(c["ranks"])): c["count"] for c in operator}
-    assert kinds == {
-        ("AllGather", tuple(X_GROUP)): 7 * m,
-        ("ReduceScatter", tuple(X_GROUP)): 7 * m,
-        ("AllGather", tuple(Y_GROUP)): 4 * m,
-        ("ReduceScatter", tuple(Y_GROUP)): 4 * m,
-        ("AllReduce", tuple(TP_GROUP)): 4 * m,
-    }
-    norm_reduces = [c for c in operator if c["kind"] == "AllReduce"]
-    assert [c["bytes"] for c in norm_reduces] == [4 * m * tokens * 4]  # [tokens, 1] fp32 each
-    sent = sum(ring_bytes(c) for c in operator) / m
+    m, x, y = cfg.parallel.micro_batch_num, 2, 2
+    tokens, h, f = cfg.train.micro_batch_size * cfg.model.seq_length, 64, cfg.model.ffn_hidden_size
+    q = kv = 64  # 4 heads (and kv heads) of 16
+    operator = {(c["kind"], tuple(c["ranks"])): c for c in collectives if c["purpose"] == "operator"}
+    assert set(operator) == {
+        (kind, tuple(group)) for kind in ("AllGather", "ReduceScatter") for group in (X_GROUP, Y_GROUP)
+    } | {("AllReduce", tuple(TP_GROUP))}
+    fp32 = 4
+    over_y = 4 * tokens * h // x * fp32  # two forward, two backward, per micro batch
+    over_x = tokens * ((q + 2 * kv + 2 * f) + (q + f)) // y * fp32
+    for kind in ("AllGather", "ReduceScatter"):
+        assert operator[(kind, tuple(Y_GROUP))]["count"] == 4 * m
+        assert operator[(kind, tuple(Y_GROUP))]["bytes"] == m * over_y
+        assert operator[(kind, tuple(X_GROUP))]["count"] == 7 * m
+        assert operator[(kind, tuple(X_GROUP))]["bytes"] == m * over_x
+    norms = operator[("AllReduce", tuple(TP_GROUP))]
+    assert norms["count"] == 4 * m and norms["bytes"] == 4 * m * tokens * fp32  # [tokens, 1] fp32 each
+    sent = sum(ring_bytes(c) for c in operator.values()) / m
     assert sent == pytest.approx(nd_tp_bytes_per_layer(cfg))
-    # the MLP pair h -> f -> h alone: 2T[f(x-1) + h(y-1)]/xy forward, as many backward, in fp32 (x = y = 2)
-    f = cfg.model.ffn_hidden_size
-    assert 2 * 2 * tokens * (f + h) / 4 * 4 < 4 * 2 * 3 / 4 * tokens * h * 4 * 2  # 2D under 1D's layer total
-    assert communication(cfg, 0)["tp_per_layer"] == pytest.approx(sent)
+    assert communication(cfg, 0)["tp"] == pytest.approx(m * sent)
 
 
 def test_last_stage_gathers_the_stream_for_the_head(stages):
-    """Last stage: its layer compiles the same 2D collectives, and the final norm's width-split output is
-    all-gathered (over y, then x) for the data-parallel head: MindSpore's redistribution."""
-    report, collectives = stages[1]
+    """Last stage: its layer compiles the same collectives as the first stage's, and the final norm's width-split
+    output [T, h] is all-gathered for the data-parallel head (over y, then x: MindSpore's redistribution), its
+    gradient reduce-scattered back; the planner counts both."""
+    (_, first), (report, last) = stages
     assert report["stage"] == 1
-    groups = {(c["kind"], c["purpose"], c["group_size"]) for c in collectives}
+    cfg = load_config(TINY_LLAMA, SETS)
+    m, x, y, tokens, fp32 = cfg.parallel.micro_batch_num, 2, 2, 4 * 64, 4
+
+    def by_group(collectives, kind, size):
+        return sum(c["bytes"] for c in collectives if c["kind"] == kind and c["ranks"][1] - c["ranks"][0] == size)
+
+    head = {1: tokens * 64 * fp32, 2: tokens * 64 // x * fp32}  # over x the whole [T, h], over y [T, h/x]
     for kind in ("AllGather", "ReduceScatter"):
-        assert (kind, "operator", 2) in groups
-    assert ("AllGather", "redistribution", 2) in groups
-    tokens = 4 * 64  # micro_batch_size x seq_length
-    reduces = [c for c in collectives if c["kind"] == "AllReduce" and c["purpose"] == "operator"]
-    assert reduces and all(c["bytes"] / c["count"] <= tokens * 4 for c in reduces)  # none of [tokens, h]
+        for step in (1, 2):  # x neighbours, y ranks tp_x apart
+            assert by_group(last, kind, step) == by_group(first, kind, step) + m * head[step]
+    assert {c["purpose"] for c in last if c["kind"] == "AllGather"} == {"operator", "redistribution"}
+    reduces = [c for c in last if c["kind"] == "AllReduce" and c["purpose"] == "operator"]
+    assert all(c["bytes"] / c["count"] <= tokens * fp32 for c in reduces)  # norms and loss: none of [T, h]
+    head_sent = m * (head[2] * (y - 1) / y + head[1] * (x - 1) / x) * 2
+    assert communication(cfg, 1)["tp"] - communication(cfg, 0)["tp"] == pytest.approx(head_sent)
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,16 @@ def nd_tp_bytes_per_layer(cfg: Config) -> float:
     return 2 * ((over_y + over_x) * DTYPE_BYTES[model.compute_dtype] + norms)
 
 
+def nd_tp_head_gather_bytes(cfg: Config) -> float:
+    """2D tensor parallel, last stage: ring bytes one rank sends per micro batch to all-gather the final norm's
+    width-split output [T, h] for the output head (over y, then x: MindSpore's redistribution) and to
+    reduce-scatter its gradient back the same way."""
+    model, layout = cfg.model, _layout(cfg)
+    x, y = layout.tp_x, layout.tp_y
+    stream = local_tokens(cfg) * model.hidden_size * DTYPE_BYTES[model.compute_dtype]
+    return 2 * (stream / x * (y - 1) / y + stream * (x - 1) / x)
+
+
 def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
     """Ring bytes one rank of `stage` sends per step for its gradients, over the r ranks holding each
     trained slice: an all-reduce, 2(r-1)/r of the slice; with the optimizer shard a reduce-scatter,
@@ -109,6 +119,9 @@ def communication(cfg: Config, stage: int) -> dict:
     # reduce-scatter and an all-gather: 2(t-1)/t of the hidden states either way.
     vocab_ends = (stage == 0) + (stage == stages - 1) if layout.vocab_parallel else 0
     tp_vocab = vocab_ends * micro_batches * 2 * (t - 1) / t * x if t > 1 else 0.0
+    head_gathers = layout.nd_tp and stage == stages - 1
+    if head_gathers:
+        tp_vocab += micro_batches * nd_tp_head_gather_bytes(cfg)
     # the stage's layers with experts (a mixture of experts' dense first layers have none: DeepSeek-V3)
     experts = [i >= model.moe.dense_layers for i in sorted(layout.layers_of_stage(stage))] if model.spec.moe else []
     if any(experts) and t > 1:  # the experts' w2 partial sums (and w1/w3 input gradients): E x C slots, not T
@@ -143,7 +156,7 @@ def communication(cfg: Config, stage: int) -> dict:
         "tp_vocab": tp_vocab,
         "tp": tp,
         "tp_collectives_per_layer": ND_TP_COLLECTIVES if layout.nd_tp else (2 * all_reduces if t > 1 else 0),
-        "tp_vocab_collectives": 2 * vocab_ends if t > 1 else 0,
+        "tp_vocab_collectives": (2 * vocab_ends if t > 1 else 0) + 4 * head_gathers,
         "cp_per_layer": cp_per_layer,
         "cp": cp,
         "ep_per_layer": ep_per_layer,

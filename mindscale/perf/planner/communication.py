@@ -44,21 +44,27 @@ def context_parallel_bytes_per_layer(cfg: Config) -> float:
 ND_TP_COLLECTIVES = 2 * 7 + 2 * 4 + 4
 
 
-def nd_tp_bytes_per_layer(cfg: Config) -> float:
+def nd_tp_bytes_by_group(cfg: Config) -> dict[str, float]:
     """2D tensor parallel (parallel.tp_x x tp_y = t): ring bytes one rank sends per layer and micro batch, forward
-    and backward. A column-parallel projection h -> e all-gathers its input [T, h/x] over y and reduce-scatters its
-    partial sums [T, e/y] over x; a row-parallel e -> h the same with x and y swapped; the backward mirrors each
-    (a reduce-scatter for an all-gather). A pair h -> e -> h sends MindSpore's 2T[e(x-1) + h(y-1)]/xy forward,
+    and backward, by group: "x" (tp_x neighbouring ranks), "y" (tp_y ranks tp_x apart), "t" (all tp ranks).
+    A column-parallel projection h -> e all-gathers its input [T, h/x] over y and reduce-scatters its partial
+    sums [T, e/y] over x; a row-parallel e -> h the same with x and y swapped; the backward mirrors each (a
+    reduce-scatter for an all-gather). A pair h -> e -> h sends MindSpore's 2T[e(x-1) + h(y-1)]/xy forward,
     against 1D's all-reduce 2(t-1)Th/t. wq/wk/wv share one all-gather of their input, and so do w1/w3; the norms
     all-reduce their mean of squares [T, 1] fp32 over t (validate IR, tests/dryrun/test_nd_tensor_parallel.py)."""
     model, layout = cfg.model, _layout(cfg)
     x, y, t = layout.tp_x, layout.tp_y, layout.tp
-    tokens, h = local_tokens(cfg), model.hidden_size
+    tokens, h, dtype = local_tokens(cfg), model.hidden_size, DTYPE_BYTES[model.compute_dtype]
     q, kv, f = model.num_heads * model.head_size, model.kv_heads * model.head_size, model.ffn_hidden_size
     over_y = 4 * tokens * h * (y - 1) / (x * y)  # the attention's and the MLP's input gathers, wo's and w2's scatters
     over_x = tokens * (x - 1) / (x * y) * ((q + 2 * kv) + q + 2 * f + f)  # qkv and w1/w3 scatters, wo and w2 gathers
     norms = 2 * 2 * (t - 1) / t * tokens * DTYPE_BYTES["float32"]
-    return 2 * ((over_y + over_x) * DTYPE_BYTES[model.compute_dtype] + norms)
+    return {"x": 2 * over_x * dtype, "y": 2 * over_y * dtype, "t": 2 * norms}
+
+
+def nd_tp_bytes_per_layer(cfg: Config) -> float:
+    """nd_tp_bytes_by_group, all groups."""
+    return sum(nd_tp_bytes_by_group(cfg).values())
 
 
 def nd_tp_head_gather_bytes(cfg: Config) -> float:
@@ -155,6 +161,7 @@ def communication(cfg: Config, stage: int) -> dict:
         "tp_per_layer": tp_per_layer,
         "tp_vocab": tp_vocab,
         "tp": tp,
+        "tp_per_layer_by_group": nd_tp_bytes_by_group(cfg) if layout.nd_tp else {"t": tp_per_layer},
         "tp_collectives_per_layer": ND_TP_COLLECTIVES if layout.nd_tp else (2 * all_reduces if t > 1 else 0),
         "tp_vocab_collectives": (2 * vocab_ends if t > 1 else 0) + 4 * head_gathers,
         "cp_per_layer": cp_per_layer,

@@ -399,7 +399,7 @@ ND_TP_ARCHS = ("llama", "qwen2", "qwen3")  # whose projections, norms and residu
 def _nd_tensor_parallel(cfg: Config) -> None:
     """parallel.tp_x x tp_y: 2D tensor parallel of the LLaMA and Qwen projections (models/layers.py,
     Linear.nd_tp_strategies), compiled by MindSpore's dry run with and without pipeline stages (tests/dryrun/
-    test_nd_tensor_parallel.py); what it was not built or compiled with is refused."""
+    test_nd_tensor_parallel.py, with context parallel and recompute.comm too)."""
     model, parallel = cfg.model, cfg.parallel
     tp_x, tp_y, mp = parallel.tp_x, parallel.tp_y, parallel.model_parallel
     if (tp_x, tp_y) == (1, 1):
@@ -428,23 +428,12 @@ def _nd_tensor_parallel(cfg: Config) -> None:
             f"model.hidden_size={model.hidden_size} is not divisible by parallel.model_parallel={mp} ({keys} splits "
             f"the residual stream's width over both); choose degrees that divide it, {leave}"
         )
-    for key, on in [
-        ("parallel.sequence_parallel=true", parallel.sequence_parallel),
-        (f"parallel.context_parallel={parallel.context_parallel}", parallel.context_parallel > 1),
-        (f"recompute.mode={cfg.recompute.mode} with recompute.comm=true", cfg.recompute.comm),
-    ]:
-        if on:
-            raise ConfigError(f"{keys} with {key}: {ND_TP_REFUSED[key.split('=')[0]]}; change one of them, {leave}")
-
-
-ND_TP_REFUSED = {  # why 2D tensor parallel is refused with a key (docs/dryrun.md, 2D tensor parallel)
-    "parallel.sequence_parallel": "2D tensor parallel already splits the residual stream and norms over all t ranks "
-    "(by width), so sequence parallel has nothing left to split",
-    "parallel.context_parallel": "2D tensor parallel splits the residual stream by width, not by sequence, and was "
-    "not built or compiled with the sequence split",
-    "recompute.mode": "recompute.comm repeats the 1D collectives it knows; 2D tensor parallel's were not compiled "
-    "with it",
-}
+    if parallel.sequence_parallel:
+        raise ConfigError(
+            f"{keys} with parallel.sequence_parallel=true: 2D tensor parallel already splits the residual stream and "
+            f"norms over all t ranks (by width), so sequence parallel has nothing left to split; set it to false, "
+            f"{leave}"
+        )
 
 
 def _context_parallel(cfg: Config) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from mindscale.config import ConfigError, Layout, load_config
 from mindscale.launch.compiled_ir import collectives_of, parse_ir, read_validate_ir
-from mindscale.perf.planner.communication import communication, nd_tp_bytes_per_layer
+from mindscale.perf.planner.communication import communication, nd_tp_bytes_by_group, nd_tp_bytes_per_layer
 from test_dryrun import SMALL, TINY_LLAMA, dryrun
 
 SETS = [
@@ -108,6 +108,42 @@ def test_last_stage_gathers_the_stream_for_the_head(stages):
     assert all(c["bytes"] / c["count"] <= tokens * fp32 for c in reduces)  # norms and loss: none of [T, h]
     head_sent = m * (head[2] * (y - 1) / y + head[1] * (x - 1) / x) * 2
     assert communication(cfg, 1)["tp"] - communication(cfg, 0)["tp"] == pytest.approx(head_sent)
+
+
+# One stage, context parallel 2 (flash attention, bf16) and every layer fully recomputed with its communication
+RECOMPUTED = [
+    *SMALL,
+    "model.num_layers=2",
+    "model.num_kv_heads=4",
+    "model.compute_dtype=bfloat16",
+    "parallel.data_parallel=1",
+    "parallel.model_parallel=4",
+    "parallel.tp_x=2",
+    "parallel.tp_y=2",
+    "parallel.context_parallel=2",
+    "train.micro_batch_size=1",
+    "recompute.mode=full",
+    "recompute.comm=true",
+]
+
+
+def test_context_parallel_and_recomputed_communication(tmp_path):
+    """Under context parallel each rank's projections see its S/c tokens, and a fully recomputed layer with
+    recompute.comm repeats in the backward all its forward collectives over x and three of its four over y (the
+    input gathers and wo's scatter): the planner's bytes per group, plus the head's gather and scatter."""
+    [report] = dryrun(TINY_LLAMA, *RECOMPUTED, ranks="0", ir_dir=tmp_path)
+    collectives = collectives_of(parse_ir(read_validate_ir(tmp_path / "rank0"), 0))[0]
+    cfg = load_config(TINY_LLAMA, RECOMPUTED)
+    assert Layout.of(cfg).recomputed == (0, 1) and Layout.of(cfg).attention == "flash"
+    layers, x, y, bf16 = 2, 2, 2, 2
+    stream = 64 // 2 * 64 * bf16  # [S/c, h] of one row
+    head = {"x": 2 * stream * (x - 1) / x, "y": 2 * stream / x * (y - 1) / y}
+    planned = nd_tp_bytes_by_group(cfg, "recomputed")
+    assert planned["x"] == pytest.approx(1.5 * nd_tp_bytes_by_group(cfg)["x"])
+    for group, ranks in (("x", X_GROUP), ("y", Y_GROUP)):
+        sent = sum(ring_bytes(c) for c in collectives if c["ranks"] == ranks)
+        assert sent == pytest.approx(layers * planned[group] + head[group])
+    assert report["planned"]["shape_mismatches"] == {}
 
 
 @pytest.mark.parametrize(

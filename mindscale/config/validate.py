@@ -428,6 +428,12 @@ def _nd_tensor_parallel(cfg: Config) -> None:
             f"model.hidden_size={model.hidden_size} is not divisible by parallel.model_parallel={mp} ({keys} splits "
             f"the residual stream's width over both); choose degrees that divide it, {leave}"
         )
+    if cfg.finetune.lora.rank:
+        raise ConfigError(
+            f"{keys} with finetune.lora.rank={cfg.finetune.lora.rank}: the LoRA adapters' strategies are 1D "
+            f"(models/lora.py), so they would read the 2D projections' inputs and outputs through redistributions; "
+            f"fine-tune with 1D tensor parallel: {leave.removeprefix('or ')}"
+        )
     if parallel.sequence_parallel:
         raise ConfigError(
             f"{keys} with parallel.sequence_parallel=true: 2D tensor parallel already splits the residual stream and "

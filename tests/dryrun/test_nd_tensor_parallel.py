@@ -153,6 +153,10 @@ def test_context_parallel_and_recomputed_communication(tmp_path):
         (["parallel.tp_x=4", "parallel.tp_y=1"], "needs both degrees >= 2"),
         (["parallel.tp_x=2", "parallel.tp_y=2", "parallel.sequence_parallel=true"], "nothing left to split"),
         (["parallel.tp_x=2", "parallel.tp_y=2", "hardware=cpu"], "on CPU"),
+        (
+            ["parallel.tp_x=2", "parallel.tp_y=2", "finetune.lora.rank=8", "checkpoint.load_path=base"],
+            "strategies are 1D",
+        ),
     ],
 )
 def test_refused_in_one_line(sets, message):

@@ -8,11 +8,13 @@ all-reduces of the norms' [tokens, 1] only; and their bytes equal to the planner
 proves compiler acceptance, not speed.
 """
 
+import numpy as np
 import pytest
 
 from mindscale.config import ConfigError, Layout, load_config
 from mindscale.launch.compiled_ir import collectives_of, parse_ir, read_validate_ir
 from mindscale.perf.planner.communication import communication, nd_tp_bytes_by_group, nd_tp_bytes_per_layer
+from models.weights import take_slice
 from test_dryrun import SMALL, TINY_LLAMA, dryrun
 
 SETS = [
@@ -54,6 +56,21 @@ def test_projections_split_over_x_and_y(stages):
         assert shapes[f"{layer}.feed_forward.w2.weight"] == [32, 64]
         assert shapes[f"{layer}.attention_norm.weight"] == [16]
         assert report["planned"]["shape_mismatches"] == {}
+        # what a restore from full weights slices by the compiled layouts: the compiled local shapes
+        for name, (dev_matrix, tensor_map, shape, group) in report["layouts"].items():
+            layout = (dev_matrix, tensor_map, None, 1, True, group, shape)
+            assert list(take_slice(np.zeros(shape, np.float32), layout, report["rank"]).shape) == shapes[name], name
+
+
+def test_a_norm_weight_split_over_x_and_y_restores_block_x_major():
+    """MindSpore lists the layout of a norm weight [64] split ("x", "y") over the mesh (y, x) as one tensor-map
+    entry per axis, [0, 1] (read from this module's compile, the same on ranks 0-3): rank (y, x) holds block
+    x * tp_y + y of 16, as the residual stream it scales; the four blocks tile the weight."""
+    layout = ([2, 2], [0, 1], None, 1, True, "", [64])
+    full = np.arange(64, dtype=np.float32)
+    blocks = {rank: take_slice(full, layout, rank) for rank in range(4)}  # rank = y * tp_x + x
+    assert {rank: int(b[0]) // 16 for rank, b in blocks.items()} == {0: 0, 1: 2, 2: 1, 3: 3}
+    assert np.array_equal(np.sort(np.concatenate(list(blocks.values()))), full)
 
 
 def test_all_reduces_become_gathers_and_scatters_with_the_formulas_bytes(stages):

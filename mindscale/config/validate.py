@@ -420,8 +420,8 @@ def _nd_tensor_parallel(cfg: Config) -> None:
         )
     if model.arch not in ND_TP_ARCHS:
         raise ConfigError(
-            f"{keys} with model.arch={model.arch}: 2D tensor parallel is built for {', '.join(ND_TP_ARCHS)} only; "
-            f"{leave}"
+            f"{keys} with model.arch={model.arch}: 2D tensor parallel is built for {', '.join(ND_TP_ARCHS)} only "
+            f"(their layers have 2D strategies); use one of them, {leave}"
         )
     if model.hidden_size % mp:
         raise ConfigError(

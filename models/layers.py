@@ -30,6 +30,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, One, Zero, initializer
 from mindspore.ops.auto_generate import SiLU
+from mindspore.parallel import Layout as DeviceMesh
 
 from models.spec import COLWISE, REPLICATE, ROWWISE, SEQUENCE, VOCAB
 
@@ -40,6 +41,22 @@ def token_split(layout, style: str) -> int:
     """Into how many parts an op of `style` splits the token dimension of [B*S, h]: data x context parallel
     (Layout.token_rows), and tensor parallel too for the sequence style under sequence parallel."""
     return layout.token_rows * (layout.tp if style == SEQUENCE and layout.sp else 1)
+
+
+def tp_mesh(layout) -> DeviceMesh:
+    """2D tensor parallel's device mesh of one stage (Layout.nd_tp): token rows (dp x cp), then y, then x. The tp index
+    of a rank is then y_index * tp_x + x_index, the order of every op's tuple strategy: a tensor split ("y", "x")
+    is split over tp as such an op splits it, while ("x", "y") is the transposed order of the residual stream."""
+    return DeviceMesh((layout.token_rows, layout.tp_y, layout.tp_x), ("rows", "y", "x"))
+
+
+def stream_split(layout, style: str):
+    """The strategy of a residual-stream tensor [tokens, h] for an op of `style`: tokens split (token_split), or
+    for the sequence style under 2D tensor parallel the width split over ("x", "y"), as the row-parallel
+    projections leave it (Linear.nd_tp_strategies)."""
+    if layout.nd_tp and style == SEQUENCE:
+        return tp_mesh(layout)("rows", ("x", "y"))
+    return token_split(layout, style), 1
 
 
 def head_split(layout) -> tuple:
@@ -89,6 +106,8 @@ class Linear(nn.Cell):
         self.matmul.add_prim_attr("recompute_comm_op", True)
 
     def shard_strategies(self, style: str, layout) -> dict:
+        if layout.nd_tp and style in (COLWISE, ROWWISE):
+            return self.nd_tp_strategies(style, layout)
         rows, tp = layout.token_rows, layout.tp
         if style == COLWISE:
             rules = {"matmul": (((rows, 1), (tp, 1)), None), "bias_add": (((rows, tp), (tp,)), None)}
@@ -102,6 +121,20 @@ class Linear(nn.Cell):
             rules = {"matmul": (((rows, 1), (1, 1)), None), "bias_add": (((rows, 1), (1,)), None)}
         if self.bias is None:
             del rules["bias_add"]
+        return rules
+
+    def nd_tp_strategies(self, style: str, layout) -> dict:
+        """2D tensor parallel (MindSpore's high-dimension tensor parallel; models/sharding.py sets the MatMul's
+        enable_nd_tp). Column-parallel: the input's width split over ("x", "y"), the weight's input features over x
+        and its output features over y; MindSpore all-gathers the input over y, multiplies, and reduce-scatters
+        the partial sums over x, leaving the output split ("y", "x"). Row-parallel is the same with x and y
+        swapped, from ("y", "x") back to the residual stream's ("x", "y"). No all-reduce, and no weight is
+        replicated over tp."""
+        mesh = tp_mesh(layout)
+        outer, inner = ("x", "y") if style == COLWISE else ("y", "x")
+        rules = {"matmul": ((mesh("rows", (outer, inner)), mesh(inner, outer)), None)}
+        if self.bias is not None:
+            rules["bias_add"] = ((mesh("rows", (inner, outer)), mesh((inner, outer))), None)
         return rules
 
 
@@ -224,6 +257,35 @@ class RMSNorm(Fp32Norm):
             "rsqrt": ((x,), None),
             "mul": ((x, x), None),
             "mul_weight": ((x, (1,)), None),
+        }
+
+
+class WidthSplitRMSNorm(RMSNorm):
+    """RMSNorm of a residual stream split along its width over ("x", "y") (2D tensor parallel, Layout.nd_tp). The
+    mean of squares is a MatMul with a 1/dim column, which MindSpore shards by a device-mesh layout and all-reduces
+    over tp ([tokens, 1]): its ReduceMean takes no such layout ("does not support config layout", MindSpore 2.9)."""
+
+    def __init__(self, dim: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32):
+        super().__init__(dim, eps, param_dtype, compute_dtype)
+        self.inverse_width = Tensor(np.full((dim, 1), 1.0 / dim), ms.float32)
+        self.row_mean = ops.MatMul()
+
+    def construct(self, x):
+        x = self.fp32(x)
+        mean = self.row_mean(self.square(x), self.inverse_width)
+        return self.out(self.mul_weight(self.mul(x, self.rsqrt(self.add(mean, self.eps))), self.fp32(self.weight)))
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        mesh = tp_mesh(layout)
+        x, per_token = stream_split(layout, SEQUENCE), mesh("rows", "None")
+        rows = (layout.token_rows, 1)  # per_token as a tuple strategy, for the op with a scalar input
+        return {
+            "square": ((x,), None),
+            "row_mean": ((x, mesh(("x", "y"), "None")), None),
+            "add": ((rows, ()), None),
+            "rsqrt": ((rows,), None),
+            "mul": ((x, per_token), None),
+            "mul_weight": ((x, mesh(("x", "y"))), None),
         }
 
 

@@ -31,12 +31,15 @@ not have are errors.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from operator import attrgetter
 
-from mindspore.ops import Primitive
+from mindspore.ops import MatMul, Primitive
 from mindspore.nn.utils import no_init_parameters
+from mindspore.parallel import Layout as DeviceMesh
 
+from models.spec import COLWISE, ROWWISE
 from models.transformer import CausalLM
 from mindscale.config import Config, Layout
 
@@ -98,8 +101,19 @@ def parameter_splits(model: CausalLM, cfg: Config, layout: Layout) -> dict[str, 
             if param is None:  # a tied head, a Linear without bias
                 continue
             strategy = strategies.get(f"{path}.{attr}")
-            splits[param.name] = (tuple(strategy[index]) if strategy else (1,) * len(param.shape), attr)
+            splits[param.name] = (_parts(strategy[index]) if strategy else (1,) * len(param.shape), attr)
     return splits
+
+
+def _parts(split) -> tuple:
+    """Into how many parts a strategy splits each dimension: a tuple strategy is that; a device mesh's tensor map
+    names axes (-1 none, a tuple several), each axis index counted from the mesh's last."""
+    if not isinstance(split, DeviceMesh):
+        return tuple(split)
+    sizes = split._device_shape[::-1]
+    return tuple(
+        math.prod(sizes[a] for a in (d if isinstance(d, tuple) else (d,)) if a >= 0) for d in split._tensor_map
+    )
 
 
 def _comm_fusion_group(name: str, num_layers: int) -> int:
@@ -115,8 +129,12 @@ def apply_sharding_plan(model: CausalLM, cfg: Config, layout: Layout) -> list[tu
         return []
     rows = planned_strategies(model, cfg, layout)
     cells = dict(model.cells_and_names())
-    for path, _style, attr, in_strategy, out_strategy in rows:
+    for path, style, attr, in_strategy, out_strategy in rows:
         primitive = _op(cells[path], attr, path)
+        if layout.nd_tp and style in (COLWISE, ROWWISE) and isinstance(primitive, MatMul):
+            primitive.add_prim_attr(
+                "enable_nd_tp", True
+            )  # 2D tensor parallel: the projections (Linear.nd_tp_strategies)
         if out_strategy is None:
             primitive.shard(in_strategy)
         else:
@@ -132,8 +150,20 @@ def apply_sharding_plan(model: CausalLM, cfg: Config, layout: Layout) -> list[tu
     return rows
 
 
+def _split_name(mesh: DeviceMesh, dim) -> str:
+    """A tensor map entry of a device mesh as its axis names: -1 = None, (1, 0) = (y,x)."""
+    names = mesh._alias_name[::-1]  # the last axis is map index 0
+    if isinstance(dim, tuple):
+        return "(" + ",".join(names[d] for d in dim) + ")"
+    return "None" if dim == -1 else names[dim]
+
+
 def _fmt(strategy) -> str:
-    return "-" if strategy is None else str(strategy).replace(" ", "")
+    if strategy is None:
+        return "-"
+    if strategy and isinstance(strategy[0], DeviceMesh):  # 2D tensor parallel: axes named as in layers.tp_mesh
+        return "(" + ",".join("[" + ",".join(_split_name(m, d) for d in m._tensor_map) + "]" for m in strategy) + ")"
+    return str(strategy).replace(" ", "")
 
 
 def _chunk_ranges(layout: Layout, stage: int) -> list[str]:
@@ -156,6 +186,7 @@ def describe_plan(cfg: Config) -> str:
         f"sharding plan: {cfg.model.arch}, data_parallel={parallel.data_parallel} model_parallel={parallel.model_parallel} "
         f"{f'context_parallel={parallel.context_parallel} ({parallel.context_parallel_algo}) ' if parallel.context_parallel > 1 else ''}"
         f"{f'expert_parallel={parallel.expert_parallel} ' if parallel.expert_parallel > 1 else ''}"
+        f"{f'tp_x={parallel.tp_x} tp_y={parallel.tp_y} ' if layout.nd_tp else ''}"
         f"pipeline_stage={parallel.pipeline_stage} "
         f"{f'pipeline_interleave={parallel.pipeline_interleave} ' if parallel.pipeline_interleave > 1 else ''}"
         f"{f'pipeline_scheduler={parallel.pipeline_scheduler} ' if parallel.pipeline_scheduler != '1f1b' else ''}"

@@ -26,7 +26,18 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from models.attention import Attention, CompositeAttention, FlashAttention
 from models.cpu_kernels import SplitCausalAttention, expand_broadcasts
-from models.layers import DTYPES, Embedding, FusedRMSNorm, GeluMLP, LayerNorm, OutputHead, RMSNorm, SwiGLU, token_split
+from models.layers import (
+    DTYPES,
+    Embedding,
+    FusedRMSNorm,
+    GeluMLP,
+    LayerNorm,
+    OutputHead,
+    RMSNorm,
+    SwiGLU,
+    WidthSplitRMSNorm,
+    stream_split,
+)
 from models.mla import MLAttention
 from models.moe import MoE
 from models.router import SigmoidRouting
@@ -37,11 +48,14 @@ MOE_STATS = "moe_stats"  # CausalLMLoss's record of the router statistics: [aux 
 # sequence-wise loss]
 
 
-def norm_class(spec: ArchSpec, fused: bool) -> type:
-    """The family's norm; the fused RmsNorm kernel in place of RMSNorm where the hardware has it."""
+def norm_class(spec: ArchSpec, layout: Layout) -> type:
+    """The family's norm; the fused RmsNorm kernel in place of RMSNorm where the hardware has it; under 2D tensor
+    parallel the RMSNorm of a width-split stream."""
     if not spec.rms_norm:
         return LayerNorm
-    return FusedRMSNorm if fused else RMSNorm
+    if layout.nd_tp:
+        return WidthSplitRMSNorm
+    return FusedRMSNorm if layout.fused_norm else RMSNorm
 
 
 def dense_layer(m: ModelConfig, index: int) -> bool:
@@ -176,7 +190,7 @@ class TransformerBlock(nn.Cell):
         pdt, cdt = DTYPES[m.param_dtype], DTYPES[m.compute_dtype]
         self.residual_dtype = DTYPES[m.residual_dtype]
         out_std = m.init_std / math.sqrt(2 * m.num_layers)
-        norm = norm_class(spec, layout.fused_norm)
+        norm = norm_class(spec, layout)
         self.attention_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
         self.attention = attention_layer(m, spec, layout, out_std)
         self.ffn_norm = norm(m.hidden_size, m.norm_eps, pdt, cdt)
@@ -217,7 +231,7 @@ class TransformerBlock(nn.Cell):
         return self.ffn_residual(h, self.cast(f, self.residual_dtype) if self.cast_out else f)
 
     def shard_strategies(self, style: str, layout: Layout) -> dict:
-        x = (token_split(layout, style), 1)
+        x = stream_split(layout, style)
         return {"attention_residual": ((x, x), None), "ffn_residual": ((x, x), None)}
 
     def mark_recompute(self, mode: str, comm: bool) -> None:
@@ -289,7 +303,7 @@ class CausalLM(nn.Cell):
         # (run.reuse_layer_graph), a constant as the first call's input left the second call reading freed memory
         # on CPU in graph mode (tests/models/test_moe.py, under jemalloc's junk fill)
         self.start_routing = ops.Identity().shard(((1,),))
-        self.norm = norm_class(spec, layout.fused_norm)(m.hidden_size, m.norm_eps, pdt, cdt)
+        self.norm = norm_class(spec, layout)(m.hidden_size, m.norm_eps, pdt, cdt)
         self.output = OutputHead(m.hidden_size, m.vocab_size, m.tie_embeddings, m.init_std, pdt, cdt)
         # used by CausalLMLoss; lives here to be sharded with the model
         self.loss = (ShardedCrossEntropy if layout.sharded else MaskedCrossEntropy)(m.vocab_size)

@@ -50,20 +50,33 @@ def _coordinate(rank: int, dev_matrix: list[int]) -> list[int]:
     return coordinate
 
 
-def local_slice(layout: tuple, rank: int) -> tuple[slice, ...]:
-    """Index ranges of `rank`'s slice of the full tensor, per dimension."""
-    dev_matrix, tensor_map, full_shape, opt_group = list(layout[0]), list(layout[1]), list(layout[6]), layout[5]
-    if any(isinstance(k, (list, tuple)) for k in tensor_map):
+def _axes_per_dimension(tensor_map: list, ndim: int) -> list[tuple]:
+    """The tensor map's device-axis indices per tensor dimension, major first. MindSpore lists a 1-D parameter
+    split over several axes (2D tensor parallel's norm weights, split ("x", "y")) as one entry per axis, as the
+    dimension expanded into one sub-dimension per axis (the layout's expanded slice shape is [1, ..., size/t]);
+    a split of one dimension of a 2-D or larger tensor over several axes is not supported."""
+    if len(tensor_map) > ndim == 1:
+        return [tuple(tensor_map)]
+    if len(tensor_map) != ndim or any(isinstance(k, (list, tuple)) for k in tensor_map):
         raise ValueError(f"tensor map {tensor_map} splits one dimension over several axes; not supported")
+    return [(k,) for k in tensor_map]
+
+
+def local_slice(layout: tuple, rank: int) -> tuple[slice, ...]:
+    """Index ranges of `rank`'s slice of the full tensor, per dimension. A dimension split over several device
+    axes is cut into their product of blocks, the first axis the most significant."""
+    dev_matrix, tensor_map, full_shape, opt_group = list(layout[0]), list(layout[1]), list(layout[6]), layout[5]
     coordinate = _coordinate(rank, dev_matrix)
-    axis_of = {k: len(dev_matrix) - 1 - k for k in tensor_map if k >= 0}
-    index = []
-    for size, k in zip(full_shape, tensor_map):
-        parts, at = (dev_matrix[axis_of[k]], coordinate[axis_of[k]]) if k >= 0 else (1, 0)
+    used, index = [], []
+    for size, keys in zip(full_shape, _axes_per_dimension(tensor_map, len(full_shape))):
+        parts, at = 1, 0
+        for axis in (len(dev_matrix) - 1 - k for k in keys if k >= 0):
+            parts, at = parts * dev_matrix[axis], at * dev_matrix[axis] + coordinate[axis]
+            used.append(axis)
         step = size // parts
         index.append(slice(at * step, (at + 1) * step))
     if opt_group and index:
-        free = [axis for axis in range(len(dev_matrix)) if axis not in axis_of.values()]
+        free = [axis for axis in range(len(dev_matrix)) if axis not in used]
         holders = math.prod(dev_matrix[axis] for axis in free)
         at = 0
         for axis in free:  # this rank's place among the ranks holding the same slice, in rank order

@@ -41,6 +41,8 @@ class Layout:
     micro_steps: int  # micro batches per optimizer step (pipeline micro batches or accumulation)
     sharded: bool  # semi-auto parallel: the plan's .shard() strategies are compiled
     data_parallel_mode: bool  # several workers, no strategies: DATA_PARALLEL with an explicit all-reduce
+    tp_x: int  # 2D tensor parallel's degrees, tp = tp_x x tp_y (both 1: 1D; see nd_tp)
+    tp_y: int
     sp: bool  # sequence parallel (parallel.sequence_parallel, with tp > 1): norms and
     # residual adds split tokens over dp x tp, rowwise outputs reduce-scatter
     optimizer_shard: bool
@@ -84,6 +86,7 @@ class Layout:
             or (micro_steps > 1 and device != "CPU")
         )
         a2_kernels = cfg.hardware.flash_attention and device == "Ascend"
+        nd_tp = sharded and parallel.tp_x * parallel.tp_y > 1
         chunks = chunk_layer_counts_of(cfg)
         counts = stage_totals(chunks)
         placed = [
@@ -110,13 +113,17 @@ class Layout:
             micro_steps=micro_steps,
             sharded=sharded,
             data_parallel_mode=world > 1 and not sharded,
+            tp_x=parallel.tp_x if nd_tp else 1,
+            tp_y=parallel.tp_y if nd_tp else 1,
             sp=parallel.sequence_parallel and parallel.model_parallel > 1,
             optimizer_shard=parallel.optimizer_shard and parallel.data_parallel > 1,
             accumulation_shard=parallel.gradient_accumulation_shard,
             vocab_parallel=parallel.model_parallel > 1 and not parallel.vocab_emb_dp,
             attention="flash" if flash else "composite",
             packed_examples=cfg.data.max_packed_examples if flash else None,
-            fused_norm=a2_kernels or flash,  # the RmsNorm kernel where the model has RMSNorm
+            # the RmsNorm kernel where the model has RMSNorm, but under 2D tensor parallel, whose residual stream
+            # is split along the width RmsNorm normalises over (the composite norm all-reduces its mean)
+            fused_norm=(a2_kernels or flash) and not nd_tp,
             cpu_kernels=device == "CPU" and not sharded,
             interleave=parallel.pipeline_interleave,
             scheduler=parallel.pipeline_scheduler,
@@ -135,6 +142,14 @@ class Layout:
     @property
     def stage_devices(self) -> int:
         return self.dp * self.cp * self.tp
+
+    @property
+    def nd_tp(self) -> bool:
+        """2D tensor parallel (parallel.tp_x x tp_y = tp, compiled only sharded): the projections' MatMuls split
+        their weights over the x and y degrees and MindSpore replaces each MatMul's all-reduce by an all-gather
+        and a reduce-scatter (enable_nd_tp); the residual stream and norms are split along the hidden width over
+        (x, y), the attention and MLP inside over (y, x), the tp order of every other op's strategy."""
+        return self.tp_x * self.tp_y > 1
 
     @property
     def token_rows(self) -> int:

@@ -451,6 +451,16 @@ class ParallelConfig:
         "expert's gradients reduce over the data_parallel / e ranks that hold it (docs/models.md).",
         1,
     )
+    tp_x: int = doc(
+        "2D tensor parallel (MindSpore's high-dimension tensor parallel, MindFormers' tp_x): the first of the "
+        "two degrees the tensor degree t splits into, t = tp_x x tp_y. The attention and MLP projections of "
+        "LLaMA and Qwen then split each weight over both (x along the hidden width, y along the other) and "
+        "trade each all-reduce for an all-gather over one degree and a reduce-scatter over the other; the "
+        "residual stream stays split over the hidden width. 1 with tp_y 1: 1D tensor parallel "
+        "(docs/dryrun.md, 2D tensor parallel).",
+        1,
+    )
+    tp_y: int = doc("2D tensor parallel: the second degree, t = tp_x x tp_y (tp_x).", 1)
     sequence_parallel: bool = doc("Shard norms/dropout activations along the sequence (needs t > 1).", False)
     vocab_emb_dp: bool = doc("Keep the embedding data-parallel instead of vocab-sharded over t.", True)
     optimizer_shard: bool = doc("Shard optimizer states (and master weights) over data parallel.", False)

@@ -411,6 +411,55 @@ def _tensor_parallel(cfg: Config) -> None:
         )
 
 
+ND_TP_ARCHS = ("llama", "qwen2", "qwen3")  # whose projections, norms and residual adds have 2D strategies
+
+
+def _nd_tensor_parallel(cfg: Config) -> None:
+    """parallel.tp_x x tp_y: 2D tensor parallel of the LLaMA and Qwen projections (models/layers.py,
+    Linear.nd_tp_strategies), compiled by MindSpore's dry run with and without pipeline stages (tests/dryrun/
+    test_nd_tensor_parallel.py, with context parallel and recompute.comm too)."""
+    model, parallel = cfg.model, cfg.parallel
+    tp_x, tp_y, mp = parallel.tp_x, parallel.tp_y, parallel.model_parallel
+    if (tp_x, tp_y) == (1, 1):
+        return
+    keys = f"parallel.tp_x={tp_x} x parallel.tp_y={tp_y}"
+    leave = "or leave tp_x and tp_y at 1 (1D tensor parallel)"
+    if tp_x < 2 or tp_y < 2:
+        raise ConfigError(f"{keys}: 2D tensor parallel needs both degrees >= 2; set both, {leave}")
+    if tp_x * tp_y != mp:
+        raise ConfigError(
+            f"{keys} = {tp_x * tp_y} is not the tensor degree parallel.model_parallel={mp}; choose degrees whose "
+            f"product is model_parallel, {leave}"
+        )
+    if cfg.hardware.device_target == "CPU":
+        raise ConfigError(
+            f"{keys} on CPU: 2D tensor parallel compiles only under semi-auto parallel, which MindSpore refuses on "
+            f"CPU; use an Ascend hardware profile (tools/dryrun.py compiles it here), {leave}"
+        )
+    if model.arch not in ND_TP_ARCHS:
+        raise ConfigError(
+            f"{keys} with model.arch={model.arch}: 2D tensor parallel is built for {', '.join(ND_TP_ARCHS)} only "
+            f"(their layers have 2D strategies); use one of them, {leave}"
+        )
+    if model.hidden_size % mp:
+        raise ConfigError(
+            f"model.hidden_size={model.hidden_size} is not divisible by parallel.model_parallel={mp} ({keys} splits "
+            f"the residual stream's width over both); choose degrees that divide it, {leave}"
+        )
+    if cfg.finetune.lora.rank:
+        raise ConfigError(
+            f"{keys} with finetune.lora.rank={cfg.finetune.lora.rank}: the LoRA adapters' strategies are 1D "
+            f"(models/lora.py), so they would read the 2D projections' inputs and outputs through redistributions; "
+            f"fine-tune with 1D tensor parallel: {leave.removeprefix('or ')}"
+        )
+    if parallel.sequence_parallel:
+        raise ConfigError(
+            f"{keys} with parallel.sequence_parallel=true: 2D tensor parallel already splits the residual stream and "
+            f"norms over all t ranks (by width), so sequence parallel has nothing left to split; set it to false, "
+            f"{leave}"
+        )
+
+
 def _context_parallel(cfg: Config) -> None:
     """parallel.context_parallel: what the sequence split needs from the other keys."""
     model, parallel = cfg.model, cfg.parallel
@@ -895,6 +944,7 @@ def validate(cfg: Config) -> None:
     _latent_attention(cfg.model)
     _experts(cfg)
     _tensor_parallel(cfg)
+    _nd_tensor_parallel(cfg)
     _gradient_accumulation(cfg)
     _pipeline_schedule(cfg)
     _stage_offset(cfg)

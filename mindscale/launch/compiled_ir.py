@@ -68,7 +68,7 @@ OUTPUT_SIZED = ("AllGather", "Receive", "MicroStepAllGather", "MiniStepAllGather
 _GRAPH = re.compile(r"^subgraph @(\S+?)\(")
 _NODE = re.compile(r"^\s+%\d+\(\S+\) = (.*)$")
 _TENSOR = re.compile(r"Tensor\[(\w+)\]\]?, \(([\d, ]*)\)")  # Tensor[F32], (..) or Ref[Tensor[F32]], (..)
-_REF = re.compile(r"@([^\s(),\[\]]+)")
+_REF = re.compile(r"@+([^\s(),\[\]@]+)")  # @g, or @@g (a graph called with a side-effect monad)
 _REORDERED = re.compile(r"grad_accu_reorder2: I64\((\d+)\)")
 _FORWARD_BORDER = re.compile(r"^\s+%\d+\(\S+\) = (Send|Receive)\(.*cnode_primal_attrs: \{(.*)\}\s*$")
 _CHUNK = re.compile(r"\bchunk: I64\((\d+)\)")
@@ -91,8 +91,9 @@ def _attr(line: str, name: str) -> str | None:
 
 def _callees(rhs: str) -> list[str]:
     """The graphs a node calls: `call @g(..)` / `@g(..)` (a reused cell, a layer kept by lazy_inline),
-    or `%n[@Partial(@g)](..)` / `%n[@FuncUnion(@a, @b)](..)` (a backward closure, an `if`'s branches).
-    Creating a Partial is not a call."""
+    or `%n[@Partial(@g)](..)` / `%n[@FuncUnion(@a, @b)](..)` (a backward closure, an `if`'s branches), or
+    `%n[@@g](.., UMonad)` (a backward closure with side effects: the last pipeline stage's under 2D tensor
+    parallel). Creating a Partial is not a call."""
     if rhs.startswith("call @") or rhs.startswith("@"):
         return _REF.findall(rhs.split("(", 1)[0])[:1]
     if rhs.startswith("%") and "[" in rhs.split("(", 1)[0]:

@@ -38,6 +38,56 @@ def context_parallel_bytes_per_layer(cfg: Config) -> float:
     return passes * share * _kv_bytes(cfg, local_tokens(cfg) * c)
 
 
+# 2D tensor parallel's collectives per layer and micro batch (validate IR): over x, 5 reduce-scatters (wq, wk, wv, w1,
+# w3) and 2 all-gathers (wo, w2) forward and as many the other way backward; over y, 2 all-gathers (the shared inputs)
+# and 2 reduce-scatters (wo, w2) forward, mirrored backward; the two norms' all-reduces forward and backward
+ND_TP_COLLECTIVES = 2 * 7 + 2 * 4 + 4
+
+
+def nd_tp_bytes_by_group(cfg: Config, role: str = "kept") -> dict[str, float]:
+    """2D tensor parallel (parallel.tp_x x tp_y = t): ring bytes one rank sends per layer and micro batch, forward
+    and backward, by group: "x" (tp_x neighbouring ranks), "y" (tp_y ranks tp_x apart), "t" (all tp ranks).
+    A column-parallel projection h -> e all-gathers its input [T, h/x] over y and reduce-scatters its partial
+    sums [T, e/y] over x; a row-parallel e -> h the same with x and y swapped; the backward mirrors each (a
+    reduce-scatter for an all-gather). A pair h -> e -> h sends MindSpore's 2T[e(x-1) + h(y-1)]/xy forward,
+    against 1D's all-reduce 2(t-1)Th/t. wq/wk/wv share one all-gather of their input, and so do w1/w3; the norms
+    all-reduce their mean of squares [T, 1] fp32 over t (validate IR, tests/dryrun/test_nd_tensor_parallel.py).
+    A layer of `role` "recomputed" under full recompute with recompute.comm repeats in the backward every forward
+    collective over x (7 of 14), three over y (the two input gathers and wo's scatter, 3 of 8; w2's scatter ends
+    the layer) and the norms' two all-reduces (validate IR)."""
+    model, layout = cfg.model, _layout(cfg)
+    x, y, t = layout.tp_x, layout.tp_y, layout.tp
+    tokens, h, dtype = local_tokens(cfg), model.hidden_size, DTYPE_BYTES[model.compute_dtype]
+    q, kv, f = model.num_heads * model.head_size, model.kv_heads * model.head_size, model.ffn_hidden_size
+    over_y = 4 * tokens * h * (y - 1) / (x * y)  # the attention's and the MLP's input gathers, wo's and w2's scatters
+    over_x = tokens * (x - 1) / (x * y) * ((q + 2 * kv) + q + 2 * f + f)  # qkv and w1/w3 scatters, wo and w2 gathers
+    norms = 2 * 2 * (t - 1) / t * tokens * DTYPE_BYTES["float32"]
+    repeats = role == "recomputed" and layout.recompute == "full" and cfg.recompute.comm
+    x_passes, y_passes = (3, 2 + 3 / 4) if repeats else (2, 2)  # y: 3 of its 4 forward collectives again
+    return {"x": x_passes * over_x * dtype, "y": y_passes * over_y * dtype, "t": (3 if repeats else 2) * norms}
+
+
+def nd_tp_bytes_per_layer(cfg: Config, role: str = "kept") -> float:
+    """nd_tp_bytes_by_group, all groups."""
+    return sum(nd_tp_bytes_by_group(cfg, role).values())
+
+
+def _mean_by_group(cfg: Config, roles: list[str]) -> dict[str, float]:
+    """nd_tp_bytes_by_group averaged over a stage's layers of `roles`."""
+    per_role = [nd_tp_bytes_by_group(cfg, role) for role in roles] or [nd_tp_bytes_by_group(cfg)]
+    return {group: sum(b[group] for b in per_role) / len(per_role) for group in per_role[0]}
+
+
+def nd_tp_head_gather_bytes(cfg: Config) -> float:
+    """2D tensor parallel, last stage: ring bytes one rank sends per micro batch to all-gather the final norm's
+    width-split output [T, h] for the output head (over y, then x: MindSpore's redistribution) and to
+    reduce-scatter its gradient back the same way."""
+    model, layout = cfg.model, _layout(cfg)
+    x, y = layout.tp_x, layout.tp_y
+    stream = local_tokens(cfg) * model.hidden_size * DTYPE_BYTES[model.compute_dtype]
+    return 2 * (stream / x * (y - 1) / y + stream * (x - 1) / x)
+
+
 def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
     """Ring bytes one rank of `stage` sends per step for its gradients, over the r ranks holding each
     trained slice: an all-reduce, 2(r-1)/r of the slice; with the optimizer shard a reduce-scatter,
@@ -79,11 +129,16 @@ def communication(cfg: Config, stage: int) -> dict:
     roles = _stage_layer_roles(layout, stage, None, None)
     all_reduces = sum(tp_all_reduces(cfg, role) for role in roles) / max(1, len(roles))
     tp_per_layer = all_reduces * 2 * (t - 1) / t * x if t > 1 else 0.0
+    if layout.nd_tp:
+        tp_per_layer = sum(nd_tp_bytes_per_layer(cfg, role) for role in roles) / max(1, len(roles))
     # The vocabulary-split lookup (first stage) and head (last stage), per micro batch: Megatron's
     # all-reduce one way (the lookup's forward, the head input's backward), or under sequence parallel a
     # reduce-scatter and an all-gather: 2(t-1)/t of the hidden states either way.
     vocab_ends = (stage == 0) + (stage == stages - 1) if layout.vocab_parallel else 0
     tp_vocab = vocab_ends * micro_batches * 2 * (t - 1) / t * x if t > 1 else 0.0
+    head_gathers = layout.nd_tp and stage == stages - 1
+    if head_gathers:
+        tp_vocab += micro_batches * nd_tp_head_gather_bytes(cfg)
     # the stage's layers with experts (a mixture of experts' dense first layers have none: DeepSeek-V3)
     experts = [i >= model.moe.dense_layers for i in sorted(layout.layers_of_stage(stage))] if model.spec.moe else []
     if any(experts) and t > 1:  # the experts' w2 partial sums (and w1/w3 input gradients): E x C slots, not T
@@ -117,8 +172,9 @@ def communication(cfg: Config, stage: int) -> dict:
         "tp_per_layer": tp_per_layer,
         "tp_vocab": tp_vocab,
         "tp": tp,
-        "tp_collectives_per_layer": 2 * all_reduces if t > 1 else 0,
-        "tp_vocab_collectives": 2 * vocab_ends if t > 1 else 0,
+        "tp_per_layer_by_group": _mean_by_group(cfg, roles) if layout.nd_tp else {"t": tp_per_layer},
+        "tp_collectives_per_layer": ND_TP_COLLECTIVES if layout.nd_tp else (2 * all_reduces if t > 1 else 0),
+        "tp_vocab_collectives": (2 * vocab_ends if t > 1 else 0) + 4 * head_gathers,
         "cp_per_layer": cp_per_layer,
         "cp": cp,
         "ep_per_layer": ep_per_layer,

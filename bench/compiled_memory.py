@@ -143,9 +143,10 @@ def main(argv=None) -> int:
     parser.add_argument("--stale", action="store_true", help="list shipped configs without a current record")
     parser.add_argument("--markdown", action="store_true", help="print the records as a Markdown table")
     args = parser.parse_args(argv)
-    records = compiled_memory.load()
     for config in args.config:
-        records[compiled_memory.key_of(config)] = entry = record(config)
+        entry = record(config)
+        records = compiled_memory.load()  # read again after the compile: another recorder may have written
+        records[compiled_memory.key_of(config)] = entry
         compiled_memory.save(records)
         for r in entry["ranks"]:
             print(
@@ -153,6 +154,7 @@ def main(argv=None) -> int:
                 f"{r['peak_mib']:,} with fragments, of a {r['pool_mib']:,} MiB pool; planner {r['planner_mib']:,}",
                 flush=True,
             )
+    records = compiled_memory.load()
     if args.stale:
         for path in shipped_configs():
             if not compiled_memory.current(records, path, load_config(path)):

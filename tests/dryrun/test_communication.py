@@ -33,6 +33,7 @@ from mindscale.launch.compiled_ir import read_validate_ir
 from mindscale.launch.dryrun_ranks import ASCEND
 from mindscale.launch.standins import dryrun_environment
 from test_dryrun import SMALL, TINY_LLAMA, dryrun
+from tests.communication_options import INLINED_OPTIONS
 
 TWIN = [
     *SMALL,
@@ -45,16 +46,7 @@ TWIN = [
     "parallel.micro_batch_num=2",
 ]
 OPTIONS = {
-    "inlined": [
-        "run.reuse_layer_graph=false",
-        "communication.micro_batch_interleave=2",
-        "communication.grad_matmul_communication_overlap=true",
-        "communication.grad_computation_allreduce_overlap=true",
-        "communication.pp_1f1b_overlap=true",
-        "communication.enable_allreduce_slice_to_reducescatter=true",
-        "communication.enable_communication_fusion=true",
-        "communication.computation_communication_fusion_level=1",
-    ],
+    "inlined": ["run.reuse_layer_graph=false", *INLINED_OPTIONS],
     "reused": [
         "recompute.mode=full",
         "communication.recomputation_communication_overlap=true",

@@ -9,6 +9,7 @@ import pytest
 import run_train
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.train.loop import runtime
+from tests.communication_options import INLINED_OPTIONS
 
 TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
 # a pipeline twin on Ascend that every option below fits but for the one a case changes
@@ -84,20 +85,7 @@ def test_an_option_that_does_not_fit_is_refused_in_one_line_before_anything_is_w
 
 
 def test_the_options_that_fit_the_inlined_pipeline_twin_validate():
-    cfg = load_config(
-        TINY,
-        [
-            *INLINED,
-            "communication.micro_batch_interleave=2",
-            "communication.grad_matmul_communication_overlap=true",
-            "communication.grad_computation_allreduce_overlap=true",
-            "communication.pp_1f1b_overlap=true",
-            "communication.enable_allreduce_slice_to_reducescatter=true",
-            "communication.enable_communication_fusion=true",
-            "communication.computation_communication_fusion_level=1",
-            "communication.allreduce_fusion=true",
-        ],
-    )
+    cfg = load_config(TINY, [*INLINED, *INLINED_OPTIONS, "communication.allreduce_fusion=true"])
     assert cfg.communication.comm_fusion == {"allreduce": {"mode": "auto", "config": None}}
     assert cfg.communication.speed_up == {
         "grad_matmul_communication_overlap": True,

@@ -96,6 +96,7 @@ def record(config: Path) -> dict:
 
 
 def markdown(records: dict) -> str:
+    """The records as a table; the planner column is the planner's figure now (the record keeps the one it had)."""
     rows = [
         "| config | rank (stage) | micro batches | MindSpore used MiB | with fragments MiB | persistent MiB | pool MiB "
         "| planner MiB | planner ÷ used / ÷ with fragments | largest at the peak | compile, host memory | compiled |",
@@ -104,6 +105,7 @@ def markdown(records: dict) -> str:
     for path in shipped_configs():
         record = compiled_memory.current(records, path, load_config(path))
         for r in record["ranks"] if record else []:
+            r = {**r, "planner_mib": round(compiled_memory.planner_mib(path, record, r["stage"]))}
             rows.append(
                 f"| `{path.stem}` | {r['rank']} ({r['stage']}) | {r['micro_batches']} | {r['used_mib']:,} | "
                 f"{r['peak_mib']:,} | {r['persistent_mib']:,} | {r['pool_mib']:,} | {r['planner_mib']:,} | "
@@ -124,7 +126,7 @@ def section(results: dict) -> list[str]:
         "MindSpore 2.9's level-1 dry run of each config's first and last pipeline stage at full size on this "
         "host (`python bench/compiled_memory.py --config C`; docs/dryrun.md, \"Device memory\"), micro batches cut "
         "to twice the stages (the peak is the shipped config's: the module's docstring). Used: the tensors live at "
-        "the plan's busiest step plus the persistent ones; with fragments: its whole block. Planner: its figure for "
+        "the plan's busiest step plus the persistent ones; with fragments: its whole block. Planner: its figure today for "
         "the rank inside the pool. A plan of an Ascend rank made without one: no kernel workspaces (level 1 sizes "
         "none), HCCL buffers or driver memory (outside the pool); not a device measurement. The README's column "
         "shows each config's busiest rank; every recorded config leaves at least "

@@ -4,7 +4,6 @@ import pytest
 
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.perf.planner import compiled_memory
-from mindscale.perf.planner.memory import stage_memory
 from mindscale.perf.planner.text import shipped_configs
 
 LLAMA2_13B = REPO_ROOT / "configs" / "llama2" / "llama2_13b.yaml"
@@ -58,6 +57,7 @@ def test_the_planner_holds_to_every_recorded_plan_within_a_tenth():
     for path in shipped_configs():
         record = compiled_memory.current(records, path, load_config(path))
         for r in record["ranks"] if record else []:
-            memory = stage_memory(load_config(path, record["overrides"]), r["stage"])
-            ratios[f"{path.stem} stage {r['stage']}"] = (memory["total"] - memory["reserve"]) / 2**20 / r["used_mib"]
+            ratios[f"{path.stem} stage {r['stage']}"] = (
+                compiled_memory.planner_mib(path, record, r["stage"]) / r["used_mib"]
+            )
     assert ratios and all(0.9 <= x <= 1.1 for x in ratios.values()), ratios

@@ -23,7 +23,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from mindscale.config import REPO_ROOT, Config
+from mindscale.config import REPO_ROOT, Config, load_config
+from mindscale.perf.planner.memory import stage_memory
 
 RECORDS = REPO_ROOT / "bench" / "compiled_memory.json"
 MIB = 2**20
@@ -92,3 +93,10 @@ def spare_gib(record: dict) -> float:
     """What MindSpore's plan of the busiest rank leaves free in the pool, GiB."""
     rank = busiest(record)
     return (rank["pool_mib"] - rank["peak_mib"]) / 1024
+
+
+def planner_mib(config_path: Path, record: dict, stage: int) -> float:
+    """The planner's device memory of `stage` inside the pool today (its total less what it reserves outside the
+    pool), for the overrides the record was compiled with; the record keeps the figure it had then."""
+    memory = stage_memory(load_config(config_path, record["overrides"]), stage)
+    return (memory["total"] - memory["reserve"]) / MIB

@@ -376,6 +376,8 @@ def test_dryrun_comparison_compiles_both_stacks_under_one_layout_and_renders():
         "parallel.pipeline_stage=2",
         "parallel.micro_batch_num=2",
         "parallel.sequence_parallel=false",
+        "recompute.mode=none",
+        "recompute.layers=null",
         "train.global_batch_size=null",
     ]
     with tempfile.TemporaryDirectory() as tmp:

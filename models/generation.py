@@ -1,7 +1,7 @@
 """Autoregressive generation with a key/value cache.
 
     decoder = KVCacheDecoder(model, cfg, max_length)      # shares the model's cells and weights
-    ids = generate(decoder, prompt_ids, max_new_tokens, Sampler(greedy=True), eos_id)
+    ids = generate(decoder, prompt_ids, max_new_tokens, Sampler(greedy=True), stop_ids={eos_id})
 
 The prompt is run once (prefill), then one token per call, each layer attending to its cached keys
 and values. The caches are fixed-size buffers [layers, batch, kv_heads, max_length, head_dim]
@@ -17,6 +17,7 @@ same rotate-half rotary formula, evaluated at absolute positions; sampling runs 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -156,9 +157,16 @@ class Sampler:
 
 
 def generate(
-    decoder: KVCacheDecoder, prompt: list[int], max_new_tokens: int, sampler: Sampler, eos_id: int | None = None
+    decoder: KVCacheDecoder,
+    prompt: list[int],
+    max_new_tokens: int,
+    sampler: Sampler,
+    stop_ids: Collection[int] = (),
+    vocab: int | None = None,
 ) -> list[int]:
-    """New token ids after `prompt` (not including it); stops after eos_id (kept) or max_new_tokens."""
+    """New token ids after `prompt` (not including it); stops after any of `stop_ids` (kept) or
+    max_new_tokens. With `vocab`, only ids below it are chosen: a model's vocabulary is often padded past
+    its tokenizer's, and the padding rows' ids decode to nothing (SentencePiece refuses them)."""
     if not prompt:
         raise ValueError("the prompt is empty; give at least one token")
     if len(prompt) + max_new_tokens > decoder.max_length:
@@ -173,9 +181,9 @@ def generate(
     out: list[int] = []
     for step in range(max_new_tokens):
         logits, k_cache, v_cache = decoder(ids, positions, k_cache, v_cache)
-        token = choose(logits.asnumpy()[0])
+        token = choose(logits.asnumpy()[0][:vocab])
         out.append(token)
-        if token == eos_id:
+        if token in stop_ids:
             break
         ids = Tensor(np.array([[token]], np.int32))
         positions = Tensor(np.array([len(prompt) + step], np.int32))

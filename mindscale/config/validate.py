@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from mindscale.config.errors import ConfigError
 from mindscale.config.layout import (
     FLASH_ATTENTION_DTYPES,
@@ -16,7 +18,7 @@ from mindscale.config.layout import (
     stage_layer_counts,
     stage_totals,
 )
-from mindscale.config.schema import TEMPLATE_NAMES, Config, ModelConfig
+from mindscale.config.schema import TEMPLATE_NAMES, Config, ModelConfig, MoeConfig
 from models.archs import ARCHS
 
 
@@ -299,6 +301,18 @@ def _router(cfg: Config) -> None:
         )
 
 
+def _no_moe_keys(cfg: Config) -> None:
+    """A dense family has no router or experts: a model.moe key set on it would be silently ignored."""
+    defaults = MoeConfig()
+    for field in dataclasses.fields(MoeConfig):
+        value = getattr(cfg.model.moe, field.name)
+        if value != getattr(defaults, field.name):
+            raise ConfigError(
+                f"model.moe.{field.name}={value} with model.arch={cfg.model.arch}, a dense family, which has no "
+                f"experts to apply it to; remove it, or use a mixture-of-experts arch"
+            )
+
+
 def _experts(cfg: Config) -> None:
     """model.moe and parallel.expert_parallel: an MoE family has experts, a dense one has none, and the expert
     split divides what it splits."""
@@ -322,6 +336,7 @@ def _experts(cfg: Config) -> None:
                 f"parallel.expert_parallel={ep} needs a mixture-of-experts model "
                 "(model.moe.num_experts > 0); set it to 1"
             )
+        _no_moe_keys(cfg)
         return
     if moe.num_experts < 0 or not 1 <= moe.top_k <= moe.num_experts:
         raise ConfigError(

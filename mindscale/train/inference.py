@@ -9,8 +9,9 @@ the model dims then come from its config.json and its tokenizer.model, else its 
 is used when data.tokenizer is unset). Its config is --config when given (finetune.hf_dims resolved,
 as the trainer resolves it), else the config.yaml a step folder keeps: the resolved config it was
 trained with. A text prompt is wrapped in finetune.template when set (the SFT format the model was
-trained on), else encoded after BOS. Generation stops at the EOS id (the tokenizer's, config.json's
-eos_token_id, or data.eos_id) or after the requested number of tokens.
+trained on), else encoded after BOS. Generation stops after an EOS id (the tokenizer's, and every
+eos_token_id of config.json and generation_config.json; else data.eos_id) or after the requested number
+of tokens, and chooses only ids the tokenizer has when the model's vocabulary is padded past it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mindscale.train.checkpoints.folder import CONFIG
 from mindscale.train.data import tokenizers
 from mindscale.train.loop.runtime import resolve_device
 from models.hf_convert import (
+    CONFIG_FILE,
     GENERATION_CONFIG,
     TOKEN_ID_KEYS,
     TOKENIZER_FILES,
@@ -114,16 +116,21 @@ def load_tokenizer(cfg: Config, checkpoint: str):
     return None
 
 
-def eos_id(cfg: Config, checkpoint: str, tokenizer) -> int:
-    """The tokenizer's EOS id, else the HF folder's eos_token_id, else data.eos_id."""
-    if tokenizer is not None and tokenizer.eos_id is not None:
-        return tokenizer.eos_id
-    hf_config = Path(checkpoint) / "config.json"
-    if hf_config.is_file():
-        eos = json.loads(hf_config.read_text()).get("eos_token_id")
-        if isinstance(eos, int):
-            return eos
-    return cfg.data.eos_id
+def stop_ids(cfg: Config, checkpoint: str, tokenizer) -> set[int]:
+    """The ids generation stops after: the tokenizer's EOS, and every eos_token_id of the Hugging Face
+    folder's config.json and generation_config.json (a list in LLaMA-3's, e.g. end of text and end of
+    turn; transformers stops on each); data.eos_id when none of these has one."""
+    ids = {tokenizer.eos_id} if tokenizer is not None and tokenizer.eos_id is not None else set()
+    for name in (CONFIG_FILE, GENERATION_CONFIG):
+        path = Path(checkpoint) / name
+        if not path.is_file():
+            continue
+        try:
+            eos = json.loads(path.read_text()).get("eos_token_id")
+        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            raise CheckpointError(f"{path} is not a JSON object; fix it or remove it from the folder") from None
+        ids |= {eos} if isinstance(eos, int) else {i for i in eos or () if isinstance(i, int)}
+    return ids or {cfg.data.eos_id}
 
 
 def prompt_ids(cfg: Config, tokenizer, prompt: str | None, ids_text: str | None) -> list[int]:
@@ -189,7 +196,8 @@ def generate_from_checkpoint(
     model = models.build_model(cfg)
     models.load_weights_into(model, weights)
     decoder = KVCacheDecoder(model, cfg, len(prompt) + max_new_tokens)
-    ids = generate(decoder, prompt, max_new_tokens, sampler, eos_id(cfg, checkpoint, tokenizer))
+    vocab = tokenizer.vocab_size if tokenizer is not None else None
+    ids = generate(decoder, prompt, max_new_tokens, sampler, stop_ids(cfg, checkpoint, tokenizer), vocab)
     return {"ids": ids, "text": tokenizer.decode(ids) if tokenizer is not None else None, "prompt_ids": prompt}
 
 

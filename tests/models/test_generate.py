@@ -4,6 +4,7 @@ LLaMA-3.1 RoPE scaling (positions past the original context), Qwen2 with tied em
 (multi-head latent attention: its rotary part alone rotated, its narrower values padded in the cache)."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -187,11 +188,59 @@ def test_sampler_filters():
         Sampler(greedy=False, temperature=0)
 
 
-def test_eos_stops_generation(llama_decoder):
+def test_any_stop_id_ends_generation(llama_decoder):
     first = generate(llama_decoder[0], PROMPT, NEW, Sampler())
-    eos = first[3]
-    stopped = generate(llama_decoder[0], PROMPT, NEW, Sampler(), eos_id=eos)
-    assert stopped == first[: first.index(eos) + 1]
+    stopped = generate(llama_decoder[0], PROMPT, NEW, Sampler(), stop_ids={first[5], first[3]})
+    assert stopped == first[: first.index(first[3]) + 1]
+
+
+def sentencepiece_model(path, vocab_size):
+    """(file, pieces): a character SentencePiece model of at most `vocab_size` pieces (special ids as
+    tools/train_tokenizer.py numbers them)."""
+    import sentencepiece
+
+    text = ["def main(argv): return sorted(set(argv))", "for line in open(path): print(line.strip())"] * 50
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(text),
+        model_prefix=str(path),
+        vocab_size=vocab_size,
+        model_type="char",
+        pad_id=0,
+        unk_id=1,
+        eos_id=2,
+        bos_id=3,
+        minloglevel=2,
+        hard_vocab_limit=False,
+    )
+    model = path.with_suffix(".model")
+    return model, sentencepiece.SentencePieceProcessor(model_file=str(model)).vocab_size()
+
+
+def test_a_padded_vocabulary_and_an_eos_list_generate_as_transformers_would(
+    llama_decoder, llama_folder, tmp_path, capsys
+):
+    """A folder whose model vocabulary (96) is padded past its SentencePiece tokenizer's and whose
+    generation_config.json lists two EOS ids (as LLaMA-3's does): tools/generate.py chooses only ids the
+    tokenizer has (SentencePiece refuses to decode the others) and stops after either EOS."""
+    from tools import generate as tool
+
+    folder = tmp_path / "hf"
+    shutil.copytree(llama_folder[0], folder)
+    model, pieces = sentencepiece_model(tmp_path / "sp", 30)
+    shutil.copy(model, folder / "tokenizer.model")
+    assert max(generate(llama_decoder[0], PROMPT, NEW, Sampler())) >= pieces  # the whole vocabulary goes past
+    ours = generate(llama_decoder[0], PROMPT, NEW, Sampler(), vocab=pieces)
+    stop = next(t for t in ours[3:] if t != 2)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": [2, stop]}))
+    args = ["--load_checkpoint", str(folder), "--prompt-ids", ",".join(map(str, PROMPT))]
+    try:
+        assert tool.main([*args, "--max_new_tokens", str(NEW), "--greedy", "--json"]) == 0
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    result = json.loads(capsys.readouterr().out)
+    end = min(ours.index(t) for t in (2, stop) if t in ours)
+    assert result["ids"] == ours[: end + 1] and isinstance(result["text"], str)
 
 
 def run_cli(*args):

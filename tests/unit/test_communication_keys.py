@@ -3,6 +3,7 @@ parallel_speed_up_json written where the runtime says (docs/communication.md). W
 tests/dryrun/test_communication.py."""
 
 import json
+import tempfile
 
 import pytest
 
@@ -98,16 +99,21 @@ def test_the_options_that_fit_the_inlined_pipeline_twin_validate():
 
 
 @pytest.mark.parametrize("dry", [False, True])
-def test_the_speed_up_file_goes_to_the_run_folder_and_a_dry_run_leaves_it_alone(dry, tmp_path, monkeypatch):
+def test_the_speed_up_file_goes_to_the_run_folder_and_a_dry_run_leaves_nothing(dry, tmp_path, monkeypatch):
     """MindSpore reads the overlap options from a JSON file only: a run writes it into its folder, one per rank; a
-    dry run of the same config into a temporary folder (a real run's folder is not touched). (On this CPU
-    MindSpore ignores ascend_config with a warning; the dry-run tests show it read on Ascend.)"""
+    dry run of the same config into a temporary folder, removed once read (a real run's folder is not touched).
+    (On this CPU MindSpore ignores ascend_config with a warning; the dry-run tests show it read on Ascend.)"""
     if dry:
         monkeypatch.setenv("MS_SIMULATION_LEVEL", "0")
     else:
         monkeypatch.delenv("MS_SIMULATION_LEVEL", raising=False)
-    cfg = load_config(TINY, [*SHARDED, f"run.output_dir={tmp_path}", "communication.pp_1f1b_overlap=true"])
-    written = runtime.write_speed_up(cfg, rank=3)
-    assert json.loads(written.read_text()) == cfg.communication.speed_up
-    assert (written == cfg.run_dir / runtime.SPEED_UP_DIR / "rank_3.json") != dry
-    assert list(tmp_path.iterdir()) == ([] if dry else [cfg.run_dir])
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    cfg = load_config(TINY, [*SHARDED, f"run.output_dir={tmp_path / 'runs'}", "communication.pp_1f1b_overlap=true"])
+    runtime._set_communication(cfg, rank=3)
+    written = cfg.run_dir / runtime.SPEED_UP_DIR / "rank_3.json"
+    assert list(temporary.iterdir()) == []
+    assert written.is_file() != dry
+    if not dry:
+        assert json.loads(written.read_text()) == cfg.communication.speed_up

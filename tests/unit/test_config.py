@@ -264,6 +264,8 @@ def test_round_trip_through_yaml():
             "parallel.expert_parallel=2 on CPU",
         ),
         (["parallel.expert_parallel=2"], "parallel.expert_parallel=2 needs a mixture-of-experts model"),
+        (["model.moe.aux_loss_coeff=0.1"], "model.moe.aux_loss_coeff=0.1 with model.arch=llama, a dense family"),
+        (["model.moe.bias_update_rate=0.001"], "model.moe.bias_update_rate=0.001 with model.arch=llama, a dense"),
         (
             ["model.arch=mixtral", "model.moe.num_experts=4", "model.moe.capacity_factor=0"],
             "model.moe.capacity_factor=0.0: must be > 0, or null (dropless)",

@@ -214,14 +214,25 @@ def _set_communication(cfg: Config, rank: int) -> None:
     if cfg.communication.comm_fusion:
         ms.set_auto_parallel_context(comm_fusion=cfg.communication.comm_fusion)
     if cfg.communication.speed_up:
-        ms.set_context(ascend_config={"parallel_speed_up_json_path": str(write_speed_up(cfg, rank))})
+        _set_speed_up(cfg, rank)
 
 
-def write_speed_up(cfg: Config, rank: int) -> Path:
-    """Write communication:'s parallel_speed_up_json for `rank`: <run>/parallel_speed_up/rank_<r>.json (one per rank:
-    ranks of one node share the folder), or, in a dry run, a file in a temporary folder of its own, so that a dry run
-    never writes into a real run's folder."""
-    folder = Path(tempfile.mkdtemp(prefix="mindscale-speed-up-")) if dry_run() else cfg.run_dir / SPEED_UP_DIR
+def _set_speed_up(cfg: Config, rank: int) -> None:
+    """MindSpore reads the overlap options from a JSON file, when it is set (context.py's
+    `_set_speedup_config_path`). A run keeps its copy in its folder; a dry run writes into a temporary
+    folder, removed once read, so that it never writes into a real run's folder nor leaves files behind."""
+    if not dry_run():
+        path = write_speed_up(cfg, rank, cfg.run_dir / SPEED_UP_DIR)
+        ms.set_context(ascend_config={"parallel_speed_up_json_path": str(path)})
+        return
+    with tempfile.TemporaryDirectory(prefix="mindscale-speed-up-") as folder:
+        path = write_speed_up(cfg, rank, Path(folder))
+        ms.set_context(ascend_config={"parallel_speed_up_json_path": str(path)})
+
+
+def write_speed_up(cfg: Config, rank: int, folder: Path) -> Path:
+    """communication:'s parallel_speed_up_json for `rank`, written as `folder`/rank_<r>.json (one per rank: the
+    ranks of a node share a run folder)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"rank_{rank}.json"
     write_atomically(path, json.dumps(cfg.communication.speed_up, indent=1))

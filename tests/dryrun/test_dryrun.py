@@ -43,7 +43,7 @@ from mindscale.perf.planner.text import SCALE_DIRS
 from models import mf_convert
 from models.weights import SlicedWeights, load_weights, merge_slices, take_slice
 from tests import shared
-from tests.cores import one_core
+from tests.integration import tiny_runs
 from tools import dryrun as dryrun_tool
 
 SHIPPED = sorted(
@@ -819,37 +819,14 @@ def test_a_pipeline_stage_reads_and_holds_only_its_share_of_full_weights(staged,
         )
 
 
-CPU_RUN = [
-    "model.num_layers=2",
-    "model.hidden_size=64",
-    "model.num_heads=4",
-    "model.num_kv_heads=2",
-    "model.ffn_hidden_size=128",
-    "model.vocab_size=256",
-    "model.seq_length=32",
-    "train.log_interval=1",
-    "train.warmup_steps=2",
-    "checkpoint.save_interval=0",
-    "parallel.data_parallel=1",
-    "train.micro_batch_size=4",
-]
+CPU_SIZE = ["model.num_layers=2", "train.micro_batch_size=4"]  # beside tiny_runs.SMALL
+CPU_RUN = [*tiny_runs.SMALL, *CPU_SIZE, "parallel.data_parallel=1"]
 
 
 def _train(output, name, *overrides):
-    argv = [
-        sys.executable,
-        "run_train.py",
-        "--config",
-        str(TINY_LLAMA),
-        *[
-            a
-            for o in [*CPU_RUN, f"run.output_dir={output}", f"run.name={name}", "train.steps=6", *overrides]
-            for a in ("--set", o)
-        ],
-    ]
-    proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, preexec_fn=one_core)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout, {r["step"]: r["loss"] for r in map(json.loads, (output / name / "metrics.jsonl").open())}
+    """(stdout, losses) of 6 steps of the CPU run the reshard test starts from and resumes."""
+    proc = tiny_runs.train(output, name, *CPU_SIZE, "train.steps=6", *overrides)
+    return proc.stdout, tiny_runs.losses(output / name)
 
 
 def _reshard(source, output, *overrides):

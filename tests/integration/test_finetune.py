@@ -21,20 +21,15 @@ from mindscale.train.checkpoints import folder as ckpt
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.train.data.dataset import build_dataset
 from mindscale.train.data.tokenizers import load_tokenizer
+from tests.integration import tiny_runs
 from tests.modes import cpu_mode
 
 TINY = str(REPO_ROOT / "configs" / "finetune" / "tiny_sft.yaml")
 SMALL = [
-    "model.num_layers=1",
-    "model.hidden_size=64",
-    "model.num_heads=4",
-    "model.num_kv_heads=2",
-    "model.ffn_hidden_size=128",
+    *tiny_runs.SMALL,
     "model.vocab_size=512",
     "model.seq_length=64",
-    "train.log_interval=1",
     "train.warmup_steps=0",
-    "checkpoint.save_interval=0",
     "train.micro_batch_size=4",
 ]
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jokes".split()
@@ -59,10 +54,6 @@ def run(*args, tool="run_train.py", check=True, env=None):
 
 def sets(*overrides):
     return [arg for o in (*SMALL, *overrides) for arg in ("--set", o)]
-
-
-def losses(run_dir):
-    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +142,10 @@ def finetune(work, name, *overrides, check=True, env=None):
 def test_finetuning_from_pretrained_starts_lower_than_from_scratch(work):
     finetune(work, "from_pretrained", "train.steps=1")
     finetune(work, "from_scratch", "train.steps=1", "checkpoint.load_path=null")
-    pretrained, scratch = losses(work["root"] / "from_pretrained"), losses(work["root"] / "from_scratch")
+    pretrained, scratch = (
+        tiny_runs.losses(work["root"] / "from_pretrained"),
+        tiny_runs.losses(work["root"] / "from_scratch"),
+    )
     assert pretrained[1] < scratch[1] - 1.0, (pretrained, scratch)
 
 
@@ -196,7 +190,7 @@ def test_lora_saves_only_adapters_and_resume_matches(work, lora_run):
     assert killed.returncode == -9
     resumed = finetune(work, "lora_resumed", *common)
     assert "resumed from" in resumed.stdout
-    straight, again = losses(lora_run), losses(work["root"] / "lora_resumed")
+    straight, again = tiny_runs.losses(lora_run), tiny_runs.losses(work["root"] / "lora_resumed")
     np.testing.assert_allclose([again[s] for s in (1, 2, 3, 4)], [straight[s] for s in (1, 2, 3, 4)], rtol=1e-5)
 
 
@@ -304,7 +298,7 @@ def test_mixture_of_experts_finetunes_and_exports_to_transformers(work, mixtral_
     from transformers import MixtralForCausalLM
 
     step = finetuned_moe(work, mixtral_folder, kind)
-    values = losses(step.parent.parent)
+    values = tiny_runs.losses(step.parent.parent)
     assert values[6] < values[1], values
     run(
         "--direction",

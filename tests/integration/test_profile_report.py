@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.integration import tiny_runs
 from tests.run_folder import ROOT, TINY
 from tools import profile_report
 from mindscale.perf.profile import KNOBS, Report, Split, analyse, diagnose, is_communication
@@ -217,18 +218,9 @@ def test_command_line_on_parent_folder():
 
 
 # A real 2-worker data-parallel run that profiles steps 1-2 (2 of 3); each rank's profile folder is named by host,
-# process id and time, not by rank. Tiny model: the profile, not the training, is under test.
+# process id and time, not by rank. The tiny model of tiny_runs.SMALL: the profile, not the training, is under test.
 TWO_RANK_RUN = [
-    "model.num_layers=1",
-    "model.hidden_size=64",
-    "model.num_heads=4",
-    "model.num_kv_heads=2",
-    "model.ffn_hidden_size=128",
-    "model.vocab_size=256",
-    "model.seq_length=32",
-    "train.log_interval=1",
     "train.steps=3",
-    "checkpoint.save_interval=0",
     "checkpoint.save_at_end=false",
     "profile.enable=true",
     "profile.start_step=1",
@@ -242,7 +234,7 @@ def two_ranks(tmp_path_factory):
     parent = tmp_path_factory.mktemp("two_ranks")
     overrides = [*TWO_RANK_RUN, f"run.output_dir={parent}", "run.name=dp2"]
     launch = subprocess.run(
-        ["bash", "scripts/run_distribute.sh", str(TINY), "2", *[arg for o in overrides for arg in ("--set", o)]],
+        ["bash", "scripts/run_distribute.sh", str(TINY), "2", *tiny_runs.sets(*overrides)],
         cwd=ROOT,
         capture_output=True,
         text=True,

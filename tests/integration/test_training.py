@@ -9,7 +9,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -200,19 +199,7 @@ def test_fp16_overflowing_steps_are_skipped_and_counted(tmp_path):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, message):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "run_train.py",
-            "--config",
-            TINY,
-            *sets(f"run.output_dir={tmp_path}", "train.steps=1", "parallel.data_parallel=1", *overrides),
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = train(tmp_path, "bad", "train.steps=1", *overrides, check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and message in lines[0]

@@ -18,71 +18,16 @@ import pytest
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.train.checkpoints import folder as ckpt
 from mindscale.train.data.dataset import read_manifest
-from tests.cores import one_core
+from tests.integration import tiny_runs
 
-TINY = str(REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml")
-SMALL = [
-    "model.num_layers=1",
-    "model.hidden_size=64",
-    "model.num_heads=4",
-    "model.num_kv_heads=2",
-    "model.ffn_hidden_size=128",
-    "model.vocab_size=512",
-    "model.seq_length=32",
-    "train.log_interval=1",
-    "train.warmup_steps=2",
-    "checkpoint.save_interval=0",
-    "train.lr_schedule=constant",
-]
+VALIDATION = ["model.vocab_size=512", "train.lr_schedule=constant"]  # beside tiny_runs.SMALL
 EVAL = ["train.steps=4", "train.eval_interval=2", "train.eval_steps=2"]  # G=4: the first 8 held-out sequences
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """600 one-line documents -> SentencePiece (400 pieces) -> MindRecord of 33-token samples, 20% held out."""
-    root = tmp_path_factory.mktemp("corpus")
-    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jokes".split()
-    rng = np.random.default_rng(0)
-    (root / "text.txt").write_text("\n".join(" ".join(rng.choice(words, 12)) + "." for _ in range(600)))
-    subprocess.run(
-        [
-            sys.executable,
-            "tools/train_tokenizer.py",
-            "--input",
-            str(root / "text.txt"),
-            "--vocab-size",
-            "400",
-            "--output",
-            str(root / "tok"),
-        ],
-        cwd=REPO_ROOT,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    subprocess.run(
-        [
-            sys.executable,
-            "tools/preprocess_data.py",
-            "--input",
-            str(root / "text.txt"),
-            "--text-unit",
-            "line",
-            "--tokenizer",
-            str(root / "tok.model"),
-            "--seq-length",
-            "32",
-            "--valid-fraction",
-            "0.2",
-            "--output",
-            str(root / "mr"),
-        ],
-        cwd=REPO_ROOT,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return root
+def corpus():
+    """600 one-line documents, 20% held out."""
+    return tiny_runs.corpus(600, held_out=0.2)
 
 
 def data_args(corpus):
@@ -93,36 +38,12 @@ def data_args(corpus):
     ]
 
 
-def sets(*overrides):
-    return [arg for o in (*SMALL, *overrides) for arg in ("--set", o)]
-
-
 def train(tmp_path, name, *overrides, check=True):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "run_train.py",
-            "--config",
-            TINY,
-            *sets(f"run.output_dir={tmp_path}", f"run.name={name}", "parallel.data_parallel=1", *overrides),
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        preexec_fn=one_core,
-    )
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
-def records(run_dir):
-    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return tiny_runs.train(tmp_path, name, *VALIDATION, *overrides, check=check)
 
 
 def val_losses(run_dir):
-    return {r["step"]: r["val_loss"] for r in records(run_dir) if "val_loss" in r}
+    return {r["step"]: r["val_loss"] for r in tiny_runs.metrics(run_dir) if "val_loss" in r}
 
 
 def offline_val_loss(run_dir, sequences, folder=None):
@@ -165,9 +86,16 @@ def test_validation_loss_is_an_offline_forward_pass_and_the_same_on_two_workers(
         [
             "bash",
             "scripts/run_distribute.sh",
-            TINY,
+            tiny_runs.TINY,
             "2",
-            *sets(f"run.output_dir={tmp_path}", "run.name=two", "train.micro_batch_size=2", *data_args(corpus), *EVAL),
+            *tiny_runs.sets(
+                *VALIDATION,
+                f"run.output_dir={tmp_path}",
+                "run.name=two",
+                "train.micro_batch_size=2",
+                *data_args(corpus),
+                *EVAL,
+            ),
         ],
         cwd=REPO_ROOT,
         capture_output=True,
@@ -178,7 +106,7 @@ def test_validation_loss_is_an_offline_forward_pass_and_the_same_on_two_workers(
 
     single, double = val_losses(tmp_path / "one"), val_losses(tmp_path / "two")
     assert sorted(single) == sorted(double) == [2, 4]
-    last = records(tmp_path / "one")[-1]
+    last = tiny_runs.metrics(tmp_path / "one")[-1]
     assert last["val_ppl"] == pytest.approx(np.exp(last["val_loss"])) and last["val_time_s"] > 0
     for run, values in (("one", single), ("two", double)):
         np.testing.assert_allclose(values[4], offline_val_loss(tmp_path / run, 8), rtol=1e-5)
@@ -192,13 +120,13 @@ def test_validation_changes_no_training_number_nor_the_resumed_data_position(tmp
     off = train(tmp_path, "eval_off", *data_args(corpus), "train.steps=4")
     digest = re.compile(r"weights sha256 (\w+)")
     assert digest.search(on.stdout).group(1) == digest.search(off.stdout).group(1)
-    losses = {name: {r["step"]: r["loss"] for r in records(tmp_path / name)} for name in ("eval_on", "eval_off")}
+    losses = {name: tiny_runs.losses(tmp_path / name) for name in ("eval_on", "eval_off")}
     assert losses["eval_on"] == losses["eval_off"] and sorted(losses["eval_on"]) == [1, 2, 3, 4]
 
     train(tmp_path, "resumed", *data_args(corpus), *EVAL[1:], "train.steps=2")
     again = train(tmp_path, "resumed", *data_args(corpus), *EVAL)
     assert "resumed from" in again.stdout
-    resumed = {r["step"]: r["loss"] for r in records(tmp_path / "resumed")}
+    resumed = tiny_runs.losses(tmp_path / "resumed")
     assert resumed == losses["eval_on"] and val_losses(tmp_path / "resumed") == val_losses(tmp_path / "eval_on")
 
 
@@ -272,7 +200,7 @@ def test_a_blend_trains_validates_and_logs_the_tokens_and_losses_of_each_source(
     assert f"data: blend of {corpus / 'mr'} 75.0% (12 samples of" in run.stdout
     assert f"{other} 25.0% (4 samples of" in run.stdout
     assert "data index (train): no index yet; building" in run.stdout
-    logged = records(tmp_path / "blend")
+    logged = tiny_runs.metrics(tmp_path / "blend")
     assert [r["data_tokens"] for r in logged if r["step"] == 4] == [{str(corpus / "mr"): 12 * 32, str(other): 4 * 32}]
     assert sorted(val_losses(tmp_path / "blend")) == [2, 4]
     last = logged[-1]

@@ -54,13 +54,14 @@ def sets(*overrides):
     return [arg for o in (*SMALL, *overrides) for arg in ("--set", o)]
 
 
-def train(tmp_path, name, *overrides, env=None, check=True):
-    """run_train.py as one device: pinned to one core, as scripts/run_standalone.sh does."""
+def train(tmp_path, name, *overrides, env=None, check=True, config=TINY):
+    """run_train.py on `config` with SMALL and `overrides`, as one device: pinned to one core, as
+    scripts/run_standalone.sh does."""
     args = [
         sys.executable,
         "run_train.py",
         "--config",
-        TINY,
+        str(config),
         *sets(f"run.output_dir={tmp_path}", f"run.name={name}", "parallel.data_parallel=1", *overrides),
     ]
     proc = subprocess.run(
@@ -85,18 +86,21 @@ def losses(run_dir):
     return {r["step"]: r["loss"] for r in metrics(run_dir)}
 
 
-def corpus() -> Path:
-    """A small real corpus, built once a session (tests/shared.py): text -> SentencePiece (400 pieces) ->
-    MindRecord of 33-token samples in `mr/`, the tokenizer in `tok.model`."""
+def corpus(documents: int = 300, held_out: float = 0.0) -> Path:
+    """A small real corpus of one-line documents, built once a session for each (documents, held_out)
+    (tests/shared.py): text -> SentencePiece (400 pieces) -> MindRecord of 33-token samples in `mr/` (with
+    `held_out` of the documents in `mr/valid/`), the tokenizer in `tok.model`."""
 
     def build():
         root = Path(tempfile.mkdtemp(dir=shared.ROOT, prefix="corpus-"))
         words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bad jokes".split()
         rng = np.random.default_rng(0)
-        text = "\n".join(" ".join(rng.choice(words, 12)) + "." for _ in range(300))
+        text = "\n".join(" ".join(rng.choice(words, 12)) + "." for _ in range(documents))
         (root / "text.txt").write_text(text)
         tokenizer = ["tools/train_tokenizer.py", "--input", str(root / "text.txt"), "--vocab-size", "400"]
         preprocess = ["tools/preprocess_data.py", "--input", str(root / "text.txt"), "--seq-length", "32"]
+        if held_out:
+            preprocess += ["--text-unit", "line", "--valid-fraction", str(held_out)]
         for tool in (
             [*tokenizer, "--output", str(root / "tok")],
             [*preprocess, "--tokenizer", str(root / "tok.model"), "--output", str(root / "mr")],
@@ -104,7 +108,7 @@ def corpus() -> Path:
             subprocess.run([sys.executable, *tool], cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
         return str(root)
 
-    return Path(shared.once(["corpus"], build))
+    return Path(shared.once(["corpus", documents, held_out], build))
 
 
 def one_worker_run() -> dict:

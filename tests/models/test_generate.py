@@ -222,8 +222,6 @@ def test_a_padded_vocabulary_and_an_eos_list_generate_as_transformers_would(
     """A folder whose model vocabulary (96) is padded past its SentencePiece tokenizer's and whose
     generation_config.json lists two EOS ids (as LLaMA-3's does): tools/generate.py chooses only ids the
     tokenizer has (SentencePiece refuses to decode the others) and stops after either EOS."""
-    from tools import generate as tool
-
     folder = tmp_path / "hf"
     shutil.copytree(llama_folder[0], folder)
     model, pieces = sentencepiece_model(tmp_path / "sp", 30)
@@ -233,14 +231,35 @@ def test_a_padded_vocabulary_and_an_eos_list_generate_as_transformers_would(
     stop = next(t for t in ours[3:] if t != 2)
     generation = json.loads((folder / "generation_config.json").read_text())
     (folder / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": [2, stop]}))
-    args = ["--load_checkpoint", str(folder), "--prompt-ids", ",".join(map(str, PROMPT))]
-    try:
-        assert tool.main([*args, "--max_new_tokens", str(NEW), "--greedy", "--json"]) == 0
-    finally:
-        ms.set_context(mode=ms.GRAPH_MODE)
-    result = json.loads(capsys.readouterr().out)
+    result = generate_in_process(folder, NEW, capsys)
     end = min(ours.index(t) for t in (2, stop) if t in ours)
     assert result["ids"] == ours[: end + 1] and isinstance(result["text"], str)
+
+
+def greedy_args(folder, new):
+    prompt = ",".join(map(str, PROMPT))
+    return [
+        "--load_checkpoint",
+        str(folder),
+        "--prompt-ids",
+        prompt,
+        "--max_new_tokens",
+        str(new),
+        "--greedy",
+        "--json",
+    ]
+
+
+def generate_in_process(folder, new, capsys) -> dict:
+    """tools/generate.py's JSON for PROMPT, greedy, in this process (PyNative, as its CLI runs on CPU; graph mode
+    is set back for the module)."""
+    from tools import generate as tool
+
+    try:
+        assert tool.main(greedy_args(folder, new)) == 0
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    return json.loads(capsys.readouterr().out)
 
 
 def run_cli(*args):
@@ -255,16 +274,7 @@ def run_cli(*args):
 
 @pytest.mark.integration
 def test_cli_on_an_hf_folder_prints_the_transformers_ids(llama_folder):
-    proc = run_cli(
-        "--load_checkpoint",
-        str(llama_folder[0]),
-        "--prompt-ids",
-        ",".join(map(str, PROMPT)),
-        "--max_new_tokens",
-        "6",
-        "--greedy",
-        "--json",
-    )
+    proc = run_cli(*greedy_args(llama_folder[0], 6))
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
     expected = hf_greedy(llama_folder[1], PROMPT, 6)
@@ -289,31 +299,12 @@ def test_cli_bad_input_is_one_line_exit_2(llama_folder, args, message):
 
 
 def test_without_config_an_hf_folder_brings_its_model_and_a_bare_file_asks_for_one(llama_folder, capsys):
-    """tools/generate.py in-process (PyNative, as its CLI runs on CPU; graph mode is set back for the module)."""
     from tools import generate as tool
 
-    try:
-        assert (
-            tool.main(
-                [
-                    "--load_checkpoint",
-                    str(llama_folder[0]),
-                    "--prompt-ids",
-                    ",".join(map(str, PROMPT)),
-                    "--max_new_tokens",
-                    "6",
-                    "--greedy",
-                    "--json",
-                ]
-            )
-            == 0
-        )
-    finally:
-        ms.set_context(mode=ms.GRAPH_MODE)
     expected = hf_greedy(llama_folder[1], PROMPT, 6)
     if 2 in expected:  # the HF config's eos_token_id stops our generation (kept, as transformers does)
         expected = expected[: expected.index(2) + 1]
-    assert json.loads(capsys.readouterr().out)["ids"] == expected
+    assert generate_in_process(llama_folder[0], 6, capsys)["ids"] == expected
     bare = llama_folder[0] / "model.safetensors"
     with pytest.raises(SystemExit) as refused:
         tool.main(["--load_checkpoint", str(bare), "--prompt-ids", "1"])

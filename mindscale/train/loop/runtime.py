@@ -213,18 +213,27 @@ def _set_communication(cfg: Config, rank: int) -> None:
     the overlap options, which MindSpore reads from a JSON file only."""
     if cfg.communication.comm_fusion:
         ms.set_auto_parallel_context(comm_fusion=cfg.communication.comm_fusion)
-    if cfg.communication.speed_up:
+    if speed_up_options(cfg):
         ms.set_context(ascend_config={"parallel_speed_up_json_path": str(write_speed_up(cfg, rank))})
 
 
+def speed_up_options(cfg: Config) -> dict:
+    """MindSpore's parallel_speed_up_json: communication:'s options, and the flash attention load balance of
+    parallel.context_parallel_load_balance (validated: colossalai_cp with an even context_parallel)."""
+    options = dict(cfg.communication.speed_up)
+    if cfg.parallel.context_parallel_load_balance:
+        options["enable_flash_attention_load_balance"] = True
+    return options
+
+
 def write_speed_up(cfg: Config, rank: int) -> Path:
-    """Write communication:'s parallel_speed_up_json for `rank`: <run>/parallel_speed_up/rank_<r>.json (one per rank:
+    """Write the parallel_speed_up_json (speed_up_options) for `rank`: <run>/parallel_speed_up/rank_<r>.json (one per rank:
     ranks of one node share the folder), or, in a dry run, a file in a temporary folder of its own, so that a dry run
     never writes into a real run's folder."""
     folder = Path(tempfile.mkdtemp(prefix="mindscale-speed-up-")) if dry_run() else cfg.run_dir / SPEED_UP_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"rank_{rank}.json"
-    write_atomically(path, json.dumps(cfg.communication.speed_up, indent=1))
+    write_atomically(path, json.dumps(speed_up_options(cfg), indent=1))
     return path
 
 

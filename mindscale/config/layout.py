@@ -239,6 +239,11 @@ class Layout:
         first = rank - self.context_rank(rank) * self.tp
         return [first + i * self.tp for i in range(self.cp)]
 
+    def load_balance_partner(self, rank: int) -> int:
+        """The rank with which `rank` exchanges half its queries under parallel.context_parallel_load_balance:
+        cp index c pairs with cp-1-c of the same cp group (load_balanced_chunks)."""
+        return self.context_ranks(rank)[self.cp - 1 - self.context_rank(rank)]
+
     def stage_ranks(self, stage: int) -> range:
         return range(stage * self.stage_devices, (stage + 1) * self.stage_devices)
 
@@ -358,3 +363,15 @@ def load_balanced_chunks(cp: int, index: int) -> tuple[int, int]:
     of the first half of the sequence and one of the second, the same number of causal (query, key) pairs. Each
     half has its own band, flash_causal_band(seq_length, 2 * cp, chunk)."""
     return 2 * index, 2 * cp - 1 - 2 * index
+
+
+def ascend_pair_groups(first: int, second: int) -> bool:
+    """Whether MindSpore 2.9 creates a communication group of these two ranks on Ascend: its
+    DeviceManager::CheckDeviceList (device_manager.cc, IsFeasibleDeiveList) takes two ranks of one server of 8 only
+    within a half (local ranks 0-3 or 4-7) or 4 apart, and two ranks of two servers only at the same local rank.
+    The groups of strategies are whole dimensions of the device matrix and pass; the load balance's pairs may not
+    (llama3_1_8b_128k's tp4 x cp8 pairs ranks 0 and 28, a compile failure measured under the dry run)."""
+    if first // 8 != second // 8:
+        return first % 8 == second % 8
+    low, high = sorted((first % 8, second % 8))
+    return high - low == 4 or high < 4 or low >= 4

@@ -13,6 +13,7 @@ from mindscale.config.layout import (
     chunk_layer_counts_of,
     offload_layer_counts,
     recompute_layer_counts,
+    ascend_pair_groups,
     stage_layer_counts,
     stage_totals,
 )
@@ -543,6 +544,17 @@ def _context_parallel_load_balance(cfg: Config) -> None:
             f"parallel.context_parallel={2 * cp}: each rank's chunk is cut into two equal halves; use a "
             f"seq_length that is a multiple of {2 * cp}, or turn the load balance off"
         )
+    layout = Layout.of(cfg)
+    for rank in range(layout.devices):
+        partner = layout.load_balance_partner(rank)
+        if not ascend_pair_groups(rank, partner):
+            index = layout.context_rank(rank)
+            raise ConfigError(
+                f"parallel.context_parallel_load_balance=true pairs ranks {rank} and {partner} (cp index {index} "
+                f"with {cp - 1 - index}), a group MindSpore 2.9 cannot create on Ascend (two ranks of one server of 8 "
+                "must share a half or be 4 apart, two of two servers the same local rank); use a model_parallel "
+                "that is a multiple of 8 or a cp group inside half a server, or turn the load balance off"
+            )
 
 
 def _gradient_accumulation(cfg: Config) -> None:

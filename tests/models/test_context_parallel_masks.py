@@ -128,7 +128,7 @@ def test_load_balanced_halves_give_full_causal_attention_and_equal_work(tokens, 
     assert len(set(pairs)) == 1 and sum(pairs) == S * (S + 1) // 2
 
 
-@pytest.mark.parametrize("cp", [2, 4, 8])
+@pytest.mark.parametrize("cp", [2, 4])
 def test_the_planner_times_the_busiest_rank_s_causal_pairs(cp):
     """The attended (query, key) pairs of each rank, counted from the bands at 128K-like proportions (S = 4096):
     contiguous chunks give the last rank Layout.attention_imbalance = (2c-1)/c of the mean (to 1/S), the balanced

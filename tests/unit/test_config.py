@@ -412,6 +412,19 @@ def test_round_trip_through_yaml():
             "parallel.context_parallel_load_balance=true with model.seq_length=36 not divisible by 2 x "
             "parallel.context_parallel=8",
         ),
+        (  # tp2 x cp4: cp ranks 0, 2, 4, 6, and 0 pairs with 6 across the server's halves
+            [
+                "hardware=ascend910b",
+                "model.compute_dtype=bfloat16",
+                "train.micro_batch_size=1",
+                "parallel.data_parallel=1",
+                "parallel.model_parallel=2",
+                "parallel.context_parallel=4",
+                "parallel.context_parallel_load_balance=true",
+            ],
+            "parallel.context_parallel_load_balance=true pairs ranks 0 and 6 (cp index 0 with 3), a group MindSpore "
+            "2.9 cannot create on Ascend",
+        ),
         (
             [
                 "train.eval_interval=10",

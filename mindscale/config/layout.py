@@ -35,6 +35,7 @@ class Layout:
     pp: int  # pipeline stages
     cp: int  # context parallel (parallel.context_parallel): activations split along the sequence
     cp_algo: str  # colossalai_cp (K/V all-gathered) | ulysses_cp (all-to-all to a head split)
+    cp_load_balance: bool  # colossalai_cp's queries balanced head-tail by MindSpore (load_balanced_chunks)
     ep: int  # expert parallel: routed experts split over ep of the dp ranks (models/moe.py)
     devices: int  # ranks in all, dp x tp x cp x pp (ParallelConfig.devices)
     micro_batch_size: int
@@ -107,6 +108,7 @@ class Layout:
             pp=parallel.pipeline_stage,
             cp=parallel.context_parallel,
             cp_algo=parallel.context_parallel_algo,
+            cp_load_balance=parallel.context_parallel_load_balance and parallel.context_parallel > 1,
             ep=parallel.expert_parallel,
             devices=cfg.devices,
             micro_batch_size=cfg.train.micro_batch_size,
@@ -192,6 +194,16 @@ class Layout:
         return self.cp > 1 and self.cp_algo == "ulysses_cp"
 
     @property
+    def attention_imbalance(self) -> float:
+        """The busiest context-parallel rank's causal attention work over the mean rank's, for a long sequence:
+        (2c-1)/c under colossalai_cp's contiguous chunks (the last chunk's queries see the most keys, and flash
+        skips the masked blocks), 1 with head-tail load balance (load_balanced_chunks), under ulysses_cp (every
+        rank attends the whole sequence on its own heads) and without context parallel."""
+        if self.cp == 1 or self.ulysses or self.cp_load_balance:
+            return 1.0
+        return (2 * self.cp - 1) / self.cp
+
+    @property
     def rows_per_step(self) -> int:
         """Rows (sequences) one rank feeds per optimizer step: all its micro batches, stacked."""
         return self.micro_batch_size * self.micro_steps
@@ -226,6 +238,11 @@ class Layout:
         """The cp group of `rank`: the ranks holding the other sequence chunks of its rows, tp apart."""
         first = rank - self.context_rank(rank) * self.tp
         return [first + i * self.tp for i in range(self.cp)]
+
+    def load_balance_partner(self, rank: int) -> int:
+        """The rank with which `rank` exchanges half its queries under parallel.context_parallel_load_balance:
+        cp index c pairs with cp-1-c of the same cp group (load_balanced_chunks)."""
+        return self.context_ranks(rank)[self.cp - 1 - self.context_rank(rank)]
 
     def stage_ranks(self, stage: int) -> range:
         return range(stage * self.stage_devices, (stage + 1) * self.stage_devices)
@@ -319,8 +336,8 @@ def offload_layer_counts(cfg: Config) -> list[int]:
 
 def context_positions(seq_length: int, cp: int, index: int) -> range:
     """The sequence positions context-parallel rank `index` holds: chunk `index` of cp equal, contiguous
-    chunks (MindSpore splits a dimension so; the compiled RoPE tables and the ids follow it). No head-tail
-    load balancing: with the causal mask, chunk c's queries see (c + 1/2) / cp of the keys on average."""
+    chunks (MindSpore splits a dimension so; the compiled RoPE tables and the ids follow it). With the causal
+    mask, chunk c's queries see (c + 1/2) / cp of the keys on average; load_balanced_chunks evens the work."""
     size = seq_length // cp
     return range(index * size, (index + 1) * size)
 
@@ -335,3 +352,26 @@ def flash_causal_band(seq_length: int, cp: int, index: int) -> tuple[int, int, i
     q_len = seq_length // cp
     after = seq_length - (index + 1) * q_len  # keys after the chunk's last query
     return 4, seq_length + after, -after
+
+
+def load_balanced_chunks(cp: int, index: int) -> tuple[int, int]:
+    """Which two of 2·cp equal query chunks context-parallel rank `index` attends under
+    parallel.context_parallel_load_balance: MindSpore 2.9's flash attention load balance
+    (flash_attention_score_info.cc, ComputeReplaceGraphForLoadBalance) cuts each rank's contiguous chunk in two,
+    keeps its first half (chunk 2·index) and takes the second half of rank cp-1-index (chunk 2·cp-1-2·index) by an
+    all-gather over the pair, sending that half's output back the same way. Head-tail: every rank gets one chunk
+    of the first half of the sequence and one of the second, the same number of causal (query, key) pairs. Each
+    half has its own band, flash_causal_band(seq_length, 2 * cp, chunk)."""
+    return 2 * index, 2 * cp - 1 - 2 * index
+
+
+def ascend_pair_groups(first: int, second: int) -> bool:
+    """Whether MindSpore 2.9 creates a communication group of these two ranks on Ascend: its
+    DeviceManager::CheckDeviceList (device_manager.cc, IsFeasibleDeiveList) takes two ranks of one server of 8 only
+    within a half (local ranks 0-3 or 4-7) or 4 apart, and two ranks of two servers only at the same local rank.
+    The groups of strategies are whole dimensions of the device matrix and pass; the load balance's pairs may not
+    (llama3_1_8b_128k's tp4 x cp8 pairs ranks 0 and 28, a compile failure measured under the dry run)."""
+    if first // 8 != second // 8:
+        return first % 8 == second % 8
+    low, high = sorted((first % 8, second % 8))
+    return high - low == 4 or high < 4 or low >= 4

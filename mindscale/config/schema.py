@@ -445,6 +445,16 @@ class ParallelConfig:
         "with an all-to-all before attention and back after it (heads and kv heads divisible by t x c).",
         "colossalai_cp",
     )
+    context_parallel_load_balance: bool = doc(
+        "Head-tail load balance of colossalai_cp's causal attention (MindSpore's flash attention load balance, "
+        "enable_flash_attention_load_balance): each rank's query chunk is cut in two halves and rank i computes "
+        "its own first half and the second half of rank c-1-i (exchanged by all-gathers over the pair, the "
+        "output sent back), so every rank attends the same number of (query, key) pairs; contiguous chunks "
+        "leave the last rank (2c-1)/c of the mean work. Needs colossalai_cp, an even context_parallel, a "
+        "seq_length divisible by 2 x context_parallel, and pairs MindSpore 2.9 can group on Ascend (model_parallel "
+        "a multiple of 8, or each cp group inside half a server) (docs/dryrun.md, context parallel).",
+        False,
+    )
     expert_parallel: int = doc(
         "Expert-parallel degree e: the routed experts of each layer split over e of the data-parallel ranks "
         "(e divides data_parallel and model.moe.num_experts); tokens reach their experts by AlltoAll, and an "

@@ -15,6 +15,7 @@ from mindscale.config.layout import (
     chunk_layer_counts_of,
     offload_layer_counts,
     recompute_layer_counts,
+    ascend_pair_groups,
     stage_layer_counts,
     stage_totals,
 )
@@ -485,6 +486,12 @@ def _context_parallel(cfg: Config) -> None:
                 f"parallel.context_parallel_algo={parallel.context_parallel_algo} needs "
                 "parallel.context_parallel > 1; set context_parallel or drop the algorithm"
             )
+        if parallel.context_parallel_load_balance:
+            raise ConfigError(
+                "parallel.context_parallel_load_balance=true without context parallel "
+                "(parallel.context_parallel=1): there are no sequence chunks to balance; set context_parallel "
+                "to an even degree > 1, or turn the load balance off"
+            )
         return
     split = cp * mp if parallel.sequence_parallel else cp
     if model.seq_length % split:
@@ -516,6 +523,7 @@ def _context_parallel(cfg: Config) -> None:
             "context_parallel, each rank's sequence chunk only with one row per data-parallel rank; "
             "set micro_batch_size=1 and raise micro_batch_num or gradient_accumulation_steps"
         )
+    _context_parallel_load_balance(cfg)
     if parallel.context_parallel_algo == "ulysses_cp":
         for key, value in [("model.num_heads", model.num_heads), ("model.num_kv_heads", model.kv_heads)]:
             if value % (mp * cp):
@@ -524,6 +532,44 @@ def _context_parallel(cfg: Config) -> None:
                     f"parallel.context_parallel={cp} (ulysses_cp splits heads over both); use "
                     "context_parallel_algo=colossalai_cp or a smaller context_parallel"
                 )
+
+
+def _context_parallel_load_balance(cfg: Config) -> None:
+    """parallel.context_parallel_load_balance (context_parallel > 1): MindSpore's load balance of colossalai_cp's
+    queries, which splits each rank's chunk in two and pairs rank i with rank c-1-i."""
+    parallel, seq = cfg.parallel, cfg.model.seq_length
+    cp = parallel.context_parallel
+    if not parallel.context_parallel_load_balance:
+        return
+    if parallel.context_parallel_algo != "colossalai_cp":
+        raise ConfigError(
+            f"parallel.context_parallel_load_balance=true with context_parallel_algo={parallel.context_parallel_algo}: "
+            "every ulysses rank attends the whole sequence on its own heads, so its work is already balanced; "
+            "turn the load balance off, or use context_parallel_algo=colossalai_cp"
+        )
+    if cp % 2:
+        raise ConfigError(
+            f"parallel.context_parallel_load_balance=true with an odd parallel.context_parallel={cp}: MindSpore "
+            "pairs rank i with rank c-1-i and fails to compile the middle rank paired with itself (duplicate "
+            "ranks in its exchange group); use an even context_parallel, or turn the load balance off"
+        )
+    if seq % (2 * cp):
+        raise ConfigError(
+            f"parallel.context_parallel_load_balance=true with model.seq_length={seq} not divisible by 2 x "
+            f"parallel.context_parallel={2 * cp}: each rank's chunk is cut into two equal halves; use a "
+            f"seq_length that is a multiple of {2 * cp}, or turn the load balance off"
+        )
+    layout = Layout.of(cfg)
+    for rank in range(layout.devices):
+        partner = layout.load_balance_partner(rank)
+        if not ascend_pair_groups(rank, partner):
+            index = layout.context_rank(rank)
+            raise ConfigError(
+                f"parallel.context_parallel_load_balance=true pairs ranks {rank} and {partner} (cp index {index} "
+                f"with {cp - 1 - index}), a group MindSpore 2.9 cannot create on Ascend (two ranks of one server of 8 "
+                "must share a half or be 4 apart, two of two servers the same local rank); use a model_parallel "
+                "that is a multiple of 8 or a cp group inside half a server, or turn the load balance off"
+            )
 
 
 def _gradient_accumulation(cfg: Config) -> None:

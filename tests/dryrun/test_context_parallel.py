@@ -1,13 +1,18 @@
 """Context parallel (parallel.context_parallel c = 2) compiled by MindSpore's dry run, read from the saved IR.
 
 One LLaMA twin (GQA, bf16, flash attention) on tp2 x cp2 x pp2, compiled for rank 0 (first stage, sequence
-chunk 0) and rank 6 (last stage, chunk 1), once per algorithm. What each rank's validate IR must show:
+chunk 0) and rank 6 (last stage, chunk 1), once per algorithm and once with colossalai_cp's load balance. What each
+rank's validate IR must show:
 
 * activations [B, S/c, h]: the token lookup gives [1, S/2, h], the residual adds and the attention's
   projections work on S/2 tokens, a stage sends S/2 tokens per micro batch;
 * colossalai_cp: K and V all-gathered over the rank's cp group, [S/2] -> [S] (their gradients reduce-scattered
   back), FlashAttentionScore with the rank's queries [1, S/2, .] against [1, S, .] keys, its causal mask turned
   into the band Layout's flash_causal_band predicts for the rank's chunk;
+* colossalai_cp with parallel.context_parallel_load_balance (MindSpore's flash attention load balance): two
+  FlashAttentionScore nodes a layer, each on half the rank's queries [1, S/2c, .], with the bands of the half
+  chunks `load_balanced_chunks` names (rank 0: chunks 0 and 3 of 4, rank 6: 2 and 1), the half exchanged with the
+  partner rank and its output sent back by all-gathers over the pair (reduce-scattered in the backward);
 * ulysses_cp: AlltoAll over the cp group only (q, k, v in, the output back, forward and backward),
   FlashAttentionScore over the whole sequence on heads / (t x c) heads with the plain causal mask;
 * the planner's context-parallel bytes equal the compiled collectives', and its per-rank weight, gradient
@@ -22,7 +27,7 @@ import re
 import pytest
 
 from mindscale.config import Layout, load_config
-from mindscale.config.layout import flash_causal_band
+from mindscale.config.layout import flash_causal_band, load_balanced_chunks
 from mindscale.launch.compiled_ir import read_validate_ir
 from mindscale.launch.dryrun_ranks import ring_send_bytes
 from mindscale.perf import planner
@@ -62,19 +67,19 @@ def ops_named(ir: str, op: str, scoped: bool = False) -> list[tuple]:
     return found
 
 
-@pytest.fixture(scope="module", params=["colossalai_cp", "ulysses_cp"])
+BALANCED = "_load_balance"  # a param's suffix: with parallel.context_parallel_load_balance
+
+
+@pytest.fixture(scope="module", params=["colossalai_cp", "ulysses_cp", "colossalai_cp" + BALANCED])
 def compiled(request, tmp_path_factory):
     """(algorithm, config, layout, [(report, validate IR)] for ranks 0 and 6)."""
-    sets = [*CP_TWIN, f"parallel.context_parallel_algo={request.param}"]
+    algo = request.param.removesuffix(BALANCED)
+    sets = [*CP_TWIN, f"parallel.context_parallel_algo={algo}"]
+    sets += ["parallel.context_parallel_load_balance=true"] if request.param.endswith(BALANCED) else []
     ir_dir = tmp_path_factory.mktemp(request.param)
     reports = dryrun(TINY_LLAMA, *sets, ranks=RANKS, ir_dir=ir_dir)
     cfg = load_config(TINY_LLAMA, sets)
-    return (
-        request.param,
-        cfg,
-        Layout.of(cfg, "Ascend"),
-        [(r, read_validate_ir(ir_dir / f"rank{r['rank']}")) for r in reports],
-    )
+    return (algo, cfg, Layout.of(cfg, "Ascend"), [(r, read_validate_ir(ir_dir / f"rank{r['rank']}")) for r in reports])
 
 
 def test_activations_are_split_along_the_sequence(compiled):
@@ -111,23 +116,42 @@ def test_attention_gathers_or_swaps_over_the_cp_group_only(compiled):
         moved = [row for row in report["collectives"] if row["purpose"] == "redistribution"]
         assert {tuple(row["ranks"]) for row in moved} == {tuple(group)}
         flash = ops_named(ir, "FlashAttentionScore")
-        assert len(flash) == layout.layers_per_stage[report["stage"]]  # one graph serves every micro batch
+        # one graph serves every micro batch; the load balance attends the rank's two half chunks apart
+        chunks = load_balanced_chunks(cp, layout.context_rank(rank)) if layout.cp_load_balance else None
+        assert len(flash) == layout.layers_per_stage[report["stage"]] * (2 if chunks else 1)
+        bands = []
         for line, shapes in flash:
             numbers = [int(x) for x in re.findall(r"I64\((-?\d+)\)", line.split("{", 1)[0])]
             head_num, pre_tokens, next_tokens, sparse_mode = numbers[0], numbers[1], numbers[2], numbers[-1]
+            bands.append((sparse_mode, pre_tokens, next_tokens))
             if algo == "colossalai_cp":
-                assert shapes[:3] == [(1, s // cp, n * d // tp), (1, s, kv * d // tp), (1, s, kv * d // tp)]
+                queries = s // (2 * cp) if chunks else s // cp
+                assert shapes[:3] == [(1, queries, n * d // tp), (1, s, kv * d // tp), (1, s, kv * d // tp)]
                 assert head_num == n // tp
-                assert (sparse_mode, pre_tokens, next_tokens) == flash_causal_band(s, cp, layout.context_rank(rank))
             else:
                 assert shapes[:3] == [(1, s, n * d // (tp * cp))] + [(1, s, kv * d // (tp * cp))] * 2
                 assert head_num == n // (tp * cp)
-                assert (sparse_mode, pre_tokens, next_tokens) == (2, 2**31 - 1, 2**31 - 1)
+                assert bands[-1] == (2, 2**31 - 1, 2**31 - 1)
+        per_layer = [flash_causal_band(s, 2 * cp, j) for j in chunks] if chunks else []
+        if chunks:  # each half under its own chunk's band: rank 0 chunks 0 and 3 of 4, rank 6 chunks 2 and 1
+            assert sorted(bands) == sorted(per_layer * layout.layers_per_stage[report["stage"]])
+        elif algo == "colossalai_cp":
+            assert set(bands) == {flash_causal_band(s, cp, layout.context_rank(rank))}
         kinds = {row["kind"]: row["count"] for row in moved}
-        if algo == "colossalai_cp":  # K and V forward, their gradients back
-            assert kinds == {"AllGather": 2 * layers, "ReduceScatter": 2 * layers}
+        if algo == "colossalai_cp":  # K and V gathered [S/c] -> [S]
             gathers = [shapes for _, shapes in ops_named(ir, "AllGather") if shapes]
             assert (s // cp, kv * d // tp) in {g[0] for g in gathers} and (s, kv * d // tp) in {g[-1] for g in gathers}
+        if chunks:  # the half queries and their output exchanged with the partner c-1-i (here the cp group), and back
+            exchanged = [
+                row for row in report["collectives"] if row["purpose"] == "operator" and row["kind"] == "AllGather"
+            ]
+            index = layout.context_rank(rank)
+            pair = sorted({group[index], group[cp - 1 - index]})
+            assert [(row["ranks"], row["count"]) for row in exchanged] == [(pair, 2 * layers)]
+            assert kinds == {"AllGather": 2 * layers, "ReduceScatter": 4 * layers}  # K, V and the exchange's grads
+            moved += exchanged
+        elif algo == "colossalai_cp":  # K and V forward, their gradients back
+            assert kinds == {"AllGather": 2 * layers, "ReduceScatter": 2 * layers}
         else:  # q, k, v in and the output back, forward and backward
             assert kinds == {"AlltoAll": 2 * 4 * layers}
         assert sum(ring_send_bytes(row) for row in moved) == planner.communication(cfg, report["stage"])["cp"]

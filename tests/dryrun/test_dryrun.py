@@ -159,8 +159,11 @@ def implied_by_the_layout(full, cfg, stage: int, report: dict) -> None:
     assert bool(layers) == bool(full_layout.offloaded_in(stage)) == bool(copies)
     if layers:
         # context parallel's all-gathered K and V stay on the device (the gather carries no offload mark); the
-        # planner counts them among the moved bytes (planner.offloaded_layer_bytes; llama3_1_70b_128k's twin)
-        moved = planner.offloaded_layer_bytes(cfg, layout) - planner.gathered_kv_bytes(cfg) + 2
+        # planner counts them among the moved bytes (planner.offloaded_layer_bytes; llama3_1_70b_128k's twin). The
+        # kernel's [1] softmax_out placeholder (2 bytes) moves too, unless the context-parallel load balance keeps
+        # the kernel's outputs on the device (planner.offload_resident_bytes)
+        placeholder = 0 if layout.cp_load_balance else 2
+        moved = planner.offloaded_layer_bytes(cfg, layout) - planner.gathered_kv_bytes(cfg) + placeholder
         assert copies["CPU"] == copies["Ascend"] and copies["CPU"][1] == layout.micro_steps * layers * moved
 
 

@@ -7,6 +7,11 @@ computes is rebuilt from the pieces it is made of, with MindScale's own attentio
   (the compiler slices the RoPE tables so), and attends to all keys, gathered from every rank, under the band
   `flash_causal_band(S, cp, c)` that MindSpore's parallel pass writes into FlashAttentionScore
   (tests/dryrun/test_context_parallel.py checks the compiled op carries it).
+* colossalai_cp with parallel.context_parallel_load_balance: MindSpore's flash attention load balance has rank c
+  attend query chunks `load_balanced_chunks(cp, c)` of 2·cp (its own first half, its partner's second half), each
+  under `flash_causal_band(S, 2·cp, chunk)` (tests/dryrun/test_context_parallel.py checks the compiled pair);
+  every rank then attends the same number of (query, key) pairs, where contiguous chunks leave the last rank
+  Layout.attention_imbalance of the mean.
 * ulysses_cp: FlashAttention.to_heads / from_heads, the same reshapes and transposes the compiled graph
   holds, with the cp x tp head chunks the all-to-all leaves each rank attended separately.
 
@@ -20,7 +25,8 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from mindscale.config.layout import context_positions, flash_causal_band
+from mindscale.config import REPO_ROOT, Layout, load_config
+from mindscale.config.layout import context_positions, flash_causal_band, load_balanced_chunks
 from models.attention import MASKED, CompositeAttention, FlashAttention
 from models.layers import RotaryEmbedding
 from tests.modes import cpu_mode
@@ -28,6 +34,7 @@ from tests.modes import cpu_mode
 pynative_mode = cpu_mode("pynative")
 
 B, S, HEADS, KV_HEADS, D = 2, 32, 8, 4, 16
+TINY = REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml"
 THETA = 10000.0
 
 
@@ -91,6 +98,55 @@ def test_colossalai_ranks_band_and_positions_give_full_causal_attention(tokens, 
         np.testing.assert_array_equal(allowed, np.tril(np.ones((S, S), bool))[chunk.start : chunk.stop])
         outs.append(attend(rotate_at(q[:, chunk.start : chunk.stop], chunk), keys, v, allowed))
     np.testing.assert_allclose(np.concatenate(outs, axis=1), full, rtol=1e-5, atol=1e-5)
+
+
+def banded_pairs(seq: int, parts: int, chunk: int) -> np.ndarray:
+    """[seq/parts, seq] keys each query of chunk `chunk` (of `parts`) sees under its flash_causal_band."""
+    sparse_mode, pre_tokens, next_tokens = flash_causal_band(seq, parts, chunk)
+    assert sparse_mode == 4
+    return band_allowed(seq // parts, seq, pre_tokens, next_tokens)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_load_balanced_halves_give_full_causal_attention_and_equal_work(tokens, cp):
+    """Each rank's two half chunks, rotated at their own positions and attending all keys under their own bands,
+    put back in sequence order equal full causal attention; every rank attends the same number of pairs."""
+    q, k, v, full = tokens
+    keys = rotate_at(k, range(S))
+    ranks = [load_balanced_chunks(cp, c) for c in range(cp)]
+    assert sorted(j for pair in ranks for j in pair) == list(range(2 * cp))  # every half chunk exactly once
+    outs, pairs = {}, []
+    for pair in ranks:
+        pairs.append(0)
+        for j in pair:
+            chunk = context_positions(S, 2 * cp, j)
+            allowed = banded_pairs(S, 2 * cp, j)
+            np.testing.assert_array_equal(allowed, np.tril(np.ones((S, S), bool))[chunk.start : chunk.stop])
+            outs[j] = attend(rotate_at(q[:, chunk.start : chunk.stop], chunk), keys, v, allowed)
+            pairs[-1] += int(allowed.sum())
+    np.testing.assert_allclose(np.concatenate([outs[j] for j in range(2 * cp)], axis=1), full, rtol=1e-5, atol=1e-5)
+    assert len(set(pairs)) == 1 and sum(pairs) == S * (S + 1) // 2
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_the_planner_times_the_busiest_rank_s_causal_pairs(cp):
+    """The attended (query, key) pairs of each rank, counted from the bands at 128K-like proportions (S = 4096):
+    contiguous chunks give the last rank Layout.attention_imbalance = (2c-1)/c of the mean (to 1/S), the balanced
+    halves give every rank the mean."""
+    seq = 4096
+    contiguous = [int(banded_pairs(seq, cp, c).sum()) for c in range(cp)]
+    balanced = [sum(int(banded_pairs(seq, 2 * cp, j).sum()) for j in load_balanced_chunks(cp, c)) for c in range(cp)]
+    mean = seq * (seq + 1) / 2 / cp
+    assert sum(contiguous) == sum(balanced) == mean * cp and set(balanced) == {mean}
+    sets = ["hardware=ascend910b", "model.compute_dtype=bfloat16", "train.micro_batch_size=1"]
+    sets += [f"model.seq_length={seq}", f"parallel.context_parallel={cp}"]
+    layouts = [
+        Layout.of(load_config(TINY, sets + [f"parallel.context_parallel_load_balance={on}"]))
+        for on in ("false", "true")
+    ]
+    assert max(contiguous) == contiguous[-1]
+    assert max(contiguous) / mean == pytest.approx(layouts[0].attention_imbalance, abs=1 / seq)
+    assert layouts[1].attention_imbalance == 1.0
 
 
 def test_a_contiguous_chunk_without_its_band_is_not_causal(tokens):

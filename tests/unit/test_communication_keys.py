@@ -70,7 +70,18 @@ REFUSED = {  # case: (overrides, what the line must say)
     ),
     "all-reduce fusion on CPU": (["communication.allreduce_fusion=true"], "with hardware 'cpu' (CPU)"),
     "a negative fusion level": ([*SHARDED, "communication.computation_communication_fusion_level=-1"], "must be >= 0"),
+    "load balance without context parallel": (
+        ["parallel.context_parallel_load_balance=true"],
+        "parallel.context_parallel_load_balance=true without context parallel (parallel.context_parallel=1)",
+    ),
 }
+# a context-parallel layout (flash attention, one row per rank)
+CONTEXT_PARALLEL = [
+    "hardware=ascend910b",
+    "model.compute_dtype=bfloat16",
+    "train.micro_batch_size=1",
+    "parallel.context_parallel=2",
+]
 
 
 @pytest.mark.parametrize("case", REFUSED)
@@ -117,3 +128,13 @@ def test_the_speed_up_file_goes_to_the_run_folder_and_a_dry_run_leaves_nothing(d
     assert written.is_file() != dry
     if not dry:
         assert json.loads(written.read_text()) == cfg.communication.speed_up
+
+
+def test_the_context_parallel_load_balance_goes_into_the_speed_up_file(tmp_path, monkeypatch):
+    """parallel.context_parallel_load_balance is MindSpore's enable_flash_attention_load_balance, which it reads from
+    the same parallel_speed_up_json (tests/dryrun/test_context_parallel.py: what it compiles)."""
+    monkeypatch.delenv("MS_SIMULATION_LEVEL", raising=False)
+    sets = [*CONTEXT_PARALLEL, f"run.output_dir={tmp_path}", "parallel.context_parallel_load_balance=true"]
+    written = runtime.write_speed_up(load_config(TINY, sets), 0, tmp_path / "speed_up")
+    assert json.loads(written.read_text()) == {"enable_flash_attention_load_balance": True}
+    assert runtime.speed_up_options(load_config(TINY, CONTEXT_PARALLEL)) == {}

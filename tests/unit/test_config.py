@@ -375,6 +375,58 @@ def test_round_trip_through_yaml():
             ],
             "model.num_kv_heads=2 is not divisible by parallel.model_parallel=2 x parallel.context_parallel=2 (ulysses_cp",
         ),
+        # context_parallel_load_balance: MindSpore's head-tail split needs colossalai_cp, an even c and 2c | S
+        (
+            ["parallel.context_parallel_load_balance=true"],
+            "parallel.context_parallel_load_balance=true without context parallel (parallel.context_parallel=1)",
+        ),
+        (
+            [
+                "hardware=ascend910b",
+                "model.compute_dtype=bfloat16",
+                "train.micro_batch_size=1",
+                "parallel.context_parallel=2",
+                "parallel.context_parallel_algo=ulysses_cp",
+                "parallel.context_parallel_load_balance=true",
+            ],
+            "parallel.context_parallel_load_balance=true with context_parallel_algo=ulysses_cp",
+        ),
+        (
+            [
+                "hardware=ascend910b",
+                "model.compute_dtype=bfloat16",
+                "train.micro_batch_size=1",
+                "model.seq_length=96",
+                "parallel.context_parallel=3",
+                "parallel.context_parallel_load_balance=true",
+            ],
+            "parallel.context_parallel_load_balance=true with an odd parallel.context_parallel=3",
+        ),
+        (
+            [
+                "hardware=ascend910b",
+                "model.compute_dtype=bfloat16",
+                "train.micro_batch_size=1",
+                "model.seq_length=36",
+                "parallel.context_parallel=4",
+                "parallel.context_parallel_load_balance=true",
+            ],
+            "parallel.context_parallel_load_balance=true with model.seq_length=36 not divisible by 2 x "
+            "parallel.context_parallel=8",
+        ),
+        (  # tp2 x cp4: cp ranks 0, 2, 4, 6, and 0 pairs with 6 across the server's halves
+            [
+                "hardware=ascend910b",
+                "model.compute_dtype=bfloat16",
+                "train.micro_batch_size=1",
+                "parallel.data_parallel=1",
+                "parallel.model_parallel=2",
+                "parallel.context_parallel=4",
+                "parallel.context_parallel_load_balance=true",
+            ],
+            "parallel.context_parallel_load_balance=true pairs ranks 0 and 6 (cp index 0 with 3), a group MindSpore "
+            "2.9 cannot create on Ascend",
+        ),
         (
             [
                 "train.eval_interval=10",

@@ -607,6 +607,34 @@ def test_context_parallel_counts_its_tokens_the_gathered_kv_and_its_devices():
         planner.replan_devices(cfg, 48)
 
 
+def test_context_parallel_attention_is_timed_at_the_busiest_rank():
+    """Contiguous colossalai_cp chunks leave the last rank (2c-1)/c of the mean causal work, and the speed model
+    times the attention core at it; head-tail load balance (and ulysses) evens it to the mean, and the balance's
+    exchange of half the queries and outputs (an all-gather pair forward, reduce-scattered back) is counted."""
+    from mindscale.config import Layout
+
+    # tp8: MindSpore cannot group tp4 x cp8's pair of ranks 0 and 28 on Ascend (validate.py refuses it)
+    tp8 = ["parallel.model_parallel=8", "parallel.data_parallel=4", "parallel.gradient_accumulation_steps=32"]
+    contiguous = load_config(LLAMA3_1_8B_128K, tp8)
+    balanced = load_config(LLAMA3_1_8B_128K, [*tp8, "parallel.context_parallel_load_balance=true"])
+    c, m, t = 8, contiguous.model, contiguous.parallel.model_parallel
+    assert (Layout.of(contiguous).attention_imbalance, Layout.of(balanced).attention_imbalance) == (15 / 8, 1.0)
+    model = planner.SpeedModel.of(contiguous)
+    assert model.calibrated  # the 910B profile counts flash attention's causal half, where the imbalance shows
+    cores = [speed.attention_core_s(cfg, 313e12, model) for cfg in (contiguous, balanced)]
+    assert cores[0] == pytest.approx(cores[1] * 15 / 8, rel=1e-12)
+    half = m.seq_length // c // 2 * m.num_heads * m.head_size // t * 2  # half a rank's queries, bf16
+    extra = planner.communication(balanced, 0)["cp_per_layer"] - planner.communication(contiguous, 0)["cp_per_layer"]
+    assert extra == planner.communication(balanced, 0)["cp_exchange_per_layer"] == 4 * half
+    said = [a for a in planner.predict(contiguous, 313)["assumptions"] if a.startswith("context parallel")]
+    assert said == [
+        "context parallel (colossalai_cp, c=8, contiguous chunks): the attention core is timed at the last rank's "
+        "causal work, 1.88x the mean (its queries see the most keys and flash skips the masked blocks); "
+        "parallel.context_parallel_load_balance would even it"
+    ]
+    assert planner.predict(balanced, 313)["step_time_s"] < planner.predict(contiguous, 313)["step_time_s"]
+
+
 def test_dense_first_layers_are_sized_as_dense_layers_and_the_rest_with_experts():
     """DeepSeek-V3's first layers have a dense MLP, the others experts: the planner's per-parameter table names the
     built model's parameters with their shapes, layer by layer (flops counts them alike, less the untrained router

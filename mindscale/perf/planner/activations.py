@@ -243,16 +243,18 @@ def gathered_kv_bytes(cfg: Config) -> float:
 def offload_resident_bytes(cfg: Config) -> float:
     """What an offloaded layer keeps on the device per micro batch: its Q, K and V (the rank's heads and tokens),
     which the attention kernel reads through reshapes (Tensor methods, no primitive that Cell.offload marks);
-    MindSpore moves every other activation the backward reads (the validate IR of tests/dryrun/test_offload.py)."""
+    MindSpore moves every other activation the backward reads (the validate IR of tests/dryrun/test_offload.py).
+    Under parallel.context_parallel_load_balance also the attention's output and softmax statistics: the
+    parallel pass replaces FlashAttentionScore by its two half-chunk kernels, which carry no offload mark
+    (llama3_1_70b_128k's twin: 40,962 bytes a layer and micro batch fewer moved, these and a [1] placeholder)."""
     model, parallel = cfg.model, cfg.parallel
-    queries = (
-        local_tokens(cfg)
-        * model.num_heads
-        * model.head_size
-        / parallel.model_parallel
-        * DTYPE_BYTES[model.compute_dtype]
-    )
-    return queries + _kv_bytes(cfg, local_tokens(cfg))
+    tokens = local_tokens(cfg)
+    queries = tokens * model.num_heads * model.head_size / parallel.model_parallel * DTYPE_BYTES[model.compute_dtype]
+    resident = queries + _kv_bytes(cfg, tokens)
+    if _layout(cfg).cp_load_balance:
+        stats = tokens * model.num_heads / parallel.model_parallel * FLASH_STATS_WIDTH * 4 * 2  # max and sum, fp32
+        resident += queries + stats  # the output has the queries' shape
+    return resident
 
 
 def offloaded_layer_bytes(cfg: Config, layout: Layout | None = None) -> float:

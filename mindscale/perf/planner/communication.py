@@ -34,8 +34,26 @@ def context_parallel_bytes_per_layer(cfg: Config) -> float:
             * DTYPE_BYTES[model.compute_dtype]
         )
         return 2 * share * (q_and_out + _kv_bytes(cfg, local_tokens(cfg)))
-    passes = 3 if cfg.recompute.mode == "full" and cfg.recompute.comm else 2
-    return passes * share * _kv_bytes(cfg, local_tokens(cfg) * c)
+    return _cp_passes(cfg) * share * _kv_bytes(cfg, local_tokens(cfg) * c) + load_balance_bytes_per_layer(cfg)
+
+
+def _cp_passes(cfg: Config) -> int:
+    """How often colossalai_cp's collectives run per layer and micro batch: forward, backward, and the forward
+    again when full recompute repeats communication."""
+    return 3 if cfg.recompute.mode == "full" and cfg.recompute.comm else 2
+
+
+def load_balance_bytes_per_layer(cfg: Config) -> float:
+    """Ring bytes one rank sends per layer and micro batch for parallel.context_parallel_load_balance: the
+    exchange of half its queries [S/2c, heads/t] and of that half's attention output with its partner rank,
+    each an all-gather over the pair (half the gathered tensor sent), reduce-scattered back in the backward
+    (validate IR, tests/dryrun/test_context_parallel.py); full recompute with recompute.comm is assumed to repeat
+    the forward pair as it repeats the K/V gather. 0 without the load balance."""
+    if not _layout(cfg).cp_load_balance:
+        return 0.0
+    model = cfg.model
+    half = local_tokens(cfg) / 2 * model.num_heads * model.head_size / cfg.parallel.model_parallel
+    return _cp_passes(cfg) * 2 * half * DTYPE_BYTES[model.compute_dtype]
 
 
 # 2D tensor parallel's collectives per layer and micro batch (validate IR): over x, 5 reduce-scatters (wq, wk, wv, w1,
@@ -176,6 +194,7 @@ def communication(cfg: Config, stage: int) -> dict:
         "tp_collectives_per_layer": ND_TP_COLLECTIVES if layout.nd_tp else (2 * all_reduces if t > 1 else 0),
         "tp_vocab_collectives": (2 * vocab_ends if t > 1 else 0) + 4 * head_gathers,
         "cp_per_layer": cp_per_layer,
+        "cp_exchange_per_layer": load_balance_bytes_per_layer(cfg),
         "cp": cp,
         "ep_per_layer": ep_per_layer,
         "ep": ep,

@@ -36,6 +36,7 @@ RESET = [
     "parallel.optimizer_shard=false",
     "parallel.gradient_accumulation_shard=false",
     "parallel.context_parallel=1",
+    "parallel.context_parallel_load_balance=false",
     "parallel.expert_parallel=1",
     "parallel.vocab_emb_dp=false",
     "train.micro_batch_size=1",

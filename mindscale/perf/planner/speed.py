@@ -144,11 +144,13 @@ def in_copies(matmuls: list[Matmul], copies: int) -> list[Matmul]:
 
 def attention_core_s(cfg: Config, peak: float, speed: SpeedModel) -> float:
     """Seconds one layer's attention core takes forward on one rank for one micro batch: 4·H·Q·S FLOPs a token
-    (QK^T and scores x V over the whole sequence S), half of them under flash attention's causal skip."""
+    (QK^T and scores x V over the whole sequence S), half of them under flash attention's causal skip, on the
+    busiest context-parallel rank (Layout.attention_imbalance: the last of colossalai_cp's contiguous chunks
+    computes (2c-1)/c of the mean causal work)."""
     layout = _layout(cfg)
     core = 4 * flops.core_width(cfg.model) / layout.tp * cfg.model.seq_length * local_tokens(cfg)
     if layout.attention == "flash" and speed.calibrated:
-        core /= 2
+        core *= layout.attention_imbalance / 2
     return core / (peak * speed.attention_efficiency)
 
 

@@ -62,12 +62,12 @@ def _stage_slot(cfg: Config, stage: int, comm: dict, peak: float, speed: SpeedMo
     cp_ops = 8 if layout.ulysses else 3 if full and cfg.recompute.comm else 2
     cp = collective_s(
         cfg,
-        comm["cp_per_layer"] * layers,
+        (comm["cp_per_layer"] - comm["cp_exchange_per_layer"]) * layers,
         c,
         ranks_per_server(layout, t, c, n),
         cp_ops * layers,
         alltoall=layout.ulysses,
-    )
+    ) + load_balance_exchange_s(cfg, comm["cp_exchange_per_layer"] * layers, cp_ops * layers)
     ep_ops = 4 * layers + (2 * layout.recomputed_in(stage) if full else 0)
     ep = collective_s(
         cfg,
@@ -88,6 +88,18 @@ def _stage_slot(cfg: Config, stage: int, comm: dict, peak: float, speed: SpeedMo
     busy = sum(exposed.values())
     exposed["offload"] = offload_exposed_s(offload_copy_s(cfg, stage), busy)
     return exposed
+
+
+def load_balance_exchange_s(cfg: Config, ring_bytes: float, ops: int) -> float:
+    """Seconds of parallel.context_parallel_load_balance's exchange of half the queries and outputs (`ring_bytes`,
+    `ops` collectives of each kind): all-gathers and reduce-scatters over a pair of cp ranks, in one server when the
+    whole cp group is, else counted across servers (rank i and c-1-i are the farthest apart)."""
+    layout = _layout(cfg)
+    if not ring_bytes:
+        return 0.0
+    n, t, c = cfg.hardware.devices_per_node, layout.tp, layout.cp
+    together = ranks_per_server(layout, t, c, n) == c
+    return collective_s(cfg, ring_bytes, 2, 2 if together else 1, ops)
 
 
 def compiled_tp_overlap_s(cfg: Config, tp: float, compute: float) -> float:
@@ -234,11 +246,7 @@ def _assumptions(cfg: Config, peak_tflops: float, speed: SpeedModel, copy_s: flo
             f"expert parallel (ep={layout.ep}): experts are assumed evenly loaded (the capacity bounds the slowest)"
         )
     if layout.cp > 1:
-        out.append(
-            f"context parallel ({layout.cp_algo}, c={layout.cp}): the causal work is balanced over the cp "
-            "ranks (it is not: without head-tail chunks the last chunk's queries see the most keys; flash "
-            "skips the masked blocks, so its rank is the slowest)"
-        )
+        out.append(_context_parallel_assumption(layout, speed.calibrated))
     out.append(_pipeline_assumption(layout))
     if layout.interleave > 1:
         middle = 1 if layout.pp > 2 else 0
@@ -293,6 +301,29 @@ def _compiled_overlaps(cfg: Config) -> str:
     rest = "context- and expert-parallel collectives" + (" and the rest" if layout.tp > 1 else "")
     return (
         "; ".join(credited) + f" (both show in the compiled graph: docs/communication.md); {rest} on the critical path"
+    )
+
+
+def _context_parallel_assumption(layout: Layout, causal_skip: bool) -> str:
+    """How the attention time of a context-parallel rank is counted: at the busiest rank's causal work where the
+    speed model counts flash attention's causal half (`causal_skip`, a fitted profile)."""
+    head = f"context parallel ({layout.cp_algo}, c={layout.cp}"
+    if layout.ulysses:
+        return f"{head}): every rank attends the whole sequence on its own heads, the same causal work"
+    if layout.cp_load_balance:
+        return (
+            f"{head}, head-tail load balance): every rank attends the same number of causal (query, key) pairs; "
+            "the exchange of half the queries and outputs with the partner rank is timed"
+        )
+    if not causal_skip:
+        return (
+            f"{head}, contiguous chunks): every rank's attention core counted in full (the flat model skips no "
+            "masked block), so the last rank's larger causal share is not timed"
+        )
+    return (
+        f"{head}, contiguous chunks): the attention core is timed at the last rank's causal work, "
+        f"{layout.attention_imbalance:.3g}x the mean (its queries see the most keys and flash skips the masked "
+        "blocks); parallel.context_parallel_load_balance would even it"
     )
 
 

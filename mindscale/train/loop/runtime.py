@@ -213,12 +213,21 @@ def _set_communication(cfg: Config, rank: int) -> None:
     the overlap options, which MindSpore reads from a JSON file only."""
     if cfg.communication.comm_fusion:
         ms.set_auto_parallel_context(comm_fusion=cfg.communication.comm_fusion)
-    if cfg.communication.speed_up:
+    if speed_up_options(cfg):
         _set_speed_up(cfg, rank)
 
 
+def speed_up_options(cfg: Config) -> dict:
+    """MindSpore's parallel_speed_up_json: communication:'s options, and the flash attention load balance of
+    parallel.context_parallel_load_balance (validated: colossalai_cp with an even context_parallel)."""
+    options = dict(cfg.communication.speed_up)
+    if cfg.parallel.context_parallel_load_balance:
+        options["enable_flash_attention_load_balance"] = True
+    return options
+
+
 def _set_speed_up(cfg: Config, rank: int) -> None:
-    """MindSpore reads the overlap options from a JSON file, when it is set (context.py's
+    """MindSpore reads the speed-up options from a JSON file, when it is set (context.py's
     `_set_speedup_config_path`). A run keeps its copy in its folder; a dry run writes into a temporary
     folder, removed once read, so that it never writes into a real run's folder nor leaves files behind."""
     if not dry_run():
@@ -231,11 +240,11 @@ def _set_speed_up(cfg: Config, rank: int) -> None:
 
 
 def write_speed_up(cfg: Config, rank: int, folder: Path) -> Path:
-    """communication:'s parallel_speed_up_json for `rank`, written as `folder`/rank_<r>.json (one per rank: the
-    ranks of a node share a run folder)."""
+    """The parallel_speed_up_json (speed_up_options) for `rank`, written as `folder`/rank_<r>.json (one per rank:
+    the ranks of a node share a run folder)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"rank_{rank}.json"
-    write_atomically(path, json.dumps(cfg.communication.speed_up, indent=1))
+    write_atomically(path, json.dumps(speed_up_options(cfg), indent=1))
     return path
 
 

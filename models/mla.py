@@ -50,8 +50,9 @@ class MLAttention(nn.Cell):
         out_std: float,
         param_dtype,
         compute_dtype,
+        sharded: bool = False,
     ):
-        """mla: model.mla (mindscale.config.MlaConfig)."""
+        """mla: model.mla (mindscale.config.MlaConfig); sharded: the ops carry strategies (Layout.sharded)."""
         super().__init__()
         n, self.nope, self.rope, self.v_dim = num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
         self.num_heads, self.head_dim, self.rank = n, mla.qk_head_dim, mla.kv_lora_rank
@@ -78,10 +79,16 @@ class MLAttention(nn.Cell):
         self.join_q, self.join_k = ops.Concat(-1), ops.Concat(-1)
         self.every_head = ops.Mul()  # the shared rotary key [B, S, 1, r] x ones [1, 1, heads, 1]
         self.head_ones = Tensor(np.ones((1, 1, n, 1), np.float32), compute_dtype)
-        # PadV3, not Pad: the parallel compiler has a PadV3Info that splits the unpadded dims as asked; ops.Pad it
-        # left batch-parallel, and v went through two AlltoAlls a layer (the tp 2 twin's validate IR)
-        self.pad_v = ops.PadV3() if self.head_dim > self.v_dim else None
+        # Sharded: PadV3, not Pad: the parallel compiler has a PadV3Info that splits the unpadded dims as asked;
+        # ops.Pad it left batch-parallel, and v went through two AlltoAlls a layer (the tp 2 twin's validate IR).
+        # Unsharded: Pad, because MindSpore 2.9's CPU PadV3Grad is right on its first launch only (run twice in
+        # one process, the same step's gradients differ), which trained every later step's key/value path wrong
+        # on CPU and broke resuming (tests/integration/test_moe_training.py).
+        padded = self.head_dim > self.v_dim
+        pad_width = ((0, 0), (0, 0), (0, 0), (0, self.head_dim - self.v_dim))
+        self.pad_v = (ops.PadV3() if sharded else ops.Pad(pad_width)) if padded else None
         self.v_padding, self.pad_value = (0, self.head_dim - self.v_dim), Tensor(0.0, compute_dtype)
+        self.sharded = sharded
         self.unpad = ops.StridedSlice()
 
     def deinterleave(self, x, transpose):
@@ -112,7 +119,13 @@ class MLAttention(nn.Cell):
         """q, k [B, S, heads, nope + rope] and v padded to that width: what the core takes."""
         q = self.join_q((q_nope, q_rope))
         k = self.join_k((k_nope, self.every_head(k_rope, self.head_ones)))
-        return q, k, (v if self.pad_v is None else self.pad_v(v, self.v_padding, self.pad_value))
+        return q, k, self.pad_values(v)
+
+    def pad_values(self, v):
+        """v zero-padded to the head width (the module docstring), as the layout asks (__init__)."""
+        if self.pad_v is None:
+            return v
+        return self.pad_v(v, self.v_padding, self.pad_value) if self.sharded else self.pad_v(v)
 
     def qkv(self, x, batch: int, seq: int):
         """q, k, v [B, S, heads, nope + rope] before the rotation of their last `rope` features (the KV-cache

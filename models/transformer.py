@@ -134,6 +134,7 @@ def attention_layer(m: ModelConfig, spec: ArchSpec, layout: Layout, out_std: flo
             out_std=out_std,
             param_dtype=pdt,
             compute_dtype=cdt,
+            sharded=layout.sharded,
         )
     return Attention(
         m.hidden_size,

@@ -43,8 +43,12 @@ def fewer_micro_batches(cfg) -> list[str]:
 
 def commit() -> str:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+    records = str(compiled_memory.RECORDS.relative_to(REPO_ROOT))  # written by every record: not the compiled code
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", f":!{records}"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
     )
     return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 

@@ -25,6 +25,12 @@ def test_every_shipped_config_saves_at_the_planners_goodput_optimum():
     assert not stale, f"run `make docs`: {stale}"
 
 
+def test_layouts_quote_the_planners_figures_today():
+    layouts = (REPO_ROOT / "docs" / "layouts.md").read_text()
+    figures = {path.stem: update_docs.layout_figures(path) for path in update_docs.shipped_configs()}
+    assert update_docs.with_layout_figures(layouts, figures) == layouts, "run `make docs`"
+
+
 def test_config_reference_is_generated():
     assert (REPO_ROOT / "docs" / "config.md").read_text() == reference_markdown() + "\n", "run `make docs`"
 

@@ -40,6 +40,7 @@ from models.layers import (
 )
 from models.mla import MLAttention
 from models.moe import MoE
+from models.mtp import MTPModule
 from models.router import SigmoidRouting
 from models.spec import ArchSpec
 from mindscale.config import Layout, ModelConfig
@@ -295,8 +296,12 @@ class CausalLM(nn.Cell):
         else:
             blocks = [TransformerBlock(m, spec, layout, dense_layer(m, i)) for i in range(m.num_layers)]
         self.layers = nn.CellList(blocks)
+        self.mtp = self.mtp_modules(m, spec, layout) if m.mtp_depth else None
+        self.mtp_loss_weight = m.mtp_loss_weight / max(m.mtp_depth, 1)  # lambda / D
         self.moe = spec.moe
-        self.moe_layers = sum(not dense_layer(m, i) for i in range(m.num_layers))  # what the aux loss averages over
+        # what the aux loss averages over: the layers with experts, and the blocks of the multi-token prediction's
+        # modules (layer indices L, L + 1, ... as the checkpoint numbers them)
+        self.moe_layers = sum(not dense_layer(m, i) for i in range(m.num_layers + m.mtp_depth))
         self.sequence_balance_coeff = m.moe.seq_aux_loss_coeff  # CausalLMLoss's weight of the sequence-wise loss
         self.no_routing = Tensor([0.0, 0.0, 0.0], ms.float32)  # the router statistics before the first layer
         # ... passed to it through an op, not as the constant itself: with the layers' graph reused
@@ -312,6 +317,30 @@ class CausalLM(nn.Cell):
         self.cast = ops.Cast()
         if layout.cpu_kernels:
             expand_broadcasts(self)
+
+    @staticmethod
+    def mtp_modules(m: ModelConfig, spec: ArchSpec, layout: Layout) -> nn.CellList:
+        """model.mtp_depth modules (models/mtp.py), the block of module k numbered layer L + k - 1 as the
+        checkpoint stores it (DeepSeek-V3's: with experts)."""
+        return nn.CellList(
+            [
+                MTPModule(
+                    m, layout, TransformerBlock(m, spec, layout, dense_layer(m, m.num_layers + k)), norm_class(spec, layout), k + 1
+                )
+                for k in range(m.mtp_depth)
+            ]
+        )
+
+    def mtp_loss(self, hidden, input_ids, labels, loss_mask, segment_ids, routing):
+        """(lambda / D x the sum of the modules' cross entropies from the decoder's output `hidden` [B*S, h],
+        the router statistics with the modules' blocks added)."""
+        total = 0.0
+        for module in self.mtp:
+            hidden, normed, targets, mask, routing = module(
+                hidden, input_ids, labels, loss_mask, segment_ids, self.tok_embeddings.weight, routing
+            )
+            total = total + self.loss(self.logits(self.loss.mask_hidden(normed, mask)), targets, mask)
+        return self.mtp_loss_weight * total, routing
 
     def hidden_states(self, input_ids, segment_ids=None):
         """Final-norm output [B*S, h] in the compute dtype; `segment_ids` [B, S] keeps attention within
@@ -544,10 +573,12 @@ class CausalLMLoss(nn.Cell):
 
     def construct(self, input_ids, labels, loss_mask=None, segment_ids=None):
         model = self.model
-        hidden, routing = model.decode(input_ids, segment_ids, loss_mask)
-        if loss_mask is not None:
-            hidden = model.loss.mask_hidden(hidden, loss_mask)
+        decoded, routing = model.decode(input_ids, segment_ids, loss_mask)
+        hidden = decoded if loss_mask is None else model.loss.mask_hidden(decoded, loss_mask)
         loss = model.loss(model.logits(hidden), labels, loss_mask)
+        if model.mtp is not None:
+            mtp_loss, routing = model.mtp_loss(decoded, input_ids, labels, loss_mask, segment_ids, routing)
+            loss = loss + mtp_loss
         if self.moe_stats is None:
             return loss
         aux = routing[0] / model.moe_layers  # the mean over the layers with experts (not DeepSeek-V3's dense ones)

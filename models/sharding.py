@@ -143,11 +143,13 @@ def apply_sharding_plan(model: CausalLM, cfg: Config, layout: Layout) -> list[tu
         else:
             primitive.shard(in_strategy=in_strategy, out_strategy=out_strategy)
     if layout.pp > 1:
-        for path in ("tok_embeddings", "pos_embeddings", "norm", "output", "loss", "mtp"):
+        for path in ("tok_embeddings", "pos_embeddings", "norm", "output", "loss"):
             if getattr(model, path, None) is not None:
                 getattr(model, path).pipeline_stage = layout.stage_of(path)
         for i, layer in enumerate(model.layers):
             layer.pipeline_stage = layout.stages_of_layers[i]
+        for i, module in enumerate(model.mtp or ()):  # each module itself: a CellList's stage is not its cells'
+            module.pipeline_stage = layout.stage_of(f"mtp.{i}")
     for param in model.get_parameters():
         param.comm_fusion = _comm_fusion_group(param.name, cfg.model.num_layers)
     return rows

@@ -34,7 +34,9 @@ from models.spec import REPLICATE, SEQUENCE, VOCAB
 def mtp_plan(plan: dict) -> dict:
     """The plan entries of the modules: each block split as a decoder layer is, the lookup as the embedding,
     the norms along the tokens, the projection whole on every tensor-parallel rank (it writes the stream)."""
-    blocks = {"mtp.*.block" + path[len("layers.*") :]: style for path, style in plan.items() if path.startswith("layers.*")}
+    blocks = {
+        "mtp.*.block" + path[len("layers.*") :]: style for path, style in plan.items() if path.startswith("layers.*")
+    }
     return {
         "mtp.*": SEQUENCE,
         "mtp.*.embedding": VOCAB,

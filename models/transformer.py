@@ -11,6 +11,8 @@ Parameter names (stable; checkpoints and the Hugging Face table in models/hf_con
     layers.{i}.feed_forward.w1/.w2(/.w3).weight/.bias  (w3: LLaMA gate, .bias: GPT)
     norm.weight/.bias
     output.weight                         [V, h]       absent when tied
+    mtp.{k}.enorm/.hnorm/.norm.weight, mtp.{k}.eh_proj.weight, mtp.{k}.block.*   multi-token prediction
+                                                       (model.mtp_depth; models/mtp.py)
 
 Init: normal(0, init_std) for every matrix; the projections that write into the residual stream
 (attention.wo, feed_forward.w2) use init_std / sqrt(2 L) as in GPT-2; norms start at 1, biases at 0.
@@ -325,7 +327,11 @@ class CausalLM(nn.Cell):
         return nn.CellList(
             [
                 MTPModule(
-                    m, layout, TransformerBlock(m, spec, layout, dense_layer(m, m.num_layers + k)), norm_class(spec, layout), k + 1
+                    m,
+                    layout,
+                    TransformerBlock(m, spec, layout, dense_layer(m, m.num_layers + k)),
+                    norm_class(spec, layout),
+                    k + 1,
                 )
                 for k in range(m.mtp_depth)
             ]
@@ -556,7 +562,8 @@ class CausalLMLoss(nn.Cell):
     `aux_loss_coeff` x the load-balancing loss of a mixture of experts (its mean over layers) and
     model.sequence_balance_coeff (moe.seq_aux_loss_coeff) x DeepSeek-V3's sequence-wise balance loss (its mean
     over layers), over the same tokens: padding and the other untrained tokens do not count (models/moe.py
-    says why).
+    says why); with model.mtp_depth D, plus mtp_loss_weight / D x the multi-token-prediction modules' cross
+    entropies (models/mtp.py), from the decoder's output before the mask zeroes its untrained rows.
 
     A mixture of experts' router statistics of the last call (aux loss averaged, busiest-expert load
     maxed, sequence-wise loss averaged over layers) are kept in the parameter `moe_stats` for the host to log, as BatchNorm keeps its

@@ -208,13 +208,7 @@ SPEC = ArchSpec(
     plan=PLAN,
     optional_plan=OPTIONAL_PLAN,
     hf=HFAdapter(
-        "deepseek_v3",
-        TABLE,
-        config_from_hf,
-        config_to_hf,
-        applies=applies,
-        mtp_table=MTP_TABLE,
-        mtp_shared=MTP_SHARED,
+        "deepseek_v3", TABLE, config_from_hf, config_to_hf, applies=applies, mtp_table=MTP_TABLE, mtp_shared=MTP_SHARED
     ),
     lora_targets=("wq", "wq_b", "wkv_a", "wkv_b", "wo"),
     config_dirs=("deepseek_v3",),

@@ -139,7 +139,7 @@ def converted(tmp_path_factory):
         }
     )
     model = models.build_model(cfg)
-    models.load_weights_into(model, weights)
+    models.load_weights_into(model, models.load_pretrained(folder, cfg))  # as a fine-tuning run loads it
     return main, modules, hf_state, cfg, model, weights
 
 
@@ -171,7 +171,9 @@ def test_loss_and_gradients_equal_the_reports_equations(converted, packed):
     inputs = [Tensor(ids), Tensor(labels), Tensor(mask), Tensor(segments) if packed else None]
     loss, grads = value_and_grad(network, None, weights)(*inputs)
     assert float(loss.asnumpy()) == pytest.approx(expected.item(), abs=1e-5)
-    assert float(loss.asnumpy()) != pytest.approx(float(reference_loss(main, [], ids, labels, mask, segments)), abs=1e-3)
+    assert float(loss.asnumpy()) != pytest.approx(
+        float(reference_loss(main, [], ids, labels, mask, segments)), abs=1e-3
+    )
 
     # ours by the checkpoint's names, through the same conversion as the weights (transposes, expert stacks);
     # the router's correction bias is not trained (zeros here), the modules' embedding and head are the model's
@@ -180,7 +182,11 @@ def test_loss_and_gradients_equal_the_reports_equations(converted, packed):
     hf_grads, _ = mindscale_to_hf({**frozen, **ours}, cfg.model)
     theirs = {f"model.layers.{LAYERS + k}.{n}": p.grad for k, m in enumerate(modules) for n, p in m.named_parameters()}
     theirs |= {n: p.grad for n, p in main.named_parameters()}
-    copies = {f"model.layers.{LAYERS + k}.{n}" for k in range(DEPTH) for n in ("embed_tokens.weight", "shared_head.head.weight")}
+    copies = {
+        f"model.layers.{LAYERS + k}.{n}"
+        for k in range(DEPTH)
+        for n in ("embed_tokens.weight", "shared_head.head.weight")
+    }
     assert set(theirs) == {n for n in hf_grads if not n.endswith("e_score_correction_bias")} - copies
     for name, grad in theirs.items():
         assert grad is not None and float(grad.abs().max()) > 0, name  # every tensor is trained, modules' too

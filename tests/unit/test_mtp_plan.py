@@ -74,7 +74,9 @@ def test_the_parameters_and_flops_count_the_modules_as_the_model_builds_them():
         # and its block's attention core
         module = 2 * m.hidden_size**2 + flops.layer_matmul_params(m) + flops.output_params(m)
         core = 12 * m.num_heads * flops.core_width(m) / m.num_heads * m.seq_length
-        assert flops.model_flops_per_token(m) - flops.model_flops_per_token(off) == pytest.approx(depth * (6 * module + core))
+        assert flops.model_flops_per_token(m) - flops.model_flops_per_token(off) == pytest.approx(
+            depth * (6 * module + core)
+        )
 
 
 def test_the_last_stage_holds_the_modules_an_embedding_copy_and_their_activations_and_compute():

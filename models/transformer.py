@@ -569,10 +569,13 @@ class CausalLMLoss(nn.Cell):
     maxed, sequence-wise loss averaged over layers) are kept in the parameter `moe_stats` for the host to log, as BatchNorm keeps its
     moving statistics: written in the graph, never trained, not a weight of the model nor optimizer state."""
 
-    def __init__(self, model: CausalLM, aux_loss_coeff: float = 0.0):
+    def __init__(self, model: CausalLM, aux_loss_coeff: float = 0.0, multi_token: bool = True):
+        """multi_token: add the multi-token-prediction term (training); False: the next-token loss alone (a
+        held-out pass, whose mean is the model's perplexity)."""
         super().__init__(auto_prefix=False)  # keep the model's parameter names unprefixed
         self.model = model
         self.aux_loss_coeff = aux_loss_coeff
+        self.multi_token = multi_token and model.mtp is not None
         self.moe_stats = (
             Parameter(Tensor([0.0, 0.0, 0.0], ms.float32), name=MOE_STATS, requires_grad=False) if model.moe else None
         )
@@ -583,7 +586,7 @@ class CausalLMLoss(nn.Cell):
         decoded, routing = model.decode(input_ids, segment_ids, loss_mask)
         hidden = decoded if loss_mask is None else model.loss.mask_hidden(decoded, loss_mask)
         loss = model.loss(model.logits(hidden), labels, loss_mask)
-        if model.mtp is not None:
+        if self.multi_token:
             mtp_loss, routing = model.mtp_loss(decoded, input_ids, labels, loss_mask, segment_ids, routing)
             loss = loss + mtp_loss
         if self.moe_stats is None:
@@ -607,9 +610,9 @@ class NextTokenLoss(nn.Cell):
     against micro batches"). MindFormers' LlamaForCausalLM takes its input the same way. The two slices keep
     the rows as fed (split over data parallel, runtime.set_input_layout): no row moves."""
 
-    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0):
+    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0, multi_token: bool = True):
         super().__init__(auto_prefix=False)  # keep the model's parameter names unprefixed
-        self.loss = CausalLMLoss(model, aux_loss_coeff)
+        self.loss = CausalLMLoss(model, aux_loss_coeff, multi_token)
         self.inputs, self.labels = ops.StridedSlice(), ops.StridedSlice()
         if layout.sharded:
             self.inputs.shard(((layout.dp, 1),))
@@ -630,6 +633,6 @@ class ReusedNextTokenLoss(NextTokenLoss):
     decoder layers are then plain blocks."""
 
     @ms.lazy_inline(attrs="graph_key")
-    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0):
-        super().__init__(model, layout, aux_loss_coeff)
+    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0, multi_token: bool = True):
+        super().__init__(model, layout, aux_loss_coeff, multi_token)
         self.graph_key = "loss network"  # the graph's cache key (without it MindSpore prints the cell tree)

@@ -49,6 +49,7 @@ from mindscale.config import Layout, ModelConfig
 
 MOE_STATS = "moe_stats"  # CausalLMLoss's record of the router statistics: [aux loss, max load / mean load,
 # sequence-wise loss]
+MTP_LOSS = "mtp_loss"  # CausalLMLoss's record of the multi-token-prediction term it added: [lambda / D x sum CE_k]
 
 
 def norm_class(spec: ArchSpec, layout: Layout) -> type:
@@ -566,7 +567,8 @@ class CausalLMLoss(nn.Cell):
     entropies (models/mtp.py), from the decoder's output before the mask zeroes its untrained rows.
 
     A mixture of experts' router statistics of the last call (aux loss averaged, busiest-expert load
-    maxed, sequence-wise loss averaged over layers) are kept in the parameter `moe_stats` for the host to log, as BatchNorm keeps its
+    maxed, sequence-wise loss averaged over layers) are kept in the parameter `moe_stats`, and the
+    multi-token-prediction term in `mtp_loss`, for the host to log, as BatchNorm keeps its
     moving statistics: written in the graph, never trained, not a weight of the model nor optimizer state."""
 
     def __init__(self, model: CausalLM, aux_loss_coeff: float = 0.0, multi_token: bool = True):
@@ -576,6 +578,9 @@ class CausalLMLoss(nn.Cell):
         self.model = model
         self.aux_loss_coeff = aux_loss_coeff
         self.multi_token = multi_token and model.mtp is not None
+        self.mtp_loss = (
+            Parameter(Tensor([0.0], ms.float32), name=MTP_LOSS, requires_grad=False) if self.multi_token else None
+        )
         self.moe_stats = (
             Parameter(Tensor([0.0, 0.0, 0.0], ms.float32), name=MOE_STATS, requires_grad=False) if model.moe else None
         )
@@ -588,7 +593,8 @@ class CausalLMLoss(nn.Cell):
         loss = model.loss(model.logits(hidden), labels, loss_mask)
         if self.multi_token:
             mtp_loss, routing = model.mtp_loss(decoded, input_ids, labels, loss_mask, segment_ids, routing)
-            loss = loss + mtp_loss
+            noted = self.record(self.mtp_loss, ops.stop_gradient(mtp_loss.reshape((1,))))
+            loss = ops.depend(loss + mtp_loss, noted)
         if self.moe_stats is None:
             return loss
         aux = routing[0] / model.moe_layers  # the mean over the layers with experts (not DeepSeek-V3's dense ones)

@@ -182,6 +182,8 @@ def test_loss_and_gradients_equal_the_reports_equations(converted, packed):
     total, count = held_out(tokens, *inputs[2:]).asnumpy()
     next_token = reference_loss(main, [], ids, labels, mask, segments).item()
     assert total / count == pytest.approx(next_token, abs=1e-5) and next_token < loss.asnumpy() - 1e-3
+    # and the training loss notes the term it added, for the metrics' mtp_loss
+    assert float(network.mtp_loss.asnumpy()[0]) == pytest.approx(expected.item() - next_token, abs=1e-5)
 
     # ours by the checkpoint's names, through the same conversion as the weights (transposes, expert stacks);
     # the router's correction bias is not trained (zeros here), the modules' embedding and head are the model's

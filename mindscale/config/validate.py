@@ -240,7 +240,9 @@ def _multi_token_prediction(cfg: Config) -> None:
     model = cfg.model
     for key in ("mtp_depth", "mtp_loss_weight"):
         if getattr(model, key) < 0:
-            raise ConfigError(f"model.{key}={getattr(model, key)}: must be >= 0 (mtp_depth 0 = off)")
+            raise ConfigError(
+                f"model.{key}={getattr(model, key)}: must be >= 0" + (" (0 = off)" if key == "mtp_depth" else "")
+            )
     if not model.mtp_depth:
         return
     if model.arch != "deepseek_v3":
@@ -256,8 +258,8 @@ def _multi_token_prediction(cfg: Config) -> None:
     if cfg.parallel.context_parallel > 1:
         raise ConfigError(
             f"model.mtp_depth={model.mtp_depth} with parallel.context_parallel={cfg.parallel.context_parallel}: "
-            "the modules shift the tokens along the sequence, which context parallel splits; set one of them "
-            "to 0 / 1"
+            "the modules shift the tokens along the sequence, which context parallel splits; set mtp_depth to 0 or "
+            "context_parallel to 1"
         )
 
 

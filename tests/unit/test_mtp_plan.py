@@ -33,7 +33,7 @@ STAGES = [
 @pytest.mark.parametrize(
     "config, keys, message",
     [
-        (DEEPSEEK_V3_TINY, ["model.mtp_depth=-1"], "model.mtp_depth=-1: must be >= 0 (mtp_depth 0 = off)"),
+        (DEEPSEEK_V3_TINY, ["model.mtp_depth=-1"], "model.mtp_depth=-1: must be >= 0 (0 = off)"),
         (DEEPSEEK_V3_TINY, ["model.mtp_loss_weight=-0.1"], "model.mtp_loss_weight=-0.1: must be >= 0"),
         (
             LLAMA_TINY,
@@ -50,7 +50,8 @@ STAGES = [
         (
             DEEPSEEK_V3_TINY,
             ["model.mtp_depth=1", "hardware=ascend910b", "model.compute_dtype=bfloat16", "parallel.context_parallel=2"],
-            "model.mtp_depth=1 with parallel.context_parallel=2: the modules shift the tokens along the sequence",
+            "model.mtp_depth=1 with parallel.context_parallel=2: the modules shift the tokens along the sequence, which "
+            "context parallel splits; set mtp_depth to 0 or context_parallel to 1",
         ),
     ],
 )
@@ -116,4 +117,3 @@ def test_a_refused_depth_is_one_line_and_exit_2():
         timeout=120,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "deepseek_v3 only" in bad.stderr, bad.stderr
-    print(bad.stderr)

@@ -80,6 +80,8 @@ def model_config_differences(hf_model: dict, m) -> list[str]:
         ]
     hf_model = dict(hf_model)
     sections = {name: hf_model.pop(name) for name in ("moe", "mla") if name in hf_model}
+    if m.mtp_depth <= hf_model.get("mtp_depth", 0):  # fewer multi-token-prediction modules: the rest unread
+        hf_model.pop("mtp_depth", None)
     ours = {key: getattr(m, key) for key in hf_model}
     ours["num_kv_heads"] = m.kv_heads
     if "head_dim" in hf_model:
@@ -133,7 +135,38 @@ def _expand(adapter: HFAdapter, model: dict) -> list[Rule]:
             for i in layers
             if adapter.applies is None or adapter.applies(model, rule, i)
         ]
+    return rules + _mtp_rules(adapter, model)
+
+
+def _mtp_rules(adapter: HFAdapter, model: dict) -> list[Rule]:
+    """The rules of the model's model["mtp_depth"] multi-token-prediction modules (models/mtp.py): module k is
+    stored as decoder layer L + k, its block by the table's layer rules, the rest by the adapter's mtp_table."""
+    rules = []
+    for k in range(model.get("mtp_depth", 0)):
+        i = model["num_layers"] + k
+        for rule in adapter.table:
+            if rule.ours.startswith("layers.{i}.") and (adapter.applies is None or adapter.applies(model, rule, i)):
+                ours = f"mtp.{k}.block." + rule.ours[len("layers.{i}.") :]
+                rules.append(Rule(ours, rule.theirs.replace("{i}", str(i)), rule.transpose, rule.part))
+        rules += [Rule(r.ours.format(k=k), r.theirs.format(i=i), r.transpose, r.part) for r in adapter.mtp_table]
     return rules
+
+
+def _mtp_shared(adapter: HFAdapter, model: dict) -> dict[str, str]:
+    """HF name -> MindScale name of the copies of the shared embedding and head each module stores."""
+    shared = {}
+    for k in range(model.get("mtp_depth", 0)):
+        for rule in adapter.mtp_shared:
+            ours = "tok_embeddings.weight" if model["tie_embeddings"] and rule.ours == "output.weight" else rule.ours
+            shared[rule.theirs.format(i=model["num_layers"] + k)] = ours
+    return shared
+
+
+def _unread_modules(model: dict, stored: int) -> re.Pattern | None:
+    """The layers of the stored multi-token-prediction modules the model does not build (model["mtp_depth"] of
+    `stored`), ignored on import."""
+    layers = [str(model["num_layers"] + k) for k in range(model.get("mtp_depth", 0), stored)]
+    return re.compile(rf"^model\.layers\.({'|'.join(layers)})\.") if layers else None
 
 
 def _experts(rule: Rule, num_experts: int) -> list[Rule]:
@@ -185,16 +218,27 @@ class RuleView:
         return np.ascontiguousarray(self.theirs[tuple(index)])
 
 
-def hf_views(hf_state: dict, hf_config: dict) -> tuple[dict, dict[str, RuleView]]:
+def hf_views(hf_state: dict, hf_config: dict, mtp_depth: int | None = None) -> tuple[dict, dict[str, RuleView]]:
     """(MindScale model-config dict, MindScale weights as RuleViews: nothing read yet) from HF tensors
-    (arrays or StoredTensors) and config.json contents."""
+    (arrays or StoredTensors) and config.json contents. `mtp_depth`: read the first that many of the stored
+    multi-token-prediction modules (None: all; their stored copies of the shared embedding and head are never
+    read: the model's own are)."""
     model = model_config_from_hf(hf_config)
     adapter = ARCHS[model["arch"]].hf
-    unloaded = adapter.unloaded(hf_config) if adapter.unloaded else (lambda name: False)
+    stored = model.get("mtp_depth", 0)
+    if mtp_depth is not None and mtp_depth > stored:
+        raise HFConversionError(
+            f"model.mtp_depth={mtp_depth} but the checkpoint stores {stored} multi-token-prediction modules "
+            f"(num_nextn_predict_layers); set model.mtp_depth to at most {stored}"
+        )
+    if stored:
+        model["mtp_depth"] = stored if mtp_depth is None else mtp_depth
+    unread = _unread_modules(model, stored)
+    shared = _mtp_shared(adapter, model)
     state = {
         k: v
         for k, v in _add_prefix(hf_state, adapter.unprefixed).items()
-        if not IGNORED_HF.search(k) and not unloaded(k)
+        if not IGNORED_HF.search(k) and not (unread and unread.match(k)) and k not in shared
     }
     rules = _expand(adapter, model)
     experts = model.get("moe", {}).get("num_experts", 0)
@@ -214,15 +258,19 @@ def hf_views(hf_state: dict, hf_config: dict) -> tuple[dict, dict[str, RuleView]
     }
 
 
-def hf_to_mindscale(hf_state: dict, hf_config: dict) -> tuple[dict, dict[str, np.ndarray]]:
-    """(MindScale model-config dict, MindScale weights) from HF tensors and config.json contents."""
-    model, views = hf_views(hf_state, hf_config)
+def hf_to_mindscale(
+    hf_state: dict, hf_config: dict, mtp_depth: int | None = None
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """(MindScale model-config dict, MindScale weights) from HF tensors and config.json contents; `mtp_depth` as
+    hf_views takes it."""
+    model, views = hf_views(hf_state, hf_config, mtp_depth)
     return model, {name: view[...] for name, view in views.items()}
 
 
 def mindscale_to_hf(weights: dict[str, np.ndarray], m) -> tuple[dict[str, np.ndarray], dict]:
     """(HF tensors, config.json contents) from MindScale weights and model config `m`."""
-    rules = _expand(ARCHS[m.arch].hf, dataclasses.asdict(m))
+    model = dataclasses.asdict(m)
+    rules = _expand(ARCHS[m.arch].hf, model)
     missing = [r.ours for r in rules if r.ours not in weights]
     if missing:
         raise HFConversionError(
@@ -241,6 +289,8 @@ def mindscale_to_hf(weights: dict[str, np.ndarray], m) -> tuple[dict[str, np.nda
         group = sorted(group, key=lambda r: r.part[0] if r.part else 0)
         value = np.concatenate([weights[r.ours] for r in group], axis=0) if len(group) > 1 else weights[group[0].ours]
         state[theirs] = np.ascontiguousarray(value.T if group[0].transpose else value)
+    for theirs, ours in _mtp_shared(ARCHS[m.arch].hf, model).items():
+        state[theirs] = state[next(r.theirs for r in rules if r.ours == ours)]
     return state, hf_config_from_model(m)
 
 

@@ -39,6 +39,7 @@ from mindspore.ops import MatMul, Primitive
 from mindspore.nn.utils import no_init_parameters
 from mindspore.parallel import Layout as DeviceMesh
 
+from models.mtp import mtp_optional, mtp_plan
 from models.spec import COLWISE, ROWWISE
 from models.transformer import CausalLM
 from mindscale.config import Config, Layout
@@ -63,7 +64,9 @@ def _op(cell, attr: str, path: str):
 
 def planned_strategies(model: CausalLM, cfg: Config, layout: Layout) -> list[tuple[str, str, str, tuple, tuple | None]]:
     """(cell path, style, primitive attribute, in_strategy, out_strategy) for every planned op."""
-    plan = cfg.model.spec.plan
+    plan, optional = cfg.model.spec.plan, cfg.model.spec.optional_plan
+    if model.mtp is not None:
+        plan, optional = {**plan, **mtp_plan(plan)}, optional + mtp_optional(optional)
     patterns = [(_pattern(path), path, style) for path, style in plan.items()]
     matched, rows = set(), []
     for path, cell in model.cells_and_names():
@@ -80,7 +83,7 @@ def planned_strategies(model: CausalLM, cfg: Config, layout: Layout) -> list[tup
         for attr, (in_strategy, out_strategy) in cell.shard_strategies(style, layout).items():
             _op(cell, attr, path)
             rows.append((path, style, attr, in_strategy, out_strategy))
-    unmatched = [key for key in plan if key not in matched and key not in cfg.model.spec.optional_plan]
+    unmatched = [key for key in plan if key not in matched and key not in optional]
     if unmatched:
         raise KeyError(f"the {cfg.model.arch} plan names cells the model does not have: {unmatched}")
     return rows
@@ -145,6 +148,8 @@ def apply_sharding_plan(model: CausalLM, cfg: Config, layout: Layout) -> list[tu
                 getattr(model, path).pipeline_stage = layout.stage_of(path)
         for i, layer in enumerate(model.layers):
             layer.pipeline_stage = layout.stages_of_layers[i]
+        for i, module in enumerate(model.mtp or ()):  # each module itself: a CellList's stage is not its cells'
+            module.pipeline_stage = layout.stage_of(f"mtp.{i}")
     for param in model.get_parameters():
         param.comm_fusion = _comm_fusion_group(param.name, cfg.model.num_layers)
     return rows

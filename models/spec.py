@@ -64,9 +64,13 @@ class HFAdapter:
     # (nested sections as dicts); None = every rule everywhere. DeepSeek-V3: its dense first layers, its optional
     # query down-projection
     applies: Callable[[dict, Rule, int | None], bool] | None = None
-    # config.json -> the names of HF tensors its modeling does not load, ignored on import (DeepSeek-V3's
-    # multi-token-prediction layers); None = none
-    unloaded: Callable[[dict], Callable[[str], bool]] | None = None
+    # the multi-token-prediction modules' own tensors (models/mtp.py; DeepSeek-V3's, stored as decoder layers
+    # L + k after the L layers): `{k}` in `ours` is the module, `{i}` in `theirs` its layer L + k. Their blocks
+    # follow the table's layer rules (models/hf_convert.py)
+    mtp_table: tuple[Rule, ...] = ()
+    # tensors stored per module that are the main model's (the shared embedding and head): not read on import,
+    # written as copies on export; `ours` names the main model's tensor, `{i}` in `theirs` the module's layer
+    mtp_shared: tuple[Rule, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ Parameter names (stable; checkpoints and the Hugging Face table in models/hf_con
     layers.{i}.feed_forward.w1/.w2(/.w3).weight/.bias  (w3: LLaMA gate, .bias: GPT)
     norm.weight/.bias
     output.weight                         [V, h]       absent when tied
+    mtp.{k}.enorm/.hnorm/.norm.weight, mtp.{k}.eh_proj.weight, mtp.{k}.block.*   multi-token prediction
+                                                       (model.mtp_depth; models/mtp.py)
 
 Init: normal(0, init_std) for every matrix; the projections that write into the residual stream
 (attention.wo, feed_forward.w2) use init_std / sqrt(2 L) as in GPT-2; norms start at 1, biases at 0.
@@ -40,12 +42,14 @@ from models.layers import (
 )
 from models.mla import MLAttention
 from models.moe import MoE
+from models.mtp import MTPModule
 from models.router import SigmoidRouting
 from models.spec import ArchSpec
 from mindscale.config import Layout, ModelConfig
 
 MOE_STATS = "moe_stats"  # CausalLMLoss's record of the router statistics: [aux loss, max load / mean load,
 # sequence-wise loss]
+MTP_LOSS = "mtp_loss"  # CausalLMLoss's record of the multi-token-prediction term it added: [lambda / D x sum CE_k]
 
 
 def norm_class(spec: ArchSpec, layout: Layout) -> type:
@@ -296,8 +300,12 @@ class CausalLM(nn.Cell):
         else:
             blocks = [TransformerBlock(m, spec, layout, dense_layer(m, i)) for i in range(m.num_layers)]
         self.layers = nn.CellList(blocks)
+        self.mtp = self.mtp_modules(m, spec, layout) if m.mtp_depth else None
+        self.mtp_loss_weight = m.mtp_loss_weight / max(m.mtp_depth, 1)  # lambda / D
         self.moe = spec.moe
-        self.moe_layers = sum(not dense_layer(m, i) for i in range(m.num_layers))  # what the aux loss averages over
+        # what the aux loss averages over: the layers with experts, and the blocks of the multi-token prediction's
+        # modules (layer indices L, L + 1, ... as the checkpoint numbers them)
+        self.moe_layers = sum(not dense_layer(m, i) for i in range(m.num_layers + m.mtp_depth))
         self.sequence_balance_coeff = m.moe.seq_aux_loss_coeff  # CausalLMLoss's weight of the sequence-wise loss
         self.no_routing = Tensor([0.0, 0.0, 0.0], ms.float32)  # the router statistics before the first layer
         # ... passed to it through an op, not as the constant itself: with the layers' graph reused
@@ -313,6 +321,34 @@ class CausalLM(nn.Cell):
         self.cast = ops.Cast()
         if layout.cpu_kernels:
             expand_broadcasts(self)
+
+    @staticmethod
+    def mtp_modules(m: ModelConfig, spec: ArchSpec, layout: Layout) -> nn.CellList:
+        """model.mtp_depth modules (models/mtp.py), the block of module k numbered layer L + k - 1 as the
+        checkpoint stores it (DeepSeek-V3's: with experts)."""
+        return nn.CellList(
+            [
+                MTPModule(
+                    m,
+                    layout,
+                    TransformerBlock(m, spec, layout, dense_layer(m, m.num_layers + k)),
+                    norm_class(spec, layout),
+                    k + 1,
+                )
+                for k in range(m.mtp_depth)
+            ]
+        )
+
+    def mtp_loss(self, hidden, input_ids, labels, loss_mask, segment_ids, routing):
+        """(lambda / D x the sum of the modules' cross entropies from the decoder's output `hidden` [B*S, h],
+        the router statistics with the modules' blocks added)."""
+        total = 0.0
+        for module in self.mtp:
+            hidden, normed, targets, mask, routing = module(
+                hidden, input_ids, labels, loss_mask, segment_ids, self.tok_embeddings.weight, routing
+            )
+            total = total + self.loss(self.logits(self.loss.mask_hidden(normed, mask)), targets, mask)
+        return self.mtp_loss_weight * total, routing
 
     def hidden_states(self, input_ids, segment_ids=None):
         """Final-norm output [B*S, h] in the compute dtype; `segment_ids` [B, S] keeps attention within
@@ -528,16 +564,24 @@ class CausalLMLoss(nn.Cell):
     `aux_loss_coeff` x the load-balancing loss of a mixture of experts (its mean over layers) and
     model.sequence_balance_coeff (moe.seq_aux_loss_coeff) x DeepSeek-V3's sequence-wise balance loss (its mean
     over layers), over the same tokens: padding and the other untrained tokens do not count (models/moe.py
-    says why).
+    says why); with model.mtp_depth D, plus mtp_loss_weight / D x the multi-token-prediction modules' cross
+    entropies (models/mtp.py), from the decoder's output before the mask zeroes its untrained rows.
 
     A mixture of experts' router statistics of the last call (aux loss averaged, busiest-expert load
-    maxed, sequence-wise loss averaged over layers) are kept in the parameter `moe_stats` for the host to log, as BatchNorm keeps its
+    maxed, sequence-wise loss averaged over layers) are kept in the parameter `moe_stats`, and the
+    multi-token-prediction term in `mtp_loss`, for the host to log, as BatchNorm keeps its
     moving statistics: written in the graph, never trained, not a weight of the model nor optimizer state."""
 
-    def __init__(self, model: CausalLM, aux_loss_coeff: float = 0.0):
+    def __init__(self, model: CausalLM, aux_loss_coeff: float = 0.0, multi_token: bool = True):
+        """multi_token: add the multi-token-prediction term (training); False: the next-token loss alone (a
+        held-out pass, whose mean is the model's perplexity)."""
         super().__init__(auto_prefix=False)  # keep the model's parameter names unprefixed
         self.model = model
         self.aux_loss_coeff = aux_loss_coeff
+        self.multi_token = multi_token and model.mtp is not None
+        self.mtp_loss = (
+            Parameter(Tensor([0.0], ms.float32), name=MTP_LOSS, requires_grad=False) if self.multi_token else None
+        )
         self.moe_stats = (
             Parameter(Tensor([0.0, 0.0, 0.0], ms.float32), name=MOE_STATS, requires_grad=False) if model.moe else None
         )
@@ -545,10 +589,13 @@ class CausalLMLoss(nn.Cell):
 
     def construct(self, input_ids, labels, loss_mask=None, segment_ids=None):
         model = self.model
-        hidden, routing = model.decode(input_ids, segment_ids, loss_mask)
-        if loss_mask is not None:
-            hidden = model.loss.mask_hidden(hidden, loss_mask)
+        decoded, routing = model.decode(input_ids, segment_ids, loss_mask)
+        hidden = decoded if loss_mask is None else model.loss.mask_hidden(decoded, loss_mask)
         loss = model.loss(model.logits(hidden), labels, loss_mask)
+        if self.multi_token:
+            mtp_loss, routing = model.mtp_loss(decoded, input_ids, labels, loss_mask, segment_ids, routing)
+            noted = self.record(self.mtp_loss, ops.stop_gradient(mtp_loss.reshape((1,))))
+            loss = ops.depend(loss + mtp_loss, noted)
         if self.moe_stats is None:
             return loss
         aux = routing[0] / model.moe_layers  # the mean over the layers with experts (not DeepSeek-V3's dense ones)
@@ -570,9 +617,9 @@ class NextTokenLoss(nn.Cell):
     against micro batches"). MindFormers' LlamaForCausalLM takes its input the same way. The two slices keep
     the rows as fed (split over data parallel, runtime.set_input_layout): no row moves."""
 
-    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0):
+    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0, multi_token: bool = True):
         super().__init__(auto_prefix=False)  # keep the model's parameter names unprefixed
-        self.loss = CausalLMLoss(model, aux_loss_coeff)
+        self.loss = CausalLMLoss(model, aux_loss_coeff, multi_token)
         self.inputs, self.labels = ops.StridedSlice(), ops.StridedSlice()
         if layout.sharded:
             self.inputs.shard(((layout.dp, 1),))
@@ -593,6 +640,6 @@ class ReusedNextTokenLoss(NextTokenLoss):
     decoder layers are then plain blocks."""
 
     @ms.lazy_inline(attrs="graph_key")
-    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0):
-        super().__init__(model, layout, aux_loss_coeff)
+    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0, multi_token: bool = True):
+        super().__init__(model, layout, aux_loss_coeff, multi_token)
         self.graph_key = "loss network"  # the graph's cache key (without it MindSpore prints the cell tree)

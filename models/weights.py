@@ -355,7 +355,7 @@ def load_pretrained(path: str | Path, cfg: Config, sliced: bool = False) -> Mapp
     if is_mindformers_checkpoint(path):
         return _loaded(mf_views(read_mindformers(path), cfg.model.num_heads, cfg.model.kv_heads), sliced)
     if is_hf_folder(path):
-        hf_model, views = hf_views(*read_hf_folder(path, lazy=True))
+        hf_model, views = hf_views(*read_hf_folder(path, lazy=True), cfg.model.mtp_depth)
         differ = model_config_differences(hf_model, cfg.model)
         if differ:
             raise WeightsMismatch(
@@ -378,8 +378,8 @@ def _loaded(tensors: dict, sliced: bool) -> Mapping[str, np.ndarray]:
 
 def with_hf_dims(cfg: Config, hf_folder: str | Path) -> Config:
     """`cfg` with its model dims taken from a Hugging Face folder's config.json. Families with rotary positions
-    keep the config's seq_length (max_position_embeddings is a limit, not the training length); dtypes stay
-    the config's."""
+    keep the config's seq_length (max_position_embeddings is a limit, not the training length); dtypes and
+    model.mtp_depth stay the config's."""
     if not is_hf_folder(hf_folder):
         raise HFConversionError(
             f"{hf_folder} is not a Hugging Face folder (no config.json); "
@@ -388,6 +388,7 @@ def with_hf_dims(cfg: Config, hf_folder: str | Path) -> Config:
     hf_model = model_config_from_hf(read_hf_config(hf_folder))
     if not ARCHS[hf_model["arch"]].learned_positions:
         hf_model.pop("seq_length")
+    hf_model.pop("mtp_depth", None)  # multi-token prediction is a training choice: the config's model.mtp_depth
     tree = cfg.to_dict()
     tree["model"].update(hf_model)
     try:

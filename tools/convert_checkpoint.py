@@ -38,6 +38,7 @@ from models.hf_convert import (
     hf_to_mindscale,
     mindscale_to_hf,
     model_config_differences,
+    model_config_from_hf,
     read_hf_folder,
     write_hf_folder,
 )
@@ -89,8 +90,8 @@ def hf2ms(args, progress: Progress) -> dict:
         for name, tensor in progress.track(stored.items(), f"reading {args.input}", len(stored), "tensor")
     }
     with progress.single("converting", "model"):
-        hf_model, weights = hf_to_mindscale(hf_state, hf_config)
-        cfg = _config_for_model(args, hf_model)
+        cfg = _config_for_model(args, model_config_from_hf(hf_config))
+        _, weights = hf_to_mindscale(hf_state, hf_config, cfg.model.mtp_depth)
         _check_against_model(cfg, weights)
     folder = _write_checkpoint(args, progress, weights, cfg)
     return {"output": str(folder), "arch": cfg.model.arch, "tensors": len(weights), "parameters": count_parameters(cfg)}

@@ -360,6 +360,19 @@ class ModelConfig:
     mla: MlaConfig = doc(
         "Multi-head latent attention's widths (model.arch deepseek_v3; ignored by the others).", factory=MlaConfig
     )
+    mtp_depth: int = doc(
+        "Multi-token prediction (DeepSeek-V3 report, section 2.2): D sequential modules after the decoder, "
+        "module k predicting the token k + 1 places after the next from the previous depth's hidden state and "
+        "the embedding of the token k places ahead, through one more decoder block and the shared embedding "
+        "and output head; trained only, never used to generate. 0 = off. model.arch deepseek_v3 "
+        "(docs/models.md#multi-token-prediction).",
+        0,
+    )
+    mtp_loss_weight: float = doc(
+        "Multi-token prediction's weight lambda: the loss adds lambda / mtp_depth x the sum of the modules' "
+        "cross entropies (DeepSeek-V3: 0.3 for its first 10T tokens, then 0.1).",
+        0.3,
+    )
 
     @property
     def residual_dtype(self) -> str:

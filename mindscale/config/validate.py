@@ -237,6 +237,35 @@ def _model_shapes(model: ModelConfig) -> None:
         )
 
 
+def _multi_token_prediction(cfg: Config) -> None:
+    """model.mtp_depth / mtp_loss_weight: non-negative, DeepSeek-V3 only, at least one position left to predict
+    from, and a whole sequence on each rank (the modules shift the tokens along it)."""
+    model = cfg.model
+    for key in ("mtp_depth", "mtp_loss_weight"):
+        if getattr(model, key) < 0:
+            raise ConfigError(
+                f"model.{key}={getattr(model, key)}: must be >= 0" + (" (0 = off)" if key == "mtp_depth" else "")
+            )
+    if not model.mtp_depth:
+        return
+    if model.arch != "deepseek_v3":
+        raise ConfigError(
+            f"model.mtp_depth={model.mtp_depth} with model.arch={model.arch}: multi-token prediction is built for "
+            "deepseek_v3 only; set mtp_depth to 0"
+        )
+    if model.mtp_depth >= model.seq_length:
+        raise ConfigError(
+            f"model.mtp_depth={model.mtp_depth} >= model.seq_length={model.seq_length}: module k predicts from "
+            "the first seq_length - k positions only; lower mtp_depth"
+        )
+    if cfg.parallel.context_parallel > 1:
+        raise ConfigError(
+            f"model.mtp_depth={model.mtp_depth} with parallel.context_parallel={cfg.parallel.context_parallel}: "
+            "the modules shift the tokens along the sequence, which context parallel splits; set mtp_depth to 0 or "
+            "context_parallel to 1"
+        )
+
+
 def _latent_attention(model: ModelConfig) -> None:
     """model.mla of a multi-head latent attention family (DeepSeek-V3): positive widths, an even rotary part,
     no RoPE scaling (YaRN is not built)."""
@@ -1003,6 +1032,7 @@ def validate(cfg: Config) -> None:
     _finetune(cfg)
     _model_shapes(cfg.model)
     _latent_attention(cfg.model)
+    _multi_token_prediction(cfg)
     _experts(cfg)
     _tensor_parallel(cfg)
     _nd_tensor_parallel(cfg)

@@ -105,10 +105,19 @@ def output_params(m) -> int:
     return m.hidden_size * m.vocab_size
 
 
+def mtp_matmul_params(m, active: bool = True) -> int:
+    """Matmul weights of the multi-token-prediction modules (model.mtp_depth; models/mtp.py): each module's
+    projection [h, 2h], its block (a layer with experts: of a mixture of experts the active ones) and, for the
+    FLOPs (`active`), the shared output head it runs again (its weight is the model's, not counted twice)."""
+    module = 2 * m.hidden_size**2 + layer_matmul_params(m, active, dense=not m.spec.moe)
+    return m.mtp_depth * (module + (output_params(m) if active else 0))
+
+
 def matmul_param_count(m) -> int:
-    """N of PaLM's 6N: all layers' matmul weights plus the output projection; of a mixture of experts the
-    active ones (N_active: the router, top_k routed experts, the shared expert)."""
-    return layers_matmul_params(m) + output_params(m)
+    """N of PaLM's 6N: all layers' matmul weights plus the output projection, and what the multi-token-prediction
+    modules compute with; of a mixture of experts the active ones (N_active: the router, top_k routed experts,
+    the shared expert)."""
+    return layers_matmul_params(m) + output_params(m) + mtp_matmul_params(m)
 
 
 def layer_other_params(m) -> int:
@@ -127,14 +136,16 @@ def param_count(m) -> int:
     """Every trainable weight. LLaMA: untied embedding + output, RMSNorms, no biases, GQA, SwiGLU; Qwen2:
     the same plus q/k/v biases. GPT: biases, LayerNorms with bias, learned positions (seq_length x h), GELU MLP.
     DeepSeek-V3: not its routers' correction biases (E per MoE layer, stored but not trained; transformers keeps
-    them as buffers, outside its parameter count too)."""
+    them as buffers, outside its parameter count too); its multi-token-prediction modules when built (each a
+    layer, a projection and three norms; they share the embedding and head)."""
     h = m.hidden_size
     embedding = m.vocab_size * h
     output = 0 if m.tie_embeddings else output_params(m)
     final_norm = h if m.spec.rms_norm else 2 * h
     positions = 0 if m.spec.rotary else m.seq_length * h
     layers = layers_matmul_params(m, active=False) + m.num_layers * layer_other_params(m)
-    return embedding + positions + layers + final_norm + output
+    mtp = mtp_matmul_params(m, active=False) + m.mtp_depth * (layer_other_params(m) + 3 * h)  # + enorm, hnorm, norm
+    return embedding + positions + layers + final_norm + output + mtp
 
 
 # ----------------------------------------------------------------------------------------------
@@ -147,9 +158,10 @@ def palm_flops_per_token(n_matmul: int, layers: int, heads: int, head_dim: int, 
 
 
 def model_flops_per_token(m) -> float:
-    """Model FLOPs per token, 6N + 12·L·H·Q·T (PaLM App. B; H·Q the mean of the key and value widths)."""
+    """Model FLOPs per token, 6N + 12·L·H·Q·T (PaLM App. B; H·Q the mean of the key and value widths); the
+    multi-token-prediction modules' blocks count as layers (N: matmul_param_count)."""
     return palm_flops_per_token(
-        matmul_param_count(m), m.num_layers, m.num_heads, core_width(m) / m.num_heads, m.seq_length
+        matmul_param_count(m), m.num_layers + m.mtp_depth, m.num_heads, core_width(m) / m.num_heads, m.seq_length
     )
 
 

@@ -9,14 +9,13 @@ and the MoE layers' router mlp.gate (weight, e_score_correction_bias), stacked e
 
 Not mapped, each refused in one line: rope_scaling (YaRN: the released model's 128K extension; the
 4K pretraining shape has none), any router but sigmoid/noaux_tc, MoE layers interleaved with dense ones
-(moe_layer_freq > 1), fewer key/value heads than heads. The multi-token-prediction module (num_nextn_predict_layers,
-stored as model.layers.{L}.* after the L decoder layers) is not in transformers' modeling and not built here:
-its tensors are ignored on import, as transformers ignores them, and not written on export.
+(moe_layer_freq > 1), fewer key/value heads than heads. The multi-token-prediction modules (num_nextn_predict_layers
+= model.mtp_depth, models/mtp.py) are stored as model.layers.{L + k}.* after the L decoder layers: enorm, hnorm,
+eh_proj, the decoder block's tensors, shared_head.norm, and copies of the shared embedding (embed_tokens) and
+head (shared_head.head). transformers' modeling does not load them.
 """
 
 from __future__ import annotations
-
-import re
 
 from models.archs import llama, mixtral
 from models.spec import COLWISE, EXPERT, REPLICATE, ROWWISE, ArchSpec, HFAdapter, HFUnsupported, Rule
@@ -86,6 +85,17 @@ TABLE = (
         for ours, hf in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))
     ),
 )
+_MTP = "model.layers.{i}"
+MTP_TABLE = (
+    Rule("mtp.{k}.enorm.weight", f"{_MTP}.enorm.weight"),
+    Rule("mtp.{k}.hnorm.weight", f"{_MTP}.hnorm.weight"),
+    Rule("mtp.{k}.eh_proj.weight", f"{_MTP}.eh_proj.weight"),
+    Rule("mtp.{k}.norm.weight", f"{_MTP}.shared_head.norm.weight"),
+)
+MTP_SHARED = (
+    Rule("tok_embeddings.weight", f"{_MTP}.embed_tokens.weight"),
+    Rule("output.weight", f"{_MTP}.shared_head.head.weight"),
+)
 _DENSE_MLP = {f"feed_forward.{w}.weight" for w in ("w1", "w2", "w3")}
 
 
@@ -99,13 +109,6 @@ def applies(model: dict, rule: Rule, layer: int | None) -> bool:
         return True
     dense = layer < model["moe"]["dense_layers"]
     return dense == (rule.ours.split(".", 2)[2] in _DENSE_MLP)
-
-
-def unloaded(c: dict) -> callable:
-    """The multi-token-prediction layers model.layers.{L .. L + num_nextn_predict_layers - 1}.*."""
-    first, count = c["num_hidden_layers"], c.get("num_nextn_predict_layers") or 0
-    pattern = re.compile(rf"^model\.layers\.({'|'.join(str(first + j) for j in range(count))})\.") if count else None
-    return lambda name: pattern is not None and bool(pattern.match(name))
 
 
 def config_from_hf(c: dict) -> dict:
@@ -153,6 +156,7 @@ def config_from_hf(c: dict) -> dict:
             "routed_scaling_factor": float(c.get("routed_scaling_factor", 1.0)),
             "dense_layers": c.get("first_k_dense_replace", 0),
         },
+        "mtp_depth": c.get("num_nextn_predict_layers") or 0,
     }
 
 
@@ -184,6 +188,7 @@ def config_to_hf(m) -> dict:
         "topk_group": moe.topk_groups,
         "routed_scaling_factor": moe.routed_scaling_factor,
         "first_k_dense_replace": moe.dense_layers,
+        "num_nextn_predict_layers": m.mtp_depth,
     }
 
 
@@ -202,7 +207,9 @@ SPEC = ArchSpec(
     mla=True,
     plan=PLAN,
     optional_plan=OPTIONAL_PLAN,
-    hf=HFAdapter("deepseek_v3", TABLE, config_from_hf, config_to_hf, applies=applies, unloaded=unloaded),
+    hf=HFAdapter(
+        "deepseek_v3", TABLE, config_from_hf, config_to_hf, applies=applies, mtp_table=MTP_TABLE, mtp_shared=MTP_SHARED
+    ),
     lora_targets=("wq", "wq_b", "wkv_a", "wkv_b", "wo"),
     config_dirs=("deepseek_v3",),
 )

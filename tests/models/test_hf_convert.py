@@ -419,16 +419,17 @@ def test_a_mixture_of_experts_checkpoint_into_a_dense_config_is_one_line_naming_
     assert "\n" not in message and "model.arch='mixtral', a mixture of experts (config has 'llama', dense)" in message
 
 
-def test_deepseek_v3_mtp_layers_are_ignored_and_what_is_not_built_is_refused():
+def test_deepseek_v3_mtp_layers_a_config_does_not_build_are_ignored_and_what_is_not_built_is_refused():
     hf = hf_model("deepseek_v3")
     hf_state, config = {k: v.numpy() for k, v in hf.state_dict().items()}, hf.config.to_dict()
     _, weights = hf_to_mindscale(hf_state, config)
-    # the multi-token-prediction layer after the 2 decoder layers, as the released checkpoint stores it
+    # the multi-token-prediction layer after the 2 decoder layers, as the released checkpoint stores it (part of
+    # it: unread, as a config with model.mtp_depth 0 leaves it; tests/models/test_mtp.py reads a whole one)
     mtp = {
         "model.layers.2.eh_proj.weight": np.ones((64, 128), np.float32),
         "model.layers.2.embed_tokens.weight": np.ones((VOCAB, 64), np.float32),
     }
-    _, loaded = hf_to_mindscale({**hf_state, **mtp}, {**config, "num_nextn_predict_layers": 1})
+    _, loaded = hf_to_mindscale({**hf_state, **mtp}, {**config, "num_nextn_predict_layers": 1}, mtp_depth=0)
     assert loaded.keys() == weights.keys()
     with pytest.raises(HFConversionError, match="unexpected 2: model.layers.2.eh_proj.weight"):
         hf_to_mindscale({**hf_state, **mtp}, config)  # without the key they are not the MTP module's

@@ -52,3 +52,17 @@ def test_data_wait_is_the_mean_per_step_of_its_window_and_on_the_step_line(tmp_p
     assert [(r["step"], r["data_wait_s"]) for r in records if r] == [(1, 0.5), (2, 0.001), (4, pytest.approx(0.0025))]
     lines = capsys.readouterr().out.splitlines()
     assert " step 10 ms data 500.0 ms " in lines[0] and " step 10 ms data 2.5 ms " in lines[-1]
+
+
+def test_the_multi_token_prediction_term_is_the_mean_of_its_window_on_the_line_and_in_the_record(tmp_path, capsys):
+    cfg = load_config(
+        TINY,
+        [f"run.output_dir={tmp_path}", "train.steps=4", "train.log_interval=2", f"hardware.peak_tflops={PEAK_TFLOPS}"],
+    )
+    logger = MetricsLogger(cfg, tmp_path / "run", "CPU", write=True, first_step=0)
+    records = []
+    for step, term in zip(range(1, 5), (0.9, 0.8, 0.6, 0.5)):
+        logger.multi_token(term)
+        records.append(logger.step(step, 5.0, 1.0, 0.01, False, 1e-3, 1.0))
+    assert [(r["step"], r["mtp_loss"]) for r in records if r] == [(1, 0.9), (2, 0.8), (4, pytest.approx(0.55))]
+    assert capsys.readouterr().out.splitlines()[-1].endswith(" mtp_loss 0.5500")

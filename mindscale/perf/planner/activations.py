@@ -276,6 +276,25 @@ def offloaded_layer_bytes(cfg: Config, layout: Layout | None = None) -> float:
     return kept - offload_resident_bytes(cfg) + weights
 
 
+def mtp_modules_on(cfg: Config, stage: int) -> int:
+    """Multi-token-prediction modules `stage` computes (models/mtp.py): model.mtp_depth on the last stage, with the
+    head they share, none elsewhere."""
+    return cfg.model.mtp_depth if stage == _layout(cfg).pp - 1 else 0
+
+
+def mtp_activation_bytes(cfg: Config) -> float:
+    """What one multi-token-prediction module keeps for its backward per micro batch on one rank: its block's, as a
+    kept layer's (never recomputed), and per token of the [T, h] stream (split over tp under sequence parallel)
+    the fp32 inputs of enorm, hnorm and the head's norm, the [T, 2h] projection input and the head's input in the
+    compute dtype; and its cross entropy's exp and one-hot, fp32 [T, V] split over tp (TokenCrossEntropy keeps
+    them for its backward, which runs after every module's forward)."""
+    model, layout = cfg.model, _layout(cfg)
+    tokens, cb = local_tokens(cfg), DTYPE_BYTES[model.compute_dtype]
+    stream = tokens * model.hidden_size * (3 * 4 + 3 * cb) / (layout.tp if layout.sp else 1)
+    loss = 2 * tokens * model.vocab_size * 4 / layout.tp
+    return _model_layer_activation_bytes(cfg, "none", layout.attention == "flash") + stream + loss
+
+
 def _stage_layer_roles(layout: Layout, stage: int, recomputed: int | None, offloaded: int | None) -> list[str]:
     """Per layer of `stage` in order: recomputed (the first r), offloaded (the next o), or kept; r and o default
     to the layout's (Layout.recomputed, Layout.offloaded), the search overrides them."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 
 from mindscale.config import Config
-from mindscale.perf.planner.activations import _kv_bytes, _stage_layer_roles, expert_slots, local_tokens
+from mindscale.perf.planner.activations import _kv_bytes, _stage_layer_roles, expert_slots, local_tokens, mtp_modules_on
 from mindscale.perf.planner.caches import _GRADIENT_BYTES, _layout, _stored_key
-from mindscale.perf.planner.parameters import optimizer_shard, parameter_slices
+from mindscale.perf.planner.parameters import embedding_copied, optimizer_shard, parameter_slices
 from mindscale.perf.planner.schedule import pipeline_sends
 from mindscale.perf.planner.sizes import DTYPE_BYTES
 
@@ -126,7 +126,8 @@ def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
         if optimizer_shard(p, layout) == 1:
             once += 2 * share * elements * p.itemsize
             continue
-        # the tied head's copy gathers the stored-dtype slice it received (tied_embedding_exchange_bytes)
+        # the last stage's copy of the embedding gathers the stored-dtype slice it received
+        # (tied_embedding_exchange_bytes)
         tied_copy = stage != p.stages[0]
         once += share * elements * (p.itemsize if tied_copy else p.read_itemsize)
         if layout.accumulation_shard:
@@ -143,8 +144,11 @@ def communication(cfg: Config, stage: int) -> dict:
     t, stages, micro_batches = layout.tp, layout.pp, layout.micro_steps
     hidden = local_tokens(cfg) * model.hidden_size  # elements of one micro batch's hidden states on the rank
     x = hidden * DTYPE_BYTES[model.compute_dtype]  # as a layer's matmuls take them
-    # Per layer and micro batch, averaged over the stage's layers (tp_all_reduces: what each role adds)
-    roles = _stage_layer_roles(layout, stage, None, None)
+    # Per layer and micro batch, averaged over the stage's layers (tp_all_reduces: what each role adds); the last
+    # stage's multi-token-prediction blocks count as kept layers with experts
+    mtp = mtp_modules_on(cfg, stage)
+    roles = _stage_layer_roles(layout, stage, None, None) + ["kept"] * mtp
+    blocks = layout.layers_per_stage[stage] + mtp
     all_reduces = sum(tp_all_reduces(cfg, role) for role in roles) / max(1, len(roles))
     tp_per_layer = all_reduces * 2 * (t - 1) / t * x if t > 1 else 0.0
     if layout.nd_tp:
@@ -152,13 +156,14 @@ def communication(cfg: Config, stage: int) -> dict:
     # The vocabulary-split lookup (first stage) and head (last stage), per micro batch: Megatron's
     # all-reduce one way (the lookup's forward, the head input's backward), or under sequence parallel a
     # reduce-scatter and an all-gather: 2(t-1)/t of the hidden states either way.
-    vocab_ends = (stage == 0) + (stage == stages - 1) if layout.vocab_parallel else 0
+    vocab_ends = (stage == 0) + (stage == stages - 1) + 2 * mtp if layout.vocab_parallel else 0  # a module: both
     tp_vocab = vocab_ends * micro_batches * 2 * (t - 1) / t * x if t > 1 else 0.0
     head_gathers = layout.nd_tp and stage == stages - 1
     if head_gathers:
         tp_vocab += micro_batches * nd_tp_head_gather_bytes(cfg)
     # the stage's layers with experts (a mixture of experts' dense first layers have none: DeepSeek-V3)
-    experts = [i >= model.moe.dense_layers for i in sorted(layout.layers_of_stage(stage))] if model.spec.moe else []
+    held = sorted(layout.layers_of_stage(stage)) + [model.num_layers + k for k in range(mtp)]
+    experts = [i >= model.moe.dense_layers for i in held] if model.spec.moe else []
     if any(experts) and t > 1:  # the experts' w2 partial sums (and w1/w3 input gradients): E x C slots, not T
         tp_per_layer += (
             2
@@ -171,13 +176,13 @@ def communication(cfg: Config, stage: int) -> dict:
             * sum(experts)
             / len(experts)
         )
-    tp = tp_per_layer * layout.layers_per_stage[stage] * micro_batches + tp_vocab
+    tp = tp_per_layer * blocks * micro_batches + tp_vocab
     ep_per_layer = sum(expert_alltoall_bytes(cfg, role) for role, routed in zip(roles, experts) if routed) / max(
         1, len(roles)
     )
-    ep = ep_per_layer * layout.layers_per_stage[stage] * micro_batches
+    ep = ep_per_layer * blocks * micro_batches
     cp_per_layer = context_parallel_bytes_per_layer(cfg)
-    cp = cp_per_layer * layout.layers_per_stage[stage] * micro_batches
+    cp = cp_per_layer * blocks * micro_batches
     dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
     dp = dp_once + dp_micro * micro_batches
     sends = pipeline_sends(stages, layout.interleave, stage)  # activations out, grads back
@@ -201,20 +206,22 @@ def communication(cfg: Config, stage: int) -> dict:
         "pp_send_recv": pp,
         "pp_sends_per_micro_batch": sends if stages > 1 else 0,
         "pp_tied_embedding": tied,
+        "blocks": blocks,
         "total": dp + tp + cp + ep + pp,
     }
 
 
 def tied_embedding_exchange_bytes(cfg: Config, stage: int) -> float:
-    """Bytes a rank of the first or last stage sends once per step for a tied output head under a pipeline.
+    """Bytes a rank of the first or last stage sends once per step for the last stage's copy of the embedding
+    under a pipeline (parameters.embedding_copied: a tied output head, or multi-token prediction's lookup).
     MindSpore's pipeline pass shares the embedding between the two stages by sending it, not by Megatron's
     all-reduce of the two copies' gradients: the first stage sends its stored slice of the weight (the
     optimizer shard's, in the stored dtype) to the last, which all-gathers it in that dtype, computes the
     head's gradient, reduce-scatters it and sends its slice back (validate IR of llama3_2_3b's last stage:
     Receive of tok_embeddings.weight [32064, 3072] fp32, AllGather fp32, ReduceScatter, Send fp32 back to
-    rank 0). 0 on the other stages and without a pipeline or a tied head."""
+    rank 0). 0 on the other stages and without a copy."""
     layout = _layout(cfg)
-    if not (cfg.model.tie_embeddings and layout.pp > 1 and stage in (0, layout.pp - 1)):
+    if not (embedding_copied(cfg, layout) and stage in (0, layout.pp - 1)):
         return 0.0
     [embedding] = [p for p in parameter_slices(cfg, layout) if p.name == "tok_embeddings.weight"]
     return math.prod(embedding.local) / optimizer_shard(embedding, layout) * embedding.itemsize

@@ -4,6 +4,7 @@ What the rank stores of its parameters is exact (parameters.py); its activations
 (schedule.py) keeps of its layers (activations.py); the rest is estimated:
 * Transient: a compute-dtype copy of the weights when it differs from the parameter dtype or the optimizer shard
   all-gathers them, and one layer's gradients before their reduce-scatter.
+* The multi-token-prediction modules on the last stage (activations.mtp_activation_bytes).
 * The loss's peak on the last stage, per logit of one micro batch: the fp32 logits (whole on each rank of a tp
   group unless split, Layout.logit_split), the labels' fp32 one-hot and their product (vocabulary or tokens
   split over t): 4 / parts + 8 / t bytes. That is what MindSpore's plan of the step holds there
@@ -20,6 +21,8 @@ from mindscale.perf.planner.activations import (
     _model_layer_activation_bytes,
     _stage_layer_roles,
     local_tokens,
+    mtp_activation_bytes,
+    mtp_modules_on,
     offload_resident_bytes,
     offloaded_layer_bytes,
     rematerialised_bytes,
@@ -100,6 +103,10 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
         # unless split), the one-hot and their product, split over t
         logit_parts = math.prod(layout.logit_split) // layout.token_rows
         activations += sb * model.vocab_size * (LOSS_LOGIT_BYTES / logit_parts + 2 * LOSS_LOGIT_BYTES / t)
+        if mtp_modules_on(cfg, stage):  # each forward of the last chunk in flight runs them all
+            forwards = in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, stage)
+            last_chunk = chunk_forwards(layout.pp, layout.interleave, forwards)[-1]
+            activations += last_chunk * mtp_modules_on(cfg, stage) * mtp_activation_bytes(cfg)
     reserve = (hw.memory_gib - hw.memory_pool_gib) * GIB  # outside MindSpore's pool: runtime, HCCL buffers
     parts = {**stored, "transient": transient, "activations": activations, "reserve": reserve}
     parts["total"] = sum(parts.values())

@@ -36,7 +36,7 @@ class ParameterSlice:
     shape: tuple  # the full parameter
     split: tuple  # parts per dimension (the sharding plan; all 1 when not sharded)
     local: tuple  # this rank's model-parallel slice, before the optimizer shard
-    stages: tuple  # the pipeline stages that hold it (a tied embedding: the first and the last)
+    stages: tuple  # the pipeline stages that hold it (an embedding_copied: the first and the last)
     trainable: bool
     itemsize: int  # stored (param dtype)
     read_itemsize: int  # as the op that reads it takes it: a MatMul in the compute dtype
@@ -106,6 +106,12 @@ def _every_layer(names: list[str], built: list[int]) -> list[tuple[str, str]]:
     )
 
 
+def embedding_copied(cfg: Config, layout: Layout) -> bool:
+    """Whether the last pipeline stage reads the token embedding too, a tied output head or the multi-token
+    prediction's lookup (models/mtp.py): MindSpore keeps a copy of it there (the dry run's compiled slices)."""
+    return layout.pp > 1 and (cfg.model.tie_embeddings or cfg.model.mtp_depth > 0)
+
+
 def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[ParameterSlice, ...]:
     """Every parameter of the model (as the trainer builds it, without weights) with the plan's split of it
     for `layout`. Cached: the search re-plans many layouts of one model."""
@@ -117,14 +123,13 @@ def parameter_slices(cfg: Config, layout: Layout | None = None) -> tuple[Paramet
         return _TABLES[key]
     model = _one_layer_model(cfg, layout)
     splits = parameter_splits(model, cfg, layout)
-    # a tied output head on the last stage reads the embedding: MindSpore keeps a copy of it there
-    tied_copy = (layout.pp - 1,) if cfg.model.tie_embeddings and layout.pp > 1 else ()
+    copy = (layout.pp - 1,) if embedding_copied(cfg, layout) else ()
     pb, cb = DTYPE_BYTES[cfg.model.param_dtype], DTYPE_BYTES[cfg.model.compute_dtype]
     params = {p.name: p for p in model.get_parameters()}
     table = []
     for name, built in _every_layer(list(params), _built_layers(cfg.model)):
         p, (split, reader) = params[built], splits[built]
-        stages = (layout.stage_of(name),) + (tied_copy if name == "tok_embeddings.weight" else ())
+        stages = (layout.stage_of(name),) + (copy if name == "tok_embeddings.weight" else ())
         table.append(
             ParameterSlice(
                 name,

@@ -179,7 +179,11 @@ def stage_compute_s(cfg: Config, stage: int, peak: float, speed: SpeedModel) -> 
         total += core_s * (4 if repeat_core else 3)
     if stage == layout.pp - 1:
         head = _head(cfg, layout)
-        total += 3 * matmul_s([head], peak, speed) + speed.vector_s_per_element * head.m * head.n
+        head_s = 3 * matmul_s([head], peak, speed) + speed.vector_s_per_element * head.m * head.n
+        # each multi-token-prediction module: its projection [T, 2h] -> h (not split), a block, the head again
+        projection = Matmul(local_tokens(cfg), 2 * model.hidden_size, model.hidden_size)
+        module_s = 3 * (matmul_s([projection], peak, speed) + expert_s + core_s) + head_s
+        total += head_s + model.mtp_depth * module_s
     return total
 
 

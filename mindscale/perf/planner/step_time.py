@@ -46,7 +46,7 @@ def _stage_slot(cfg: Config, stage: int, comm: dict, peak: float, speed: SpeedMo
     that outlast the slot."""
     layout, hw = _layout(cfg), cfg.hardware
     n, t, c = hw.devices_per_node, layout.tp, layout.cp
-    layers = layout.layers_per_stage[stage]
+    layers = comm["blocks"]  # the stage's decoder layers and multi-token-prediction blocks
     compute = stage_compute_s(cfg, stage, peak, speed)
     tp = collective_s(
         cfg,

@@ -58,7 +58,8 @@ class HeldOutLoss(nn.Cell):
 
     def __init__(self, model: nn.Cell, layout: Layout):
         super().__init__(auto_prefix=False)
-        self.network = NextTokenLoss(model, layout)  # the model's own masked mean loss, fed as training is
+        # the model's own masked mean next-token loss (no multi-token-prediction term), fed as training is
+        self.network = NextTokenLoss(model, layout, multi_token=False)
         self.count = ops.ReduceSum()
         if layout.sharded:  # the count of the global batch: a sum over the data-parallel split
             self.count.shard(((layout.dp, 1),))

@@ -62,6 +62,7 @@ class MetricsLogger:
         self.bar = None
         self.validation = None  # (loss, seconds) of a validation pass after the coming step
         self.routing: list[tuple[float, float]] = []  # a mixture of experts' (aux_loss, expert_load_max) per step
+        self.predicted: list[float] = []  # the multi-token-prediction term per step (multi_token)
         # first: a missing tensorboardX stops the run before metrics.jsonl is touched
         self.tensorboard = TensorBoardLog(run_dir, first_step) if write and cfg.run.tensorboard else None
         if write:
@@ -114,7 +115,12 @@ class MetricsLogger:
             and step != self.first_step + 1
         ):
             return None
-        record = {**self._record(step, lr, loss_scale), **self._routing_record(), **self._validation_record()}
+        record = {
+            **self._record(step, lr, loss_scale),
+            **self._routing_record(),
+            **self._multi_token_record(),
+            **self._validation_record(),
+        }
         self.window.clear()
         self.save_blocked = 0.0
         if self.write:
@@ -132,6 +138,8 @@ class MetricsLogger:
                     f" aux_loss {record['aux_loss']:.4f} seq_aux_loss {record['seq_aux_loss']:.4f}"
                     f" expert_load_max {record['expert_load_max']:.2f}"
                 )
+            if "mtp_loss" in record:
+                line += f" mtp_loss {record['mtp_loss']:.4f}"
             if "val_loss" in record:
                 line += f" val_loss {record['val_loss']:.4f} val_ppl {record['val_ppl']:.2f}"
             if self.bar is not None:
@@ -185,6 +193,19 @@ class MetricsLogger:
         n, (aux, load, seq_aux) = len(self.routing), zip(*self.routing)
         self.routing.clear()
         return {"aux_loss": sum(aux) / n, "expert_load_max": sum(load) / n, "seq_aux_loss": sum(seq_aux) / n}
+
+    def multi_token(self, mtp_loss: float) -> None:
+        """The multi-token-prediction term the step's loss includes (models/transformer.py, CausalLMLoss: lambda / D
+        x the modules' cross entropies, of its last micro batch): the next record holds its mean as mtp_loss, so
+        loss - mtp_loss is the next-token loss (with the balance losses)."""
+        self.predicted.append(mtp_loss)
+
+    def _multi_token_record(self) -> dict:
+        if not self.predicted:
+            return {}
+        record = {"mtp_loss": sum(self.predicted) / len(self.predicted)}
+        self.predicted.clear()
+        return record
 
     def saved(self, blocked_s: float) -> None:
         """A checkpoint save blocked training for `blocked_s` (in the next record's save_blocked_s)."""

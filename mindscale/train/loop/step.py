@@ -41,7 +41,7 @@ import models
 from mindscale.config import Config, Layout
 from mindscale.train.loop.optim import build_optimizer
 from models.moe import MoE
-from models.transformer import MOE_STATS
+from models.transformer import MOE_STATS, MTP_LOSS
 
 DYNAMIC_SCALE_START = 2.0**16
 CONTROL = "control"  # prefix of the step's parameters the host sets each step: control, not state
@@ -392,7 +392,8 @@ class TrainGraph:
 
     def optimizer_state(self) -> list:
         """The step's parameters a checkpoint saves as optimizer state: moments, step counter, a dynamic
-        loss scale and its counters; not the weights, nor a mixture of experts' router statistics, nor the LR table, which comes from the config (so a
+        loss scale and its counters; not the weights, nor a mixture of experts' router statistics or the multi-token
+        prediction's loss term, nor the LR table, which comes from the config (so a
         resumed run may change train.steps or the schedule), nor the accumulation buffers (empty between
         steps), nor what the host sets each step (control.*), nor the expert token counters (expert_load.*, zero
         between steps; the router biases they move are weights of the model)."""
@@ -403,7 +404,7 @@ class TrainGraph:
             p
             for p in self.step.get_parameters()
             if p.name not in not_state
-            and p.name != MOE_STATS
+            and p.name not in (MOE_STATS, MTP_LOSS)
             and not p.name.startswith(("accu_grads.", f"{CONTROL}.", f"{EXPERT_LOAD}."))
         ]
 

@@ -28,7 +28,7 @@ from mindscale.train.resilience import faults
 from mindscale.train.resilience.health import HealthGuard, LossSpikes, TrainingDiverged
 from mindscale.train.resilience.heartbeat import Heartbeat
 from mindscale.train.resilience.stop import StopRequest, StopVotes
-from models.transformer import MOE_STATS
+from models.transformer import MOE_STATS, MTP_LOSS
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class Trainer:
             graph.step,
         )
         self.moe_stats = next((p for p in graph.step.get_parameters() if p.name == MOE_STATS), None)
+        self.mtp_loss = next((p for p in graph.step.get_parameters() if p.name == MTP_LOSS), None)
         self.checkpoints = Checkpointer(
             cfg, layout, rt, graph, self.run_dir / "checkpoints", self.heartbeat, vote, self._saved_state
         )
@@ -263,6 +264,8 @@ class Trainer:
         self._validate(done.step, logger)
         if self.moe_stats is not None:
             logger.routed(*(float(v) for v in self.moe_stats.asnumpy()))
+        if self.mtp_loss is not None:
+            logger.multi_token(float(self.mtp_loss.asnumpy()[0]))
         logger.step(
             done.step,
             done.loss,

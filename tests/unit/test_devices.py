@@ -53,7 +53,7 @@ def test_a_profile_for_another_chip_than_the_hosts_is_refused_in_one_line():
             "configs/llama3_1/llama3_1_8b_128k.yaml",
             128,
             "the config needs 256 devices (data_parallel=8 x "
-            "model_parallel=4 x context_parallel=8 x pipeline_stage=1) but 128 worker(s) were started; launch 256 "
+            "model_parallel=8 x context_parallel=4 x pipeline_stage=1) but 128 worker(s) were started; launch 256 "
             "workers or --set parallel.data_parallel=4",
         ),
         (
@@ -78,13 +78,13 @@ def test_the_launcher_fits_data_parallel_to_the_world_counting_context_parallel(
     from mindscale.config import REPO_ROOT, load_config
     from mindscale.launch.msrun import LaunchError, fit_data_parallel
 
-    cfg = load_config(REPO_ROOT / "configs/llama3_1/llama3_1_8b_128k.yaml")  # dp8 x tp4 x cp8
+    cfg = load_config(REPO_ROOT / "configs/llama3_1/llama3_1_8b_128k.yaml")  # dp8 x tp8 x cp4
     assert fit_data_parallel(cfg, 256) is None
     assert fit_data_parallel(cfg, 128) == "parallel.data_parallel=4"
     with pytest.raises(
         LaunchError,
-        match=r"^80 device\(s\) cannot hold parallel.model_parallel=4 x "
-        r"parallel.context_parallel=8 x parallel.pipeline_stage=1 = 32; use a "
+        match=r"^80 device\(s\) cannot hold parallel.model_parallel=8 x "
+        r"parallel.context_parallel=4 x parallel.pipeline_stage=1 = 32; use a "
         r"multiple of 32 devices$",
     ):
         fit_data_parallel(cfg, 80)

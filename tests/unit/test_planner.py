@@ -576,12 +576,14 @@ def test_strategies_flag_prints_the_models_sharding_table():
 
 
 LLAMA3_1_8B_128K = REPO_ROOT / "configs" / "llama3_1" / "llama3_1_8b_128k.yaml"
+CP8_TP4 = ["parallel.model_parallel=4", "parallel.context_parallel=8", "parallel.context_parallel_load_balance=false"]
 
 
 def test_context_parallel_counts_its_tokens_the_gathered_kv_and_its_devices():
-    """cp 8, tp 4 with sp, bf16, flash: a layer keeps S/8 tokens' activations plus the K and V gathered from
-    the other 7 ranks; it sends (c-1)/c of the whole-sequence K and V forward and of their gradients back."""
-    cfg = load_config(LLAMA3_1_8B_128K)
+    """cp 8, tp 4 with sp, bf16, flash, contiguous chunks: a layer keeps S/8 tokens' activations plus the K and V
+    gathered from the other 7 ranks; it sends (c-1)/c of the whole-sequence K and V forward and of their gradients
+    back."""
+    cfg = load_config(LLAMA3_1_8B_128K, CP8_TP4)
     m, c, t = cfg.model, cfg.parallel.context_parallel, cfg.parallel.model_parallel
     local = planner.layer_activation_bytes(
         m.seq_length // c,
@@ -614,8 +616,13 @@ def test_context_parallel_attention_is_timed_at_the_busiest_rank():
     from mindscale.config import Layout
 
     # tp8: MindSpore cannot group tp4 x cp8's pair of ranks 0 and 28 on Ascend (validate.py refuses it)
-    tp8 = ["parallel.model_parallel=8", "parallel.data_parallel=4", "parallel.gradient_accumulation_steps=32"]
-    contiguous = load_config(LLAMA3_1_8B_128K, tp8)
+    tp8 = [
+        "parallel.model_parallel=8",
+        "parallel.context_parallel=8",
+        "parallel.data_parallel=4",
+        "parallel.gradient_accumulation_steps=32",
+    ]
+    contiguous = load_config(LLAMA3_1_8B_128K, [*tp8, "parallel.context_parallel_load_balance=false"])
     balanced = load_config(LLAMA3_1_8B_128K, [*tp8, "parallel.context_parallel_load_balance=true"])
     c, m, t = 8, contiguous.model, contiguous.parallel.model_parallel
     assert (Layout.of(contiguous).attention_imbalance, Layout.of(balanced).attention_imbalance) == (15 / 8, 1.0)

@@ -572,13 +572,14 @@ class CausalLMLoss(nn.Cell):
     multi-token-prediction term in `mtp_loss`, for the host to log, as BatchNorm keeps its
     moving statistics: written in the graph, never trained, not a weight of the model nor optimizer state."""
 
-    def __init__(self, model: CausalLM, aux_loss_coeff: float = 0.0, multi_token: bool = True):
-        """multi_token: add the multi-token-prediction term (training); False: the next-token loss alone (a
-        held-out pass, whose mean is the model's perplexity)."""
+    def __init__(self, model: CausalLM, aux_loss_coeff: float = 0.0, training: bool = True):
+        """training: add the terms only training optimises (the multi-token-prediction term, the sequence-wise
+        balance loss); False: the next-token loss alone (a held-out pass, whose mean is the model's perplexity)."""
         super().__init__(auto_prefix=False)  # keep the model's parameter names unprefixed
         self.model = model
         self.aux_loss_coeff = aux_loss_coeff
-        self.multi_token = multi_token and model.mtp is not None
+        self.sequence_balance_coeff = model.sequence_balance_coeff if training else 0.0
+        self.multi_token = training and model.mtp is not None
         self.mtp_loss = (
             Parameter(Tensor([0.0], ms.float32), name=MTP_LOSS, requires_grad=False) if self.multi_token else None
         )
@@ -602,8 +603,8 @@ class CausalLMLoss(nn.Cell):
         sequence_aux = routing[2] / model.moe_layers
         kept = self.record(self.moe_stats, ops.stop_gradient(ops.stack((aux, routing[1], sequence_aux))))
         loss = loss + self.aux_loss_coeff * aux
-        if model.sequence_balance_coeff:
-            loss = loss + model.sequence_balance_coeff * sequence_aux
+        if self.sequence_balance_coeff:
+            loss = loss + self.sequence_balance_coeff * sequence_aux
         return ops.depend(loss, kept)
 
 
@@ -617,9 +618,9 @@ class NextTokenLoss(nn.Cell):
     against micro batches"). MindFormers' LlamaForCausalLM takes its input the same way. The two slices keep
     the rows as fed (split over data parallel, runtime.set_input_layout): no row moves."""
 
-    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0, multi_token: bool = True):
+    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0, training: bool = True):
         super().__init__(auto_prefix=False)  # keep the model's parameter names unprefixed
-        self.loss = CausalLMLoss(model, aux_loss_coeff, multi_token)
+        self.loss = CausalLMLoss(model, aux_loss_coeff, training)
         self.inputs, self.labels = ops.StridedSlice(), ops.StridedSlice()
         if layout.sharded:
             self.inputs.shard(((layout.dp, 1),))
@@ -640,6 +641,6 @@ class ReusedNextTokenLoss(NextTokenLoss):
     decoder layers are then plain blocks."""
 
     @ms.lazy_inline(attrs="graph_key")
-    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0, multi_token: bool = True):
-        super().__init__(model, layout, aux_loss_coeff, multi_token)
+    def __init__(self, model: CausalLM, layout: Layout, aux_loss_coeff: float = 0.0, training: bool = True):
+        super().__init__(model, layout, aux_loss_coeff, training)
         self.graph_key = "loss network"  # the graph's cache key (without it MindSpore prints the cell tree)

@@ -58,8 +58,8 @@ class HeldOutLoss(nn.Cell):
 
     def __init__(self, model: nn.Cell, layout: Layout):
         super().__init__(auto_prefix=False)
-        # the model's own masked mean next-token loss (no multi-token-prediction term), fed as training is
-        self.network = NextTokenLoss(model, layout, multi_token=False)
+        # the model's own masked mean next-token loss (no multi-token-prediction or balance term), fed as training is
+        self.network = NextTokenLoss(model, layout, training=False)
         self.count = ops.ReduceSum()
         if layout.sharded:  # the count of the global batch: a sum over the data-parallel split
             self.count.shard(((layout.dp, 1),))

@@ -8,14 +8,33 @@ in-process runs leak into each other.
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mindscale.train.checkpoints import folder as ckpt, commit
 from mindscale.config import REPO_ROOT
+from tests import shared
 from tests.integration.tiny_runs import TINY, losses, metrics, one_worker_run, sets, train
+
+# the uninterrupted run the kill tests compare with (sync and async saving compute the same numbers), and the
+# checkpoints other tests damage a copy of
+KILL_RUN = ("train.steps=8", "checkpoint.save_interval=3", "checkpoint.keep_last=2")
+
+
+def straight_run() -> Path:
+    """run_train.py with KILL_RUN, never interrupted, trained once a session (tests/shared.py)."""
+
+    def run():
+        parent = Path(tempfile.mkdtemp(dir=shared.ROOT, prefix="straight-"))
+        train(parent, "straight", *KILL_RUN)
+        return str(parent / "straight")
+
+    return Path(shared.once(["straight kill run"], run))
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
@@ -142,24 +161,18 @@ def test_gradient_accumulation_equals_a_bigger_batch(tmp_path):
 def test_kill_during_checkpoint_write_then_resume_matches_uninterrupted_run(tmp_path, saving):
     """SIGKILL halfway through writing step 6 (on the writer thread with async_save): the rerun resumes
     from step 3 and ends bit-identical to a run never killed."""
-    common = (
-        "train.steps=8",
-        "checkpoint.save_interval=3",
-        "checkpoint.keep_last=2",
-        f"checkpoint.async_save={saving == 'async'}",
-    )
-    train(tmp_path, "straight", *common)
+    common = (*KILL_RUN, f"checkpoint.async_save={saving == 'async'}")
     killed = train(tmp_path, "resumed", *common, env={"MINDSCALE_FAULT": "checkpoint_write:6"}, check=False)
     assert killed.returncode == -9
     run = tmp_path / "resumed"
     assert ckpt.latest_checkpoint(run / "checkpoints").name == "step_00000003"
     resumed = train(tmp_path, "resumed", *common)
     assert "resumed from" in resumed.stdout and "step_00000003" in resumed.stdout
-    straight, again = losses(tmp_path / "straight"), losses(run)
+    straight, again = losses(straight_run()), losses(run)
     assert sorted(again) == list(range(1, 9))
     # On one core MindSpore's CPU kernels are deterministic: the resumed run is bit-identical.
     assert [again[s] for s in range(1, 9)] == [straight[s] for s in range(1, 9)]
-    w_straight = ckpt.load_weights(tmp_path / "straight" / "checkpoints" / "step_00000008")
+    w_straight = ckpt.load_weights(straight_run() / "checkpoints" / "step_00000008")
     w_again = ckpt.load_weights(run / "checkpoints" / "step_00000008")
     assert all(np.array_equal(w_straight[k], w_again[k]) for k in w_straight)
     assert commit.committed_steps(run / "checkpoints") == [6, 8]
@@ -206,8 +219,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, message):
 
 
 def test_truncated_checkpoint_as_load_path_is_refused(tmp_path):
-    train(tmp_path, "src", "train.steps=1")
-    step = tmp_path / "src" / "checkpoints" / "step_00000001"
+    step = tmp_path / "src" / "checkpoints" / "step_00000008"
+    shutil.copytree(straight_run() / "checkpoints" / "step_00000008", step)
     weights = step / ckpt.WEIGHTS
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     proc = train(tmp_path, "dst", "train.steps=1", f"checkpoint.load_path={step}", check=False)

@@ -457,10 +457,11 @@ def test_replan_devices_changes_data_parallel_and_keeps_global_batch(cfg70):
         planner.replan_devices(cfg70, 100)
 
 
-@pytest.mark.parametrize("devices", [64, 128])
-def test_search_llama2_70b_gives_fitting_ready_to_use_layouts(cfg70, devices):
+def test_search_llama2_70b_gives_fitting_ready_to_use_layouts(cfg70):
     """Ranked, ready to use, and told against the speed model's error: the text says how far apart the layouts are
-    and which the model cannot tell apart, and flags each that fits within 1 GiB of its budget."""
+    and which the model cannot tell apart, and flags each that fits within 1 GiB of its budget. (One card count: a
+    search of llama2_70b takes 40-90 s on a 2-core host.)"""
+    devices = 64
     found = planner.search(cfg70, devices)
     assert len(found) == 5
     speeds = [e["plan"]["predicted"]["tokens_per_s"] for e in found]

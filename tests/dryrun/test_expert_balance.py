@@ -1,11 +1,11 @@
 """Auxiliary-loss-free balancing compiled by MindSpore's dry run (tools/dryrun.py): configs/tiny/deepseek_v3_tiny.yaml
 with bias_update_rate 0.001, sharded as on Ascend (expert parallel 2, tensor and sequence parallel 2, the optimizer
 shard), in two layouts: dp 4 with 2 micro batches accumulated, and dp 2 over 2 pipeline stages of 2 layers with 2
-micro batches. Their first and last rank (both tensor-parallel indices; under the pipeline, one of each stage), their
-IR read.
+micro batches and a multi-token-prediction module (on the last stage). Their first and last rank (both
+tensor-parallel indices; under the pipeline, one of each stage), their IR read.
 
 What each rank's compiled graph must show, for exactly the expert layers of its stage (all of them without a
-pipeline; layer 0 is dense): every micro batch, each layer's token counts reach its counter through an AllReduce
+pipeline; layer 0 is dense; the module's block with the last stage): every micro batch, each layer's token counts reach its counter through an AllReduce
 (sum) of the [E] counts over the ranks that split the tokens: the data-parallel ranks of the rank's stage and
 tensor-parallel index (an expert-parallel group is a subset of them; the tensor-parallel ranks route the same
 tokens, so they are not in it); the step assigns each bias whole, [E] on the rank, the value chosen by a Select
@@ -46,13 +46,15 @@ LAYOUTS = {
         "parallel.data_parallel=2",
         "parallel.pipeline_stage=2",
         "parallel.micro_batch_num=2",
+        "model.mtp_depth=1",
     ],
 }
 SHAPES = {"accumulated": (4, 2, 2, 1, 2), "pipeline": (2, 2, 2, 2, 2)}  # dp, tp, ep, pp, micro batches
 _NODE = re.compile(r"^\s+(%\d+)\(\S+\) = (\S+?)\((.*)$")
-_COUNTER_ADD = re.compile(r"PrimFunc_AssignAdd\(%para\d+_▸?expert_load\.layers\.(\d+)\.[\w.]+, (%\d+),")
-_BIAS_ASSIGN = re.compile(r"PrimFunc_Assign\(%para\d+_layers\.(\d+)\.feed_forward\.routing\.router_bias, (%\d+),")
-_BIAS_PARAMETER = re.compile(r"^%para\d+_(?:expert_load\.)?layers\.(\d+)\.feed_forward\.routing\.router_bias:", re.M)
+BIAS = r"(?:layers|mtp)\.[\w.]+?\.routing\.router_bias"  # layers.3.feed_forward..., mtp.0.block.feed_forward...
+_COUNTER_ADD = re.compile(rf"PrimFunc_AssignAdd\(%para\d+_▸?expert_load\.({BIAS}), (%\d+),")
+_BIAS_ASSIGN = re.compile(rf"PrimFunc_Assign\(%para\d+_({BIAS}), (%\d+),")
+_BIAS_PARAMETER = re.compile(rf"^%para\d+_((?:expert_load\.)?{BIAS}):", re.M)
 
 
 def subgraph_nodes(text: str):
@@ -68,13 +70,13 @@ def subgraph_nodes(text: str):
         yield graph, line
 
 
-def counter_inputs(text: str) -> list[tuple[int, tuple[str, str, str]]]:
-    """(layer, (op, attributes, types)) of what each counter's AssignAdd adds."""
+def counter_inputs(text: str) -> list[tuple[str, tuple[str, str, str]]]:
+    """(bias, (op, attributes, types)) of what each bias's counter's AssignAdd adds."""
     found = []
     for graph, line in subgraph_nodes(text):
         add = _COUNTER_ADD.search(line)
         if add:
-            found.append((int(add.group(1)), graph[add.group(2)]))
+            found.append((add.group(1), graph[add.group(2)]))
     return found
 
 
@@ -93,41 +95,45 @@ def ancestors(graph: dict, node: str) -> set[str]:
     return found
 
 
-def bias_updates(text: str) -> dict[int, set[str]]:
-    """{layer: what the skip condition of its bias Assign is computed from}: each Assign must write a Select."""
+def bias_updates(text: str) -> dict[str, set[str]]:
+    """{bias: what the skip condition of its Assign is computed from}: each Assign must write a Select."""
     found = {}
     for graph, line in subgraph_nodes(text):
         assign = _BIAS_ASSIGN.search(line)
         if assign:
             op, rest, _ = graph[assign.group(2)]
             assert op == "PrimFunc_Select", (op, rest[:200])
-            found[int(assign.group(1))] = ancestors(graph, re.match(r"(%\d+)", rest).group(1))
+            found[assign.group(1)] = ancestors(graph, re.match(r"(%\d+)", rest).group(1))
     return found
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_each_stage_counts_and_moves_its_own_biases(name, tmp_path):
     cfg = load_config(DEEPSEEK_V3_TINY, LAYOUTS[name])
-    layout = Layout.of(cfg, "Ascend")
+    layout, model = Layout.of(cfg, "Ascend"), cfg.model
+    moe = model.moe
     assert (layout.dp, layout.tp, layout.ep, layout.pp, layout.micro_steps) == SHAPES[name]
     last = layout.stage_devices * layout.pp - 1
     reports = dryrun(DEEPSEEK_V3_TINY, *LAYOUTS[name], ranks=f"0,{last}", ir_dir=tmp_path)
     assert [r["rank"] for r in reports] == [0, last]
+    biases = [f"layers.{i}.feed_forward.routing.router_bias" for i in range(moe.dense_layers, model.num_layers)] + [
+        f"mtp.{k}.block.feed_forward.routing.router_bias" for k in range(model.mtp_depth)
+    ]
     seen_stages = set()
     for report in reports:
         rank = report["rank"]
         stage = layout.stage_of_rank(rank)
         seen_stages.add(stage)
-        # the expert layers of the rank's stage: pipeline, [1] and [2, 3]; accumulated, [1, 2]
-        own = [i for i in layout.layers_of_stage(stage) if i >= cfg.model.moe.dense_layers]
+        # pipeline: layers.1's on stage 0, layers.2's, layers.3's and the module's on stage 1; accumulated: all
+        own = sorted(b for b in biases if layout.stage_of(b) == stage)
         text = read_validate_ir(tmp_path / f"rank{rank}")
         token_ranks = tuple(r for r in layout.stage_ranks(stage) if r % layout.tp == rank % layout.tp)
         counted = []
-        for layer, (op, attrs, types) in counter_inputs(text):
+        for bias, (op, attrs, types) in counter_inputs(text):
             assert op == "AllReduce" and 'op: "sum"' in attrs, (op, attrs[:200])
             ranks = tuple(int(r) for r in re.search(r"group_rank_ids: \(([\d, ]+)\)", attrs).group(1).split(","))
             assert ranks == token_ranks and "(<Tensor[Float32], (8)>)" in types, (ranks, types)
-            counted.append(layer)
+            counted.append(bias)
         # each counted once in the micro-batch graph MindSpore calls for every micro batch
         assert sorted(counted) == own, (rank, counted)
         updates = bias_updates(text)
@@ -135,14 +141,12 @@ def test_each_stage_counts_and_moves_its_own_biases(name, tmp_path):
         norm = {"PrimFunc_IsFinite", "AllReduce:PARALLEL_GLOBALNORM_IN_STAGES"}
         if layout.pp > 1:
             norm.add("AllReduce:PARALLEL_GLOBALNORM_BETWEEN_STAGES")
-        for layer, condition in updates.items():
-            assert norm <= condition, (rank, layer, sorted(condition))
+        for bias, condition in updates.items():
+            assert norm <= condition, (rank, bias, sorted(condition))
         # no other stage's bias or counter: neither in the graph nor held by the rank
-        assert sorted(set(int(m) for m in _BIAS_PARAMETER.findall(text))) == own
-        held = [k for k in report["layouts"] if k.endswith("routing.router_bias")]
-        assert sorted(held) == sorted(
-            f"{prefix}layers.{i}.feed_forward.routing.router_bias" for i in own for prefix in ("", "expert_load.")
-        )
-        for i in own:
-            assert report["layouts"][f"layers.{i}.feed_forward.routing.router_bias"][2] == [8]  # whole on the rank
+        mine = sorted(prefix + b for b in own for prefix in ("", "expert_load."))
+        assert sorted(set(_BIAS_PARAMETER.findall(text))) == mine
+        assert sorted(k for k in report["layouts"] if k.endswith("routing.router_bias")) == mine
+        for bias in own:
+            assert report["layouts"][bias][2] == [8]  # whole on the rank
     assert seen_stages == set(range(layout.pp))

@@ -228,7 +228,7 @@ class MoeConfig:
         "moe_router_bias_update_rate): after each optimizer step that is not skipped, every expert's router_bias "
         "moves by this x sign(mean load - its load), its load the tokens that chose it over the whole global "
         "batch (every micro batch and every rank). DeepSeek-V3: 0.001. 0 = the bias stays as loaded (frozen). "
-        "Refused with pipeline stages (docs/models.md, DeepSeek-V3).",
+        "Under pipeline stages each stage moves the biases of its own layers (docs/models.md, DeepSeek-V3).",
         0.0,
     )
     capacity_factor: Optional[float] = doc(

@@ -383,12 +383,6 @@ def _experts(cfg: Config) -> None:
     for key in ("aux_loss_coeff", "seq_aux_loss_coeff", "bias_update_rate"):
         if getattr(moe, key) < 0:
             raise ConfigError(f"model.moe.{key}={getattr(moe, key)}: must be >= 0 (0 = off)")
-    if moe.bias_update_rate and cfg.parallel.pipeline_stage > 1:
-        raise ConfigError(
-            f"model.moe.bias_update_rate={moe.bias_update_rate} with parallel.pipeline_stage="
-            f"{cfg.parallel.pipeline_stage}: MindSpore 2.9 compiles the bias update into the wrong stages "
-            "(docs/models.md, DeepSeek-V3); set bias_update_rate to 0 or pipeline_stage to 1"
-        )
     if moe.bias_update_rate and cfg.train.eval_interval:
         raise ConfigError(
             f"model.moe.bias_update_rate={moe.bias_update_rate} with train.eval_interval="

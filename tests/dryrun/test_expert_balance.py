@@ -1,14 +1,20 @@
 """Auxiliary-loss-free balancing compiled by MindSpore's dry run (tools/dryrun.py): configs/tiny/deepseek_v3_tiny.yaml
-sharded as on Ascend (dp 4 with expert parallel 2, tensor and sequence parallel 2, the optimizer shard, 2 micro
-batches accumulated) with bias_update_rate 0.001, its first and last rank, its IR read.
+with bias_update_rate 0.001, sharded as on Ascend (expert parallel 2, tensor and sequence parallel 2, the optimizer
+shard), in two layouts: dp 4 with 2 micro batches accumulated, and dp 2 over 2 pipeline stages of 2 layers with 2
+micro batches and a multi-token-prediction module (on the last stage). Their first and last rank (both
+tensor-parallel indices; under the pipeline, one of each stage), their IR read.
 
-What the compiled graph must show: every micro batch, each expert layer's token counts reach its counter
-through an AllReduce (sum) of the [E] counts over the ranks that split the tokens: the 4 data-parallel ranks
-of the rank's tensor-parallel index (an expert-parallel group is a subset of them; the tensor-parallel ranks
-route the same tokens, so they are not in it); and the step assigns each bias whole, [E] on every rank.
-Pipeline stages are refused with the update on (validate.py; docs/models.md says what their compile showed)."""
+What each rank's compiled graph must show, for exactly the expert layers of its stage (all of them without a
+pipeline; layer 0 is dense; the module's block with the last stage): every micro batch, each layer's token counts reach its counter through an AllReduce
+(sum) of the [E] counts over the ranks that split the tokens: the data-parallel ranks of the rank's stage and
+tensor-parallel index (an expert-parallel group is a subset of them; the tensor-parallel ranks route the same
+tokens, so they are not in it); the step assigns each bias whole, [E] on the rank, the value chosen by a Select
+whose condition is the step's overflow test on the global gradient norm (all-reduced across stages under the
+pipeline, so every stage skips the same steps); and no other layer's bias or counter is a parameter of the rank."""
 
 import re
+
+import pytest
 
 from mindscale.config import REPO_ROOT, Layout, load_config
 from mindscale.launch.compiled_ir import read_validate_ir
@@ -17,57 +23,130 @@ from tests.dryrun.test_dryrun import dryrun
 DEEPSEEK_V3_TINY = REPO_ROOT / "configs" / "tiny" / "deepseek_v3_tiny.yaml"
 SHARDED = [
     "hardware=ascend910b",
-    "model.num_layers=3",
     "model.seq_length=64",
     "model.vocab_size=256",
     "model.moe.bias_update_rate=0.001",
     "train.micro_batch_size=1",
     "train.global_batch_size=null",
-    "parallel.data_parallel=4",
     "parallel.model_parallel=2",
     "parallel.expert_parallel=2",
     "parallel.sequence_parallel=true",
     "parallel.optimizer_shard=true",
-    "parallel.gradient_accumulation_steps=2",
 ]
+LAYOUTS = {
+    "accumulated": [
+        *SHARDED,
+        "model.num_layers=3",
+        "parallel.data_parallel=4",
+        "parallel.gradient_accumulation_steps=2",
+    ],
+    "pipeline": [
+        *SHARDED,
+        "model.num_layers=4",
+        "parallel.data_parallel=2",
+        "parallel.pipeline_stage=2",
+        "parallel.micro_batch_num=2",
+        "model.mtp_depth=1",
+    ],
+}
+SHAPES = {"accumulated": (4, 2, 2, 1, 2), "pipeline": (2, 2, 2, 2, 2)}  # dp, tp, ep, pp, micro batches
 _NODE = re.compile(r"^\s+(%\d+)\(\S+\) = (\S+?)\((.*)$")
-_COUNTER_ADD = re.compile(r"PrimFunc_AssignAdd\(%para\d+_▸?expert_load\.layers\.(\d+)\.[\w.]+, (%\d+),")
-_BIAS_ASSIGN = re.compile(r"PrimFunc_Assign\(%para\d+_layers\.(\d+)\.feed_forward\.routing\.router_bias, ")
+BIAS = r"(?:layers|mtp)\.[\w.]+?\.routing\.router_bias"  # layers.3.feed_forward..., mtp.0.block.feed_forward...
+_COUNTER_ADD = re.compile(rf"PrimFunc_AssignAdd\(%para\d+_▸?expert_load\.({BIAS}), (%\d+),")
+_BIAS_ASSIGN = re.compile(rf"PrimFunc_Assign\(%para\d+_({BIAS}), (%\d+),")
+_BIAS_PARAMETER = re.compile(rf"^%para\d+_((?:expert_load\.)?{BIAS}):", re.M)
 
 
-def counter_inputs(text: str) -> list[tuple[int, tuple[str, str, str]]]:
-    """(layer, (op, attributes, types)) of what each counter's AssignAdd adds, found in its own subgraph (node
-    ids are numbered per subgraph)."""
-    lines, graph, found = text.splitlines(), {}, []
+def subgraph_nodes(text: str):
+    """Per subgraph (node ids are numbered per subgraph), {id: (op, rest of the line, the next line: its
+    types)}, yielded with each line of that subgraph seen so far."""
+    lines, graph = text.splitlines(), {}
     for i, line in enumerate(lines):
         if line.startswith("subgraph @"):
             graph = {}
         match = _NODE.match(line)
         if match:
             graph[match.group(1)] = (match.group(2), match.group(3), lines[i + 1] if i + 1 < len(lines) else "")
+        yield graph, line
+
+
+def counter_inputs(text: str) -> list[tuple[str, tuple[str, str, str]]]:
+    """(bias, (op, attributes, types)) of what each bias's counter's AssignAdd adds."""
+    found = []
+    for graph, line in subgraph_nodes(text):
         add = _COUNTER_ADD.search(line)
         if add:
-            found.append((int(add.group(1)), graph[add.group(2)]))
+            found.append((add.group(1), graph[add.group(2)]))
     return found
 
 
-def test_the_counts_are_all_reduced_over_the_ranks_that_split_the_tokens(tmp_path):
-    layout = Layout.of(load_config(DEEPSEEK_V3_TINY, SHARDED), "Ascend")
-    assert (layout.dp, layout.tp, layout.ep, layout.pp, layout.micro_steps) == (4, 2, 2, 1, 2)
-    reports = dryrun(DEEPSEEK_V3_TINY, *SHARDED, ranks="0,7", ir_dir=tmp_path)  # both tensor-parallel indices
-    assert [r["rank"] for r in reports] == [0, 7]
+def ancestors(graph: dict, node: str) -> set[str]:
+    """The ops (with their instance names) `node` is computed from within its subgraph, itself included."""
+    seen, todo, found = set(), [node], set()
+    while todo:
+        current = todo.pop()
+        if current in seen or current not in graph:
+            continue
+        seen.add(current)
+        op, rest, _ = graph[current]
+        name = re.search(r"\{instance name: (\w+)\}", rest)
+        found.add(op if name is None else f"{op}:{name.group(1)}")
+        todo.extend(re.findall(r"%\d+\b", rest))
+    return found
+
+
+def bias_updates(text: str) -> dict[str, set[str]]:
+    """{bias: what the skip condition of its Assign is computed from}: each Assign must write a Select."""
+    found = {}
+    for graph, line in subgraph_nodes(text):
+        assign = _BIAS_ASSIGN.search(line)
+        if assign:
+            op, rest, _ = graph[assign.group(2)]
+            assert op == "PrimFunc_Select", (op, rest[:200])
+            found[assign.group(1)] = ancestors(graph, re.match(r"(%\d+)", rest).group(1))
+    return found
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_each_stage_counts_and_moves_its_own_biases(name, tmp_path):
+    cfg = load_config(DEEPSEEK_V3_TINY, LAYOUTS[name])
+    layout, model = Layout.of(cfg, "Ascend"), cfg.model
+    moe = model.moe
+    assert (layout.dp, layout.tp, layout.ep, layout.pp, layout.micro_steps) == SHAPES[name]
+    last = layout.stage_devices * layout.pp - 1
+    reports = dryrun(DEEPSEEK_V3_TINY, *LAYOUTS[name], ranks=f"0,{last}", ir_dir=tmp_path)
+    assert [r["rank"] for r in reports] == [0, last]
+    biases = [f"layers.{i}.feed_forward.routing.router_bias" for i in range(moe.dense_layers, model.num_layers)] + [
+        f"mtp.{k}.block.feed_forward.routing.router_bias" for k in range(model.mtp_depth)
+    ]
+    seen_stages = set()
     for report in reports:
         rank = report["rank"]
+        stage = layout.stage_of_rank(rank)
+        seen_stages.add(stage)
+        # pipeline: layers.1's on stage 0, layers.2's, layers.3's and the module's on stage 1; accumulated: all
+        own = sorted(b for b in biases if layout.stage_of(b) == stage)
         text = read_validate_ir(tmp_path / f"rank{rank}")
-        token_ranks = tuple(r for r in range(8) if r % layout.tp == rank % layout.tp)  # (0, 2, 4, 6), (1, 3, 5, 7)
+        token_ranks = tuple(r for r in layout.stage_ranks(stage) if r % layout.tp == rank % layout.tp)
         counted = []
-        for layer, (op, attrs, types) in counter_inputs(text):
+        for bias, (op, attrs, types) in counter_inputs(text):
             assert op == "AllReduce" and 'op: "sum"' in attrs, (op, attrs[:200])
             ranks = tuple(int(r) for r in re.search(r"group_rank_ids: \(([\d, ]+)\)", attrs).group(1).split(","))
             assert ranks == token_ranks and "(<Tensor[Float32], (8)>)" in types, (ranks, types)
-            counted.append(layer)
-        # layers 1 and 2 have experts (layer 0 is dense), each counted once in the micro-batch graph MindSpore
-        # calls for both micro batches
-        assert sorted(counted) == [1, 2]
-        assert sorted(int(m.group(1)) for m in _BIAS_ASSIGN.finditer(text)) == [1, 2]
-        assert report["layouts"]["layers.1.feed_forward.routing.router_bias"][2] == [8]  # whole on every rank
+            counted.append(bias)
+        # each counted once in the micro-batch graph MindSpore calls for every micro batch
+        assert sorted(counted) == own, (rank, counted)
+        updates = bias_updates(text)
+        assert sorted(updates) == own, (rank, sorted(updates))
+        norm = {"PrimFunc_IsFinite", "AllReduce:PARALLEL_GLOBALNORM_IN_STAGES"}
+        if layout.pp > 1:
+            norm.add("AllReduce:PARALLEL_GLOBALNORM_BETWEEN_STAGES")
+        for bias, condition in updates.items():
+            assert norm <= condition, (rank, bias, sorted(condition))
+        # no other stage's bias or counter: neither in the graph nor held by the rank
+        mine = sorted(prefix + b for b in own for prefix in ("", "expert_load."))
+        assert sorted(set(_BIAS_PARAMETER.findall(text))) == mine
+        assert sorted(k for k in report["layouts"] if k.endswith("routing.router_bias")) == mine
+        for bias in own:
+            assert report["layouts"][bias][2] == [8]  # whole on the rank
+    assert seen_stages == set(range(layout.pp))

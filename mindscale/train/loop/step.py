@@ -212,9 +212,10 @@ class BiasUpdate(nn.Cell):
     """One expert layer's auxiliary-loss-free update: construct(apply) moves the router bias by
     rate x sign(mean load - load) of its counter when `apply`, and zeroes the counter either way.
 
-    Not under pipeline stages (validate.py refuses it): MindSpore 2.9's dry run compiled such updates into
-    the last stage only, or, read after a stage's own values or marked with its layer's pipeline_stage, into
-    every stage, which then held (and would save) every layer's bias."""
+    Under pipeline stages it needs no stage of its own: the bias and the counter belong to the stage whose
+    layer reads them in the forward, and MindSpore's pipeline pass keeps in each stage's step only the ops on
+    the parameters that stage holds, as it does the optimizer's updates (its ElimParameter, in MindSpore's
+    pipeline_transformer.cc; tests/dryrun/test_expert_balance.py reads it from both stages' compiled graphs)."""
 
     def __init__(self, counter: Parameter, bias: Parameter, rate: float, sum_ranks: bool):
         super().__init__(auto_prefix=False)
@@ -254,7 +255,9 @@ class ExpertBalance(nn.Cell):
     batch's: the parallel compiler all-reduces it in the forward over the ranks that split the tokens (data x
     context parallel; the tensor-parallel ranks route the same tokens). In a data-parallel run each layer's
     BiasUpdate sums its counter over the workers by an AllReduce of its own. Every rank then adds the same step
-    to the same bias, when the step applies its update, and the counters start the next step at 0."""
+    to the same bias, when the step applies its update, and the counters start the next step at 0. Under
+    pipeline stages each stage counts and moves the biases of its own layers; `apply` comes from the global
+    gradient norm, all-reduced across stages, so every stage skips the same steps."""
 
     def __init__(self, network: nn.Cell, rate: float, layout: Layout):
         super().__init__(auto_prefix=False)

@@ -556,7 +556,8 @@ class OffloadConfig:
         "(a layer is recomputed or offloaded, never both: MindSpore ignores offload on a recomputed op), so with a "
         "list recompute.layers + offload.layers may not exceed a stage's layers. Ascend graph mode with "
         "run.reuse_layer_graph (MindSpore offloads only inside a lazy_inline graph); refused on CPU, where MindSpore "
-        "2.9 compiles the marks and moves nothing (docs/models.md).",
+        "2.9 compiles the marks and moves nothing (docs/models.md), and with context.memory_optimize_level O1, where "
+        "its SOMAS keeps the host copies in device memory (docs/dryrun.md).",
         0,
     )
     backward_prefetch: int = doc(

@@ -808,6 +808,12 @@ def _offload(cfg: Config) -> None:
             "(MindSpore offloads activations only inside a lazy_inline graph, in graph mode); set them, "
             "or offload.layers=0"
         )
+    if cfg.context.get("memory_optimize_level") == "O1":
+        raise ConfigError(
+            f"offload.layers={offload.layers} with context.memory_optimize_level=O1: MindSpore 2.9's SOMAS lays "
+            "the host copies in device memory, so offload frees none (docs/dryrun.md, Device memory); drop "
+            "memory_optimize_level (O0, the default) or set offload.layers=0"
+        )
 
 
 def _speed_up_needs(cfg: Config) -> dict[str, tuple[bool, str]]:

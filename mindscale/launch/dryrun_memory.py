@@ -17,6 +17,14 @@ step (`peak_bytes`, with the block's fragments; `used_bytes` counts only the ten
 step). Executed at level 1 (`--memory run`), the pool's peak (mindspore.runtime.max_memory_allocated) equals
 `peak_bytes` up to each persistent block's alignment (tests/dryrun/test_memory.py). What it leaves out: kernel workspaces (0 at level 1: sized by CANN's kernels, which a level-2 run needs a device for),
 HCCL's buffers and the driver's memory (outside MindSpore's pool: hardware.memory_gib - memory_pool_gib).
+
+Activation offload (offload.layers) puts a `MoveTo(x, "CPU")` after each moved forward tensor and a
+`MoveTo(.., "Ascend")` before its backward use. SOMAS gives the host copies (the first MoveTo's outputs) offsets in
+its device block, live from the forward to the copy back, and MindSpore's runtime places them there at O1 (its actor
+set marks them `is_somas_enable:1` with an offset): at O1 offload frees nothing. At O0, the trainer's default
+(runtime.py), the runtime takes them from host memory and the pool's peak falls (docs/evidence/planner.md).
+`host_copy_bytes` is what the plan's busiest step holds of them, `device_used_bytes` that step's persistent + block
+use without them.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ _PARAMETER = re.compile(r"^%\d+P\t#(\d+)S\t(\S+)", re.M)
 _TENSOR = re.compile(r"^%\d+T\t#(\d+)S\t#\d+S\t&(\d+)\t\w+\t\w+\t(\d+)\t(\d+)\t(\S+)", re.M)
 CONSTANT = "Default/data-"  # a graph constant's parameter name in the plan
 TOP = 8  # tensors listed at the peak
+MOVE_TO = "/MoveTo-op"  # in a SOMAS tensor's node name: activation offload's copies (Cell.offload)
 
 
 def _peak_step(tensors: list[tuple]) -> tuple[int, int]:
@@ -55,9 +64,18 @@ def _peak_step(tensors: list[tuple]) -> tuple[int, int]:
     return best
 
 
+def host_copies(tensors: list[tuple]) -> list[tuple]:
+    """Activation offload's copies in host memory: the MoveTo outputs whose last reader is another MoveTo (the copy
+    back, which starts at the step their life ends). The copies back, read by the backward, are not."""
+    moves = [t for t in tensors if MOVE_TO in t[4]]
+    starts = {t[2] for t in moves}
+    return [t for t in moves if t[3] in starts]
+
+
 def parse_plan(text: str) -> dict:
     """One graph's plan: persistent bytes (parameters and the step's inputs; constants among them), the SOMAS
-    block's size, the step at which most of it is in use, and the largest tensors live then."""
+    block's size, the step at which most of it is in use, the largest tensors live then, and the same without
+    activation offload's host copies (module docstring)."""
     head, _, body = text.partition("All Tensors:")
     params = [(int(size), name) for size, name in _PARAMETER.findall(head)]
     tensors = [
@@ -65,12 +83,17 @@ def parse_plan(text: str) -> dict:
     ]
     peak_step, used = _peak_step(tensors)
     live = sorted((t for t in tensors if t[2] <= peak_step <= t[3]), key=lambda t: -t[0])
+    host = host_copies(tensors)
+    moved = set(host)
+    on_device = _peak_step([t for t in tensors if t not in moved])[1] if host else used
     return {
         "persistent_bytes": sum(size for size, _ in params),
         "constant_bytes": sum(size for size, name in params if name.startswith(CONSTANT)),
         "somas_bytes": max((off + size for size, off, *_ in tensors), default=0),
         "peak_step": peak_step,
         "somas_used_at_peak_bytes": used,
+        "host_copy_bytes": sum(t[0] for t in host if t[2] <= peak_step <= t[3]),
+        "somas_used_on_device_bytes": on_device,
         "top_tensors": [
             {"node": name, "bytes": size, "life": [first, last]} for size, _, first, last, name in live[:TOP]
         ],
@@ -105,6 +128,8 @@ def device_memory(folders: list[Path], rank: int) -> dict | None:
         "somas_used_bytes": peak["somas_used_at_peak_bytes"],
         "used_bytes": persistent + peak["somas_used_at_peak_bytes"],
         "peak_bytes": persistent + peak["somas_bytes"],
+        "host_copy_bytes": peak["host_copy_bytes"],
+        "device_used_bytes": persistent + peak["somas_used_on_device_bytes"],
         "top_tensors": peak["top_tensors"],
         "largest_persistent": sorted((p for g in graphs for p in g["largest_persistent"]), key=lambda p: -p["bytes"])[
             :TOP

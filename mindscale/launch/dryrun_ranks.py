@@ -366,10 +366,16 @@ def memory_line(report: dict) -> str:
         return ""
     mib = 2**20
     ran = f"; a step executed: {m['executed_peak_bytes'] / mib:,.0f} MiB" if "executed_peak_bytes" in m else ""
+    host = (  # activation offload's host copies, which SOMAS lays in its device block (dryrun_memory)
+        f" ({m['host_copy_bytes'] / mib:,.0f} MiB of it offload's host copies; {m['device_used_bytes'] / mib:,.0f} "
+        "MiB without them)"
+        if m.get("host_copy_bytes")
+        else ""
+    )
     top = ", ".join(f"{t['node'].rsplit('/', 1)[-1]} {t['bytes'] / mib:,.0f}" for t in m["top_tensors"][:3])
     p = report.get("planned", {})
     return (
-        f"\n    device memory (MindSpore's plan): used {m['used_bytes'] / mib:,.0f} MiB, with fragments "
+        f"\n    device memory (MindSpore's plan): used {m['used_bytes'] / mib:,.0f} MiB{host}, with fragments "
         f"{m['peak_bytes'] / mib:,.0f} MiB (persistent {m['persistent_bytes'] / mib:,.0f} + SOMAS block "
         f"{m['somas_bytes'] / mib:,.0f}){ran}; planner "
         f"{p.get('device_memory_bytes', 0) / mib:,.0f} MiB ({p.get('device_memory_ratio', 0):.2f}x); at the peak: "

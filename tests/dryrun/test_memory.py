@@ -14,6 +14,7 @@ import io
 import json
 import subprocess
 
+import pytest
 
 from mindscale.config import REPO_ROOT
 from mindscale.launch import standins
@@ -72,33 +73,58 @@ def test_a_somas_plan_reads_as_persistent_bytes_a_block_and_its_busiest_step():
     assert [t["node"] for t in plan["top_tensors"]] == ["Default/a/Reshape-op0", "Gradients/b/Mul-op1"]
 
 
-def test_mindspores_plan_of_a_twin_is_what_its_step_takes_and_near_the_planners():
-    """tools/dryrun.py --memory run on tiny LLaMA dp2·tp2 (rank 0): MindSpore's level-1 dry run plans the rank's
-    memory at compile time, one step executes, and the pool's peak is the plan's persistent bytes plus its
-    SOMAS block, to within the persistent blocks' alignment; the planner's figure is within
-    PLANNER_BAND of it. Stand-ins: CANN's calls return 0 (a zeroed ge::Operator); nothing computes."""
+def test_offloads_host_copies_are_the_moveto_outputs_a_copy_back_reads():
+    """Activation offload in the plan: the forward tensor is freed after its copy out (a MoveTo), whose output
+    lives in the block until the copy back (another MoveTo) reads it; the copy back's output is device memory."""
+    text = (
+        "All Parameters:\n\n%0P\t#2048S\tinputs0\t0\n\n\nAll Tensors:\n\n"
+        "%0T\t#1024S\t#1000S\t&0\tCommon\tLifeLongNone\t1\t2\tDefault/a/MatMul-op0\n"
+        "%1T\t#1024S\t#1000S\t&1024\tCommon\tLifeLongNone\t2\t5\tDefault/a/MoveTo-op0\n"
+        "%2T\t#512S\t#500S\t&0\tCommon\tLifeLongNone\t3\t4\tDefault/b/Exp-op0\n"
+        "%3T\t#1024S\t#1000S\t&2048\tCommon\tLifeLongNone\t5\t6\tGradients/a/MoveTo-op0\n"
+    )
+    plan = parse_plan(text)
+    assert plan["peak_step"] == 2 and plan["somas_used_at_peak_bytes"] == 2048
+    assert plan["host_copy_bytes"] == 1024 and plan["somas_used_on_device_bytes"] == 1024
+
+
+def level1(*sets: str, run: bool = False, collectives: bool = False) -> dict:
+    """tools/dryrun.py --memory [run] on tiny LLaMA dp2·tp2 with `sets`: rank 0's report (with `collectives`, what
+    its validate IR shows too)."""
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = dryrun_tool.main(
             [
                 "--config",
                 str(TINY_LLAMA),
-                "--set",
-                "hardware=ascend910b",
-                "--set",
-                "parallel.model_parallel=2",
+                *(x for s in ("hardware=ascend910b", "parallel.model_parallel=2", *sets) for x in ("--set", s)),
                 "--rank",
                 "0",
                 "--memory",
-                "run",
+                "run" if run else "plan",
                 "--json",
-                "--no-collectives",
+                *([] if collectives else ["--no-collectives"]),
                 "--timeout",
                 "600",
             ]
         )
     report = json.loads(printed.getvalue().splitlines()[-1])
     assert code == 0 and report["compiled"], report.get("error")
+    return report
+
+
+@pytest.fixture(scope="module")
+def executed() -> dict:
+    """The twin planned and one step executed."""
+    return level1(run=True)
+
+
+def test_mindspores_plan_of_a_twin_is_what_its_step_takes_and_near_the_planners(executed):
+    """tools/dryrun.py --memory run on tiny LLaMA dp2·tp2 (rank 0): MindSpore's level-1 dry run plans the rank's
+    memory at compile time, one step executes, and the pool's peak is the plan's persistent bytes plus its
+    SOMAS block, to within the persistent blocks' alignment; the planner's figure is within
+    PLANNER_BAND of it. Stand-ins: CANN's calls return 0 (a zeroed ge::Operator); nothing computes."""
+    report = executed
     memory = report["device_memory"]
     assert memory["graphs"] == 1 and memory["somas_bytes"] > 0 and memory["used_bytes"] <= memory["peak_bytes"]
     # each of the ~250 persistent tensors (weights, moments, constants) is a pool block of its own, rounded up to
@@ -113,3 +139,18 @@ def test_mindspores_plan_of_a_twin_is_what_its_step_takes_and_near_the_planners(
     assert 3 * LOSS_LOGIT_BYTES * 512 * 1024 == sum(t["bytes"] - 512 for t in loss)  # SOMAS adds 512 to each
     assert PLANNER_BAND[0] <= report["planned"]["device_memory_ratio"] <= PLANNER_BAND[1], report["planned"]
     assert memory["reserve"]["outside_pool_bytes"] == 3 * 2**30  # ascend910b: 64 GiB, a 61 GiB pool
+
+
+def test_offloads_host_copies_take_device_memory_in_mindspores_o1_plan(executed):
+    """offload.layers=1 (layer 0) on the same twin, planned at level 1. SOMAS lays the layer's host copies (the
+    validate IR's MoveTo outputs to "CPU", each rounded up to 512 bytes) in its block until the copy back: at O1
+    MindSpore's figure does not fall (validate.py refuses offload with memory_optimize_level O1). Without them its
+    busiest step holds what the device does when they are in host memory, as at O0: less than the twin without
+    offload, by most of the moved bytes."""
+    offload = level1("offload.layers=1", collectives=True)
+    memory, plain = offload["device_memory"], executed["device_memory"]
+    (out,) = [c for c in offload["offload_copies"] if c["to"] == "CPU"]
+    assert out["bytes"] <= memory["host_copy_bytes"] <= out["bytes"] + 512 * out["count"], (out, memory)
+    assert memory["used_bytes"] >= plain["used_bytes"]
+    saved = plain["used_bytes"] - memory["device_used_bytes"]
+    assert 0.5 * out["bytes"] <= saved <= out["bytes"], (saved, out)

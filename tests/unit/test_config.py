@@ -469,6 +469,10 @@ def test_round_trip_through_yaml():
             ["hardware=ascend910b", "offload.layers=1", "run.mode=pynative"],
             "offload.layers=1 needs run.mode=graph and run.reuse_layer_graph=true",
         ),
+        (
+            ["hardware=ascend910b", "offload.layers=1", "context.memory_optimize_level=O1"],
+            "offload.layers=1 with context.memory_optimize_level=O1: MindSpore 2.9's SOMAS lays the host copies",
+        ),
         # context parallel's rule derives the Layout: the per-stage lists must be checked before it
         (
             [

@@ -1,8 +1,8 @@
 """Auxiliary-loss-free balancing compiled by MindSpore's dry run (tools/dryrun.py): configs/tiny/deepseek_v3_tiny.yaml
 with bias_update_rate 0.001, sharded as on Ascend (expert parallel 2, tensor and sequence parallel 2, the optimizer
 shard), in two layouts: dp 4 with 2 micro batches accumulated, and dp 2 over 2 pipeline stages of 2 layers with 2
-micro batches and a multi-token-prediction module (on the last stage). Their first and last rank (both
-tensor-parallel indices; under the pipeline, one of each stage), their IR read.
+micro batches, packed inputs and a multi-token-prediction module (on the last stage). Their first and last rank
+(both tensor-parallel indices; under the pipeline, one of each stage), compiled once a layout, their IR read.
 
 What each rank's compiled graph must show, for exactly the expert layers of its stage (all of them without a
 pipeline; layer 0 is dense; the module's block with the last stage): every micro batch, each layer's token counts reach its counter through an AllReduce
@@ -10,7 +10,9 @@ pipeline; layer 0 is dense; the module's block with the last stage): every micro
 tensor-parallel index (an expert-parallel group is a subset of them; the tensor-parallel ranks route the same
 tokens, so they are not in it); the step assigns each bias whole, [E] on the rank, the value chosen by a Select
 whose condition is the step's overflow test on the global gradient norm (all-reduced across stages under the
-pipeline, so every stage skips the same steps); and no other layer's bias or counter is a parameter of the rank."""
+pipeline, so every stage skips the same steps); and no other layer's bias or counter is a parameter of the rank.
+Under the pipeline also: the module's parameters on the last stage only, with the copy of the embedding its
+lookup reads, each slice and byte as the planner's."""
 
 import re
 
@@ -107,15 +109,25 @@ def bias_updates(text: str) -> dict[str, set[str]]:
     return found
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
-def test_each_stage_counts_and_moves_its_own_biases(name, tmp_path):
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def compiled(request, tmp_path_factory):
+    """(name, config, layout, the first and last rank's reports, their IR folder), compiled once a layout (the
+    pipeline's with packed inputs: segment_ids and a loss mask, which the module shifts)."""
+    name = request.param
     cfg = load_config(DEEPSEEK_V3_TINY, LAYOUTS[name])
-    layout, model = Layout.of(cfg, "Ascend"), cfg.model
+    layout = Layout.of(cfg, "Ascend")
+    last = layout.stage_devices * layout.pp - 1
+    ir_dir = tmp_path_factory.mktemp(name)
+    reports = dryrun(DEEPSEEK_V3_TINY, *LAYOUTS[name], ranks=f"0,{last}", ir_dir=ir_dir, packed=name == "pipeline")
+    assert [r["rank"] for r in reports] == [0, last]
+    return name, cfg, layout, reports, ir_dir
+
+
+def test_each_stage_counts_and_moves_its_own_biases(compiled):
+    name, cfg, layout, reports, tmp_path = compiled
+    model = cfg.model
     moe = model.moe
     assert (layout.dp, layout.tp, layout.ep, layout.pp, layout.micro_steps) == SHAPES[name]
-    last = layout.stage_devices * layout.pp - 1
-    reports = dryrun(DEEPSEEK_V3_TINY, *LAYOUTS[name], ranks=f"0,{last}", ir_dir=tmp_path)
-    assert [r["rank"] for r in reports] == [0, last]
     biases = [f"layers.{i}.feed_forward.routing.router_bias" for i in range(moe.dense_layers, model.num_layers)] + [
         f"mtp.{k}.block.feed_forward.routing.router_bias" for k in range(model.mtp_depth)
     ]
@@ -150,3 +162,20 @@ def test_each_stage_counts_and_moves_its_own_biases(name, tmp_path):
         for bias in own:
             assert report["layouts"][bias][2] == [8]  # whole on the rank
     assert seen_stages == set(range(layout.pp))
+
+
+@pytest.mark.parametrize("compiled", ["pipeline"], indirect=True)
+def test_the_mtp_module_and_an_embedding_copy_compile_on_the_last_stage_as_planned(compiled):
+    """The module's parameters on the last stage only, and there a copy of the token embedding its lookup reads
+    (as for a tied head), each slice as the planner cuts it, and the bytes equal to the planner's."""
+    _, _, layout, (first, last), _ = compiled
+    assert (layout.stage_of_rank(first["rank"]), layout.stage_of_rank(last["rank"])) == (0, 1)
+    for report in (first, last):
+        assert report["planned"]["shape_mismatches"] == {}
+        assert report["bytes"] == {k: report["planned"][k] for k in ("weights", "grads", "optimizer")}
+    assert not any(name.startswith("mtp.") for name in first["local_shapes"])
+    held = [name for name in last["local_shapes"] if name.startswith("mtp.0.")]
+    assert {"mtp.0.enorm.weight", "mtp.0.eh_proj.weight", "mtp.0.block.feed_forward.experts.w1"} <= set(held)
+    assert "tok_embeddings.weight" in first["local_shapes"] and "tok_embeddings.weight" in last["local_shapes"]
+    # the projection [h, 2h] whole on every tensor-parallel rank, its stored slice cut by the optimizer shard
+    assert last["layouts"]["mtp.0.eh_proj.weight"][2] == [128, 256]

@@ -1,6 +1,6 @@
 """Multi-token prediction's keys (model.mtp_depth, model.mtp_loss_weight) and what the planner counts of it: the
 modules' parameters and a copy of the embedding on the last pipeline stage, their activations, FLOPs and traffic
-there (mindscale/perf/planner/, mindscale/perf/flops.py). tests/dryrun/test_mtp_stages.py checks the parameter slices
+there (mindscale/perf/planner/, mindscale/perf/flops.py). tests/dryrun/test_expert_balance.py (its pipeline layout) checks the parameter slices
 against MindSpore's compile; tests/models/test_mtp.py the numbers against a torch reference."""
 
 import math

@@ -47,8 +47,10 @@ EXPECTED = {
     "qwen3_moe/qwen3_30b_a3b.yaml": 30_532_122_624,
     "qwen3_moe/qwen3_235b_a22b.yaml": 235_093_634_560,
     # trained weights: transformers' DeepseekV3ForCausalLM(DeepseekV3Config()) on the meta device, 57 s, counts the
-    # same (its 14,848 router correction biases are buffers there, and not trained here); without the MTP module
-    "deepseek_v3/deepseek_v3_671b.yaml": 671_026_404_352,
+    # same (its 14,848 router correction biases are buffers there, and not trained here), plus the MTP module's
+    # 11,610,067,968 (by hand below; the released checkpoint's layer 61 also stores its own copies of the embedding
+    # and head, which the module shares here)
+    "deepseek_v3/deepseek_v3_671b.yaml": 682_636_472_320,
 }
 EIGHT_CARDS = (
     "gpt3/gpt3_1.3b.yaml",
@@ -184,7 +186,8 @@ def test_validates_through_the_config_cli():
 
 
 def test_deepseek_v3_count_is_the_released_modules_by_hand(configs):
-    """The 671B by the released config.json's shapes, module by module as transformers builds them."""
+    """The 671B by the released config.json's shapes, module by module as transformers builds them, and the
+    multi-token-prediction module the config adds (models/mtp.py)."""
     h, vocab, heads, layers, dense = 7168, 129280, 128, 61, 3
     attention = (
         h * 1536
@@ -198,7 +201,9 @@ def test_deepseek_v3_count_is_the_released_modules_by_hand(configs):
     )  # o_proj, the two layer norms
     mlp, experts = 3 * h * 18432, 256 * h + 256 * 3 * h * 2048 + 3 * h * 2048  # gate, routed, one shared
     total = layers * attention + dense * mlp + (layers - dense) * experts + 2 * vocab * h + h
-    assert total == flops.param_count(configs["deepseek_v3/deepseek_v3_671b.yaml"].model) == 671_026_404_352
+    assert total == 671_026_404_352
+    mtp = attention + experts + 2 * h * h + 3 * h  # a block with experts, eh_proj [h, 2h], enorm, hnorm, its norm
+    assert total + mtp == flops.param_count(configs["deepseek_v3/deepseek_v3_671b.yaml"].model)
 
 
 def test_config_headers_are_short_and_comments_stay_inline():

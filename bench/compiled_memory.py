@@ -63,6 +63,7 @@ def rank_row(report: dict, micro_batches: int) -> dict:
         "used_mib": round(m["used_bytes"] / MIB),
         "peak_mib": round(m["peak_bytes"] / MIB),
         "persistent_mib": round(m["persistent_bytes"] / MIB),
+        "host_copy_mib": round(m.get("host_copy_bytes", 0) / MIB),  # offload's, in the plan's block (on_device_mib)
         "pool_mib": round(m["reserve"]["pool_bytes"] / MIB),
         "planner_mib": round(planned["device_memory_bytes"] / MIB),
         "largest_at_peak": f"{top['node'].rsplit('/', 1)[-1]} {top['bytes'] / MIB:,.0f} MiB" if top else "",
@@ -102,18 +103,20 @@ def record(config: Path) -> dict:
 def markdown(records: dict) -> str:
     """The records as a table; the planner column is the planner's figure now (the record keeps the one it had)."""
     rows = [
-        "| config | rank (stage) | micro batches | MindSpore used MiB | with fragments MiB | persistent MiB | pool MiB "
-        "| planner MiB | planner ÷ used / ÷ with fragments | largest at the peak | compile, host memory | compiled |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| config | rank (stage) | micro batches | MindSpore used MiB | with fragments MiB | persistent MiB "
+        "| of it offload's host copies MiB | pool MiB | planner MiB | planner ÷ used / ÷ with fragments, on the device "
+        "| largest at the peak | compile, host memory | compiled |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for path in shipped_configs():
         record = compiled_memory.current(records, path, load_config(path))
         for r in record["ranks"] if record else []:
             r = {**r, "planner_mib": round(compiled_memory.planner_mib(path, record, r["stage"]))}
+            used, peak = (compiled_memory.on_device_mib(r, figure) for figure in ("used_mib", "peak_mib"))
             rows.append(
                 f"| `{path.stem}` | {r['rank']} ({r['stage']}) | {r['micro_batches']} | {r['used_mib']:,} | "
-                f"{r['peak_mib']:,} | {r['persistent_mib']:,} | {r['pool_mib']:,} | {r['planner_mib']:,} | "
-                f"{r['planner_mib'] / r['used_mib']:.2f} / {r['planner_mib'] / r['peak_mib']:.2f} | "
+                f"{r['peak_mib']:,} | {r['persistent_mib']:,} | {r.get('host_copy_mib', 0):,} | {r['pool_mib']:,} | "
+                f"{r['planner_mib']:,} | {r['planner_mib'] / used:.2f} / {r['planner_mib'] / peak:.2f} | "
                 f"{r['largest_at_peak']} | {r['compile_s']} s, {r['host_peak_gib']} GiB | "
                 f"{record['compiled']}, {record['commit']} |"
             )
@@ -131,7 +134,8 @@ def section(results: dict) -> list[str]:
         "host (`python bench/compiled_memory.py --config C`; docs/dryrun.md, \"Device memory\"), micro batches cut "
         "to twice the stages (the peak is the shipped config's: the module's docstring). Used: the tensors live at "
         "the plan's busiest step plus the persistent ones; with fragments: its whole block. Planner: its figure today for "
-        "the rank inside the pool. A plan of an Ascend rank made without one: no kernel workspaces (level 1 sizes "
+        "the rank inside the pool. With activation offload, MindSpore's level-1 plan places the host copies in the "
+        "device block: the ratios and the spare figure leave them out. A plan of an Ascend rank made without one: no kernel workspaces (level 1 sizes "
         "none), HCCL buffers or driver memory (outside the pool); not a device measurement. The README's column "
         "shows each config's busiest rank; every recorded config leaves at least "
         f"{compiled_memory.SPARE_GIB:g} GiB of its pool free by it (tests/unit/test_compiled_memory.py).",
@@ -157,7 +161,8 @@ def main(argv=None) -> int:
         for r in entry["ranks"]:
             print(
                 f"{config}: rank {r['rank']} (stage {r['stage']}): MindSpore {r['used_mib']:,} MiB used, "
-                f"{r['peak_mib']:,} with fragments, of a {r['pool_mib']:,} MiB pool; planner {r['planner_mib']:,}",
+                f"{r['peak_mib']:,} with fragments ({r['host_copy_mib']:,} of offload's host copies), of a "
+                f"{r['pool_mib']:,} MiB pool; planner {r['planner_mib']:,}",
                 flush=True,
             )
     records = compiled_memory.load()

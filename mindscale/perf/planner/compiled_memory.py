@@ -84,15 +84,22 @@ def current(records: dict, config_path: Path, cfg: Config) -> dict | None:
     return record if record and record["fingerprint"] == fingerprint(cfg) else None
 
 
+def on_device_mib(rank: dict, figure: str) -> int:
+    """A recorded rank's `figure` ("used_mib" or "peak_mib", fragments included) less the offload's host copies,
+    which MindSpore 2.9's level-1 plan places in the device block although a device holds them in host memory
+    (docs/dryrun.md, "Device memory"; records without `host_copy_mib` are of layouts that offload nothing)."""
+    return rank[figure] - rank.get("host_copy_mib", 0)
+
+
 def busiest(record: dict) -> dict:
-    """The recorded rank whose plan, fragments included, is the largest."""
-    return max(record["ranks"], key=lambda r: r["peak_mib"])
+    """The recorded rank whose plan on the device, fragments included, is the largest."""
+    return max(record["ranks"], key=lambda r: on_device_mib(r, "peak_mib"))
 
 
 def spare_gib(record: dict) -> float:
-    """What MindSpore's plan of the busiest rank leaves free in the pool, GiB."""
+    """What MindSpore's plan of the busiest rank leaves free in the pool on the device, GiB."""
     rank = busiest(record)
-    return (rank["pool_mib"] - rank["peak_mib"]) / 1024
+    return (rank["pool_mib"] - on_device_mib(rank, "peak_mib")) / 1024
 
 
 def planner_mib(config_path: Path, record: dict, stage: int) -> float:

@@ -365,4 +365,4 @@ def _compiled_peak(record: dict | None) -> str:
     if not record:
         return "-"
     rank = compiled_memory.busiest(record)
-    return f"{rank['peak_mib'] / 1024:.1f} of {rank['pool_mib'] / 1024:g}"
+    return f"{compiled_memory.on_device_mib(rank, 'peak_mib') / 1024:.1f} of {rank['pool_mib'] / 1024:g}"

@@ -5,9 +5,11 @@
     python bench/compiled_memory.py --markdown             # the records as docs/evidence/planner.md's table
 
 Each config runs `tools/dryrun.py --memory --no-collectives --jobs 1 --json` for rank 0 and the last stage's first
-rank, with its micro batches cut to twice its pipeline stages (`parallel.micro_batch_num=2p`; without stages,
-`parallel.gradient_accumulation_steps` at most 2): under 1F1B stage k holds min(p - k, m) micro batches in flight
-and the accumulation buffers do not depend on their count, so the peak is the shipped config's, and a rank
+rank, with its micro batches cut to twice its pipeline stages (`parallel.micro_batch_num=2p`, interleaved
+`2p + m mod p`; without stages, `parallel.gradient_accumulation_steps` at most 2): under 1F1B stage k holds
+min(p - k, m) micro batches in flight, under interleaved 1F1B (p + m mod p)(v-1) + 2(p-k-1) + 1 chunk forwards
+(mindscale/perf/planner/schedule.py), neither growing with m beyond that, and the accumulation buffers do not
+depend on their count, so the peak is the shipped config's, and a rank
 compiles in minutes instead of the half hour and more that 256 micro batches take at level 1. The record goes to
 bench/compiled_memory.json (mindscale/perf/planner/compiled_memory.py reads it for the README's table), keyed by
 the config and its layout's fingerprint, with the date, commit and MindSpore version it was compiled with.
@@ -35,7 +37,9 @@ def fewer_micro_batches(cfg) -> list[str]:
     """The overrides that cut a config's micro batches to what its peak needs (module docstring)."""
     p = cfg.parallel
     if p.pipeline_stage > 1:
-        cut = [f"parallel.micro_batch_num={min(p.micro_batch_num, 2 * p.pipeline_stage)}"]
+        # interleaved: the schedule's first round runs p + m mod p micro batches of each chunk, so the cut keeps m mod p
+        kept = p.micro_batch_num % p.pipeline_stage if p.pipeline_interleave > 1 else 0
+        cut = [f"parallel.micro_batch_num={min(p.micro_batch_num, 2 * p.pipeline_stage + kept)}"]
     else:
         cut = [f"parallel.gradient_accumulation_steps={min(p.gradient_accumulation_steps, 2)}"]
     return [*cut, "train.global_batch_size=null"]

@@ -73,13 +73,14 @@ LEVEL_1_TWINS = {"llama2_7b"}
 PLANNER_BAND = (0.9, 1.1)  # the planner's device memory over MindSpore's plan, as for full-size configs
 
 
-def dryrun(config, *overrides, ranks="first,last", packed=False, ir_dir=None, as_twin=False):
+def dryrun(config, *overrides, ranks="first,last", packed=False, ir_dir=None, as_twin=False, memory=False):
     """tools/dryrun.py --json as a user runs it, called in this process (its ranks compile in their own): one
     report per rank (with `ir_dir`, each rank's validate IR kept in <ir_dir>/rank<R>; with `as_twin`, --twin: the
-    scaled twin of the config with `overrides`, at level 1 for LEVEL_1_TWINS). A successful compile without
+    scaled twin of the config with `overrides`, at level 1 for LEVEL_1_TWINS; with `memory`, at level 1 and with
+    `ir_dir` MindSpore's SOMAS plan kept beside the IR). A successful compile without
     `ir_dir` is compiled once in the session and shared by every test (and xdist worker) asking for the same
     arguments (tests/shared.py; test_input_rows.py reads the shipped twins' compiles)."""
-    memory = as_twin and Path(config).stem in LEVEL_1_TWINS
+    memory = memory or (as_twin and Path(config).stem in LEVEL_1_TWINS)
 
     def compile_ranks():
         log_dir = tempfile.mkdtemp(dir=shared.ROOT, prefix="dryrun-")

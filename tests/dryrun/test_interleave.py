@@ -5,13 +5,18 @@ layers 0-1 and 4-5, stage 1 layers 2-3 and 6-7. What the compiled graph must sho
 those layers' weights (the embedding on the first stage, the final norm and head on the last), the
 pipeline_config the runtime set, and one forward border per micro batch for each chunk MindSpore derived
 (the first stage's first chunk is fed by the embedding, the last stage's last feeds the head). And every
-scheduler MindScale accepts compiles. A dry run proves compiler acceptance only: not the schedule's
-speed, its memory or numerics.
+scheduler MindScale accepts compiles; and at level 1 the execution order holds as many chunk forwards in
+flight as the planner counts. A dry run proves compiler acceptance and MindSpore's plan only: not the
+schedule's speed or numerics.
 """
+
+import re
 
 import pytest
 
 from mindscale.config import Layout, load_config
+from mindscale.launch.dryrun_memory import plan_files
+from mindscale.perf import planner
 from test_dryrun import SMALL, TINY_GPT, TINY_LLAMA, dryrun
 
 INTERLEAVED = [
@@ -74,3 +79,34 @@ def test_each_accepted_scheduler_compiles_both_stages(scheduler):
     for report in reports:
         assert report["pipeline_config"] == {"pipeline_interleave": True, "pipeline_scheduler": scheduler}
         assert held_layers(report) == [[0, 2], [1, 3]][report["stage"]]
+
+
+# p 2, v 2 and m 5: m mod p = 1 micro batch fills no round, and MindSpore's scheduler runs it in the first
+_FIRST_ROUND = [*CHEAP[:-1], "parallel.micro_batch_num=5"]
+_KEPT_NORM = re.compile(
+    r"^%\d+T\t#(\d+)S\t#\d+S\t&\d+\t\w+\t\w+\t(\d+)\t(\d+)\tDefault/\S*/attention_norm-\S*Norm-op\d+$", re.M
+)
+
+
+def chunk_forwards_in_flight(plan: str) -> int:
+    """The most chunk forwards a stage holds at once in MindSpore's plan (execution steps): each chunk forward's
+    first norm output (the largest of the op's outputs) is kept for its backward, so it lives from that forward
+    to its backward."""
+    outputs = [(int(size), int(start), int(end)) for size, start, end in _KEPT_NORM.findall(plan)]
+    largest = max(size for size, _, _ in outputs)
+    events = sorted(e for size, start, end in outputs if size == largest for e in ((start, 1), (end + 1, -1)))
+    held = most = 0
+    for _, change in events:
+        held += change
+        most = max(most, held)
+    return most
+
+
+def test_compiled_order_holds_the_planned_chunk_forwards(tmp_path):
+    cfg = load_config(TINY_GPT, _FIRST_ROUND)
+    layout = Layout.of(cfg, "Ascend")
+    reports = dryrun(TINY_GPT, *_FIRST_ROUND, ir_dir=tmp_path, memory=True)
+    for report in reports:
+        (plan,) = plan_files([tmp_path / f"rank{report['rank']}"], report["rank"])
+        planned = planner.in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, report["stage"])
+        assert chunk_forwards_in_flight(plan.read_text()) == planned == [6, 4][report["stage"]]

@@ -282,6 +282,20 @@ def test_in_flight_forwards_follow_megatrons_warm_up():
     assert planner.chunk_forwards(4, 1, 3) == [3] and planner.chunk_forwards(2, 3, 13) == [5, 4, 4]
 
 
+def test_in_flight_forwards_follow_mindspores_first_round():
+    """MindSpore 2.9's interleaved 1f1b gives the m mod p micro batches that fill no round of their own to the
+    first round (InterleavedScheduler): p = 4, v = 2, m = 10 runs micro batches 0-5 of chunk 0, 0-5 of chunk 1,
+    then rounds of 4. Stage 0 warms up with (4 + 2)·1 + 2·3 = 12 chunk forwards and holds 13 at its first
+    backward (Megatron's count, 11, assumes p | m), the last stage 6 + 1 = 7; m = 8 and m = 16 hold the same
+    11 and 5 (the compiled execution order: docs/evidence/planner.md)."""
+    assert [planner.in_flight_forwards(4, 2, 10, k) for k in (0, 3)] == [13, 7]
+    assert [planner.in_flight_forwards(4, 2, m, k) for m in (8, 16) for k in (0, 3)] == [11, 5, 11, 5]
+    assert planner.chunk_forwards(4, 2, 13, 10) == [6 + 1, 6]  # chunk 0 x 6, chunk 1 x 6, then chunk 0
+    assert planner.chunk_forwards(4, 2, 7, 10) == [6, 1]
+    assert planner.chunk_forwards(4, 2, 11, 8) == planner.chunk_forwards(4, 2, 11) == [7, 4]
+    assert planner.in_flight_forwards(16, 6, 96, 0) == planner.in_flight_forwards(16, 6, 32, 0) == 111
+
+
 def test_interleaved_activations_sum_the_chunks_in_flight(cfg405, cfg405_v2):
     """Without recompute every layer keeps `kept` bytes per micro batch. v = 1: stage 0 holds 16 micro
     batches x 7 layers = 112 layer-micro-batches, stage 9 holds 16 - 9 = 7 x 8 = 56. v = 2: stage 0

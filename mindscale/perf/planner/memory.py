@@ -42,7 +42,7 @@ def _in_flight_bytes(layout: Layout, stage: int, per_layer: list[float]) -> floa
     for i, layer in enumerate(layout.layers_of_stage(stage)):
         chunks[layout.chunks_of_layers[layer]] += per_layer[i]
     in_flight = in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, stage)
-    forwards = chunk_forwards(layout.pp, layout.interleave, in_flight)
+    forwards = chunk_forwards(layout.pp, layout.interleave, in_flight, layout.micro_steps)
     return sum(held * times for held, times in zip(chunks, forwards))
 
 
@@ -105,7 +105,7 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
         activations += sb * model.vocab_size * (LOSS_LOGIT_BYTES / logit_parts + 2 * LOSS_LOGIT_BYTES / t)
         if mtp_modules_on(cfg, stage):  # each forward of the last chunk in flight runs them all
             forwards = in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, stage)
-            last_chunk = chunk_forwards(layout.pp, layout.interleave, forwards)[-1]
+            last_chunk = chunk_forwards(layout.pp, layout.interleave, forwards, layout.micro_steps)[-1]
             activations += last_chunk * mtp_modules_on(cfg, stage) * mtp_activation_bytes(cfg)
     reserve = (hw.memory_gib - hw.memory_pool_gib) * GIB  # outside MindSpore's pool: runtime, HCCL buffers
     parts = {**stored, "transient": transient, "activations": activations, "reserve": reserve}

@@ -1,34 +1,46 @@
 """The pipeline schedule: the forwards a stage holds in flight, its stage-boundary sends and the bubble.
 
-Under 1F1B stage k holds ``p - k`` micro batches in flight (stage 0 holds p); interleaved 1F1B with v chunks per
-stage (Narayanan et al. 2021, §2.2.2, as Megatron-LM schedules it) holds ``min(2(p-k-1) + (v-1)p + 1, v·m)``
-chunk forwards, stage 0 ``v·p + p - 1`` (`in_flight_forwards`).
+Under 1F1B stage k holds ``p - k`` micro batches in flight (stage 0 holds p). Interleaved 1F1B with v chunks per
+stage follows MindSpore 2.9's `InterleavedScheduler` (the `1f1b` pipeline_scheduler with pipeline_interleave), which
+orders the chunks as Megatron-LM does (Narayanan et al. 2021, §2.2.2) when p divides m and otherwise runs the
+first ``p + m mod p`` micro batches of each chunk as one round: stage k holds
+``min((p + m mod p)(v-1) + 2(p-k-1) + 1, v·m)`` chunk forwards, stage 0 ``v·p + p - 1`` when p divides m
+(`in_flight_forwards`; read from the compiled graph's execution order: docs/planner.md).
 """
 
 from __future__ import annotations
 
 
+def first_round(pp: int, micro_batches: int) -> int:
+    """Micro batches each chunk runs in the interleaved schedule's first round: p, plus the m mod p that do not
+    fill a round of their own (MindSpore's scheduler gives them to the first)."""
+    return pp + micro_batches % pp
+
+
 def in_flight_forwards(pp: int, interleave: int, micro_batches: int, stage: int) -> int:
     """Chunk forwards (one model chunk, one micro batch) whose activations `stage` holds at its peak.
 
-    Without interleave, 1F1B: min(p - k, m) micro batches of the whole stage. Interleaved 1F1B
-    (Narayanan et al. 2021, §2.2.2; Megatron-LM's forward_backward_pipelining_with_interleaving): stage
-    k runs 2(p - k - 1) + (v - 1)p warm-up chunk forwards, then one more before its first backward,
-    so it holds min(2(p - k - 1) + (v - 1)p + 1, v·m) of them; the first stage v·p + p - 1, i.e.
-    p·(1 + (p - 1)/(p·v)) micro batches' worth of its layers when chunks are even (Korthikanti et al.
-    2022, §4.2.3)."""
+    Without interleave, 1F1B: min(p - k, m) micro batches of the whole stage. Interleaved 1F1B: stage k runs
+    (p + m mod p)(v - 1) + 2(p - k - 1) warm-up chunk forwards (its whole first round of every chunk but the
+    last, and the forwards the later stages need to start), then one more before its first backward, so it
+    holds min((p + m mod p)(v - 1) + 2(p - k - 1) + 1, v·m) of them; with p | m the first stage holds
+    v·p + p - 1, i.e. p·(1 + (p - 1)/(p·v)) micro batches' worth of its layers when chunks are even
+    (Korthikanti et al. 2022, §4.2.3). The count does not grow with m beyond m mod p."""
     if interleave == 1:
         return min(pp - stage, micro_batches) if pp > 1 else 1
-    return min(2 * (pp - stage - 1) + (interleave - 1) * pp + 1, interleave * micro_batches)
+    warm_up = first_round(pp, micro_batches) * (interleave - 1) + 2 * (pp - stage - 1)
+    return min(warm_up + 1, interleave * micro_batches)
 
 
-def chunk_forwards(pp: int, interleave: int, forwards: int) -> list[int]:
-    """How many of a stage's first `forwards` forwards run each model chunk under interleaved 1F1B: groups of p
-    micro batches run chunk 0, then chunk 1, ... (Megatron's get_model_chunk_id: the k-th forward, from 0, runs
-    chunk k // p mod v), so every round of p x v forwards runs each chunk p times, a last partial round its
-    first chunks."""
-    rounds, rest = divmod(forwards, pp * interleave)
-    return [rounds * pp + min(pp, max(0, rest - c * pp)) for c in range(interleave)]
+def chunk_forwards(pp: int, interleave: int, forwards: int, micro_batches: int | None = None) -> list[int]:
+    """How many of a stage's first `forwards` forwards run each model chunk under interleaved 1F1B: the first
+    round runs p + m mod p micro batches of chunk 0, then as many of chunk 1, ...; every later round p of each
+    (a last partial round its first chunks). Without `micro_batches` p divides m (Megatron's get_model_chunk_id:
+    the k-th forward, from 0, runs chunk k // p mod v)."""
+    first = first_round(pp, micro_batches) if micro_batches else pp
+    counts = [min(first, max(0, forwards - c * first)) for c in range(interleave)]
+    rounds, rest = divmod(max(0, forwards - first * interleave), pp * interleave)
+    return [n + rounds * pp + min(pp, max(0, rest - c * pp)) for c, n in enumerate(counts)]
 
 
 def pipeline_sends(pp: int, interleave: int, stage: int) -> int:

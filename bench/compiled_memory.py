@@ -67,6 +67,7 @@ def rank_row(report: dict, micro_batches: int) -> dict:
         "used_mib": round(m["used_bytes"] / MIB),
         "peak_mib": round(m["peak_bytes"] / MIB),
         "persistent_mib": round(m["persistent_bytes"] / MIB),
+        "graphs": m["graphs"],  # kernel graphs of the rank: more than one, the reading is not the step's peak
         "host_copy_mib": round(m.get("host_copy_bytes", 0) / MIB),  # offload's, in the plan's block (on_device_mib)
         "pool_mib": round(m["reserve"]["pool_bytes"] / MIB),
         "planner_mib": round(planned["device_memory_bytes"] / MIB),
@@ -131,6 +132,11 @@ def section(results: dict) -> list[str]:
     """BENCHMARKS.md's section: the records as they stand (make bench compiles nothing for it)."""
     records = compiled_memory.load()
     stale = [p.stem for p in shipped_configs() if not compiled_memory.current(records, p, load_config(p))]
+    split = {
+        p.stem: max(r.get("graphs", 1) for r in records[compiled_memory.key_of(p)]["ranks"])
+        for p in shipped_configs()
+        if compiled_memory.key_of(p) in records and not compiled_memory.whole_step(records[compiled_memory.key_of(p)])
+    }
     return [
         "## 12. Device memory: MindSpore's plan of the shipped configs (bench/compiled_memory.json)",
         "",
@@ -147,6 +153,14 @@ def section(results: dict) -> list[str]:
         markdown(records),
         "",
         f"Not yet compiled so for their current layout ({len(stale)}): " + ", ".join(f"`{n}`" for n in stale) + ".",
+        *(
+            [
+                "Of them, compiled into several kernel graphs, whose plan is no step's peak (compiled_memory."
+                "whole_step): " + ", ".join(f"`{n}` ({g} graphs)" for n, g in split.items()) + "."
+            ]
+            if split
+            else []
+        ),
         "",
     ]
 
@@ -166,7 +180,8 @@ def main(argv=None) -> int:
             print(
                 f"{config}: rank {r['rank']} (stage {r['stage']}): MindSpore {r['used_mib']:,} MiB used, "
                 f"{r['peak_mib']:,} with fragments ({r['host_copy_mib']:,} of offload's host copies), of a "
-                f"{r['pool_mib']:,} MiB pool; planner {r['planner_mib']:,}",
+                f"{r['pool_mib']:,} MiB pool; planner {r['planner_mib']:,}"
+                + ("" if r["graphs"] == 1 else f"; {r['graphs']} kernel graphs: not the step's peak"),
                 flush=True,
             )
     records = compiled_memory.load()

@@ -30,6 +30,22 @@ def test_a_record_stops_counting_when_the_layout_it_was_compiled_for_changes():
         assert compiled_memory.current(records, LLAMA2_13B, load_config(LLAMA2_13B, [same])) is not None, same
 
 
+def test_a_plan_of_several_kernel_graphs_is_kept_but_not_counted():
+    """Each graph's SOMAS block is its own; the reading is then no step's peak (compiled_memory.whole_step)."""
+    cfg = load_config(LLAMA2_13B)
+    one, split = (
+        {"fingerprint": compiled_memory.fingerprint(cfg), "ranks": [{**rank(40_000), "graphs": n}]} for n in (1, 404)
+    )
+    assert compiled_memory.current({"configs/llama2/llama2_13b.yaml": one}, LLAMA2_13B, cfg) is one
+    assert compiled_memory.current({"configs/llama2/llama2_13b.yaml": split}, LLAMA2_13B, cfg) is None
+
+
+def test_offloads_host_copies_are_not_device_memory():
+    record = {"ranks": [{**rank(60_000), "used_mib": 58_000, "host_copy_mib": 7_000}]}
+    assert compiled_memory.on_device_mib(record["ranks"][0], "used_mib") == 51_000
+    assert compiled_memory.spare_gib(record) == pytest.approx((62_464 - 53_000) / 1024)
+
+
 def test_the_busiest_rank_is_the_one_with_the_largest_plan_fragments_included():
     record = {"ranks": [rank(50_000), {**rank(61_429), "stage": 3}]}
     assert compiled_memory.busiest(record)["stage"] == 3

@@ -79,9 +79,19 @@ def key_of(config_path: Path) -> str:
 
 
 def current(records: dict, config_path: Path, cfg: Config) -> dict | None:
-    """The config's record if it was compiled with the layout the config has now, else None."""
+    """The config's record if it was compiled with the layout the config has now and each rank's plan is the whole
+    step's (`whole_step`), else None."""
     record = records.get(key_of(config_path))
-    return record if record and record["fingerprint"] == fingerprint(cfg) else None
+    return record if record and record["fingerprint"] == fingerprint(cfg) and whole_step(record) else None
+
+
+def whole_step(record: dict) -> bool:
+    """Whether every recorded rank compiled into one kernel graph. Where MindSpore 2.9 does not inline the reused
+    layer graph (it logs "Set no inline because cell reuse micro num is greater than" at some pipeline shapes with
+    many micro batches), a rank is hundreds of kernel graphs, each with its own SOMAS block; the reading adds up their
+    parameters and takes the largest block, which leaves out the activations passed between graphs (docs/dryrun.md,
+    "Device memory"). Records older than the `graphs` field were all one graph: each agreed with the planner."""
+    return all(rank.get("graphs", 1) == 1 for rank in record["ranks"])
 
 
 def on_device_mib(rank: dict, figure: str) -> int:

@@ -26,9 +26,12 @@ expert weights [E/ep, F/tp, h] are replicated over dp/ep ranks, whose gradients 
 (Megatron's expert-data-parallel group) and whose optimizer shard splits them.
 
 Dropless by GroupedMatmul with dynamic token counts per expert (MindFormers 1.9's parallel_core path,
-Megatron's) is not built: GroupedMatmul is an Ascend kernel and its dispatch needs AlltoAllV under a
-self-defined shard; here dropless is the capacity T, exact and static, at E/k times the expert compute of
-capacity factor 1 (docs/models.md, "Mixture of experts").
+Megatron's) is not built: GroupedMatmul is an Ascend kernel (CPU graph mode refuses it), and as a strategy op
+MindSpore 2.9 splits its tokens but never its experts, nor reduces its replicated weights' gradients; with
+expert parallel it compiles only inside a self-defined shard (Morph) whose AlltoAllV dispatch is written per
+rank, outside the strategy plan this layer follows (docs/evidence/dryrun.md, "Dropless by GroupedMatmul").
+Here dropless is the capacity T, exact and static, at E/k times the expert compute and slot buffers of
+capacity factor 1 (docs/models.md, "Mixture of experts"; tools/plan.py states the factor).
 
 The layer returns (y [N, h], stats [3]): stats = (the load-balancing loss E sum_e f_e P_e, with f_e the
 fraction of tokens choosing e and P_e its mean probability (Switch; Mixtral's form), the busiest expert's

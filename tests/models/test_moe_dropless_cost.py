@@ -25,3 +25,6 @@ def test_the_planner_states_the_cost_of_dropless_as_capacity_t(name):
     said = [a for a in planner.predict(dropless, 313)["assumptions"] if a.startswith("dropless as capacity T")]
     assert len(said) == 1 and f"{ratio:g}x (E/top_k)" in said[0]
     assert not [a for a in planner.predict(factor_one, 313)["assumptions"] if a.startswith("dropless")]
+    grouped = load_config(CONFIGS[name], ["model.moe.capacity_factor=null", "model.moe.dispatch=grouped"])
+    said = [a for a in planner.predict(grouped, 313)["assumptions"] if a.startswith("dropless by grouped")]
+    assert len(said) == 1 and f"{ratio:g}x (E/top_k)" in said[0]

@@ -211,10 +211,16 @@ def _data_parallel_exposed(cfg: Config, comm: list[dict], slot: float) -> float:
 def _dropless_cost(moe) -> str:
     """What capacity_factor null costs against a dropless that computes only the routed tokens."""
     ratio = moe.num_experts / moe.top_k
+    if moe.dispatch == "grouped":
+        return (
+            f"dropless by grouped dispatch: timed and sized as capacity T, {ratio:g}x (E/top_k) the expert FLOPs "
+            "and buffers of the top_k x T routed tokens its GroupedMatmul computes (an upper bound: per-expert "
+            "token counts are not modelled), its AlltoAllV timed as the capacity path's AlltoAll"
+        )
     return (
         f"dropless as capacity T: every expert computes all T tokens of a rank, {ratio:g}x (E/top_k) the expert "
         f"FLOPs and slot buffers of the top_k x T routed tokens that GroupedMatmul over per-expert token counts "
-        "would compute (not built: docs/models.md, mixture of experts)"
+        "computes (model.moe.dispatch: grouped; docs/models.md, mixture of experts)"
     )
 
 

@@ -26,9 +26,12 @@ expert weights [E/ep, F/tp, h] are replicated over dp/ep ranks, whose gradients 
 (Megatron's expert-data-parallel group) and whose optimizer shard splits them.
 
 Dropless by GroupedMatmul with dynamic token counts per expert (MindFormers 1.9's parallel_core path,
-Megatron's) is not built: GroupedMatmul is an Ascend kernel and its dispatch needs AlltoAllV under a
-self-defined shard; here dropless is the capacity T, exact and static, at E/k times the expert compute of
-capacity factor 1 (docs/models.md, "Mixture of experts").
+Megatron's) is `GroupedExperts` (model.moe.dispatch: grouped): the router and statistics are this layer's, the
+experts run over each rank's tokens sorted by expert, under expert parallel inside a self-defined shard with
+AlltoAllV, because as a strategy op MindSpore 2.9 splits GroupedMatmul's tokens but never its experts
+(docs/evidence/dryrun.md, "Dropless by GroupedMatmul"). Otherwise dropless is the capacity T, exact and
+static, at E/k times the expert compute and slot buffers of capacity factor 1 (docs/models.md, "Mixture of
+experts"; tools/plan.py states the factor).
 
 The layer returns (y [N, h], stats [3]): stats = (the load-balancing loss E sum_e f_e P_e, with f_e the
 fraction of tokens choosing e and P_e its mean probability (Switch; Mixtral's form), the busiest expert's
@@ -65,7 +68,9 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
-from mindspore.ops.auto_generate import SiLU
+from mindspore.ops.auto_generate import GroupedMatmul, SiLU
+from mindspore.ops.operations import Morph
+from mindspore.parallel import Layout as DeviceMesh
 
 from models.layers import Linear, SwiGLU
 
@@ -115,6 +120,130 @@ class Experts(nn.Cell):
         }
 
 
+def _same_as_first(*args):
+    """Morph's shape and dtype inference: the output is like the first input (the tokens [T, h])."""
+    return args[0]
+
+
+_EXPERT_GROUPS: set[str] = set()
+
+
+def expert_group(ranks: tuple[int, ...]) -> str:
+    """The communication group of these expert-parallel ranks, created once per process that joined the
+    cluster (the planner builds models outside it, to size them, and compiles nothing)."""
+    from mindspore.communication import create_group
+    from mindspore.communication._comm_helper import GlobalComm
+
+    name = "moe_ep_" + "_".join(str(r) for r in ranks)
+    if GlobalComm.INITED and name not in _EXPERT_GROUPS:
+        create_group(name, list(ranks))
+        _EXPERT_GROUPS.add(name)
+    return name
+
+
+def expert_group_ranks(layout, rank: int) -> tuple[int, ...]:
+    """The ep ranks of `rank`'s stage whose data-parallel shares differ only in their last ep digit: the ranks
+    GroupedExperts' device matrix (dp/ep, ep) puts on its inner axis (tp = cp = 1, validate.py)."""
+    share = layout.data_rank(rank)
+    first = rank - rank % layout.stage_devices + share - share % layout.ep
+    return tuple(first + i for i in range(layout.ep))
+
+
+class GroupedExperts(Experts):
+    """Dropless experts over each rank's own tokens sorted by expert (model.moe.dispatch: grouped), the same
+    w1, w3, w2 [E, F, h]: construct(x [N, h], experts [N, k], weights [N, k] fp32) -> sum_k weight x expert(x).
+
+    Per rank: sort the N·k choices by expert, gather their rows; under expert parallel send each expert's rows
+    to its rank (an AlltoAll of the counts, an AlltoAllV of the rows and of their expert ids) and sort what
+    arrives by local expert; GroupedMatmul over the rows with the cumulative counts as group_list (an Ascend
+    kernel; on CPU, where MindSpore has none, a loop over the experts masking rows, numerically the same and
+    E times the work); then back by the same steps reversed. Sharded, the body is one Morph with
+    self_define_shard: MindSpore's parallel pass cannot split GroupedMatmul's experts, so the body sees one
+    rank's slices (rows [N/dp, h], experts [E/ep, F, h]) and its collectives are written out
+    (docs/evidence/dryrun.md, "Dropless by GroupedMatmul")."""
+
+    PARAMETER_INPUTS = {"w1": ("dispatch", 3), "w3": ("dispatch", 4), "w2": ("dispatch", 5)}
+
+    def __init__(
+        self, num_experts, top_k, hidden, ffn, std, out_std, param_dtype, compute_dtype, sharded, ep, group, kernel
+    ):
+        """sharded: semi-auto parallel (the body runs as a Morph); group: the ep ranks' communication group
+        (ep > 1); kernel: GroupedMatmul (Ascend, the dry run), else the CPU loop."""
+        super().__init__(num_experts, hidden, ffn, std, out_std, param_dtype, compute_dtype)
+        self.num_experts, self.top_k, self.sharded, self.ep, self.kernel = num_experts, top_k, sharded, ep, kernel
+        self.local_experts = num_experts // ep
+        self.gmm = GroupedMatmul(split_item=3, group_type=0)  # refuses transpose_b: weights go [E, in, out]
+        self.dispatch = Morph(self.local, _same_as_first, _same_as_first).add_prim_attr("self_define_shard", True)
+        if ep > 1:
+            self.counts_to_experts = ops.AlltoAll(ep, 0, 0, group=group)
+            self.rows_to_experts = ops.AlltoAllV(group=group)
+        self.on, self.off = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
+
+    def construct(self, x, experts, weights):
+        w1, w3, w2 = self.w1, self.w3, self.w2
+        if self.cast_weights:
+            w1, w3, w2 = (
+                self.cast(w1, self.compute_dtype),
+                self.cast(w3, self.compute_dtype),
+                self.cast(w2, self.compute_dtype),
+            )
+        if self.sharded:
+            return self.dispatch(x, experts, weights, w1, w3, w2)
+        return self.local(x, experts, weights, w1, w3, w2)
+
+    def local(self, x, experts, weights, w1, w3, w2):
+        """One rank's tokens x [T, h], their experts and weights [T, k]; w1, w3, w2 its experts [E/ep, ...]."""
+        t, h, k = x.shape[0], x.shape[1], self.top_k
+        chosen = experts.reshape(-1).astype(ms.float32)
+        ids, order = ops.sort(chosen)  # [T*k]: the choices by expert
+        rows = ops.gather(x, ops.floor_divide(order, k), 0)  # [T*k, h]
+        counts = ops.one_hot(experts.reshape(-1), self.num_experts, self.on, self.off).sum(0)  # [E]
+        if self.ep > 1:
+            rows, ids, counts, back, send, recv = self.exchange(rows, ids, counts, h)
+        out = self.compute(rows, ids, counts, w1, w3, w2)
+        if self.ep > 1:
+            out = ops.gather(out, back, 0)
+            out = self.rows_to_experts(out.reshape(-1), recv * h, send * h).reshape(-1, h)
+        out = ops.gather(out, ops.argsort(order.astype(ms.float32)), 0).reshape(t, k, h)
+        return (out * weights.astype(out.dtype).reshape(t, k, 1)).sum(1)
+
+    def exchange(self, rows, ids, counts, h):
+        """Send each expert's rows to the rank holding it; what arrives, sorted by local expert, with its ids
+        and the counts of each local expert, the permutation back and the AlltoAllV's row counts."""
+        el = self.local_experts
+        arrive = self.counts_to_experts(counts.reshape(self.ep, el))  # [ep sources, E/ep]
+        send = counts.reshape(self.ep, el).sum(-1).astype(ms.int64)
+        recv = arrive.sum(-1).astype(ms.int64)
+        rows = self.rows_to_experts(rows.reshape(-1), send * h, recv * h).reshape(-1, h)
+        ids = self.rows_to_experts(ids, send, recv)
+        ids = ids - ops.floor_divide(ids, float(el)) * el  # local expert
+        ids, order = ops.sort(ids)
+        back = ops.argsort(order.astype(ms.float32))
+        return ops.gather(rows, order, 0), ids, arrive.sum(0), back, send, recv
+
+    def compute(self, rows, ids, counts, w1, w3, w2):
+        """SwiGLU of each row by its expert: GroupedMatmul over the sorted rows, or on CPU a masked loop."""
+        if self.kernel:
+            group_list = ops.cumsum(counts.astype(ms.int32), 0).astype(ms.int64)
+            w1, w3, w2 = (ops.transpose(w, (0, 2, 1)) for w in (w1, w3, w2))
+            gate = self.gmm([rows], [w1], None, None, None, None, None, group_list)[0]
+            up = self.gmm([rows], [w3], None, None, None, None, None, group_list)[0]
+            return self.gmm([self.gate_mul(self.act(gate), up)], [w2], None, None, None, None, None, group_list)[0]
+        out = ops.zeros_like(rows)
+        for e in range(w1.shape[0]):
+            hidden = self.gate_mul(self.act(ops.matmul(rows, w1[e].T)), ops.matmul(rows, w3[e].T))
+            out = out + ops.matmul(hidden, w2[e].T) * (ids == e).astype(rows.dtype).reshape(-1, 1)
+        return out
+
+    def shard_strategies(self, style: str, layout) -> dict:
+        """The Morph's rows over the data-parallel ranks as (dp/ep, ep), the experts over the inner ep."""
+        ep = layout.ep
+        mesh = DeviceMesh((layout.dp // ep, ep), ("outer", "inner"))
+        rows = mesh(("outer", "inner"), "None")
+        experts = mesh("inner", "None", "None")
+        return {"dispatch": ((rows, rows, rows, experts, experts, experts), (rows,))}
+
+
 def expert_capacity(tokens: int, top_k: int, factor, experts: int) -> int:
     """Slots per expert for `tokens` tokens of a group: ceil(top_k x tokens x factor / experts), at most all of
     them; `factor` None = dropless (all). Plain arithmetic, so a compiled construct can call it on shapes."""
@@ -147,9 +276,11 @@ class MoE(nn.Cell):
         param_dtype,
         compute_dtype,
         routing: nn.Cell | None = None,
+        grouped: GroupedExperts | None = None,
     ):
         """routing: the cell choosing experts from the router's fp32 logits (models/router.py's SigmoidRouting),
-        or None for the softmax top-k."""
+        or None for the softmax top-k; grouped: the experts, dropless over sorted tokens (model.moe.dispatch:
+        grouped), in place of the capacity dispatch's batched experts."""
         super().__init__()
         self.routing = routing
         self.expert_parallel = expert_parallel  # ranks of an expert-parallel group (1 unsharded)
@@ -157,7 +288,8 @@ class MoE(nn.Cell):
         self.norm_topk_prob, self.capacity_factor, self.groups = norm_topk_prob, capacity_factor, groups
         self.compute_dtype = compute_dtype
         self.router = Linear(hidden, num_experts, False, std, param_dtype, compute_dtype)
-        self.experts = Experts(num_experts, hidden, ffn, std, out_std, param_dtype, compute_dtype)
+        self.experts = grouped or Experts(num_experts, hidden, ffn, std, out_std, param_dtype, compute_dtype)
+        self.grouped = grouped is not None
         self.shared_expert = (
             SwiGLU(hidden, shared_ffn, std, out_std, param_dtype, compute_dtype) if shared_ffn else None
         )
@@ -251,6 +383,11 @@ class MoE(nn.Cell):
         chosen = self.chosen(choices, 1)  # [N, E]
         if self.expert_loads is not None:  # every routed token, as the experts compute them
             chosen = ops.depend(chosen, self.load_add(self.expert_loads, self.load_count(chosen, 0)))
+        if self.grouped:
+            y = self.experts(x, experts, weights)
+            if self.shared_expert is not None:
+                y = self.shared_add(y, self.shared_expert(x))
+            return y, self.statistics(probs, chosen, mask, seq)
         # priority of (token, expert): k*T - slot*T - token_in_group > 0 where chosen, 0 elsewhere
         slot = self.slots(self.number_choices(choices, self.choice_numbers), 1)  # [N, E]
         order = self.order_sub(k * t, self.slot_rank(slot, t)).reshape(g, t, e)

@@ -41,7 +41,7 @@ from models.layers import (
     stream_split,
 )
 from models.mla import MLAttention
-from models.moe import MoE
+from models.moe import GroupedExperts, MoE, expert_group, expert_group_ranks
 from models.mtp import MTPModule
 from models.router import SigmoidRouting
 from models.spec import ArchSpec
@@ -183,6 +183,31 @@ def mixture_of_experts(m: ModelConfig, layout: Layout, out_std: float) -> MoE:
         DTYPES[m.param_dtype],
         DTYPES[m.compute_dtype],
         routing,
+        grouped_experts(m, layout, out_std) if moe.dispatch == "grouped" else None,
+    )
+
+
+def grouped_experts(m: ModelConfig, layout: Layout, out_std: float) -> GroupedExperts:
+    """model.moe.dispatch grouped: the experts over sorted tokens, with this rank's expert-parallel group."""
+    ep = layout.ep if layout.sharded else 1
+    group = None
+    if ep > 1:
+        from mindspore.communication import get_rank
+
+        group = expert_group(expert_group_ranks(layout, get_rank()))
+    return GroupedExperts(
+        m.moe.num_experts,
+        m.moe.top_k,
+        m.hidden_size,
+        m.moe.expert_ffn(m.ffn_hidden_size),
+        m.init_std,
+        out_std,
+        DTYPES[m.param_dtype],
+        DTYPES[m.compute_dtype],
+        layout.sharded,
+        ep,
+        group,
+        ms.get_context("device_target") != "CPU",
     )
 
 

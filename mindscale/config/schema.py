@@ -239,6 +239,16 @@ class MoeConfig:
         None,
     )
 
+    dispatch: Literal["capacity", "grouped"] = doc(
+        "How tokens reach their experts. capacity: a static buffer of capacity_factor's slots per expert, batched "
+        "matmuls, every parallel style (the strategy plan). grouped: dropless over each rank's tokens sorted by "
+        "expert, GroupedMatmul with per-expert token counts (Ascend; on CPU a loop over the experts, E times the "
+        "work) and, under expert parallel, AlltoAllV to the experts' ranks inside a self-defined shard "
+        "(MindFormers 1.9's parallel_core path); needs capacity_factor null, and sharded, tensor and context "
+        "parallel 1 (docs/models.md, mixture of experts).",
+        "capacity",
+    )
+
     def expert_ffn(self, dense_ffn: int) -> int:
         """The inner width of one routed expert."""
         return self.ffn_hidden_size or dense_ffn

@@ -301,6 +301,25 @@ def _latent_attention(model: ModelConfig) -> None:
         )
 
 
+def _grouped_dispatch(cfg: Config) -> None:
+    """model.moe.dispatch grouped: dropless by construction; its self-defined shard splits rows over data
+    parallel and experts over ep only (models/moe.py, GroupedExperts)."""
+    moe, par = cfg.model.moe, cfg.parallel
+    if moe.dispatch != "grouped":
+        return
+    if moe.capacity_factor is not None:
+        raise ConfigError(
+            f"model.moe.capacity_factor={moe.capacity_factor} with model.moe.dispatch=grouped, which drops no "
+            "token; set capacity_factor to null or dispatch to capacity"
+        )
+    if par.model_parallel > 1 or par.context_parallel > 1:
+        raise ConfigError(
+            f"model.moe.dispatch=grouped with parallel.model_parallel={par.model_parallel}, context_parallel="
+            f"{par.context_parallel}: its experts split over expert_parallel only; set both to 1 or dispatch "
+            "to capacity"
+        )
+
+
 def _router(cfg: Config) -> None:
     """The sigmoid router's groups and the dense first layers (DeepSeek-V3)."""
     model, moe = cfg.model, cfg.model.moe
@@ -380,6 +399,7 @@ def _experts(cfg: Config) -> None:
         if value is not None and value < 0:
             raise ConfigError(f"{key}={value}: must be >= 1 (or null/0 where it may be)")
     _router(cfg)
+    _grouped_dispatch(cfg)
     for key in ("aux_loss_coeff", "seq_aux_loss_coeff", "bias_update_rate"):
         if getattr(moe, key) < 0:
             raise ConfigError(f"model.moe.{key}={getattr(moe, key)}: must be >= 0 (0 = off)")

@@ -208,6 +208,22 @@ def _data_parallel_exposed(cfg: Config, comm: list[dict], slot: float) -> float:
     return max(0.0, once - 2 / 3 * slot) + layout.micro_steps * max(0.0, per_micro - 2 / 3 * slot)
 
 
+def _dropless_cost(moe) -> str:
+    """What capacity_factor null costs against a dropless that computes only the routed tokens."""
+    ratio = moe.num_experts / moe.top_k
+    if moe.dispatch == "grouped":
+        return (
+            f"dropless by grouped dispatch: timed and sized as capacity T, {ratio:g}x (E/top_k) the expert FLOPs "
+            "and buffers of the top_k x T routed tokens its GroupedMatmul computes (an upper bound: per-expert "
+            "token counts are not modelled), its AlltoAllV timed as the capacity path's AlltoAll"
+        )
+    return (
+        f"dropless as capacity T: every expert computes all T tokens of a rank, {ratio:g}x (E/top_k) the expert "
+        f"FLOPs and slot buffers of the top_k x T routed tokens that GroupedMatmul over per-expert token counts "
+        "computes (model.moe.dispatch: grouped; docs/models.md, mixture of experts)"
+    )
+
+
 def _assumptions(cfg: Config, peak_tflops: float, speed: SpeedModel, copy_s: float, overlap: frozenset) -> list[str]:
     """What `predict` assumes of `cfg`, in words (tools/plan.py prints them under the prediction); `copy_s`: the
     busiest stage's offload copy time per micro batch, each way."""
@@ -241,6 +257,8 @@ def _assumptions(cfg: Config, peak_tflops: float, speed: SpeedModel, copy_s: flo
             "mixture of experts: the experts compute their capacity's slots, padding included; the dispatch "
             "and combine gathers are not timed"
         )
+        if model.moe.capacity_factor is None:
+            out.append(_dropless_cost(model.moe))
     if layout.ep > 1:
         out.append(
             f"expert parallel (ep={layout.ep}): experts are assumed evenly loaded (the capacity bounds the slowest)"

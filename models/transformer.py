@@ -207,7 +207,7 @@ def grouped_experts(m: ModelConfig, layout: Layout, out_std: float) -> GroupedEx
         layout.sharded,
         ep,
         group,
-        ms.get_context("device_target") != "CPU",
+        layout.grouped_matmul,
     )
 
 

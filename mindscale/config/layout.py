@@ -54,6 +54,7 @@ class Layout:
     # ends FlashAttentionScore's TND layout takes; composite: None (any number)
     fused_norm: bool  # the RmsNorm kernel (Atlas A2) instead of composite RMSNorm
     cpu_kernels: bool  # CPU-only fast paths (models/cpu_kernels.py; the train step's MatMul norm)
+    grouped_matmul: bool  # MindSpore's GroupedMatmul kernel for moe.dispatch grouped (none on CPU: a masked loop)
     interleave: int  # model chunks per stage v (parallel.pipeline_interleave)
     scheduler: str  # MindSpore's pipeline scheduler (parallel.pipeline_scheduler)
     stages_of_layers: tuple  # pipeline stage of each decoder layer
@@ -127,6 +128,7 @@ class Layout:
             # is split along the width RmsNorm normalises over (the composite norm all-reduces its mean)
             fused_norm=(a2_kernels or flash) and not nd_tp,
             cpu_kernels=device == "CPU" and not sharded,
+            grouped_matmul=device != "CPU",
             interleave=parallel.pipeline_interleave,
             scheduler=parallel.pipeline_scheduler,
             stages_of_layers=tuple(stages),

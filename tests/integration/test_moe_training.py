@@ -62,13 +62,15 @@ def test_deepseek_v3_trains_on_two_workers_and_balances_its_experts_by_the_globa
         np.testing.assert_array_equal(after, expected)
 
 
-# multi-head latent attention, a dense then an expert layer of capacity 1 (tokens dropped), the router bias moving
-RESUMED = ["model.num_kv_heads=null", "model.num_layers=2", "model.moe.capacity_factor=1.0"]
+# multi-head latent attention, a dense then an expert layer of capacity 1 (tokens dropped), the router bias moving,
+# a multi-token-prediction module (its own expert layer and bias)
+RESUMED = ["model.num_kv_heads=null", "model.num_layers=2", "model.moe.capacity_factor=1.0", "model.mtp_depth=1"]
 
 
 def test_mixture_of_experts_resumes_bit_identical(tmp_path):
-    """DeepSeek-V3 tiny, three steps, then three more from the checkpoint: the same losses, router statistics and
-    weights, router biases included, as six steps in one go (one worker on one core: MindSpore's CPU kernels are
+    """DeepSeek-V3 tiny with its multi-token-prediction module, three steps, then three more from the checkpoint:
+    the same losses (the module's too), router statistics and weights, router biases included, as six steps in one
+    go (one worker on one core: MindSpore's CPU kernels are
     deterministic). It did not resume so while the value padding's CPU gradient kernel was right on its first
     launch only (models/mla.py)."""
     for name, steps in (("straight", 6), ("resumed", 3), ("resumed", 6)):
@@ -76,11 +78,12 @@ def test_mixture_of_experts_resumes_bit_identical(tmp_path):
         proc = train(tmp_path, name, *moe, config=DEEPSEEK_V3_TINY)
     assert "resumed from" in proc.stdout
     straight, resumed = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
-    assert [(r["loss"], r["aux_loss"], r["expert_load_max"]) for r in resumed] == [
-        (r["loss"], r["aux_loss"], r["expert_load_max"]) for r in straight
-    ]
+    kept = ("loss", "aux_loss", "mtp_loss", "expert_load_max")
+    assert all(key in straight[0] for key in kept), straight[0]
+    assert [[r[key] for key in kept] for r in resumed] == [[r[key] for key in kept] for r in straight]
     w_straight = ckpt.load_weights(tmp_path / "straight" / "checkpoints" / "step_00000006")
     w_resumed = ckpt.load_weights(tmp_path / "resumed" / "checkpoints" / "step_00000006")
     assert w_straight.keys() == w_resumed.keys() and any(k.endswith("experts.w1") for k in w_straight)
+    assert "mtp.0.block.feed_forward.routing.router_bias" in w_straight
     assert all(np.array_equal(w_straight[k], w_resumed[k]) for k in w_straight)
     assert np.any(router_biases(tmp_path / "straight" / "checkpoints" / "step_00000006") != 0)

@@ -25,13 +25,10 @@ INTERLEAVED = [
     "parallel.pipeline_interleave=2",
     "parallel.micro_batch_num=4",
 ]
-# GPT's twin with 5 micro batches, at level 1 with its plan kept: m mod p = 1 micro batch fills no round, and
-# MindSpore's scheduler runs it in the first (test_compiled_order_holds_the_planned_chunk_forwards)
 TWINS = {
-    "gpt_dp2_pp2_v2": (TINY_GPT, [*SMALL, *INTERLEAVED[:-1], "parallel.micro_batch_num=5", "parallel.data_parallel=2"]),
+    "gpt_dp2_pp2_v2": (TINY_GPT, [*SMALL, *INTERLEAVED, "parallel.data_parallel=2"]),
     "llama_tp2_pp2_v2": (TINY_LLAMA, [*SMALL, *INTERLEAVED, "parallel.model_parallel=2", "model.num_kv_heads=2"]),
 }
-WITH_PLAN = "gpt_dp2_pp2_v2"
 # The schedulers MindSpore 2.9 compiles for a round-robin interleaved layout (zero_bubble_v needs a V,
 # mindscale/config/validate.py refuses it); 1f1b is the twins' above
 SCHEDULERS = ["gpipe", "seqpipe", "seqvpp", "seqsmartvpp"]
@@ -48,19 +45,12 @@ def held_layers(report) -> list[int]:
     return sorted({int(name.split(".")[1]) for name in report["local_shapes"] if name.startswith("layers.")})
 
 
-@pytest.fixture(scope="module", params=sorted(TWINS))
-def compiled(request, tmp_path_factory):
-    """(name, config, layout, the first and last stage's reports, their IR and plan folder), compiled once."""
-    name = request.param
+@pytest.mark.parametrize("name", TWINS)
+def test_each_stage_holds_its_chunks_layers_and_borders(name):
     config, sets = TWINS[name]
     cfg = load_config(config, sets)
-    ir_dir = tmp_path_factory.mktemp(name)
-    reports = dryrun(config, *sets, ir_dir=ir_dir, memory=name == WITH_PLAN)
-    return name, cfg, Layout.of(cfg, "Ascend"), reports, ir_dir
-
-
-def test_each_stage_holds_its_chunks_layers_and_borders(compiled):
-    _, cfg, layout, reports, _ = compiled
+    layout = Layout.of(cfg, "Ascend")
+    reports = dryrun(config, *sets)
     assert [r["stage"] for r in reports] == [0, 1]
     assert [layout.layers_of_stage(s) for s in (0, 1)] == [[0, 1, 4, 5], [2, 3, 6, 7]]
     m = cfg.parallel.micro_batch_num
@@ -91,6 +81,8 @@ def test_each_accepted_scheduler_compiles_both_stages(scheduler):
         assert held_layers(report) == [[0, 2], [1, 3]][report["stage"]]
 
 
+# p 2, v 2 and m 5: m mod p = 1 micro batch fills no round, and MindSpore's scheduler runs it in the first
+_FIRST_ROUND = [*CHEAP[:-1], "parallel.micro_batch_num=5"]
 _KEPT_NORM = re.compile(
     r"^%\d+T\t#(\d+)S\t#\d+S\t&\d+\t\w+\t\w+\t(\d+)\t(\d+)\tDefault/\S*/attention_norm-\S*Norm-op\d+$", re.M
 )
@@ -110,11 +102,11 @@ def chunk_forwards_in_flight(plan: str) -> int:
     return most
 
 
-@pytest.mark.parametrize("compiled", [WITH_PLAN], indirect=True)
-def test_compiled_order_holds_the_planned_chunk_forwards(compiled):
-    _, _, layout, reports, ir_dir = compiled
-    assert (layout.pp, layout.interleave, layout.micro_steps) == (2, 2, 5)
+def test_compiled_order_holds_the_planned_chunk_forwards(tmp_path):
+    cfg = load_config(TINY_GPT, _FIRST_ROUND)
+    layout = Layout.of(cfg, "Ascend")
+    reports = dryrun(TINY_GPT, *_FIRST_ROUND, ir_dir=tmp_path, memory=True)
     for report in reports:
-        (plan,) = plan_files([ir_dir / f"rank{report['rank']}"], report["rank"])
+        (plan,) = plan_files([tmp_path / f"rank{report['rank']}"], report["rank"])
         planned = planner.in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, report["stage"])
         assert chunk_forwards_in_flight(plan.read_text()) == planned == [6, 4][report["stage"]]

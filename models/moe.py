@@ -95,14 +95,18 @@ class Experts(nn.Cell):
         self.compute_dtype = compute_dtype
         self.cast_weights = param_dtype != compute_dtype
 
+    def weights(self):
+        """w1, w3, w2 in the compute dtype."""
+        if not self.cast_weights:
+            return self.w1, self.w3, self.w2
+        return (
+            self.cast(self.w1, self.compute_dtype),
+            self.cast(self.w3, self.compute_dtype),
+            self.cast(self.w2, self.compute_dtype),
+        )
+
     def construct(self, x):
-        w1, w3, w2 = self.w1, self.w3, self.w2
-        if self.cast_weights:
-            w1, w3, w2 = (
-                self.cast(w1, self.compute_dtype),
-                self.cast(w3, self.compute_dtype),
-                self.cast(w2, self.compute_dtype),
-            )
+        w1, w3, w2 = self.weights()
         return self.matmul_w2(self.gate_mul(self.act(self.matmul_w1(x, w1)), self.matmul_w3(x, w3)), w2)
 
     PARAMETER_INPUTS = {"w1": ("matmul_w1", 1), "w3": ("matmul_w3", 1), "w2": ("matmul_w2", 1)}
@@ -180,13 +184,7 @@ class GroupedExperts(Experts):
         self.on, self.off = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
 
     def construct(self, x, experts, weights):
-        w1, w3, w2 = self.w1, self.w3, self.w2
-        if self.cast_weights:
-            w1, w3, w2 = (
-                self.cast(w1, self.compute_dtype),
-                self.cast(w3, self.compute_dtype),
-                self.cast(w2, self.compute_dtype),
-            )
+        w1, w3, w2 = self.weights()
         if self.sharded:
             return self.dispatch(x, experts, weights, w1, w3, w2)
         return self.local(x, experts, weights, w1, w3, w2)

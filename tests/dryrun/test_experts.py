@@ -17,7 +17,7 @@ from mindscale.perf import planner
 from tests.dryrun.test_dryrun import dryrun
 
 MIXTRAL_TINY = REPO_ROOT / "configs" / "tiny" / "mixtral_tiny.yaml"
-TWIN = [
+WIDTHS = [  # tests/dryrun/test_grouped_experts.py's too
     "hardware=ascend910b",
     "model.hidden_size=64",
     "model.num_heads=4",
@@ -25,8 +25,11 @@ TWIN = [
     "model.ffn_hidden_size=128",
     "model.vocab_size=256",
     "model.seq_length=64",
-    "model.num_layers=4",
     "model.moe.num_experts=8",
+]
+TWIN = [
+    *WIDTHS,
+    "model.num_layers=4",
     "model.moe.capacity_factor=1.5",
     "train.micro_batch_size=1",
     "train.global_batch_size=null",

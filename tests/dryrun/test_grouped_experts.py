@@ -8,21 +8,14 @@ their expert ids and the results, forward; the rows' gradients both ways, backwa
 gradients are reduced over the dp/ep ranks holding the same experts only (here by the optimizer shard's
 ReduceScatter over ranks 0 and 2). docs/evidence/dryrun.md, "Dropless by GroupedMatmul", has the probes."""
 
-from mindscale.config import REPO_ROOT, Layout, load_config
+from mindscale.config import Layout, load_config
 from mindscale.perf import planner
 from tests.dryrun.test_dryrun import dryrun
+from tests.dryrun.test_experts import MIXTRAL_TINY, WIDTHS
 
-MIXTRAL_TINY = REPO_ROOT / "configs" / "tiny" / "mixtral_tiny.yaml"
 GROUPED = [
-    "hardware=ascend910b",
-    "model.hidden_size=64",
-    "model.num_heads=4",
-    "model.num_kv_heads=2",
-    "model.ffn_hidden_size=128",
-    "model.vocab_size=256",
-    "model.seq_length=64",
+    *WIDTHS,
     "model.num_layers=2",
-    "model.moe.num_experts=8",
     "model.moe.capacity_factor=null",
     "model.moe.dispatch=grouped",
     "train.micro_batch_size=1",

@@ -132,7 +132,7 @@ def _same_as_first(*args):
 _EXPERT_GROUPS: set[str] = set()
 
 
-def expert_group(ranks: tuple[int, ...]) -> str:
+def expert_group(ranks: list[int]) -> str:
     """The communication group of these expert-parallel ranks, created once per process that joined the
     cluster (the planner builds models outside it, to size them, and compiles nothing)."""
     from mindspore.communication import create_group
@@ -143,14 +143,6 @@ def expert_group(ranks: tuple[int, ...]) -> str:
         create_group(name, list(ranks))
         _EXPERT_GROUPS.add(name)
     return name
-
-
-def expert_group_ranks(layout, rank: int) -> tuple[int, ...]:
-    """The ep ranks of `rank`'s stage whose data-parallel shares differ only in their last ep digit: the ranks
-    GroupedExperts' device matrix (dp/ep, ep) puts on its inner axis (tp = cp = 1, validate.py)."""
-    share = layout.data_rank(rank)
-    first = rank - rank % layout.stage_devices + share - share % layout.ep
-    return tuple(first + i for i in range(layout.ep))
 
 
 class GroupedExperts(Experts):

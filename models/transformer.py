@@ -41,7 +41,7 @@ from models.layers import (
     stream_split,
 )
 from models.mla import MLAttention
-from models.moe import GroupedExperts, MoE, expert_group, expert_group_ranks
+from models.moe import GroupedExperts, MoE, expert_group
 from models.mtp import MTPModule
 from models.router import SigmoidRouting
 from models.spec import ArchSpec
@@ -194,7 +194,7 @@ def grouped_experts(m: ModelConfig, layout: Layout, out_std: float) -> GroupedEx
     if ep > 1:
         from mindspore.communication import get_rank
 
-        group = expert_group(expert_group_ranks(layout, get_rank()))
+        group = expert_group(layout.expert_ranks(get_rank()))
     return GroupedExperts(
         m.moe.num_experts,
         m.moe.top_k,

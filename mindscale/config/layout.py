@@ -241,6 +241,13 @@ class Layout:
         first = rank - self.context_rank(rank) * self.tp
         return [first + i * self.tp for i in range(self.cp)]
 
+    def expert_ranks(self, rank: int) -> list[int]:
+        """The ep group of `rank` under grouped dispatch (tp = cp = 1): the ranks of its stage whose data-parallel
+        shares differ only in their last ep digit, the inner axis of GroupedExperts' (dp/ep, ep) device matrix."""
+        share = self.data_rank(rank)
+        first = rank - rank % self.stage_devices + share - share % self.ep
+        return [first + i for i in range(self.ep)]
+
     def load_balance_partner(self, rank: int) -> int:
         """The rank with which `rank` exchanges half its queries under parallel.context_parallel_load_balance:
         cp index c pairs with cp-1-c of the same cp group (load_balanced_chunks)."""

@@ -41,6 +41,27 @@ def test_ranks_read_by_data_parallel_index_the_same_rows_across_model_parallel_a
     assert lay.rows_per_step == 4 * 2 and lay.accumulates_in_graph
 
 
+def test_expert_groups_are_the_inner_ep_axis_of_each_stage():
+    """Grouped dispatch's AlltoAll groups (models/moe.py GroupedExperts: rows over a (dp/ep, ep) device matrix):
+    consecutive data-parallel shares, ep at a time, never across stages."""
+    cfg = load_config(
+        REPO_ROOT / "configs" / "tiny" / "mixtral_tiny.yaml",
+        [
+            "hardware=ascend910b",
+            "model.num_layers=2",
+            "model.moe.capacity_factor=null",
+            "model.moe.dispatch=grouped",
+            "train.global_batch_size=null",
+            "parallel.data_parallel=4",
+            "parallel.expert_parallel=2",
+            "parallel.pipeline_stage=2",
+            "parallel.micro_batch_num=2",
+        ],
+    )
+    lay = Layout.of(cfg)
+    assert [lay.expert_ranks(r) for r in (0, 1, 2, 3, 5, 6)] == [[0, 1], [0, 1], [2, 3], [2, 3], [4, 5], [6, 7]]
+
+
 def test_stage_of_cells_and_parameters():
     lay = layout(
         "hardware=ascend910b",

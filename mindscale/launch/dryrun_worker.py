@@ -143,17 +143,28 @@ def compile_step(step, inputs: tuple, model, network, rt, ir_dir: Path | None = 
         "pipeline_config": _pipeline_config(),
     }
     set_input_layout(layout, len(inputs))
+    cache = _compile_cache(rt.rank)
     began = time.perf_counter()
     try:
-        step.compile(*inputs)
+        with cache.compiling(step) as compiled:
+            step.compile(*inputs)
     except (RuntimeError, ValueError, TypeError) as exc:
         report["error"] = first_error_line(exc)
         return report
     finally:
         report["compile_s"] = round(time.perf_counter() - began, 2)
-    report["compiled"] = True
+    report["compiled"], report["compile_cache"] = True, compiled.cache
     report.update(describe_compiled(step, model, network, ir_dir, rt.rank))
     return report
+
+
+def _compile_cache(rank: int):
+    """MindSpore's compile cache where the job turned it on (dryrun_ranks.Job.compile_cache: its folder in
+    MS_COMPILER_CACHE_PATH), with the trainer's rules: the step's layouts kept, and completed on a load."""
+    from mindscale.train.loop.compile_cache import ENABLE_ENV, PATH_ENV, CompileCache
+
+    on = os.environ.get(ENABLE_ENV) == "1"
+    return CompileCache(Path(os.environ[PATH_ENV]) if on else None, rank)
 
 
 def memory_level() -> bool:

@@ -35,7 +35,7 @@ from safetensors.numpy import save_file
 from mindscale.config import REPO_ROOT, Layout, load_config, parse_yaml
 from mindscale.config.twin import twin_overrides
 from mindscale.launch.compiled_ir import read_validate_ir
-from mindscale.launch.dryrun_ranks import line, ring_send_bytes
+from mindscale.launch.dryrun_ranks import Job, compile_ranks, for_ascend, line, ring_send_bytes
 from mindscale.io import CheckpointError
 from mindscale.perf import planner
 from mindscale.train.checkpoints import folder as ckpt
@@ -229,6 +229,21 @@ def test_scaled_twin_of_every_shipped_config_compiles_and_matches_the_planner(pa
             assert sum(map(ring_send_bytes, alltoall)) == pytest.approx(
                 planner.communication(cfg, report["stage"])["ep"], rel=1e-3
             )
+
+
+def test_a_sharded_step_loaded_from_the_compile_cache_has_the_layouts_it_compiled_to(tmp_path):
+    """run.compile_cache in sharded layouts (mindscale/train/loop/compile_cache.py): rank 0 of tiny LLaMA
+    dp2·tp2·pp2 with the optimizer shard compiled, then loaded from the cache. MindSpore 2.9's load leaves every
+    layout's full shape empty; completed from the layouts kept beside the cache, the loaded step's layouts and
+    local shapes equal the compiled ones, parameter by parameter."""
+    sets = (*SMALL, "parallel.data_parallel=2", "parallel.model_parallel=2", "parallel.pipeline_stage=2")
+    sets += ("parallel.micro_batch_num=2", "parallel.optimizer_shard=true")
+    cfg, _ = for_ascend(load_config(TINY_LLAMA, list(sets)))
+    job = Job(str(TINY_LLAMA), sets, tmp_path, collectives=False, compile_cache=tmp_path / "cache")
+    compiled, loaded = (next(compile_ranks(cfg, job, [0])) for _ in range(2))
+    assert (compiled["compile_cache"], loaded["compile_cache"]) == ("miss", "hit"), loaded.get("error")
+    assert loaded["layouts"] == compiled["layouts"] and loaded["local_shapes"] == compiled["local_shapes"]
+    assert all(layout[2] for layout in loaded["layouts"].values())  # every full shape, sharded ones among them
 
 
 def test_accumulation_reduces_each_gradient_once_per_step():

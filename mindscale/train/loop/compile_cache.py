@@ -13,8 +13,10 @@ numbers cached graphs by their order of compilation in the process. Hence three 
 - Only the step graph is cached, compiled first and on its own (`compiling`): the small graphs compiled
   later (a save's commit vote, validation) come in an order that depends on the step a run resumes
   from, and MindSpore would hand graph n's cache to whatever is compiled n-th.
-- Not in sharded layouts (SHARDED_SKIP, said in one line): there the cached graph comes back with
-  incomplete parameter layouts.
+- The step's parameter layouts are kept beside the cache (LAYOUTS_FILE) when it compiles, and completed from
+  them when it loads: MindSpore 2.9's cached graph comes back with each parameter_layout_dict entry's full
+  shape and the field after it empty, and a sharded restore computes every slice a rank reads from the full
+  shape (models/weights.py). Every other field must equal the kept one (completed_layouts).
 
 Hit or miss is read from the cache file: a compile that loaded it leaves it untouched, one that
 compiled writes it anew. docs/evidence/launch.md has the measurements.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -39,9 +42,11 @@ from pathlib import Path
 
 import yaml
 
-from mindscale.config import REPO_ROOT, Config, Layout
+from mindscale.config import REPO_ROOT, Config, Layout, UserError
+from mindscale.io import write_atomically
 
 CACHE_DIR = "compile_cache"
+LAYOUTS_FILE = "parameter_layouts.json"  # beside graph_cache/ in each rank's folder: the compiled step's layouts
 SHARED_DIR_ENV = "MINDSCALE_COMPILE_CACHE_DIR"
 ENABLE_ENV, PATH_ENV = "MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH"
 SOURCE_PACKAGES = ("mindscale", "models")
@@ -106,14 +111,6 @@ class Compiled:
     cache: str = "off"
 
 
-# MindSpore 2.9.0 restores a cached sharded graph's parameter layouts without their full shapes (fields 6 and 7
-# of every parameter_layout_dict entry come back empty; measured under the dry run, docs/launch.md), and
-# models/weights.py computes a rank's slices from the full shapes (resume, checkpoint.load_path)
-SHARDED_SKIP = (
-    "sharded layouts compile every launch: MindSpore 2.9.0's cached graph loses the parameters' "
-    "full shapes, which a sharded restore computes its slices from"
-)
-
 ENTRY_SKIP = (
     "MindSpore hashes the entry script {script!r} into the cache and cannot open it from the working "
     "directory it was imported in; run the script by a path valid there"
@@ -139,8 +136,6 @@ class CompileCache:
     def of(cls, cfg: Config, layout: Layout, run_dir: Path, device: str, rank: int) -> "CompileCache":
         if not cfg.run.compile_cache or cfg.run.mode != "graph":
             return cls(None, rank)
-        if layout.sharded:
-            return cls(None, rank, SHARDED_SKIP)
         if _unreadable_entry_script():
             return cls(None, rank, ENTRY_SKIP.format(script=_unreadable_entry_script()))
         import mindspore as ms
@@ -157,6 +152,9 @@ class CompileCache:
                     pass
         return cls(root / key, rank)
 
+    def layouts_file(self) -> Path:
+        return self.folder / f"rank_{self.rank}" / LAYOUTS_FILE
+
     def graph_file(self) -> Path | None:
         """MindSpore's cache of the first graph compiled (the step), named by the process's role under
         msrun (MS_WORKERcompile_cache_0.mindir) or not."""
@@ -164,9 +162,10 @@ class CompileCache:
         return found[0] if found else None
 
     @contextmanager
-    def compiling(self):
+    def compiling(self, step):
         """Around the step's compile, the first of the process: MindSpore's cache on for it alone
-        (MS_COMPILER_CACHE_ENABLE is read at each compile) and `Compiled` filled in afterwards."""
+        (MS_COMPILER_CACHE_ENABLE is read at each compile), then the step's parameter layouts kept (a compile)
+        or completed (a load), and `Compiled` filled in."""
         result = Compiled()
         began = time.perf_counter()
         if self.folder is None:
@@ -176,15 +175,55 @@ class CompileCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         with open(self.folder / f"rank_{self.rank}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another job compiling this key and rank writes its cache now
+            if self.graph_file() is not None and not self.layouts_file().exists():
+                # a compile killed before its layouts were kept: its graph cannot be completed, so compile again
+                shutil.rmtree(self.folder / f"rank_{self.rank}" / "graph_cache")
             before = _stamp(self.graph_file())
             os.environ[PATH_ENV], os.environ[ENABLE_ENV] = str(self.folder), "1"
             try:
                 yield result
             finally:
                 os.environ[ENABLE_ENV] = "0"
+            result.cache = "hit" if before is not None and before == _stamp(self.graph_file()) else "miss"
+            if result.cache == "hit":
+                kept = json.loads(self.layouts_file().read_text())
+                step.parameter_layout_dict = completed_layouts(step.parameter_layout_dict, kept, self.folder)
+            else:
+                self.layouts_file().parent.mkdir(exist_ok=True)
+                write_atomically(self.layouts_file(), json.dumps(_plain(step.parameter_layout_dict)))
             result.seconds = time.perf_counter() - began
-            after = _stamp(self.graph_file())
-        result.cache = "hit" if before is not None and before == after else "miss"
+
+
+def completed_layouts(loaded: dict, kept: dict, folder: Path) -> dict:
+    """The layouts of a step loaded from the cache, as it compiled: the `kept` ones, once every field the load
+    restored equals them. MindSpore 2.9's load leaves the full shape and the field after it empty, and appends
+    a field the compile does not give (the optimizer shard's slice shape); any other difference means the
+    folder does not hold what this graph compiled to."""
+    out = {}
+    for name in sorted(set(loaded) | set(kept)):
+        if name not in loaded or name not in kept:
+            raise _mismatch(folder, f"parameter {name} is in one of the loaded and the compiled graph only")
+        restored, compiled = _plain(loaded[name]), kept[name]
+        if len(restored) < len(compiled):
+            raise _mismatch(folder, f"{name}'s layout has {len(restored)} fields, {len(compiled)} compiled")
+        for i, (got, want) in enumerate(zip(restored, compiled)):
+            if got != want and got != []:
+                raise _mismatch(folder, f"{name}'s layout field {i} is {got}, {want} compiled")
+        out[name] = type(loaded[name])(compiled)
+    return out
+
+
+def _mismatch(folder: Path, what: str) -> UserError:
+    return UserError(f"compile cache {folder}: {what}; remove the folder or set run.compile_cache=false")
+
+
+def _plain(value):
+    """JSON's view of a layout: tuples as lists, all the way down."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _stamp(path: Path | None) -> tuple[int, int] | None:

@@ -107,7 +107,7 @@ class Trainer:
         cache = CompileCache.of(self.cfg, layout, self.run_dir, rt.device_target, rt.rank)
         if cache.skipped:
             rt.say(f"compile cache off: {cache.skipped} (run.compile_cache)")
-        with cache.compiling() as compiled:
+        with cache.compiling(self.step_cell) as compiled:
             self.step_cell.compile(*self.first_batch)
         self.heartbeat.compiled(compiled.seconds, compiled.cache)
         if compiled.cache != "off":

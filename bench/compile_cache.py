@@ -3,6 +3,7 @@ seconds of a first launch against a relaunch and a --max-restarts restart, and u
 
     python bench/compile_cache.py [--json]                       # both parts
     python bench/compile_cache.py --part cpu|dryrun [--micro 8,128,256]
+    python bench/compile_cache.py --part full [--config configs/llama2/llama2_13b.yaml]
 
 cpu: the 2-worker data-parallel demo (scripts/run_distribute.sh configs/tiny/llama_tiny.yaml 2, 6 steps,
 a checkpoint every 2). (a) A launch whose rank 1 SIGKILLs itself before step 4 (it compiles; the job
@@ -16,6 +17,10 @@ dryrun: tools/dryrun.py's rank 0 of the llama2_13b layout (dp4 pp4, bench/dryrun
 widths) at each micro-batch count, compiled twice with MindSpore's cache on in a temporary folder
 (dryrun_ranks.Job.compile_cache): `compile_s` of each. The dry run compiles and runs nothing;
 tools/dryrun.py turns the cache off (a dry run exists to compile).
+
+full: a shipped config at full size, its first and last stage's first rank, each compiled and then loaded from the
+cache under the dry run (one rank at a time): compile seconds both ways, and whether the loaded step's parameter
+layouts and local shapes equal the compiled ones name by name.
 """
 
 from __future__ import annotations
@@ -120,6 +125,33 @@ def dryrun_part(micro: list[int]) -> dict:
     return rows
 
 
+def full_size_part(config: str) -> dict:
+    """A shipped config at full size, its first and last stage, each compiled and then loaded from the cache:
+    compile seconds both ways, and whether the loaded step's layouts (completed from those kept beside the
+    cache, compile_cache.completed_layouts) and local shapes equal the compiled ones, parameter by parameter."""
+    cfg, layout = for_ascend(load_config(REPO_ROOT / config))
+    folder = Path(tempfile.mkdtemp(prefix="mindscale-ccache-full-"))
+    job = Job(config=config, overrides=(), log_dir=folder, collectives=False, compile_cache=folder / "cache")
+    rows = {}
+    try:
+        for rank in sorted({0, layout.stage_ranks(layout.pp - 1)[0]}):
+            first, loaded = (next(compile_ranks(cfg, job, [rank])) for _ in range(2))
+            if not (first["compiled"] and loaded["compiled"]):
+                rows[rank] = {"error": first["error"] or loaded["error"]}
+                continue
+            rows[rank] = {
+                "first_s": first["compile_s"],
+                "cached_s": loaded["compile_s"],
+                "cache": [first["compile_cache"], loaded["compile_cache"]],
+                "layouts_equal": first["layouts"] == loaded["layouts"],
+                "local_shapes_equal": first["local_shapes"] == loaded["local_shapes"],
+                "parameters": len(first["layouts"]),
+            }
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
 def micro_counts(raw: str) -> list[int]:
     try:
         counts = [int(m) for m in raw.split(",")]
@@ -132,7 +164,8 @@ def micro_counts(raw: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("cpu", "dryrun", "both"), default="both")
+    parser.add_argument("--part", choices=("cpu", "dryrun", "both", "full"), default="both")
+    parser.add_argument("--config", default=LAYOUT, help="full: the shipped config compiled at full size")
     parser.add_argument(
         "--micro", type=micro_counts, default=[32, 128], help="dry run: micro-batch counts, comma-separated"
     )
@@ -143,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         result["cpu"] = cpu_part()
     if args.part in ("dryrun", "both"):
         result["dryrun"] = dryrun_part(args.micro)
+    if args.part == "full":
+        result["full_size"] = {args.config: full_size_part(args.config)}
     print(json.dumps(result, indent=None if args.json else 1))
     return 0
 

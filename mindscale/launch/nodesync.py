@@ -129,11 +129,11 @@ class NodeSync:
         return silent
 
     def silent_peer(self) -> int | None:
-        """A peer seen beating that has been silent for longer than the timeout."""
-        for peer, silent in self._watch().items():
-            if silent is not None and silent > self.timeout_s:
-                return peer
-        return None
+        """A peer seen beating that has been silent for longer than the timeout and has not reported this
+        generation (one that did, its workers finished, may have exited while ours still save)."""
+        silent = [peer for peer, s in self._watch().items() if s is not None and s > self.timeout_s]
+        reported = self.reports() if silent else {}
+        return next((peer for peer in silent if peer not in reported), None)
 
     def join(self, timeout_s: float) -> list[int]:
         """Wait until every peer has beaten since we started watching; the peers not seen within

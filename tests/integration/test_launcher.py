@@ -219,6 +219,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, env, message):
     assert not (tmp_path / "out").exists()
 
 
+def test_restarts_across_nodes_refuse_a_run_folder_no_other_node_writes(tmp_path):
+    """--max-restarts with NNODES=2 and no node 1 beating in the run folder (not shared, or never started):
+    refused in one line naming the folder, exit 2, after msrun's cluster timeout and before msrun starts."""
+    cfg = write_config(tmp_path, name="alone")
+    env = clean_env(NNODES=2, NODE_RANK=0, MASTER_ADDR="127.0.0.1", MINDSCALE_CLUSTER_TIMEOUT=2)
+    out = run_script("run_distribute.sh", cfg, "1", "--max-restarts", "1", cwd=tmp_path, env=env)
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        f"error: run.max_restarts=1 with NNODES=2: no sign of node 1's launcher in {tmp_path / 'out/alone/logs/nodes'} "
+        "within 2 s; put run.output_dir on a file system every node shares (and start every node), or set "
+        "run.max_restarts=0"
+    ], out.stderr
+    assert "MindScale: " not in out.stdout and not (tmp_path / "out/alone/logs/msrun_node_0.log").exists()
+
+
 def test_hostfile_dry_run_commands_run_as_written(tmp_path):
     cfg = write_config(tmp_path, data_parallel=1)
     hostfile = tmp_path / "hosts"

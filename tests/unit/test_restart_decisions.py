@@ -233,6 +233,9 @@ def test_nodes_join_on_fresh_beats_only_and_a_silent_node_is_named(tmp_path):
     assert n0.silent_peer() == 1  # seen beating, then silent past the timeout
     bump(n1)
     assert n0.silent_peer() is None
+    n1.report(Report(1, restart=False, failed=False, cause=None))  # node 1's workers finished: it exits
+    clock.now += 30
+    assert n0.silent_peer() is None
 
 
 def test_nodes_restart_together_only_when_every_node_wants_it(tmp_path):

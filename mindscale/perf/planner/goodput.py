@@ -81,8 +81,6 @@ def unavailable(cfg: Config, path: str) -> str | None:
     """Why MindScale cannot take restart `path` for `cfg` today, or None when it can."""
     if path == "scheduler requeue":
         return None
-    if cfg.devices > cfg.hardware.devices_per_node:
-        return "the launcher restarts one node only (docs/launch.md)"
     if path.endswith("compile cache") and _layout(cfg).sharded:
         return "MindSpore 2.9's compile cache cannot restore a sharded step (docs/launch.md)"
     return None

@@ -87,8 +87,12 @@ def agree(nodes: NodeSync, ended: Ended, again: bool) -> tuple[Ended, int | None
         return Ended(1, str(exc), ledger=ended.ledger), None
     if restart:
         return ended, decider.port
-    why = f"node {decider.node} " + (f"ended: {decider.cause}" if decider.failed else "finished")
-    return dataclasses.replace(ended, code=1, cause=f"{ended.cause}; not restarted: {why}", restartable=False), None
+    if ended.cause == f"node {decider.node}: {decider.cause}":  # we stopped on that node's failure: said once
+        cause = f"{ended.cause} (not restarted there)"
+    else:
+        why = f"node {decider.node} " + (f"ended: {decider.cause}" if decider.failed else "finished")
+        cause = f"{ended.cause}; not restarted: {why}"
+    return dataclasses.replace(ended, code=1, cause=cause, restartable=False), None
 
 
 def run(

@@ -276,3 +276,7 @@ def test_agree_reports_and_ends_the_job_with_the_refusing_nodes_cause(tmp_path):
     assert n0.reports()[0].port is not None  # node 0 offered the next generation's port
     ended, port = agree(n1, Ended(1, "node 0: x", restartable=True), again=True)  # node 0 did not refuse
     assert port == n0.reports()[0].port
+    n0.generation = n1.generation = 1
+    n0.report(Report(0, restart=False, failed=True, cause="rank 0 exited with code 2"))  # bad input: not retried
+    ended, port = agree(n1, Ended(1, "node 0: rank 0 exited with code 2", restartable=True), again=True)
+    assert port is None and ended.cause == "node 0: rank 0 exited with code 2 (not restarted there)"

@@ -262,18 +262,19 @@ def supervise(plan: LaunchPlan, env: dict) -> int:
     nodes' launchers write into the run under that lock."""
     signals = LauncherSignals().install()
     with runlock.hold(plan.run_dir, plan.node.node_rank == 0):
-        nodes = join_nodes(plan) if plan.max_restarts and plan.node.nnodes > 1 else None
+        nodes = None
         try:
+            nodes = join_nodes(plan) if plan.max_restarts and plan.node.nnodes > 1 else None
             ended = restarts.run(
                 plan,
                 lambda attempt: _supervise(attempt, env, signals, nodes),
                 stopping=lambda: signals.graceful is not None,
                 nodes=nodes,
             )
-        except Interrupted as exc:  # between two attempts: nothing runs
+        except Interrupted as exc:  # before the first attempt (the nodes' join) or between two: nothing runs
             ended = Ended(
                 128 + exc.signum,
-                f"{signal.Signals(exc.signum).name}: stopped between restarts; logs in {plan.log_dir}",
+                f"{signal.Signals(exc.signum).name}: stopped while no worker ran; logs in {plan.log_dir}",
                 interrupted=True,
             )
         finally:
@@ -295,7 +296,11 @@ def join_nodes(plan: LaunchPlan) -> NodeSync:
     never started."""
     nodes = NodeSync(plan.log_dir, plan.node.nnodes, plan.node.node_rank, plan.node_timeout_s)
     nodes.start_beating()
-    missing = nodes.join(plan.cluster_timeout)
+    try:
+        missing = nodes.join(plan.cluster_timeout)
+    except Interrupted:
+        nodes.stop_beating()
+        raise
     if missing:
         nodes.stop_beating()
         raise LaunchError(

@@ -2,13 +2,14 @@
 that every node stopped its workers, and then relaunch together (restarts.py).
 
 Why the run folder and not msrun's scheduler: the scheduler is a process of node 0's msrun tree, which a
-restart kills with the workers, and msrun 2.9 has no way to bring back a job whose workers it lost (its
-scheduler ends the cluster when a worker's heartbeat stops). The launchers already share the run folder:
+restart kills with the workers, and msrun 2.9 never relaunches by itself: on a worker's failure it kills the
+node's other workers and raises; its worker start/kill callbacks are driven only by MindX's TaskD plugin
+(docs/launch.md). The launchers already share the run folder:
 they read every rank's exit file and heartbeat there, and their logs, checkpoints and the compile cache
 live in it.
 
 The protocol, in `<logs>/nodes/`:
-- Each launcher touches `node_<k>.alive` every POLL_S from a thread of its own, so a peer tells it lives
+- Each launcher touches `node_<k>.alive` every BEAT_S from a thread of its own, so a peer tells it lives
   by the file's modification time changing (measured on the reader's clock: the nodes' clocks may
   differ). Before the first attempt every launcher waits to see all the others beat (`join`): a run
   folder that is not shared is refused there, before anything starts.

@@ -63,8 +63,8 @@ class RunConfig:
         "scripts/run_distribute.sh (--max-restarts N overrides it): after a worker fails or stalls, relaunch "
         "every worker from the newest committed (healthy) checkpoint, at most this many times, then give up "
         "with exit 1. A worker's exit status 2 (bad input) and a health guard's stop (train.max_skipped_steps, "
-        "a non-finite loss) are never retried. One node only (refused with "
-        "NNODES > 1). Needs checkpoint.resume=true. 0 = no restarts.",
+        "a non-finite loss) are never retried. With NNODES > 1 every node restarts together, through the shared "
+        "run folder (docs/launch.md). Needs checkpoint.resume=true. 0 = no restarts.",
         0,
     )
     hang_timeout_s: float = doc(

@@ -17,7 +17,11 @@ up to it exactly:
     training     every other step second: work kept
     other        the rest: teardown, the final save's process exit, the launcher's own restarts
 
-goodput = training / wall. Printed as one line and written to `<run>/goodput.json` (node 0).
+goodput = training / wall. Printed as one line and written to `<run>/goodput.json` by node 0 and to
+`<run>/goodput_node_<k>.json` by node k > 0 (with NNODES > 1 each node's launcher keeps its own clock and
+ledger). Its `attempts` list each attempt: its cause, the steps and seconds it lost, and `restart_s`,
+the seconds from its end (its workers stopped) to the next attempt's first completed step: the
+teardown, the nodes agreeing (nodesync.py), start-up, the compile or cache load and that step.
 """
 
 from __future__ import annotations
@@ -71,13 +75,30 @@ def _split(attempt: Attempt, resumed_next: int | None) -> dict:
     return out
 
 
+def back_to_training(attempt: Attempt, nxt: dict | None) -> float | None:
+    """Seconds from a failed attempt's end to the next one's first completed step (None: none completed)."""
+    if not nxt or nxt["first_step_s"] is None:
+        return None
+    return nxt["started"] + nxt["first_step_s"] - attempt.ended
+
+
 def summarise(attempts: list[Attempt], wall_s: float) -> dict:
-    """The buckets over all attempts, `other` making them add up to `wall_s`."""
-    total = dict(BUCKETS)
+    """The buckets over all attempts, `other` making them add up to `wall_s`, and each attempt's own."""
+    total, each = dict(BUCKETS), []
     for i, attempt in enumerate(attempts):
         nxt = attempts[i + 1].ledger if i + 1 < len(attempts) else None
-        for key, value in _split(attempt, nxt["first_step"] if nxt else None).items():
+        split = _split(attempt, nxt["first_step"] if nxt else None)
+        for key, value in split.items():
             total[key] += value
+        each.append(
+            {
+                "cause": attempt.cause,
+                "seconds": attempt.ended - attempt.began,
+                "lost_steps": split["lost_steps"],
+                "lost_s": split["lost_s"],
+                "restart_s": back_to_training(attempt, nxt) if i + 1 < len(attempts) else None,
+            }
+        )
     total["other_s"] = wall_s - sum(v for k, v in total.items() if k.endswith("_s"))
     return {
         "wall_s": wall_s,
@@ -85,6 +106,7 @@ def summarise(attempts: list[Attempt], wall_s: float) -> dict:
         "goodput": total["training_s"] / wall_s if wall_s > 0 else 0.0,
         "restarts": [a.cause for a in attempts[:-1]],
         "compile_cache": [a.ledger["compile_cache"] if a.ledger else None for a in attempts],
+        "attempts": each,
     }
 
 
@@ -101,12 +123,15 @@ def describe(summary: dict) -> str:
     )
 
 
-def report(attempts: list[Attempt], wall_s: float, run_dir: Path, writes: bool) -> dict | None:
-    """Print the summary (when a worker kept a ledger) and, on node 0, write goodput.json."""
+def goodput_file(run_dir: Path, node: int) -> Path:
+    return Path(run_dir) / (GOODPUT_FILE if node == 0 else f"goodput_node_{node}.json")
+
+
+def report(attempts: list[Attempt], wall_s: float, run_dir: Path, node: int) -> dict | None:
+    """Print the summary (when a worker kept a ledger) and write it to this node's goodput file."""
     if not any(a.ledger for a in attempts):
         return None
     summary = summarise(attempts, wall_s)
     print(describe(summary), flush=True)
-    if writes:
-        write_atomically(Path(run_dir) / GOODPUT_FILE, json.dumps(summary, indent=1) + "\n")
+    write_atomically(goodput_file(run_dir, node), json.dumps(summary, indent=1) + "\n")
     return summary

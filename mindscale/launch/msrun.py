@@ -11,7 +11,8 @@ the repository root) -- a testing and debugging hook. MINDSCALE_CLUSTER_TIMEOUT 
 --cluster_time_out (seconds a worker waits for the others to join; default 7200 on Ascend/GPU, as
 MindFormers uses, 600 on CPU). On Ascend, HCCL_CONNECT_TIMEOUT (link set-up) and HCCL_EXEC_TIMEOUT (a
 collective waiting for its peers) default to values derived from run.hang_timeout_s (hccl_timeouts);
-set them to override.
+set them to override. MINDSCALE_NODE_TIMEOUT: with NNODES > 1 and run.max_restarts, the seconds a node's
+launcher may be silent, or late for a restart, before the job ends naming it (default 60; nodesync.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from mindscale.config import REPO_ROOT, Config, Layout, UserError, load_config
 from mindscale.devices import count_devices, detect_device
+from mindscale.launch.nodesync import NODE_TIMEOUT_DEFAULT_S, NODE_TIMEOUT_ENV
 from mindscale.launch.runlock import HOLDER_ENV, LOCK_NAME
 from mindscale.train.loop.runnable import check_device
 from mindscale.train.resilience.heartbeat import LOG_DIR_ENV
@@ -147,6 +149,7 @@ class LaunchPlan:
     cores: list[int] | None  # CPU: the core of each local worker
     notes: list[str] = field(default_factory=list)
     max_restarts: int = 0  # run.max_restarts (restarts.py)
+    node_timeout_s: int = 60  # NNODES > 1 with restarts: how long a node may be silent (nodesync.py)
     hang_timeout_s: float = 0.0  # run.hang_timeout_s (heartbeat.py); 0 = not watched
     train_steps: int = 0  # train.steps: workers that exit 0 with fewer steps done were stopped gracefully
     step_rank: int = 0  # the rank that prints the step lines (step_rank)
@@ -285,12 +288,7 @@ def plan_distribute(config: str, num_devices: str | None, overrides: list[str], 
         env.get("MINDSCALE_CLUSTER_TIMEOUT", str(CLUSTER_TIMEOUT_DEFAULT[device])),
         "seconds",
     )
-    if cfg.run.max_restarts and node.nnodes > 1:
-        raise LaunchError(
-            f"run.max_restarts={cfg.run.max_restarts} with NNODES={node.nnodes}: a restart relaunches "
-            "only this node's workers and the nodes cannot restart together; set run.max_restarts=0 "
-            "and let the scheduler requeue the whole job"
-        )
+    node_timeout = _positive_int(NODE_TIMEOUT_ENV, env.get(NODE_TIMEOUT_ENV, str(NODE_TIMEOUT_DEFAULT_S)), "seconds")
     log_dir = (cfg.run_dir / "logs").absolute()
     entry = resolve_entry(env)
     check_device(cfg, device)  # what every worker would refuse: refused before msrun starts them
@@ -308,6 +306,7 @@ def plan_distribute(config: str, num_devices: str | None, overrides: list[str], 
         cores=cores,
         notes=notes,
         max_restarts=cfg.run.max_restarts,
+        node_timeout_s=node_timeout,
         hang_timeout_s=cfg.run.hang_timeout_s,
         train_steps=cfg.train.steps,
         step_rank=step_rank(cfg, device, world),

@@ -3,8 +3,9 @@
 (all ranks': on a shared run folder a peer node's failure is seen too) and, on the first failure,
 stops the whole process tree at once and names the log. It also watches the workers' heartbeats
 (hangwatch.py: a stalled rank is named, its stacks dumped, the job stopped) and restarts a failed job
-up to run.max_restarts times (restarts.py). msrun's output comes through the launcher: all of it into the
-node's msrun log, to the console less msrun's own lines and MindSpore's chatter (MsrunConsole).
+up to run.max_restarts times (restarts.py; with NNODES > 1 every node together, nodesync.py). msrun's
+output comes through the launcher: all of it into the node's msrun log, to the console less msrun's own
+lines and MindSpore's chatter (MsrunConsole).
 
 Signals: Ctrl+C stops the tree at once; the first SIGTERM/SIGUSR1 is a graceful stop (every worker
 finishes its step, saves a committed checkpoint and exits 0; the last line says where it saved); a
@@ -12,6 +13,7 @@ second signal stops at once (LauncherSignals)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import signal
 import subprocess
@@ -27,7 +29,8 @@ import psutil
 from mindscale.config import UserError
 from mindscale.launch import restarts, runlock
 from mindscale.launch.hangwatch import HangWatch
-from mindscale.launch.msrun import POLL_S, LaunchPlan
+from mindscale.launch.msrun import POLL_S, LaunchError, LaunchPlan
+from mindscale.launch.nodesync import NODE_TIMEOUT_ENV, NodeSync
 from mindscale.launch.restarts import Ended
 from mindscale.launch.worker import die_with_parent
 from mindscale.train.checkpoints.committed import newest_committed
@@ -259,16 +262,24 @@ def supervise(plan: LaunchPlan, env: dict) -> int:
     nodes' launchers write into the run under that lock."""
     signals = LauncherSignals().install()
     with runlock.hold(plan.run_dir, plan.node.node_rank == 0):
+        nodes = None
         try:
+            nodes = join_nodes(plan) if plan.max_restarts and plan.node.nnodes > 1 else None
             ended = restarts.run(
-                plan, lambda attempt: _supervise(attempt, env, signals), stopping=lambda: signals.graceful is not None
+                plan,
+                lambda attempt: _supervise(attempt, env, signals, nodes),
+                stopping=lambda: signals.graceful is not None,
+                nodes=nodes,
             )
-        except Interrupted as exc:  # between two attempts: nothing runs
+        except Interrupted as exc:  # before the first attempt (the nodes' join) or between two: nothing runs
             ended = Ended(
                 128 + exc.signum,
-                f"{signal.Signals(exc.signum).name}: stopped between restarts; logs in {plan.log_dir}",
+                f"{signal.Signals(exc.signum).name}: stopped while no worker ran; logs in {plan.log_dir}",
                 interrupted=True,
             )
+        finally:
+            if nodes is not None:
+                nodes.stop_beating()
     if ended.code == 0:
         report_success(plan, ended.stopped_by, ended.ledger)
     elif ended.interrupted:
@@ -278,8 +289,31 @@ def supervise(plan: LaunchPlan, env: dict) -> int:
     return ended.code
 
 
-def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
-    """One msrun: until it ends, a worker fails, or a rank stalls (run.hang_timeout_s)."""
+def join_nodes(plan: LaunchPlan) -> NodeSync:
+    """Restarts across nodes (nodesync.py): beat in the shared run folder and wait, as long as msrun would
+    wait for a node (--cluster_time_out), until every other node's launcher beats there too. One that
+    never does is refused (exit 2) before anything starts: the run folder is not shared with it, or it
+    never started."""
+    nodes = NodeSync(plan.log_dir, plan.node.nnodes, plan.node.node_rank, plan.node_timeout_s)
+    nodes.start_beating()
+    try:
+        missing = nodes.join(plan.cluster_timeout)
+    except Interrupted:
+        nodes.stop_beating()
+        raise
+    if missing:
+        nodes.stop_beating()
+        raise LaunchError(
+            f"run.max_restarts={plan.max_restarts} with NNODES={plan.node.nnodes}: no sign of node {missing[0]}'s "
+            f"launcher in {nodes.folder} within {plan.cluster_timeout} s; put run.output_dir on a file system every "
+            "node shares (and start every node), or set run.max_restarts=0"
+        )
+    return nodes
+
+
+def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals, nodes: NodeSync | None) -> Ended:
+    """One msrun: until it ends, a worker fails, a rank stalls (run.hang_timeout_s), or, when `nodes`
+    syncs restarts across nodes, another node's attempt failed or its launcher fell silent."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     for rank in plan.local_ranks:
         (plan.log_dir / f"worker_{rank}.exit").unlink(missing_ok=True)
@@ -318,6 +352,11 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
             stall = watch.stalled() if forwarded is None else None
             if stall:
                 return report_stall(plan, watch, stall, proc.pid, stop)
+            peer = watch_peers(nodes) if nodes is not None else None
+            if peer:
+                ledger = watch.beats().get(plan.first_rank)
+                stop()
+                return dataclasses.replace(peer, ledger=ledger)
             code = proc.poll()
             if code is not None:
                 console.close()
@@ -341,6 +380,23 @@ def _supervise(plan: LaunchPlan, env: dict, signals: LauncherSignals) -> Ended:
             f"{signal.Signals(exc.signum).name}: stopped all workers; logs in {plan.log_dir}",
             interrupted=True,
         )
+
+
+def watch_peers(nodes: NodeSync) -> Ended | None:
+    """The end of this node's attempt that another node calls for: its attempt failed (restartable: the
+    nodes decide together, restarts.agree), or its launcher has been silent past the timeout (the job
+    ends, naming it, for the scheduler to requeue)."""
+    failed = nodes.failed_peer()
+    if failed is not None:
+        return Ended(1, f"node {failed.node}: {failed.cause}", restartable=True)
+    silent = nodes.silent_peer()
+    if silent is not None:
+        return Ended(
+            1,
+            f"node {silent}'s launcher went silent: no sign of it in {nodes.folder} for {nodes.timeout_s:g} s "
+            f"({NODE_TIMEOUT_ENV}); ending the job so the scheduler can requeue it",
+        )
+    return None
 
 
 def start_line(plan: LaunchPlan) -> str:

@@ -9,7 +9,6 @@ network namespaces form one job.
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import time
@@ -19,10 +18,12 @@ import psutil
 import pytest
 
 from mindscale.launch.msrun import assign_cores
+from tests.integration import two_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = "tests/fixtures/allreduce_probe.py"
 LAUNCH_TIMEOUT = 120
+NODE_TIMEOUT = 8  # MINDSCALE_NODE_TIMEOUT of the restartable two-node jobs
 
 
 def write_config(tmp_path, name="probe", **parallel):
@@ -177,8 +178,8 @@ def test_dry_run_multi_node_world_and_ranks(tmp_path):
         (["CFG", "--set", "train.stepz=3"], {}, "unknown key train.stepz"),
         (
             ["CFG", "--max-restarts", "1"],
-            {"NNODES": "2", "MASTER_ADDR": "h"},
-            "run.max_restarts=1 with NNODES=2: a restart relaunches only this node's workers",
+            {"NNODES": "2", "MASTER_ADDR": "h", "MINDSCALE_NODE_TIMEOUT": "0"},
+            "MINDSCALE_NODE_TIMEOUT='0': must be a positive integer (seconds)",
         ),
         (
             ["CFG", "--max-restarts", "1", "--set", "checkpoint.resume=false"],
@@ -216,6 +217,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, env, message):
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.splitlines()) == 1 and message in out.stderr, out.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_restarts_across_nodes_refuse_a_run_folder_no_other_node_writes(tmp_path):
+    """--max-restarts with NNODES=2 and no node 1 beating in the run folder (not shared, or never started):
+    refused in one line naming the folder, exit 2, after msrun's cluster timeout and before msrun starts."""
+    cfg = write_config(tmp_path, name="alone")
+    env = clean_env(NNODES=2, NODE_RANK=0, MASTER_ADDR="127.0.0.1", MINDSCALE_CLUSTER_TIMEOUT=2)
+    out = run_script("run_distribute.sh", cfg, "1", "--max-restarts", "1", cwd=tmp_path, env=env)
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        f"error: run.max_restarts=1 with NNODES=2: no sign of node 1's launcher in {tmp_path / 'out/alone/logs/nodes'} "
+        "within 2 s; put run.output_dir on a file system every node shares (and start every node), or set "
+        "run.max_restarts=0"
+    ], out.stderr
+    assert "MindScale: " not in out.stdout and not (tmp_path / "out/alone/logs/msrun_node_0.log").exists()
 
 
 def test_hostfile_dry_run_commands_run_as_written(tmp_path):
@@ -376,67 +391,10 @@ def test_a_dead_worker_stops_the_job_and_is_named(tmp_path, how, said):
 # Two nodes on one machine: a network namespace per node
 
 
-@pytest.fixture
-def two_namespaces():
-    """Two network namespaces joined by a veth pair: node 0 at 10.213.0.1, node 1 at 10.213.0.2.
-    Each sees only its own address, so msrun on node 1 finds MASTER_ADDR remote, as on a cluster."""
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.skip("network namespaces need root and iproute2's `ip`")
-    tag = str(os.getpid() % 100000)
-    names, links = [f"mstest{tag}a", f"mstest{tag}b"], [f"msv{tag}a", f"msv{tag}b"]
-    if subprocess.run(["ip", "netns", "add", names[0]], capture_output=True).returncode:
-        pytest.skip("cannot create network namespaces here (ip netns add failed)")
-    try:
-        commands = [
-            ["ip", "netns", "add", names[1]],
-            ["ip", "link", "add", links[0], "type", "veth", "peer", "name", links[1]],
-        ]
-        for i, (ns, link) in enumerate(zip(names, links)):
-            commands += [
-                ["ip", "link", "set", link, "netns", ns],
-                ["ip", "-n", ns, "addr", "add", f"10.213.0.{i + 1}/24", "dev", link],
-                ["ip", "-n", ns, "link", "set", link, "up"],
-                ["ip", "-n", ns, "link", "set", "lo", "up"],
-            ]
-        for cmd in commands:
-            subprocess.run(cmd, check=True, capture_output=True)
-        yield names
-    finally:
-        for ns in names:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
 def launch_two_nodes(tmp_path, namespaces, cfg, **extra_env):
-    """Start run_distribute.sh with NUM_DEVICES=1 in each namespace as node 0 and node 1.
-    Returns [(exit status, output, time it returned)] per node."""
-    common = dict(NNODES=2, MASTER_ADDR="10.213.0.1", MASTER_PORT=29517, **extra_env)
-    nodes, logs, returned = [], [], {}
-    for rank, ns in enumerate(namespaces):
-        logs.append(tmp_path / f"node{rank}.txt")
-        with open(logs[-1], "w") as out:
-            nodes.append(
-                subprocess.Popen(
-                    ["ip", "netns", "exec", ns, "bash", str(ROOT / "scripts/run_distribute.sh"), str(cfg), "1"],
-                    cwd=tmp_path,
-                    env=clean_env(NODE_RANK=rank, **common),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-    deadline = time.time() + LAUNCH_TIMEOUT
-    try:
-        while len(returned) < len(nodes) and time.time() < deadline:
-            for i, node in enumerate(nodes):
-                if i not in returned and node.poll() is not None:
-                    returned[i] = time.time()
-            time.sleep(0.1)
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.send_signal(signal.SIGINT)  # the launcher stops its workers at once on SIGINT
-                node.wait(10)
-    assert len(returned) == len(nodes), "a node's launcher did not return in time"
-    return [(node.returncode, log.read_text(), returned[i]) for i, (node, log) in enumerate(zip(nodes, logs))]
+    """Both nodes of a probe job (tests/integration/two_nodes.py), NUM_DEVICES=1 each."""
+    nodes = two_nodes.start(tmp_path, namespaces, [str(cfg), "1"], lambda rank: clean_env(NODE_RANK=rank, **extra_env))
+    return two_nodes.wait(nodes, LAUNCH_TIMEOUT)
 
 
 def test_two_nodes_in_network_namespaces_form_one_job(tmp_path, two_namespaces):
@@ -474,4 +432,34 @@ def test_a_dead_worker_on_one_node_stops_the_other_node(tmp_path, two_namespaces
         # Node 0 sees node 1's exit file in the shared run folder; without it, rank 0 would wait
         # in the AllReduce for MindSpore's collective timeout (about 30 s here).
         assert returned - died < 5
+    assert leftover_processes(str(cfg)) == []
+
+
+def test_a_lost_node_ends_a_restartable_job_in_one_line(tmp_path, two_namespaces):
+    """With --max-restarts, node 1's launcher SIGKILLed while the workers run (the probe holds them): its
+    workers die with it, node 0 names it within MINDSCALE_NODE_TIMEOUT (one line, exit 1) for the
+    scheduler to requeue the job, and nothing is left running on either node."""
+    cfg = write_config(tmp_path, name="lost_node")
+    log_dir = tmp_path / "out/lost_node/logs"
+    nodes = two_nodes.start(
+        tmp_path,
+        two_namespaces,
+        [cfg, "1", "--max-restarts", "1"],
+        lambda rank: clean_env(NODE_RANK=rank, PROBE_HOLD=LAUNCH_TIMEOUT, MINDSCALE_NODE_TIMEOUT=NODE_TIMEOUT),
+    )
+    deadline = time.time() + LAUNCH_TIMEOUT
+    while sorted(probe_lines(nodes[1][1].read_text())) != [1] and time.time() < deadline:
+        time.sleep(0.2)
+    nodes[1][0].kill()
+    killed = time.time()
+    (code, text, returned), (lost, _, _) = two_nodes.wait(nodes, LAUNCH_TIMEOUT)
+    assert lost == -signal.SIGKILL and code == 1, text[-2000:]
+    assert text.splitlines()[-1] == (
+        f"error: node 1's launcher went silent: no sign of it in {log_dir / 'nodes'} for {NODE_TIMEOUT} s "
+        "(MINDSCALE_NODE_TIMEOUT); ending the job so the scheduler can requeue it"
+    )
+    assert returned - killed < NODE_TIMEOUT + 5, f"node 0 ended {returned - killed:.1f} s after the kill"
+    deadline = time.time() + 5  # node 1's msrun and worker die with their parents (PR_SET_PDEATHSIG)
+    while leftover_processes(str(cfg)) and time.time() < deadline:
+        time.sleep(0.2)
     assert leftover_processes(str(cfg)) == []

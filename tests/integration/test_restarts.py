@@ -1,5 +1,6 @@
 """Restarts, hang detection and healthy checkpoints with real processes: scripts/run_distribute.sh with
-two CPU workers training a tiny LLaMA, faults injected by MINDSCALE_FAULT (mindscale/train/resilience/faults.py)."""
+two CPU workers training a tiny LLaMA (on one node, or one on each of two nodes in network namespaces), faults
+injected by MINDSCALE_FAULT (mindscale/train/resilience/faults.py)."""
 
 import json
 import os
@@ -12,10 +13,11 @@ import numpy as np
 import pytest
 
 from mindscale.config import REPO_ROOT
-from mindscale.launch.goodput import GOODPUT_FILE
+from mindscale.launch.goodput import goodput_file
 from mindscale.train.loop.compile_cache import SHARED_DIR_ENV
 from mindscale.train.checkpoints import folder as ckpt, commit
 from tests.data_folders import write_data_folder
+from tests.integration import two_nodes
 from tests.integration.tiny_runs import TINY, digests, losses, metrics, processes_naming, sets, train
 
 SAVE = ("train.micro_batch_size=2", "train.steps=6", "checkpoint.save_interval=2", "checkpoint.keep_last=3")
@@ -37,8 +39,8 @@ def launch(tmp_path, name, *args, fault=None, timeout=600, own_cache=False):
     return subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def goodput_adds_up(run_dir):
-    summary = json.loads((run_dir / GOODPUT_FILE).read_text())
+def goodput_adds_up(run_dir, node=0):
+    summary = json.loads(goodput_file(run_dir, node).read_text())
     parts = [v for k, v in summary.items() if k.endswith("_s") and k != "wall_s"]
     assert sum(parts) == pytest.approx(summary["wall_s"]) and all(v >= 0 for v in parts), summary
     return summary
@@ -54,16 +56,25 @@ def two_source_blend(tmp_path) -> list[str]:
     return ["--set", f"data.blend=[{{path: {folders[0]}, weight: 3}}, {{path: {folders[1]}, weight: 1}}]"]
 
 
-def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """One run never interrupted, which the restart tests end equal to: two workers on one node, the
+    compile cache in its run folder, reading two_source_blend. Returns (its folder, the blend's --set)."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    blend = two_source_blend(root)
+    straight = launch(root, "straight", *blend, own_cache=True)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    return root / "straight", blend
+
+
+def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(tmp_path, uninterrupted):
     """Rank 1 SIGKILLs itself before step 4 (step 2 committed, step 3 done): --max-restarts 1 relaunches
     both workers from step 2, and the final weights equal those of a run never killed. Both runs read a
     blend of two sources, so the restart resumes mid-epoch of each: it reuses the sample index and reads
     from step 2's position. The restart loads the train step from the compile cache the first attempt left
     in the run folder (run.compile_cache), and its losses are bit-identical to the uninterrupted run's,
     which compiled."""
-    blend = two_source_blend(tmp_path)
-    straight = launch(tmp_path, "straight", *blend, own_cache=True)
-    assert straight.returncode == 0, straight.stderr[-2000:]
+    straight, blend = uninterrupted
     restarted = launch(tmp_path, "restarted", "--max-restarts", "1", *blend, fault="kill:1:4", own_cache=True)
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
     run = tmp_path / "restarted"
@@ -76,7 +87,7 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(
     ]
     assert builds == [1, 0]  # one rank of the first attempt built the index; the restart built none
     assert [r["data_tokens"] for r in metrics(run) if r["step"] == 6] == [
-        {str(tmp_path / "source_0"): 18 * 32, str(tmp_path / "source_1"): 6 * 32}
+        {str(straight.parent / "source_0"): 18 * 32, str(straight.parent / "source_1"): 6 * 32}
     ]
     assert all(r["data_wait_s"] >= 0 for r in metrics(run))
     kept = run / "logs" / "attempt_1" / "worker_1.log"
@@ -86,9 +97,9 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(
     ) in restarted.stdout
     assert "fault: rank 1 kills itself before step 4" in kept.read_text()
     assert "resumed from" in restarted.stdout and "step_00000002 at step 2" in restarted.stdout
-    assert digests(run / "logs") == digests(tmp_path / "straight" / "logs")
+    assert digests(run / "logs") == digests(straight / "logs")
     assert len(digests(run / "logs")) == 1
-    assert losses(run) == losses(tmp_path / "straight")  # the restart's steps 3-6 overwrite the lost step 3
+    assert losses(run) == losses(straight)  # the restart's steps 3-6 overwrite the lost step 3
     summary = goodput_adds_up(run)
     assert summary["lost_steps"] == 1 and summary["restarts"] == ["rank 1 was killed by SIGKILL"]
     assert summary["compile_cache"] == ["miss", "hit"] and summary["cache_load_s"] > 0
@@ -101,8 +112,40 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_with_uninterrupted_weights(
         restarted.stdout,
         re.M,
     )
-    straight_summary = goodput_adds_up(tmp_path / "straight")
+    straight_summary = goodput_adds_up(straight)
     assert straight_summary["restarts"] == [] and straight_summary["compile_cache"] == ["miss"]
+
+
+def test_two_nodes_restart_together_after_a_kill_and_a_hang(tmp_path, two_namespaces, uninterrupted):
+    """Two nodes of one worker each (tests/integration/two_nodes.py), --max-restarts 2: rank 1, on node 1,
+    SIGKILLs itself before step 4, then rank 0, on node 0, hangs before step 6 (run.hang_timeout_s). Each
+    failure stops both nodes' workers and both relaunch from the newest committed step (2, then 4) on a
+    scheduler port node 0 chose; the end weights equal those of the uninterrupted run (one node, same world
+    of two, same data). Each node's goodput file has every attempt's lost and restart time."""
+    straight, blend = uninterrupted
+    hang_timeout = 8
+    args = [TINY, "1", *sets(f"run.output_dir={tmp_path}", "run.name=two", *SAVE), *blend]
+    args += ["--set", f"run.hang_timeout_s={hang_timeout}", "--max-restarts", "2"]
+    base = {k: v for k, v in os.environ.items() if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    base.update(MINDSCALE_FAULT="kill:1:4,hang:0:6", MINDSCALE_NODE_TIMEOUT="30")
+    nodes = two_nodes.start(tmp_path, two_namespaces, args, lambda rank: {**base, "NODE_RANK": str(rank)}, REPO_ROOT)
+    ended = two_nodes.wait(nodes, timeout=600)
+    assert [code for code, _, _ in ended] == [0, 0], [text[-3000:] for _, text, _ in ended]
+    run = tmp_path / "two"
+    for node, (_, text, _) in enumerate(ended):
+        restarts = [line for line in text.splitlines() if line.startswith("MindScale: restart ")]
+        assert len(restarts) == 2, text[-3000:]
+        assert re.match(r"MindScale: restart 1 of 2: (node 1: )?rank 1 was killed by SIGKILL ", restarts[0])
+        assert re.match(r"MindScale: restart 2 of 2: (node 0: )?rank 0 stalled: ", restarts[1])
+        assert restarts[0].endswith("relaunching every worker on 2 nodes from committed step 2")
+        assert restarts[1].endswith("relaunching every worker on 2 nodes from committed step 4")
+        summary = goodput_adds_up(run, node)
+        assert [a["cause"] is None for a in summary["attempts"]] == [False, False, True], summary
+        assert all(a["restart_s"] > 0 for a in summary["attempts"][:2]), summary
+        print(f"node {node}: back to training", [round(a["restart_s"], 1) for a in summary["attempts"][:2]], "s")
+    assert digests(run / "logs") == digests(straight / "logs")
+    assert losses(run) == losses(straight)
+    assert processes_naming(str(run)) == []
 
 
 def test_after_a_restart_sigterm_still_stops_the_job_gracefully(tmp_path):

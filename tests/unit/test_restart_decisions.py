@@ -12,6 +12,7 @@ from mindscale.launch.goodput import Attempt, describe, summarise
 from mindscale.launch.hangwatch import HangWatch, find_stall
 from mindscale.train.resilience.heartbeat import Heartbeat, heartbeat_file
 from mindscale.launch.msrun import hccl_timeouts
+from mindscale.launch.nodesync import NodeLost, NodeSync, Report, decide
 from mindscale.train.resilience.health import SaveWindow
 
 
@@ -120,6 +121,11 @@ def test_goodput_buckets_add_up_to_the_wall_time():
     assert s["training_s"] == pytest.approx((1 + 2 - 1) + (1 + 3))
     assert sum(v for k, v in s.items() if k.endswith("_s") and k != "wall_s") == pytest.approx(60.0)
     assert s["goodput"] == pytest.approx(s["training_s"] / 60) and s["restarts"] == ["rank 1 died"]
+    # per attempt: attempt 2's first step ended at 36 + 11 = 47 s, 17 s after attempt 1 ended
+    assert s["attempts"] == [
+        {"cause": "rank 1 died", "seconds": 30.0, "lost_steps": 1, "lost_s": pytest.approx(1.0), "restart_s": 17.0},
+        {"cause": None, "seconds": 28.0, "lost_steps": 0, "lost_s": 0.0, "restart_s": None},
+    ]
 
 
 def test_goodput_counts_a_compile_cache_load_apart_from_a_compile():
@@ -183,7 +189,94 @@ def test_a_restart_plan_drops_the_pinned_resume_step(tmp_path):
         [f"run.output_dir={tmp_path}", "checkpoint.resume_step=4", "run.max_restarts=2"],
         {"PATH": os.environ["PATH"]},
     )
-    again = for_restart(for_restart(plan))
+    again = for_restart(for_restart(plan, 29600), 29601)
+    assert again.master_port == 29601
     assert again.overrides.count("checkpoint.resume_step=null") == 1
     assert "checkpoint.resume_step=4" not in again.overrides and "run.max_restarts=2" in again.overrides
     assert again.max_restarts == 2 and again.notes == [] and again.log_dir == plan.log_dir
+
+
+class Clock:
+    """A clock the tests move by hand; sleeping moves it too."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def two_launchers(tmp_path, timeout_s=10):
+    clock = Clock()
+    return clock, [NodeSync(tmp_path, 2, k, timeout_s, clock=clock, sleep=clock.sleep) for k in (0, 1)]
+
+
+def bump(sync):
+    """A beat whose mtime surely differs from the previous one (file systems keep coarse times)."""
+    path = sync.alive_file(sync.node)
+    path.touch()
+    stamp = path.stat().st_mtime_ns + 10**9
+    os.utime(path, ns=(stamp, stamp))
+
+
+def test_nodes_join_on_fresh_beats_only_and_a_silent_node_is_named(tmp_path):
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "nodes" / "node_1.alive").touch()  # left by an earlier job: not a sign of node 1
+    clock, (n0, n1) = two_launchers(tmp_path)
+    assert n0.join(timeout_s=3) == [1]
+    bump(n1)
+    assert n0.join(timeout_s=3) == [] and n0.silent_peer() is None
+    clock.now += 10.5
+    assert n0.silent_peer() == 1  # seen beating, then silent past the timeout
+    bump(n1)
+    assert n0.silent_peer() is None
+    n1.report(Report(1, restart=False, failed=False, cause=None))  # node 1's workers finished: it exits
+    clock.now += 30
+    assert n0.silent_peer() is None
+
+
+def test_nodes_restart_together_only_when_every_node_wants_it(tmp_path):
+    clock, (n0, n1) = two_launchers(tmp_path)
+    (tmp_path / "nodes" / "gen_0").mkdir()
+    (tmp_path / "nodes" / "gen_0" / "node_0.json").write_text("{}")  # unreadable: not a report
+    assert n1.failed_peer() is None
+    n1.report(Report(1, restart=True, failed=True, cause="rank 1 was killed by SIGKILL"))
+    assert n0.failed_peer().cause == "rank 1 was killed by SIGKILL"  # node 0 stops its workers on it
+    n0.report(Report(0, restart=True, failed=True, cause="node 1: rank 1 was killed by SIGKILL", port=29600))
+    assert decide(n1.gather()) == (True, n0.reports()[0])  # node 0's report carries the next port
+    n0.generation = n1.generation = 1
+    assert n0.failed_peer() is None  # generation 0's reports are done with
+    n1.report(Report(1, restart=False, failed=True, cause="rank 1 exited with code 2"))
+    n0.report(Report(0, restart=True, failed=True, cause="node 1: rank 1 exited with code 2", port=29601))
+    assert decide(n0.gather()) == (False, n1.reports()[1])
+
+
+def test_a_node_that_does_not_report_ends_the_job_naming_it(tmp_path):
+    clock, (n0, n1) = two_launchers(tmp_path, timeout_s=5)
+    n0.report(Report(0, restart=True, failed=True, cause="rank 0 stalled", port=29600))
+    with pytest.raises(NodeLost, match=r"^node 1 did not come back within 5 s of the restart"):
+        n0.gather()
+    assert clock.now == pytest.approx(5.5)
+    # a relaunched job in the same run folder drops this node's reports of the earlier one
+    NodeSync(tmp_path, 2, 0, 5)
+    assert n1.reports() == {}
+
+
+def test_agree_reports_and_ends_the_job_with_the_refusing_nodes_cause(tmp_path):
+    from mindscale.launch.restarts import Ended, agree
+
+    clock, (n0, n1) = two_launchers(tmp_path, timeout_s=5)
+    n1.report(Report(1, restart=False, failed=False, cause=None))  # node 1's workers finished
+    ended, port = agree(n0, Ended(1, "rank 0 was killed by SIGKILL", restartable=True), again=True)
+    assert port is None and (ended.code, ended.restartable) == (1, False)
+    assert ended.cause == "rank 0 was killed by SIGKILL; not restarted: node 1 finished"
+    assert n0.reports()[0].port is not None  # node 0 offered the next generation's port
+    ended, port = agree(n1, Ended(1, "node 0: x", restartable=True), again=True)  # node 0 did not refuse
+    assert port == n0.reports()[0].port
+    n0.generation = n1.generation = 1
+    n0.report(Report(0, restart=False, failed=True, cause="rank 0 exited with code 2"))  # bad input: not retried
+    ended, port = agree(n1, Ended(1, "node 0: rank 0 exited with code 2", restartable=True), again=True)
+    assert port is None and ended.cause == "node 0: rank 0 exited with code 2 (not restarted there)"

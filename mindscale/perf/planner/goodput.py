@@ -76,15 +76,6 @@ def restart_s(cfg: Config, path: str, compile_s: float, load_s: float) -> float:
     return hw.relaunch_s + CACHE_LOAD_FRACTION * compile_s + load_s
 
 
-def unavailable(cfg: Config, path: str) -> str | None:
-    """Why MindScale cannot take restart `path` for `cfg` today, or None when it can."""
-    if path == "scheduler requeue":
-        return None
-    if cfg.devices > cfg.hardware.devices_per_node:
-        return "the launcher restarts one node only (docs/launch.md)"
-    return None
-
-
 def predict_goodput(cfg: Config, stages: list[dict], step_s: float, compile_s: float = COMPILE_S) -> dict:
     """Goodput of `cfg` (its stages' memory from memory.stage_memory, its predicted step) at its configured save
     interval and at the optimum, for each restart path."""
@@ -103,7 +94,6 @@ def predict_goodput(cfg: Config, stages: list[dict], step_s: float, compile_s: f
     for path in RESTARTS:
         restart = restart_s(cfg, path, compile_s, load_s)
         paths[path] = {
-            "unavailable": unavailable(cfg, path),
             "restart_s": restart,
             "goodput_at_optimum": goodput(interval_steps * step_s, delta, restart, mtbf),
             "goodput_configured": goodput(configured * step_s, delta, restart, mtbf) if configured else None,

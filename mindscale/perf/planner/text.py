@@ -144,7 +144,6 @@ def goodput_lines(g: dict) -> list[str]:
         lines.append(
             f"  {path}: back to training in {r['restart_s']:.0f} s (compile {g['compile_s']:.0f} s assumed); goodput "
             f"{r['goodput_at_optimum']:.1%} at the best interval{at}"
-            + (f" (not available: {r['unavailable']})" if r["unavailable"] else "")
         )
     return lines
 

@@ -196,7 +196,7 @@ def offload_copies(graphs: dict) -> list[dict]:
 # The compiled graph: which rows of the step's inputs a rank computes on
 
 
-_INPUT_PARAM = re.compile(r"^%(para\d+_(?:inputs|args)(\d+)): <Tensor\[\w+\], \((\d+)[^>]*> : \[(\d+)")
+_INPUT_PARAM = re.compile(r"^%(para\d+_inputs(\d+)): <Tensor\[\w+\], \((\d+)[^>]*> : \[(\d+)")
 _OPERAND = re.compile(r"^(?:AllGather|Depend|PrimFunc_StridedSlice)\((%[\w.]+)")
 _ROW_RANGE = re.compile(r"^PrimFunc_StridedSlice\(%[\w.]+, \(I64\((\d+)\)(?:, I64\(\d+\))*\), \(I64\((\d+)\)")
 

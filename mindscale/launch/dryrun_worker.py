@@ -122,10 +122,6 @@ def _pipeline_config() -> dict:
     return {key: ms.get_auto_parallel_context(key) for key in ("pipeline_interleave", "pipeline_scheduler")}
 
 
-def rt_cfg(rt):  # TEMPORARY probe
-    return rt_cfg.cfg
-
-
 def compile_step(step, inputs: tuple, model, network, rt, ir_dir: Path | None = None) -> dict:
     """Compile a train step on `inputs` for this process's rank (`rt`: its Runtime) and report what the
     compiled graph holds (describe_compiled), or MindSpore's error."""
@@ -146,26 +142,8 @@ def compile_step(step, inputs: tuple, model, network, rt, ir_dir: Path | None = 
         "memory_pool_gib": _memory_pool_set(rt),
         "pipeline_config": _pipeline_config(),
     }
-    from mindscale.train.loop import runtime
-
+    set_input_layout(layout, len(inputs))
     began = time.perf_counter()
-    if runtime.CELL_API and layout.sharded:
-        from mindspore.parallel._utils import _clear_auto_parallel_context, _init_auto_parallel_context
-
-        step = runtime.parallel_cell(step, rt_cfg(rt), layout, rt.rank, len(inputs))
-        report["pipeline_config"] = {
-            "pipeline_interleave": step._pipeline_interleave,
-            "pipeline_scheduler": step._pipeline_scheduler,
-        }
-        if os.environ.get("MINDSCALE_PROBE_CTX"):
-            speed_up = step._transformer_opt_config
-            _init_auto_parallel_context(step)
-            runtime.dump_parallel_context(f"cell_rank{rt.rank}")
-            _clear_auto_parallel_context(step)  # which sets the cell's transformer_opt to None
-            step._transformer_opt_config = speed_up
-    else:
-        set_input_layout(layout, len(inputs))
-        runtime.dump_parallel_context(f"context_rank{rt.rank}")
     try:
         step.compile(*inputs)
     except (RuntimeError, ValueError, TypeError) as exc:
@@ -219,7 +197,6 @@ def compile_rank(cfg, packed: bool = False, ir_dir: Path | None = None, run_step
     if memory_level():
         cfg = for_memory_plan(cfg)
     rt = setup(cfg)
-    rt_cfg.cfg = cfg  # TEMPORARY probe
     with no_init_parameters():
         graph = build_train_graph(cfg, rt.layout)
     inputs = example_inputs(cfg, rt.layout, packed)

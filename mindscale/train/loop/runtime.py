@@ -27,8 +27,6 @@ MAX_CALL_DEPTH = 10000
 # by its `out_shard_size` attribute and not redistributed, instead of strategy (1, 1) on an all-gathered batch
 PIPELINE_OWN_ROWS = "PIPELINE_SLICE_SKIP_REDISTRIBUTION"
 SPEED_UP_DIR = "parallel_speed_up"  # the run folder's MindSpore parallel_speed_up_json files, one per rank
-# TEMPORARY probe (issue 50 item 4): MINDSCALE_PARALLEL_API=cell compiles through mindspore.parallel AutoParallel
-CELL_API = os.environ.get("MINDSCALE_PARALLEL_API") == "cell"
 
 
 @dataclass(frozen=True)
@@ -176,8 +174,6 @@ def _set_parallel_context(cfg: Config, layout: Layout, rank: int) -> None:
     # a pipeline's micro-batch slices take rows of that share (step.slice_own_rows).
     if layout.pp > 1:
         os.environ[PIPELINE_OWN_ROWS] = "1"
-    if CELL_API:
-        return
     # gradients_mean=False: the sharded loss is the global batch's mean on every rank (its token sums are
     # all-reduced), and the compiler's loss divisor (_VirtualDiv over the stage's devices) with the
     # all-reduce bprops already makes each mirror's sum the exact gradient; a mean would divide it again
@@ -257,40 +253,3 @@ def set_input_layout(layout: Layout, num_inputs: int) -> None:
     ranks of a group (and the ranks of every stage) feed the same rows (Layout.data_rank)."""
     if layout.sharded:
         ms.set_auto_parallel_context(dataset_strategy=((layout.dp, 1),) * num_inputs)
-
-
-def parallel_cell(step, cfg: Config, layout: Layout, rank: int, num_inputs: int):
-    """TEMPORARY probe: `step` wrapped in MindSpore's AutoParallel with what _set_parallel_context sets globally."""
-    from mindspore.parallel.auto_parallel import AutoParallel
-
-    net = AutoParallel(step, parallel_mode="semi_auto")
-    if os.environ.get("MINDSCALE_PROBE_NO_INIT", "1") == "1":
-        net.no_init_parameters_in_compile()
-    net.dataset_strategy(((layout.dp, 1),) * num_inputs)
-    if layout.pp > 1:
-        net.pipeline(stages=layout.pp, interleave=layout.interleave > 1, scheduler=layout.scheduler)
-    if layout.optimizer_shard:
-        net.hsdp(threshold=OPTIMIZER_SHARD_MIN_KIB, optimizer_level="level2" if layout.accumulation_shard else "level1")
-    if cfg.communication.comm_fusion:
-        net.comm_fusion(cfg.communication.comm_fusion)
-    if speed_up_options(cfg):
-        net.transformer_opt(str(write_speed_up(cfg, rank, Path(tempfile.mkdtemp(prefix="mindscale-speed-up-")))))
-    return net
-
-
-def dump_parallel_context(name: str) -> None:
-    """TEMPORARY probe: the auto-parallel context as the compile sees it, into $MINDSCALE_PROBE_CTX/<name>.json."""
-    folder = os.environ.get("MINDSCALE_PROBE_CTX")
-    if not folder:
-        return
-    from mindspore.parallel._auto_parallel_context import _get_auto_parallel_context_func_map
-
-    out = {}
-    for key, get in _get_auto_parallel_context_func_map.items():
-        try:
-            out[key] = get()
-        except Exception as exc:  # noqa: BLE001 - a probe
-            out[key] = f"error: {exc}"
-    out["ascend_config"] = ms.get_context("ascend_config")
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    (Path(folder) / f"{name}.json").write_text(json.dumps(out, indent=1, sort_keys=True, default=str))

@@ -849,3 +849,17 @@ def test_copies_run_the_same_matmul_flops_on_fewer_rows():
     mm = speed.Matmul(4096, 8192, 2048, 2)
     halves = speed.in_copies([mm], 2)
     assert halves == [speed.Matmul(2048, 8192, 2048, 4)] and halves[0].flops == mm.flops
+
+
+def test_2d_tensor_parallel_slices_do_not_depend_on_what_was_planned_before():
+    """The planner caches one built layer per model and slice tables per layout: 2D tensor parallel (tp_x x tp_y)
+    builds other norms than 1D at the same tensor degree, so a 1D plan of the model must not leak into its 2D
+    plan (a worker of the test suite that planned 1D first gave the 2D norms whole)."""
+    sets = ["hardware=ascend910b", "model.num_kv_heads=4", "model.num_layers=2", "train.global_batch_size=null"]
+    sets += ["parallel.data_parallel=1", "parallel.model_parallel=4", "model.hidden_size=64", "model.num_heads=4"]
+    one_d = load_config(TINY, sets)
+    two_d = load_config(TINY, [*sets, "parallel.tp_x=2", "parallel.tp_y=2"])
+    norm = "layers.0.attention_norm.weight"
+    assert planner.stored_shapes(one_d, 0)[norm] == (64,)
+    assert planner.stored_shapes(two_d, 0)[norm] == (16,)
+    assert planner.stored_shapes(one_d, 0)[norm] == (64,)

@@ -56,6 +56,8 @@ def _slices_key(cfg: Config, layout: Layout) -> tuple:
         cfg.model.num_layers,
         layout.sharded,
         layout.tp,
+        layout.tp_x,  # 2D tensor parallel splits the norms too
+        layout.tp_y,
         layout.ep,
         layout.vocab_parallel,
         layout.pp,

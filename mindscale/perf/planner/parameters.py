@@ -59,7 +59,7 @@ def _one_layer_model(cfg: Config, layout: Layout):
     import models
     from mindspore.nn.utils import no_init_parameters
 
-    key = _model_key(cfg)
+    key = (_model_key(cfg), layout.nd_tp)  # 2D tensor parallel builds other norms (models/layers.py)
     if key not in _MODELS:  # "none" builds no lazy_inline cells, and the one layer is neither recomputed nor offloaded
         kinds = len(set(_built_layers(cfg.model)))  # a mixture of experts with dense first layers: one of each
         one = dataclasses.replace(

@@ -166,7 +166,9 @@ def test_optimizer_sharding_cuts_parameters_of_64_kib_and_more_over_their_replic
     sharded = 4 * ((params - small) // d + small)
     assert small and on["optimizer"] == 2 * sharded and on["weights"] == sharded
     assert on["grads"] == 4 * params and both_mem["grads"] == sharded  # the buffers whole, or sharded too
-    assert on["transient"] > off_mem["transient"] > 0  # bf16 copies; gathered under the shard
+    # the bf16 copies, whole either way (gathered under the shard), and one weight's gradient at a time into the
+    # whole buffers; sharded buffers reduce-scatter every micro batch, a layer's gradients waiting for it
+    assert both_mem["transient"] > on["transient"] == off_mem["transient"] > 0
 
 
 def test_per_stage_recompute_list_lowers_only_those_stages(cfg70):

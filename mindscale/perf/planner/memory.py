@@ -3,8 +3,15 @@
 What the rank stores of its parameters is exact (parameters.py); its activations are what each forward in flight
 (schedule.py) keeps of its layers (activations.py); the rest is estimated:
 * Transient: a compute-dtype copy of the weights when it differs from the parameter dtype or the optimizer shard
-  all-gathers them, and one layer's gradients before their reduce-scatter.
+  all-gathers them (MindSpore gathers each weight once at the start of the step and holds it to its end, for
+  every micro batch); the last stage's copy of the token table as MindSpore gathers it (_copied_table_bytes); and
+  the backward's weight gradients: one layer's before their reduce-scatter, or, when the graph accumulates them
+  into whole buffers, one weight's at a time.
 * The multi-token-prediction modules on the last stage (activations.mtp_activation_bytes).
+* On the last stage, the larger of what it holds at its loss (below) and a fully recomputed layer's
+  rematerialised activations, which its backward builds after the loss's tensors are freed.
+* The step's end, where whole accumulation buffers are reduce-scattered for the optimizer shard (_step_end_bytes):
+  when it holds more than the layers' phase, it is the stage's transient and no activation lives.
 * The loss's peak on the last stage, per logit of one micro batch: the fp32 logits (whole on each rank of a tp
   group unless split, Layout.logit_split), the labels' fp32 one-hot and their product (vocabulary or tokens
   split over t): 4 / parts + 8 / t bytes. That is what MindSpore's plan of the step holds there
@@ -28,7 +35,15 @@ from mindscale.perf.planner.activations import (
     rematerialised_bytes,
 )
 from mindscale.perf.planner.caches import _layout, _per_config
-from mindscale.perf.planner.parameters import layer_slice_params, stage_bytes, stage_params
+from mindscale.perf.planner.parameters import (
+    embedding_copied,
+    layer_slice_params,
+    optimizer_shard,
+    parameter_slices,
+    stage_bytes,
+    stage_params,
+    stored_shapes,
+)
 from mindscale.perf.planner.schedule import chunk_forwards, in_flight_forwards
 from mindscale.perf.planner.sizes import DTYPE_BYTES, GIB
 
@@ -62,7 +77,7 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
 
     weights, grads, optimizer: what the rank stores (stage_bytes, exact). transient: what lives only
     during the step, estimated: the compute-dtype copy of the weights (and, with the optimizer shard,
-    their all-gathered slices), and one layer's gradients before they are reduce-scattered.
+    their all-gathered slices) and the backward's weight gradients (module docstring).
     `recomputed` and `offloaded` override the numbers of recomputed and offloaded layers of this stage (used
     by the search). An offloaded layer keeps only offload_resident_bytes on the device; while any layer
     offloads, two layers' moved bytes are on the device on their way (one leaving in a forward, one
@@ -72,10 +87,19 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
     stored = stage_bytes(cfg, stage, layout)
     pb, cb = DTYPE_BYTES[model.param_dtype], DTYPE_BYTES[model.compute_dtype]
     params = stage_params(cfg, layout)[stage]
-    largest_layer = layer_slice_params(cfg, layout)
-    transient = (params * cb if (cb != pb or layout.optimizer_shard) else 0) + (
-        largest_layer * pb if layout.optimizer_shard else 0
+    # The backward's weight gradients: a layer's wait for their reduce-scatter, unless the graph accumulates them
+    # into whole buffers (reduce-scattered once the step's backward is done), where each is added as it is computed:
+    # then one at a time, the largest in the compute dtype (MindSpore's plan of deepseek_v3_671b, docs/planner.md).
+    whole_buffers = layout.accumulates_in_graph and not layout.accumulation_shard
+    gradients = (
+        layer_slice_params(cfg, layout, largest=True) * cb
+        if whole_buffers
+        else layer_slice_params(cfg, layout) * pb
+        if layout.optimizer_shard
+        else 0
     )
+    transient = (params * cb if (cb != pb or layout.optimizer_shard) else 0) + gradients
+    transient += _copied_table_bytes(cfg, layout, stage)
 
     roles = _stage_layer_roles(layout, stage, recomputed, offloaded)
     flash = layout.attention == "flash"
@@ -91,26 +115,68 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
         else 0.0,
     }
     activations = _in_flight_bytes(layout, stage, [resident[role] for role in roles])
-    if "recomputed" in roles and layout.recompute == "full":
-        activations += rematerialised_bytes(cfg, flash)  # one layer at a time during backward
+    # one fully recomputed layer at a time during backward
+    remat = rematerialised_bytes(cfg, flash) if "recomputed" in roles and layout.recompute == "full" else 0.0
     if "offloaded" in roles:
         activations += 2 * offloaded_layer_bytes(cfg, layout)  # one layer's on its way out, one's prefetched back
     if stage == layout.pp - 1:
-        sb = local_tokens(cfg)
-        t = layout.tp
-        activations += sb * model.hidden_size * 4 / (t if layout.sp else 1)  # final norm input
-        # the loss's peak (module docstring): the fp32 logits (Layout.logit_split: whole on each rank of a tp group
-        # unless split), the one-hot and their product, split over t
-        logit_parts = math.prod(layout.logit_split) // layout.token_rows
-        activations += sb * model.vocab_size * (LOSS_LOGIT_BYTES / logit_parts + 2 * LOSS_LOGIT_BYTES / t)
-        if mtp_modules_on(cfg, stage):  # each forward of the last chunk in flight runs them all
-            forwards = in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, stage)
-            last_chunk = chunk_forwards(layout.pp, layout.interleave, forwards, layout.micro_steps)[-1]
-            activations += last_chunk * mtp_modules_on(cfg, stage) * mtp_activation_bytes(cfg)
+        # a recomputed layer's backward runs after the loss's and the modules' backward freed their tensors: the
+        # stage's peak is the larger of the two (MindSpore's plan of deepseek_v3_671b's last stage, docs/planner.md)
+        activations += max(remat, _loss_bytes(cfg, layout, stage))
+    else:
+        activations += remat
+    end = _step_end_bytes(cfg, layout, stage, stored) if whole_buffers and layout.optimizer_shard else 0.0
+    if end > transient + activations:  # the step's end is its busier phase: no activation lives there
+        transient, activations = end, 0.0
     reserve = (hw.memory_gib - hw.memory_pool_gib) * GIB  # outside MindSpore's pool: runtime, HCCL buffers
     parts = {**stored, "transient": transient, "activations": activations, "reserve": reserve}
     parts["total"] = sum(parts.values())
     return parts
+
+
+def _step_end_bytes(cfg: Config, layout: Layout, stage: int, stored: dict) -> float:
+    """What the step's end holds beyond the stored bytes when whole accumulation buffers are reduce-scattered for
+    the optimizer shard: every gradient's reduce-scattered slice (the stored weights' bytes) and two copies of the
+    largest buffer (its cast and scaled copies for the gradient norm). MindSpore's plan of llama2_7b's twin (two
+    layers, 64 tokens) peaks there: 2,232 MiB stored + 318 + 2 x 500 = its 3,550 MiB used; full-size layers'
+    activations outweigh it."""
+    buffers = [
+        math.prod(shape) for name, shape in stored_shapes(cfg, stage, layout).items() if name.startswith("accu_grads.")
+    ]
+    largest = max(buffers, default=0) * DTYPE_BYTES[cfg.model.param_dtype]
+    return stored["weights"] + 2 * largest
+
+
+def _copied_table_bytes(cfg: Config, layout: Layout, stage: int) -> float:
+    """What the last stage's copy of the token table (parameters.embedding_copied) holds beyond the compute-dtype copy
+    the transient counts for it. Under the optimizer shard MindSpore receives the first stage's stored slice and
+    all-gathers it in the stored dtype (communication.tied_embedding_exchange_bytes), held for the step; a tied head
+    also keeps its compute-dtype cast for its backward, multi-token prediction's lookup only while it gathers rows
+    (MindSpore's plans of gpt3_13b's, llama3_2_3b's and deepseek_v3_671b's last stages, docs/planner.md)."""
+    if stage != layout.pp - 1 or not embedding_copied(cfg, layout):
+        return 0.0
+    [table] = [p for p in parameter_slices(cfg, layout) if p.name == "tok_embeddings.weight"]
+    if optimizer_shard(table, layout) == 1:
+        return 0.0
+    pb, cb = table.itemsize, table.read_itemsize
+    held = pb + (cb if cfg.model.tie_embeddings and cb != pb else 0)
+    return math.prod(table.local) * (held - cb)
+
+
+def _loss_bytes(cfg: Config, layout: Layout, stage: int) -> float:
+    """What the last stage holds at its loss beyond the layers' kept activations: the final norm's input, the loss's
+    peak (module docstring) and the multi-token-prediction modules of each forward of the last chunk in flight."""
+    model, sb, t = cfg.model, local_tokens(cfg), layout.tp
+    held = sb * model.hidden_size * 4 / (t if layout.sp else 1)  # final norm input
+    # the fp32 logits (Layout.logit_split: whole on each rank of a tp group unless split), the one-hot and their
+    # product, split over t
+    logit_parts = math.prod(layout.logit_split) // layout.token_rows
+    held += sb * model.vocab_size * (LOSS_LOGIT_BYTES / logit_parts + 2 * LOSS_LOGIT_BYTES / t)
+    if mtp_modules_on(cfg, stage):  # each forward of the last chunk in flight runs them all
+        forwards = in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, stage)
+        last_chunk = chunk_forwards(layout.pp, layout.interleave, forwards, layout.micro_steps)[-1]
+        held += last_chunk * mtp_modules_on(cfg, stage) * mtp_activation_bytes(cfg)
+    return held
 
 
 def memory_budget_gib(cfg: Config) -> float:

@@ -216,11 +216,13 @@ def stage_params(cfg: Config, layout: Layout | None = None) -> list[float]:
     return list(_STAGE_PARAMS[key])
 
 
-def layer_slice_params(cfg: Config, layout: Layout) -> int:
+def layer_slice_params(cfg: Config, layout: Layout, largest: bool = False) -> int:
     """Parameters of the largest decoder layer's slices on a rank (its experts split over ep, the rest over tp;
-    the last layer: a mixture of experts' layers with experts follow its dense ones)."""
-    key = _slices_key(cfg, layout)
+    the last layer: a mixture of experts' layers with experts follow its dense ones); `largest`: of its largest
+    slice only."""
+    key = (*_slices_key(cfg, layout), largest)
     if key not in _LAYER_PARAMS:
         last = f"layers.{cfg.model.num_layers - 1}."
-        _LAYER_PARAMS[key] = sum(math.prod(p.local) for p in parameter_slices(cfg, layout) if p.name.startswith(last))
+        sizes = [math.prod(p.local) for p in parameter_slices(cfg, layout) if p.name.startswith(last)]
+        _LAYER_PARAMS[key] = max(sizes) if largest else sum(sizes)
     return _LAYER_PARAMS[key]

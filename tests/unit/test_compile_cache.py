@@ -155,3 +155,15 @@ def test_a_compile_keeps_the_layouts_and_a_graph_cached_without_them_is_compiled
     with cache.compiling(step_with({"w": COMPILED})) as compiled:
         assert cache.graph_file() is None
     assert compiled.cache == "miss" and json.loads((tmp_path / "rank_0" / LAYOUTS_FILE).read_text()) == {"w": COMPILED}
+
+
+def test_a_loaded_step_with_an_unreadable_layouts_file_is_refused_in_one_line(tmp_path):
+    cache = CompileCache(tmp_path, 0)
+    graphs = tmp_path / "rank_0" / "graph_cache"
+    graphs.mkdir(parents=True)
+    (graphs / "MS_WORKERcompile_cache_0.mindir").write_bytes(b"a graph")
+    (tmp_path / "rank_0" / LAYOUTS_FILE).write_text('{"w": [[2, 2], [0,')  # cut short
+    with pytest.raises(UserError, match="parameter_layouts.json is unreadable") as refused:
+        with cache.compiling(step_with()):
+            pass  # nothing compiled: the graph file is untouched, a load
+    assert "\n" not in str(refused.value) and "remove the folder" in str(refused.value)

@@ -186,7 +186,10 @@ class CompileCache:
                 os.environ[ENABLE_ENV] = "0"
             result.cache = "hit" if before is not None and before == _stamp(self.graph_file()) else "miss"
             if result.cache == "hit":
-                kept = json.loads(self.layouts_file().read_text())
+                try:
+                    kept = json.loads(self.layouts_file().read_text())
+                except ValueError as exc:  # written atomically: only a copy or an edit can truncate it
+                    raise _mismatch(self.folder, f"{self.layouts_file().name} is unreadable ({exc})") from None
                 step.parameter_layout_dict = completed_layouts(step.parameter_layout_dict, kept, self.folder)
             else:
                 self.layouts_file().parent.mkdir(exist_ok=True)

@@ -10,7 +10,9 @@ rank, with its micro batches cut to twice its pipeline stages (`parallel.micro_b
 min(p - k, m) micro batches in flight, under interleaved 1F1B (p + m mod p)(v-1) + 2(p-k-1) + 1 chunk forwards
 (mindscale/perf/planner/schedule.py), neither growing with m beyond that, and the accumulation buffers do not
 depend on their count, so the peak is the shipped config's, and a rank
-compiles in minutes instead of the half hour and more that 256 micro batches take at level 1. The record goes to
+compiles in minutes instead of the half hour and more that 256 micro batches take at level 1. Where that many
+micro batches would call the layer graph more than MindSpore inlines, the cut goes lower (`fewer_micro_batches`).
+The record goes to
 bench/compiled_memory.json (mindscale/perf/planner/compiled_memory.py reads it for the README's table), keyed by
 the config and its layout's fingerprint, with the date, commit and MindSpore version it was compiled with.
 
@@ -28,21 +30,37 @@ from pathlib import Path
 
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.perf.planner import compiled_memory
+from mindscale.perf.planner.memory import stage_memory
+from mindscale.perf.planner.schedule import in_flight_forwards
 from mindscale.perf.planner.text import shipped_configs
 
 MIB = compiled_memory.MIB
 
 
-def fewer_micro_batches(cfg) -> list[str]:
-    """The overrides that cut a config's micro batches to what its peak needs (module docstring)."""
+ONE_GRAPH_CALLS = 64  # calls of the reused layer graph (micro batches x chunks) MindSpore 2.9 still inlines
+
+
+def fewer_micro_batches(cfg) -> list[str] | None:
+    """The overrides that cut a config's micro batches to what its peak needs (module docstring), within MindSpore
+    2.9's one-graph limit: its frontend inlines the reused layer graph only where a step calls it at most 64 times
+    (micro batches x chunks; `cmp $0x40` before "Set no inline because cell reuse micro num is greater than" in
+    libmindspore_frontend.so; measured on tiny LLaMA, p 2: m 64 one kernel graph, m 65 72; p 2, v 2: m 32 one,
+    m 33 140). Beyond it each call is a graph of its own and the plan no step's peak (compiled_memory.whole_step).
+    Interleaved stages whose 2p + m mod p micro batches exceed it are cut to p + m mod p: the last stages still hold
+    their shipped chunk forwards, the first ones fewer (`unheld_mib` in their record). A shape where neither fits
+    is refused."""
     p = cfg.parallel
-    if p.pipeline_stage > 1:
-        # interleaved: the schedule's first round runs p + m mod p micro batches of each chunk, so the cut keeps m mod p
-        kept = p.micro_batch_num % p.pipeline_stage if p.pipeline_interleave > 1 else 0
-        cut = [f"parallel.micro_batch_num={min(p.micro_batch_num, 2 * p.pipeline_stage + kept)}"]
-    else:
-        cut = [f"parallel.gradient_accumulation_steps={min(p.gradient_accumulation_steps, 2)}"]
-    return [*cut, "train.global_batch_size=null"]
+    if p.pipeline_stage == 1:
+        return [
+            f"parallel.gradient_accumulation_steps={min(p.gradient_accumulation_steps, 2)}",
+            "train.global_batch_size=null",
+        ]
+    v = p.pipeline_interleave
+    kept = p.micro_batch_num % p.pipeline_stage if v > 1 else 0  # the schedule's first round runs p + m mod p
+    fits = [m for m in (2 * p.pipeline_stage + kept, p.pipeline_stage + kept) if m * v <= ONE_GRAPH_CALLS]
+    if not fits:
+        return None
+    return [f"parallel.micro_batch_num={min(p.micro_batch_num, fits[0])}", "train.global_batch_size=null"]
 
 
 def commit() -> str:
@@ -81,6 +99,13 @@ def rank_row(report: dict, micro_batches: int) -> dict:
 def record(config: Path) -> dict:
     cfg = load_config(config)
     overrides = fewer_micro_batches(cfg)
+    if overrides is None:
+        p = cfg.parallel
+        raise SystemExit(
+            f"{config}: {p.pipeline_stage} stages x {p.pipeline_interleave} chunks call the layer graph more than "
+            f"MindSpore 2.9's {ONE_GRAPH_CALLS} times at every micro-batch count that holds the peak: its level-1 "
+            "plan would be many kernel graphs, no step's peak (docs/dryrun.md, \"Device memory\"); not recordable"
+        )
     args = [sys.executable, "tools/dryrun.py", "--config", str(config), "--memory", "--no-collectives", "--jobs", "1"]
     proc = subprocess.run(
         [*args, *(a for o in overrides for a in ("--set", o)), "--json"], cwd=REPO_ROOT, capture_output=True, text=True
@@ -101,8 +126,22 @@ def record(config: Path) -> dict:
         "commit": commit(),
         "mindspore": mindspore.__version__,
         "overrides": overrides,
-        "ranks": [rank_row(r, micro_batches) for r in reports],
+        "ranks": [{**rank_row(r, micro_batches), **unheld(cfg, micro, r["stage"])} for r in reports],
     }
+
+
+def unheld(shipped, cut, stage: int) -> dict:
+    """Where the cut config's `stage` holds fewer chunk forwards at its peak than the shipped one (interleaved
+    stages cut to p + m mod p micro batches, `fewer_micro_batches`): both counts, and the planner's bytes for the
+    difference, which compiled_memory.shipped_mib adds to MindSpore's figure. {} where the peak is the shipped one."""
+    held = [
+        in_flight_forwards(c.parallel.pipeline_stage, c.parallel.pipeline_interleave, c.parallel.micro_batch_num, stage)
+        for c in (cut, shipped)
+    ]
+    if held[0] == held[1]:
+        return {}
+    bytes_ = [stage_memory(c, stage)["total"] for c in (shipped, cut)]
+    return {"chunk_forwards": held, "unheld_mib": round((bytes_[0] - bytes_[1]) / MIB)}
 
 
 def markdown(records: dict) -> str:

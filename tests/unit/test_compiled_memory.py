@@ -77,3 +77,49 @@ def test_the_planner_holds_to_every_recorded_plan_within_a_tenth():
                 path, record, r["stage"]
             ) / compiled_memory.on_device_mib(r, "used_mib")
     assert ratios and all(0.9 <= x <= 1.1 for x in ratios.values()), ratios
+
+
+def test_micro_batches_are_cut_within_mindspores_one_graph_limit():
+    """bench/compiled_memory.py cuts the micro batches to 2p (+ m mod p) where the step then calls the layer graph at
+    most ONE_GRAPH_CALLS times, else to p (+ m mod p); beyond even that (p x v > 64) the config is not recordable."""
+    from bench.compiled_memory import ONE_GRAPH_CALLS, fewer_micro_batches
+
+    def cut(*sets):
+        out = fewer_micro_batches(
+            load_config(LLAMA2_13B, ["recompute.layers=null", "train.global_batch_size=null", *sets])
+        )
+        return out and out[0]
+
+    assert cut("parallel.pipeline_stage=8", "parallel.micro_batch_num=64") == "parallel.micro_batch_num=16"
+    assert cut("parallel.pipeline_stage=64", "parallel.micro_batch_num=384", "model.num_layers=64") == (
+        "parallel.micro_batch_num=64"
+    )
+    interleaved = ("parallel.pipeline_stage=8", "parallel.pipeline_interleave=8", "model.num_layers=64")
+    assert cut(*interleaved, "parallel.micro_batch_num=16") == "parallel.micro_batch_num=8"
+    assert ONE_GRAPH_CALLS // 6 < 16  # gpt3_175b's 16 stages x 6 chunks
+    gpt3_175b = ("parallel.pipeline_stage=16", "parallel.pipeline_interleave=6", "model.num_layers=96")
+    assert cut(*gpt3_175b, "parallel.micro_batch_num=32") is None
+    no_stages = ("parallel.pipeline_stage=1", "parallel.micro_batch_num=1", "parallel.gradient_accumulation_steps=8")
+    no_stages += ("parallel.gradient_accumulation_shard=false",)
+    assert cut(*no_stages) == "parallel.gradient_accumulation_steps=2"
+
+
+def test_a_first_stage_cut_below_its_shipped_forwards_counts_the_planners_bytes_for_them():
+    """At p + m mod p micro batches the first interleaved stages hold fewer chunk forwards than the shipped step; the
+    record keeps the planner's bytes for the difference and the spare is judged with them (shipped_mib)."""
+    from bench.compiled_memory import unheld
+
+    interleaved = [
+        "recompute.layers=null",
+        "train.global_batch_size=null",
+        "parallel.pipeline_stage=8",
+        "parallel.pipeline_interleave=8",
+    ]
+    interleaved.append("model.num_layers=64")
+    shipped = load_config(LLAMA2_13B, [*interleaved, "parallel.micro_batch_num=16"])
+    cut = load_config(LLAMA2_13B, [*interleaved, "parallel.micro_batch_num=8"])
+    first, last = unheld(shipped, cut, 0), unheld(shipped, cut, 7)
+    assert first["chunk_forwards"] == [64, 71] and first["unheld_mib"] > 0 and last == {}
+    record = {"ranks": [{**rank(50_000), "unheld_mib": 3_000}, {**rank(52_000), "stage": 7}]}
+    assert compiled_memory.busiest(record)["stage"] == 0
+    assert compiled_memory.spare_gib(record) == pytest.approx((62_464 - 53_000) / 1024)

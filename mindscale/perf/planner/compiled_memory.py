@@ -87,10 +87,11 @@ def current(records: dict, config_path: Path, cfg: Config) -> dict | None:
 
 def whole_step(record: dict) -> bool:
     """Whether every recorded rank compiled into one kernel graph. Where MindSpore 2.9 does not inline the reused
-    layer graph (it logs "Set no inline because cell reuse micro num is greater than" at some pipeline shapes with
-    many micro batches), a rank is hundreds of kernel graphs, each with its own SOMAS block; the reading adds up their
-    parameters and takes the largest block, which leaves out the activations passed between graphs (docs/dryrun.md,
-    "Device memory"). Records older than the `graphs` field were all one graph: each agreed with the planner."""
+    layer graph (it logs "Set no inline because cell reuse micro num is greater than 64" where a step calls it more
+    than 64 times, micro batches x chunks), a rank is hundreds of kernel graphs, each with its own SOMAS block; the
+    reading adds up their parameters and takes the largest block, which leaves out the activations passed between
+    graphs (docs/dryrun.md, "Device memory"). Records older than the `graphs` field were all one graph: each agreed
+    with the planner."""
     return all(rank.get("graphs", 1) == 1 for rank in record["ranks"])
 
 
@@ -101,15 +102,22 @@ def on_device_mib(rank: dict, figure: str) -> int:
     return rank[figure] - rank.get("host_copy_mib", 0)
 
 
+def shipped_mib(rank: dict, figure: str) -> int:
+    """`on_device_mib` for the shipped step: plus the planner's bytes for the chunk forwards the compiled micro
+    batches left out of this rank's peak (`unheld_mib`: the first interleaved stages where MindSpore's one-graph
+    limit cut the micro batches below the shipped peak's, bench/compiled_memory.py)."""
+    return on_device_mib(rank, figure) + rank.get("unheld_mib", 0)
+
+
 def busiest(record: dict) -> dict:
-    """The recorded rank whose plan on the device, fragments included, is the largest."""
-    return max(record["ranks"], key=lambda r: on_device_mib(r, "peak_mib"))
+    """The recorded rank whose plan of the shipped step on the device, fragments included, is the largest."""
+    return max(record["ranks"], key=lambda r: shipped_mib(r, "peak_mib"))
 
 
 def spare_gib(record: dict) -> float:
     """What MindSpore's plan of the busiest rank leaves free in the pool on the device, GiB."""
     rank = busiest(record)
-    return (rank["pool_mib"] - on_device_mib(rank, "peak_mib")) / 1024
+    return (rank["pool_mib"] - shipped_mib(rank, "peak_mib")) / 1024
 
 
 def planner_mib(config_path: Path, record: dict, stage: int) -> float:

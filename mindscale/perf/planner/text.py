@@ -355,7 +355,8 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
         "gathered (docs/planner.md). MindSpore's plan: its level-1 dry run of the first and last stage, the busiest "
         "rank with fragments, inside MindSpore's pool (`hardware.max_device_memory_gib`); no kernel workspaces or "
         "HCCL buffers (docs/dryrun.md); recorded by `python bench/compiled_memory.py`, `-` where the config's "
-        "layout has not been compiled so."
+        "layout has not been compiled so; \"with ... planner's\": the planner's bytes for chunk forwards that MindSpore's "
+        "one-graph limit kept out of the compiled step (bench/compiled_memory.py)."
     )
     return "\n".join(rows)
 
@@ -364,4 +365,5 @@ def _compiled_peak(record: dict | None) -> str:
     if not record:
         return "-"
     rank = compiled_memory.busiest(record)
-    return f"{compiled_memory.on_device_mib(rank, 'peak_mib') / 1024:.1f} of {rank['pool_mib'] / 1024:g}"
+    unheld = f" (with {u / 1024:.1f} planner's)" if (u := rank.get("unheld_mib")) else ""
+    return f"{compiled_memory.shipped_mib(rank, 'peak_mib') / 1024:.1f} of {rank['pool_mib'] / 1024:g}{unheld}"

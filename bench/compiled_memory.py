@@ -181,7 +181,11 @@ def section(results: dict) -> list[str]:
         "",
         "MindSpore 2.9's level-1 dry run of each config's first and last pipeline stage at full size on this "
         "host (`python bench/compiled_memory.py --config C`; docs/dryrun.md, \"Device memory\"), micro batches cut "
-        "to twice the stages (the peak is the shipped config's: the module's docstring). Used: the tensors live at "
+        "to twice the stages (the peak is the shipped config's: the module's docstring), or to the stages where "
+        f"that would call the layer graph more than the {ONE_GRAPH_CALLS} times MindSpore 2.9 still compiles as one "
+        "kernel graph (\"with ... planner's\": the planner's bytes for the chunk forwards that leaves out). Each "
+        "plan is of that one-graph step; the shipped steps of more calls run as many graphs (docs/evidence/planner.md,"
+        " \"MindSpore's one-graph limit\"). Used: the tensors live at "
         "the plan's busiest step plus the persistent ones; with fragments: its whole block. Planner: its figure today for "
         "the rank inside the pool. With activation offload, MindSpore's level-1 plan places the host copies in the "
         "device block: the ratios and the spare figure leave them out. A plan of an Ascend rank made without one: no kernel workspaces (level 1 sizes "
@@ -191,7 +195,15 @@ def section(results: dict) -> list[str]:
         "",
         markdown(records),
         "",
-        f"Not yet compiled so for their current layout ({len(stale)}): " + ", ".join(f"`{n}`" for n in stale) + ".",
+        f"Not yet compiled so for their current layout ({len(stale)}): "
+        + ", ".join(f"`{n}`" for n in stale)
+        + "."
+        + "".join(
+            f" `{p.stem}` cannot be: its {c.parallel.pipeline_stage} stages x {c.parallel.pipeline_interleave} chunks "
+            f"call the layer graph more than {ONE_GRAPH_CALLS} times at any micro-batch count that holds its peak."
+            for p in shipped_configs()
+            if p.stem in stale and fewer_micro_batches(c := load_config(p)) is None
+        ),
         *(
             [
                 "Of them, compiled into several kernel graphs, whose plan is no step's peak (compiled_memory."

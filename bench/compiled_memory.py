@@ -31,24 +31,18 @@ from pathlib import Path
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.perf.planner import compiled_memory
 from mindscale.perf.planner.memory import stage_memory
-from mindscale.perf.planner.schedule import in_flight_forwards
+from mindscale.perf.planner.schedule import ONE_GRAPH_CALLS, in_flight_forwards, layer_graph_calls
 from mindscale.perf.planner.text import shipped_configs
 
 MIB = compiled_memory.MIB
 
 
-ONE_GRAPH_CALLS = 64  # calls of the reused layer graph (micro batches x chunks) MindSpore 2.9 still inlines
-
-
 def fewer_micro_batches(cfg) -> list[str] | None:
-    """The overrides that cut a config's micro batches to what its peak needs (module docstring), within MindSpore
-    2.9's one-graph limit: its frontend inlines the reused layer graph only where a step calls it at most 64 times
-    (micro batches x chunks; `cmp $0x40` before "Set no inline because cell reuse micro num is greater than" in
-    libmindspore_frontend.so; measured on tiny LLaMA, p 2: m 64 one kernel graph, m 65 72; p 2, v 2: m 32 one,
-    m 33 140). Beyond it each call is a graph of its own and the plan no step's peak (compiled_memory.whole_step).
-    Interleaved stages whose 2p + m mod p micro batches exceed it are cut to p + m mod p: the last stages still hold
-    their shipped chunk forwards, the first ones fewer (`unheld_mib` in their record). A shape where neither fits
-    is refused."""
+    """The overrides that cut a config's micro batches to what its peak needs (module docstring), within the calls
+    of the layer graph MindSpore 2.9 still compiles as one kernel graph (schedule.ONE_GRAPH_CALLS; beyond, each call
+    is a graph of its own and the plan no step's peak: compiled_memory.whole_step). Interleaved stages whose
+    2p + m mod p micro batches exceed it are cut to p + m mod p: the last stages still hold their shipped chunk
+    forwards, the first ones fewer (`unheld_mib` in their record). None where neither fits."""
     p = cfg.parallel
     if p.pipeline_stage == 1:
         return [
@@ -57,7 +51,8 @@ def fewer_micro_batches(cfg) -> list[str] | None:
         ]
     v = p.pipeline_interleave
     kept = p.micro_batch_num % p.pipeline_stage if v > 1 else 0  # the schedule's first round runs p + m mod p
-    fits = [m for m in (2 * p.pipeline_stage + kept, p.pipeline_stage + kept) if m * v <= ONE_GRAPH_CALLS]
+    cuts = (2 * p.pipeline_stage + kept, p.pipeline_stage + kept)
+    fits = [m for m in cuts if layer_graph_calls(p.pipeline_stage, v, m) <= ONE_GRAPH_CALLS]
     if not fits:
         return None
     return [f"parallel.micro_batch_num={min(p.micro_batch_num, fits[0])}", "train.global_batch_size=null"]

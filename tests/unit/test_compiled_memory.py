@@ -123,3 +123,15 @@ def test_a_first_stage_cut_below_its_shipped_forwards_counts_the_planners_bytes_
     record = {"ranks": [{**rank(50_000), "unheld_mib": 3_000}, {**rank(52_000), "stage": 7}]}
     assert compiled_memory.busiest(record)["stage"] == 0
     assert compiled_memory.spare_gib(record) == pytest.approx((62_464 - 53_000) / 1024)
+
+
+def test_a_step_of_more_layer_calls_than_mindspore_inlines_is_said_to_run_as_many_graphs():
+    """256 micro batches call the layer graph over schedule.ONE_GRAPH_CALLS times: the plan counts the one-graph
+    step and its text says the shipped one runs as many graphs (docs/planner.md, "One kernel graph or many")."""
+    from mindscale.perf.planner.full_plan import plan
+    from mindscale.perf.planner.text import text
+
+    many = plan(load_config(LLAMA2_13B))
+    one = plan(load_config(LLAMA2_13B, ["parallel.micro_batch_num=64", "train.global_batch_size=null"]))
+    assert (many["layer_graph_calls"], one["layer_graph_calls"]) == (256, 64)
+    assert "calls the layer graph 256 times" in text(many) and "layer graph" not in text(one)

@@ -10,7 +10,7 @@ from mindscale.perf.planner.caches import _layout
 from mindscale.perf.planner.communication import communication
 from mindscale.perf.planner.goodput import COMPILE_S, predict_goodput
 from mindscale.perf.planner.memory import memory_budget_gib, stage_host_bytes, stage_memory
-from mindscale.perf.planner.schedule import in_flight_forwards
+from mindscale.perf.planner.schedule import in_flight_forwards, layer_graph_calls
 from mindscale.perf.planner.sizes import GIB
 from mindscale.perf.planner.step_time import offload_copy_s, predict
 
@@ -68,6 +68,7 @@ def plan(
         "in_flight_forwards_per_stage": [
             in_flight_forwards(layout.pp, layout.interleave, layout.micro_steps, k) for k in range(layout.pp)
         ],
+        "layer_graph_calls": layer_graph_calls(layout.pp, layout.interleave, layout.micro_steps),
         "device_memory_gib": cfg.hardware.memory_gib,
         "memory_pool_gib": cfg.hardware.memory_pool_gib,
         "memory_budget_gib": budget,

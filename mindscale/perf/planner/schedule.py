@@ -10,6 +10,16 @@ first ``p + m mod p`` micro batches of each chunk as one round: stage k holds
 
 from __future__ import annotations
 
+# MindSpore 2.9 compiles a pipelined step as one kernel graph only where it calls the reused layer graph at most this
+# many times (micro batches x chunks); beyond, each call is a graph of its own and the runtime, not SOMAS, allocates
+# the activations between them (docs/planner.md, "One kernel graph or many").
+ONE_GRAPH_CALLS = 64
+
+
+def layer_graph_calls(pp: int, interleave: int, micro_batches: int) -> int:
+    """Calls of the reused layer graph in one step of a pipeline (0 without stages: nothing is reused so)."""
+    return micro_batches * interleave if pp > 1 else 0
+
 
 def first_round(pp: int, micro_batches: int) -> int:
     """Micro batches each chunk runs in the interleaved schedule's first round: p, plus the m mod p that do not

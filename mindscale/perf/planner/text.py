@@ -11,6 +11,7 @@ from mindscale.config import REPO_ROOT, load_config
 from mindscale.perf import flops
 from mindscale.perf.planner import compiled_memory
 from mindscale.perf.planner.full_plan import plan
+from mindscale.perf.planner.schedule import ONE_GRAPH_CALLS
 from models.archs import ARCHS
 
 SCALE_DIRS = tuple(d for spec in ARCHS.values() for d in spec.config_dirs)
@@ -75,6 +76,11 @@ def text(result: dict) -> str:
         "  (weights, grads, optimizer: this rank's slices as MindSpore's compiler cuts them, exact; "
         "tools/dryrun.py compares them)"
     )
+    if (calls := result["layer_graph_calls"]) > ONE_GRAPH_CALLS:
+        lines.append(
+            f"  (the step calls the layer graph {calls} times, over the {ONE_GRAPH_CALLS} MindSpore 2.9 compiles as one "
+            "kernel graph: it runs as many, which hold more than the one-graph step counted here; docs/planner.md)"
+        )
     verdict = "FITS" if result["fits"] else "DOES NOT FIT"
     lines.append(
         f"  budget      {_gib(result['memory_budget_gib'])} of {result['device_memory_gib']:g} GiB "

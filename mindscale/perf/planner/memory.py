@@ -44,7 +44,7 @@ from mindscale.perf.planner.parameters import (
     stage_params,
     stored_shapes,
 )
-from mindscale.perf.planner.schedule import chunk_forwards, in_flight_forwards
+from mindscale.perf.planner.schedule import ONE_GRAPH_CALLS, chunk_forwards, in_flight_forwards, layer_graph_calls
 from mindscale.perf.planner.sizes import DTYPE_BYTES, GIB
 
 LOSS_LOGIT_BYTES = 4  # the loss computes in fp32
@@ -119,6 +119,8 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
     remat = rematerialised_bytes(cfg, flash) if "recomputed" in roles and layout.recompute == "full" else 0.0
     if "offloaded" in roles:
         activations += 2 * offloaded_layer_bytes(cfg, layout)  # one layer's on its way out, one's prefetched back
+    if layer_graph_calls(layout.pp, layout.interleave, layout.micro_steps) > ONE_GRAPH_CALLS:
+        activations += _in_flight_bytes(layout, stage, [_split_views_bytes(cfg, layout)] * len(roles))
     if stage == layout.pp - 1:
         # a recomputed layer's backward runs after the loss's and the modules' backward freed their tensors: the
         # stage's peak is the larger of the two (MindSpore's plan of deepseek_v3_671b's last stage, docs/planner.md)
@@ -132,6 +134,20 @@ def stage_memory(cfg: Config, stage: int, recomputed: int | None = None, offload
     parts = {**stored, "transient": transient, "activations": activations, "reserve": reserve}
     parts["total"] = sum(parts.values())
     return parts
+
+
+def _split_views_bytes(cfg: Config, layout: Layout) -> float:
+    """What a layer call in flight holds more when MindSpore runs the step as many kernel graphs (over
+    ONE_GRAPH_CALLS calls of the layer graph): the layer's forward is then a graph of its own, and a kept tensor and
+    its kept view (the flash-attention output and the reshape `wo` reads) are two buffers where the one graph has one.
+    Per micro batch, in the compute dtype: one [S, H] tensor without tensor parallel; with it, an [S, H/t] one and an
+    [S/t, H] one (sequence parallel) or [S, H] one (without). Fitted on the executed level-1 steps of the llama2_7b
+    and llama2_13b twins, 0.89-1.06 of what they held more at t = 1, 2, 4 (docs/planner.md, "One kernel graph or
+    many")."""
+    t = layout.tp
+    per_token = cfg.model.hidden_size * DTYPE_BYTES[cfg.model.compute_dtype]
+    views = 1.0 if t == 1 else 1 / t + (1 / t if layout.sp else 1.0)
+    return local_tokens(cfg) * per_token * views
 
 
 def _step_end_bytes(cfg: Config, layout: Layout, stage: int, stored: dict) -> float:

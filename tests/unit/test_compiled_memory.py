@@ -135,3 +135,23 @@ def test_a_step_of_more_layer_calls_than_mindspore_inlines_is_said_to_run_as_man
     one = plan(load_config(LLAMA2_13B, ["parallel.micro_batch_num=64", "train.global_batch_size=null"]))
     assert (many["layer_graph_calls"], one["layer_graph_calls"]) == (256, 64)
     assert "calls the layer graph 256 times" in text(many) and "layer graph" not in text(one)
+
+
+def test_many_kernel_graphs_add_the_views_each_layer_call_in_flight_keeps():
+    """Over 64 calls of the layer graph the planner adds, per layer call in flight, the views the many graphs keep
+    (memory._split_views_bytes): on llama2_13b's stage 0, 4 micro batches x 10 layers of one bf16 [4096, 5120]
+    tensor at tp 1, and a quarter of it each ([S, H/4] + [S/4, H]) at tp 4 with sequence parallel."""
+    from mindscale.perf.planner.memory import stage_memory
+
+    def extra(*sets):
+        cut = ["parallel.micro_batch_num=64", "train.global_batch_size=null", *sets]
+        shipped = ["parallel.micro_batch_num=256", "train.global_batch_size=null", *sets]
+        return (
+            stage_memory(load_config(LLAMA2_13B, shipped), 0)["total"]
+            - stage_memory(load_config(LLAMA2_13B, cut), 0)["total"]
+        )
+
+    view = 4096 * 5120 * 2
+    assert extra() == 4 * 10 * view
+    tp4 = ("parallel.model_parallel=4", "parallel.data_parallel=1", "parallel.sequence_parallel=true")
+    assert extra(*tp4, "parallel.gradient_accumulation_shard=false") == pytest.approx(4 * 10 * view / 2)

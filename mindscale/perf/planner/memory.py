@@ -8,6 +8,8 @@ What the rank stores of its parameters is exact (parameters.py); its activations
   the backward's weight gradients: one layer's before their reduce-scatter, or, when the graph accumulates them
   into whole buffers, one weight's at a time.
 * The multi-token-prediction modules on the last stage (activations.mtp_activation_bytes).
+* Where MindSpore runs the step as many kernel graphs (over schedule.ONE_GRAPH_CALLS calls of the layer graph),
+  the views each layer call in flight keeps beside the tensors they view (_split_views_bytes).
 * On the last stage, the larger of what it holds at its loss (below) and a fully recomputed layer's
   rematerialised activations, which its backward builds after the loss's tensors are freed.
 * The step's end, where whole accumulation buffers are reduce-scattered for the optimizer shard (_step_end_bytes):
@@ -142,7 +144,7 @@ def _split_views_bytes(cfg: Config, layout: Layout) -> float:
     its kept view (the flash-attention output and the reshape `wo` reads) are two buffers where the one graph has one.
     Per micro batch, in the compute dtype: one [S, H] tensor without tensor parallel; with it, an [S, H/t] one and an
     [S/t, H] one (sequence parallel) or [S, H] one (without). Fitted on the executed level-1 steps of the llama2_7b
-    and llama2_13b twins, 0.89-1.06 of what they held more at t = 1, 2, 4 (docs/planner.md, "One kernel graph or
+    and llama2_13b twins at t = 1, 2 and 4, which held 0.89-1.05 of it more (docs/planner.md, "One kernel graph or
     many")."""
     t = layout.tp
     per_token = cfg.model.hidden_size * DTYPE_BYTES[cfg.model.compute_dtype]

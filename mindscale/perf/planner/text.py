@@ -79,7 +79,7 @@ def text(result: dict) -> str:
     if (calls := result["layer_graph_calls"]) > ONE_GRAPH_CALLS:
         lines.append(
             f"  (the step calls the layer graph {calls} times, over the {ONE_GRAPH_CALLS} MindSpore 2.9 compiles as one "
-            "kernel graph: it runs as many, which hold more than the one-graph step counted here; docs/planner.md)"
+            "kernel graph: it runs as many, and the activations include the views they keep; docs/planner.md)"
         )
     verdict = "FITS" if result["fits"] else "DOES NOT FIT"
     lines.append(

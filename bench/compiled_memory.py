@@ -30,8 +30,7 @@ from pathlib import Path
 
 from mindscale.config import REPO_ROOT, load_config
 from mindscale.perf.planner import compiled_memory
-from mindscale.perf.planner.memory import stage_memory
-from mindscale.perf.planner.schedule import ONE_GRAPH_CALLS, in_flight_forwards, layer_graph_calls
+from mindscale.perf.planner.schedule import ONE_GRAPH_CALLS, layer_graph_calls
 from mindscale.perf.planner.text import shipped_configs
 
 MIB = compiled_memory.MIB
@@ -42,7 +41,7 @@ def fewer_micro_batches(cfg) -> list[str] | None:
     of the layer graph MindSpore 2.9 still compiles as one kernel graph (schedule.ONE_GRAPH_CALLS; beyond, each call
     is a graph of its own and the plan no step's peak: compiled_memory.whole_step). Interleaved stages whose
     2p + m mod p micro batches exceed it are cut to p + m mod p: the last stages still hold their shipped chunk
-    forwards, the first ones fewer (`unheld_mib` in their record). None where neither fits."""
+    forwards, the first ones fewer (compiled_memory.shipped_extra_mib counts the rest). None where neither fits."""
     p = cfg.parallel
     if p.pipeline_stage == 1:
         return [
@@ -121,22 +120,8 @@ def record(config: Path) -> dict:
         "commit": commit(),
         "mindspore": mindspore.__version__,
         "overrides": overrides,
-        "ranks": [{**rank_row(r, micro_batches), **unheld(cfg, micro, r["stage"])} for r in reports],
+        "ranks": [rank_row(r, micro_batches) for r in reports],
     }
-
-
-def unheld(shipped, cut, stage: int) -> dict:
-    """Where the cut config's `stage` holds fewer chunk forwards at its peak than the shipped one (interleaved
-    stages cut to p + m mod p micro batches, `fewer_micro_batches`): both counts, and the planner's bytes for the
-    difference, which compiled_memory.shipped_mib adds to MindSpore's figure. {} where the peak is the shipped one."""
-    held = [
-        in_flight_forwards(c.parallel.pipeline_stage, c.parallel.pipeline_interleave, c.parallel.micro_batch_num, stage)
-        for c in (cut, shipped)
-    ]
-    if held[0] == held[1]:
-        return {}
-    bytes_ = [stage_memory(c, stage)["total"] for c in (shipped, cut)]
-    return {"chunk_forwards": held, "unheld_mib": round((bytes_[0] - bytes_[1]) / MIB)}
 
 
 def markdown(records: dict) -> str:
@@ -178,9 +163,9 @@ def section(results: dict) -> list[str]:
         "host (`python bench/compiled_memory.py --config C`; docs/dryrun.md, \"Device memory\"), micro batches cut "
         "to twice the stages (the peak is the shipped config's: the module's docstring), or to the stages where "
         f"that would call the layer graph more than the {ONE_GRAPH_CALLS} times MindSpore 2.9 still compiles as one "
-        "kernel graph (\"with ... planner's\": the planner's bytes for the chunk forwards that leaves out). Each "
-        "plan is of that one-graph step; the shipped steps of more calls run as many graphs (docs/evidence/planner.md,"
-        " \"MindSpore's one-graph limit\"). Used: the tensors live at "
+        "kernel graph. Each plan is of that one-graph step; the shipped steps of more calls run as many graphs, "
+        "which keep more (docs/evidence/planner.md, \"MindSpore's one-graph limit\"): the README's column and the "
+        "spare add the planner's bytes for what the shipped step holds beyond the compiled one. Used: the tensors live at "
         "the plan's busiest step plus the persistent ones; with fragments: its whole block. Planner: its figure today for "
         "the rank inside the pool. With activation offload, MindSpore's level-1 plan places the host copies in the "
         "device block: the ratios and the spare figure leave them out. A plan of an Ascend rank made without one: no kernel workspaces (level 1 sizes "

@@ -102,22 +102,30 @@ def on_device_mib(rank: dict, figure: str) -> int:
     return rank[figure] - rank.get("host_copy_mib", 0)
 
 
-def shipped_mib(rank: dict, figure: str) -> int:
-    """`on_device_mib` for the shipped step: plus the planner's bytes for the chunk forwards the compiled micro
-    batches left out of this rank's peak (`unheld_mib`: the first interleaved stages where MindSpore's one-graph
-    limit cut the micro batches below the shipped peak's, bench/compiled_memory.py)."""
-    return on_device_mib(rank, figure) + rank.get("unheld_mib", 0)
+def shipped_extra_mib(config_path: Path, record: dict, stage: int) -> float:
+    """The planner's bytes of the shipped step on `stage` beyond those of the step the record compiled (its
+    `overrides`): the chunk forwards a cut below 2p + m mod p micro batches leaves out of the first interleaved
+    stages, and the views MindSpore's many kernel graphs keep where the shipped step calls the layer graph more
+    than the compiled one-graph step may (memory._split_views_bytes; bench/compiled_memory.py)."""
+    shipped = stage_memory(load_config(config_path), stage)["total"]
+    return (shipped - stage_memory(load_config(config_path, record["overrides"]), stage)["total"]) / MIB
 
 
-def busiest(record: dict) -> dict:
-    """The recorded rank whose plan of the shipped step on the device, fragments included, is the largest."""
-    return max(record["ranks"], key=lambda r: shipped_mib(r, "peak_mib"))
+def shipped_mib(config_path: Path, record: dict, rank: dict, figure: str) -> float:
+    """A recorded rank's `figure` on the device for the shipped step: MindSpore's plan of the compiled step plus
+    what the planner counts beyond it (shipped_extra_mib)."""
+    return on_device_mib(rank, figure) + shipped_extra_mib(config_path, record, rank["stage"])
 
 
-def spare_gib(record: dict) -> float:
-    """What MindSpore's plan of the busiest rank leaves free in the pool on the device, GiB."""
-    rank = busiest(record)
-    return (rank["pool_mib"] - shipped_mib(rank, "peak_mib")) / 1024
+def busiest(config_path: Path, record: dict) -> dict:
+    """The recorded rank whose shipped step on the device, fragments included, is the largest."""
+    return max(record["ranks"], key=lambda r: shipped_mib(config_path, record, r, "peak_mib"))
+
+
+def spare_gib(config_path: Path, record: dict) -> float:
+    """What the shipped step of the busiest rank leaves free in the pool on the device, GiB."""
+    rank = busiest(config_path, record)
+    return (rank["pool_mib"] - shipped_mib(config_path, record, rank, "peak_mib")) / 1024
 
 
 def planner_mib(config_path: Path, record: dict, stage: int) -> float:

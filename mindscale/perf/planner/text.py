@@ -348,7 +348,7 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
             f"{f', ep {e}' if (e := lay['expert_parallel']) > 1 else ''} "
             f"| {micro} x {lay['micro_batch_size']} | {recompute} | "
             f"{result['memory_gib']['total']:.1f} of {result['device_memory_gib']:g} | "
-            f"{_compiled_peak(record)} | {result['predicted']['mfu']:.1%} |"
+            f"{_compiled_peak(path, record)} | {result['predicted']['mfu']:.1%} |"
         )
     rows.append("")
     calibrated = f", median error {errors.pop():.0%} on them" if len(errors) == 1 and None not in errors else ""
@@ -361,15 +361,18 @@ def readme_table(configs: list[Path], peak_tflops: float | None = None) -> str:
         "gathered (docs/planner.md). MindSpore's plan: its level-1 dry run of the first and last stage, the busiest "
         "rank with fragments, inside MindSpore's pool (`hardware.max_device_memory_gib`); no kernel workspaces or "
         "HCCL buffers (docs/dryrun.md); recorded by `python bench/compiled_memory.py`, `-` where the config's "
-        "layout has not been compiled so; \"with ... planner's\": the planner's bytes for chunk forwards that MindSpore's "
-        "one-graph limit kept out of the compiled step (bench/compiled_memory.py)."
+        "layout has not been compiled so. It is compiled as one kernel graph, within MindSpore's 64 calls of the "
+        "layer graph; \"with ... planner's\": the planner's bytes for what the shipped step holds beyond it (the "
+        "chunk forwards a cut leaves out, the views its many kernel graphs keep: docs/planner.md)."
     )
     return "\n".join(rows)
 
 
-def _compiled_peak(record: dict | None) -> str:
+def _compiled_peak(path: Path, record: dict | None) -> str:
     if not record:
         return "-"
-    rank = compiled_memory.busiest(record)
-    unheld = f" (with {u / 1024:.1f} planner's)" if (u := rank.get("unheld_mib")) else ""
-    return f"{compiled_memory.shipped_mib(rank, 'peak_mib') / 1024:.1f} of {rank['pool_mib'] / 1024:g}{unheld}"
+    rank = compiled_memory.busiest(path, record)
+    extra = compiled_memory.shipped_extra_mib(path, record, rank["stage"])
+    planner = f" (with {extra / 1024:.1f} planner's)" if extra >= 0.05 * 1024 else ""
+    total = compiled_memory.shipped_mib(path, record, rank, "peak_mib")
+    return f"{total / 1024:.1f} of {rank['pool_mib'] / 1024:g}{planner}"

@@ -21,14 +21,14 @@ A full-size rank takes 150-500 s and 1.5-2.5 GiB of host memory on a 2-core host
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from mindscale.config import REPO_ROOT, load_config
+from mindscale.cli import OneLineParser, fail
+from mindscale.config import REPO_ROOT, Config, ConfigError, load_config
 from mindscale.perf.planner import compiled_memory
 from mindscale.perf.planner.schedule import ONE_GRAPH_CALLS, layer_graph_calls
 from mindscale.perf.planner.text import shipped_configs
@@ -90,16 +90,29 @@ def rank_row(report: dict, micro_batches: int) -> dict:
     }
 
 
-def record(config: Path) -> dict:
-    cfg = load_config(config)
+def checked(config: Path) -> tuple[Config, list[str]]:
+    """The config and the overrides it is compiled with, or one line naming why it cannot be recorded (exit 2),
+    before anything compiles."""
+    try:
+        cfg = load_config(config)
+        compiled_memory.key_of(config)
+    except ConfigError as exc:
+        fail(str(exc))
+    except ValueError:
+        fail(f"{config}: records are kept for this repository's configs; pass a YAML file under {REPO_ROOT}")
     overrides = fewer_micro_batches(cfg)
     if overrides is None:
         p = cfg.parallel
-        raise SystemExit(
+        fail(
             f"{config}: {p.pipeline_stage} stages x {p.pipeline_interleave} chunks call the layer graph more than "
-            f"MindSpore 2.9's {ONE_GRAPH_CALLS} times at every micro-batch count that holds the peak: its level-1 "
-            "plan would be many kernel graphs, no step's peak (docs/dryrun.md, \"Device memory\"); not recordable"
+            f"MindSpore 2.9's {ONE_GRAPH_CALLS} times at every micro-batch count that holds the peak, so its level-1 "
+            "plan is many kernel graphs and no step's peak (docs/dryrun.md, \"Device memory\"); record a layout with "
+            "fewer chunks (parallel.pipeline_interleave)"
         )
+    return cfg, overrides
+
+
+def record(config: Path, cfg: Config, overrides: list[str]) -> dict:
     args = [sys.executable, "tools/dryrun.py", "--config", str(config), "--memory", "--no-collectives", "--jobs", "1"]
     proc = subprocess.run(
         [*args, *(a for o in overrides for a in ("--set", o)), "--json"], cwd=REPO_ROOT, capture_output=True, text=True
@@ -197,13 +210,13 @@ def section(results: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", type=Path, default=[], help="a config to compile and record")
     parser.add_argument("--stale", action="store_true", help="list shipped configs without a current record")
     parser.add_argument("--markdown", action="store_true", help="print the records as a Markdown table")
     args = parser.parse_args(argv)
-    for config in args.config:
-        entry = record(config)
+    for config, cfg, overrides in [(c, *checked(c)) for c in args.config]:  # every refusal before any compile
+        entry = record(config, cfg, overrides)
         records = compiled_memory.load()  # read again after the compile: another recorder may have written
         records[compiled_memory.key_of(config)] = entry
         compiled_memory.save(records)

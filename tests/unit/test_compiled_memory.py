@@ -148,3 +148,20 @@ def test_many_kernel_graphs_add_the_views_each_layer_call_in_flight_keeps():
     assert extra() == 4 * 10 * view
     tp4 = ("parallel.model_parallel=4", "parallel.data_parallel=1", "parallel.sequence_parallel=true")
     assert extra(*tp4, "parallel.gradient_accumulation_shard=false") == pytest.approx(4 * 10 * view / 2)
+
+
+def test_a_config_that_cannot_be_recorded_is_refused_in_one_line_before_any_compile(capsys, tmp_path):
+    """gpt3_175b's 16 stages x 6 chunks exceed the one-graph limit at any cut, a config outside the repository has
+    no key, a missing file is missing: each is one line and exit 2, checked before the first --config compiles,
+    and the records file is left as it was."""
+    from bench.compiled_memory import main
+
+    outside = tmp_path / "mine.yaml"
+    outside.write_text((REPO_ROOT / "configs" / "tiny" / "llama_tiny.yaml").read_text())
+    before = compiled_memory.RECORDS.read_bytes()
+    for bad in (REPO_ROOT / "configs" / "gpt3" / "gpt3_175b.yaml", outside, REPO_ROOT / "configs" / "nope.yaml"):
+        with pytest.raises(SystemExit) as exc:
+            main(["--config", str(LLAMA2_13B), "--config", str(bad)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert compiled_memory.RECORDS.read_bytes() == before

@@ -13,7 +13,7 @@ import pytest
 
 from tools import plan as plan_cli
 from mindscale.perf import flops, planner
-from mindscale.perf.planner import published, speed
+from mindscale.perf.planner import published, speed, step_time
 from mindscale.perf.planner.text import search_text
 from mindscale.config import REPO_ROOT, load_config
 from tests import shared
@@ -865,3 +865,31 @@ def test_2d_tensor_parallel_slices_do_not_depend_on_what_was_planned_before():
     assert planner.stored_shapes(one_d, 0)[norm] == (64,)
     assert planner.stored_shapes(two_d, 0)[norm] == (16,)
     assert planner.stored_shapes(one_d, 0)[norm] == (64,)
+
+
+def test_2d_tensor_parallel_is_searched_where_it_sends_fewer_bytes_and_timed_on_its_own_groups(cfg70):
+    """The search tries 2D from t = 8 on, as 2 x 4 (tensor_splits): a layer then sends fewer bytes than 1D's
+    all-gathers and reduce-scatters, where 2 x 2 at t = 4 sends more. Each group is timed on its own ranks: on the
+    910B's HCCS mesh a group of r ranks drives r - 1 links, so 2 x 4's fewer bytes take longer than 1D's over all
+    8 (x pairs drive one link); over a ring (intra_node_mesh false) the bytes set the time, and 2D's take less."""
+    assert planner.tensor_splits(4) == [(1, 1)] and planner.tensor_splits(8) == [(1, 1), (2, 4)]
+    sets = ["parallel.data_parallel=2", "parallel.micro_batch_num=512", "recompute.layers=null", "recompute.mode=none"]
+    one_d = {t: planner.with_overrides(cfg70, [*sets, f"parallel.model_parallel={t}"]) for t in (4, 8)}
+    two_d = {
+        t: planner.with_overrides(
+            one_d[t], ["parallel.tp_x=2", f"parallel.tp_y={t // 2}", "parallel.sequence_parallel=false"]
+        )
+        for t in (4, 8)
+    }
+    sent = {
+        t: planner.communication(two_d[t], 1)["tp_per_layer"] / planner.communication(one_d[t], 1)["tp_per_layer"]
+        for t in (4, 8)
+    }
+    assert sent[4] > 1.3 and 0.8 < sent[8] < 0.9
+    for mesh, slower in ((True, True), (False, False)):
+        hw = [f"hardware.intra_node_mesh={str(mesh).lower()}"]
+        seconds = [
+            step_time.tensor_parallel_s(c, planner.communication(c, 1), 10)
+            for c in (planner.with_overrides(one_d[8], hw), planner.with_overrides(two_d[8], hw))
+        ]
+        assert (seconds[1] > seconds[0]) == slower

@@ -45,7 +45,13 @@ from mindscale.perf.planner.communication import (
     tp_all_reduces,
 )
 from mindscale.perf.planner.full_plan import offload_plan, plan
-from mindscale.perf.planner.layout_search import balanced_offset, interleave_choices, interleaved_offset, search
+from mindscale.perf.planner.layout_search import (
+    balanced_offset,
+    interleave_choices,
+    interleaved_offset,
+    search,
+    tensor_splits,
+)
 from mindscale.perf.planner.memory import memory_budget_gib, stage_host_bytes, stage_memory
 from mindscale.perf.planner.parameters import (
     READ_IN_COMPUTE_DTYPE,
@@ -92,6 +98,7 @@ __all__ = [
     "interleave_choices",
     "interleaved_offset",
     "search",
+    "tensor_splits",
     # memory
     "memory_budget_gib",
     "stage_host_bytes",

@@ -89,6 +89,8 @@ def layer_activation_bytes(
     head_dim: int | None = None,
     gathered: bool = False,
     comm: bool = True,
+    tp_x: int = 1,
+    tp_y: int = 1,
 ) -> float:
     """Bytes one transformer layer keeps for backward, for one micro batch of `batch` sequences.
 
@@ -103,9 +105,17 @@ def layer_activation_bytes(
       backward: the two norm outputs are kept whole, 2·s·b·h·(1 - 1/t) more (MindSpore without recompute.comm).
     * `comm` False (full recompute): the recomputed forward repeats no communication but reads the forward's
       outputs of it, which stay: under sequence parallel both all-gathered inputs and the attention's
-      reduce-scatter output, 2·s·b·h + s·b·h/t; without it the attention's all-reduce output, s·b·h."""
-    sbh = seq * batch * hidden
+      reduce-scatter output, 2·s·b·h + s·b·h/t; without it the attention's all-reduce output, s·b·h.
+
+    `tp_x` x `tp_y` = t > 1: 2D tensor parallel (nd_tp_layer_bytes)."""
     head_dim = head_dim or hidden // heads
+    if tp_x * tp_y > 1:
+        layer = nd_tp_layer_bytes(
+            seq * batch, hidden, heads, kv_heads, ffn, head_dim, tp_x, tp_y, recompute, dtypes, comm
+        )
+        scores = 0.0 if recompute == "full" else _scores_bytes(seq, batch, heads, recompute, flash, dtypes)
+        return layer + scores / (tp_x * tp_y)
+    sbh = seq * batch * hidden
     split = t if sp else 1
     if recompute == "full":  # only the layer input is kept
         outputs = 0 if comm or t == 1 else sbh * (2 + 1 / t if sp else 1)
@@ -121,16 +131,71 @@ def layer_activation_bytes(
     attention_out = seq * batch * heads * head_dim * dtypes.act
     mlp_inner = seq * batch * ffn * dtypes.act * (4 if mlp == "swiglu" else 2)
     inner = qk + v + attention_out + mlp_inner
-    if flash:
-        scores = seq * batch * heads * FLASH_STATS_WIDTH * 4 * 2
-    elif recompute == "selective":
-        scores = 0  # recomputed from Q, K, V in backward
-    else:
-        per_score = dtypes.softmax + (
-            mask + dtypes.act if dtypes.dropout else (dtypes.act if dtypes.softmax != dtypes.act else 0)
-        )
-        scores = heads * seq * seq * batch * per_score
+    scores = _scores_bytes(seq, batch, heads, recompute, flash, dtypes)
     return replicated / split + norm_out / (1 if gathered else split) + (inner + scores) / t
+
+
+def _scores_bytes(seq: int, batch: int, heads: int, recompute: str, flash: bool, dtypes: ActivationDtypes) -> float:
+    """What the attention core keeps per layer and micro batch, all heads: flash attention's softmax statistics,
+    nothing under selective recompute (recomputed from Q, K and V), else the saved softmax (and its dropout)."""
+    if flash:
+        return seq * batch * heads * FLASH_STATS_WIDTH * 4 * 2
+    if recompute == "selective":
+        return 0.0
+    mask = 1 if dtypes.dropout else 0
+    per_score = dtypes.softmax + (
+        mask + dtypes.act if dtypes.dropout else (dtypes.act if dtypes.softmax != dtypes.act else 0)
+    )
+    return heads * seq * seq * batch * per_score
+
+
+def nd_tp_layer_bytes(
+    tokens: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    head_dim: int,
+    x: int,
+    y: int,
+    recompute: str,
+    dtypes: ActivationDtypes,
+    comm: bool,
+) -> float:
+    """What a SwiGLU layer keeps for its backward under 2D tensor parallel (t = x·y), per micro batch of `tokens`
+    tokens on one rank, as the validate IR of a LLaMA twin's layer graph hands it to its backward (the arguments of
+    the forward's `Partial`; tests/dryrun/test_nd_tensor_parallel.py, docs/planner.md "2D tensor parallel"):
+
+    * each norm (models/layers.py WidthSplitRMSNorm, composite) its fp32 input and normalised output, h/t wide,
+      and the reciprocal RMS per token;
+    * the column-parallel inputs all-gathered over y, h/x wide: one for wq, wk and wv, one for w1 and w3;
+    * Q, K, V, the attention's output and softmax statistics, split over t as under 1D;
+    * the row-parallel inputs all-gathered over x: the attention's output (heads·d/y) and the SwiGLU product (f/y);
+    * the gate, the up projection and SiLU(gate), f/t wide;
+    * the attention core's (_scores_bytes, split over t), which the caller adds.
+
+    A fully recomputed layer keeps its input (h/t); without recompute.comm also every forward collective's output
+    the recomputed forward reads instead of communicating: the norms' fp32 sums of squares, each of the five column
+    projections' gathered input, and both row projections' (nd_tp_gathered_bytes)."""
+    t, act = x * y, dtypes.act
+    layer_input = tokens * hidden / t * act
+    if recompute == "full":
+        if comm:
+            return layer_input
+        return layer_input + 2 * tokens * 4 + nd_tp_gathered_bytes(tokens, hidden, heads * head_dim, ffn, x, y, act, 5)
+    norms = 2 * (2 * dtypes.norm * tokens * hidden / t + tokens * dtypes.norm_stats)
+    gathered = nd_tp_gathered_bytes(tokens, hidden, heads * head_dim, ffn, x, y, act, 2)
+    qkv = tokens * (heads + 2 * kv_heads) * head_dim / t * act
+    attention_out = tokens * heads * head_dim / t * act
+    mlp = 3 * tokens * ffn / t * act
+    return norms + gathered + qkv + attention_out + mlp
+
+
+def nd_tp_gathered_bytes(tokens: int, hidden: int, attention: int, ffn: int, x: int, y: int, act: int, inputs: int):
+    """The gathered inputs a 2D tensor-parallel layer keeps: `inputs` column-projection inputs of h/x (2 where
+    wq/wk/wv and w1/w3 share a gather, 5 in a recomputed forward, which gathers each on its own), wo's of
+    attention/y and w2's of f/y."""
+    return tokens * (inputs * hidden / x + attention / y + ffn / y) * act
 
 
 def expert_slots(cfg: Config) -> int:
@@ -165,7 +230,7 @@ def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool, gath
     gathered unless recompute.comm regathers them in the backward (`gathered` overrides: a fully recomputed
     layer's rematerialised forward keeps them gathered either way; read from dense layers' IR, a mixture of
     experts' counted alike). A mixture of experts: the dense layer without its MLP, plus routed_activation_bytes."""
-    model, parallel = cfg.model, cfg.parallel
+    model, parallel, layout = cfg.model, cfg.parallel, _layout(cfg)
     comm = cfg.recompute.comm
     local = layer_activation_bytes(
         model.seq_length // parallel.context_parallel,
@@ -183,6 +248,8 @@ def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool, gath
         head_dim=model.head_size,
         gathered=not comm if gathered is None else gathered,
         comm=comm,
+        tp_x=layout.tp_x,
+        tp_y=layout.tp_y,
     )
     local += routed_activation_bytes(cfg, recompute) + head_norm_bytes(cfg, recompute)
     # full recompute rematerialises the gather only if it repeats communication (recompute.comm, MindSpore's
@@ -212,9 +279,17 @@ def rematerialised_bytes(cfg: Config, flash: bool) -> float:
     column-parallel inputs gathered (regathered with recompute.comm; without, the forward's kept all-gather
     outputs are read, already counted in what the layer kept)."""
     remat = _model_layer_activation_bytes(cfg, "none", flash, gathered=True)
-    if cfg.recompute.comm or not _layout(cfg).sp:
+    layout, model = _layout(cfg), cfg.model
+    if cfg.recompute.comm or not (layout.sp or layout.nd_tp):
         return remat
-    return remat - 2 * local_tokens(cfg) * cfg.model.hidden_size * DTYPE_BYTES[cfg.model.compute_dtype]
+    act = DTYPE_BYTES[model.compute_dtype]
+    if layout.nd_tp:
+        attention = model.num_heads * model.head_size
+        x, y = layout.tp_x, layout.tp_y
+        return remat - nd_tp_gathered_bytes(
+            local_tokens(cfg), model.hidden_size, attention, model.ffn_hidden_size, x, y, act, 2
+        )
+    return remat - 2 * local_tokens(cfg) * model.hidden_size * act
 
 
 def local_tokens(cfg: Config) -> int:
@@ -246,14 +321,23 @@ def offload_resident_bytes(cfg: Config) -> float:
     MindSpore moves every other activation the backward reads (the validate IR of tests/dryrun/test_offload.py).
     Under parallel.context_parallel_load_balance also the attention's output and softmax statistics: the
     parallel pass replaces FlashAttentionScore by its two half-chunk kernels, which carry no offload mark
-    (llama3_1_70b_128k's twin: 40,962 bytes a layer and micro batch fewer moved, these and a [1] placeholder)."""
+    (llama3_1_70b_128k's twin: 40,962 bytes a layer and micro batch fewer moved, these and a [1] placeholder).
+    Under 2D tensor parallel also the gathered inputs and the gate and up outputs, which leave the parallel pass's
+    all-gathers and transposes (a 2 x 2 twin's layer moved its norms', SiLU's and attention's tensors only)."""
     model, parallel = cfg.model, cfg.parallel
     tokens = local_tokens(cfg)
     queries = tokens * model.num_heads * model.head_size / parallel.model_parallel * DTYPE_BYTES[model.compute_dtype]
     resident = queries + _kv_bytes(cfg, tokens)
-    if _layout(cfg).cp_load_balance:
+    layout = _layout(cfg)
+    if layout.cp_load_balance:
         stats = tokens * model.num_heads / parallel.model_parallel * FLASH_STATS_WIDTH * 4 * 2  # max and sum, fp32
         resident += queries + stats  # the output has the queries' shape
+    if layout.nd_tp:  # what the parallel pass inserts for 2D matmuls carries no offload mark: gathers, transposes
+        act, attention = DTYPE_BYTES[model.compute_dtype], model.num_heads * model.head_size
+        gathered = nd_tp_gathered_bytes(
+            tokens, model.hidden_size, attention, model.ffn_hidden_size, layout.tp_x, layout.tp_y, act, 2
+        )
+        resident += gathered + 2 * tokens * model.ffn_hidden_size / layout.tp * act  # and the gate and up outputs
     return resident
 
 

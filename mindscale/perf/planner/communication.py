@@ -188,7 +188,8 @@ def communication(cfg: Config, stage: int) -> dict:
     sends = pipeline_sends(stages, layout.interleave, stage)  # activations out, grads back
     stream = hidden * DTYPE_BYTES[model.residual_dtype]  # what a stage sends: the residual stream
     tied = tied_embedding_exchange_bytes(cfg, stage)
-    pp = (sends * micro_batches * stream / (t if layout.sp else 1) if stages > 1 else 0.0) + tied
+    split = t if layout.sp or layout.nd_tp else 1  # the stream's tokens or (2D) width split over tp, sent so
+    pp = (sends * micro_batches * stream / split if stages > 1 else 0.0) + tied
     return {
         "dp_grad_reduce": dp,
         "dp_per_micro_batch": dp_micro,

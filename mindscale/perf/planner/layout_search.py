@@ -140,7 +140,17 @@ def _offload_candidate(base: Config, recompute_fits: int | None) -> list[str] | 
         return None
 
 
-def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int, v: int = 1, ep: int = 1) -> list[str] | None:
+def tensor_splits(tp: int) -> list[tuple[int, int]]:
+    """The tensor-parallel splits (tp_x, tp_y) the search tries for degree `tp`: 1D, and from t = 8 on 2D as 2 x t/2.
+    A pair h -> e -> h sends 2T[e(x-1) + h(y-1)]/xy under 2D against 1D's 4T·h(t-1)/t: at t = 4 that is 1.4 times
+    1D's bytes for a SwiGLU MLP (e about 3.5h), at t = 8 as 2 x 4 0.85-0.88 times; x = 2 sends the fewest, since the
+    MLP's width e crosses the x ranks (docs/planner.md, "2D tensor parallel")."""
+    return [(1, 1)] + ([(2, tp // 2)] if tp >= 8 and tp % 2 == 0 else [])
+
+
+def _layout_overrides(
+    cfg: Config, dp: int, tp: int, pp: int, mbs: int, v: int = 1, ep: int = 1, split: tuple[int, int] = (1, 1)
+) -> list[str] | None:
     model = cfg.model
     widths = (
         model.num_heads,
@@ -168,7 +178,12 @@ def _layout_overrides(cfg: Config, dp: int, tp: int, pp: int, mbs: int, v: int =
         f"parallel.pipeline_interleave={v}",
         "parallel.pipeline_scheduler=1f1b",
         f"parallel.stage_offset={_yaml(offset)}",
-        f"parallel.sequence_parallel={str(tp > 1).lower()}",
+        *(  # named where 2D is tried or the config has it
+            [f"parallel.tp_x={split[0]}", f"parallel.tp_y={split[1]}"]
+            if split != (1, 1) or cfg.parallel.tp_x * cfg.parallel.tp_y > 1
+            else []
+        ),
+        f"parallel.sequence_parallel={str(tp > 1 and split == (1, 1)).lower()}",  # 2D splits the stream already
         f"parallel.optimizer_shard={str(dp > 1).lower()}",
         "parallel.gradient_accumulation_shard=false",
     ]
@@ -189,7 +204,7 @@ def search(
     micro_batch_sizes: tuple = (1, 2, 4),
 ) -> list[dict]:
     """Valid (dp, mp, pp, interleave, micro batches, recompute, recompute.comm, offload; a mixture of experts'
-    expert_parallel) layouts for `devices` keeping the global batch, ranked by predicted tokens/s among those that
+    expert_parallel; 2D tensor parallel where the model takes it, tensor_splits) layouts for `devices` keeping the global batch, ranked by predicted tokens/s among those that
     fit. Each entry: overrides, plan. The config's context_parallel c is kept, not searched: the layouts share
     devices / c among dp x mp x pp."""
     peak = peak_tflops if peak_tflops is not None else device_peak_tflops(cfg)
@@ -211,8 +226,14 @@ def search(
         micro = cfg.samples_per_step // (dp * mbs)
         experts = cfg.model.moe.num_experts
         expert_splits = [e for e in _divisors(dp) if experts % e == 0] if experts else [1]
-        for v, ep in ((v, ep) for v in interleave_choices(cfg.model.num_layers, pp, micro) for ep in expert_splits):
-            layout = _layout_overrides(cfg, dp, tp, pp, mbs, v, ep)
+        choices = [
+            (v, ep, split)
+            for v in interleave_choices(cfg.model.num_layers, pp, micro)
+            for ep in expert_splits
+            for split in tensor_splits(tp)
+        ]
+        for v, ep, split in choices:
+            layout = _layout_overrides(cfg, dp, tp, pp, mbs, v, ep, split)
             if layout is None:
                 continue
             try:

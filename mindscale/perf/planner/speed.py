@@ -161,7 +161,8 @@ def stage_compute_s(cfg: Config, stage: int, peak: float, speed: SpeedModel) -> 
     passes (a third of them again when recomputed), and the output head and loss on the last stage."""
     model, layout = cfg.model, _layout(cfg)
     copies = cfg.communication.micro_batch_interleave
-    vector_s = speed.vector_s_per_element * local_tokens(cfg) * model.hidden_size / (layout.tp if layout.sp else 1)
+    stream_split = layout.tp if layout.sp or layout.nd_tp else 1  # the residual stream split by tokens or width
+    vector_s = speed.vector_s_per_element * local_tokens(cfg) * model.hidden_size / stream_split
     dense_s = matmul_s(in_copies(layer_matmuls(cfg, experts=False), copies), peak, speed) + vector_s / 3
     expert_s = (
         matmul_s(in_copies(layer_matmuls(cfg, experts=True), copies), peak, speed) + vector_s / 3

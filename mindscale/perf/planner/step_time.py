@@ -48,13 +48,7 @@ def _stage_slot(cfg: Config, stage: int, comm: dict, peak: float, speed: SpeedMo
     n, t, c = hw.devices_per_node, layout.tp, layout.cp
     layers = comm["blocks"]  # the stage's decoder layers and multi-token-prediction blocks
     compute = stage_compute_s(cfg, stage, peak, speed)
-    tp = collective_s(
-        cfg,
-        comm["tp_per_layer"] * layers + comm["tp_vocab"] / layout.micro_steps,
-        t,
-        ranks_per_server(layout, 1, t, n),
-        comm["tp_collectives_per_layer"] * layers + comm["tp_vocab_collectives"],
-    )
+    tp = tensor_parallel_s(cfg, comm, layers)
     # operations per layer (each pays the latency): ulysses' four all-to-alls each way, colossalai's K/V all-gather
     # and reduce-scatter (and the gather again when full recompute repeats communication); expert parallel's four
     # AlltoAlls, six in a fully recomputed layer
@@ -88,6 +82,44 @@ def _stage_slot(cfg: Config, stage: int, comm: dict, peak: float, speed: SpeedMo
     busy = sum(exposed.values())
     exposed["offload"] = offload_exposed_s(offload_copy_s(cfg, stage), busy)
     return exposed
+
+
+# 2D tensor parallel's groups (communication.nd_tp_bytes_by_group): (stride, size, collectives per layer); ranks are
+# numbered x innermost (models/layers.py tp_mesh): 7 all-gathers and reduce-scatters a layer each way over x, 4 over
+# y, and the norms' 4 all-reduces over all t.
+def _nd_tp_groups(layout: Layout) -> dict[str, tuple[int, int, int]]:
+    return {"x": (1, layout.tp_x, 2 * 7), "y": (layout.tp_x, layout.tp_y, 2 * 4), "t": (1, layout.tp, 4)}
+
+
+def tensor_parallel_s(cfg: Config, comm: dict, layers: int) -> float:
+    """Seconds of one micro batch's tensor-parallel collectives on one rank of a stage with `layers` layers (its
+    traffic `comm`): one group of t ranks in 1D; under 2D each group on its own ranks, the x group's neighbours and
+    the y group's ranks tp_x apart, so that a group of r ranks in a server's HCCS mesh drives r - 1 of its links,
+    not t - 1. The output head's traffic is timed over all t."""
+    layout, n = _layout(cfg), cfg.hardware.devices_per_node
+    t = layout.tp
+    head = collective_s(
+        cfg, comm["tp_vocab"] / layout.micro_steps, t, ranks_per_server(layout, 1, t, n), comm["tp_vocab_collectives"]
+    )
+    if not layout.nd_tp:
+        per_layer = collective_s(
+            cfg,
+            comm["tp_per_layer"] * layers,
+            t,
+            ranks_per_server(layout, 1, t, n),
+            comm["tp_collectives_per_layer"] * layers,
+        )
+        return per_layer + head
+    return head + sum(
+        collective_s(
+            cfg,
+            comm["tp_per_layer_by_group"][group] * layers,
+            size,
+            ranks_per_server(layout, stride, size, n),
+            ops * layers,
+        )
+        for group, (stride, size, ops) in _nd_tp_groups(layout).items()
+    )
 
 
 def load_balance_exchange_s(cfg: Config, ring_bytes: float, ops: int) -> float:

@@ -139,7 +139,9 @@ TP3D = [
     "parallel.tp_y=2",
     "parallel.tp_z=2",
 ]
-SETS_3D = [*[s for s in SETS if "tp_" not in s and "model_parallel" not in s], *TP3D]
+# stage 0's layer fully recomputed with its communication, stage 1's kept: both roles of the planner in one compile
+RECOMPUTE_STAGE_0 = ["recompute.mode=full", "recompute.comm=true", "recompute.layers=[1, 0]"]
+SETS_3D = [*[s for s in SETS if "tp_" not in s and "model_parallel" not in s], *TP3D, *RECOMPUTE_STAGE_0]
 X3, Z3, Y3 = (0, 1), (0, 2), (0, 4)  # offsets of a rank's x, z and y partners: the mesh is (rows, y, z, x)
 
 
@@ -186,52 +188,57 @@ def test_3d_weights_split_over_x_y_and_z(stages_3d):
             assert list(take_slice(np.zeros(shape, np.float32), layout, report["rank"]).shape) == shapes[name], name
 
 
-def test_3d_collectives_by_group_with_the_formulas_bytes(stages_3d):
-    """First stage (one layer, two micro batches): no all-reduce of activations but the norms' [T/zy, 1] over x;
-    over y the inputs' gathers and wo's and w2's scatters ([T/z, h/x]); over z the seven weights' gathers
-    ([e/y, h/x]), their gradients reduce-scattered back; over x the projections' scatters and gathers ([T/z, e/y]);
-    and over x and z the redistributions of q, k, v and the core's output to and from the head split. What a rank
-    sends equals the planner's formula, group by group, and the pipeline sends the stream [T, h] / t."""
-    report, collectives = stages_3d[0]
+def test_3d_kept_layer_and_head_send_the_formulas_bytes(stages_3d):
+    """Last stage (one kept layer and the head, two micro batches): no all-reduce of activations but the norms'
+    [T/zy, 1] over x; over y the inputs' gathers and wo's and w2's scatters ([T/z, h/x]); over z the seven weights'
+    gathers ([e/y, h/x]), their gradients reduce-scattered back; over x the projections' scatters and gathers
+    ([T/z, e/y]); over x and z the redistributions of q, k, v and the core's output to and from the head split; and
+    the final norm's output [T/zy, h/x] all-gathered for the head over x, then y, then z (its gradient
+    reduce-scattered back). What a rank sends equals the planner's formula, group by group."""
+    report, collectives = stages_3d[1]
+    assert report["stage"] == 1
     tp = tp_collectives(report, collectives)
     cfg = load_config(TINY_LLAMA, SETS_3D)
     m, x, y, z, fp32 = cfg.parallel.micro_batch_num, 2, 2, 2, 4
     tokens, h, f, q = 4 * 64, 64, cfg.model.ffn_hidden_size, 64
-    assert {c["offsets"] for c in tp} == {X3, Z3, Y3}
-    assert {c["kind"] for c in tp if c["offsets"] != X3} == {"AllGather", "ReduceScatter"}
-    norms = [c for c in tp if c["kind"] == "AllReduce"]
-    assert len(norms) == 1 and norms[0]["count"] == 4 * m and norms[0]["bytes"] == 4 * m * tokens // (z * y) * fp32
+    assert {c["offsets"] for c in tp if c["kind"] != "AllReduce"} == {X3, Z3, Y3}
+    reduces = [c for c in tp if c["kind"] == "AllReduce"]
+    norms = [c for c in reduces if c["offsets"] == X3]  # two in the layer and the final norm, forward and backward
+    assert len(norms) == 1 and norms[0]["count"] == 6 * m and norms[0]["bytes"] == 6 * m * tokens // (z * y) * fp32
+    assert all(c["bytes"] / c["count"] <= tokens * fp32 for c in reduces)  # norms and loss: none of activations
     weights = [c for c in tp if c["offsets"] == Z3 and c["kind"] == "AllGather" and c["purpose"] == "operator"]
     assert weights[0]["count"] == 7 * m and weights[0]["bytes"] == m * h // x * (4 * q + 3 * f) // y * fp32
-    sent = {g: sum(ring_bytes(c) for c in tp if c["offsets"] == g) / m for g in (X3, Z3, Y3)}
+    sent = {
+        g: sum(ring_bytes(c) for c in tp if c["offsets"] == g and c["kind"] != "AllReduce") / m for g in (X3, Z3, Y3)
+    }
+    head = {X3: tokens // 4 * h * fp32 / 2, Y3: tokens // 2 * h * fp32 / 2, Z3: tokens * h * fp32 / 2}  # each way
     planned = nd_tp_bytes_by_group(cfg)
-    assert sent[Y3] == pytest.approx(planned["y"])
+    norms_x = 2 * 2 * 2 * (x - 1) / x * tokens / (z * y) * fp32  # the layer's norms both ways, in planned["x"]
+    assert sent[Y3] == pytest.approx(planned["y"] + 2 * head[Y3])
+    assert sent[X3] + sent[Z3] == pytest.approx(
+        planned["x"] - norms_x + planned["z"] + planned["heads"] + 2 * (head[X3] + head[Z3])
+    )
+    assert communication(cfg, 1)["tp"] == pytest.approx(m * (sum(planned.values()) + 2 * sum(head.values())))
+
+
+def test_3d_recomputed_layer_repeats_its_collectives(stages_3d):
+    """First stage (its layer fully recomputed with recompute.comm): the recompute repeats every forward collective
+    but w2's scatter over y (as under 2D), the weights' gathers over z and the attention redistributions too. What a
+    rank sends equals the planner's bytes for a recomputed layer, and the pipeline sends the stream [T, h] / t."""
+    report, collectives = stages_3d[0]
+    cfg = load_config(TINY_LLAMA, SETS_3D)
+    assert Layout.of(cfg).recomputed == (0,)
+    tp = tp_collectives(report, collectives)
+    m, fp32, tokens, h = cfg.parallel.micro_batch_num, 4, 4 * 64, 64
+    weights = [c for c in tp if c["offsets"] == Z3 and c["kind"] == "AllGather" and c["purpose"] == "operator"]
+    assert weights[0]["count"] == 2 * 7 * m  # forward and recomputed forward
+    sent = {g: sum(ring_bytes(c) for c in tp if c["offsets"] == g) / m for g in (X3, Z3, Y3)}
+    planned = nd_tp_bytes_by_group(cfg, "recomputed")
+    assert sent[Y3] == pytest.approx(planned["y"]) == pytest.approx(1.375 * nd_tp_bytes_by_group(cfg)["y"])
     assert sent[X3] + sent[Z3] == pytest.approx(planned["x"] + planned["z"] + planned["heads"])
     assert communication(cfg, 0)["tp"] == pytest.approx(m * sum(sent.values()))
     sends = sum(c["bytes"] for c in collectives if c["kind"] == "Send")
     assert sends == m * tokens * h // 8 * fp32 == communication(cfg, 0)["pp_send_recv"]
-
-
-def test_3d_last_stage_gathers_the_stream_for_the_head(stages_3d):
-    """Last stage: its layer compiles the first stage's collectives, and the final norm's output [T/zy, h/x] is
-    all-gathered for the head over x, then y, then z (its gradient reduce-scattered back), (t-1)/t of [T, h] sent
-    each way, as the planner counts."""
-    (first_report, first), (report, last) = stages_3d
-    assert report["stage"] == 1
-    cfg = load_config(TINY_LLAMA, SETS_3D)
-    m, tokens, h, fp32 = cfg.parallel.micro_batch_num, 4 * 64, 64, 4
-
-    def by_group(rank_report, collectives, kind, group):
-        return sum(
-            c["bytes"] for c in tp_collectives(rank_report, collectives) if c["kind"] == kind and c["offsets"] == group
-        )
-
-    head = {X3: tokens // 4 * h * fp32, Y3: tokens // 2 * h * fp32, Z3: tokens * h * fp32}  # gathered outputs
-    for kind in ("AllGather", "ReduceScatter"):
-        for group in (X3, Y3, Z3):
-            assert by_group(report, last, kind, group) == by_group(first_report, first, kind, group) + m * head[group]
-    head_sent = m * 2 * tokens * h * fp32 * 7 / 8
-    assert communication(cfg, 1)["tp"] - communication(cfg, 0)["tp"] == pytest.approx(head_sent)
 
 
 # One stage, context parallel 2 (flash attention, bf16) and every layer fully recomputed with its communication

@@ -79,7 +79,7 @@ def nd_tp_bytes_by_group(cfg: Config, role: str = "kept") -> dict[str, float]:
     the layer) and the norms' two all-reduces (validate IR)."""
     model, layout = cfg.model, _layout(cfg)
     if layout.tp_z > 1:
-        return _tp3d_bytes_by_group(cfg)
+        return _tp3d_bytes_by_group(cfg, role)
     x, y, t = layout.tp_x, layout.tp_y, layout.tp
     tokens, h, dtype = local_tokens(cfg), model.hidden_size, DTYPE_BYTES[model.compute_dtype]
     q, kv, f = model.num_heads * model.head_size, model.kv_heads * model.head_size, model.ffn_hidden_size
@@ -91,7 +91,7 @@ def nd_tp_bytes_by_group(cfg: Config, role: str = "kept") -> dict[str, float]:
     return {"x": x_passes * over_x * dtype, "y": y_passes * over_y * dtype, "t": (3 if repeats else 2) * norms}
 
 
-def _tp3d_bytes_by_group(cfg: Config) -> dict[str, float]:
+def _tp3d_bytes_by_group(cfg: Config, role: str) -> dict[str, float]:
     """3D tensor parallel (parallel.tp_x x tp_y x tp_z = t): nd_tp_bytes_by_group's bytes, by group: "x" (tp_x
     neighbouring ranks), "z" (tp_z ranks tp_x apart), "y" (tp_y ranks tp_z x tp_x apart), and "heads" (over z and
     x). The residual stream [T, h] is split T over (z, y) and h over x. A column-parallel projection h -> e
@@ -102,8 +102,10 @@ def _tp3d_bytes_by_group(cfg: Config) -> dict[str, float]:
     core splits heads over all t ranks (its strategies are 1D), so q, k, v [T/(zx), e/y] and the core's output are
     redistributed between the token split and the head split: all-gathered over x and z (Te/y (xz-1)/xz sent,
     mirrored backward). The norms all-reduce their mean of squares [T/zy, 1] fp32 over x (validate IR,
-    tests/dryrun/test_nd_tensor_parallel.py). Full recompute with recompute.comm is not measured under 3D: a
-    recomputed layer is counted as a kept one."""
+    tests/dryrun/test_nd_tensor_parallel.py). A layer of `role` "recomputed" under full recompute with
+    recompute.comm repeats every forward collective but w2's scatter over y, as under 2D: the x and z ones, the
+    redistributions, the norms' all-reduces and three of the four over y (validate IR of the module's layout at one
+    stage, two layers)."""
     model, layout = cfg.model, _layout(cfg)
     x, y, z, t = layout.tp_x, layout.tp_y, layout.tp_z, layout.tp
     tokens, h, dtype = local_tokens(cfg), model.hidden_size, DTYPE_BYTES[model.compute_dtype]
@@ -113,11 +115,13 @@ def _tp3d_bytes_by_group(cfg: Config) -> dict[str, float]:
     over_z = h * (z - 1) / t * (q + 2 * kv + q + 3 * f)  # the seven weights' gathers
     heads = tokens / y * (x * z - 1) / (x * z) * (q + 2 * kv + q)  # q, k, v and the core's output
     norms = 2 * 2 * (x - 1) / x * tokens / (z * y) * DTYPE_BYTES["float32"]
+    repeats = role == "recomputed" and layout.recompute == "full" and cfg.recompute.comm
+    passes, y_passes = (3, 2 + 3 / 4) if repeats else (2, 2)
     return {
-        "x": 2 * (over_x * dtype + norms),
-        "y": 2 * over_y * dtype,
-        "z": 2 * over_z * dtype,
-        "heads": 2 * heads * dtype,
+        "x": passes * (over_x * dtype + norms),
+        "y": y_passes * over_y * dtype,
+        "z": passes * over_z * dtype,
+        "heads": passes * heads * dtype,
     }
 
 

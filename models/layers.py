@@ -315,8 +315,8 @@ class WidthSplitRMSNorm(RMSNorm):
         mesh = tp_mesh(layout)
         tokens, width = stream_axes(layout)
         x, per_token = stream_split(layout, SEQUENCE), mesh(tokens, "None")
-        # 2D: per_token as a tuple strategy for the ops around the scalar; 3D, whose tokens are split over (z, y)
-        # against the mesh's (y, z) order, as a layout, the scalar's empty
+        # 2D: per_token as a tuple strategy for the ops around the scalar. 3D splits the tokens over (z, y), against
+        # the mesh's order (y, z), which no tuple strategy expresses: layouts, the scalar's empty (mesh())
         rows = (layout.token_rows, 1)
         return {
             "square": ((x,), None),

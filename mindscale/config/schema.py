@@ -490,7 +490,7 @@ class ParallelConfig:
         "LLaMA and Qwen then split each weight over both (x along the hidden width, y along the other) and "
         "trade each all-reduce for an all-gather over one degree and a reduce-scatter over the other; the "
         "residual stream stays split over the hidden width. 1 with tp_y 1: 1D tensor parallel "
-        "(docs/dryrun.md, 2D tensor parallel).",
+        "(docs/dryrun.md, 2D and 3D tensor parallel).",
         1,
     )
     tp_y: int = doc("2D tensor parallel: the second degree, t = tp_x x tp_y (tp_x).", 1)

@@ -46,17 +46,39 @@ def token_split(layout, style: str) -> int:
 def tp_mesh(layout) -> DeviceMesh:
     """2D tensor parallel's device mesh of one stage (Layout.nd_tp): token rows (dp x cp), then y, then x. The tp index
     of a rank is then y_index * tp_x + x_index, the order of every op's tuple strategy: a tensor split ("y", "x")
-    is split over tp as such an op splits it, while ("x", "y") is the transposed order of the residual stream."""
+    is split over tp as such an op splits it, while ("x", "y") is the transposed order of the residual stream.
+    3D (tp_z > 1): (rows, y, z, x), the tp index y_index * tp_z * tp_x + z_index * tp_x + x_index: y outermost, so
+    that the heads the projections split over y are the outer blocks of the attention's head split over tp, and q, k,
+    v reach it by gathers over x and z only (with z outside y they were gathered over all three)."""
+    if layout.tp_z > 1:
+        return DeviceMesh((layout.token_rows, layout.tp_y, layout.tp_z, layout.tp_x), ("rows", "y", "z", "x"))
     return DeviceMesh((layout.token_rows, layout.tp_y, layout.tp_x), ("rows", "y", "x"))
+
+
+def stream_axes(layout) -> tuple:
+    """(token axes, width axes) of the residual stream [tokens, h] under 2D/3D tensor parallel: 2D splits the width
+    over ("x", "y"); 3D splits the tokens over z and y as well and the width over x only (MindSpore's 3D in_strategy
+    of a MatMul's activation, (("z", "y"), "x"))."""
+    if layout.tp_z > 1:
+        return ("rows", "z", "y"), "x"
+    return "rows", ("x", "y")
 
 
 def stream_split(layout, style: str):
     """The strategy of a residual-stream tensor [tokens, h] for an op of `style`: tokens split (token_split), or
-    for the sequence style under 2D tensor parallel the width split over ("x", "y"), as the row-parallel
-    projections leave it (Linear.nd_tp_strategies)."""
+    for the sequence style under 2D/3D tensor parallel the split the row-parallel projections leave it in
+    (stream_axes, Linear.nd_tp_strategies)."""
     if layout.nd_tp and style == SEQUENCE:
-        return tp_mesh(layout)("rows", ("x", "y"))
+        return tp_mesh(layout)(*stream_axes(layout))
     return token_split(layout, style), 1
+
+
+def inner_split(layout):
+    """The strategy of a column-parallel projection's output [tokens, e] (the MLP's inside): (rows, tp), or under 3D
+    tensor parallel the tokens split over z and x and e over y, as the 3D MatMul leaves it."""
+    if layout.nd_tp and layout.tp_z > 1:
+        return tp_mesh(layout)(("rows", "z", "x"), "y")
+    return layout.token_rows, layout.tp
 
 
 def head_split(layout) -> tuple:
@@ -129,12 +151,25 @@ class Linear(nn.Cell):
         and its output features over y; MindSpore all-gathers the input over y, multiplies, and reduce-scatters
         the partial sums over x, leaving the output split ("y", "x"). Row-parallel is the same with x and y
         swapped, from ("y", "x") back to the residual stream's ("x", "y"). No all-reduce, and no weight is
-        replicated over tp."""
+        replicated over tp. 3D (tp_z > 1; MindSpore's 3D in_strategy): the input's tokens split over z and the inner
+        degree and its width over the outer, the weight's input features over (outer, z); MindSpore all-gathers the
+        input over the inner degree and the weight over z, multiplies, and reduce-scatters over the outer degree,
+        leaving the tokens split over (z, outer) and the output features over the inner degree."""
         mesh = tp_mesh(layout)
         outer, inner = ("x", "y") if style == COLWISE else ("y", "x")
-        rules = {"matmul": ((mesh("rows", (outer, inner)), mesh(inner, outer)), None)}
+        if layout.tp_z > 1:  # 3D: tokens over z and the inner degree, the weight's input features over (outer, z)
+            x, weight, out = (
+                mesh(("rows", "z", inner), outer),
+                mesh(inner, (outer, "z")),
+                mesh(("rows", "z", outer), inner),
+            )
+            bias = mesh(inner)
+        else:
+            x, weight, out = mesh("rows", (outer, inner)), mesh(inner, outer), mesh("rows", (inner, outer))
+            bias = mesh((inner, outer))
+        rules = {"matmul": ((x, weight), None)}
         if self.bias is not None:
-            rules["bias_add"] = ((mesh("rows", (inner, outer)), mesh((inner, outer))), None)
+            rules["bias_add"] = ((out, bias), None)
         return rules
 
 
@@ -261,7 +296,8 @@ class RMSNorm(Fp32Norm):
 
 
 class WidthSplitRMSNorm(RMSNorm):
-    """RMSNorm of a residual stream split along its width over ("x", "y") (2D tensor parallel, Layout.nd_tp). The
+    """RMSNorm of a residual stream split along its width over ("x", "y") (2D tensor parallel, Layout.nd_tp; under
+    3D over x, its tokens over (z, y): stream_axes). The
     mean of squares is a MatMul with a 1/dim column, which MindSpore shards by a device-mesh layout and all-reduces
     over tp ([tokens, 1]): its ReduceMean takes no such layout ("does not support config layout", MindSpore 2.9)."""
 
@@ -277,15 +313,18 @@ class WidthSplitRMSNorm(RMSNorm):
 
     def shard_strategies(self, style: str, layout) -> dict:
         mesh = tp_mesh(layout)
-        x, per_token = stream_split(layout, SEQUENCE), mesh("rows", "None")
-        rows = (layout.token_rows, 1)  # per_token as a tuple strategy, for the op with a scalar input
+        tokens, width = stream_axes(layout)
+        x, per_token = stream_split(layout, SEQUENCE), mesh(tokens, "None")
+        # 2D: per_token as a tuple strategy for the ops around the scalar. 3D splits the tokens over (z, y), against
+        # the mesh's order (y, z), which no tuple strategy expresses: layouts, the scalar's empty (mesh())
+        rows = (layout.token_rows, 1)
         return {
             "square": ((x,), None),
-            "row_mean": ((x, mesh(("x", "y"), "None")), None),
-            "add": ((rows, ()), None),
-            "rsqrt": ((rows,), None),
+            "row_mean": ((x, mesh(width, "None")), None),
+            "add": ((per_token, mesh()), None) if layout.tp_z > 1 else ((rows, ()), None),
+            "rsqrt": ((per_token if layout.tp_z > 1 else rows,), None),
             "mul": ((x, per_token), None),
-            "mul_weight": ((x, mesh(("x", "y"))), None),
+            "mul_weight": ((x, mesh(width)), None),
         }
 
 
@@ -429,7 +468,7 @@ class SwiGLU(nn.Cell):
     REGATHERED_INPUT = ("w1", "w3")  # the Linears reading the MLP input, which sequence parallel all-gathers
 
     def shard_strategies(self, style: str, layout) -> dict:
-        x = (layout.token_rows, layout.tp)
+        x = inner_split(layout)
         return {"act": ((x,), None), "gate_mul": ((x, x), None)}
 
 

@@ -137,7 +137,7 @@ def apply_sharding_plan(model: CausalLM, cfg: Config, layout: Layout) -> list[tu
         if layout.nd_tp and style in (COLWISE, ROWWISE) and isinstance(primitive, MatMul):
             primitive.add_prim_attr(
                 "enable_nd_tp", True
-            )  # 2D tensor parallel: the projections (Linear.nd_tp_strategies)
+            )  # 2D/3D tensor parallel: the projections (Linear.nd_tp_strategies)
         if out_strategy is None:
             primitive.shard(in_strategy)
         else:
@@ -166,7 +166,7 @@ def _split_name(mesh: DeviceMesh, dim) -> str:
 def _fmt(strategy) -> str:
     if strategy is None:
         return "-"
-    if strategy and isinstance(strategy[0], DeviceMesh):  # 2D tensor parallel: axes named as in layers.tp_mesh
+    if strategy and isinstance(strategy[0], DeviceMesh):  # 2D/3D tensor parallel: axes named as in layers.tp_mesh
         return "(" + ",".join("[" + ",".join(_split_name(m, d) for d in m._tensor_map) + "]" for m in strategy) + ")"
     return str(strategy).replace(" ", "")
 
@@ -192,6 +192,7 @@ def describe_plan(cfg: Config) -> str:
         f"{f'context_parallel={parallel.context_parallel} ({parallel.context_parallel_algo}) ' if parallel.context_parallel > 1 else ''}"
         f"{f'expert_parallel={parallel.expert_parallel} ' if parallel.expert_parallel > 1 else ''}"
         f"{f'tp_x={parallel.tp_x} tp_y={parallel.tp_y} ' if layout.nd_tp else ''}"
+        f"{f'tp_z={parallel.tp_z} ' if layout.tp_z > 1 else ''}"
         f"pipeline_stage={parallel.pipeline_stage} "
         f"{f'pipeline_interleave={parallel.pipeline_interleave} ' if parallel.pipeline_interleave > 1 else ''}"
         f"{f'pipeline_scheduler={parallel.pipeline_scheduler} ' if parallel.pipeline_scheduler != '1f1b' else ''}"

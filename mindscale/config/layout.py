@@ -44,6 +44,7 @@ class Layout:
     data_parallel_mode: bool  # several workers, no strategies: DATA_PARALLEL with an explicit all-reduce
     tp_x: int  # 2D tensor parallel's degrees, tp = tp_x x tp_y (both 1: 1D; see nd_tp)
     tp_y: int
+    tp_z: int  # 3D tensor parallel's third degree, tp = tp_x x tp_y x tp_z (1: 2D or 1D; see nd_tp)
     sp: bool  # sequence parallel (parallel.sequence_parallel, with tp > 1): norms and
     # residual adds split tokens over dp x tp, rowwise outputs reduce-scatter
     optimizer_shard: bool
@@ -118,6 +119,7 @@ class Layout:
             data_parallel_mode=world > 1 and not sharded,
             tp_x=parallel.tp_x if nd_tp else 1,
             tp_y=parallel.tp_y if nd_tp else 1,
+            tp_z=parallel.tp_z if nd_tp else 1,
             sp=parallel.sequence_parallel and parallel.model_parallel > 1,
             optimizer_shard=parallel.optimizer_shard and parallel.data_parallel > 1,
             accumulation_shard=parallel.gradient_accumulation_shard,
@@ -152,7 +154,9 @@ class Layout:
         """2D tensor parallel (parallel.tp_x x tp_y = tp, compiled only sharded): the projections' MatMuls split
         their weights over the x and y degrees and MindSpore replaces each MatMul's all-reduce by an all-gather
         and a reduce-scatter (enable_nd_tp); the residual stream and norms are split along the hidden width over
-        (x, y), the attention and MLP inside over (y, x), the tp order of every other op's strategy."""
+        (x, y), the attention and MLP inside over (y, x), the tp order of every other op's strategy. 3D (tp_z > 1,
+        MindSpore's 3D layout): the stream's tokens split over (z, y) and its width over x, the MLP inside tokens over
+        (z, x) and width over y; each projection all-gathers its weight over z (models/layers.py, tp_mesh)."""
         return self.tp_x * self.tp_y > 1
 
     @property

@@ -490,10 +490,18 @@ class ParallelConfig:
         "LLaMA and Qwen then split each weight over both (x along the hidden width, y along the other) and "
         "trade each all-reduce for an all-gather over one degree and a reduce-scatter over the other; the "
         "residual stream stays split over the hidden width. 1 with tp_y 1: 1D tensor parallel "
-        "(docs/dryrun.md, 2D tensor parallel).",
+        "(docs/dryrun.md, 2D and 3D tensor parallel).",
         1,
     )
     tp_y: int = doc("2D tensor parallel: the second degree, t = tp_x x tp_y (tp_x).", 1)
+    tp_z: int = doc(
+        "3D tensor parallel (MindSpore's high-dimension tensor parallel, MindFormers' tp_z): with tp_x and tp_y, "
+        "the third degree, t = tp_x x tp_y x tp_z. The residual stream's tokens then split over z and y and its "
+        "width over x; each projection all-gathers its weight over z as well, and the attention core receives "
+        "q, k and v redistributed to a head split over t. 1: 2D (or 1D) tensor parallel "
+        "(docs/dryrun.md, 2D and 3D tensor parallel).",
+        1,
+    )
     sequence_parallel: bool = doc("Shard norms/dropout activations along the sequence (needs t > 1).", False)
     vocab_emb_dp: bool = doc("Keep the embedding data-parallel instead of vocab-sharded over t.", True)
     optimizer_shard: bool = doc("Shard optimizer states (and master weights) over data parallel.", False)

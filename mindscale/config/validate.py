@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from mindscale.config.errors import ConfigError
 from mindscale.config.layout import (
@@ -64,6 +65,9 @@ def _positive(cfg: Config) -> None:
             "micro_batch_num",
             "pipeline_interleave",
             "gradient_accumulation_steps",
+            "tp_x",
+            "tp_y",
+            "tp_z",
         ],
         "train": ["micro_batch_size", "steps", "log_interval"],
         "checkpoint": ["keep_last", "resume_step"],
@@ -470,52 +474,69 @@ def _tensor_parallel(cfg: Config) -> None:
         )
 
 
-ND_TP_ARCHS = ("llama", "qwen2", "qwen3")  # whose projections, norms and residual adds have 2D strategies
+ND_TP_ARCHS = ("llama", "qwen2", "qwen3")  # whose projections, norms and residual adds have 2D/3D strategies
 
 
 def _nd_tensor_parallel(cfg: Config) -> None:
-    """parallel.tp_x x tp_y: 2D tensor parallel of the LLaMA and Qwen projections (models/layers.py,
+    """parallel.tp_x x tp_y (x tp_z): 2D/3D tensor parallel of the LLaMA and Qwen projections (models/layers.py,
     Linear.nd_tp_strategies), compiled by MindSpore's dry run with and without pipeline stages (tests/dryrun/
-    test_nd_tensor_parallel.py, with context parallel and recompute.comm too)."""
+    test_nd_tensor_parallel.py, 2D with context parallel and recompute.comm too)."""
     model, parallel = cfg.model, cfg.parallel
-    tp_x, tp_y, mp = parallel.tp_x, parallel.tp_y, parallel.model_parallel
-    if (tp_x, tp_y) == (1, 1):
+    tp_x, tp_y, tp_z, mp = parallel.tp_x, parallel.tp_y, parallel.tp_z, parallel.model_parallel
+    if (tp_x, tp_y, tp_z) == (1, 1, 1):
         return
-    keys = f"parallel.tp_x={tp_x} x parallel.tp_y={tp_y}"
-    leave = "or leave tp_x and tp_y at 1 (1D tensor parallel)"
+    three = tp_z > 1
+    keys = f"parallel.tp_x={tp_x} x parallel.tp_y={tp_y}" + (f" x parallel.tp_z={tp_z}" if three else "")
+    name = "3D tensor parallel" if three else "2D tensor parallel"
+    leave = "or leave tp_x, tp_y and tp_z at 1 (1D tensor parallel)"
     if tp_x < 2 or tp_y < 2:
-        raise ConfigError(f"{keys}: 2D tensor parallel needs both degrees >= 2; set both, {leave}")
-    if tp_x * tp_y != mp:
+        raise ConfigError(f"{keys}: {name} needs tp_x and tp_y >= 2; set both, {leave}")
+    if tp_x * tp_y * tp_z != mp:
         raise ConfigError(
-            f"{keys} = {tp_x * tp_y} is not the tensor degree parallel.model_parallel={mp}; choose degrees whose "
-            f"product is model_parallel, {leave}"
+            f"{keys} = {tp_x * tp_y * tp_z} is not the tensor degree parallel.model_parallel={mp}; choose degrees "
+            f"whose product is model_parallel, {leave}"
         )
     if cfg.hardware.device_target == "CPU":
         raise ConfigError(
-            f"{keys} on CPU: 2D tensor parallel compiles only under semi-auto parallel, which MindSpore refuses on "
+            f"{keys} on CPU: {name} compiles only under semi-auto parallel, which MindSpore refuses on "
             f"CPU; use an Ascend hardware profile (tools/dryrun.py compiles it here), {leave}"
         )
     if model.arch not in ND_TP_ARCHS:
         raise ConfigError(
-            f"{keys} with model.arch={model.arch}: 2D tensor parallel is built for {', '.join(ND_TP_ARCHS)} only "
-            f"(their layers have 2D strategies); use one of them, {leave}"
+            f"{keys} with model.arch={model.arch}: {name} is built for {', '.join(ND_TP_ARCHS)} only "
+            f"(their layers have 2D/3D strategies); use one of them, {leave}"
         )
     if model.hidden_size % mp:
         raise ConfigError(
             f"model.hidden_size={model.hidden_size} is not divisible by parallel.model_parallel={mp} ({keys} splits "
-            f"the residual stream's width over both); choose degrees that divide it, {leave}"
+            f"the projections' weights over all of them); choose degrees that divide it, {leave}"
         )
     if cfg.finetune.lora.rank:
         raise ConfigError(
             f"{keys} with finetune.lora.rank={cfg.finetune.lora.rank}: the LoRA adapters' strategies are 1D "
-            f"(models/lora.py), so they would read the 2D projections' inputs and outputs through redistributions; "
-            f"fine-tune with 1D tensor parallel: {leave.removeprefix('or ')}"
+            f"(models/lora.py), so they would read the {name[:2]} projections' inputs and outputs through "
+            f"redistributions; fine-tune with 1D tensor parallel: {leave.removeprefix('or ')}"
         )
     if parallel.sequence_parallel:
         raise ConfigError(
-            f"{keys} with parallel.sequence_parallel=true: 2D tensor parallel already splits the residual stream and "
-            f"norms over all t ranks (by width), so sequence parallel has nothing left to split; set it to false, "
-            f"{leave}"
+            f"{keys} with parallel.sequence_parallel=true: {name} already splits the residual stream and "
+            f"norms over all t ranks, so sequence parallel has nothing left to split; set it to false, {leave}"
+        )
+    if three and cfg.checkpoint.load_path:
+        raise ConfigError(
+            f"{keys} with checkpoint.load_path={cfg.checkpoint.load_path}: 3D tensor parallel splits each "
+            f"projection weight's input features over two mesh axes (x, z), a layout models/weights.py cannot slice "
+            f"full weights into (local_slice: \"splits one dimension over several axes; not supported\"); load "
+            f"with 2D tensor parallel (tp_z=1) or train from scratch, {leave}"
+        )
+    tokens = cfg.train.micro_batch_size * model.seq_length // parallel.context_parallel
+    split = tp_z * math.lcm(tp_x, tp_y)
+    if three and tokens % split:
+        raise ConfigError(
+            f"{keys}: a rank's {tokens} tokens per micro batch (train.micro_batch_size x model.seq_length / "
+            f"parallel.context_parallel) are not divisible by tp_z x lcm(tp_x, tp_y) = {split} (3D tensor parallel "
+            f"splits the residual stream's tokens over z and y, the projections' outputs over z and x); change "
+            f"micro_batch_size or seq_length, {leave}"
         )
 
 

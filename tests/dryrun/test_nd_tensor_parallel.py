@@ -1,5 +1,6 @@
-"""2D tensor parallel (parallel.tp_x x tp_y, MindSpore's high-dimension tensor parallel) compiled by MindSpore's dry
-run: a small LLaMA at t = 2 x 2 over two pipeline stages, both stages compiled once for the module.
+"""2D and 3D tensor parallel (parallel.tp_x x tp_y (x tp_z), MindSpore's high-dimension tensor parallel) compiled by
+MindSpore's dry run: a small LLaMA at t = 2 x 2 and at t = 2 x 2 x 2 over two pipeline stages, both stages of each
+compiled once for the module.
 
 What the validate IR must show: the projections' weights split over both degrees; instead of 1D's all-reduces of
 [tokens, h], all-gathers and reduce-scatters over the x ranks (neighbours) and over the y ranks (tp_x apart), and
@@ -102,6 +103,8 @@ def test_all_reduces_become_gathers_and_scatters_with_the_formulas_bytes(stages)
     sent = sum(ring_bytes(c) for c in operator.values()) / m
     assert sent == pytest.approx(nd_tp_bytes_per_layer(cfg))
     assert communication(cfg, 0)["tp"] == pytest.approx(m * sent)
+    sends = sum(c["bytes"] for c in collectives if c["kind"] == "Send")  # the stream [T, h/t] per micro batch
+    assert sends == m * tokens * h // 4 * fp32 == communication(cfg, 0)["pp_send_recv"]
 
 
 def test_last_stage_gathers_the_stream_for_the_head(stages):
@@ -125,6 +128,117 @@ def test_last_stage_gathers_the_stream_for_the_head(stages):
     assert all(c["bytes"] / c["count"] <= tokens * fp32 for c in reduces)  # norms and loss: none of [T, h]
     head_sent = m * (head[2] * (y - 1) / y + head[1] * (x - 1) / x) * 2
     assert communication(cfg, 1)["tp"] - communication(cfg, 0)["tp"] == pytest.approx(head_sent)
+
+
+# 3D: t = 2 x 2 x 2 (8 heads, so that the attention core splits them over t), two stages
+TP3D = [
+    "model.num_heads=8",
+    "model.num_kv_heads=8",
+    "parallel.model_parallel=8",
+    "parallel.tp_x=2",
+    "parallel.tp_y=2",
+    "parallel.tp_z=2",
+]
+# stage 0's layer fully recomputed with its communication, stage 1's kept: both roles of the planner in one compile
+RECOMPUTE_STAGE_0 = ["recompute.mode=full", "recompute.comm=true", "recompute.layers=[1, 0]"]
+SETS_3D = [*[s for s in SETS if "tp_" not in s and "model_parallel" not in s], *TP3D, *RECOMPUTE_STAGE_0]
+X3, Z3, Y3 = (0, 1), (0, 2), (0, 4)  # offsets of a rank's x, z and y partners: the mesh is (rows, y, z, x)
+
+
+@pytest.fixture(scope="module")
+def stages_3d(tmp_path_factory):
+    ir_dir = tmp_path_factory.mktemp("tp3d")
+    reports = dryrun(TINY_LLAMA, *SETS_3D, ir_dir=ir_dir)
+    return [(r, collectives_of(parse_ir(read_validate_ir(ir_dir / f"rank{r['rank']}"), r["rank"]))[0]) for r in reports]
+
+
+def tp_collectives(report: dict, collectives: list[dict]) -> list[dict]:
+    """The tensor-parallel collectives of a rank (operators and redistributions; under 3D MindSpore names some of a
+    MatMul's own reduce-scatters redistributions), with their ranks as offsets from the rank's."""
+    skip = ("grad_reduce", "grad_norm", "optimizer_shard", "pipeline")
+    return [
+        {**c, "offsets": tuple(r - report["rank"] for r in c["ranks"])} for c in collectives if c["purpose"] not in skip
+    ]
+
+
+def test_3d_weights_split_over_x_y_and_z(stages_3d):
+    """Every projection's weight [out, in] has its output features split over y and its input features over x and z
+    (MindSpore's 3D layout), 1/t of it on a rank; the norms' weights over x only, like the stream's width."""
+    for report, _ in stages_3d:
+        layer = f"layers.{report['stage']}"
+        shapes = report["local_shapes"]
+        for name in ("attention.wq", "attention.wk", "attention.wv", "attention.wo"):
+            assert shapes[f"{layer}.{name}.weight"] == [32, 16]  # [64, 64] / (y, x z)
+        assert shapes[f"{layer}.feed_forward.w1.weight"] == shapes[f"{layer}.feed_forward.w3.weight"] == [64, 16]
+        assert shapes[f"{layer}.feed_forward.w2.weight"] == [32, 32]  # [64, 128] / (x, y z)
+        assert shapes[f"{layer}.attention_norm.weight"] == [32]
+        assert report["planned"]["shape_mismatches"] == {}
+        # what a restore from full weights slices by the compiled layouts: the norms as compiled; the projections'
+        # input features are split over two mesh axes, which models/weights.py refuses (validate.py refuses
+        # checkpoint.load_path under 3D for it)
+        for name, (dev_matrix, tensor_map, shape, group) in report["layouts"].items():
+            layout = (dev_matrix, tensor_map, None, 1, True, group, shape)
+            if len(tensor_map) > len(shape) > 1:
+                assert name.endswith(
+                    ("wq.weight", "wk.weight", "wv.weight", "wo.weight", "w1.weight", "w2.weight", "w3.weight")
+                ), name
+                with pytest.raises(ValueError, match="splits one dimension over several axes"):
+                    take_slice(np.zeros(shape, np.float32), layout, report["rank"])
+                continue
+            assert list(take_slice(np.zeros(shape, np.float32), layout, report["rank"]).shape) == shapes[name], name
+
+
+def test_3d_kept_layer_and_head_send_the_formulas_bytes(stages_3d):
+    """Last stage (one kept layer and the head, two micro batches): no all-reduce of activations but the norms'
+    [T/zy, 1] over x; over y the inputs' gathers and wo's and w2's scatters ([T/z, h/x]); over z the seven weights'
+    gathers ([e/y, h/x]), their gradients reduce-scattered back; over x the projections' scatters and gathers
+    ([T/z, e/y]); over x and z the redistributions of q, k, v and the core's output to and from the head split; and
+    the final norm's output [T/zy, h/x] all-gathered for the head over x, then y, then z (its gradient
+    reduce-scattered back). What a rank sends equals the planner's formula, group by group."""
+    report, collectives = stages_3d[1]
+    assert report["stage"] == 1
+    tp = tp_collectives(report, collectives)
+    cfg = load_config(TINY_LLAMA, SETS_3D)
+    m, x, y, z, fp32 = cfg.parallel.micro_batch_num, 2, 2, 2, 4
+    tokens, h, f, q = 4 * 64, 64, cfg.model.ffn_hidden_size, 64
+    assert {c["offsets"] for c in tp if c["kind"] != "AllReduce"} == {X3, Z3, Y3}
+    reduces = [c for c in tp if c["kind"] == "AllReduce"]
+    norms = [c for c in reduces if c["offsets"] == X3]  # two in the layer and the final norm, forward and backward
+    assert len(norms) == 1 and norms[0]["count"] == 6 * m and norms[0]["bytes"] == 6 * m * tokens // (z * y) * fp32
+    assert all(c["bytes"] / c["count"] <= tokens * fp32 for c in reduces)  # norms and loss: none of activations
+    weights = [c for c in tp if c["offsets"] == Z3 and c["kind"] == "AllGather" and c["purpose"] == "operator"]
+    assert weights[0]["count"] == 7 * m and weights[0]["bytes"] == m * h // x * (4 * q + 3 * f) // y * fp32
+    sent = {
+        g: sum(ring_bytes(c) for c in tp if c["offsets"] == g and c["kind"] != "AllReduce") / m for g in (X3, Z3, Y3)
+    }
+    head = {X3: tokens // 4 * h * fp32 / 2, Y3: tokens // 2 * h * fp32 / 2, Z3: tokens * h * fp32 / 2}  # each way
+    planned = nd_tp_bytes_by_group(cfg)
+    norms_x = 2 * 2 * 2 * (x - 1) / x * tokens / (z * y) * fp32  # the layer's norms both ways, in planned["x"]
+    assert sent[Y3] == pytest.approx(planned["y"] + 2 * head[Y3])
+    assert sent[X3] + sent[Z3] == pytest.approx(
+        planned["x"] - norms_x + planned["z"] + planned["heads"] + 2 * (head[X3] + head[Z3])
+    )
+    assert communication(cfg, 1)["tp"] == pytest.approx(m * (sum(planned.values()) + 2 * sum(head.values())))
+
+
+def test_3d_recomputed_layer_repeats_its_collectives(stages_3d):
+    """First stage (its layer fully recomputed with recompute.comm): the recompute repeats every forward collective
+    but w2's scatter over y (as under 2D), the weights' gathers over z and the attention redistributions too. What a
+    rank sends equals the planner's bytes for a recomputed layer, and the pipeline sends the stream [T, h] / t."""
+    report, collectives = stages_3d[0]
+    cfg = load_config(TINY_LLAMA, SETS_3D)
+    assert Layout.of(cfg).recomputed == (0,)
+    tp = tp_collectives(report, collectives)
+    m, fp32, tokens, h = cfg.parallel.micro_batch_num, 4, 4 * 64, 64
+    weights = [c for c in tp if c["offsets"] == Z3 and c["kind"] == "AllGather" and c["purpose"] == "operator"]
+    assert weights[0]["count"] == 2 * 7 * m  # forward and recomputed forward
+    sent = {g: sum(ring_bytes(c) for c in tp if c["offsets"] == g) / m for g in (X3, Z3, Y3)}
+    planned = nd_tp_bytes_by_group(cfg, "recomputed")
+    assert sent[Y3] == pytest.approx(planned["y"]) == pytest.approx(1.375 * nd_tp_bytes_by_group(cfg)["y"])
+    assert sent[X3] + sent[Z3] == pytest.approx(planned["x"] + planned["z"] + planned["heads"])
+    assert communication(cfg, 0)["tp"] == pytest.approx(m * sum(sent.values()))
+    sends = sum(c["bytes"] for c in collectives if c["kind"] == "Send")
+    assert sends == m * tokens * h // 8 * fp32 == communication(cfg, 0)["pp_send_recv"]
 
 
 # One stage, context parallel 2 (flash attention, bf16) and every layer fully recomputed with its communication
@@ -167,20 +281,32 @@ def test_context_parallel_and_recomputed_communication(tmp_path):
     "sets, message",
     [
         (["parallel.tp_x=2", "parallel.tp_y=4"], "is not the tensor degree parallel.model_parallel=4"),
-        (["parallel.tp_x=4", "parallel.tp_y=1"], "needs both degrees >= 2"),
+        (["parallel.tp_x=4", "parallel.tp_y=1"], "needs tp_x and tp_y >= 2"),
         (["parallel.tp_x=2", "parallel.tp_y=2", "parallel.sequence_parallel=true"], "nothing left to split"),
         (["parallel.tp_x=2", "parallel.tp_y=2", "hardware=cpu"], "on CPU"),
         (
             ["parallel.tp_x=2", "parallel.tp_y=2", "finetune.lora.rank=8", "checkpoint.load_path=base"],
             "strategies are 1D",
         ),
+        # 3D
+        (["parallel.tp_x=2", "parallel.tp_y=2", "parallel.tp_z=2"], "= 8 is not the tensor degree"),
+        ([*TP3D, "parallel.tp_x=1", "parallel.tp_y=4"], "tp_y >= 2"),
+        (["parallel.tp_z=4"], "3D tensor parallel needs tp_x and tp_y >= 2"),
+        (["parallel.tp_x=2", "parallel.tp_y=2", "parallel.tp_z=0"], "parallel.tp_z=0: must be >= 1"),
+        ([*TP3D, "parallel.sequence_parallel=true"], "3D tensor parallel already splits"),
+        ([*TP3D, "hardware=cpu"], "on CPU: 3D tensor parallel"),
+        ([*TP3D, "model.arch=gpt"], "3D tensor parallel is built for llama, qwen2, qwen3 only"),
+        ([*TP3D, "finetune.lora.rank=8", "checkpoint.load_path=base"], "strategies are 1D"),
+        ([*TP3D, "checkpoint.load_path=base"], "cannot slice full weights into"),
+        ([*TP3D, "model.seq_length=6", "train.micro_batch_size=1"], "6 tokens per micro batch"),
     ],
 )
 def test_refused_in_one_line(sets, message):
     base = [s for s in SETS if "tp_" not in s]
     with pytest.raises(ConfigError, match=message) as refused:
         load_config(TINY_LLAMA, [*base, *sets])  # validates
-    assert "\n" not in str(refused.value) and "leave tp_x and tp_y at 1" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert "must be >= 1" in message or "leave tp_x, tp_y and tp_z at 1" in str(refused.value)
 
 
 def test_1d_and_cpu_layouts_unchanged():

@@ -60,6 +60,10 @@ def load_balance_bytes_per_layer(cfg: Config) -> float:
 # w3) and 2 all-gathers (wo, w2) forward and as many the other way backward; over y, 2 all-gathers (the shared inputs)
 # and 2 reduce-scatters (wo, w2) forward, mirrored backward; the two norms' all-reduces forward and backward
 ND_TP_COLLECTIVES = 2 * 7 + 2 * 4 + 4
+# 3D: as 2D over x and y, plus the 7 weights' all-gathers over z (their gradients reduce-scattered backward), the
+# four redistributions of q, k, v and the attention output between the token split and the head split (an all-gather
+# over x, then over z, each mirrored backward); the norms' all-reduces over x
+TP3D_COLLECTIVES = 2 * (7 + 4 + 7 + 2 * 4) + 4
 
 
 def nd_tp_bytes_by_group(cfg: Config, role: str = "kept") -> dict[str, float]:
@@ -74,6 +78,8 @@ def nd_tp_bytes_by_group(cfg: Config, role: str = "kept") -> dict[str, float]:
     collective over x (7 of 14), three over y (the two input gathers and wo's scatter, 3 of 8; w2's scatter ends
     the layer) and the norms' two all-reduces (validate IR)."""
     model, layout = cfg.model, _layout(cfg)
+    if layout.tp_z > 1:
+        return _tp3d_bytes_by_group(cfg, role)
     x, y, t = layout.tp_x, layout.tp_y, layout.tp
     tokens, h, dtype = local_tokens(cfg), model.hidden_size, DTYPE_BYTES[model.compute_dtype]
     q, kv, f = model.num_heads * model.head_size, model.kv_heads * model.head_size, model.ffn_hidden_size
@@ -83,6 +89,44 @@ def nd_tp_bytes_by_group(cfg: Config, role: str = "kept") -> dict[str, float]:
     repeats = role == "recomputed" and layout.recompute == "full" and cfg.recompute.comm
     x_passes, y_passes = (3, 2 + 3 / 4) if repeats else (2, 2)  # y: 3 of its 4 forward collectives again
     return {"x": x_passes * over_x * dtype, "y": y_passes * over_y * dtype, "t": (3 if repeats else 2) * norms}
+
+
+def _tp3d_bytes_by_group(cfg: Config, role: str) -> dict[str, float]:
+    """3D tensor parallel (parallel.tp_x x tp_y x tp_z = t): nd_tp_bytes_by_group's bytes, by group: "x" (tp_x
+    neighbouring ranks), "z" (tp_z ranks tp_x apart), "y" (tp_y ranks tp_z x tp_x apart), and "heads" (over z and
+    x). The residual stream [T, h] is split T over (z, y) and h over x. A column-parallel projection h -> e
+    all-gathers its input over y ([T/z, h/x] gathered) and its weight [e/y, h/x] over z, and reduce-scatters its
+    partial sums [T/z, e/y] over x; a row-parallel e -> h the same with x and y swapped; the backward mirrors each
+    (the weight's gradient reduce-scattered over z). A pair h -> e -> h sends MindSpore's
+    2[Te(x-1) + Th(y-1) + he(z-1)]/xyz forward. wq/wk/wv share one input gather, and so do w1/w3. The attention
+    core splits heads over all t ranks (its strategies are 1D), so q, k, v [T/(zx), e/y] and the core's output are
+    redistributed between the token split and the head split: all-gathered over x and z (Te/y (xz-1)/xz sent,
+    mirrored backward). The norms all-reduce their mean of squares [T/zy, 1] fp32 over x (validate IR,
+    tests/dryrun/test_nd_tensor_parallel.py). A layer of `role` "recomputed" under full recompute with
+    recompute.comm repeats every forward collective but w2's scatter over y, as under 2D: the x and z ones, the
+    redistributions, the norms' all-reduces and three of the four over y (validate IR of the module's layout at one
+    stage, two layers)."""
+    model, layout = cfg.model, _layout(cfg)
+    x, y, z, t = layout.tp_x, layout.tp_y, layout.tp_z, layout.tp
+    tokens, h, dtype = local_tokens(cfg), model.hidden_size, DTYPE_BYTES[model.compute_dtype]
+    q, kv, f = model.num_heads * model.head_size, model.kv_heads * model.head_size, model.ffn_hidden_size
+    over_y = 4 * tokens * h * (y - 1) / t  # the attention's and the MLP's input gathers, wo's and w2's scatters
+    over_x = tokens * (x - 1) / t * ((q + 2 * kv) + q + 2 * f + f)  # qkv and w1/w3 scatters, wo and w2 gathers
+    over_z = h * (z - 1) / t * (q + 2 * kv + q + 3 * f)  # the seven weights' gathers
+    heads = tokens / y * (x * z - 1) / (x * z) * (q + 2 * kv + q)  # q, k, v and the core's output
+    norms = 2 * 2 * (x - 1) / x * tokens / (z * y) * DTYPE_BYTES["float32"]
+    repeats = role == "recomputed" and layout.recompute == "full" and cfg.recompute.comm
+    passes, y_passes = (3, 2 + 3 / 4) if repeats else (2, 2)
+    return {
+        "x": passes * (over_x * dtype + norms),
+        "y": y_passes * over_y * dtype,
+        "z": passes * over_z * dtype,
+        "heads": passes * heads * dtype,
+    }
+
+
+def _nd_tp_collectives(layout) -> int:
+    return TP3D_COLLECTIVES if layout.tp_z > 1 else ND_TP_COLLECTIVES
 
 
 def nd_tp_bytes_per_layer(cfg: Config, role: str = "kept") -> float:
@@ -97,13 +141,12 @@ def _mean_by_group(cfg: Config, roles: list[str]) -> dict[str, float]:
 
 
 def nd_tp_head_gather_bytes(cfg: Config) -> float:
-    """2D tensor parallel, last stage: ring bytes one rank sends per micro batch to all-gather the final norm's
-    width-split output [T, h] for the output head (over y, then x: MindSpore's redistribution) and to
-    reduce-scatter its gradient back the same way."""
+    """2D/3D tensor parallel, last stage: ring bytes one rank sends per micro batch to all-gather the final norm's
+    split output [T, h] for the output head (degree by degree: MindSpore's redistribution, (t-1)/t of it in all)
+    and to reduce-scatter its gradient back the same way."""
     model, layout = cfg.model, _layout(cfg)
-    x, y = layout.tp_x, layout.tp_y
     stream = local_tokens(cfg) * model.hidden_size * DTYPE_BYTES[model.compute_dtype]
-    return 2 * (stream / x * (y - 1) / y + stream * (x - 1) / x)
+    return 2 * stream * (layout.tp - 1) / layout.tp
 
 
 def gradient_reduce_bytes(cfg: Config, stage: int) -> tuple[float, float]:
@@ -186,10 +229,9 @@ def communication(cfg: Config, stage: int) -> dict:
     dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
     dp = dp_once + dp_micro * micro_batches
     sends = pipeline_sends(stages, layout.interleave, stage)  # activations out, grads back
-    stream = hidden * DTYPE_BYTES[model.residual_dtype]  # what a stage sends: the residual stream
-    tied = tied_embedding_exchange_bytes(cfg, stage)
-    split = t if layout.sp or layout.nd_tp else 1  # the stream's tokens or (2D) width split over tp, sent so
-    pp = (sends * micro_batches * stream / split if stages > 1 else 0.0) + tied
+    stream = hidden * DTYPE_BYTES[model.residual_dtype]  # what a stage sends: the residual stream, split over t
+    tied = tied_embedding_exchange_bytes(cfg, stage)  # by sequence parallel and 2D/3D tensor parallel
+    pp = (sends * micro_batches * stream / (t if layout.sp or layout.nd_tp else 1) if stages > 1 else 0.0) + tied
     return {
         "dp_grad_reduce": dp,
         "dp_per_micro_batch": dp_micro,
@@ -197,7 +239,7 @@ def communication(cfg: Config, stage: int) -> dict:
         "tp_vocab": tp_vocab,
         "tp": tp,
         "tp_per_layer_by_group": _mean_by_group(cfg, roles) if layout.nd_tp else {"t": tp_per_layer},
-        "tp_collectives_per_layer": ND_TP_COLLECTIVES if layout.nd_tp else (2 * all_reduces if t > 1 else 0),
+        "tp_collectives_per_layer": _nd_tp_collectives(layout) if layout.nd_tp else (2 * all_reduces if t > 1 else 0),
         "tp_vocab_collectives": (2 * vocab_ends if t > 1 else 0) + 4 * head_gathers,
         "cp_per_layer": cp_per_layer,
         "cp_exchange_per_layer": load_balance_bytes_per_layer(cfg),

@@ -50,16 +50,35 @@ def _coordinate(rank: int, dev_matrix: list[int]) -> list[int]:
     return coordinate
 
 
-def _axes_per_dimension(tensor_map: list, ndim: int) -> list[tuple]:
-    """The tensor map's device-axis indices per tensor dimension, major first. MindSpore lists a 1-D parameter
-    split over several axes (2D tensor parallel's norm weights, split ("x", "y")) as one entry per axis, as the
-    dimension expanded into one sub-dimension per axis (the layout's expanded slice shape is [1, ..., size/t]);
-    a split of one dimension of a 2-D or larger tensor over several axes is not supported."""
-    if len(tensor_map) > ndim == 1:
+def _axes_per_dimension(tensor_map: list, full_shape: list, slice_shape, dev_matrix: list) -> list[tuple]:
+    """The tensor map's device-axis indices per tensor dimension, major first. MindSpore lists a dimension split over
+    several axes as one entry per axis, the first the most significant (its _expand_layout): 2D tensor parallel's
+    1-D norm weights split ("x", "y"), 3D tensor parallel's projection weights [out, in] split (y, (x, z)) as
+    [2, 0, 1]. Which entries belong to which dimension follows from the slice shape: consecutive entries whose
+    device axes multiply to the parts the dimension is cut into (a nested map is taken as it is)."""
+    ndim = len(full_shape)
+    if len(tensor_map) == ndim:
+        return [tuple(k) if isinstance(k, (list, tuple)) else (k,) for k in tensor_map]
+    if ndim == 1:
         return [tuple(tensor_map)]
-    if len(tensor_map) != ndim or any(isinstance(k, (list, tuple)) for k in tensor_map):
-        raise ValueError(f"tensor map {tensor_map} splits one dimension over several axes; not supported")
-    return [(k,) for k in tensor_map]
+    if slice_shape is None or len(slice_shape) != ndim:
+        raise ValueError(f"tensor map {tensor_map} of a {ndim}-D tensor needs its slice shape to group; not given")
+    ways = [dev_matrix[len(dev_matrix) - 1 - k] if k >= 0 else 1 for k in tensor_map]
+
+    def groups(start: int, dim: int) -> list[tuple] | None:
+        if dim == ndim:
+            return [] if start == len(tensor_map) else None
+        parts = full_shape[dim] // slice_shape[dim]
+        for end in range(start + 1, len(tensor_map) - (ndim - dim - 1) + 1):
+            rest = groups(end, dim + 1) if math.prod(ways[start:end]) == parts else None
+            if rest is not None:
+                return [tuple(tensor_map[start:end]), *rest]
+        return None
+
+    found = groups(0, 0)
+    if found is None:
+        raise ValueError(f"tensor map {tensor_map} does not split {full_shape} into slices {slice_shape}")
+    return found
 
 
 def local_slice(layout: tuple, rank: int) -> tuple[slice, ...]:
@@ -68,7 +87,8 @@ def local_slice(layout: tuple, rank: int) -> tuple[slice, ...]:
     dev_matrix, tensor_map, full_shape, opt_group = list(layout[0]), list(layout[1]), list(layout[6]), layout[5]
     coordinate = _coordinate(rank, dev_matrix)
     used, index = [], []
-    for size, keys in zip(full_shape, _axes_per_dimension(tensor_map, len(full_shape))):
+    slice_shape = list(layout[2]) if layout[2] is not None else None
+    for size, keys in zip(full_shape, _axes_per_dimension(tensor_map, full_shape, slice_shape, dev_matrix)):
         parts, at = 1, 0
         for axis in (len(dev_matrix) - 1 - k for k in keys if k >= 0):
             parts, at = parts * dev_matrix[axis], at * dev_matrix[axis] + coordinate[axis]

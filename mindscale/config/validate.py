@@ -522,13 +522,6 @@ def _nd_tensor_parallel(cfg: Config) -> None:
             f"{keys} with parallel.sequence_parallel=true: {name} already splits the residual stream and "
             f"norms over all t ranks, so sequence parallel has nothing left to split; set it to false, {leave}"
         )
-    if three and cfg.checkpoint.load_path:
-        raise ConfigError(
-            f"{keys} with checkpoint.load_path={cfg.checkpoint.load_path}: 3D tensor parallel splits each "
-            f"projection weight's input features over two mesh axes (x, z), a layout models/weights.py cannot slice "
-            f"full weights into (local_slice: \"splits one dimension over several axes; not supported\"); load "
-            f"with 2D tensor parallel (tp_z=1) or train from scratch, {leave}"
-        )
     tokens = cfg.train.micro_batch_size * model.seq_length // parallel.context_parallel
     split = tp_z * math.lcm(tp_x, tp_y)
     if three and tokens % split:

@@ -20,7 +20,7 @@ import pytest
 
 from mindscale.config import Layout, load_config
 from mindscale.launch.compiled_ir import read_validate_ir
-from mindscale.perf import planner
+from mindscale.perf import flops, planner
 from test_dryrun import dryrun
 from test_offload import LLAMA3_405B, SMALL, moves_of, nbytes
 
@@ -151,52 +151,53 @@ def test_compiled_traffic_grows_with_comm_by_what_the_planner_adds(compiled):
     assert compiled[1] > compiled[0] and compiled[1] - compiled[0] == pytest.approx(planned[1] - planned[0])
 
 
-# 2D tensor parallel (2 x 4, no sequence parallel: the stream is split along its width) of the same twin, widths
-# that tell h/x, h/t, f/y and f/t apart: what each kind of layer keeps is the planner's nd_tp_layer_bytes.
-TWIN_2D = [
+# 2D (2 x 4) and 3D (2 x 2 x 2) tensor parallel of the same twin, no sequence parallel (the stream is split over t
+# already), at widths that tell h/x, h/t, T/z, f/y and f/t apart: what each kind of layer keeps is the planner's
+# nd_tp_layer_bytes.
+ND_TWIN = [
     *TWIN,
     "model.num_heads=8",
     "model.num_kv_heads=8",
     "model.ffn_hidden_size=192",
+    "model.seq_length=128",
     "parallel.data_parallel=1",
     "parallel.model_parallel=8",
-    "parallel.tp_x=2",
-    "parallel.tp_y=4",
     "parallel.sequence_parallel=false",
     "recompute.comm=false",
 ]
-OUTPUT = re.compile(
-    r"\n  (%\d+)\([^)]*\) = (\w+)\([^\n]*\n\s*: \([^\n]*?\) -> \(([^\n]*)\)\n\s*# Fullname with scope: \(([^)]*)\)"
-)
+SPLITS = {"2d": ["parallel.tp_x=2", "parallel.tp_y=4"], "3d": ["parallel.tp_x=2", "parallel.tp_y=2", "parallel.tp_z=2"]}
+OUTPUT = re.compile(r"\n  (%\d+)\([^)]*\) = (\w+)\([^\n]*\n\s*: \([^\n]*?\) -> \(([^\n]*)\)")
 
 
-@pytest.fixture(scope="module")
-def compiled_2d(tmp_path_factory):
-    ir_dir = tmp_path_factory.mktemp("nd_tp")
-    [report] = dryrun(LLAMA3_405B, *TWIN_2D, ir_dir=ir_dir)
-    cfg = load_config(LLAMA3_405B, TWIN_2D)
+@pytest.fixture(scope="module", params=sorted(SPLITS))
+def compiled_nd(request, tmp_path_factory):
+    sets = [*ND_TWIN, *SPLITS[request.param]]
+    ir_dir = tmp_path_factory.mktemp(request.param)
+    [report] = dryrun(LLAMA3_405B, *sets, ir_dir=ir_dir)
     ir = read_validate_ir(ir_dir / "rank0")
-    return cfg, report, subgraphs(ir), moves_of(ir)
+    return load_config(LLAMA3_405B, sets), report, subgraphs(ir), moves_of(ir)
 
 
-def test_a_2d_layer_keeps_what_the_planner_counts(compiled_2d):
-    """The kept layer's forward hands its backward (the Partial's arguments, less its weights' compute-dtype copies
-    and norm weights, which the planner counts with the weights): its norms' fp32 inputs and outputs, the inputs
-    all-gathered over y (h/x) and over x (the attention's and SwiGLU's products, /y), Q, K, V, the gate, up and
-    SiLU(gate) split over t, the attention's output and statistics, and a 2-byte attention scalar. A fully
-    recomputed layer's forward takes its input and every collective's output it reads (the five column inputs
-    each on its own); the offloaded layer moves all but Q, K, V and what the parallel pass inserted."""
-    cfg, report, graphs, moves = compiled_2d
-    assert report["planned"]["shape_mismatches"] == {} and Layout.of(cfg, "Ascend").nd_tp
+def test_a_2d_or_3d_layer_keeps_what_the_planner_counts(compiled_nd):
+    """The kept layer's forward hands its backward (the Partial's arguments) its weights' compute-dtype copies (3D:
+    gathered over z, t/z of each), its norm weights, and what the planner counts: the norms' fp32 inputs and
+    outputs, the inputs all-gathered over y (h/x) and over x (the attention's and SwiGLU's products, /y), Q, K, V,
+    the gate, up and SiLU(gate) split over t, the attention's output and statistics, and a 2-byte attention scalar.
+    A fully recomputed layer's forward takes its input and the collective outputs it reads instead of
+    communicating; the offloaded layer moves all that the planner says it does."""
+    cfg, report, graphs, moves = compiled_nd
+    layout = Layout.of(cfg, "Ascend")
+    assert report["planned"]["shape_mismatches"] == {} and layout.nd_tp
     [forward] = [body for _, body in layer_graphs(graphs, KEPT).values() if "= Partial(@" in body]
     args = re.search(r"= Partial\(@\S+?, ([^)]*)\)", forward).group(1).split(", ")
-    outputs = {name: (op, out, scope) for name, op, out, scope in OUTPUT.findall(forward)}
+    outputs = {name: (op, out) for name, op, out in OUTPUT.findall(forward)}
     kept = sum(
         sum(nbytes(dtype, shape) for dtype, shape in TENSOR.findall(out))
-        for op, out, scope in (outputs[a] for a in args if a in outputs)
-        if op != "TensorMove" and not re.search(r"-Linear/Cast-op\d+$", scope)
+        for op, out in (outputs[a] for a in args if a in outputs)
+        if op not in ("TensorMove", "Load")  # the norm weights
     )
-    assert kept == planner._model_layer_activation_bytes(cfg, "none", True) + 2
+    weights = flops.layer_matmul_params(cfg.model) / (layout.tp_x * layout.tp_y) * 2  # bf16
+    assert kept == planner._model_layer_activation_bytes(cfg, "none", True) + 2 + weights
     [(params, _)] = [g for name, g in layer_graphs(graphs, RECOMPUTED).items() if "▸" in name]
     taken = sum(nbytes(dtype, shape) for dtype, shape in TENSOR.findall(params))
     assert taken == planner._model_layer_activation_bytes(cfg, "full", True)

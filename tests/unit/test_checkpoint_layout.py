@@ -1,10 +1,14 @@
 """A sharded checkpoint resumes only under the layout its slices were written for: state.json's "layout"
 (mindscale/train/checkpoints/folder.py), compared by the Checkpointer before it reads a slice."""
 
+import math
+
+import numpy as np
 import pytest
 
 from mindscale.config import REPO_ROOT, Layout, load_config
 from mindscale.train.checkpoints.folder import RECORD_ADDED, layout_record, same_layout
+from models.weights import take_slice
 
 MIXTRAL = REPO_ROOT / "configs" / "mixtral" / "mixtral_8x7b.yaml"  # dp8 x pp8 x ep8, 3 chunks a stage
 ONE_CHUNK = ["parallel.pipeline_interleave=1", "parallel.stage_offset=0"]
@@ -104,3 +108,27 @@ def test_more_workers_and_pipelines_keep_the_batch_with_fewer_micro_batches():
         "--set parallel.micro_batch_num=64 --set train.global_batch_size=512, or 32 device(s) "
         "(parallel.data_parallel=4)"
     )
+
+
+@pytest.mark.parametrize(
+    "tensor_map, nested, full_shape",
+    [([2, 0, 1], [2, [0, 1]], [64, 64]), ([0, 2, 1], [0, [2, 1]], [64, 128]), ([0, 1], [[0, 1]], [64])],
+    ids=["column", "row", "norm"],
+)
+def test_a_dimension_split_over_several_axes_slices_as_mindspores_loader(tensor_map, nested, full_shape):
+    """3D tensor parallel's projection weights [out, in] come back from MindSpore's compile with one dimension split
+    over two mesh axes, listed flat (wq: (y, (x, z)) as [2, 0, 1]; wo: (x, (y, z)) as [0, 2, 1]; 2D's norms: ((x,
+    y))). Every rank's slice (models/weights.py take_slice, which checkpoint loads, reshards and exports use) equals
+    the one MindSpore's own loader cuts from the expanded layout (mindspore.parallel._tensor)."""
+    from mindspore import Tensor
+    from mindspore.parallel import _tensor
+
+    dev_matrix = [2, 2, 2]
+    full = np.arange(math.prod(full_shape), dtype=np.float32).reshape(full_shape)
+    _, expanded_map, expanded_shape = _tensor._expand_layout(dev_matrix, nested, full_shape)
+    assert expanded_map == tensor_map
+    slice_shape = [n // (2 if isinstance(k, int) and k >= 0 else 4) for n, k in zip(full_shape, nested)]
+    for rank in range(8):
+        ours = take_slice(full, (dev_matrix, tensor_map, slice_shape, 0, True, "", full_shape), rank)
+        theirs = _tensor._load_tensor(Tensor(full), dev_matrix, expanded_map, expanded_shape, rank)
+        np.testing.assert_array_equal(ours, theirs.reshape(slice_shape))

@@ -91,6 +91,7 @@ def layer_activation_bytes(
     comm: bool = True,
     tp_x: int = 1,
     tp_y: int = 1,
+    tp_z: int = 1,
 ) -> float:
     """Bytes one transformer layer keeps for backward, for one micro batch of `batch` sequences.
 
@@ -107,14 +108,13 @@ def layer_activation_bytes(
       outputs of it, which stay: under sequence parallel both all-gathered inputs and the attention's
       reduce-scatter output, 2·s·b·h + s·b·h/t; without it the attention's all-reduce output, s·b·h.
 
-    `tp_x` x `tp_y` = t > 1: 2D tensor parallel (nd_tp_layer_bytes)."""
+    `tp_x` x `tp_y` (x `tp_z`) = t > 1: 2D or 3D tensor parallel (nd_tp_layer_bytes)."""
     head_dim = head_dim or hidden // heads
     if tp_x * tp_y > 1:
-        layer = nd_tp_layer_bytes(
-            seq * batch, hidden, heads, kv_heads, ffn, head_dim, tp_x, tp_y, recompute, dtypes, comm
-        )
+        split = (tp_x, tp_y, tp_z)
+        layer = nd_tp_layer_bytes(seq * batch, hidden, heads, kv_heads, ffn, head_dim, split, recompute, dtypes, comm)
         scores = 0.0 if recompute == "full" else _scores_bytes(seq, batch, heads, recompute, flash, dtypes)
-        return layer + scores / (tp_x * tp_y)
+        return layer + scores / (tp_x * tp_y * tp_z)
     sbh = seq * batch * hidden
     split = t if sp else 1
     if recompute == "full":  # only the layer input is kept
@@ -156,46 +156,58 @@ def nd_tp_layer_bytes(
     kv_heads: int,
     ffn: int,
     head_dim: int,
-    x: int,
-    y: int,
+    split: tuple[int, int, int],
     recompute: str,
     dtypes: ActivationDtypes,
     comm: bool,
 ) -> float:
-    """What a SwiGLU layer keeps for its backward under 2D tensor parallel (t = x·y), per micro batch of `tokens`
-    tokens on one rank, as the validate IR of a LLaMA twin's layer graph hands it to its backward (the arguments of
-    the forward's `Partial`; tests/dryrun/test_nd_tensor_parallel.py, docs/planner.md "2D tensor parallel"):
+    """What a SwiGLU layer keeps for its backward under 2D or 3D tensor parallel (`split` = (x, y, z), t = x·y·z, z = 1
+    for 2D), per micro batch of `tokens` tokens on one rank, as the validate IR of a LLaMA twin's layer graph hands it
+    to its backward (the arguments of the forward's `Partial`; tests/dryrun/test_kept_activations.py, docs/planner.md
+    "2D and 3D tensor parallel"). The residual stream is split over t: its width over (x, y) in 2D, its tokens over
+    (z, y) and its width over x in 3D.
 
-    * each norm (models/layers.py WidthSplitRMSNorm, composite) its fp32 input and normalised output, h/t wide,
-      and the reciprocal RMS per token;
-    * the column-parallel inputs all-gathered over y, h/x wide: one for wq, wk and wv, one for w1 and w3;
+    * each norm (models/layers.py WidthSplitRMSNorm, composite) its fp32 input and normalised output, a t-th of the
+      stream each, and the reciprocal RMS per token of the rank's rows;
+    * the column-parallel inputs all-gathered over y, [T/z, h/x]: one for wq, wk and wv, one for w1 and w3;
     * Q, K, V, the attention's output and softmax statistics, split over t as under 1D;
-    * the row-parallel inputs all-gathered over x: the attention's output (heads·d/y) and the SwiGLU product (f/y);
+    * the row-parallel inputs all-gathered over x: the attention's output [T/z, heads·d/y] and the SwiGLU product
+      [T/z, f/y];
     * the gate, the up projection and SiLU(gate), f/t wide;
     * the attention core's (_scores_bytes, split over t), which the caller adds.
 
-    A fully recomputed layer keeps its input (h/t); without recompute.comm also every forward collective's output
-    the recomputed forward reads instead of communicating: the norms' fp32 sums of squares, each of the five column
-    projections' gathered input, and both row projections' (nd_tp_gathered_bytes)."""
-    t, act = x * y, dtypes.act
+    A fully recomputed layer keeps its input and, without recompute.comm, the forward collectives' outputs its
+    recomputed forward reads: the norms' fp32 sums of squares; in 2D each of the five column projections' gathered
+    input apart and both row projections' (nd_tp_gathered_bytes); in 3D instead the seven weights all-gathered over z
+    and one [T, heads·d/t] attention tensor (its other collectives run again)."""
+    x, y, z = split
+    t, act = x * y * z, dtypes.act
+    rows = tokens / (z * y) if z > 1 else tokens  # the stream's tokens on a rank: 3D splits them over (z, y)
     layer_input = tokens * hidden / t * act
     if recompute == "full":
         if comm:
             return layer_input
-        return layer_input + 2 * tokens * 4 + nd_tp_gathered_bytes(tokens, hidden, heads * head_dim, ffn, x, y, act, 5)
-    norms = 2 * (2 * dtypes.norm * tokens * hidden / t + tokens * dtypes.norm_stats)
-    gathered = nd_tp_gathered_bytes(tokens, hidden, heads * head_dim, ffn, x, y, act, 2)
+        sums = 2 * rows * 4
+        if z == 1:
+            return layer_input + sums + nd_tp_gathered_bytes(tokens, hidden, heads * head_dim, ffn, split, act, 5)
+        weights = hidden * ((2 * heads + 2 * kv_heads) * head_dim + 3 * ffn) / (x * y) * act
+        return layer_input + sums + weights + tokens * heads * head_dim / t * act
+    norms = 2 * (2 * dtypes.norm * tokens * hidden / t + rows * dtypes.norm_stats)
+    gathered = nd_tp_gathered_bytes(tokens, hidden, heads * head_dim, ffn, split, act, 2)
     qkv = tokens * (heads + 2 * kv_heads) * head_dim / t * act
     attention_out = tokens * heads * head_dim / t * act
     mlp = 3 * tokens * ffn / t * act
     return norms + gathered + qkv + attention_out + mlp
 
 
-def nd_tp_gathered_bytes(tokens: int, hidden: int, attention: int, ffn: int, x: int, y: int, act: int, inputs: int):
-    """The gathered inputs a 2D tensor-parallel layer keeps: `inputs` column-projection inputs of h/x (2 where
-    wq/wk/wv and w1/w3 share a gather, 5 in a recomputed forward, which gathers each on its own), wo's of
-    attention/y and w2's of f/y."""
-    return tokens * (inputs * hidden / x + attention / y + ffn / y) * act
+def nd_tp_gathered_bytes(
+    tokens: int, hidden: int, attention: int, ffn: int, split: tuple[int, int, int], act: int, inputs: int
+) -> float:
+    """The gathered inputs a 2D or 3D tensor-parallel layer keeps, for the T/z tokens of the rank's token group:
+    `inputs` column-projection inputs of h/x (2 where wq/wk/wv and w1/w3 share a gather, 5 in a 2D recomputed
+    forward, which gathers each on its own), wo's of attention/y and w2's of f/y."""
+    x, y, z = split
+    return tokens / z * (inputs * hidden / x + attention / y + ffn / y) * act
 
 
 def expert_slots(cfg: Config) -> int:
@@ -250,6 +262,7 @@ def _model_layer_activation_bytes(cfg: Config, recompute: str, flash: bool, gath
         comm=comm,
         tp_x=layout.tp_x,
         tp_y=layout.tp_y,
+        tp_z=layout.tp_z,
     )
     local += routed_activation_bytes(cfg, recompute) + head_norm_bytes(cfg, recompute)
     # full recompute rematerialises the gather only if it repeats communication (recompute.comm, MindSpore's
@@ -283,12 +296,12 @@ def rematerialised_bytes(cfg: Config, flash: bool) -> float:
     if cfg.recompute.comm or not (layout.sp or layout.nd_tp):
         return remat
     act = DTYPE_BYTES[model.compute_dtype]
-    if layout.nd_tp:
-        attention = model.num_heads * model.head_size
-        x, y = layout.tp_x, layout.tp_y
-        return remat - nd_tp_gathered_bytes(
-            local_tokens(cfg), model.hidden_size, attention, model.ffn_hidden_size, x, y, act, 2
+    if layout.nd_tp:  # 2D's recomputed forward reads the kept gathers; 3D's gathers them again
+        attention, split = model.num_heads * model.head_size, (layout.tp_x, layout.tp_y, layout.tp_z)
+        kept = nd_tp_gathered_bytes(
+            local_tokens(cfg), model.hidden_size, attention, model.ffn_hidden_size, split, act, 2
         )
+        return remat - (kept if layout.tp_z == 1 else 0.0)
     return remat - 2 * local_tokens(cfg) * model.hidden_size * act
 
 
@@ -323,7 +336,8 @@ def offload_resident_bytes(cfg: Config) -> float:
     parallel pass replaces FlashAttentionScore by its two half-chunk kernels, which carry no offload mark
     (llama3_1_70b_128k's twin: 40,962 bytes a layer and micro batch fewer moved, these and a [1] placeholder).
     Under 2D tensor parallel also the gathered inputs and the gate and up outputs, which leave the parallel pass's
-    all-gathers and transposes (a 2 x 2 twin's layer moved its norms', SiLU's and attention's tensors only)."""
+    all-gathers and transposes (a 2 x 2 twin's layer moved its norms', SiLU's and attention's tensors only); under
+    3D the gate and up outputs and wo's gathered input (a 2 x 2 x 2 twin moved the other gathered inputs)."""
     model, parallel = cfg.model, cfg.parallel
     tokens = local_tokens(cfg)
     queries = tokens * model.num_heads * model.head_size / parallel.model_parallel * DTYPE_BYTES[model.compute_dtype]
@@ -332,10 +346,13 @@ def offload_resident_bytes(cfg: Config) -> float:
     if layout.cp_load_balance:
         stats = tokens * model.num_heads / parallel.model_parallel * FLASH_STATS_WIDTH * 4 * 2  # max and sum, fp32
         resident += queries + stats  # the output has the queries' shape
-    if layout.nd_tp:  # what the parallel pass inserts for 2D matmuls carries no offload mark: gathers, transposes
+    if layout.nd_tp:  # what the parallel pass inserts for the matmuls carries no offload mark, but 3D's gathers do
         act, attention = DTYPE_BYTES[model.compute_dtype], model.num_heads * model.head_size
-        gathered = nd_tp_gathered_bytes(
-            tokens, model.hidden_size, attention, model.ffn_hidden_size, layout.tp_x, layout.tp_y, act, 2
+        split = (layout.tp_x, layout.tp_y, layout.tp_z)
+        gathered = (
+            nd_tp_gathered_bytes(tokens, model.hidden_size, attention, model.ffn_hidden_size, split, act, 2)
+            if layout.tp_z == 1
+            else tokens / layout.tp_z * attention / layout.tp_y * act  # wo's input only
         )
         resident += gathered + 2 * tokens * model.ffn_hidden_size / layout.tp * act  # and the gate and up outputs
     return resident
@@ -348,12 +365,12 @@ def offloaded_layer_bytes(cfg: Config, layout: Layout | None = None) -> float:
     parallel its column-parallel inputs gathered, or split with recompute.comm), less what stays resident. When
     each layer is its own reused graph (graph_reuse "layer": one micro batch a step) the compute-dtype copies of
     its matmul weights move too, where they differ from the parameter dtype (the casts are ops of the offloaded
-    layer; in a reused loss network, graph_reuse "model", they are not moved)."""
+    layer; in a reused loss network, graph_reuse "model", they are not moved, nor are 3D's, gathered over z)."""
     model, layout = cfg.model, layout or _layout(cfg)
     cb = DTYPE_BYTES[model.compute_dtype]
     weights = (
         flops.layer_matmul_params(model) / layout.tp * cb
-        if layout.graph_reuse == "layer" and model.compute_dtype != model.param_dtype
+        if layout.graph_reuse == "layer" and model.compute_dtype != model.param_dtype and layout.tp_z == 1
         else 0.0
     )
     kept = _model_layer_activation_bytes(cfg, "none", layout.attention == "flash")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from mindscale.config import Config
+from mindscale.config import Config, Layout
 from mindscale.perf.planner.activations import _kv_bytes, _stage_layer_roles, expert_slots, local_tokens, mtp_modules_on
 from mindscale.perf.planner.caches import _GRADIENT_BYTES, _layout, _stored_key
 from mindscale.perf.planner.parameters import embedding_copied, optimizer_shard, parameter_slices
@@ -56,14 +56,19 @@ def load_balance_bytes_per_layer(cfg: Config) -> float:
     return _cp_passes(cfg) * 2 * half * DTYPE_BYTES[model.compute_dtype]
 
 
-# 2D tensor parallel's collectives per layer and micro batch (validate IR): over x, 5 reduce-scatters (wq, wk, wv, w1,
-# w3) and 2 all-gathers (wo, w2) forward and as many the other way backward; over y, 2 all-gathers (the shared inputs)
-# and 2 reduce-scatters (wo, w2) forward, mirrored backward; the two norms' all-reduces forward and backward
-ND_TP_COLLECTIVES = 2 * 7 + 2 * 4 + 4
-# 3D: as 2D over x and y, plus the 7 weights' all-gathers over z (their gradients reduce-scattered backward), the
-# four redistributions of q, k, v and the attention output between the token split and the head split (an all-gather
-# over x, then over z, each mirrored backward); the norms' all-reduces over x
-TP3D_COLLECTIVES = 2 * (7 + 4 + 7 + 2 * 4) + 4
+def nd_tp_groups(layout: Layout) -> dict[str, tuple[int, int, int]]:
+    """2D and 3D tensor parallel's communication groups (nd_tp_bytes_by_group's keys): (stride, size, collectives per
+    layer and micro batch, forward and backward), ranks numbered x innermost, then z, then y (models/layers.py
+    tp_mesh). 2D (validate IR): over x, 5 reduce-scatters (wq, wk, wv, w1, w3) and 2 all-gathers (wo, w2) forward
+    and as many the other way backward; over y, 2 all-gathers (the shared inputs) and 2 reduce-scatters (wo, w2)
+    forward, mirrored backward; the two norms' all-reduces over all t, forward and backward. 3D: as 2D over x and y,
+    with the norms' all-reduces over x; the 7 weights' all-gathers over z (their gradients reduce-scattered
+    backward); the four redistributions of q, k, v and the attention output between the token split and the head
+    split, an all-gather over x, then over z, each mirrored backward ("heads", over x·z)."""
+    x, y, z = layout.tp_x, layout.tp_y, layout.tp_z
+    if z == 1:
+        return {"x": (1, x, 2 * 7), "y": (x, y, 2 * 4), "t": (1, x * y, 4)}
+    return {"x": (1, x, 2 * 7 + 4), "z": (x, z, 2 * 7), "y": (x * z, y, 2 * 4), "heads": (1, x * z, 2 * 2 * 4)}
 
 
 def nd_tp_bytes_by_group(cfg: Config, role: str = "kept") -> dict[str, float]:
@@ -123,10 +128,6 @@ def _tp3d_bytes_by_group(cfg: Config, role: str) -> dict[str, float]:
         "z": passes * over_z * dtype,
         "heads": passes * heads * dtype,
     }
-
-
-def _nd_tp_collectives(layout) -> int:
-    return TP3D_COLLECTIVES if layout.tp_z > 1 else ND_TP_COLLECTIVES
 
 
 def nd_tp_bytes_per_layer(cfg: Config, role: str = "kept") -> float:
@@ -239,7 +240,9 @@ def communication(cfg: Config, stage: int) -> dict:
         "tp_vocab": tp_vocab,
         "tp": tp,
         "tp_per_layer_by_group": _mean_by_group(cfg, roles) if layout.nd_tp else {"t": tp_per_layer},
-        "tp_collectives_per_layer": _nd_tp_collectives(layout) if layout.nd_tp else (2 * all_reduces if t > 1 else 0),
+        "tp_collectives_per_layer": sum(ops for _, _, ops in nd_tp_groups(layout).values())
+        if layout.nd_tp
+        else (2 * all_reduces if t > 1 else 0),
         "tp_vocab_collectives": (2 * vocab_ends if t > 1 else 0) + 4 * head_gathers,
         "cp_per_layer": cp_per_layer,
         "cp_exchange_per_layer": load_balance_bytes_per_layer(cfg),

@@ -20,7 +20,7 @@ from mindscale.config import Config, Layout
 from mindscale.perf import flops
 from mindscale.perf.planner.activations import offloaded_layer_bytes
 from mindscale.perf.planner.caches import _layout
-from mindscale.perf.planner.communication import communication
+from mindscale.perf.planner.communication import communication, nd_tp_groups
 from mindscale.perf.planner.schedule import bubble_fraction, pipeline_sends
 from mindscale.perf.planner.speed import SpeedModel, collective_s, ranks_per_server, send_s, stage_compute_s
 
@@ -84,18 +84,11 @@ def _stage_slot(cfg: Config, stage: int, comm: dict, peak: float, speed: SpeedMo
     return exposed
 
 
-# 2D tensor parallel's groups (communication.nd_tp_bytes_by_group): (stride, size, collectives per layer); ranks are
-# numbered x innermost (models/layers.py tp_mesh): 7 all-gathers and reduce-scatters a layer each way over x, 4 over
-# y, and the norms' 4 all-reduces over all t.
-def _nd_tp_groups(layout: Layout) -> dict[str, tuple[int, int, int]]:
-    return {"x": (1, layout.tp_x, 2 * 7), "y": (layout.tp_x, layout.tp_y, 2 * 4), "t": (1, layout.tp, 4)}
-
-
 def tensor_parallel_s(cfg: Config, comm: dict, layers: int) -> float:
     """Seconds of one micro batch's tensor-parallel collectives on one rank of a stage with `layers` layers (its
-    traffic `comm`): one group of t ranks in 1D; under 2D each group on its own ranks, the x group's neighbours and
-    the y group's ranks tp_x apart, so that a group of r ranks in a server's HCCS mesh drives r - 1 of its links,
-    not t - 1. The output head's traffic is timed over all t."""
+    traffic `comm`): one group of t ranks in 1D; under 2D and 3D each group on its own ranks
+    (communication.nd_tp_groups), so that a group of r ranks in a server's HCCS mesh drives r - 1 of its links, not
+    t - 1. The output head's traffic is timed over all t."""
     layout, n = _layout(cfg), cfg.hardware.devices_per_node
     t = layout.tp
     head = collective_s(
@@ -118,7 +111,7 @@ def tensor_parallel_s(cfg: Config, comm: dict, layers: int) -> float:
             ranks_per_server(layout, stride, size, n),
             ops * layers,
         )
-        for group, (stride, size, ops) in _nd_tp_groups(layout).items()
+        for group, (stride, size, ops) in nd_tp_groups(layout).items()
     )
 
 

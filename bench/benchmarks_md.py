@@ -6,7 +6,15 @@ import json
 import sys
 from pathlib import Path
 
-from bench import compiled_memory, data_index, data_wait, micro_batch_compile, preprocess_throughput, published_ascend
+from bench import (
+    communication_targets,
+    compiled_memory,
+    data_index,
+    data_wait,
+    micro_batch_compile,
+    preprocess_throughput,
+    published_ascend,
+)
 from mindscale.cli import fail
 from mindscale.io import write_atomically
 from mindscale.perf.flops import formula_text
@@ -86,6 +94,11 @@ def targets_table(results: dict) -> list[str]:
         rows += [
             f"| {label} | {measured} | {verdict(ok)} |"
             for label, measured, ok in published_ascend.targets(results["published_ascend"])
+        ]
+    if results.get("communication_targets"):
+        rows += [
+            f"| {label} | {measured} | {verdict(ok)} |"
+            for label, measured, ok in communication_targets.targets(results["communication_targets"])
         ]
     lin, ceiling = linearity_value(results), results["linearity"].get("ceiling")
     bound = f" (all-reduce ceiling {fmt(ceiling['value'], 3)}, §3)" if ceiling else ""
@@ -475,6 +488,7 @@ def render(results: dict, changes: str) -> str:
         *micro_batch_compile.section(results),
         *published_ascend.section(results),
         *compiled_memory.section(results),
+        *communication_targets.section(results),
     ]
     failed = failures(results["throughput"]) + failures(results["compile"])
     if failed:

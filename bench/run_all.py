@@ -30,7 +30,9 @@ as failed with its last error line, never dropped):
 10. compile time against micro batches (bench/micro_batch_compile.py): rank 0 of llama2_13b's layout under
    the dry run at 8, 64 and 256 micro batches a step, MindScale against MindFormers;
 11. the planner's speed model against published 910B throughput (bench/published_ascend.py): every row of
-   bench/published_ascend.yaml predicted, with its error (no run: the anchors' figures, the planner's predictions).
+   bench/published_ascend.yaml predicted, with its error (no run: the anchors' figures, the planner's predictions);
+13. the communication optimisations' targets (bench/communication_targets.py): the planner's predictions for the
+   405B configs, LLaMA-2 at MindSpeed-LLM's card counts and section 6's layouts (no run).
 Results go to output/bench/results.json and, rendered by bench/benchmarks_md.py, to --out.
 `--set` overrides reach every throughput, linearity and checkpoint run (e.g. a tiny model for a smoke test);
 phase 6 keeps its own scaled widths.
@@ -51,6 +53,7 @@ from pathlib import Path
 
 from bench import (
     SYSTEMS,
+    communication_targets,
     data_index,
     data_wait,
     dryrun_compare,
@@ -515,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     results["data_wait"] = data_wait.run(log)
     results["micro_batch_compile"] = micro_batch_compile.run(log)
     results["published_ascend"] = published_ascend.run(log)
+    results["communication_targets"] = communication_targets.run(log)
     log("GEMM peaks again")
     results["gemm"] = best_gemm_peaks(first_peaks, gemm_peaks(cores[0]))
     results["load_1m_end"] = os.getloadavg()[0]

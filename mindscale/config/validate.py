@@ -943,6 +943,14 @@ def _copies(cfg: Config) -> None:
             "its micro_interleaved_index labels, so nothing orders one copy's collectives against the other's "
             "compute; docs/communication.md); set run.reuse_layer_graph=false, or micro_batch_interleave=1"
         )
+    steps = cfg.parallel.gradient_accumulation_steps
+    if cfg.parallel.pipeline_stage == 1 and steps > 1:
+        raise ConfigError(
+            f"communication.micro_batch_interleave={n} with parallel.gradient_accumulation_steps={steps} and no "
+            "pipeline stages: MindSpore 2.9's micro-interleave pass fails on the accumulation's micro-batch loop "
+            "(\"Cannot find micro info for node ... MicroBatches\", measured under the dry run); set "
+            "gradient_accumulation_steps=1 (a larger micro batch), pipeline stages, or micro_batch_interleave=1"
+        )
     if cfg.train.micro_batch_size % n:
         raise ConfigError(
             f"communication.micro_batch_interleave={n} does not divide train.micro_batch_size="

@@ -199,3 +199,20 @@ def test_the_backend_turns_row_parallel_matmuls_and_their_all_reduces_into_one_k
         layers = len(layout.layers_of_stage(report["stage"]))
         assert not nodes(ir, "MatMulAllReduce")
         assert len(nodes(backend, "MatMulAllReduce")) == 2 * layers * layout.micro_steps
+
+
+def test_copies_compile_without_pipeline_stages(tmp_path):
+    """Multi-copy parallel on one stage (dp2 x tp2, one micro batch of 2 rows a step): the rows split in two, each
+    copy's forward all-reduces labelled and ordered, as many in each. With accumulation steps and no stages MindSpore
+    2.9 fails ("Cannot find micro info"), which config/validate.py refuses (tests/unit/test_communication_keys.py)."""
+    sets = [*TWIN, "parallel.pipeline_stage=1", "parallel.micro_batch_num=1", "run.reuse_layer_graph=false"]
+    [report] = dryrun(TINY_LLAMA, *sets, "communication.micro_batch_interleave=2", ranks="0", ir_dir=tmp_path)
+    ir = read_validate_ir(tmp_path / "rank0")
+    assert report["stage"] == 0 and ir.count("interleave_num: I64(2)") > 0
+    forward = [line for line in nodes(ir, "AllReduce") if "instance name: forward_op_" in line]
+    assert forward and Counter(TAG.search(line).group(1) for line in forward) == {
+        "0": len(forward) / 2,
+        "1": len(forward) / 2,
+    }
+    ordered = Counter(COPY.search(line).group(1) for line in forward if COPY.search(line))
+    assert set(ordered) == {"0", "1"} and len(set(ordered.values())) == 1

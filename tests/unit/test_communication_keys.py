@@ -44,6 +44,16 @@ REFUSED = {  # case: (overrides, what the line must say)
         "does not divide train.micro_batch_size=1",
     ),
     "no copies": (["communication.micro_batch_interleave=0"], "must be >= 1"),
+    "copies in an accumulation loop": (
+        [
+            *INLINED,
+            "parallel.pipeline_stage=1",
+            "parallel.micro_batch_num=1",
+            "parallel.gradient_accumulation_steps=2",
+            "communication.micro_batch_interleave=2",
+        ],
+        "with parallel.gradient_accumulation_steps=2 and no pipeline stages",
+    ),
     "1f1b overlap without stages": (
         [*SHARDED, "parallel.pipeline_stage=1", "parallel.micro_batch_num=1", "communication.pp_1f1b_overlap=true"],
         "communication.pp_1f1b_overlap needs parallel.pipeline_stage > 1",

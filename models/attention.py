@@ -165,10 +165,11 @@ class FlashAttention(nn.Cell):
         ulysses: tuple | None = None,
         packed_slots: int = 1,
         row_blocks: int = 1,
+        recompute_view: bool = False,
     ):
         """ulysses: (tp, cp) for the all-to-all form of context parallel, else None. For packed data
         (`sequence_ends`): packed_slots, the ends a row gives the kernel (its examples' and its padding's), and
-        Layout.row_blocks."""
+        Layout.row_blocks. recompute_view: Layout.recomputes_attention_view."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.causal_mask = flash_causal_mask()
@@ -182,6 +183,9 @@ class FlashAttention(nn.Cell):
         self.flash_packed = FlashAttentionScore(
             head_num=num_heads, scale_value=1.0 / math.sqrt(head_dim), next_tokens=0, input_layout="TND", sparse_mode=3
         )
+        self.merge_rows = ops.Reshape()  # the kernel's output [B, S, heads * d] (or [T, heads, d]) as wo's [B*S, .]
+        if recompute_view:
+            self.merge_rows.recompute()
         self.row_blocks = row_blocks
         self.slot_shift = ops.Add()
         self.slot_of = ops.FloorMod()
@@ -238,7 +242,7 @@ class FlashAttention(nn.Cell):
         k = k.reshape(b * s, self.num_kv_heads, d)
         v = v.reshape(b * s, self.num_kv_heads, d)
         _, _, _, out = self.flash_packed(q, k, v, None, None, None, self.causal_mask, None, ends, ends)
-        return out.reshape(b * s, n * d)
+        return self.merge_rows(out, (b * s, n * d))
 
     def construct(self, q, k, v, segment_ids=None):
         """segment_ids [B, S] of packed data: each example attends within itself (`packed`)."""
@@ -253,7 +257,7 @@ class FlashAttention(nn.Cell):
         k = k.reshape(b, s, self.num_kv_heads * d)
         v = v.reshape(b, s, self.num_kv_heads * d)
         _, _, _, out = self.flash(q, k, v, None, None, None, self.causal_mask, None)
-        return out.reshape(b * s, n * d)
+        return self.merge_rows(out, (b * s, n * d))
 
     def shard_strategies(self, style: str, layout) -> dict:
         dp, cp, tp = layout.dp, layout.cp, layout.tp

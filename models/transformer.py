@@ -92,6 +92,7 @@ def attention_core(m: ModelConfig, layout: Layout) -> nn.Cell:
             (layout.tp, layout.cp) if layout.ulysses else None,
             layout.packed_examples + 1,
             layout.row_blocks,
+            layout.recomputes_attention_view,
         )
     core = SplitCausalAttention if layout.cpu_kernels else CompositeAttention
     return core(m.num_heads, m.kv_heads, head_dim, m.seq_length, DTYPES[m.compute_dtype])

@@ -160,6 +160,17 @@ class Layout:
         return self.tp_x * self.tp_y > 1
 
     @property
+    def recomputes_attention_view(self) -> bool:
+        """Whether the backward recomputes the flash-attention output's [B·S, heads·d] view that wo reads, rather than
+        keep it (models/attention.py, FlashAttention.merge_rows). Kept, it is a second buffer wherever a layer runs as
+        a kernel graph of its own (a step of more than 64 layer-graph calls: docs/planner.md, "One kernel graph or
+        many"); recomputed, the backward reshapes the output the kernel's backward keeps anyway. At t = 1 that took
+        the many-graph step's executed peak from 7,805 to 7,677 MiB (llama2_7b widths, 2 stages, 65 micro batches;
+        the one-graph step 7,684). Under tensor parallel it removed nothing and added 80 MiB to the one-graph step
+        (llama2_13b widths, tp 2), so it is not done there."""
+        return self.attention == "flash" and self.tp == 1
+
+    @property
     def token_rows(self) -> int:
         """Into how many parts the token dimension of [B*S, h] activations is split: data parallel x context
         parallel. With one row per data-parallel rank (validate.py asks micro_batch_size 1 under cp) part

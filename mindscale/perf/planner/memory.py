@@ -142,11 +142,14 @@ def _split_views_bytes(cfg: Config, layout: Layout) -> float:
     """What a layer call in flight holds more when MindSpore runs the step as many kernel graphs (over
     ONE_GRAPH_CALLS calls of the layer graph): the layer's forward is then a graph of its own, and a kept tensor and
     its kept view (the flash-attention output and the reshape `wo` reads) are two buffers where the one graph has one.
-    Per micro batch, in the compute dtype: one [S, H] tensor without tensor parallel; with it, an [S, H/t] one and an
-    [S/t, H] one (sequence parallel) or [S, H] one (without). Fitted on the executed level-1 steps of the llama2_7b
-    and llama2_13b twins at t = 1, 2 and 4, which held 0.89-1.05 of it more (docs/planner.md, "One kernel graph or
-    many")."""
+    Per micro batch, in the compute dtype: one [S, H] tensor without tensor parallel, none where the backward
+    recomputes the view (Layout.recomputes_attention_view); with tensor parallel, an [S, H/t] tensor and an [S/t, H]
+    one (sequence parallel) or [S, H] one (without). Fitted on the executed level-1 steps of the llama2_7b and
+    llama2_13b twins at t = 1, 2 and 4, which held 0.89-1.05 of it more (docs/planner.md, "One kernel graph or
+    many"); at t = 1 with the view recomputed, 7 MiB less than the one-graph step."""
     t = layout.tp
+    if t == 1 and layout.recomputes_attention_view:
+        return 0.0
     per_token = cfg.model.hidden_size * DTYPE_BYTES[cfg.model.compute_dtype]
     views = 1.0 if t == 1 else 1 / t + (1 / t if layout.sp else 1.0)
     return local_tokens(cfg) * per_token * views

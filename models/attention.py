@@ -183,9 +183,9 @@ class FlashAttention(nn.Cell):
         self.flash_packed = FlashAttentionScore(
             head_num=num_heads, scale_value=1.0 / math.sqrt(head_dim), next_tokens=0, input_layout="TND", sparse_mode=3
         )
+        self.recompute_view = recompute_view
         self.merge_rows = ops.Reshape()  # the kernel's output [B, S, heads * d] (or [T, heads, d]) as wo's [B*S, .]
-        if recompute_view:
-            self.merge_rows.recompute()
+        self.merge_rows.recompute()
         self.row_blocks = row_blocks
         self.slot_shift = ops.Add()
         self.slot_of = ops.FloorMod()
@@ -218,6 +218,12 @@ class FlashAttention(nn.Cell):
         x = self.all_to_all_out(x.reshape(b, s, cp, tp, self.num_heads // (tp * cp), self.head_dim), (0, 1, 2, 3, 4, 5))
         return self.swap_out(x, (0, 1, 3, 2, 4, 5)).reshape(b * s, self.num_heads * self.head_dim)
 
+    def rows_of(self, out, shape: tuple):
+        """The kernel's output as wo's [B*S, heads * d]: recomputed in the backward (Layout.recomputes_attention_view),
+        else a Tensor-method reshape, which Cell.offload leaves unmarked (a primitive's output would move to host
+        beside the output itself: 4,096 bytes more a layer in tests/dryrun/test_offload.py's twin)."""
+        return self.merge_rows(out, shape) if self.recompute_view else out.reshape(shape)
+
     def sequence_ends(self, segment_ids):
         """segment_ids [B, S] (the packed examples 1, 2, ... in order, then padding 0) -> actual_seq_qlen [B * slots]
         int32: the cumulative end of every example as FlashAttentionScore's TND layout reads them, one list per
@@ -242,7 +248,7 @@ class FlashAttention(nn.Cell):
         k = k.reshape(b * s, self.num_kv_heads, d)
         v = v.reshape(b * s, self.num_kv_heads, d)
         _, _, _, out = self.flash_packed(q, k, v, None, None, None, self.causal_mask, None, ends, ends)
-        return self.merge_rows(out, (b * s, n * d))
+        return self.rows_of(out, (b * s, n * d))
 
     def construct(self, q, k, v, segment_ids=None):
         """segment_ids [B, S] of packed data: each example attends within itself (`packed`)."""
@@ -257,7 +263,7 @@ class FlashAttention(nn.Cell):
         k = k.reshape(b, s, self.num_kv_heads * d)
         v = v.reshape(b, s, self.num_kv_heads * d)
         _, _, _, out = self.flash(q, k, v, None, None, None, self.causal_mask, None)
-        return self.merge_rows(out, (b * s, n * d))
+        return self.rows_of(out, (b * s, n * d))
 
     def shard_strategies(self, style: str, layout) -> dict:
         dp, cp, tp = layout.dp, layout.cp, layout.tp

@@ -299,7 +299,8 @@ class WidthSplitRMSNorm(RMSNorm):
     """RMSNorm of a residual stream split along its width over ("x", "y") (2D tensor parallel, Layout.nd_tp; under
     3D over x, its tokens over (z, y): stream_axes). The
     mean of squares is a MatMul with a 1/dim column, which MindSpore shards by a device-mesh layout and all-reduces
-    over tp ([tokens, 1]): its ReduceMean takes no such layout ("does not support config layout", MindSpore 2.9)."""
+    over the ranks splitting the width ([tokens, 1]; all tp in 2D, x in 3D): its ReduceMean takes no such layout
+    ("does not support config layout", MindSpore 2.9)."""
 
     def __init__(self, dim: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32):
         super().__init__(dim, eps, param_dtype, compute_dtype)

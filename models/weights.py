@@ -54,8 +54,10 @@ def _axes_per_dimension(tensor_map: list, full_shape: list, slice_shape, dev_mat
     """The tensor map's device-axis indices per tensor dimension, major first. MindSpore lists a dimension split over
     several axes as one entry per axis, the first the most significant (its _expand_layout): 2D tensor parallel's
     1-D norm weights split ("x", "y"), 3D tensor parallel's projection weights [out, in] split (y, (x, z)) as
-    [2, 0, 1]. Which entries belong to which dimension follows from the slice shape: consecutive entries whose
-    device axes multiply to the parts the dimension is cut into (a nested map is taken as it is)."""
+    [2, 0, 1]. Which entries belong to which dimension follows from the slice shape, from the last dimension back:
+    each takes the fewest trailing entries whose device axes multiply to the parts it is cut into, and the first
+    dimension the entries left (the optimizer shard may cut it further, so its slice does not tell). A nested map
+    is taken as it is."""
     ndim = len(full_shape)
     if len(tensor_map) == ndim:
         return [tuple(k) if isinstance(k, (list, tuple)) else (k,) for k in tensor_map]
@@ -64,21 +66,16 @@ def _axes_per_dimension(tensor_map: list, full_shape: list, slice_shape, dev_mat
     if slice_shape is None or len(slice_shape) != ndim:
         raise ValueError(f"tensor map {tensor_map} of a {ndim}-D tensor needs its slice shape to group; not given")
     ways = [dev_matrix[len(dev_matrix) - 1 - k] if k >= 0 else 1 for k in tensor_map]
-
-    def groups(start: int, dim: int) -> list[tuple] | None:
-        if dim == ndim:
-            return [] if start == len(tensor_map) else None
-        parts = full_shape[dim] // slice_shape[dim]
-        for end in range(start + 1, len(tensor_map) - (ndim - dim - 1) + 1):
-            rest = groups(end, dim + 1) if math.prod(ways[start:end]) == parts else None
-            if rest is not None:
-                return [tuple(tensor_map[start:end]), *rest]
-        return None
-
-    found = groups(0, 0)
-    if found is None:
-        raise ValueError(f"tensor map {tensor_map} does not split {full_shape} into slices {slice_shape}")
-    return found
+    groups, end = [], len(tensor_map)
+    for dim in range(ndim - 1, 0, -1):
+        parts, start = full_shape[dim] // slice_shape[dim], end - 1
+        while start > dim and math.prod(ways[start:end]) < parts:
+            start -= 1
+        if math.prod(ways[start:end]) != parts:
+            raise ValueError(f"tensor map {tensor_map} does not split {full_shape} into slices {slice_shape}")
+        groups.insert(0, tuple(tensor_map[start:end]))
+        end = start
+    return [tuple(tensor_map[:end]), *groups]
 
 
 def local_slice(layout: tuple, rank: int) -> tuple[slice, ...]:

@@ -42,7 +42,7 @@ class Layout:
     micro_steps: int  # micro batches per optimizer step (pipeline micro batches or accumulation)
     sharded: bool  # semi-auto parallel: the plan's .shard() strategies are compiled
     data_parallel_mode: bool  # several workers, no strategies: DATA_PARALLEL with an explicit all-reduce
-    tp_x: int  # 2D tensor parallel's degrees, tp = tp_x x tp_y (both 1: 1D; see nd_tp)
+    tp_x: int  # 2D tensor parallel's degrees, tp = tp_x x tp_y (x tp_z) (both 1: 1D; see nd_tp)
     tp_y: int
     tp_z: int  # 3D tensor parallel's third degree, tp = tp_x x tp_y x tp_z (1: 2D or 1D; see nd_tp)
     sp: bool  # sequence parallel (parallel.sequence_parallel, with tp > 1): norms and
@@ -167,8 +167,8 @@ class Layout:
         many"); recomputed, the backward reshapes the output the kernel's backward keeps anyway. At t = 1 that took
         the many-graph step's executed peak from 7,805 to 7,677 MiB (llama2_7b widths, 2 stages, 65 micro batches;
         the one-graph step 7,684). Under tensor parallel it removed nothing and added 80 MiB to the one-graph step
-        (llama2_13b widths, tp 2), so it is not done there."""
-        return self.attention == "flash" and self.tp == 1
+        (llama2_13b widths, tp 2), so it is not done there; nor under ulysses, whose all-to-all reshapes its own."""
+        return self.attention == "flash" and self.tp == 1 and not self.ulysses
 
     @property
     def token_rows(self) -> int:

@@ -486,14 +486,14 @@ class ParallelConfig:
     )
     tp_x: int = doc(
         "2D tensor parallel (MindSpore's high-dimension tensor parallel, MindFormers' tp_x): the first of the "
-        "two degrees the tensor degree t splits into, t = tp_x x tp_y. The attention and MLP projections of "
+        "degrees the tensor degree t splits into, t = tp_x x tp_y (x tp_z). The attention and MLP projections of "
         "LLaMA and Qwen then split each weight over both (x along the hidden width, y along the other) and "
         "trade each all-reduce for an all-gather over one degree and a reduce-scatter over the other; the "
         "residual stream stays split over the hidden width. 1 with tp_y 1: 1D tensor parallel "
         "(docs/dryrun.md, 2D and 3D tensor parallel).",
         1,
     )
-    tp_y: int = doc("2D tensor parallel: the second degree, t = tp_x x tp_y (tp_x).", 1)
+    tp_y: int = doc("2D tensor parallel: the second degree, t = tp_x x tp_y (x tp_z) (tp_x).", 1)
     tp_z: int = doc(
         "3D tensor parallel (MindSpore's high-dimension tensor parallel, MindFormers' tp_z): with tp_x and tp_y, "
         "the third degree, t = tp_x x tp_y x tp_z. The residual stream's tokens then split over z and y and its "

@@ -949,7 +949,8 @@ def _copies(cfg: Config) -> None:
             f"communication.micro_batch_interleave={n} with parallel.gradient_accumulation_steps={steps} and no "
             "pipeline stages: MindSpore 2.9's micro-interleave pass fails on the accumulation's micro-batch loop "
             "(\"Cannot find micro info for node ... MicroBatches\", measured under the dry run); set "
-            "gradient_accumulation_steps=1 (a larger micro batch), pipeline stages, or micro_batch_interleave=1"
+            "parallel.gradient_accumulation_steps=1 (a larger micro batch), parallel.pipeline_stage > 1, or "
+            "micro_batch_interleave=1"
         )
     if cfg.train.micro_batch_size % n:
         raise ConfigError(

@@ -394,8 +394,8 @@ def rank_layouts(config: str, overrides: list[str], cfg: Config, jobs: int, prog
         for report in progress.track(compiled, "compiling the target layout (dry run)", len(firsts), "stage"):
             if not report["compiled"]:
                 raise CheckpointError(f"the target layout does not compile: {report['error']}")
-            raw = {
-                n: (dev, tmap, None, 1, True, group, shape)
+            raw = {  # the local shape as the slice's: a 3D weight's map lists a dimension split over two axes flat
+                n: (dev, tmap, report["local_shapes"][n], 1, True, group, shape)
                 for n, (dev, tmap, shape, group) in report["layouts"].items()
             }
             for rank in layout.stage_ranks(report["stage"]):

@@ -838,7 +838,8 @@ def test_a_pipeline_stage_reads_and_holds_only_its_share_of_full_weights(staged,
         )
 
 
-CPU_SIZE = ["model.num_layers=2", "train.micro_batch_size=4"]  # beside tiny_runs.SMALL
+# beside tiny_runs.SMALL; 8 heads and kv heads so that 3D tensor parallel (2 x 2 x 2) splits them
+CPU_SIZE = ["model.num_layers=2", "train.micro_batch_size=4", "model.num_heads=8", "model.num_kv_heads=8"]
 CPU_RUN = [*tiny_runs.SMALL, *CPU_SIZE, "parallel.data_parallel=1"]
 
 
@@ -871,7 +872,9 @@ def _reshard(source, output, *overrides):
 def test_reshard_tool_round_trip_and_resume(tmp_path):
     """tools/reshard.py: a CPU run's step resharded into dp2 x mp2 x pp2 with optimizer shard (layouts
     compiled by the dry run) and back is bit-identical in weights and AdamW moments, and the CPU run
-    resumed from it continues the losses of a run never resharded (one core: deterministic)."""
+    resumed from it continues the losses of a run never resharded (one core: deterministic). So is the step
+    resharded into 3D tensor parallel (2 x 2 x 2), whose projection weights split a dimension over two mesh axes
+    (listed flat in the compiled layouts; models/weights.py groups them by the slice shape), and back."""
     _, straight = _train(tmp_path, "src", "checkpoint.save_interval=4")
     sharded = _reshard(
         tmp_path / "src" / "checkpoints" / "step_00000004",
@@ -894,6 +897,12 @@ def test_reshard_tool_round_trip_and_resume(tmp_path):
     stdout, resumed = _train(tmp_path, "back")
     assert "resumed from" in stdout and "step_00000004" in stdout
     assert [resumed[s] for s in (5, 6)] == [straight[s] for s in (5, 6)]
+    nd = ["parallel.model_parallel=8", "parallel.tp_x=2", "parallel.tp_y=2", "parallel.tp_z=2"]
+    assert _reshard(source, tmp_path / "nd", "hardware=ascend910b", *nd)["ranks"] == 8
+    _reshard(tmp_path / "nd" / "rank_5" / "step_00000004", tmp_path / "nd_back")
+    for name in (ckpt.WEIGHTS, ckpt.OPTIMIZER):
+        a, b = ckpt.read_tensors(source / name), ckpt.read_tensors(tmp_path / "nd_back" / "step_00000004" / name)
+        assert a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a), name
 
 
 def test_a_bad_strategy_is_refused_by_the_compiler():

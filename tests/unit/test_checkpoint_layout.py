@@ -46,6 +46,23 @@ def test_a_record_written_before_the_expert_and_stage_keys_is_compared_on_its_ow
     )
 
 
+def test_1d_2d_and_3d_tensor_parallel_do_not_resume_each_other():
+    """The same model_parallel cuts a projection into slices of equal shapes and other contents under 1D, 2D and 3D
+    (wq [e/2, h/4] at 2D 4 x 2 and at 3D 2 x 2 x 2): the record tells them apart; one written before it kept the
+    split resumes as before."""
+    llama = REPO_ROOT / "configs" / "llama3" / "llama3_405b.yaml"
+    nd = ["parallel.sequence_parallel=false"]
+    splits = [
+        [],
+        [*nd, "parallel.tp_x=2", "parallel.tp_y=4"],
+        [*nd, "parallel.tp_x=2", "parallel.tp_y=2", "parallel.tp_z=2"],
+    ]
+    records = [layout_record(cfg, Layout.of(cfg, "Ascend")) for cfg in (load_config(llama, s) for s in splits)]
+    assert [r["tensor_split"] for r in records] == [[1, 1, 1], [2, 4, 1], [2, 2, 2]]
+    assert not any(same_layout(a, b) for a in records for b in records if a is not b)
+    assert same_layout({k: v for k, v in records[0].items() if k != "tensor_split"}, records[0])
+
+
 def test_sharded_and_unsharded_never_match():
     assert not same_layout({}, record()) and not same_layout(record(), {}) and same_layout({}, {})
 
@@ -132,3 +149,13 @@ def test_a_dimension_split_over_several_axes_slices_as_mindspores_loader(tensor_
         ours = take_slice(full, (dev_matrix, tensor_map, slice_shape, 0, True, "", full_shape), rank)
         theirs = _tensor._load_tensor(Tensor(full), dev_matrix, expanded_map, expanded_shape, rank)
         np.testing.assert_array_equal(ours, theirs.reshape(slice_shape))
+    if len(full_shape) == 1:
+        return
+    # with a data-parallel axis in front and the optimizer shard, the slice MindSpore's layout carries is cut again
+    # along its first dimension, over the two data-parallel ranks that hold the same model-parallel slice
+    sharded = [slice_shape[0] // 2, *slice_shape[1:]]
+    for rank in range(16):
+        ours = take_slice(full, ([2, *dev_matrix], tensor_map, sharded, 0, True, "dp", full_shape), rank)
+        theirs = _tensor._load_tensor(Tensor(full), dev_matrix, expanded_map, expanded_shape, rank % 8)
+        half = theirs.reshape(slice_shape)[rank // 8 * sharded[0] : (rank // 8 + 1) * sharded[0]]
+        np.testing.assert_array_equal(ours, half)

@@ -290,7 +290,8 @@ def head_norm_bytes(cfg: Config, recompute: str) -> float:
 def rematerialised_bytes(cfg: Config, flash: bool) -> float:
     """What a fully recomputed layer adds while its backward runs: its activations, recomputed, with the
     column-parallel inputs gathered (regathered with recompute.comm; without, the forward's kept all-gather
-    outputs are read, already counted in what the layer kept)."""
+    outputs are read, already counted in what the layer kept: under sequence parallel and 2D tensor parallel; 3D's
+    recomputed forward gathers them again)."""
     remat = _model_layer_activation_bytes(cfg, "none", flash, gathered=True)
     layout, model = _layout(cfg), cfg.model
     if cfg.recompute.comm or not (layout.sp or layout.nd_tp):

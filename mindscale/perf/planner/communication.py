@@ -64,7 +64,8 @@ def nd_tp_groups(layout: Layout) -> dict[str, tuple[int, int, int]]:
     forward, mirrored backward; the two norms' all-reduces over all t, forward and backward. 3D: as 2D over x and y,
     with the norms' all-reduces over x; the 7 weights' all-gathers over z (their gradients reduce-scattered
     backward); the four redistributions of q, k, v and the attention output between the token split and the head
-    split, an all-gather over x, then over z, each mirrored backward ("heads", over x·z)."""
+    split, an all-gather over x, then over z, each mirrored backward ("heads", timed as one group of x·z: with more
+    than one data-parallel row MindSpore gathers over both at once, with one it gathers over x, then z)."""
     x, y, z = layout.tp_x, layout.tp_y, layout.tp_z
     if z == 1:
         return {"x": (1, x, 2 * 7), "y": (x, y, 2 * 4), "t": (1, x * y, 4)}
@@ -72,8 +73,9 @@ def nd_tp_groups(layout: Layout) -> dict[str, tuple[int, int, int]]:
 
 
 def nd_tp_bytes_by_group(cfg: Config, role: str = "kept") -> dict[str, float]:
-    """2D tensor parallel (parallel.tp_x x tp_y = t): ring bytes one rank sends per layer and micro batch, forward
-    and backward, by group: "x" (tp_x neighbouring ranks), "y" (tp_y ranks tp_x apart), "t" (all tp ranks).
+    """2D tensor parallel (parallel.tp_x x tp_y = t; 3D: _tp3d_bytes_by_group): ring bytes one rank sends per layer
+    and micro batch, forward and backward, by group: "x" (tp_x neighbouring ranks), "y" (tp_y ranks tp_x apart),
+    "t" (all tp ranks).
     A column-parallel projection h -> e all-gathers its input [T, h/x] over y and reduce-scatters its partial
     sums [T, e/y] over x; a row-parallel e -> h the same with x and y swapped; the backward mirrors each (a
     reduce-scatter for an all-gather). A pair h -> e -> h sends MindSpore's 2T[e(x-1) + h(y-1)]/xy forward,
@@ -230,8 +232,9 @@ def communication(cfg: Config, stage: int) -> dict:
     dp_once, dp_micro = gradient_reduce_bytes(cfg, stage)
     dp = dp_once + dp_micro * micro_batches
     sends = pipeline_sends(stages, layout.interleave, stage)  # activations out, grads back
-    stream = hidden * DTYPE_BYTES[model.residual_dtype]  # what a stage sends: the residual stream, split over t
-    tied = tied_embedding_exchange_bytes(cfg, stage)  # by sequence parallel and 2D/3D tensor parallel
+    # what a stage sends: the residual stream, split over t by sequence parallel and 2D/3D tensor parallel
+    stream = hidden * DTYPE_BYTES[model.residual_dtype]
+    tied = tied_embedding_exchange_bytes(cfg, stage)
     pp = (sends * micro_batches * stream / (t if layout.sp or layout.nd_tp else 1) if stages > 1 else 0.0) + tied
     return {
         "dp_grad_reduce": dp,

@@ -179,7 +179,7 @@ def _layout_overrides(
         "parallel.pipeline_scheduler=1f1b",
         f"parallel.stage_offset={_yaml(offset)}",
         *(  # named where 2D is tried or the config has it
-            [f"parallel.tp_x={split[0]}", f"parallel.tp_y={split[1]}"]
+            [f"parallel.tp_x={split[0]}", f"parallel.tp_y={split[1]}", "parallel.tp_z=1"]
             if split != (1, 1) or cfg.parallel.tp_x * cfg.parallel.tp_y > 1
             else []
         ),
@@ -204,7 +204,8 @@ def search(
     micro_batch_sizes: tuple = (1, 2, 4),
 ) -> list[dict]:
     """Valid (dp, mp, pp, interleave, micro batches, recompute, recompute.comm, offload; a mixture of experts'
-    expert_parallel; 2D tensor parallel where the model takes it, tensor_splits) layouts for `devices` keeping the global batch, ranked by predicted tokens/s among those that
+    expert_parallel; 2D tensor parallel where the model takes it, tensor_splits) layouts for `devices`
+    keeping the global batch, ranked by predicted tokens/s among those that
     fit. Each entry: overrides, plan. The config's context_parallel c is kept, not searched: the layouts share
     devices / c among dp x mp x pp."""
     peak = peak_tflops if peak_tflops is not None else device_peak_tflops(cfg)

@@ -146,12 +146,13 @@ def _split_views_bytes(cfg: Config, layout: Layout) -> float:
     recomputes the view (Layout.recomputes_attention_view); with tensor parallel, an [S, H/t] tensor and an [S/t, H]
     one (sequence parallel) or [S, H] one (without). Fitted on the executed level-1 steps of the llama2_7b and
     llama2_13b twins at t = 1, 2 and 4, which held 0.89-1.05 of it more (docs/planner.md, "One kernel graph or
-    many"); at t = 1 with the view recomputed, 7 MiB less than the one-graph step."""
-    t = layout.tp
-    if t == 1 and layout.recomputes_attention_view:
+    many"); at t = 1 with the view recomputed, 7 MiB less than the one-graph step. 2D and 3D tensor parallel, whose
+    stream is split as under sequence parallel, are counted so: not measured."""
+    if layout.recomputes_attention_view:
         return 0.0
+    t = layout.tp
     per_token = cfg.model.hidden_size * DTYPE_BYTES[cfg.model.compute_dtype]
-    views = 1.0 if t == 1 else 1 / t + (1 / t if layout.sp else 1.0)
+    views = 1.0 if t == 1 else 1 / t + (1 / t if layout.sp or layout.nd_tp else 1.0)
     return local_tokens(cfg) * per_token * views
 
 
@@ -188,7 +189,7 @@ def _loss_bytes(cfg: Config, layout: Layout, stage: int) -> float:
     """What the last stage holds at its loss beyond the layers' kept activations: the final norm's input, the loss's
     peak (module docstring) and the multi-token-prediction modules of each forward of the last chunk in flight."""
     model, sb, t = cfg.model, local_tokens(cfg), layout.tp
-    held = sb * model.hidden_size * 4 / (t if layout.sp else 1)  # final norm input
+    held = sb * model.hidden_size * 4 / (t if layout.sp or layout.nd_tp else 1)  # final norm input (split stream)
     # the fp32 logits (Layout.logit_split: whole on each rank of a tp group unless split), the one-hot and their
     # product, split over t
     logit_parts = math.prod(layout.logit_split) // layout.token_rows

@@ -71,21 +71,23 @@ def layout_record(cfg, layout) -> dict:
             "vocab_parallel": layout.vocab_parallel,
             "expert_parallel": parallel.expert_parallel,
             "stages_of_layers": list(layout.stages_of_layers),
+            # 1D, 2D or 3D: the same model_parallel cuts a projection into equal shapes of other contents
+            "tensor_split": [layout.tp_x, layout.tp_y, layout.tp_z],
         }
         if layout.sharded
         else {}
     )
 
 
-RECORD_ADDED = ("expert_parallel", "stages_of_layers")  # the keys the record gained last (same_layout)
+RECORD_ADDED = ("expert_parallel", "stages_of_layers", "tensor_split")  # keys the record gained (same_layout)
 
 
 def same_layout(saved: dict, ours: dict) -> bool:
     """Whether a checkpoint whose state.json holds the layout record `saved` resumes under `ours`. A record
-    written before RECORD_ADDED were kept lacks exactly those keys and is compared on the others: such a
-    checkpoint resumes as it did before."""
-    if saved and not any(key in saved for key in RECORD_ADDED):
-        ours = {key: value for key, value in ours.items() if key not in RECORD_ADDED}
+    written before a key of RECORD_ADDED was kept lacks it and is compared on the others: such a checkpoint
+    resumes as it did before."""
+    if saved:
+        ours = {key: value for key, value in ours.items() if key in saved or key not in RECORD_ADDED}
     return saved == ours
 
 

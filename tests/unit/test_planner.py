@@ -893,3 +893,17 @@ def test_2d_tensor_parallel_is_searched_where_it_sends_fewer_bytes_and_timed_on_
             for c in (planner.with_overrides(one_d[8], hw), planner.with_overrides(two_d[8], hw))
         ]
         assert (seconds[1] > seconds[0]) == slower
+
+
+def test_the_plan_names_a_2d_or_3d_split_beside_the_tensor_degree():
+    from mindscale.perf.planner.text import text
+
+    nd = ["parallel.sequence_parallel=false", "parallel.tp_x=2"]
+    for sets, named in (
+        ([*nd, "parallel.tp_y=4"], "model 8 (2D: 2 x 4) x pipeline"),
+        ([*nd, "parallel.tp_y=2", "parallel.tp_z=2"], "model 8 (3D: 2 x 2 x 2) x pipeline"),
+        ([], "model 8 x pipeline"),
+    ):
+        result = planner.plan(load_config(LLAMA3_405B, sets))
+        assert named in text(result).splitlines()[0]
+    assert result["layout"]["tensor_split"] == [1, 1, 1]

@@ -53,7 +53,7 @@ def text(result: dict) -> str:
     stages = lay["pipeline_stage"]
     lines = [
         f"{result['config']} on {result['devices']} x {result['hardware']}: data {lay['data_parallel']} x model "
-        f"{lay['model_parallel']} x {_context(lay, 'context ')}pipeline {stages}"
+        f"{lay['model_parallel']}{_tensor_split(lay)} x {_context(lay, 'context ')}pipeline {stages}"
         + (f" (experts over {lay['expert_parallel']} of the data-parallel ranks)" if lay["expert_parallel"] > 1 else "")
         + f"; {lay['micro_batch_num']} micro batch(es) of "
         f"{lay['micro_batch_size']} x {lay['gradient_accumulation_steps']} accumulation = global batch "
@@ -209,6 +209,14 @@ def pipeline_line(result: dict) -> str:
         f"{result['memory_gib']['activations']:.1f} GiB (stage 0: {forwards[0]}); "
         f"{comm['pp_sends_per_micro_batch']} stage-boundary sends per micro batch on stage {worst}"
     )
+
+
+def _tensor_split(lay: dict) -> str:
+    """The 2D or 3D split after the tensor degree, e.g. " (2D: 2 x 4)"; nothing in 1D."""
+    x, y, z = lay["tensor_split"]
+    if x * y == 1:
+        return ""
+    return f" (3D: {x} x {y} x {z})" if z > 1 else f" (2D: {x} x {y})"
 
 
 def _comm(lay: dict) -> str:

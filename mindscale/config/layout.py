@@ -160,6 +160,11 @@ class Layout:
         return self.tp_x * self.tp_y > 1
 
     @property
+    def tensor_split(self) -> tuple[int, int, int]:
+        """(tp_x, tp_y, tp_z): (1, 1, 1) in 1D, tp_z 1 in 2D."""
+        return self.tp_x, self.tp_y, self.tp_z
+
+    @property
     def recomputes_attention_view(self) -> bool:
         """Whether the backward recomputes the flash-attention output's [B·S, heads·d] view that wo reads, rather than
         keep it (models/attention.py, FlashAttention.merge_rows). Kept, it is a second buffer wherever a layer runs as

@@ -298,7 +298,7 @@ def rematerialised_bytes(cfg: Config, flash: bool) -> float:
         return remat
     act = DTYPE_BYTES[model.compute_dtype]
     if layout.nd_tp:  # 2D's recomputed forward reads the kept gathers; 3D's gathers them again
-        attention, split = model.num_heads * model.head_size, (layout.tp_x, layout.tp_y, layout.tp_z)
+        attention, split = model.num_heads * model.head_size, layout.tensor_split
         kept = nd_tp_gathered_bytes(
             local_tokens(cfg), model.hidden_size, attention, model.ffn_hidden_size, split, act, 2
         )
@@ -349,7 +349,7 @@ def offload_resident_bytes(cfg: Config) -> float:
         resident += queries + stats  # the output has the queries' shape
     if layout.nd_tp:  # what the parallel pass inserts for the matmuls carries no offload mark, but 3D's gathers do
         act, attention = DTYPE_BYTES[model.compute_dtype], model.num_heads * model.head_size
-        split = (layout.tp_x, layout.tp_y, layout.tp_z)
+        split = layout.tensor_split
         gathered = (
             nd_tp_gathered_bytes(tokens, model.hidden_size, attention, model.ffn_hidden_size, split, act, 2)
             if layout.tp_z == 1

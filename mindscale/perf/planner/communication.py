@@ -66,7 +66,7 @@ def nd_tp_groups(layout: Layout) -> dict[str, tuple[int, int, int]]:
     backward); the four redistributions of q, k, v and the attention output between the token split and the head
     split, an all-gather over x, then over z, each mirrored backward ("heads", timed as one group of x·z: with more
     than one data-parallel row MindSpore gathers over both at once, with one it gathers over x, then z)."""
-    x, y, z = layout.tp_x, layout.tp_y, layout.tp_z
+    x, y, z = layout.tensor_split
     if z == 1:
         return {"x": (1, x, 2 * 7), "y": (x, y, 2 * 4), "t": (1, x * y, 4)}
     return {"x": (1, x, 2 * 7 + 4), "z": (x, z, 2 * 7), "y": (x * z, y, 2 * 4), "heads": (1, x * z, 2 * 2 * 4)}

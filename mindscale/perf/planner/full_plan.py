@@ -47,7 +47,7 @@ def plan(
             "global_batch_size": cfg.samples_per_step,
             "gradient_accumulation_steps": cfg.parallel.gradient_accumulation_steps,
             "sequence_parallel": cfg.parallel.sequence_parallel,
-            "tensor_split": [layout.tp_x, layout.tp_y, layout.tp_z],  # 2D/3D tensor parallel's degrees (1D: 1s)
+            "tensor_split": list(layout.tensor_split),  # 2D/3D tensor parallel's degrees (1D: 1s)
             "optimizer_shard": cfg.parallel.optimizer_shard,
             "gradient_accumulation_shard": cfg.parallel.gradient_accumulation_shard,
             "recompute": cfg.recompute.mode,

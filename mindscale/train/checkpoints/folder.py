@@ -72,7 +72,7 @@ def layout_record(cfg, layout) -> dict:
             "expert_parallel": parallel.expert_parallel,
             "stages_of_layers": list(layout.stages_of_layers),
             # 1D, 2D or 3D: the same model_parallel cuts a projection into equal shapes of other contents
-            "tensor_split": [layout.tp_x, layout.tp_y, layout.tp_z],
+            "tensor_split": list(layout.tensor_split),
         }
         if layout.sharded
         else {}
